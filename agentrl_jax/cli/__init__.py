@@ -1,0 +1,21 @@
+"""The ``agentrl-jax`` command line: one console script, one sub-app per concern."""
+
+from __future__ import annotations
+
+import typer
+
+from agentrl_jax.cli import bench, solve
+
+app = typer.Typer(
+    name="agentrl-jax",
+    help="JAX-native multi-turn RL for LLM agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(bench.app, name="bench")
+app.add_typer(solve.app, name="solve")
+
+
+def main() -> None:
+    app()
