@@ -1,0 +1,544 @@
+"""Statistics behind the paper's diagnostics (PAPER.md §7), as pure NumPy functions.
+
+Array in, small frozen result records out; no files, no plotting. Randomness (bootstrap)
+comes only from an explicit ``seed`` so every number in a report is reproducible.
+
+Conventions
+-----------
+* Confidence intervals are two-sided at ``confidence`` (default 0.95).
+* "normal" CIs are ``mean +- z * sd / sqrt(n)`` with the sample sd (ddof = 1) and the
+  standard normal quantile z (1.95996 at 95%); with fewer than 2 values the bounds are NaN.
+* "bootstrap" CIs are percentile bootstrap intervals of the mean: ``n_resamples`` resamples
+  of the values with replacement. Values are treated as independent; states taken from the
+  same trajectory are not, so such bands are somewhat narrow (a per-trajectory cluster
+  bootstrap would widen them).
+* Per-turn arrays are padded ``[trajectories, turns]`` with a bool ``turn_mask`` that is
+  True on turns that happened; every turn mask must be a prefix (turns 0..L-1 valid).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Mapping
+
+import numpy as np
+
+DEFAULT_CONFIDENCE = 0.95
+DEFAULT_RESAMPLES = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class MeanCI:
+    """A mean with a two-sided confidence interval over ``n`` values."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _z(confidence: float) -> float:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"`confidence` must lie in (0, 1), got {confidence!r}")
+    return statistics.NormalDist().inv_cdf(0.5 + confidence / 2.0)
+
+
+def _finite_1d(x, name: str) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(
+            f"`{name}` holds non-finite values ({int((~np.isfinite(arr)).sum())} of {arr.size})"
+        )
+    return arr
+
+
+def mean_ci_normal(x, confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
+    """Mean of ``x`` (any shape, flattened) with a normal-approximation CI."""
+    z = _z(confidence)
+    v = _finite_1d(x, "x")
+    if v.size == 0:
+        return MeanCI(float("nan"), float("nan"), float("nan"), 0)
+    mean = float(v.mean())
+    if v.size < 2:
+        return MeanCI(mean, float("nan"), float("nan"), 1)
+    half = z * float(v.std(ddof=1)) / np.sqrt(v.size)
+    return MeanCI(mean, mean - half, mean + half, int(v.size))
+
+
+def bootstrap_means(x, *, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> np.ndarray:
+    """Means of ``n_resamples`` bootstrap resamples of ``x``: ``[n_resamples]`` float64."""
+    v = _finite_1d(x, "x")
+    if v.size == 0:
+        raise ValueError("bootstrap_means: `x` is empty")
+    if n_resamples < 1:
+        raise ValueError(f"bootstrap_means: `n_resamples` must be >= 1, got {n_resamples}")
+    rng = np.random.default_rng(seed)
+    # Chunked so that memory stays ~8 MB whatever n is.
+    chunk = max(1, 1_000_000 // v.size)
+    means = np.empty(n_resamples)
+    for start in range(0, n_resamples, chunk):
+        stop = min(n_resamples, start + chunk)
+        idx = rng.integers(0, v.size, size=(stop - start, v.size))
+        means[start:stop] = v[idx].mean(axis=1)
+    return means
+
+
+def mean_ci_bootstrap(
+    x,
+    confidence: float = DEFAULT_CONFIDENCE,
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> MeanCI:
+    """Mean of ``x`` with a percentile-bootstrap CI (NaN bounds when ``x`` is empty)."""
+    _z(confidence)
+    v = _finite_1d(x, "x")
+    if v.size == 0:
+        return MeanCI(float("nan"), float("nan"), float("nan"), 0)
+    means = bootstrap_means(v, n_resamples=n_resamples, seed=seed)
+    alpha = 1.0 - confidence
+    low, high = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return MeanCI(float(v.mean()), float(low), float(high), int(v.size))
+
+
+def proportion_ci_wilson(successes, confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
+    """Success rate of 0/1 outcomes (any shape, flattened) with the Wilson score interval.
+
+    Preferred for rates such as continuation success: unlike the normal interval it stays
+    inside [0, 1] and does not collapse to a point at 0% or 100%.
+    """
+    z = _z(confidence)
+    v = _finite_1d(successes, "successes")
+    if not np.all((v == 0) | (v == 1)):
+        raise ValueError("proportion_ci_wilson: `successes` must be 0/1 outcomes")
+    n = v.size
+    if n == 0:
+        return MeanCI(float("nan"), float("nan"), float("nan"), 0)
+    p = float(v.mean())
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z / denom * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return MeanCI(p, max(0.0, center - half), min(1.0, center + half), n)
+
+
+def mean_ci(
+    x, confidence: float = DEFAULT_CONFIDENCE, *, method: str = "normal", seed: int = 0
+) -> MeanCI:
+    """Mean with a CI by ``method`` = ``"normal"``, ``"bootstrap"`` or ``"wilson"`` (0/1 data)."""
+    if method == "normal":
+        return mean_ci_normal(x, confidence)
+    if method == "bootstrap":
+        return mean_ci_bootstrap(x, confidence, seed=seed)
+    if method == "wilson":
+        return proportion_ci_wilson(x, confidence)
+    raise ValueError(f"mean_ci: `method` must be 'normal', 'bootstrap' or 'wilson', got {method!r}")
+
+
+def masked_mean(values, mask, axis: int = -1) -> np.ndarray:
+    """Mean of ``values`` over ``axis`` counting only entries where ``mask`` is True.
+
+    E.g. the per-state quality from ``G`` sampled actions: ``values [S, G]``, ``mask [S, G]``
+    (False for invalid or absent actions) -> ``[S]``. Rows with no valid entry give NaN.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    m = np.asarray(mask, dtype=bool)
+    if v.shape != m.shape:
+        raise ValueError(f"masked_mean: `values` shape {v.shape} != `mask` shape {m.shape}")
+    total = np.where(m, v, 0.0).sum(axis=axis)
+    count = m.sum(axis=axis)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+# ---------------------------------------------------------------- paired comparisons
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedComparison:
+    """RL vs base on the same states (§7.1, §7.2).
+
+    ``share_rl_better`` counts states where ``q_rl - q_base > tie_tol`` (strictly better);
+    states with ``|q_rl - q_base| <= tie_tol`` are ties and are counted in ``share_tie``,
+    never as wins, so ``share_rl_better + share_tie + share_base_better == 1``.
+    ``win_rate`` = share_rl_better + share_tie / 2 is the tie-neutral summary (0.5 = no edge).
+    ``mean_diff`` is the mean of ``q_rl - q_base`` with its CI.
+    """
+
+    n: int
+    share_rl_better: float
+    share_tie: float
+    share_base_better: float
+    win_rate: float
+    mean_diff: MeanCI
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["mean_diff"] = self.mean_diff.to_dict()
+        return d
+
+
+def paired_comparison(
+    q_rl,
+    q_base,
+    *,
+    tie_tol: float = 1e-9,
+    confidence: float = DEFAULT_CONFIDENCE,
+    method: str = "normal",
+    seed: int = 0,
+) -> PairedComparison:
+    """Compare two policies' per-state quality on matched states.
+
+    Args:
+      q_rl: ``[S]`` per-state quality of the RL policy (e.g. mean Q* over G actions).
+      q_base: ``[S]`` the base policy's quality on the same states, same order.
+      tie_tol: differences with absolute value ``<= tie_tol`` are ties. The default absorbs
+        float rounding only; Q* values from the same DP are compared exactly.
+      method: CI of the mean difference, ``"normal"`` or ``"bootstrap"``.
+    """
+    rl = _finite_1d(q_rl, "q_rl")
+    base = _finite_1d(q_base, "q_base")
+    if rl.shape != base.shape:
+        raise ValueError(
+            f"paired_comparison: `q_rl` has {rl.size} states but `q_base` has {base.size}"
+        )
+    if rl.size == 0:
+        raise ValueError("paired_comparison: no states")
+    if tie_tol < 0:
+        raise ValueError(f"paired_comparison: `tie_tol` must be >= 0, got {tie_tol}")
+    diff = rl - base
+    better = float(np.mean(diff > tie_tol))
+    worse = float(np.mean(diff < -tie_tol))
+    tie = 1.0 - better - worse
+    return PairedComparison(
+        n=int(diff.size),
+        share_rl_better=better,
+        share_tie=tie,
+        share_base_better=worse,
+        win_rate=better + tie / 2.0,
+        mean_diff=mean_ci(diff, confidence, method=method, seed=seed),
+    )
+
+
+# ---------------------------------------------------------------- curves over depth
+
+
+def normalised_depth(turn, t_max) -> np.ndarray:
+    """``d_t = t / T_max`` (§7.3), float64 of ``turn``'s shape. ``t`` counts completed turns."""
+    t = np.asarray(turn, dtype=np.float64)
+    t_max_arr = np.asarray(t_max, dtype=np.float64)
+    if np.any(t_max_arr <= 0):
+        raise ValueError("normalised_depth: `t_max` must be > 0")
+    if np.any(t < 0) or np.any(t > t_max_arr):
+        raise ValueError("normalised_depth: `turn` must lie in [0, t_max]")
+    return t / t_max_arr
+
+
+@dataclasses.dataclass(frozen=True)
+class BinnedCurve:
+    """Per-bin means with CI bands; all arrays ``[bins]``; empty bins hold NaN and count 0."""
+
+    edges: np.ndarray  # [bins + 1]
+    centers: np.ndarray
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    count: np.ndarray
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name).tolist() for f in dataclasses.fields(self)}
+
+
+def binned_curve(
+    x,
+    y,
+    *,
+    bins: int | np.ndarray = 10,
+    value_range: tuple[float, float] = (0.0, 1.0),
+    confidence: float = DEFAULT_CONFIDENCE,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> BinnedCurve:
+    """Mean of ``y`` in bins of ``x`` with percentile-bootstrap bands (quality vs depth, §7.3).
+
+    Args:
+      x: ``[N]`` positions, e.g. :func:`normalised_depth` of each state.
+      y: ``[N]`` values, e.g. per-state quality or the RL - base difference.
+      bins: number of equal bins over ``value_range`` or explicit ``[bins + 1]`` edges.
+        Bins are half-open ``[lo, hi)`` except the last, which includes its right edge
+        (so depth 1.0 = the last turn lands in the last bin). Points outside are an error.
+      seed: each bin uses ``seed + bin index``, so bands do not depend on other bins.
+    """
+    xv = _finite_1d(x, "x")
+    yv = _finite_1d(y, "y")
+    if xv.shape != yv.shape:
+        raise ValueError(f"binned_curve: `x` has {xv.size} points but `y` has {yv.size}")
+    if np.isscalar(bins):
+        if int(bins) < 1:
+            raise ValueError(f"binned_curve: `bins` must be >= 1, got {bins}")
+        edges = np.linspace(value_range[0], value_range[1], int(bins) + 1)
+    else:
+        edges = np.asarray(bins, dtype=np.float64)
+        if edges.ndim != 1 or edges.size < 2 or np.any(np.diff(edges) <= 0):
+            raise ValueError("binned_curve: explicit `bins` must be >= 2 strictly increasing edges")
+    if np.any(xv < edges[0]) or np.any(xv > edges[-1]):
+        raise ValueError(f"binned_curve: `x` has points outside [{edges[0]}, {edges[-1]}]")
+    n_bins = edges.size - 1
+    which = np.clip(np.searchsorted(edges, xv, side="right") - 1, 0, n_bins - 1)
+    mean, low, high = (np.full(n_bins, np.nan) for _ in range(3))
+    count = np.bincount(which, minlength=n_bins)
+    for b in range(n_bins):  # a handful of bins; each bootstrap is vectorised
+        if count[b]:
+            ci = mean_ci_bootstrap(
+                yv[which == b], confidence, n_resamples=n_resamples, seed=seed + b
+            )
+            mean[b], low[b], high[b] = ci.mean, ci.low, ci.high
+    return BinnedCurve(edges, (edges[:-1] + edges[1:]) / 2.0, mean, low, high, count)
+
+
+# ---------------------------------------------------------------- likelihood (§7.4)
+
+
+def _prefix_mask(turn_mask) -> np.ndarray:
+    m = np.asarray(turn_mask, dtype=bool)
+    if m.ndim != 2:
+        raise ValueError(f"`turn_mask` must be [trajectories, turns], got shape {m.shape}")
+    if np.any(m[:, 1:] & ~m[:, :-1]):
+        raise ValueError("`turn_mask` must be a prefix mask (turns 0..L-1 valid, the rest padding)")
+    return m
+
+
+def _turn_arrays(name: str, values, turn_mask) -> tuple[np.ndarray, np.ndarray]:
+    v = np.asarray(values, dtype=np.float64)
+    m = _prefix_mask(turn_mask)
+    if v.shape != m.shape:
+        raise ValueError(
+            f"`{name}` must be [trajectories, turns] like `turn_mask`; got {v.shape} vs {m.shape}"
+        )
+    if not np.all(np.isfinite(v[m])):
+        raise ValueError(f"`{name}` holds non-finite values on valid turns")
+    return v, m
+
+
+def sum_token_logprobs(token_logprobs, token_mask) -> np.ndarray:
+    """Response log-prob per turn, the sum of its tokens': ``[N, T, L], [N, T, L] -> [N, T]``."""
+    lp = np.asarray(token_logprobs, dtype=np.float64)
+    m = np.asarray(token_mask, dtype=bool)
+    if lp.shape != m.shape or lp.ndim != 3:
+        raise ValueError(
+            f"sum_token_logprobs: expected matching [N, T, L] arrays, got {lp.shape} and {m.shape}"
+        )
+    return np.where(m, lp, 0.0).sum(axis=-1)
+
+
+def cumulative_llr(logp_rl, logp_base, turn_mask) -> np.ndarray:
+    """Cumulative log-likelihood ratio of each trajectory (§7.4)::
+
+        LLR_{1:t} = sum_{i<=t} [log pi_RL(r_i | h_i) - log pi_B(r_i | h_i)]
+
+    Args:
+      logp_rl: ``[N, T]`` log-prob of each turn's whole response under the RL policy.
+      logp_base: ``[N, T]`` the same responses under the base policy (teacher-forced).
+      turn_mask: ``[N, T]`` bool prefix mask of turns that happened.
+
+    Returns:
+      ``[N, T]`` float64; column t holds LLR_{1:t+1}. Padding turns carry the final value
+      forward, so ``[:, -1]`` is every trajectory's total.
+    """
+    rl, m = _turn_arrays("logp_rl", logp_rl, turn_mask)
+    base, _ = _turn_arrays("logp_base", logp_base, turn_mask)
+    # Mask before subtracting: padding may hold -inf/NaN from the model side.
+    return np.cumsum(np.where(m, rl, 0.0) - np.where(m, base, 0.0), axis=1)
+
+
+def trajectory_lengths(turn_mask) -> np.ndarray:
+    """Turns per trajectory from a prefix mask: ``[N, T] -> [N]`` int64."""
+    return _prefix_mask(turn_mask).sum(axis=1).astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnCurve:
+    """Mean over trajectories still running at each turn; arrays ``[T]``, NaN where count < 1."""
+
+    turn: np.ndarray  # 1-based turn index t (LLR_{1:t})
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    count: np.ndarray
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name).tolist() for f in dataclasses.fields(self)}
+
+
+def turn_curve(
+    per_turn, turn_mask, select=None, confidence: float = DEFAULT_CONFIDENCE
+) -> TurnCurve:
+    """Mean of ``per_turn[:, t]`` over selected trajectories that reached turn t, normal CI.
+
+    Args:
+      per_turn: ``[N, T]`` e.g. :func:`cumulative_llr`.
+      turn_mask: ``[N, T]`` prefix mask.
+      select: optional ``[N]`` bool, the trajectories to include (e.g. ``success``).
+    """
+    v, m = _turn_arrays("per_turn", per_turn, turn_mask)
+    if select is not None:
+        sel = np.asarray(select, dtype=bool).reshape(-1)
+        if sel.size != v.shape[0]:
+            raise ValueError(
+                f"turn_curve: `select` has {sel.size} entries for {v.shape[0]} trajectories"
+            )
+        m = m & sel[:, None]
+    count = m.sum(axis=0)
+    z = _z(confidence)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(m, v, 0.0).sum(axis=0) / count
+        sq = np.where(m, (v - mean) ** 2, 0.0).sum(axis=0)
+        half = z * np.sqrt(sq / (count - 1)) / np.sqrt(count)
+    half = np.where(count >= 2, half, np.nan)
+    mean = np.where(count >= 1, mean, np.nan)
+    return TurnCurve(np.arange(1, v.shape[1] + 1), mean, mean - half, mean + half, count)
+
+
+def llr_by_outcome(cum_llr, turn_mask, success, confidence: float = DEFAULT_CONFIDENCE) -> dict:
+    """Cumulative-LLR curves and final LLR split by success (§7.4).
+
+    Args:
+      cum_llr: ``[N, T]`` from :func:`cumulative_llr`.
+      turn_mask: ``[N, T]`` prefix mask.
+      success: ``[N]`` bool.
+
+    Returns:
+      ``{"success": {...}, "failure": {...}}`` each with ``"curve"`` (:class:`TurnCurve`,
+      mean LLR_{1:t} over trajectories of that outcome still running at turn t) and
+      ``"final"`` (:class:`MeanCI` of each trajectory's total LLR).
+    """
+    v, m = _turn_arrays("cum_llr", cum_llr, turn_mask)
+    ok = np.asarray(success, dtype=bool).reshape(-1)
+    if ok.size != v.shape[0]:
+        raise ValueError(
+            f"llr_by_outcome: `success` has {ok.size} entries for {v.shape[0]} trajectories"
+        )
+    out = {}
+    for label, sel in (("success", ok), ("failure", ~ok)):
+        out[label] = {
+            "curve": turn_curve(v, m, sel, confidence),
+            "final": mean_ci_normal(v[sel, -1], confidence),
+        }
+    return out
+
+
+def length_matched_llr(
+    cum_llr,
+    turn_mask,
+    groups: Mapping[str, np.ndarray],
+    length: int | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> dict:
+    """Length-matched cumulative LLR: every group compared after the same number of turns.
+
+    Definition: pick a common length L; for each group take ``LLR_{1:L}`` of its
+    trajectories that ran at least L turns (shorter ones are left out) and report the mean
+    with CI. Total LLR grows with length, so comparing totals of, say, long successful and
+    short failed trajectories mixes "more turns" with "more RL-like turns"; truncating all
+    to L removes the length effect. By default L is the smallest of the groups' median
+    lengths (floored, at least 1), so every group keeps about half its trajectories or more.
+
+    Args:
+      cum_llr: ``[N, T]`` from :func:`cumulative_llr`.
+      turn_mask: ``[N, T]`` prefix mask.
+      groups: ``{name: [N] bool}`` e.g. ``{"success": s, "failure": ~s}``.
+      length: L, or None for the default above.
+
+    Returns:
+      ``{"length": L, "groups": {name: MeanCI}}``; a group with no trajectory of length
+      >= L gets a MeanCI with n = 0 and NaN values.
+    """
+    v, m = _turn_arrays("cum_llr", cum_llr, turn_mask)
+    lengths = m.sum(axis=1)
+    selections = {}
+    for name, sel in groups.items():
+        s = np.asarray(sel, dtype=bool).reshape(-1)
+        if s.size != v.shape[0]:
+            raise ValueError(
+                f"length_matched_llr: group {name!r} has {s.size} entries "
+                f"for {v.shape[0]} trajectories"
+            )
+        selections[name] = s
+    if length is None:
+        medians = [np.median(lengths[s]) for s in selections.values() if s.any()]
+        if not medians:
+            raise ValueError("length_matched_llr: every group is empty")
+        length = max(1, int(np.floor(min(medians))))
+    if not 1 <= length <= v.shape[1]:
+        raise ValueError(
+            f"length_matched_llr: `length` must lie in [1, {v.shape[1]}], got {length}"
+        )
+    result = {}
+    for name, s in selections.items():
+        keep = s & (lengths >= length)
+        result[name] = mean_ci_normal(v[keep, length - 1], confidence)
+    return {"length": int(length), "groups": result}
+
+
+@dataclasses.dataclass(frozen=True)
+class NLLSummary:
+    """Distribution summary of per-response negative log-likelihoods (nats)."""
+
+    n: int
+    mean: MeanCI
+    std: float
+    median: float
+    q05: float
+    q95: float
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["mean"] = self.mean.to_dict()
+        return d
+
+
+def action_nll_summary(nll, mask=None, confidence: float = DEFAULT_CONFIDENCE) -> NLLSummary:
+    """Summary of ActionNLL_B = -log pi_B(r | h) values (§7.4).
+
+    Args:
+      nll: any shape, e.g. ``[N, T]`` per-turn response NLL under the base policy.
+      mask: optional bool of the same shape, True on real responses.
+    """
+    v = np.asarray(nll, dtype=np.float64)
+    if mask is not None:
+        m = np.asarray(mask, dtype=bool)
+        if m.shape != v.shape:
+            raise ValueError(f"action_nll_summary: `mask` shape {m.shape} != `nll` shape {v.shape}")
+        v = v[m]
+    v = _finite_1d(v, "nll")
+    if v.size == 0:
+        raise ValueError("action_nll_summary: no values")
+    q05, median, q95 = np.quantile(v, [0.05, 0.5, 0.95])
+    return NLLSummary(
+        n=int(v.size),
+        mean=mean_ci_normal(v, confidence),
+        std=float(v.std(ddof=1)) if v.size > 1 else float("nan"),
+        median=float(median),
+        q05=float(q05),
+        q95=float(q95),
+    )
+
+
+def histogram_overlap(a, b, bins: int = 50) -> float:
+    """Overlap coefficient ``sum_bins min(p_a, p_b)`` of two samples on shared bins, in [0, 1].
+
+    1 means identical histograms, 0 disjoint support; quantifies "heavily overlapping"
+    ActionNLL distributions (§7.4).
+    """
+    av, bv = _finite_1d(a, "a"), _finite_1d(b, "b")
+    if av.size == 0 or bv.size == 0:
+        raise ValueError("histogram_overlap: both samples need values")
+    lo, hi = min(av.min(), bv.min()), max(av.max(), bv.max())
+    if lo == hi:
+        return 1.0
+    edges = np.linspace(lo, hi, bins + 1)
+    pa = np.histogram(av, edges)[0] / av.size
+    pb = np.histogram(bv, edges)[0] / bv.size
+    return float(np.minimum(pa, pb).sum())

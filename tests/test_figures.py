@@ -1,0 +1,271 @@
+"""Every figure renders to a valid PNG and PDF at tiny scale; the report links real files."""
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+from markdown_it import MarkdownIt
+
+from agentrl_jax.evaluation import figures, passk, report, stats
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_valid_figure(paths):
+    png, pdf = paths
+    assert png.suffix == ".png" and pdf.suffix == ".pdf" and png.stem == pdf.stem
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(png)
+    assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50
+    assert image.std() > 0  # something was drawn
+    data = pdf.read_bytes()
+    assert data[:5] == b"%PDF-" and b"%%EOF" in data[-32:]
+
+
+def tiny_llr_set(rng, n=6, t=5):
+    lengths = rng.integers(1, t + 1, size=n)
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    logp_rl = rng.normal(-5, 1, size=(n, t))
+    logp_base = rng.normal(-6, 1, size=(n, t))
+    success = np.arange(n) % 2 == 0
+    return logp_rl, logp_base, mask, success
+
+
+def test_plot_pass_at_k(tmp_path):
+    ks = np.arange(1, 9)
+    curves = {
+        "base": (ks, passk.pass_at_k_curve([8, 8], [1, 2], ks)),
+        "RL": (ks, passk.pass_at_k_curve([8, 8], [3, 2], ks)),
+    }
+    bands = {"RL": (curves["RL"][1] - 0.05, curves["RL"][1] + 0.05)}
+    assert_valid_figure(figures.plot_pass_at_k(curves, tmp_path / "pk.png", bands=bands))
+    with pytest.raises(ValueError, match="nothing to plot"):
+        figures.plot_pass_at_k({}, tmp_path / "empty")
+
+
+def test_plot_pass_at_t_with_bound(tmp_path):
+    budgets = np.array([2, 5, 7, 10])
+    bound = (np.arange(1, 11), passk.structural_upper_bound([3, 4, 8, np.inf], np.arange(1, 11)))
+    out = figures.plot_pass_at_t(
+        {"base": (budgets, [0.1, 0.3, 0.4, 0.5]), "RL": (budgets, [0.1, 0.35, 0.5, 0.7])},
+        tmp_path / "pt",
+        bound=bound,
+        t_max=10,
+    )
+    assert_valid_figure(out)
+    assert out[0] == tmp_path / "pt.png"
+
+
+def test_budget_table_figure_markdown_and_csv(tmp_path):
+    table = {
+        "base": {17: 0.303, 35: 0.5, 52: 0.6, 70: 0.7},
+        "GRPO": {17: 0.287, 35: 0.55, 52: 0.7, 70: 0.8},
+    }
+    labels = figures.budget_level_labels(70)
+    assert labels == {17: "25% (T=17)", 35: "50% (T=35)", 52: "75% (T=52)", 70: "100% (T=70)"}
+    assert_valid_figure(figures.plot_budget_table(table, tmp_path / "t1", labels=labels))
+    md = figures.budget_table_markdown(table, labels=labels)
+    lines = md.strip().splitlines()
+    assert lines[0] == "| policy (Pass@8, %) | 25% (T=17) | 50% (T=35) | 75% (T=52) | 100% (T=70) |"
+    assert lines[2] == "| base | 30.3 | 50.0 | 60.0 | 70.0 |"
+    assert lines[3] == "| GRPO | 28.7 | 55.0 | 70.0 | 80.0 |"
+    rows = list(csv.DictReader(figures.budget_table_csv(table, labels=labels).splitlines()))
+    assert len(rows) == 8
+    assert rows[0] == {
+        "policy": "base",
+        "budget": "17",
+        "level": "25% (T=17)",
+        "pass_at_k": "0.303",
+    }
+    assert rows[7] == {"policy": "GRPO", "budget": "70", "level": "100% (T=70)", "pass_at_k": "0.8"}
+    assert figures.budget_table_markdown(table).startswith("| policy (Pass@8, %) | T=17 | T=35 |")
+    with pytest.raises(ValueError, match="'GRPO' lacks budgets \\[70\\]"):
+        figures.budget_table_markdown({"base": {17: 0.1, 70: 0.2}, "GRPO": {17: 0.1}})
+
+
+def test_plot_step_quality_and_rates(tmp_path):
+    rng = np.random.default_rng(0)
+    pools = {
+        "matched": (rng.uniform(size=12), rng.uniform(size=12)),
+        "error": (rng.uniform(size=8), rng.uniform(size=8)),
+    }
+    assert_valid_figure(figures.plot_step_quality(pools, tmp_path / "sq"))
+    rates = {
+        "base": stats.mean_ci_normal([1, 0, 0, 1, 0]),
+        "RL": {"mean": 0.6, "low": 0.4, "high": 0.8},
+    }
+    assert_valid_figure(figures.plot_rates_with_ci(rates, tmp_path / "cont"))
+
+
+def test_plot_quality_vs_depth(tmp_path):
+    rng = np.random.default_rng(1)
+    depth = rng.uniform(size=40)
+    curves = {
+        "base": stats.binned_curve(depth, rng.uniform(size=40), bins=4, n_resamples=50),
+        "RL": stats.binned_curve(depth, rng.uniform(size=40), bins=4, n_resamples=50).to_dict(),
+    }
+    assert_valid_figure(figures.plot_quality_vs_depth(curves, tmp_path / "depth"))
+
+
+def test_plot_action_nll_hist(tmp_path):
+    rng = np.random.default_rng(2)
+    out = figures.plot_action_nll_hist(
+        {"base": rng.normal(12, 2, 30), "RL": rng.normal(10, 2, 30)}, tmp_path / "nll", bins=8
+    )
+    assert_valid_figure(out)
+    with pytest.raises(ValueError, match="RL"):
+        figures.plot_action_nll_hist({"RL": []}, tmp_path / "bad")
+
+
+def test_plot_cumulative_llr(tmp_path):
+    rng = np.random.default_rng(3)
+    sets = {}
+    for name in ("RL trajectories", "base trajectories"):
+        logp_rl, logp_base, mask, success = tiny_llr_set(rng)
+        sets[name] = (stats.cumulative_llr(logp_rl, logp_base, mask), mask, success)
+    assert_valid_figure(figures.plot_cumulative_llr(sets, tmp_path / "llr"))
+    # All trajectories of one outcome is fine (the other has nothing to draw).
+    cum, mask, success = sets["RL trajectories"]
+    assert_valid_figure(
+        figures.plot_cumulative_llr(
+            {"all ok": (cum, mask, np.ones_like(success))}, tmp_path / "llr_ok"
+        )
+    )
+
+
+def test_plot_training_dynamics(tmp_path):
+    steps = np.arange(10)
+    series = {
+        "R_multi": np.linspace(0.2, 0.7, 10),
+        "R_single": np.r_[np.linspace(0.5, 0.4, 9), np.nan],
+    }
+    assert_valid_figure(figures.plot_training_dynamics(steps, series, tmp_path / "dyn"))
+
+
+def write_tiny_results(folder: Path):
+    """Every analysis end to end on tiny synthetic arrays; returns the report path and counts."""
+    rng = np.random.default_rng(4)
+    tasks = 6
+    counts = {
+        "base": (np.full(tasks, 16), rng.integers(0, 17, tasks)),
+        "RL": (np.full(tasks, 16), rng.integers(0, 17, tasks)),
+    }
+    sections = [report.write_pass_at_k(folder, counts, ks=range(1, 33))]
+    t_max = 10
+    results = {
+        p: {b: (np.full(tasks, 8), rng.integers(0, 9, tasks)) for b in (2, 5, 7, 10)}
+        for p in counts
+    }
+    sections += report.write_pass_at_t(
+        folder, results, t_max=t_max, shortest_paths=rng.integers(2, 12, tasks)
+    )
+    pools = {
+        "matched": (rng.uniform(size=10), rng.uniform(size=10)),
+        "error": (rng.uniform(size=10), rng.uniform(size=10)),
+    }
+    sections.append(report.write_step_quality(folder, pools))
+    sections.append(
+        report.write_continuation(
+            folder, {"base": rng.uniform(size=10) < 0.4, "RL": rng.uniform(size=10) < 0.5}
+        )
+    )
+    depth = stats.normalised_depth(rng.integers(0, t_max + 1, 30), t_max)
+    sections.append(
+        report.write_quality_vs_depth(
+            folder, depth, {"base": rng.uniform(size=30), "RL": rng.uniform(size=30)}, bins=4
+        )
+    )
+    sections.append(
+        report.write_likelihood(
+            folder,
+            {"base": rng.normal(12, 2, 20), "RL": rng.normal(10, 2, 20)},
+            {"RL trajectories": tiny_llr_set(rng), "base trajectories": tiny_llr_set(rng)},
+        )
+    )
+    log = folder / "train.jsonl"
+    lines = [
+        json.dumps({"step": s, "R_multi": 0.1 * s, "R_single": 0.5 - 0.01 * s}) for s in range(5)
+    ]
+    lines.insert(2, json.dumps({"event": "checkpoint"}))  # other records share the log
+    log.write_text("\n".join(lines) + "\n")
+    sections.append(report.write_training_dynamics(folder, log))
+    return report.write_report(folder, sections, title="Tiny report"), counts
+
+
+def test_report_renders_and_links_existing_files(tmp_path):
+    path, counts = write_tiny_results(tmp_path)
+    text = path.read_text()
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    images, links = [], []
+    for token in tokens:
+        for child in token.children or []:
+            if child.type == "image":
+                images.append(child.attrs["src"])
+            if child.type == "link_open":
+                links.append(child.attrs["href"])
+    # Every PNG in figures/ is embedded, with its PDF linked, and every link resolves.
+    pngs = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "figures").glob("*.png"))
+    assert sorted(images) == pngs and len(pngs) == 9
+    for png in pngs:
+        assert_valid_figure((tmp_path / png, (tmp_path / png).with_suffix(".pdf")))
+        assert png.replace(".png", ".pdf") in links
+    for target in images + links:
+        assert (tmp_path / target).is_file(), target
+    data_files = {p.name for p in tmp_path.glob("*.json")} | {
+        p.name for p in tmp_path.glob("*.csv")
+    }
+    assert data_files <= {Path(link).name for link in links}
+    # The Table 1 Markdown made it in as a real table.
+    assert any(t.type == "table_open" for t in tokens)
+    assert "| policy (Pass@8, %) | 25% (T=2) | 50% (T=5) | 75% (T=7) | 100% (T=10) |" in text
+
+    # JSON is strict (NaN written as null) and the numbers round-trip.
+    def reject_constant(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    for json_file in tmp_path.glob("*.json"):
+        json.loads(json_file.read_text(), parse_constant=reject_constant)
+    dyn = json.loads((tmp_path / "training_dynamics.json").read_text())
+    assert dyn["step"] == [0, 1, 2, 3, 4]
+    assert dyn["change_first_to_last"]["R_multi"] == pytest.approx(0.4)
+    rows = list(csv.DictReader((tmp_path / "pass_at_k.csv").read_text().splitlines()))
+    assert [int(r["k"]) for r in rows] == list(range(1, 17))  # k > n = 16 dropped
+    n_base, c_base = counts["base"]
+    assert float(rows[0]["base"]) == pytest.approx(
+        np.mean(c_base / n_base)
+    )  # pass@1 = success rate
+
+
+def test_report_refuses_a_missing_file(tmp_path):
+    section = report.Section("broken", figures=("figures/nope.png",))
+    with pytest.raises(FileNotFoundError, match="nope.png"):
+        report.write_report(tmp_path, [section])
+
+
+def test_read_training_log_errors_name_the_line(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 0, "R_multi": 0.1}\n{not json\n')
+    with pytest.raises(ValueError, match="log.jsonl:2"):
+        report.read_training_log(log)
+    log.write_text('{"step": 0, "R_multi": 0.1}\n{"step": 1, "R_multi": "high"}\n')
+    with pytest.raises(ValueError, match="log.jsonl:2.*not a number"):
+        report.read_training_log(log)
+    log.write_text('{"step": 0, "loss": 1.0}\n')
+    with pytest.raises(ValueError, match="no line"):
+        report.read_training_log(log)
+    log.write_text('{"step": 0, "R_multi": 0.1}\n\n{"step": 1, "R_single": 0.2}\n')
+    steps, series = report.read_training_log(log)
+    np.testing.assert_array_equal(steps, [0, 1])
+    np.testing.assert_array_equal(np.isnan(series["R_single"]), [True, False])
+
+
+def test_to_jsonable():
+    ci = stats.MeanCI(0.5, float("nan"), float("inf"), 3)
+    assert report.to_jsonable(
+        {"a": np.arange(2), "ci": ci, 1: np.float32(2.5), "b": np.bool_(True)}
+    ) == {"a": [0, 1], "ci": {"mean": 0.5, "low": None, "high": None, "n": 3}, "1": 2.5, "b": True}
+    with pytest.raises(TypeError, match="object"):
+        report.to_jsonable(object())
