@@ -1,0 +1,422 @@
+"""Name-keyed registry of advantage estimators and loss terms, and the config that picks them.
+
+An :class:`AlgorithmConfig` names one advantage estimator and a set of weighted loss terms;
+it is frozen, hashable (usable as a static ``jax.jit`` argument) and validated on
+construction, so an unknown name or a bad value fails at once with an error naming the field.
+
+* Advantage estimators map :class:`AdvantageInputs` to per-token advantages ``[N, L]``
+  (and returns, for a critic): ``"grpo"``, ``"gigpo"``, ``"gae"``.
+* Loss terms map :class:`LossInputs` to a per-token loss ``[N, L]``; the config's
+  coefficients weight them and one aggregation mode reduces their sum to a
+  :class:`~agentrl_jax.algorithms.aggregation.LossSum`. Each term trains either the
+  ``"policy"`` (``"policy_clip"``, ``"kl"``, ``"entropy"``) or the ``"critic"``
+  (``"value_clip"``), which has its own optimizer.
+
+New estimators and terms are added with :func:`register_advantage` and
+:func:`register_loss_term`; see the built-ins at the bottom of this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+
+from agentrl_jax.algorithms import advantages as adv
+from agentrl_jax.algorithms import losses
+from agentrl_jax.algorithms.aggregation import AGGREGATION_MODES, LossSum, aggregate, validate_mode
+
+TARGETS = ("policy", "critic")
+
+# ------------------------------------------------------------------------- inputs
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AdvantageInputs:
+    """What advantage estimators read; fields an estimator does not need may be None."""
+
+    loss_mask: jax.Array                       # [N, L] 1 on the policy's sampled tokens
+    rewards: jax.Array | None = None           # [N] outcome reward per trajectory
+    group_ids: jax.Array | None = None         # [N] int task group
+    traj_mask: jax.Array | None = None         # [N] bool real rows (None: all)
+    step_rewards: jax.Array | None = None      # [N, T] per-turn rewards (process signal)
+    turn_mask: jax.Array | None = None         # [N, T] bool real turns
+    anchor_keys: jax.Array | None = None       # [N, T] or [N, T, K] int anchor state keys
+    token_turn_index: jax.Array | None = None  # [N, L] int turn of each token, -1 if none
+    token_rewards: jax.Array | None = None     # [N, L] reward per response token (GAE)
+    values: jax.Array | None = None            # [N, L] critic values at rollout time (GAE)
+
+
+class AdvantageOutput(NamedTuple):
+    advantages: jax.Array          # [N, L], 0 off the loss mask
+    returns: jax.Array | None      # [N, L] critic targets, or None without a critic
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LossInputs:
+    """What loss terms read, all per token ``[N, L]``; unneeded fields may be None."""
+
+    loss_mask: jax.Array
+    logprobs: jax.Array | None = None      # current policy (differentiated)
+    old_logprobs: jax.Array | None = None  # policy that sampled the tokens
+    ref_logprobs: jax.Array | None = None  # frozen reference policy
+    advantages: jax.Array | None = None
+    entropy: jax.Array | None = None       # current policy entropy per position
+    values: jax.Array | None = None        # current critic (differentiated)
+    old_values: jax.Array | None = None    # critic at rollout time
+    returns: jax.Array | None = None       # critic targets
+
+
+# ------------------------------------------------------------------------- registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """A hyper-parameter: its default, a check, and what the check expects (for errors)."""
+
+    default: Any
+    check: Callable[[Any], bool]
+    expect: str
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _real(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_open=False) -> Callable[[Any], bool]:
+    def check(v) -> bool:
+        if not _is_real(v):
+            return False
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            return False
+        return not (hi is not None and (v >= hi if hi_open else v > hi))
+    return check
+
+
+def _is_bool(v) -> bool:
+    return isinstance(v, bool)
+
+
+def _one_of(*choices) -> Callable[[Any], bool]:
+    return lambda v: any(v == c and type(v) is type(c) for c in choices)
+
+
+def _none_or(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageEstimator:
+    name: str
+    fn: Callable[..., AdvantageOutput]  # fn(inputs: AdvantageInputs, **params)
+    required: tuple[str, ...]
+    params: Mapping[str, Param]
+    uses_critic: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class LossTerm:
+    name: str
+    fn: Callable[..., jax.Array]  # fn(inputs: LossInputs, **params) -> [N, L]
+    required: tuple[str, ...]
+    params: Mapping[str, Param]
+    target: str
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+LOSS_TERMS: dict[str, LossTerm] = {}
+
+
+def _check_registration(kind, table, name, required, inputs_cls, params) -> dict[str, Param]:
+    if name in table:
+        raise ValueError(f"{kind} {name!r} is already registered")
+    fields = {f.name for f in dataclasses.fields(inputs_cls)}
+    unknown = [r for r in required if r not in fields]
+    if unknown:
+        raise ValueError(f"{kind} {name!r}: required {unknown} are not {inputs_cls.__name__} fields")
+    params = dict(params or {})
+    for key, spec in params.items():
+        if not spec.check(spec.default):
+            raise ValueError(f"{kind} {name!r}: default of {key!r} fails its own check ({spec.expect})")
+    return params
+
+
+def register_advantage(name: str, *, required: tuple[str, ...], params: Mapping[str, Param] | None = None,
+                       uses_critic: bool = False):
+    """Decorator registering ``fn(inputs: AdvantageInputs, **params) -> AdvantageOutput``."""
+    def decorator(fn):
+        specs = _check_registration("advantage estimator", ADVANTAGE_ESTIMATORS, name, required,
+                                    AdvantageInputs, params)
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, tuple(required), specs, uses_critic)
+        return fn
+    return decorator
+
+
+def register_loss_term(name: str, *, required: tuple[str, ...], params: Mapping[str, Param] | None = None,
+                       target: str = "policy"):
+    """Decorator registering ``fn(inputs: LossInputs, **params) -> per-token loss [N, L]``."""
+    if target not in TARGETS:
+        raise ValueError(f"loss term {name!r}: target must be one of {TARGETS}, got {target!r}")
+
+    def decorator(fn):
+        specs = _check_registration("loss term", LOSS_TERMS, name, required, LossInputs, params)
+        LOSS_TERMS[name] = LossTerm(name, fn, tuple(required), specs, target)
+        return fn
+    return decorator
+
+
+# ------------------------------------------------------------------------- configs
+
+
+def _resolve_params(where: str, specs: Mapping[str, Param], given) -> tuple[tuple[str, Any], ...]:
+    """Validates ``given`` (mapping or pairs) against ``specs``; fills defaults; sorted pairs."""
+    try:
+        given = dict(given or {})
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: must be a mapping of parameter names to values, got {given!r}") from None
+    unknown = sorted(set(given) - set(specs))
+    if unknown:
+        raise ValueError(f"{where}: unknown parameter {unknown[0]!r}; known: {', '.join(sorted(specs)) or 'none'}")
+    resolved = {}
+    for key, spec in specs.items():
+        value = given.get(key, spec.default)
+        if not spec.check(value):
+            raise ValueError(f"{where}[{key!r}]: must be {spec.expect}, got {value!r}")
+        resolved[key] = value
+    return tuple(sorted(resolved.items()))
+
+
+def _known(table) -> str:
+    return ", ".join(sorted(table))
+
+
+def _terms_of(target: str) -> str:
+    return _known(name for name, term in LOSS_TERMS.items() if term.target == target)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossTermConfig:
+    """One weighted loss term: ``coef * term(inputs, **params)``. ``params`` becomes sorted pairs."""
+
+    name: str
+    coef: float = 1.0
+    params: Any = ()
+
+    def __post_init__(self):
+        if self.name not in LOSS_TERMS:
+            raise ValueError(f"LossTermConfig.name: unknown loss term {self.name!r}; known: {_known(LOSS_TERMS)}")
+        if not (_is_real(self.coef) and self.coef >= 0):
+            raise ValueError(
+                f"LossTermConfig(name={self.name!r}).coef: must be a finite number >= 0, got {self.coef!r}"
+            )
+        where = f"LossTermConfig(name={self.name!r}).params"
+        object.__setattr__(self, "params", _resolve_params(where, LOSS_TERMS[self.name].params, self.params))
+
+    @property
+    def term(self) -> LossTerm:
+        return LOSS_TERMS[self.name]
+
+
+def _default_loss_terms() -> tuple[LossTermConfig, ...]:
+    return (LossTermConfig("policy_clip"), LossTermConfig("kl", 0.001))  # paper: KL coefficient 0.001
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+    """Which advantage estimator and which loss terms to combine, and how to aggregate them.
+
+    The default is the paper's GRPO: group-relative advantages, clipped surrogate (0.2),
+    KL to the reference (k3, coefficient 0.001), token-mean aggregation.
+    """
+
+    advantage: str = "grpo"
+    advantage_params: Any = ()
+    loss_terms: tuple[LossTermConfig, ...] = dataclasses.field(default_factory=_default_loss_terms)
+    aggregation: str = "token-mean"
+    aggregation_constant: float = 1.0
+
+    def __post_init__(self):
+        if self.advantage not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(
+                f"AlgorithmConfig.advantage: unknown advantage estimator {self.advantage!r}; "
+                f"known: {_known(ADVANTAGE_ESTIMATORS)}"
+            )
+        estimator = ADVANTAGE_ESTIMATORS[self.advantage]
+        object.__setattr__(self, "advantage_params",
+                           _resolve_params("AlgorithmConfig.advantage_params", estimator.params, self.advantage_params))
+        object.__setattr__(self, "loss_terms", self._resolve_terms(self.loss_terms))
+        try:
+            validate_mode(self.aggregation, self.aggregation_constant)
+        except ValueError as e:
+            field = "aggregation" if self.aggregation not in AGGREGATION_MODES else "aggregation_constant"
+            raise ValueError(f"AlgorithmConfig.{field}: {e}") from None
+        if not self.terms_for("policy"):
+            raise ValueError("AlgorithmConfig.loss_terms: needs at least one policy term "
+                             f"(policy terms: {_terms_of('policy')})")
+        if estimator.uses_critic and not self.terms_for("critic"):
+            raise ValueError(f"AlgorithmConfig.loss_terms: advantage {self.advantage!r} uses a critic, so a critic "
+                             f"term is needed (critic terms: {_terms_of('critic')})")
+
+    @staticmethod
+    def _resolve_terms(terms) -> tuple[LossTermConfig, ...]:
+        if isinstance(terms, (str, Mapping, LossTermConfig)) or not hasattr(terms, "__iter__"):
+            raise ValueError(f"AlgorithmConfig.loss_terms: must be a sequence of loss terms, got {terms!r}")
+        resolved, seen = [], set()
+        for i, term in enumerate(terms):
+            if isinstance(term, Mapping):
+                extra = sorted(set(term) - {"name", "coef", "params"})
+                if extra or "name" not in term:
+                    raise ValueError(f"AlgorithmConfig.loss_terms[{i}]: needs 'name' and only name/coef/params, "
+                                     f"got {dict(term)!r}")
+                try:
+                    term = LossTermConfig(**term)
+                except ValueError as e:
+                    raise ValueError(f"AlgorithmConfig.loss_terms[{i}]: {e}") from None
+            if not isinstance(term, LossTermConfig):
+                raise ValueError(f"AlgorithmConfig.loss_terms[{i}]: must be a LossTermConfig or mapping, got {term!r}")
+            if term.name in seen:
+                raise ValueError(f"AlgorithmConfig.loss_terms[{i}]: term {term.name!r} appears twice")
+            seen.add(term.name)
+            resolved.append(term)
+        return tuple(resolved)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "AlgorithmConfig":
+        """Builds from plain data (a YAML section); unknown keys are errors."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"AlgorithmConfig: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def terms_for(self, target: str) -> tuple[LossTermConfig, ...]:
+        if target not in TARGETS:
+            raise ValueError(f"target: must be one of {TARGETS}, got {target!r}")
+        return tuple(t for t in self.loss_terms if t.term.target == target)
+
+    @property
+    def uses_critic(self) -> bool:
+        return ADVANTAGE_ESTIMATORS[self.advantage].uses_critic
+
+
+# ------------------------------------------------------------------------- entry points
+
+
+def _require_inputs(where: str, required: tuple[str, ...], inputs) -> None:
+    for name in required:
+        if getattr(inputs, name) is None:
+            raise ValueError(f"{where} needs {type(inputs).__name__}.{name}, which is None")
+
+
+def compute_advantages(config: AlgorithmConfig, inputs: AdvantageInputs) -> AdvantageOutput:
+    """Runs the configured estimator: per-token advantages ``[N, L]`` (and returns, or None)."""
+    estimator = ADVANTAGE_ESTIMATORS[config.advantage]
+    _require_inputs(f"advantage estimator {estimator.name!r}", estimator.required, inputs)
+    return estimator.fn(inputs, **dict(config.advantage_params))
+
+
+def compute_loss(
+    config: AlgorithmConfig, inputs: LossInputs, target: str = "policy"
+) -> tuple[LossSum, dict[str, LossSum]]:
+    """The weighted sum of ``target``'s terms, aggregated once, plus each term unweighted.
+
+    Returns ``(total, parts)``: ``total`` is the :class:`LossSum` of
+    ``sum_k coef_k * loss_k`` (per token) to differentiate; ``parts[name]`` the term's own
+    :class:`LossSum`, for metrics. Aggregation is linear, so
+    ``total.total == sum_k coef_k * parts[k].total`` with a shared denominator.
+    """
+    terms = config.terms_for(target)
+    if not terms:
+        raise ValueError(f"compute_loss: config has no {target} loss terms")
+    weighted, parts = None, {}
+    for term_config in terms:  # a few configured terms, not data
+        term = term_config.term
+        _require_inputs(f"loss term {term.name!r}", term.required, inputs)
+        per_token = term.fn(inputs, **dict(term_config.params))
+        parts[term.name] = aggregate(per_token, inputs.loss_mask, config.aggregation, config.aggregation_constant)
+        scaled = term_config.coef * per_token
+        weighted = scaled if weighted is None else weighted + scaled
+    total = aggregate(weighted, inputs.loss_mask, config.aggregation, config.aggregation_constant)
+    return total, parts
+
+
+# ------------------------------------------------------------------------- built-ins
+
+_EPS = Param(1e-6, _real(0, lo_open=True), "a finite number > 0")
+_DDOF = Param(1, _one_of(0, 1), "0 or 1 (int)")
+_FLAG_TRUE = Param(True, _is_bool, "a bool")
+_UNIT = "a number in [0, 1]"
+
+
+@register_advantage("grpo", required=("rewards", "group_ids"),
+                    params={"eps": _EPS, "ddof": _DDOF, "scale_by_std": _FLAG_TRUE})
+def _grpo(inputs: AdvantageInputs, *, eps, ddof, scale_by_std) -> AdvantageOutput:
+    a = adv.grpo_advantages(inputs.rewards, inputs.group_ids, inputs.traj_mask,
+                            eps=eps, ddof=ddof, scale_by_std=scale_by_std)
+    return AdvantageOutput(adv.broadcast_trajectories_to_tokens(a, inputs.loss_mask), None)
+
+
+@register_advantage(
+    "gigpo", required=("rewards", "group_ids", "turn_mask", "anchor_keys", "token_turn_index"),
+    params={"omega": Param(1.0, _real(0), "a finite number >= 0"), "gamma": Param(0.95, _real(0, 1), _UNIT),
+            "eps": _EPS, "ddof": _DDOF, "episode_scale_by_std": _FLAG_TRUE, "step_scale_by_std": _FLAG_TRUE},
+)
+def _gigpo(inputs: AdvantageInputs, *, omega, gamma, eps, ddof, episode_scale_by_std, step_scale_by_std):
+    """Step rewards default to the outcome reward on each trajectory's last real turn."""
+    step_rewards = inputs.step_rewards
+    if step_rewards is None:
+        step_rewards = adv.place_at_last_valid(inputs.rewards, inputs.turn_mask)
+    per_turn = adv.gigpo_advantages(
+        inputs.rewards, step_rewards, inputs.group_ids, inputs.anchor_keys, inputs.turn_mask, inputs.traj_mask,
+        omega=omega, gamma=gamma, eps=eps, ddof=ddof,
+        episode_scale_by_std=episode_scale_by_std, step_scale_by_std=step_scale_by_std,
+    )
+    per_token = adv.broadcast_turns_to_tokens(per_turn, inputs.token_turn_index)
+    return AdvantageOutput(per_token * inputs.loss_mask.astype(per_token.dtype), None)
+
+
+@register_advantage("gae", required=("token_rewards", "values"), uses_critic=True,
+                    params={"gamma": Param(1.0, _real(0, 1), _UNIT), "lam": Param(1.0, _real(0, 1), _UNIT),
+                            "whiten": _FLAG_TRUE})
+def _gae(inputs: AdvantageInputs, *, gamma, lam, whiten) -> AdvantageOutput:
+    """Whitening (verl's default for GAE) applies to advantages only; returns stay raw targets."""
+    a, returns = adv.gae_advantages(inputs.token_rewards, inputs.values, inputs.loss_mask, gamma=gamma, lam=lam)
+    if whiten:
+        a = adv.masked_whiten(a, inputs.loss_mask)
+    return AdvantageOutput(a, returns)
+
+
+@register_loss_term(
+    "policy_clip", required=("logprobs", "old_logprobs", "advantages"),
+    params={"clip_low": Param(0.2, _real(0, 1, hi_open=True), "a number in [0, 1)"),
+            "clip_high": Param(0.2, _real(0), "a finite number >= 0"),
+            "dual_clip": Param(None, _none_or(_real(1, lo_open=True)), "None or a finite number > 1")},
+)
+def _policy_clip(inputs: LossInputs, *, clip_low, clip_high, dual_clip):
+    return losses.clipped_surrogate(inputs.logprobs, inputs.old_logprobs, inputs.advantages,
+                                    clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+
+
+@register_loss_term(
+    "kl", required=("logprobs", "ref_logprobs"),
+    params={"estimator": Param("k3", _one_of(*losses.KL_ESTIMATORS), f"one of {losses.KL_ESTIMATORS}"),
+            "k3_max": Param(10.0, _none_or(_real(0, lo_open=True)), "None or a finite number > 0")},
+)
+def _kl(inputs: LossInputs, *, estimator, k3_max):
+    return losses.kl_penalty(inputs.logprobs, inputs.ref_logprobs, estimator, k3_max=k3_max)
+
+
+@register_loss_term("entropy", required=("entropy",))
+def _entropy(inputs: LossInputs):
+    return losses.entropy_bonus(inputs.entropy)
+
+
+@register_loss_term("value_clip", required=("values", "old_values", "returns"), target="critic",
+                    params={"clip": Param(0.5, _real(0, lo_open=True), "a finite number > 0")})
+def _value_clip(inputs: LossInputs, *, clip):
+    return losses.clipped_value_loss(inputs.values, inputs.old_values, inputs.returns, clip=clip)
