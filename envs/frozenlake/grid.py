@@ -87,3 +87,9 @@ DEFAULT_MAPS = {
         "FFFHFFFG",
     ),
 }
+
+
+def start_cell(tiles):
+    """Flat index of the START tile of ``int8[..., n, n]`` maps: ``int32[...]`` (0 if none)."""
+    flat = jnp.asarray(tiles).reshape(*jnp.shape(tiles)[:-2], -1)
+    return jnp.argmax(flat == START, axis=-1).astype(jnp.int32)
