@@ -49,3 +49,21 @@ def bench_maps(
     from agentrl_jax.bench import maps
 
     emit(maps.run(count=count, size=size, repeats=repeats), json_out)
+
+
+@app.command("forward")
+def bench_forward(
+    json_out: bool = JSON_OPT,
+    config: list[str] = typer.Option(["tiny", "qwen3-0.6b-2layers"],
+                                     help="Model shapes: tiny, qwen3-0.6b-2layers."),
+    batch: int = typer.Option(4, help="Sequences per forward."),
+    seq_len: int = typer.Option(128, help="Tokens per sequence."),
+    dtype: str = typer.Option("float32",
+                              help="float32 or bfloat16 (params and compute, both sides)."),
+    repeats: int = typer.Option(3, help="Timed runs (median)."),
+) -> None:
+    """Qwen3 prefill tokens/s: our jitted forward vs transformers on the same random checkpoint."""
+    from agentrl_jax.bench import forward
+
+    emit(forward.run(configs=config, batch=batch, seq_len=seq_len, dtype=dtype,
+                     repeats=repeats), json_out)

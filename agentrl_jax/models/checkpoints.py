@@ -1,0 +1,372 @@
+"""Hugging Face checkpoints in and out: safetensors <-> :class:`Qwen3ForCausalLM`.
+
+Loading (:func:`load_qwen3`) reads ``config.json`` and either ``model.safetensors`` or a
+sharded ``model.safetensors.index.json``. Tensors are memory-mapped and each device shard is
+cut straight from the file with ``jax.make_array_from_callback``, so the host only ever holds
+one shard of one tensor and a model larger than any device is never gathered whole. Every name,
+shape and dtype is checked first; errors name the file and tensor.
+
+Export (:func:`export_qwen3`) writes ``config.json`` plus safetensors (sharded with an index
+above ``max_shard_bytes``) that ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+Parameters keep Hugging Face layouts, so exporting unchanged parameters reproduces the original
+tensors bit for bit.
+
+Safetensors files are read through their documented layout (8-byte little-endian header size,
+JSON header of dtype/shape/byte offsets, raw little-endian data) with ``np.memmap``, because the
+``safetensors`` NumPy reader cannot read bfloat16 and its JAX reader materialises on a device.
+Writing uses ``safetensors.numpy`` (which handles ``ml_dtypes.bfloat16``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, SingleDeviceSharding
+from safetensors.numpy import save_file
+
+from agentrl_jax.models.config import Qwen3Config
+from agentrl_jax.models.qwen3 import LAYER_PARAM_NAMES, Qwen3ForCausalLM
+from agentrl_jax.sharding import QWEN3_PARAM_RULES, PartitionRule, path_string, tree_shardings
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Files besides the weights that serving tools want next to them; copied on export if present.
+AUXILIARY_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                   "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja")
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+
+_DTYPES = {
+    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2), "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_),
+}
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+_TORCH_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
+                      np.dtype(np.float16): "float16"}
+
+# Our stacked layer parameter -> its per-layer Hugging Face name after "model.layers.{i}.".
+_LAYER_SUFFIX = {
+    "input_layernorm": "input_layernorm.weight",
+    "q_proj": "self_attn.q_proj.weight", "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight", "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight", "o_proj": "self_attn.o_proj.weight",
+    "post_attention_layernorm": "post_attention_layernorm.weight",
+    "gate_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight",
+    "down_proj": "mlp.down_proj.weight",
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint's files or tensors do not match its config (message names file and tensor)."""
+
+
+# ---------------------------------------------------------------------------- safetensors reading
+@dataclasses.dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor's bytes live inside a safetensors file."""
+
+    name: str
+    file: Path
+    dtype_name: str          # safetensors dtype tag, e.g. "BF16"
+    shape: tuple[int, ...]
+    offset: int              # absolute byte offset of the data in the file
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _DTYPES[self.dtype_name]
+
+    def mmap(self) -> np.ndarray:
+        """The tensor as a read-only memory map: indexing it reads only the pages it touches."""
+        if math.prod(self.shape) == 0:
+            return np.zeros(self.shape, self.dtype)
+        return np.memmap(self.file, dtype=self.dtype, mode="r", offset=self.offset,
+                         shape=self.shape)
+
+    def read(self, index: Any = (), dtype: Any = None) -> np.ndarray:
+        """``tensor[index]`` as a new array (cast to ``dtype`` while copying)."""
+        return np.array(self.mmap()[index], dtype=dtype)
+
+
+def read_safetensors_header(path: str | Path) -> dict[str, TensorEntry]:
+    """Parse one safetensors file's header into :class:`TensorEntry` records (no data read)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"safetensors file {path} does not exist")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if header_len <= 0 or 8 + header_len > size:
+            raise CheckpointError(f"{path}: not a safetensors file (bad header size)")
+        try:
+            header = json.loads(f.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(
+                f"{path}: not a safetensors file (header is not JSON: {e})") from None
+    data_start = 8 + header_len
+    entries = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        dtype_name, shape = meta.get("dtype"), tuple(meta.get("shape", ()))
+        if dtype_name not in _DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype_name!r}")
+        begin, end = meta.get("data_offsets", (0, -1))
+        expected = math.prod(shape) * _DTYPES[dtype_name].itemsize
+        if end - begin != expected or data_start + end > size:
+            raise CheckpointError(f"{path}: tensor {name!r} is truncated or corrupt (shape {shape} "
+                                  f"{dtype_name} needs {expected} bytes at offsets {begin}..{end}, "
+                                  f"file has {size} bytes)")
+        entries[name] = TensorEntry(name, path, dtype_name, shape, data_start + begin)
+    return entries
+
+
+def index_checkpoint(model_dir: str | Path) -> dict[str, TensorEntry]:
+    """Every tensor of a model directory, single-file or sharded, by Hugging Face name."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
+    index_path = model_dir / INDEX_FILE
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"{index_path}: malformed index (needs a 'weight_map'): {e!r}") from None
+        headers = {}
+        for file_name in sorted(set(weight_map.values())):
+            if not (model_dir / file_name).is_file():
+                tensor = next(n for n, f in weight_map.items() if f == file_name)
+                raise FileNotFoundError(f"{index_path} maps tensor {tensor!r} to {file_name}, "
+                                        f"which does not exist in {model_dir}")
+            headers[file_name] = read_safetensors_header(model_dir / file_name)
+        entries = {}
+        for name, file_name in weight_map.items():
+            if name not in headers[file_name]:
+                raise CheckpointError(f"{index_path} maps tensor {name!r} to {file_name}, "
+                                      "which does not contain it")
+            entries[name] = headers[file_name][name]
+        return entries
+    if (model_dir / SINGLE_FILE).is_file():
+        return read_safetensors_header(model_dir / SINGLE_FILE)
+    raise FileNotFoundError(f"no weights in {model_dir}: expected {SINGLE_FILE} or {INDEX_FILE}")
+
+
+# ---------------------------------------------------------------------------- name mapping
+def hf_tensor_names(config: Qwen3Config) -> dict[str, list[str]]:
+    """Our parameter path -> its Hugging Face tensor names (one per layer for stacked weights)."""
+    names = {"embed_tokens": ["model.embed_tokens.weight"]}
+    for param in LAYER_PARAM_NAMES:
+        names[f"layers/{param}"] = [f"model.layers.{i}.{_LAYER_SUFFIX[param]}"
+                                    for i in range(config.num_hidden_layers)]
+    names["norm"] = ["model.norm.weight"]
+    if not config.tie_word_embeddings:
+        names["lm_head"] = ["lm_head.weight"]
+    return names
+
+
+def _is_ignorable(name: str, config: Qwen3Config) -> bool:
+    # Tied checkpoints may still store lm_head (the official Qwen3-0.6B does); transformers ties
+    # it to the embedding and ignores it, and so do we. Old exports may store RoPE buffers.
+    return ((name == "lm_head.weight" and config.tie_word_embeddings)
+            or name.endswith(".rotary_emb.inv_freq"))
+
+
+def check_tensors(entries: Mapping[str, TensorEntry], config: Qwen3Config,
+                  expected_shapes: Mapping[str, tuple[int, ...]], where: str) -> None:
+    """Raise :class:`CheckpointError` for missing, unexpected, mis-shaped or non-float tensors.
+
+    ``expected_shapes`` maps our parameter path to its shape (stacked layers included).
+    """
+    names = hf_tensor_names(config)
+    wanted = {hf for hfs in names.values() for hf in hfs}
+    missing = sorted(wanted - set(entries))
+    if missing:
+        raise CheckpointError(f"{where}: missing {len(missing)} tensor(s) that config.json "
+                              f"requires, e.g. {missing[:5]}")
+    unexpected = sorted(n for n in set(entries) - wanted if not _is_ignorable(n, config))
+    if unexpected:
+        listed = [f"{n!r} in {entries[n].file.name}" for n in unexpected[:5]]
+        raise CheckpointError(f"{where}: {len(unexpected)} unexpected tensor(s) not part of a "
+                              f"Qwen3ForCausalLM with this config.json: {', '.join(listed)}")
+    for path, hfs in names.items():
+        shape = expected_shapes[path][1:] if path.startswith("layers/") else expected_shapes[path]
+        for hf in hfs:
+            entry = entries[hf]
+            if entry.shape != tuple(shape):
+                raise CheckpointError(f"{entry.file}: tensor {hf!r} has shape {list(entry.shape)}, "
+                                      f"but config.json implies {list(shape)}")
+            if entry.dtype_name not in _FLOAT_DTYPES:
+                raise CheckpointError(f"{entry.file}: tensor {hf!r} has dtype {entry.dtype_name}, "
+                                      f"expected one of {list(_FLOAT_DTYPES)}")
+
+
+# ---------------------------------------------------------------------------- loading
+def abstract_qwen3(config: Qwen3Config, *, dtype: Any = jnp.float32,
+                   param_dtype: Any = jnp.float32, remat: bool = False) -> Qwen3ForCausalLM:
+    """The model's structure with ``ShapeDtypeStruct`` leaves; allocates nothing."""
+    return nnx.eval_shape(lambda: Qwen3ForCausalLM(
+        config, dtype=dtype, param_dtype=param_dtype, remat=remat, rngs=nnx.Rngs(0)))
+
+
+def load_qwen3(model_dir: str | Path, *, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,
+               mesh: Mesh | None = None, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
+               remat: bool = False) -> Qwen3ForCausalLM:
+    """Load a Hugging Face Qwen3 directory into a :class:`Qwen3ForCausalLM`.
+
+    Parameters are cast to ``param_dtype`` on the host, shard by shard, and placed on ``mesh``
+    by ``rules`` (on the first local device when ``mesh`` is None).
+    """
+    model_dir = Path(model_dir)
+    config = Qwen3Config.from_model_dir(model_dir)
+    entries = index_checkpoint(model_dir)
+    graphdef, state = nnx.split(abstract_qwen3(config, dtype=dtype, param_dtype=param_dtype,
+                                               remat=remat))
+    abstract = nnx.to_pure_dict(state)
+    where = str(model_dir / (INDEX_FILE if (model_dir / INDEX_FILE).is_file() else SINGLE_FILE))
+    shapes = {path_string(path): leaf.shape
+              for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+    check_tensors(entries, config, shapes, where)
+    if mesh is None:
+        device = jax.local_devices()[0]
+        shardings = jax.tree.map(lambda _: SingleDeviceSharding(device), abstract)
+    else:
+        shardings = tree_shardings(abstract, mesh, rules)
+    names = hf_tensor_names(config)
+
+    def place(keypath, leaf, sharding):
+        path = path_string(keypath)
+        return _array_from_tensors([entries[n] for n in names[path]], path.startswith("layers/"),
+                                   leaf, sharding)
+
+    params = jax.tree_util.tree_map_with_path(place, abstract, shardings)
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state)
+
+
+def _array_from_tensors(tensors: list[TensorEntry], stacked: bool, leaf: jax.ShapeDtypeStruct,
+                        sharding: jax.sharding.Sharding) -> jax.Array:
+    """One (possibly layer-stacked) parameter, each device shard read from the files directly."""
+    dtype = np.dtype(leaf.dtype)
+
+    def read_shard(index: tuple[slice, ...] | None) -> np.ndarray:
+        index = tuple(index) if index is not None else (slice(None),) * len(leaf.shape)
+        if not stacked:
+            return tensors[0].read(index, dtype)
+        layers = range(len(tensors))[index[0]]
+        shard = np.empty((len(layers), *tensors[0].mmap()[index[1:]].shape), dtype)
+        for row, layer in enumerate(layers):  # host holds the shard and nothing else
+            shard[row] = tensors[layer].mmap()[index[1:]]
+        return shard
+
+    return jax.make_array_from_callback(leaf.shape, sharding, read_shard, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------- export
+def export_qwen3(model: Qwen3ForCausalLM, out_dir: str | Path, *, dtype: Any = None,
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                 copy_files_from: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Write ``model`` as a Hugging Face directory; returns ``out_dir``.
+
+    ``dtype`` (default: the parameters' own) is the stored dtype. Tensors are fetched to the
+    host one at a time (gathered across processes when sharded over hosts); only process 0
+    writes. ``copy_files_from`` copies tokenizer and generation files that exist there.
+    """
+    out_dir = Path(out_dir)
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
+    old = list(out_dir.glob("*.safetensors")) + list(out_dir.glob(INDEX_FILE))
+    if old and not overwrite:
+        raise FileExistsError(f"{out_dir} already holds a checkpoint ({old[0].name}); "
+                              "pass overwrite=True to replace it")
+    config = model.config
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    out_dtype = np.dtype(dtype if dtype is not None else model.param_dtype)
+    if out_dtype not in _TORCH_DTYPE_NAMES:
+        raise ValueError(f"export dtype must be one of {list(_TORCH_DTYPE_NAMES.values())}, "
+                         f"got {out_dtype}")
+    tensors = list(_hf_tensors(params, config))  # nothing fetched yet
+    itemsize = out_dtype.itemsize
+    sizes = [math.prod(shape) * itemsize for _, shape, _ in tensors]
+    shards = _group_into_shards(sizes, max_shard_bytes)
+    writer = jax.process_index() == 0
+    if writer:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in old:
+            stale.unlink()
+    count = len(shards)
+    file_names = ([SINGLE_FILE] if count == 1 else
+                  [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)])
+    weight_map = {}
+    for file_name, members in zip(file_names, shards, strict=True):
+        arrays = {}
+        for i in members:
+            name, _, fetch = tensors[i]
+            arrays[name] = fetch().astype(out_dtype)  # every process joins cross-host gathers
+            weight_map[name] = file_name
+        if writer:
+            save_file(arrays, out_dir / file_name, metadata={"format": "pt"})
+    if writer:
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
+            (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        hf_config = config.to_hf_dict(torch_dtype=_TORCH_DTYPE_NAMES[out_dtype])
+        (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        if copy_files_from is not None:
+            for name in AUXILIARY_FILES:
+                source = Path(copy_files_from) / name
+                if source.is_file():
+                    shutil.copyfile(source, out_dir / name)
+    return out_dir
+
+
+def _hf_tensors(params: Mapping[str, Any], config: Qwen3Config):
+    """(Hugging Face name, shape, fetch-to-host thunk) for every tensor, in checkpoint order."""
+    for path, hfs in hf_tensor_names(config).items():
+        array = _lookup(params, path)
+        if path.startswith("layers/"):
+            for i, hf in enumerate(hfs):
+                yield hf, array.shape[1:], (lambda a=array, i=i: _to_host(a[i]))
+        else:
+            yield hfs[0], array.shape, (lambda a=array: _to_host(a))
+
+
+def _lookup(tree: Mapping[str, Any], path: str) -> Any:
+    for key in path.split("/"):
+        tree = tree[key]
+    return tree
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _group_into_shards(sizes: Sequence[int], max_bytes: int) -> list[list[int]]:
+    """Greedy, order-preserving grouping of tensors into files of at most ``max_bytes``
+    (a single tensor larger than that gets a file of its own)."""
+    shards: list[list[int]] = [[]]
+    used = 0
+    for i, size in enumerate(sizes):
+        if shards[-1] and used + size > max_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(i)
+        used += size
+    return shards

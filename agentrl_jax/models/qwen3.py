@@ -1,0 +1,341 @@
+"""Qwen3 dense decoder in Flax NNX, with an optional static-shape KV cache.
+
+Math (matches ``transformers``' ``Qwen3ForCausalLM``): token embedding; per layer
+``x += o_proj(attention(rope(q_norm(q)), rope(k_norm(k)), v))`` on the RMS-normed input, then
+``x += down(silu(gate(h)) * up(h))`` on the RMS-normed result; final RMSNorm; output head
+(the embedding matrix itself when ``tie_word_embeddings``). Attention is grouped-query
+(query head ``h`` reads key/value head ``h // num_query_groups``), RoPE is the
+non-interleaved rotate-half form over the full ``head_dim``, and RMSNorm normalises in float32,
+casts back to the input dtype, then multiplies by its weight.
+
+Public API
+----------
+``model = Qwen3ForCausalLM(config, dtype=jnp.float32, param_dtype=jnp.float32, remat=False,
+rngs=nnx.Rngs(0))`` builds a randomly initialised model (``load_qwen3`` in
+:mod:`agentrl_jax.models.checkpoints` loads one). ``dtype`` is the compute dtype, ``param_dtype``
+the storage dtype; logits are always float32.
+
+``logits, cache = model(tokens, positions, attention_mask, cache=None)``
+
+* ``tokens``         ``[B, L]`` int   token ids (ids of padding are ignored but must be ints).
+* ``positions``      ``[B, L]`` int   RoPE positions (``positions_from_mask`` gives the usual ones).
+* ``attention_mask`` ``[B, L]`` bool  True for real tokens; padding may sit anywhere (left, right,
+  in the middle). Causality is by index: real token ``i`` attends to real tokens ``j <= i``.
+* ``cache``          ``KVCache`` or None.
+* ``logits``         ``[B, L, vocab_size]`` float32; rows of padding tokens are finite but
+  meaningless. ``cache`` is the updated cache (None when none was given).
+
+``model.hidden_states(...)`` returns ``(hidden [B, L, hidden_size], cache)`` and
+``model.logits(hidden)`` the float32 logits, so a caller can take logits of a few positions only.
+
+KV cache
+--------
+``KVCache.empty(config, batch_size, max_len, dtype)`` holds
+
+* ``k``, ``v``  ``[num_hidden_layers, B, max_len, num_key_value_heads, head_dim]`` (post-RoPE keys),
+* ``lengths``   ``[B]`` int32, the number of filled slots per row (rows advance independently).
+
+A forward with a cache appends each row's *real* tokens compactly at slots
+``lengths[b], lengths[b]+1, ...`` (padding is never written), attends every real token to the
+row's filled slots up to and including its own, and returns ``lengths + attention_mask.sum(1)``.
+So a prefill of ragged prompts, a one-token decode step, and an observation chunk appended in a
+later turn are all the same call, and their logits equal those of one forward over each row's
+whole real sequence. With ``positions = positions_from_mask(attention_mask, cache.lengths)``
+the RoPE position of a token is its slot index. The caller keeps ``lengths + new real tokens <=
+max_len``: writes past the end are dropped (never wrapped onto earlier slots) while ``lengths``
+still counts them. Resetting a row is ``lengths.at[b].set(0)``; stale slots past ``lengths``
+are never read.
+
+Jitting: ``graphdef, state = nnx.split(model)`` once, then ``jax.jit(lambda state, *a:
+nnx.merge(graphdef, state)(*a))``. Layers are stacked along a leading axis and run by one
+``lax.scan``, so compile time does not grow with depth; ``remat=True`` recomputes each layer's
+activations in the backward pass. A frozen reference policy is a kept copy of the parameters,
+``jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))`` (a real copy, in case a training step
+donates the live buffers), used through ``nnx.merge(graphdef, reference)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from agentrl_jax.models.config import Qwen3Config
+
+# Scores of masked keys. Finite (not -inf) so a query with no visible key (a padding token)
+# gets a uniform softmax instead of NaN, which would leak into gradients via 0 * NaN.
+_MASKED_SCORE = -1e30
+
+# Stacked per-layer parameter names (Hugging Face leaf names), in checkpoint order.
+LAYER_PARAM_NAMES = (
+    "input_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "o_proj",
+    "post_attention_layernorm", "gate_proj", "up_proj", "down_proj",
+)
+
+
+# ---------------------------------------------------------------------------- pure pieces
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis: normalise in float32, cast back, then scale.
+
+    x: ``[..., D]``; weight: ``[D]``. Returns ``[..., D]`` in ``x.dtype``.
+    """
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope_inverse_frequencies(config: Qwen3Config) -> tuple[np.ndarray, float]:
+    """``(inv_freq [head_dim // 2] float32, attention_scale)`` for the config's RoPE variant.
+
+    Mirrors ``transformers.modeling_rope_utils`` for "default", "linear" and "yarn" (computed in
+    float64, then rounded once to float32).
+    """
+    dim, base = config.head_dim, config.rope_theta
+    exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
+    inv_freq = 1.0 / base ** exponents
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq.astype(np.float32), 1.0
+    if scaling.rope_type == "linear":
+        return (inv_freq / scaling.factor).astype(np.float32), 1.0
+    # yarn: keep high frequencies (many rotations over the original context), interpolate low
+    # ones by `factor`, and blend linearly in between.
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(scaling.original_max_position_embeddings / (rotations * 2 * math.pi))
+                / (2 * math.log(base)))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    keep_original = 1.0 - ramp
+    blended = inv_freq / scaling.factor * ramp + inv_freq * keep_original
+    return blended.astype(np.float32), _yarn_attention_scale(scaling)
+
+
+def _yarn_attention_scale(scaling) -> float:
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if scaling.attention_factor is not None:
+        return float(scaling.attention_factor)
+    if scaling.mscale and scaling.mscale_all_dim:
+        return (mscale(scaling.factor, scaling.mscale)
+                / mscale(scaling.factor, scaling.mscale_all_dim))
+    return mscale(scaling.factor)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, attention_scale: float,
+                 dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:
+    """cos and sin tables ``[B, L, head_dim]`` (each half repeated), computed in float32."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return ((jnp.cos(angles) * attention_scale).astype(dtype),
+            (jnp.sin(angles) * attention_scale).astype(dtype))
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE. x: ``[B, L, N, head_dim]``; cos, sin: ``[B, L, head_dim]``."""
+    first, second = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-second, first], axis=-1)
+    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax attention where each key/value head serves a group of query heads.
+
+    q: ``[B, L, H, hd]``; k, v: ``[B, S, KV, hd]`` with ``H % KV == 0``; mask: ``[B, L, S]`` bool
+    (True = may attend). Scores and softmax are float32. Returns ``[B, L, H, hd]`` in v's dtype.
+    """
+    batch, length, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
+    scores = jnp.einsum("blkgd,bskd->bkgls", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * head_dim ** -0.5, _MASKED_SCORE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgls,bskd->blkgd", probs, v)
+    return out.reshape(batch, length, heads, head_dim)
+
+
+def linear(x: jax.Array, weight: jax.Array) -> jax.Array:
+    """``x @ weight.T`` with the Hugging Face ``[out_features, in_features]`` weight layout."""
+    return jnp.einsum("...i,oi->...o", x, weight)
+
+
+def swiglu_mlp(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
+    """``down(silu(gate(x)) * up(x))``; x ``[..., D]``, gate/up ``[I, D]``, down ``[D, I]``."""
+    return linear(jax.nn.silu(linear(x, gate)) * linear(x, up), down)
+
+
+def attention_inputs(p: dict[str, jax.Array], x: jax.Array, cos: jax.Array, sin: jax.Array,
+                     config: Qwen3Config) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer's ``q [B, L, H, hd]`` and ``k, v [B, L, KV, hd]`` (q, k normed and rotated)."""
+    batch, length, _ = x.shape
+    hd, eps = config.head_dim, config.rms_norm_eps
+    h = rms_norm(x, p["input_layernorm"], eps)
+    q = linear(h, p["q_proj"]).reshape(batch, length, config.num_attention_heads, hd)
+    k = linear(h, p["k_proj"]).reshape(batch, length, config.num_key_value_heads, hd)
+    v = linear(h, p["v_proj"]).reshape(batch, length, config.num_key_value_heads, hd)
+    q = apply_rope(rms_norm(q, p["q_norm"], eps), cos, sin)
+    k = apply_rope(rms_norm(k, p["k_norm"], eps), cos, sin)
+    return q, k, v
+
+
+def layer_output(p: dict[str, jax.Array], x: jax.Array, attended: jax.Array,
+                 config: Qwen3Config) -> jax.Array:
+    """Residual stream after one layer, given its attention output ``attended [B, L, H, hd]``."""
+    x = x + linear(attended.reshape(*x.shape[:2], -1), p["o_proj"])
+    h = rms_norm(x, p["post_attention_layernorm"], config.rms_norm_eps)
+    return x + swiglu_mlp(h, p["gate_proj"], p["up_proj"], p["down_proj"])
+
+
+def positions_from_mask(attention_mask: jax.Array, offset: jax.Array | None = None) -> jax.Array:
+    """RoPE positions counting only real tokens: ``offset[b] + #real tokens before i`` ``[B, L]``.
+
+    With ``offset = cache.lengths`` this is each token's cache slot. Padding gets its
+    neighbour's position (any value works: padding is never attended to).
+    """
+    positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
+    return positions if offset is None else positions + offset[:, None].astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------- KV cache
+@struct.dataclass
+class KVCache:
+    """Static-shape per-layer keys/values plus each row's fill level (see module docstring)."""
+
+    k: jax.Array        # [num_layers, B, max_len, kv_heads, head_dim]
+    v: jax.Array        # [num_layers, B, max_len, kv_heads, head_dim]
+    lengths: jax.Array  # [B] int32: slots [0, lengths[b]) of row b hold real tokens
+
+    @classmethod
+    def empty(cls, config: Qwen3Config, batch_size: int, max_len: int,
+              dtype: jnp.dtype = jnp.bfloat16) -> "KVCache":
+        shape = (config.num_hidden_layers, batch_size, max_len, config.num_key_value_heads,
+                 config.head_dim)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   lengths=jnp.zeros((batch_size,), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+# ---------------------------------------------------------------------------- the module
+class Qwen3DecoderLayers(nnx.Module):
+    """All decoder layers' weights, stacked along a leading ``num_hidden_layers`` axis.
+
+    Projections keep the Hugging Face ``[out_features, in_features]`` layout, so loading and
+    export are copies, not transposes.
+    """
+
+    def __init__(self, config: Qwen3Config, *, param_dtype: jnp.dtype, rngs: nnx.Rngs):
+        n, d, i = config.num_hidden_layers, config.hidden_size, config.intermediate_size
+        q_out = config.num_attention_heads * config.head_dim
+        kv_out = config.num_key_value_heads * config.head_dim
+        shapes = {
+            "input_layernorm": (n, d), "q_proj": (n, q_out, d), "k_proj": (n, kv_out, d),
+            "v_proj": (n, kv_out, d), "q_norm": (n, config.head_dim),
+            "k_norm": (n, config.head_dim), "o_proj": (n, d, q_out),
+            "post_attention_layernorm": (n, d), "gate_proj": (n, i, d), "up_proj": (n, i, d),
+            "down_proj": (n, d, i),
+        }
+        for name in LAYER_PARAM_NAMES:
+            shape = shapes[name]
+            if len(shape) == 2:  # a norm weight
+                value = jnp.ones(shape, param_dtype)
+            else:
+                value = _normal_init(rngs.params(), shape, param_dtype)
+            setattr(self, name, nnx.Param(value))
+
+    def stacked(self) -> dict[str, jax.Array]:
+        return {name: getattr(self, name)[...] for name in LAYER_PARAM_NAMES}
+
+
+def _normal_init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
+    """N(0, 0.02), transformers' default ``initializer_range`` for Qwen3."""
+    return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+class Qwen3ForCausalLM(nnx.Module):
+    """Qwen3 causal LM. See the module docstring for the call signature and the cache."""
+
+    def __init__(self, config: Qwen3Config, *, dtype: jnp.dtype = jnp.float32,
+                 param_dtype: jnp.dtype = jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        self.param_dtype = jnp.dtype(param_dtype)
+        self.remat = remat
+        shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = nnx.Param(_normal_init(rngs.params(), shape, param_dtype))
+        self.layers = Qwen3DecoderLayers(config, param_dtype=param_dtype, rngs=rngs)
+        self.norm = nnx.Param(jnp.ones((config.hidden_size,), param_dtype))
+        self.lm_head = (None if config.tie_word_embeddings
+                        else nnx.Param(_normal_init(rngs.params(), shape, param_dtype)))
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        hidden, cache = self.hidden_states(tokens, positions, attention_mask, cache)
+        return self.logits(hidden), cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """``[..., hidden_size]`` final hidden states -> ``[..., vocab_size]`` float32 logits."""
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return jnp.einsum("...d,vd->...v", hidden, head[...].astype(self.dtype),
+                          preferred_element_type=jnp.float32)
+
+    def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                      cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """Final (normed) hidden states ``[B, L, hidden_size]`` and the updated cache."""
+        config, dtype = self.config, self.dtype
+        valid = attention_mask.astype(bool)
+        x = jnp.take(self.embed_tokens[...], tokens, axis=0, mode="clip").astype(dtype)
+        inv_freq, attention_scale = rope_inverse_frequencies(config)
+        cos, sin = rope_cos_sin(positions, inv_freq, attention_scale, dtype)
+        layer_params = self.layers.stacked()
+
+        def cast(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
+            return {name: w.astype(dtype) for name, w in p.items()}
+
+        if cache is None:
+            length = tokens.shape[1]
+            causal = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
+            mask = causal[None] & valid[:, None, :]  # [B, L, L]
+
+            def body(x, p):
+                p = cast(p)
+                q, k, v = attention_inputs(p, x, cos, sin, config)
+                return layer_output(p, x, grouped_query_attention(q, k, v, mask), config), None
+
+            x, _ = jax.lax.scan(self._maybe_remat(body), x, layer_params)
+        else:
+            filled = cache.lengths[:, None] + jnp.cumsum(valid.astype(jnp.int32), axis=1)  # [B, L]
+            mask = jnp.arange(cache.max_len)[None, None, :] < filled[:, :, None]  # [B, L, T]
+            slots = jnp.where(valid, filled - 1, cache.max_len)  # padding -> out of range: dropped
+            rows = jnp.arange(tokens.shape[0])[:, None]
+
+            def body(carry, xs):
+                x, k_all, v_all = carry
+                p, layer = xs
+                p = cast(p)
+                q, k, v = attention_inputs(p, x, cos, sin, config)
+                k_all = k_all.at[layer, rows, slots].set(k.astype(k_all.dtype), mode="drop")
+                v_all = v_all.at[layer, rows, slots].set(v.astype(v_all.dtype), mode="drop")
+                attended = grouped_query_attention(
+                    q, k_all[layer].astype(dtype), v_all[layer].astype(dtype), mask)
+                return (layer_output(p, x, attended, config), k_all, v_all), None
+
+            layers = jnp.arange(config.num_hidden_layers)
+            (x, k_all, v_all), _ = jax.lax.scan(
+                self._maybe_remat(body), (x, cache.k, cache.v), (layer_params, layers))
+            cache = KVCache(k=k_all, v=v_all, lengths=filled[:, -1])
+        return rms_norm(x, self.norm[...], config.rms_norm_eps), cache
+
+    def _maybe_remat(self, body):
+        return jax.checkpoint(body, prevent_cse=False) if self.remat else body

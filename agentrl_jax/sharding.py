@@ -1,0 +1,174 @@
+"""Device meshes and partition rules (data / fsdp / tensor parallel).
+
+A mesh has three named axes:
+
+* ``data``   - batch split across replicas of the parameters;
+* ``fsdp``   - batch split *and* parameters split (gathered per use, ZeRO-3 style);
+* ``tensor`` - attention heads and MLP columns split (Megatron style).
+
+Partition rules map a parameter's path (``"layers/q_proj"``, ``"embed_tokens"``, ...) to a
+``PartitionSpec`` over these axes, first matching regex wins. A dimension whose size a mesh axis
+does not divide is replicated along that axis instead (e.g. 2 KV heads on 4 tensor devices),
+so every rule set works on every mesh; results are identical, only the layout changes.
+
+Multi-host: after ``jax.distributed.initialize()`` ``jax.devices()`` lists every process's
+devices; :func:`build_mesh` then puts processes along ``data`` (the only axis whose collectives
+are rare enough for the slower network between hosts) and ``fsdp`` x ``tensor`` inside a host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Sequence
+
+import jax
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # a batch dimension is split over both
+
+PartitionRule = tuple[str, P]
+
+# Qwen3ForCausalLM parameters (Hugging Face [out, in] layouts; layer weights have a leading
+# layer axis). Column-parallel q/k/v/gate/up split their output features over `tensor`,
+# row-parallel o/down split their input features, so each layer needs one reduction per block.
+QWEN3_PARAM_RULES: tuple[PartitionRule, ...] = (
+    (r"^(embed_tokens|lm_head)$", P("tensor", "fsdp")),
+    (r"^layers/(q_proj|k_proj|v_proj|gate_proj|up_proj)$", P(None, "tensor", "fsdp")),
+    (r"^layers/(o_proj|down_proj)$", P(None, "fsdp", "tensor")),
+    (r"^(layers/)?\w*norm$", P()),
+)
+
+# KVCache fields: k/v [layers, batch, slots, kv_heads, head_dim], lengths [batch].
+KV_CACHE_RULES: tuple[PartitionRule, ...] = (
+    (r"^(k|v)$", P(None, BATCH_AXES, None, "tensor", None)),
+    (r"^lengths$", P(BATCH_AXES)),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh axis sizes; at most one may be -1, meaning "all remaining devices"."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self) -> None:
+        sizes = dataclasses.asdict(self)
+        for name, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
+                raise ValueError(f"MeshConfig.{name} must be a positive int or -1, got {size!r}")
+        if list(sizes.values()).count(-1) > 1:
+            raise ValueError(f"MeshConfig: at most one axis may be -1, got {sizes}")
+
+    def resolve(self, num_devices: int) -> tuple[int, int, int]:
+        """Concrete ``(data, fsdp, tensor)`` sizes for ``num_devices`` devices."""
+        sizes = (self.data, self.fsdp, self.tensor)
+        known = math.prod(s for s in sizes if s != -1)
+        if -1 in sizes:
+            if num_devices % known:
+                raise ValueError(f"MeshConfig {sizes}: {num_devices} devices are not divisible "
+                                 f"by the fixed axes' product {known}")
+            sizes = tuple(num_devices // known if s == -1 else s for s in sizes)
+        if math.prod(sizes) != num_devices:
+            raise ValueError(f"MeshConfig (data, fsdp, tensor)={sizes} needs {math.prod(sizes)} "
+                             f"devices, but {num_devices} are available")
+        return sizes  # type: ignore[return-value]
+
+
+def build_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = None) -> Mesh:
+    """A ``("data", "fsdp", "tensor")`` mesh over ``devices`` (default: all global devices)."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = config.resolve(len(devices))
+    num_processes = len({d.process_index for d in devices})
+    if num_processes > 1:
+        grid = mesh_utils.create_hybrid_device_mesh(
+            per_process_mesh_shape(shape, num_processes), (num_processes, 1, 1), devices,
+            process_is_granule=True)
+    else:
+        grid = mesh_utils.create_device_mesh(shape, devices)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def per_process_mesh_shape(shape: tuple[int, int, int], num_processes: int) -> tuple[int, int, int]:
+    """The slice of a ``(data, fsdp, tensor)`` mesh that lives on one host (processes on data)."""
+    data, fsdp, tensor = shape
+    if data % num_processes:
+        raise ValueError(f"with {num_processes} processes the data axis ({data}) must be a "
+                         "multiple of the process count: hosts are laid along data")
+    return (data // num_processes, fsdp, tensor)
+
+
+def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
+             rules: Sequence[PartitionRule]) -> P:
+    """The first matching rule's spec for ``path``, replicating dims an axis does not divide."""
+    matched = next(((pattern, spec) for pattern, spec in rules if re.search(pattern, path)), None)
+    if matched is None:
+        raise ValueError(f"no partition rule matches parameter {path!r} (shape {tuple(shape)}); "
+                         f"rules: {[pattern for pattern, _ in rules]}")
+    pattern, spec = matched
+    if len(spec) > len(shape):
+        raise ValueError(f"partition rule {pattern!r} gives {spec} with {len(spec)} dims for "
+                         f"{path!r} of shape {tuple(shape)}")
+    fitted = []
+    for dim, axes in zip(shape, spec, strict=False):  # trailing dims beyond spec: replicated
+        names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        ways = math.prod(mesh.shape[name] for name in names)
+        fitted.append(axes if ways > 1 and dim % ways == 0 else None)
+    return P(*fitted)
+
+
+def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[PartitionRule]) -> Any:
+    """A ``NamedSharding`` for every array leaf of ``tree`` (arrays or ShapeDtypeStructs).
+
+    Paths join dict keys / attribute names with "/", e.g. ``layers/q_proj``; the ``value``
+    attribute of an NNX Variable is not part of the path.
+    """
+    def sharding(path, leaf):
+        return NamedSharding(mesh, spec_for(path_string(path), leaf.shape, mesh, rules))
+
+    return jax.tree_util.tree_map_with_path(sharding, tree)
+
+
+def path_string(path: Sequence[Any]) -> str:
+    """``(DictKey('layers'), DictKey('q_proj'), GetAttrKey('value'))`` -> ``"layers/q_proj"``."""
+    parts = []
+    for entry in path:
+        if isinstance(entry, jax.tree_util.DictKey):
+            parts.append(str(entry.key))
+        elif isinstance(entry, jax.tree_util.GetAttrKey):
+            parts.append(entry.name)
+        elif isinstance(entry, jax.tree_util.SequenceKey):
+            parts.append(str(entry.idx))
+        else:
+            parts.append(str(entry))
+    if parts and parts[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
+        parts.pop()
+    return "/".join(parts)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Leading (batch) dimension split over ``data`` x ``fsdp``, the rest replicated."""
+    return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def shard_tree(tree: Any, mesh: Mesh, rules: Sequence[PartitionRule]) -> Any:
+    """``jax.device_put`` every leaf of ``tree`` onto its rule-given sharding."""
+    return jax.device_put(tree, tree_shardings(tree, mesh, rules))
+
+
+def describe(tree: Any) -> dict[str, str]:
+    """``{path: str(PartitionSpec)}`` of a tree of sharded arrays, for logs and tests."""
+    return {path_string(path): str(getattr(leaf.sharding, "spec", leaf.sharding))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+__all__ = [
+    "BATCH_AXES", "KV_CACHE_RULES", "MESH_AXES", "MeshConfig", "QWEN3_PARAM_RULES",
+    "batch_sharding", "build_mesh", "describe", "per_process_mesh_shape", "spec_for",
+    "shard_tree", "tree_shardings",
+]

@@ -1,0 +1,211 @@
+"""Partition rules, mesh building, and the model sharded over 8 fake CPU devices.
+
+JAX reads ``XLA_FLAGS`` once, at import, and other test files import it in the same pytest
+process; so the 8-device check runs this file as a script in a subprocess with
+``--xla_force_host_platform_device_count=8`` and reads its JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+from agentrl_jax.sharding import (KV_CACHE_RULES, MESH_AXES, QWEN3_PARAM_RULES, MeshConfig,
+                                  build_mesh, per_process_mesh_shape, spec_for)
+
+MESH_SHAPES = [(8, 1, 1), (2, 1, 4), (1, 2, 4), (2, 2, 2)]
+
+
+def _mesh(data: int, fsdp: int, tensor: int) -> AbstractMesh:
+    return AbstractMesh((data, fsdp, tensor), MESH_AXES)
+
+
+def test_rules_split_heads_and_mlp_columns_over_tensor_and_features_over_fsdp():
+    mesh = _mesh(1, 2, 4)
+    n, d, q, kv, i, v = 28, 1024, 2048, 1024, 3072, 151936  # Qwen3-0.6B shapes
+
+    def spec(path, shape):
+        return spec_for(path, shape, mesh, QWEN3_PARAM_RULES)
+
+    assert spec("layers/q_proj", (n, q, d)) == P(None, "tensor", "fsdp")
+    assert spec("layers/k_proj", (n, kv, d)) == P(None, "tensor", "fsdp")
+    assert spec("layers/up_proj", (n, i, d)) == P(None, "tensor", "fsdp")
+    assert spec("layers/o_proj", (n, d, q)) == P(None, "fsdp", "tensor")
+    assert spec("layers/down_proj", (n, d, i)) == P(None, "fsdp", "tensor")
+    assert spec("embed_tokens", (v, d)) == P("tensor", "fsdp")
+    assert spec("lm_head", (v, d)) == P("tensor", "fsdp")
+    for norm in ("norm", "layers/input_layernorm", "layers/q_norm", "layers/k_norm",
+                 "layers/post_attention_layernorm"):
+        assert spec(norm, (n, d)) == P()
+    assert spec_for("k", (n, 8, 4096, 8, 128), mesh, KV_CACHE_RULES) == \
+        P(None, ("data", "fsdp"), None, "tensor", None)
+
+
+def test_axes_that_do_not_divide_a_dimension_are_replicated():
+    mesh = _mesh(2, 1, 4)
+    # 250 vocab rows do not split 4 ways; 6 kv features do not either; size-1 axes are dropped.
+    assert spec_for("embed_tokens", (250, 64), mesh, QWEN3_PARAM_RULES) == P(None, None)
+    assert spec_for("layers/k_proj", (2, 6, 64), mesh, QWEN3_PARAM_RULES) == P(None, None, None)
+    assert spec_for("lengths", (5,), mesh, KV_CACHE_RULES) == P(None)
+    assert spec_for("lengths", (8,), mesh, KV_CACHE_RULES) == P(("data", "fsdp"))
+
+
+def test_unknown_parameter_path_is_a_clear_error():
+    with pytest.raises(ValueError, match="no partition rule matches parameter 'layers/new_proj'"):
+        spec_for("layers/new_proj", (2, 4, 4), _mesh(8, 1, 1), QWEN3_PARAM_RULES)
+
+
+def test_mesh_config_validation_and_resolution():
+    assert MeshConfig().resolve(8) == (8, 1, 1)
+    assert MeshConfig(data=-1, tensor=4).resolve(8) == (2, 1, 4)
+    assert MeshConfig(data=2, fsdp=2, tensor=2).resolve(8) == (2, 2, 2)
+    with pytest.raises(ValueError, match="MeshConfig.tensor"):
+        MeshConfig(tensor=0)
+    with pytest.raises(ValueError, match="at most one axis may be -1"):
+        MeshConfig(data=-1, fsdp=-1)
+    with pytest.raises(ValueError, match="needs 6 devices, but 8"):
+        MeshConfig(data=3, tensor=2).resolve(8)
+    with pytest.raises(ValueError, match="not divisible"):
+        MeshConfig(tensor=3).resolve(8)
+
+
+def test_hosts_are_laid_along_data():
+    assert per_process_mesh_shape((4, 2, 4), num_processes=2) == (2, 2, 4)
+    with pytest.raises(ValueError, match="multiple of the process count"):
+        per_process_mesh_shape((1, 2, 4), num_processes=2)
+
+
+def test_single_device_mesh():
+    mesh = build_mesh()
+    assert mesh.axis_names == MESH_AXES and mesh.devices.size == len(mesh.devices.flat)
+
+
+def test_sharded_forward_and_cache_equal_single_device_on_8_fake_devices(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                          " --xla_force_host_platform_device_count=8").strip())
+    done = subprocess.run([sys.executable, __file__, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["devices"] == 8
+    assert [tuple(r["mesh"]) for r in report["meshes"]] == MESH_SHAPES
+    assert report["logit_std"] > 0.3  # logits big enough for 1e-5 to be a real test
+    for r in report["meshes"]:
+        assert r["forward_max_diff"] <= 1e-5, r
+        assert r["cache_max_diff"] <= 1e-5, r
+        assert r["param_devices"] == 8, r
+    by_shape = {tuple(r["mesh"]): r for r in report["meshes"]}
+    # Each device reads only its shard of a file tensor, never the whole tensor: q_proj
+    # [heads*hd, hidden] is split 4 ways on tensor, and 2 more on fsdp where fsdp is 2.
+    assert by_shape[(2, 1, 4)]["q_proj_largest_read"] == 1 / 4
+    assert by_shape[(1, 2, 4)]["q_proj_largest_read"] == 1 / 8
+    assert by_shape[(2, 2, 2)]["q_proj_largest_read"] == 1 / 4
+    # 2 x 4 data x tensor: heads and MLP columns split 4 ways, batch split 2 ways.
+    assert by_shape[(2, 1, 4)]["specs"]["layers/q_proj"] == str(P(None, "tensor", None))
+    assert by_shape[(2, 1, 4)]["specs"]["layers/down_proj"] == str(P(None, None, "tensor"))
+    assert by_shape[(1, 2, 4)]["specs"]["layers/q_proj"] == str(P(None, "tensor", "fsdp"))
+    assert all(r["cache_layout_kept"] for r in report["meshes"])  # a step keeps the cache's layout
+    assert by_shape[(8, 1, 1)]["specs"]["layers/q_proj"] == str(P(None, None, None))
+
+
+def _child(workdir: Path) -> None:
+    """Runs under 8 fake devices: compare sharded and single-device runs, print a JSON report."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from agentrl_jax.models import (KVCache, Qwen3Config, Qwen3ForCausalLM, checkpoints,
+                                    export_qwen3, load_qwen3, positions_from_mask)
+    from agentrl_jax.sharding import batch_sharding, describe, tree_shardings
+
+    config = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                         head_dim=16)
+    random = Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
+    # Weights 5x the 0.02 init (norms kept), so attention is far from uniform and logits O(1).
+    state = nnx.state(random, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(
+        lambda path, w: w if "norm" in jax.tree_util.keystr(path) else 5.0 * w,
+        nnx.to_pure_dict(state)))
+    nnx.update(random, state)
+    export_qwen3(random, workdir / "model")
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, (8, 12)).astype(np.int32)
+    mask = np.ones((8, 12), bool)
+    mask[:4, :5] = False  # half the rows left-padded
+    step_tokens = rng.integers(0, 256, (8, 1)).astype(np.int32)
+
+    def run(model, mesh):
+        graphdef, state = nnx.split(model)
+
+        @jax.jit
+        def forward(state, tokens, mask):
+            return nnx.merge(graphdef, state)(tokens, positions_from_mask(mask), mask)[0]
+
+        @jax.jit
+        def cached(state, tokens, mask, cache):
+            positions = positions_from_mask(mask, cache.lengths)
+            return nnx.merge(graphdef, state)(tokens, positions, mask, cache)
+
+        def place(x):
+            return x if mesh is None else jax.device_put(x, batch_sharding(mesh, x.ndim))
+
+        empty = KVCache.empty(config, 8, 20, jnp.float32)
+        if mesh is not None:
+            empty = jax.device_put(empty, tree_shardings(empty, mesh, KV_CACHE_RULES))
+        logits = forward(state, place(tokens), place(mask))
+        prefill, cache = cached(state, place(tokens), place(mask), empty)
+        decode, cache = cached(state, place(step_tokens), place(np.ones((8, 1), bool)), cache)
+        cached_logits = np.concatenate([np.asarray(prefill)[mask], np.asarray(decode)[:, 0]])
+        return np.asarray(logits), cached_logits, cache
+
+    # Record how much of each file tensor every read touches.
+    reads: list[tuple[str, float]] = []
+    memory_map = checkpoints.TensorEntry.mmap
+
+    class RecordingMap:
+        def __init__(self, entry):
+            self.entry, self.array = entry, memory_map(entry)
+
+        def __getitem__(self, index):
+            part = self.array[index]
+            reads.append((self.entry.name, part.size / self.array.size))
+            return part
+
+    checkpoints.TensorEntry.mmap = lambda entry: RecordingMap(entry)
+
+    reference, reference_cache, _ = run(load_qwen3(workdir / "model"), None)
+    report = {"devices": len(jax.devices()), "logit_std": float(reference.std()), "meshes": []}
+    for shape in MESH_SHAPES:
+        mesh = build_mesh(MeshConfig(*shape))
+        reads.clear()
+        model = load_qwen3(workdir / "model", mesh=mesh)
+        q_proj_reads = [fraction for name, fraction in reads if name.endswith("q_proj.weight")]
+        logits, cache_logits, cache = run(model, mesh)
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        report["meshes"].append({
+            "mesh": shape,
+            "forward_max_diff": float(np.abs(logits - reference).max()),
+            "cache_max_diff": float(np.abs(cache_logits - reference_cache).max()),
+            "param_devices": len(params["layers"]["q_proj"].sharding.device_set),
+            "q_proj_largest_read": max(q_proj_reads),
+            "specs": describe(params),
+            "cache_layout_kept": all(
+                leaf.sharding.is_equivalent_to(want, leaf.ndim) for leaf, want in
+                zip(jax.tree.leaves(cache),
+                    jax.tree.leaves(tree_shardings(cache, mesh, KV_CACHE_RULES)), strict=True)),
+        })
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    _child(Path(sys.argv[1]))
