@@ -1,0 +1,90 @@
+"""The trajectory record: what a multi-turn rollout produces and what training consumes.
+
+A :class:`Trajectory` batch is a pytree of fixed-shape arrays, so it can be jitted over,
+sharded along its leading axis and micro-batched without recompiling. Sizes:
+
+* ``N`` rows (trajectories; ``G`` per task group, rows of a group need not be adjacent),
+* ``L`` tokens: the whole conversation of a row, prompt + responses + observations, stored
+  left-aligned from slot 0 and right-padded (``token_mask`` marks real tokens),
+* ``T`` turns: the largest budget of the batch (turn ``t`` is 0-based).
+
+Token-level fields (``[N, L]``):
+  ``tokens``        int32  token ids (padding ids are 0 and meaningless)
+  ``token_mask``    bool   real tokens
+  ``loss_mask``     bool   tokens the policy itself sampled (the only ones trained on)
+  ``token_turn``    int32  turn of each sampled token, -1 on prompt/observation/padding
+  ``logprobs``      float32 log-prob of each sampled token under the sampling policy's
+                    unmodified distribution (temperature 1, no truncation); 0 elsewhere
+
+Turn-level fields (``[N, T]``):
+  ``turn_mask``     bool   turns that happened (a prefix of each row)
+  ``action``        int32  parsed action, -1 when the response was invalid
+  ``action_valid``  bool
+  ``reward``        float32 environment reward of the turn (FrozenLake: 1 on entering the goal)
+  ``anchor_key``    int32  key of the state the turn acted from (GiGPO anchors; FrozenLake:
+                    the flat cell, with the map identified by ``group_id``)
+  ``env_pos``       int32  environment state needed by diagnostics (FrozenLake: the cell
+                    before the turn's move)
+
+Row-level fields (``[N]``):
+  ``group_id``      int32  task group (rows of one task and one budget share it)
+  ``task_id``       int32  index of the task in its task set (e.g. the map)
+  ``budget``        int32  the turn budget B stated in the prompt
+  ``turns_used``    int32  turns taken (<= budget)
+  ``success``       bool   the verifier's binary outcome R(tau)
+  ``overflow``      bool   the row ran out of context and was ended (never silently cut)
+  ``row_mask``      bool   real rows (padding rows of a batch are False)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class Trajectory:
+    tokens: jax.Array
+    token_mask: jax.Array
+    loss_mask: jax.Array
+    token_turn: jax.Array
+    logprobs: jax.Array
+    turn_mask: jax.Array
+    action: jax.Array
+    action_valid: jax.Array
+    reward: jax.Array
+    anchor_key: jax.Array
+    env_pos: jax.Array
+    group_id: jax.Array
+    task_id: jax.Array
+    budget: jax.Array
+    turns_used: jax.Array
+    success: jax.Array
+    overflow: jax.Array
+    row_mask: jax.Array
+
+    @property
+    def num_rows(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def outcome_reward(self) -> jax.Array:
+        """``float32[N]``: the binary final reward R(tau) (0 on timeout or failure)."""
+        return self.success.astype(jnp.float32)
+
+    @classmethod
+    def zeros(cls, num_rows: int, num_tokens: int, num_turns: int) -> "Trajectory":
+        """An all-padding record of the given sizes (a template for tests and buffers)."""
+        i32, f32, b = jnp.int32, jnp.float32, bool
+        tok = lambda dt: jnp.zeros((num_rows, num_tokens), dt)  # noqa: E731
+        turn = lambda dt: jnp.zeros((num_rows, num_turns), dt)  # noqa: E731
+        row = lambda dt: jnp.zeros((num_rows,), dt)  # noqa: E731
+        return cls(
+            tokens=tok(i32), token_mask=tok(b), loss_mask=tok(b),
+            token_turn=jnp.full((num_rows, num_tokens), -1, i32), logprobs=tok(f32),
+            turn_mask=turn(b), action=jnp.full((num_rows, num_turns), -1, i32),
+            action_valid=turn(b), reward=turn(f32), anchor_key=turn(i32), env_pos=turn(i32),
+            group_id=row(i32), task_id=row(i32), budget=row(i32), turns_used=row(i32),
+            success=row(b), overflow=row(b), row_mask=row(b),
+        )

@@ -1,0 +1,211 @@
+"""The text-environment protocol: everything the multi-turn rollout needs from an environment.
+
+An environment serves a batch of ``N`` rows (trajectories). The rollout renders each row's
+observation into the budget-aware prompt, samples a response, and hands the responses back::
+
+    state, observations = env.reset(task_ids, seed)            # N first observations
+    state, result = env.step(state, responses, live)            # one turn for the live rows
+
+Rows the rollout has ended (``live`` False) must be left unchanged and report ``done``.
+Parsing belongs to the environment: a response it cannot parse is an invalid action
+(``action_valid`` False), never an exception.
+
+Two kinds of environment satisfy the protocol:
+
+* JAX environments (FrozenLake) step the whole batch in one jitted call.
+* Python environments (SQL, code, function calling) implement the per-row
+  :class:`PythonEnv` and are wrapped by :class:`PythonTextEnv`, which runs the rows in a
+  worker pool with a per-step timeout: a row whose step does not return in time ends, with
+  ``info["timeout"]`` set, and the rest of the batch goes on.
+
+The environment never sees the turn budget: the rollout owns the budget, states it in the
+prompt (paper §6), and ends a row after ``B`` turns with reward 0 unless it succeeded.
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures as futures
+import dataclasses
+import zlib
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnResult:
+    """The outcome of one turn for a batch of ``N`` rows (NumPy arrays, leading axis N).
+
+    Attributes:
+      observations: ``N`` texts shown to the agent next turn ("" where done).
+      reward: ``float32[N]`` reward of this turn.
+      done: ``bool[N]`` the episode ended (success, failure, or the row was not live).
+      success: ``bool[N]`` the verifier's outcome, True once the task is solved.
+      action: ``int32[N]`` the environment's action code where actions are discrete
+        (FrozenLake: 0..3); -1 for an invalid response or a text action.
+      action_valid: ``bool[N]`` the response parsed into an action.
+      anchor_key: ``int32[N]`` key of the state the turn acted from: equal keys mean the same
+        environment state within a task (GiGPO anchors, paper §4).
+      quality: ``float32[N]`` a step-quality signal where the environment defines one
+        (DeepCoder-MT: share of unit tests passed); NaN elsewhere.
+      info: environment-specific ``[N]`` arrays for diagnostics (FrozenLake: ``"pos"``, the
+        cell acted from; Python environments: ``"timeout"``).
+    """
+
+    observations: list[str]
+    reward: np.ndarray
+    done: np.ndarray
+    success: np.ndarray
+    action: np.ndarray
+    action_valid: np.ndarray
+    anchor_key: np.ndarray
+    quality: np.ndarray
+    info: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+class TextEnv(Protocol):
+    """What the rollout calls. ``t_max`` is the paper's largest budget for the environment."""
+
+    name: str
+    t_max: int
+
+    def instructions(self) -> str:
+        """The task description that opens the system prompt (the budget is added by the
+        prompt template, not here)."""
+
+    def num_tasks(self) -> int:
+        """Size of the task set; ``task_ids`` index it."""
+
+    def reset(self, task_ids: np.ndarray, seed: int) -> tuple[Any, list[str]]:
+        """Start one episode per row on ``task_ids`` (``int[N]``): ``(state, observations)``."""
+
+    def step(self, state: Any, responses: Sequence[str], live: np.ndarray) -> tuple[Any, TurnResult]:
+        """Parse and play ``responses`` for rows where ``live``; others stay as they are."""
+
+
+def text_key(*parts: object) -> int:
+    """A stable non-negative int32 key of some text (anchor keys of Python environments).
+
+    CRC-32 of the parts' ``repr``: stable across processes and runs, unlike ``hash``.
+    """
+    return zlib.crc32(repr(parts).encode("utf-8", "surrogatepass")) & 0x7FFFFFFF
+
+
+@dataclasses.dataclass(frozen=True)
+class Feedback:
+    """One row's outcome of :meth:`PythonEnv.step_task`."""
+
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    success: bool = False
+    action_valid: bool = True
+    quality: float = float("nan")
+
+
+class PythonEnv(abc.ABC):
+    """A per-row environment in plain Python (SQL, code, function calling).
+
+    Implement :meth:`instructions`, :meth:`num_tasks`, :meth:`reset_task`, :meth:`step_task`
+    and :meth:`state_key`; wrap it with :class:`PythonTextEnv` for the rollout. ``step_task``
+    must enforce its own limits (query timeouts, sandboxed processes); the wrapper's step
+    timeout is the last line of defence.
+    """
+
+    name: str = "python-env"
+    t_max: int = 10
+
+    @abc.abstractmethod
+    def instructions(self) -> str: ...
+
+    @abc.abstractmethod
+    def num_tasks(self) -> int: ...
+
+    @abc.abstractmethod
+    def reset_task(self, task_id: int, seed: int) -> tuple[Any, str]:
+        """``(row_state, first_observation)`` for one task."""
+
+    @abc.abstractmethod
+    def step_task(self, row_state: Any, response: str) -> tuple[Any, Feedback]:
+        """Play one response; must not raise on any response text."""
+
+    @abc.abstractmethod
+    def state_key(self, row_state: Any) -> int:
+        """Anchor key of the row's current state (e.g. :func:`text_key` of what it shows)."""
+
+    def close_task(self, row_state: Any) -> None:
+        """Release what a row holds (temporary folders, connections). Optional."""
+
+
+@dataclasses.dataclass
+class _Rows:
+    states: list[Any]
+    done: np.ndarray
+    success: np.ndarray
+
+
+class PythonTextEnv:
+    """:class:`TextEnv` over a :class:`PythonEnv`: rows run in a thread pool with a timeout."""
+
+    def __init__(self, env: PythonEnv, *, workers: int = 8, step_timeout_s: float = 60.0):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if not step_timeout_s > 0:
+            raise ValueError(f"step_timeout_s must be > 0, got {step_timeout_s}")
+        self.env = env
+        self.name, self.t_max = env.name, env.t_max
+        self.step_timeout_s = step_timeout_s
+        self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=env.name)
+
+    def instructions(self) -> str:
+        return self.env.instructions()
+
+    def num_tasks(self) -> int:
+        return self.env.num_tasks()
+
+    def reset(self, task_ids: np.ndarray, seed: int) -> tuple[_Rows, list[str]]:
+        task_ids = np.asarray(task_ids)
+        if task_ids.ndim != 1 or np.any(task_ids < 0) or np.any(task_ids >= self.num_tasks()):
+            raise ValueError(f"task_ids must be a 1-D array in [0, {self.num_tasks()}), got {task_ids}")
+        started = list(self._pool.map(lambda i: self.env.reset_task(int(task_ids[i]), seed + i),
+                                      range(len(task_ids))))
+        n = len(task_ids)
+        rows = _Rows([s for s, _ in started], np.zeros(n, bool), np.zeros(n, bool))
+        return rows, [obs for _, obs in started]
+
+    def step(self, rows: _Rows, responses: Sequence[str], live: np.ndarray) -> tuple[_Rows, TurnResult]:
+        n = len(rows.states)
+        live = np.asarray(live, bool) & ~rows.done
+        anchor = np.array([self.env.state_key(s) for s in rows.states], np.int32)
+        jobs = {i: self._pool.submit(self.env.step_task, rows.states[i], responses[i])
+                for i in np.flatnonzero(live)}
+        futures.wait(jobs.values(), timeout=self.step_timeout_s)
+        out = dict(observations=[""] * n, reward=np.zeros(n, np.float32), done=rows.done.copy(),
+                   success=rows.success.copy(), action=np.full(n, -1, np.int32),
+                   action_valid=np.zeros(n, bool), quality=np.full(n, np.nan, np.float32))
+        timeout = np.zeros(n, bool)
+        states = list(rows.states)
+        for i, job in jobs.items():
+            if not job.done():  # the row ends; its thread is left to finish on its own
+                job.cancel()
+                timeout[i], out["done"][i] = True, True
+                out["observations"][i] = f"The step timed out after {self.step_timeout_s:g} s."
+                continue
+            try:
+                states[i], fb = job.result()
+            except Exception as error:  # a bug in the environment must not kill the rollout
+                out["done"][i] = True
+                out["observations"][i] = f"The environment failed: {type(error).__name__}: {error}"
+                continue
+            out["observations"][i] = fb.observation
+            out["reward"][i], out["done"][i] = fb.reward, fb.done
+            out["success"][i] = fb.success or rows.success[i]
+            out["action_valid"][i], out["quality"][i] = fb.action_valid, fb.quality
+        for i in np.flatnonzero(out["done"] & ~rows.done):
+            self.env.close_task(states[i])
+        new_rows = _Rows(states, out["done"], out["success"])
+        return new_rows, TurnResult(anchor_key=anchor, info={"timeout": timeout}, **out)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
