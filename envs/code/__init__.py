@@ -1,0 +1,41 @@
+"""DeepCoder-MT (paper §2): multi-turn code generation against unit tests in a sandbox.
+
+* :mod:`envs.code.sandbox`: run a program against tests in a contained subprocess.
+* :mod:`envs.code.datasets`: DeepCoder-style JSONL from a local file; HumanEval from PyPI.
+* :mod:`envs.code.env`: the :class:`~envs.protocol.PythonEnv` (wrap it with
+  :class:`~envs.protocol.PythonTextEnv` for the rollout).
+"""
+
+from envs.code.datasets import CodeTask, load_deepcoder_jsonl, load_humaneval, split_check
+from envs.code.env import CodeEnv, CodeEnvConfig, CodeRowState, parse_program
+from envs.code.sandbox import (
+    AssertTest,
+    CallTest,
+    SandboxLimits,
+    StdioTest,
+    TestResult,
+    namespaces_available,
+    outputs_match,
+    run_tests,
+    values_match,
+)
+
+__all__ = [
+    "AssertTest",
+    "CallTest",
+    "CodeEnv",
+    "CodeEnvConfig",
+    "CodeRowState",
+    "CodeTask",
+    "SandboxLimits",
+    "StdioTest",
+    "TestResult",
+    "load_deepcoder_jsonl",
+    "load_humaneval",
+    "namespaces_available",
+    "outputs_match",
+    "parse_program",
+    "run_tests",
+    "split_check",
+    "values_match",
+]

@@ -1,0 +1,412 @@
+"""Run a Python program against unit tests in a sandboxed subprocess.
+
+:func:`run_tests` runs one program against a list of tests and returns one
+:class:`TestResult` per test: ``passed``, ``failed`` (wrong answer or failed assert),
+``error`` (exception, crash, memory or output limit, forbidden operation) or ``timeout``
+(wall clock or CPU time), with a short message, what the test ran, and expected / got.
+
+Three kinds of test:
+
+* :class:`StdioTest`: the program runs as ``__main__`` with ``input`` on stdin; its stdout
+  must match ``output`` (see :func:`outputs_match`). DeepCoder, LiveCodeBench, Codeforces.
+* :class:`CallTest`: the program is loaded, then ``fn_name(*args)`` is called (a global
+  function or a method of a ``Solution`` class); the JSON value returned must equal
+  ``expected`` (see :func:`values_match`). LiveCodeBench "functional", TACO ``fn_name``.
+* :class:`AssertTest`: HumanEval style, ``check(candidate)`` from ``source`` is called with the
+  program's ``entry_point``; the test passes when no assert fails.
+
+How a run is contained
+----------------------
+Each run gets a fresh temporary directory as its working directory, ``HOME`` and
+``TMPDIR``, deleted afterwards, and these layers:
+
+1. **Namespaces** (when ``unshare`` works: as root, or where user namespaces are allowed):
+   the runner starts under ``unshare --net --pid --fork --kill-child``. The new network
+   namespace has only a downed loopback, so nothing can be reached. In the new PID
+   namespace the runner is init: after each test it kills every other process there, and
+   when it dies the kernel kills them all, so nothing a program starts survives, and no
+   process outside can be signalled.
+2. **Resource limits** per test process: ``RLIMIT_CPU`` (CPU seconds, then SIGKILL),
+   ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (each file written, and the captured output),
+   ``RLIMIT_NOFILE``, no core files; a wall-clock deadline per test and per run.
+   ``RLIMIT_NPROC`` is not used: root ignores it, and for anyone else it counts every
+   process of the user on the machine (a trainer's many threads included).
+3. **Process groups**: the runner starts in a session of its own; without namespaces each
+   test runs in its own process group, killed after the test; at the end every process of
+   the session is killed (found through /proc), so only a process that calls ``setsid``
+   could escape, and only without namespaces.
+4. **An audit hook** (:func:`sys.addaudithook`) in each test process rejects writes outside
+   the working directory, sockets, fork/exec/spawn/subprocess, signals, limit changes and
+   importing ctypes/cffi, with a clear message. It stops ordinary bad programs, including
+   fork loops, but it is **not a security boundary**: native code (a C extension) is not
+   audited, and Python code can race or confuse the path checks.
+
+What is *not* contained: the file system outside the working directory, and Unix-domain
+sockets named by a path (a network namespace does not cover those), rest on the audit
+hook alone. The real boundary for it would be an unprivileged uid or a read-only mount
+namespace; neither is used here (on this project's machines the interpreter lives under
+``/root``, which other users cannot read, and remounting needs more privilege than a
+library should take). For untrusted code at scale, run training in a container or VM
+(gVisor, Firecracker) and treat this module as the per-program layer inside it.
+:func:`namespaces_available` reports whether layer 1 is present.
+
+Reward hacking. Expected outputs of stdio and call tests never enter the sandbox: the
+runner returns what the program printed or returned (JSON data only) and they are compared
+here. HumanEval's ``check`` has to run in the program's process. There, a pass is reported
+as a random nonce, so exiting early, patching ``json``/``os`` or writing a record does not
+pass a test; a value whose ``__eq__`` is written in Python fails instrumented ``a == b``
+asserts, so an object equal to everything does not either. A program that searches the
+interpreter's memory (frames, ``gc``) could still forge a pass, and other assert shapes
+(``abs(got - want) < eps``) can be fooled by operator overloading: treat assert-style
+tasks as evaluation data rather than an adversarially robust reward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any, Sequence, Union
+
+HARNESS = pathlib.Path(__file__).with_name("_harness.py")
+STATUSES = ("passed", "failed", "error", "timeout")
+# Extra wall-clock seconds a run gets beyond ``total_timeout_s`` to start and report.
+STARTUP_GRACE_S = 10.0
+REAL_TOLERANCE = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    """Limits of one run (a program against a task's tests).
+
+    Attributes:
+      timeout_s: wall-clock seconds per test.
+      total_timeout_s: wall-clock seconds for all tests of a run; tests not started in time
+        are reported as ``timeout``.
+      memory_mb: address-space limit of each test process (``RLIMIT_AS``), MiB.
+      output_bytes: most bytes of stdout (and of any file written) per test.
+    """
+
+    timeout_s: float = 4.0
+    total_timeout_s: float = 30.0
+    memory_mb: int = 1024
+    output_bytes: int = 1 << 20
+
+    def __post_init__(self):
+        if not self.timeout_s > 0:
+            raise ValueError(f"SandboxLimits.timeout_s must be > 0, got {self.timeout_s}")
+        if not self.total_timeout_s >= self.timeout_s:
+            raise ValueError(f"SandboxLimits.total_timeout_s must be >= timeout_s "
+                             f"({self.timeout_s}), got {self.total_timeout_s}")
+        if self.memory_mb < 64:
+            raise ValueError(f"SandboxLimits.memory_mb must be >= 64 (Python needs it), "
+                             f"got {self.memory_mb}")
+        if self.output_bytes < 1024:
+            raise ValueError(f"SandboxLimits.output_bytes must be >= 1024, got {self.output_bytes}")
+
+    @property
+    def cpu_s(self) -> int:
+        """CPU-time limit per test process (whole seconds, as ``RLIMIT_CPU`` counts)."""
+        return max(1, math.ceil(self.timeout_s))
+
+
+@dataclasses.dataclass(frozen=True)
+class StdioTest:
+    """Run the program with ``input`` on stdin; its stdout must match ``output``."""
+
+    input: str
+    output: str
+    __test__ = False  # not a pytest class
+
+
+@dataclasses.dataclass(frozen=True)
+class CallTest:
+    """Call ``fn_name(*args)``; the value returned must equal ``expected`` (JSON data).
+
+    ``wrapped_expected``: the APPS/TACO convention, where expected values are often wrapped
+    in a one-element list; ``[got] == expected`` is accepted too.
+    """
+
+    fn_name: str
+    args: tuple
+    expected: Any
+    wrapped_expected: bool = False
+    __test__ = False
+
+
+@dataclasses.dataclass(frozen=True)
+class AssertTest:
+    """Run ``check(candidate)`` defined by ``source`` on the program's ``entry_point``.
+
+    ``description`` is what feedback shows of the test (e.g. the assert's source).
+    ``source`` may call ``_sandbox_report(got, want)`` before comparing, so a failure shows
+    both values (see :func:`envs.code.datasets.split_check`).
+    """
+
+    source: str
+    entry_point: str
+    description: str = ""
+    __test__ = False
+
+
+Test = Union[StdioTest, CallTest, AssertTest]
+
+
+@dataclasses.dataclass(frozen=True)
+class TestResult:
+    """The outcome of one test.
+
+    ``status`` is one of :data:`STATUSES`; ``kind`` is ``"stdio"``, ``"call"`` or
+    ``"assert"``; ``test`` says what ran (the stdin text, the call, the assert's source);
+    ``expected``/``got`` are given where known. Strings are not cut here (stdout is capped
+    at ``output_bytes``); feedback rendering clips them.
+    """
+
+    status: str
+    message: str
+    kind: str
+    test: str
+    expected: str | None = None
+    got: str | None = None
+    __test__ = False
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+@functools.cache
+def namespaces_available() -> bool:
+    """Can runs start under ``unshare --net --pid --fork --kill-child``? (Probed once.)"""
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        done = subprocess.run(["unshare", "--net", "--pid", "--fork", "--kill-child", "--", "true"],
+                              capture_output=True, timeout=30, cwd="/")
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def run_tests(program: str, tests: Sequence[Test], limits: SandboxLimits = SandboxLimits(), *,
+              prelude: str = "", namespaces: bool | None = None, python_guard: bool = True,
+              tmp_root: str | os.PathLike | None = None) -> list[TestResult]:
+    """Run ``program`` against ``tests``: one :class:`TestResult` per test, in order.
+
+    Args:
+      program: Python source.
+      tests: the tests; all run in one sandboxed runner, each in a fresh process.
+      limits: time, memory and output limits.
+      prelude: source executed before the program, in its namespace, and in the namespace
+        of assert tests' ``check`` (HumanEval: the prompt, so the helpers it defines exist;
+        LiveCodeBench: ``from typing import *``).
+      namespaces: run in new network and PID namespaces; default :func:`namespaces_available`.
+        False to use (and test) the fallback of process groups and the audit hook.
+      python_guard: install the audit-hook guard. False only to test the OS layers.
+      tmp_root: where the throwaway directory is made (default: the system's temp dir).
+
+    Never raises on anything the program does; raises ``ValueError`` on a bad test list.
+    """
+    tests = list(tests)
+    for i, test in enumerate(tests):
+        if not isinstance(test, (StdioTest, CallTest, AssertTest)):
+            raise ValueError(f"run_tests: tests[{i}] is a {type(test).__name__}, not a "
+                             "StdioTest, CallTest or AssertTest")
+    if not tests:
+        return []
+    if namespaces is None:
+        namespaces = namespaces_available()
+    workdir = tempfile.mkdtemp(prefix="agentrl-code-", dir=tmp_root)
+    try:
+        job = dict(program=program, prelude=prelude, tests=[_job_test(t) for t in tests],
+                   timeout_s=limits.timeout_s, cpu_s=limits.cpu_s,
+                   total_timeout_s=limits.total_timeout_s, memory_bytes=limits.memory_mb << 20,
+                   output_bytes=limits.output_bytes, pid_namespace=namespaces,
+                   guard=python_guard)
+        records, missing = _launch(job, workdir, limits)
+    finally:
+        _remove_tree(workdir)
+    return [_verdict(test, records.get(i), missing) for i, test in enumerate(tests)]
+
+
+def _job_test(test: Test) -> dict:
+    """What the runner gets of a test: never the expected output of stdio and call tests."""
+    if isinstance(test, StdioTest):
+        return {"kind": "stdio", "input": test.input}
+    if isinstance(test, CallTest):
+        return {"kind": "call", "fn_name": test.fn_name, "args": list(test.args)}
+    return {"kind": "assert", "source": test.source, "entry_point": test.entry_point}
+
+
+def _launch(job: dict, workdir: str,
+            limits: SandboxLimits) -> tuple[dict[int, dict], tuple[str, str]]:
+    """Run the runner: ``(records by test index, (status, message) of tests without one)``."""
+    command = [sys.executable, "-s", "-B", str(HARNESS)]
+    if job["pid_namespace"]:
+        command = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--", *command]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+           "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir, "PYTHONHASHSEED": "0",
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    payload = json.dumps(job, allow_nan=True).encode("utf-8", "surrogatepass")
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd=workdir, env=env,
+                               start_new_session=True)
+    timed_out = False
+    try:
+        out, err = process.communicate(payload, timeout=limits.total_timeout_s + STARTUP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        _kill_session(process.pid)
+    if timed_out:
+        out, err = process.communicate()
+    records: dict[int, dict] = {}
+    for line in out.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a last line cut off by a kill
+            continue
+        if "compile_error" in record:
+            return {}, ("error", record["compile_error"])
+        records[record["i"]] = record
+    if not timed_out and process.returncode != 0:
+        detail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        return records, ("error", f"the sandbox stopped unexpectedly (exit status "
+                                  f"{process.returncode}) {detail[0][:300]}".strip())
+    return records, ("timeout", f"not run: the run's total time limit "
+                                f"({limits.total_timeout_s:g} s) ran out")
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL the process group ``sid`` and every process in session ``sid``.
+
+    Safe after the leader is reaped: Linux does not hand out a PID again while it still
+    names a living session or group.
+    """
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for entry in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        # Fields after the command name: state, ppid, pgrp, session, ...
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 3 and int(fields[3]) == sid:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _remove_tree(path: str) -> None:
+    """Delete the working directory, whatever permissions the program left on it."""
+    for root, dirs, _ in os.walk(path):
+        for name in dirs:
+            directory = os.path.join(root, name)
+            try:
+                if not os.path.islink(directory):
+                    os.chmod(directory, 0o700)
+            except OSError:
+                pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _verdict(test: Test, record: dict | None, missing: tuple[str, str]) -> TestResult:
+    """Judge one test from the runner's record (None: the runner never reported it; then
+    ``missing`` is the status and message to give)."""
+    kind, shown = _kind(test), _describe(test)
+    expected = (test.output if isinstance(test, StdioTest) else
+                _show(test.expected) if isinstance(test, CallTest) else None)
+    if record is None:
+        return TestResult(*missing, kind, shown, expected)
+    status, message = record.get("status"), record.get("message", "")
+    if isinstance(test, AssertTest):
+        if status not in STATUSES:
+            status, message = "error", f"the sandbox reported an unknown status {status!r}"
+        return TestResult(status, message, kind, shown, record.get("want"), record.get("got"))
+    if isinstance(test, StdioTest):
+        got = record.get("stdout", "")
+        if status != "ok":
+            return TestResult(status, message, kind, shown, expected, got)
+        if outputs_match(got, test.output):
+            return TestResult("passed", "", kind, shown, expected, got)
+        return TestResult("failed", "wrong answer", kind, shown, expected, got)
+    if status != "ok":
+        return TestResult(status, message, kind, shown, expected, None)
+    got_value = record.get("value")
+    if values_match(got_value, test.expected) or (
+            test.wrapped_expected and values_match([got_value], test.expected)):
+        return TestResult("passed", "", kind, shown, expected, _show(got_value))
+    return TestResult("failed", "wrong answer", kind, shown, expected, _show(got_value))
+
+
+def _kind(test: Test) -> str:
+    return ("stdio" if isinstance(test, StdioTest) else
+            "call" if isinstance(test, CallTest) else "assert")
+
+
+def _describe(test: Test) -> str:
+    if isinstance(test, StdioTest):
+        return test.input
+    if isinstance(test, CallTest):
+        return f"{test.fn_name}({', '.join(_show(a) for a in test.args)})"
+    return test.description or test.source
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, allow_nan=True)
+
+
+def outputs_match(got: str, expected: str) -> bool:
+    """Does printed output ``got`` match ``expected``, as competitive-programming judges do?
+
+    Whitespace-separated tokens must be equal; where the expected token is a real number
+    (has a ``.`` or an exponent), a token within ``1e-6`` absolute or relative error also
+    matches. So line breaks, trailing spaces and final newlines do not matter; integer
+    tokens must match exactly.
+    """
+    got_tokens, want_tokens = got.split(), expected.split()
+    if len(got_tokens) != len(want_tokens):
+        return False
+    return all(g == w or _reals_close(g, w) for g, w in zip(got_tokens, want_tokens))
+
+
+def _reals_close(got: str, want: str) -> bool:
+    if not any(c in want for c in ".eE"):
+        return False
+    try:
+        g, w = float(got), float(want)
+    except ValueError:
+        return False
+    return math.isfinite(w) and math.isclose(g, w, rel_tol=REAL_TOLERANCE, abs_tol=REAL_TOLERANCE)
+
+
+def values_match(got: Any, expected: Any) -> bool:
+    """Equality of JSON data, except that numbers where either is a float match within
+    ``1e-6`` (absolute or relative) and a boolean never equals a number (``True != 1``)."""
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return type(got) is type(expected) and got == expected
+    numbers = (int, float)
+    if isinstance(expected, numbers) and isinstance(got, numbers):
+        if isinstance(expected, int) and isinstance(got, int):
+            return got == expected
+        return math.isclose(got, expected, rel_tol=REAL_TOLERANCE, abs_tol=REAL_TOLERANCE) or (
+            math.isnan(got) and math.isnan(expected))
+    if isinstance(expected, list) and isinstance(got, list):
+        return len(got) == len(expected) and all(map(values_match, got, expected))
+    if isinstance(expected, dict) and isinstance(got, dict):
+        return got.keys() == expected.keys() and all(values_match(got[k], expected[k])
+                                                     for k in expected)
+    return type(got) is type(expected) and got == expected

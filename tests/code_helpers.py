@@ -1,0 +1,27 @@
+"""Shared by the code-sandbox tests: a run root that must be left empty and process-free."""
+
+import os
+import pathlib
+
+
+def processes_under(root: pathlib.Path) -> list[str]:
+    """PIDs of the processes whose working directory is inside ``root``."""
+    found = []
+    for entry in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:  # it ended meanwhile
+            continue
+        if cwd.startswith(str(root)):
+            found.append(entry.name)
+    return found
+
+
+def make_clean_root(tmp_path: pathlib.Path):
+    """Yield a directory for runs' working directories; afterwards check that it is empty
+    and that no process is left running in it (use as a pytest fixture body)."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    yield root
+    assert list(root.iterdir()) == [], "a run left its working directory behind"
+    assert processes_under(root) == [], "a run left processes behind"
