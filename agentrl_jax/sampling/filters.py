@@ -1,0 +1,297 @@
+"""Next-token distributions from logits: greedy, temperature, top-k, top-p, valid-vocab mask.
+
+All functions take float32 logits ``[B, V]`` and are jittable with static shapes.
+
+The sampling distribution is built in transformers' order: drop ids ``>= valid_vocab_size``
+(Qwen3's embedding has 151,936 rows, its tokenizer 151,669 ids), divide by ``temperature``,
+keep the ``top_k`` largest logits, then keep the smallest prefix of the remaining tokens, in
+order of decreasing probability, whose probability reaches ``top_p`` (token ``i`` of that
+order is kept iff the tokens before it hold less than ``top_p``; the first is always kept),
+and renormalise. Ties are ordered by lower id first (``lax.top_k``'s order).
+
+Top-p prefilter and its exactness bound
+---------------------------------------
+Sorting 151,936 logits per row is slow on CPU (~350 ms per step at batch 8, against ~4 ms for
+``lax.top_k`` of 256). With top-p and no top-k we therefore rank only the ``prefilter_k``
+largest logits, with probabilities still normalised over the whole (valid) vocabulary. The
+result is exactly top-p whenever the nucleus fits inside the prefilter, i.e. whenever the
+``prefilter_k`` candidates hold at least ``top_p`` of the mass (the cumulative probability
+then reaches ``top_p`` at or before the last candidate, so every later token is dropped).
+
+When any row of the batch misses that bound (a very flat distribution), a ``lax.cond``
+switches the whole batch to an exact search over the whole vocabulary with no sort: the
+nucleus is ``{logit >= t}`` for the smallest ``t`` such that the tokens with logits above
+``t`` hold less than ``top_p``, found by a 32-step bisection over the float32 bit patterns
+(32 masked sums over ``[B, V]``; ~25 ms per step at batch 8 x 151,936 on CPU). The only
+difference from the sorted definition: tokens tied exactly at the boundary logit are all
+kept, where sorting would keep a prefix of them by id. So sampling is always exact top-p (up to
+float32 rounding of the probability sums); only its cost depends on the bound. Under
+``vmap`` ``lax.cond`` runs both branches, so do not ``vmap`` these functions.
+
+Sampling is by inverse CDF (one uniform per level), not Gumbel-max: drawing 151,936 Gumbel
+variates per row per step costs ~70 ms at batch 8 on CPU, the two-level inverse CDF below
+about 1 ms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+# Two-level scans (inverse-CDF sampling, argmax) look at per-block summaries, then one block.
+_BLOCK_SIZES = (256, 128, 64)  # the first dividing V avoids padding (151,936 = 1,187 x 128)
+
+
+def _blocks(x: jax.Array, fill: float) -> jax.Array:
+    """``[B, N] -> [B, N / S, S]`` for a block size ``S`` from ``_BLOCK_SIZES``, padding the
+    end with ``fill`` only when none divides ``N``."""
+    batch, n = x.shape
+    size = next((s for s in _BLOCK_SIZES if n % s == 0), _BLOCK_SIZES[0])
+    blocks = -(-n // size)
+    if blocks * size != n:
+        x = jnp.pad(x, ((0, 0), (0, blocks * size - n)), constant_values=fill)
+    return x.reshape(batch, blocks, size)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How to turn logits into the next token (hashable: a static argument of jitted code).
+
+    ``temperature`` 0 means greedy (argmax); ``top_k`` 0 and ``top_p`` 1 mean "off".
+    ``prefilter_k`` bounds the candidates ranked for top-p without top-k (see module doc).
+    ``valid_vocab_size``: ids at or above it are never produced (None: all logits are ids).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    prefilter_k: int = 256
+    valid_vocab_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
+            raise ValueError(f"SamplingConfig.temperature must be >= 0 (0 = greedy), "
+                             f"got {self.temperature!r}")
+        for name in ("top_k", "prefilter_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"SamplingConfig.{name} must be an int >= 0, got {value!r}")
+        if self.prefilter_k < 1:
+            raise ValueError(f"SamplingConfig.prefilter_k must be >= 1, got {self.prefilter_k}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
+        valid = self.valid_vocab_size
+        if valid is not None and (isinstance(valid, bool) or not isinstance(valid, int)
+                                  or valid < 1):
+            raise ValueError(f"SamplingConfig.valid_vocab_size must be a positive int or None, "
+                             f"got {self.valid_vocab_size!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def truncated(self) -> bool:
+        """Whether top-k or top-p removes any token."""
+        return self.top_k > 0 or self.top_p < 1
+
+
+# ---------------------------------------------------------------------------- pieces
+def mask_invalid_vocab(logits: jax.Array, valid_vocab_size: int | None) -> jax.Array:
+    """``[B, V]`` logits with ids ``>= valid_vocab_size`` set to -inf."""
+    if valid_vocab_size is None or valid_vocab_size >= logits.shape[-1]:
+        return logits
+    ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return jnp.where(ids < valid_vocab_size, logits, -jnp.inf)
+
+
+def scaled_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+    """Valid-vocab-masked logits divided by the temperature (greedy: just masked)."""
+    masked = mask_invalid_vocab(logits.astype(jnp.float32), config.valid_vocab_size)
+    return masked if config.greedy else masked / config.temperature
+
+
+def argmax(logits: jax.Array) -> jax.Array:
+    """Row-wise first index of the maximum ``[B, V] -> [B]`` int32, as ``jnp.argmax``.
+
+    Two levels (the first block holding the maximum, then the first maximum inside it),
+    because XLA:CPU's variadic argmax reduction is ~30x slower than a plain max over V.
+    """
+    blocked = _blocks(logits, -jnp.inf)
+    block = jnp.argmax(jnp.max(blocked, axis=-1), axis=-1)
+    inside = jnp.take_along_axis(blocked, block[:, None, None], axis=1)[:, 0]
+    return (block * blocked.shape[-1] + jnp.argmax(inside, axis=-1)).astype(jnp.int32)
+
+
+def model_log_probs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """``log softmax(logits)[b, tokens[b]]`` ``[B]``: the unmodified model distribution
+    (temperature 1, no truncation, whole ``V``), the log-probability RL objectives need."""
+    logits = logits.astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+    return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
+def nucleus_keep(sorted_logits: jax.Array, log_normaliser: jax.Array, top_p: float) -> jax.Array:
+    """Which of ``sorted_logits [B, K]`` (descending) are in the top-p nucleus ``[B, K]`` bool.
+
+    Probabilities are ``exp(sorted_logits - log_normaliser[:, None])``; token ``i`` is kept iff
+    the tokens before it hold less than ``top_p``.
+    """
+    probs = jnp.exp(sorted_logits - log_normaliser[:, None])
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    return mass_before < top_p
+
+
+def _candidates(scaled: jax.Array, config: SamplingConfig, k: int
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The ``k`` largest scaled logits with the filters applied.
+
+    Returns ``ids [B, k]``, ``log_probs [B, k]`` under the sampling distribution (-inf for
+    dropped candidates) and ``exact [B]``: whether no token outside the ``k`` could be kept.
+    """
+    values, ids = jax.lax.top_k(scaled, k)
+    keep = jnp.ones(values.shape, bool)
+    if config.top_k:
+        keep &= jnp.arange(k) < config.top_k
+        log_norm = jax.nn.logsumexp(jnp.where(keep, values, -jnp.inf), axis=-1)
+        exact = jnp.ones(values.shape[:1], bool)  # callers pass k = min(top_k, V)
+    else:  # normalised over the whole vocabulary, not just the k candidates
+        log_norm = jax.nn.logsumexp(scaled, axis=-1)
+        covered = jnp.sum(jnp.exp(values - log_norm[:, None]), axis=-1)
+        exact = (covered >= config.top_p) | (k == scaled.shape[-1])
+    if config.top_p < 1:
+        keep &= nucleus_keep(values, log_norm, config.top_p)
+    kept = jnp.where(keep, values, -jnp.inf)
+    return ids, kept - jax.nn.logsumexp(kept, axis=-1, keepdims=True), exact
+
+
+def _sortable_bits(x: jax.Array) -> jax.Array:
+    """float32 -> int32 with the same order (negative floats' magnitude bits flipped)."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+
+
+def nucleus_by_threshold(scaled: jax.Array, top_p: float) -> jax.Array:
+    """Top-p over the whole vocabulary without sorting: ``[B, V]`` bool.
+
+    Keeps ``scaled >= t`` for the smallest float ``t`` whose strictly-larger logits hold less
+    than ``top_p`` (bisection over the order-preserving int32 image of float32: 32 steps
+    suffice for its 2**32 values). Equals :func:`nucleus_keep` on sorted logits except that
+    all tokens tied exactly at the boundary are kept.
+    """
+    probs = jax.nn.softmax(scaled, axis=-1)
+    keys = _sortable_bits(scaled)
+
+    def halve(_, bounds):  # invariant: the answer lies in [low, high]
+        low, high = bounds
+        mid = (low >> 1) + (high >> 1) + (low & high & 1)  # no int32 overflow
+        below_p = jnp.sum(jnp.where(keys > mid[:, None], probs, 0.0), axis=-1) < top_p
+        return jnp.where(below_p, low, mid + 1), jnp.where(below_p, mid, high)
+
+    _, threshold = jax.lax.fori_loop(0, 32, halve, (jnp.min(keys, -1), jnp.max(keys, -1)))
+    return keys >= threshold[:, None]
+
+
+def _over_candidates(scaled: jax.Array, config: SamplingConfig,
+                     use: Callable[[jax.Array | None, jax.Array], jax.Array | tuple]):
+    """``use(ids, log_probs)`` over the filtered candidates, exact for every row.
+
+    ``ids [B, K]`` maps candidate to token id (None: candidate ``i`` is id ``i``, K = V).
+    With top-p and no top-k, ranks ``prefilter_k`` candidates and switches the batch to
+    :func:`nucleus_by_threshold` (``lax.cond``) when any row's nucleus does not fit in them.
+    """
+    vocab = scaled.shape[-1]
+    if config.top_k:
+        ids, log_probs, _ = _candidates(scaled, config, min(config.top_k, vocab))
+        return use(ids, log_probs)
+    k = min(config.prefilter_k, vocab)
+    ids, log_probs, exact = _candidates(scaled, config, k)
+    if k == vocab:
+        return use(ids, log_probs)
+
+    def whole_vocabulary(_):
+        kept = jnp.where(nucleus_by_threshold(scaled, config.top_p), scaled, -jnp.inf)
+        return use(None, jax.nn.log_softmax(kept, axis=-1))
+
+    return jax.lax.cond(jnp.all(exact), lambda _: use(ids, log_probs), whole_vocabulary, None)
+
+
+# ---------------------------------------------------------------------------- public API
+def filtered_log_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+    """The sampling distribution's log-probabilities over the whole vocabulary ``[B, V]``
+    (-inf for excluded ids). Greedy: 0 at the argmax, -inf elsewhere."""
+    scaled = scaled_logits(logits, config)
+    batch, vocab = scaled.shape
+    rows = jnp.arange(batch)[:, None]
+    if config.greedy:
+        best = argmax(scaled)
+        return jnp.where(jnp.arange(vocab) == best[:, None], 0.0, -jnp.inf)
+    if not config.truncated:
+        return jax.nn.log_softmax(scaled, axis=-1)
+
+    def scatter(ids, log_probs):
+        if ids is None:
+            return log_probs
+        return jnp.full(scaled.shape, -jnp.inf).at[rows, ids].set(log_probs)
+
+    return _over_candidates(scaled, config, scatter)
+
+
+def nucleus_fits_prefilter(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+    """``[B]`` bool: whether each row's top-p nucleus fits in the ``prefilter_k`` candidates
+    (so the fast path is exact for it). Always True when top-k is on or top-p is off."""
+    if config.greedy or config.top_k or config.top_p == 1:
+        return jnp.ones(logits.shape[:1], bool)
+    scaled = scaled_logits(logits, config)
+    return _candidates(scaled, config, min(config.prefilter_k, scaled.shape[-1]))[2]
+
+
+def sample_categorical(key: jax.Array, log_weights: jax.Array) -> jax.Array:
+    """One index per row drawn with probability ``softmax(log_weights)`` ``[B, N] -> [B]``.
+
+    Two-level inverse CDF: pick a block of entries by its mass, then an entry inside it,
+    each with its own uniform in (0, 1]. Exact up to float32 rounding; entries with weight 0
+    (-inf) are never drawn.
+    """
+    batch = log_weights.shape[0]
+    weights = _blocks(jnp.exp(log_weights - jnp.max(log_weights, axis=-1, keepdims=True)), 0.0)
+    u_block, u_entry = 1.0 - jax.random.uniform(key, (2, batch))  # (0, 1]
+    block = _inverse_cdf(u_block, jnp.sum(weights, axis=-1))
+    inside = jnp.take_along_axis(weights, block[:, None, None], axis=1)[:, 0]
+    return block * weights.shape[-1] + _inverse_cdf(u_entry, inside)
+
+
+def _inverse_cdf(u: jax.Array, weights: jax.Array) -> jax.Array:
+    """The first index whose cumulative weight reaches ``u * total`` (u in (0, 1]) ``[B]``."""
+    cumulative = jnp.cumsum(weights, axis=-1)
+    target = u * cumulative[:, -1]
+    index = jnp.sum(cumulative < target[:, None], axis=-1)
+    return jnp.minimum(index, weights.shape[-1] - 1).astype(jnp.int32)
+
+
+def sample(key: jax.Array, logits: jax.Array, config: SamplingConfig
+           ) -> tuple[jax.Array, jax.Array]:
+    """Draw the next token of each row.
+
+    logits: ``[B, V]`` float32. Returns ``tokens [B]`` int32 and their log-probabilities
+    under the sampling distribution ``[B]`` (0 for greedy).
+    """
+    scaled = scaled_logits(logits, config)
+    if config.greedy:
+        tokens = argmax(scaled)
+        return tokens, jnp.zeros(tokens.shape, jnp.float32)
+    if not config.truncated:
+        tokens = sample_categorical(key, scaled)
+        log_probs = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
+        return tokens, log_probs - jax.nn.logsumexp(scaled, axis=-1)
+
+    def draw(ids, log_probs):
+        index = sample_categorical(key, log_probs)
+        picked = lambda x: jnp.take_along_axis(x, index[:, None], axis=-1)[:, 0]  # noqa: E731
+        tokens = index if ids is None else picked(ids).astype(jnp.int32)
+        return tokens, picked(log_probs)
+
+    return _over_candidates(scaled, config, draw)
