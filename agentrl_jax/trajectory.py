@@ -6,7 +6,8 @@ sharded along its leading axis and micro-batched without recompiling. Sizes:
 * ``N`` rows (trajectories; ``G`` per task group, rows of a group need not be adjacent),
 * ``L`` tokens: the whole conversation of a row, prompt + responses + observations, stored
   left-aligned from slot 0 and right-padded (``token_mask`` marks real tokens),
-* ``T`` turns: the largest budget of the batch (turn ``t`` is 0-based).
+* ``T`` turns: room for the largest budget the rollout may draw (turn ``t`` is 0-based), fixed
+  per rollout configuration so that batches of different budgets share one shape.
 
 Token-level fields (``[N, L]``):
   ``tokens``        int32  token ids (padding ids are 0 and meaningless)
@@ -25,6 +26,12 @@ Turn-level fields (``[N, T]``):
                     the flat cell, with the map identified by ``group_id``)
   ``env_pos``       int32  environment state needed by diagnostics (FrozenLake: the cell
                     before the turn's move)
+  ``context_start`` int32  where the history turn ``t`` was sampled from starts in ``tokens``:
+                    the policy saw ``tokens[:prefix_len] + tokens[context_start:]`` up to its
+                    response. With the whole history kept it equals ``prefix_len`` (so the
+                    context is a prefix of the row); with a window of ``k`` turns it is the start
+                    of turn ``t - k``'s user message, and each turn must be re-scored on its own
+                    context to reproduce ``logprobs``
 
 Row-level fields (``[N]``):
   ``group_id``      int32  task group (rows of one task and one budget share it)
@@ -34,6 +41,8 @@ Row-level fields (``[N]``):
   ``success``       bool   the verifier's binary outcome R(tau)
   ``overflow``      bool   the row ran out of context and was ended (never silently cut)
   ``row_mask``      bool   real rows (padding rows of a batch are False)
+  ``prefix_len``    int32  tokens of the system header every context starts with (the chat
+                    template's system message; 0 if the template cannot be split there)
 """
 
 from __future__ import annotations
@@ -63,6 +72,8 @@ class Trajectory:
     success: jax.Array
     overflow: jax.Array
     row_mask: jax.Array
+    prefix_len: jax.Array
+    context_start: jax.Array
 
     @property
     def num_rows(self) -> int:
@@ -86,5 +97,6 @@ class Trajectory:
             turn_mask=turn(b), action=jnp.full((num_rows, num_turns), -1, i32),
             action_valid=turn(b), reward=turn(f32), anchor_key=turn(i32), env_pos=turn(i32),
             group_id=row(i32), task_id=row(i32), budget=row(i32), turns_used=row(i32),
-            success=row(b), overflow=row(b), row_mask=row(b),
+            success=row(b), overflow=row(b), row_mask=row(b), prefix_len=row(i32),
+            context_start=turn(i32),
         )

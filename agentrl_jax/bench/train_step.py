@@ -1,0 +1,150 @@
+"""``agentrl-jax bench train-step``: tokens/s of one GRPO update.
+
+Ours: :func:`agentrl_jax.train.make_train_step` with the paper's GRPO (clipped ratio, k3 KL to a
+frozen reference at 0.001, token mean, global-norm clipping 1.0, AdamW lr 1e-6, weight decay
+0.01), jitted and warm, float32.
+
+Baseline, measured in the same run on the same weights and batch: PyTorch ``transformers``
+``Qwen3ForCausalLM`` doing the same update by hand: policy forward, reference forward under
+``no_grad``, the same loss, ``backward``, ``clip_grad_norm_``, ``torch.optim.AdamW`` step
+(float32, the default attention implementation). Before timing, the two first-step losses
+must agree (same parameters, same batch), so both compute the same thing.
+
+Sizes: ``tiny`` (2 layers, hidden 128, vocab 2048) and ``qwen3-0.6b-2l`` (Qwen3-0.6B's
+shapes, vocab 151,936, cut to 2 layers). The batch is ``rows`` conversations of ``tokens``
+tokens (a quarter prompt, then alternating 3/4 response and 1/4 observation chunks), in
+groups of 4; tokens/s counts every real token the update processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentrl_jax.bench.report import BenchResult, median_time
+from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM, export_qwen3
+from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_train_step
+from agentrl_jax.trajectory import Trajectory
+
+SIZES = {
+    "tiny": dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    "qwen3-0.6b-2l": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=2,
+                          num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                          tie_word_embeddings=True, rope_theta=1_000_000.0),
+}
+GROUP_SIZE = 4
+LOSS_AGREEMENT_RTOL = 1e-3
+
+
+def synthetic_batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> Trajectory:
+    """A full-length rollout-shaped batch: prompt, then response/observation chunks."""
+    rng = np.random.default_rng(seed)
+    t = Trajectory.zeros(rows, tokens, 4)
+    prompt, chunk = tokens // 4, max(tokens // 8, 2)
+    loss_mask = np.zeros((rows, tokens), bool)
+    token_turn = np.full((rows, tokens), -1, np.int32)
+    for turn, start in enumerate(range(prompt, tokens, chunk)):
+        response = slice(start, min(start + (3 * chunk) // 4, tokens))
+        loss_mask[:, response] = True
+        token_turn[:, response] = min(turn, 3)
+    logprobs = np.where(loss_mask, -rng.uniform(0.5, 4.0, (rows, tokens)), 0.0).astype(np.float32)
+    turn_mask = np.zeros((rows, 4), bool)
+    turn_mask[:, :int(token_turn.max()) + 1] = True
+    return t.replace(
+        tokens=jnp.asarray(rng.integers(0, vocab, (rows, tokens)), jnp.int32),
+        token_mask=jnp.ones((rows, tokens), bool), loss_mask=jnp.asarray(loss_mask),
+        token_turn=jnp.asarray(token_turn), logprobs=jnp.asarray(logprobs), turn_mask=jnp.asarray(turn_mask),
+        group_id=jnp.arange(rows, dtype=jnp.int32) // GROUP_SIZE,
+        success=jnp.asarray(rng.random(rows) < 0.5), row_mask=jnp.ones(rows, bool),
+    )
+
+
+def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
+    """The baseline's update as a closure, and its first-step loss."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    policy = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    reference = copy.deepcopy(policy).eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, betas=(config.adam_b1, config.adam_b2),
+                                  eps=config.adam_eps, weight_decay=config.weight_decay)
+    tokens = torch.from_numpy(np.array(batch.tokens, np.int64))
+    mask = torch.from_numpy(np.array(batch.token_mask, np.int64))
+    loss_mask = torch.from_numpy(np.array(batch.loss_mask, np.float32))[:, 1:]
+    old = torch.from_numpy(np.array(batch.logprobs))[:, 1:]
+    success = torch.from_numpy(np.array(batch.success, np.float32)).view(-1, GROUP_SIZE)
+    advantages = ((success - success.mean(1, keepdim=True)) / (success.std(1, keepdim=True) + 1e-6)).reshape(-1, 1)
+    targets = tokens[:, 1:, None]
+
+    def logprobs(model):
+        logits = model(input_ids=tokens, attention_mask=mask).logits[:, :-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, targets)[..., 0]
+
+    def step() -> float:
+        lp = logprobs(policy)
+        with torch.no_grad():
+            ref = logprobs(reference)
+        ratio = torch.exp(torch.clamp(lp - old, -20, 20))
+        surrogate = torch.maximum(-advantages * ratio, -advantages * torch.clamp(ratio, 0.8, 1.2))
+        d = torch.clamp(ref - lp, -20, 20)
+        k3 = torch.clamp(torch.exp(d) - d - 1, max=10.0)
+        loss = ((surrogate + config.kl_coef * k3) * loss_mask).sum() / loss_mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def run(*, sizes: Sequence[str] = ("tiny", "qwen3-0.6b-2l"), rows: int = 8, tokens: int = 256,
+        repeats: int = 3) -> list[BenchResult]:
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise ValueError(f"unknown size {unknown[0]!r}; known: {', '.join(SIZES)}")
+    if rows % GROUP_SIZE:
+        raise ValueError(f"rows must be a multiple of the group size {GROUP_SIZE}, got {rows}")
+    train_config = TrainConfig()  # the paper's GRPO defaults
+    results = []
+    for size in sizes:
+        model_config = Qwen3Config(**SIZES[size])
+        model = Qwen3ForCausalLM(model_config, rngs=nnx.Rngs(0))
+        batch = synthetic_batch(rows, tokens, model_config.vocab_size)
+        num_tokens = int(jnp.sum(batch.token_mask))
+        with tempfile.TemporaryDirectory() as model_dir:
+            export_qwen3(model, model_dir)
+            torch_step = _torch_step(model_dir, batch, train_config)
+        state = init_train_state(model, train_config)
+        step = make_train_step(nnx.split(model)[0], train_config, donate=True)
+        state, metrics = step(state, TrainBatch(batch))
+        ours_loss, torch_loss = float(metrics["loss"]), torch_step()
+        if not abs(ours_loss - torch_loss) <= LOSS_AGREEMENT_RTOL * max(abs(torch_loss), 1e-3):
+            raise RuntimeError(f"{size}: first-step losses disagree: ours {ours_loss}, torch {torch_loss}")
+
+        def ours():
+            nonlocal state
+            state, m = step(state, TrainBatch(batch))
+            jax.block_until_ready(m)
+
+        ours_s = median_time(ours, repeats=repeats)
+        torch_s = median_time(torch_step, repeats=repeats)
+        del state
+        results.append(BenchResult(
+            name=f"GRPO update, {size}, {rows}x{tokens} tokens", unit="tokens/s",
+            ours=num_tokens / ours_s, baseline=num_tokens / torch_s,
+            baseline_name="PyTorch transformers fwd+ref fwd+bwd+AdamW",
+            settings={"size": size, "rows": rows, "tokens": tokens, "repeats": repeats,
+                      "backend": jax.default_backend(), "first_step_loss": ours_loss},
+        ))
+    return results

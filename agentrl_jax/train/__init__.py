@@ -1,0 +1,47 @@
+"""The trainer: config, state, the pure jitted train step, the loop, and Orbax checkpoints.
+
+``train_step(state, batch) -> (state, metrics)`` (:mod:`.step`) is pure and jitted; the loop
+(:mod:`.loop`) injects the rollout and does the side effects (metrics, progress, checkpoints).
+"""
+
+from agentrl_jax.train.checkpoint import (
+    CheckpointRestoreError,
+    Checkpointer,
+    CorruptCheckpointWarning,
+    Restored,
+)
+from agentrl_jax.train.config import TrainConfig, algorithm_to_dict
+from agentrl_jax.train.loop import MetricsLogger, read_metrics, rollout_metrics, tensorboard_writer, train
+from agentrl_jax.train.state import (
+    CriticParams,
+    TrainState,
+    critic_optimizer,
+    init_critic,
+    init_train_state,
+    policy_optimizer,
+    shard_state,
+    state_shardings,
+)
+from agentrl_jax.train.step import (
+    TrainBatch,
+    accumulate_gradients,
+    advantage_inputs,
+    batch_loss_mask,
+    batch_shardings,
+    check_full_history,
+    compute_gradients,
+    critic_values,
+    make_train_step,
+    sequence_logprobs,
+    split_micro_batches,
+    train_step,
+)
+
+__all__ = [
+    "CheckpointRestoreError", "Checkpointer", "CorruptCheckpointWarning", "CriticParams", "MetricsLogger",
+    "Restored", "TrainBatch", "TrainConfig", "TrainState", "accumulate_gradients", "advantage_inputs",
+    "algorithm_to_dict", "batch_loss_mask", "batch_shardings", "check_full_history", "compute_gradients", "critic_optimizer",
+    "critic_values", "init_critic", "init_train_state", "make_train_step", "policy_optimizer", "read_metrics",
+    "rollout_metrics", "sequence_logprobs", "shard_state", "split_micro_batches", "state_shardings",
+    "tensorboard_writer", "train", "train_step",
+]

@@ -1,0 +1,147 @@
+"""The trainer's configuration: a frozen, validated, hashable dataclass.
+
+:class:`TrainConfig` holds everything the train step and loop need besides the model: the
+algorithm (advantage estimator and loss terms, :class:`~agentrl_jax.algorithms.AlgorithmConfig`),
+the optimizers, micro-batching, process-reward shaping, run length, checkpointing and the seed.
+It is validated on construction (a bad value raises ``ValueError`` naming the field) and is
+hashable, so a jitted step can close over it. Defaults are the paper's (§4): AdamW with
+learning rate 1e-6 and weight decay 0.01, critic learning rate 1e-5, KL coefficient 0.001 (in
+``algorithm``), group-relative GRPO.
+
+The KL coefficient lives in ``algorithm`` (the ``"kl"`` loss term), so there is one source of
+truth; :attr:`TrainConfig.kl_coef` reads it. ``to_dict``/``from_dict`` round-trip through plain
+JSON/YAML data, which is how checkpoints store the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any, Mapping
+
+from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Trainer settings. See the module docstring; each field's check is in ``_CHECKS``."""
+
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+    # policy optimizer: optax.adamw after global-norm clipping
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.01
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    max_grad_norm: float | None = 1.0  # None: no clipping
+    # critic optimizer (PPO): its own AdamW, same betas/eps/clipping
+    critic_learning_rate: float = 1e-5
+    critic_weight_decay: float = 0.01
+    # gradient accumulation: rows split into this many micro-batches (strided, see step.py)
+    num_micro_batches: int = 1
+    # process rewards (§8): weight of the per-step scores added to the outcome reward
+    process_reward_coef: float = 0.0
+    # GiGPO anchors (s_t, B - t) instead of s_t (BudgetMix, §5)
+    budget_anchors: bool = False
+    # run
+    total_steps: int = 100
+    checkpoint_every: int = 10
+    checkpoint_keep: int = 3
+    seed: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.algorithm, Mapping):
+            try:
+                object.__setattr__(self, "algorithm", AlgorithmConfig.from_dict(self.algorithm))
+            except ValueError as e:
+                raise ValueError(f"TrainConfig.algorithm: {e}") from None
+        if not isinstance(self.algorithm, AlgorithmConfig):
+            raise ValueError(f"TrainConfig.algorithm: must be an AlgorithmConfig or mapping, got {self.algorithm!r}")
+        for name, (check, expect) in _CHECKS.items():
+            value = getattr(self, name)
+            if not check(value):
+                raise ValueError(f"TrainConfig.{name}: must be {expect}, got {value!r}")
+
+    @property
+    def kl_coef(self) -> float:
+        """Coefficient of the ``"kl"`` loss term (0.0 when the algorithm has none)."""
+        return next((t.coef for t in self.algorithm.loss_terms if t.name == "kl"), 0.0)
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the step needs reference log-probs (a KL term with a positive coefficient)."""
+        return self.kl_coef > 0
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.algorithm.uses_critic
+
+    # ------------------------------------------------------------------ plain data
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data; ``TrainConfig.from_dict(c.to_dict()) == c``."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "algorithm"}
+        out["algorithm"] = algorithm_to_dict(self.algorithm)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
+        """Builds from plain data (YAML, a checkpoint's JSON); unknown keys are errors."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"TrainConfig: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+
+def algorithm_to_dict(config: AlgorithmConfig) -> dict[str, Any]:
+    """An :class:`AlgorithmConfig` as plain data that ``AlgorithmConfig.from_dict`` reads back."""
+    def term(t: LossTermConfig) -> dict[str, Any]:
+        return {"name": t.name, "coef": t.coef, "params": dict(t.params)}
+
+    return {
+        "advantage": config.advantage,
+        "advantage_params": dict(config.advantage_params),
+        "loss_terms": [term(t) for t in config.loss_terms],
+        "aggregation": config.aggregation,
+        "aggregation_constant": config.aggregation_constant,
+    }
+
+
+def _positive_real(v) -> bool:
+    return _is_real(v) and v > 0
+
+
+def _non_negative_real(v) -> bool:
+    return _is_real(v) and v >= 0
+
+
+def _positive_int(v) -> bool:
+    return _is_int(v) and v >= 1
+
+
+_CHECKS: dict[str, tuple[Any, str]] = {
+    "learning_rate": (_positive_real, "a finite number > 0"),
+    "weight_decay": (_non_negative_real, "a finite number >= 0"),
+    "adam_b1": (lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "adam_b2": (lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "adam_eps": (_positive_real, "a finite number > 0"),
+    "max_grad_norm": (lambda v: v is None or _positive_real(v), "None or a finite number > 0"),
+    "critic_learning_rate": (_positive_real, "a finite number > 0"),
+    "critic_weight_decay": (_non_negative_real, "a finite number >= 0"),
+    "num_micro_batches": (_positive_int, "an int >= 1"),
+    "process_reward_coef": (_non_negative_real, "a finite number >= 0"),
+    "budget_anchors": (lambda v: isinstance(v, bool), "a bool"),
+    "total_steps": (_positive_int, "an int >= 1"),
+    "checkpoint_every": (_positive_int, "an int >= 1"),
+    "checkpoint_keep": (_positive_int, "an int >= 1"),
+    "seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "an int in [0, 2**32)"),
+}

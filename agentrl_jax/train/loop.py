@@ -1,0 +1,222 @@
+"""The training loop: rollout -> scores -> update, with metrics, progress and checkpoints.
+
+Each iteration of :func:`train`:
+
+1. splits a rollout key off ``state.rng`` and draws the task batch ``task_batches(position)``
+   at ``state.data_position`` (a deterministic function of the index, so a resumed run sees
+   the same tasks);
+2. runs the injected ``rollout(policy_params, key, tasks) -> Trajectory`` (and checks that its
+   turns saw the whole history, see :func:`~agentrl_jax.train.step.check_full_history`);
+3. scores steps with the optional process scorer (its scores shape the reward when
+   ``config.process_reward_coef > 0``) and the optional quality scorer (for R_single; it may
+   be the same object, then it runs once);
+4. calls ``train_step(state, TrainBatch)`` (see :mod:`agentrl_jax.train.step`);
+5. logs one JSONL record per step (and TensorBoard scalars when a writer is available),
+   updates the progress bar, and saves a checkpoint every ``checkpoint_every`` steps and at
+   the end.
+
+Metrics added by the loop: ``R_multi`` (trajectory success rate over real rows, §7.5),
+``R_single`` (mean step quality from the quality scorer: Q* on FrozenLake), mean turns,
+rollout/scoring/update seconds and trained tokens per second. A skipped (non-finite) update is logged
+(``update_skipped`` = 1, and a line on the progress bar) and the run continues.
+
+Everything here is a side effect at the edge; the pure pieces are the rollout, the scorers
+and the train step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+from tqdm.auto import tqdm
+
+from agentrl_jax.process_rewards import StepScorer, StepScores, mean_step_score
+from agentrl_jax.train.checkpoint import Checkpointer
+from agentrl_jax.train.config import TrainConfig
+from agentrl_jax.train.state import TrainState
+from agentrl_jax.train.step import TrainBatch, check_full_history
+from agentrl_jax.trajectory import Trajectory
+
+Rollout = Callable[[Any, jax.Array, Any], Trajectory]
+TrainStep = Callable[[TrainState, TrainBatch], tuple[TrainState, Mapping[str, jax.Array]]]
+
+
+# ------------------------------------------------------------------------- metrics sink
+
+
+def tensorboard_writer(logdir: str | Path):
+    """A TensorBoard ``SummaryWriter`` from tensorboardX or torch, or None if neither works."""
+    for module in ("tensorboardX", "torch.utils.tensorboard"):
+        try:
+            return __import__(module, fromlist=["SummaryWriter"]).SummaryWriter(str(logdir))
+        except ImportError:
+            continue
+    return None
+
+
+class MetricsLogger:
+    """Writes one JSON object per step to ``path`` (and scalars to a TensorBoard writer).
+
+    ``resume_step``: records of steps after it (written by a run that was killed after its
+    last checkpoint) are dropped, so a resumed run's file has each step once. ``writer`` is
+    any object with ``add_scalar(tag, value, step)`` (and optionally ``flush``/``close``);
+    by default one is made in ``tensorboard_dir`` if TensorBoard is installed.
+    """
+
+    def __init__(self, path: str | Path | None, *, tensorboard_dir: str | Path | None = None,
+                 resume_step: int | None = None, writer: Any = None):
+        self.path = None if path is None else Path(path)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if resume_step is not None and self.path.exists():
+                self._truncate_after(resume_step)
+        self.writer = writer
+        if writer is None and tensorboard_dir is not None:
+            self.writer = tensorboard_writer(tensorboard_dir)
+            if self.writer is None:
+                warnings.warn("TensorBoard logging asked for but neither tensorboardX nor tensorboard is "
+                              "installed; writing JSONL only", stacklevel=2)
+
+    def _truncate_after(self, step: int) -> None:
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by the kill
+                continue
+            if record.get("step", math.inf) <= step:
+                kept.append(line)
+        self.path.write_text("".join(f"{line}\n" for line in kept))
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        record = {"step": int(step), **{k: _json_number(v) for k, v in metrics.items()}}
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for name, value in metrics.items():
+                self.writer.add_scalar(name, float(value), int(step))
+            if hasattr(self.writer, "flush"):
+                self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None and hasattr(self.writer, "close"):
+            self.writer.close()
+
+
+def _json_number(v: Any) -> float | None:
+    v = float(v)
+    return v if math.isfinite(v) else None  # JSON has no NaN; null marks a non-finite value
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics JSONL file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------- rollout metrics
+
+
+def rollout_metrics(trajectory: Trajectory, quality: StepScores | None) -> dict[str, float]:
+    """R_multi (success rate of real rows), mean turns, overflow rate, and R_single if scored."""
+    rows = trajectory.row_mask.astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(rows), 1.0)
+    out = {
+        "R_multi": jnp.sum(trajectory.success.astype(jnp.float32) * rows) / count,
+        "turns_mean": jnp.sum(trajectory.turns_used.astype(jnp.float32) * rows) / count,
+        "overflow_rate": jnp.sum(trajectory.overflow.astype(jnp.float32) * rows) / count,
+    }
+    if quality is not None:
+        out["R_single"] = mean_step_score(quality)
+        scored = jnp.maximum(jnp.sum(quality.mask.astype(jnp.float32)), 1.0)
+        out["invalid_step_rate"] = jnp.sum(quality.invalid.astype(jnp.float32)) / scored
+    return {k: float(v) for k, v in jax.device_get(out).items()}
+
+
+# ------------------------------------------------------------------------- the loop
+
+
+def train(
+    state: TrainState,
+    train_step: TrainStep,
+    rollout: Rollout,
+    task_batches: Callable[[int], Any],
+    config: TrainConfig,
+    *,
+    process_scorer: StepScorer | None = None,
+    quality_scorer: StepScorer | None = None,
+    checkpointer: Checkpointer | None = None,
+    checkpoint_metadata: Mapping[str, Any] | None = None,
+    logger: MetricsLogger | None = None,
+    progress: bool = True,
+    on_step: Callable[[TrainState, dict[str, float]], None] | None = None,
+) -> TrainState:
+    """Trains from ``state.step`` until ``config.total_steps`` (see the module docstring).
+
+    ``on_step(state, metrics)`` runs after each step (after its checkpoint, if any).
+    Returns the final state; pending checkpoint writes are finished before returning.
+    """
+    if process_scorer is None and config.process_reward_coef > 0:
+        raise ValueError("train: config.process_reward_coef > 0 needs a process_scorer")
+    bar = tqdm(total=config.total_steps, initial=int(state.step), disable=not progress, desc="train",
+               dynamic_ncols=True)
+    try:
+        while int(state.step) < config.total_steps:
+            state, metrics = _iteration(state, train_step, rollout, task_batches, config,
+                                        process_scorer, quality_scorer)
+            step = int(state.step)
+            if metrics["update_skipped"]:
+                bar.write(f"step {step}: non-finite loss or gradient, update skipped "
+                          f"({int(metrics['skipped_updates'])} so far)", file=sys.stderr)
+            if logger is not None:
+                logger.log(step, metrics)
+            if checkpointer is not None and checkpointer.should_save(step, config.total_steps):
+                checkpointer.save(state, config, checkpoint_metadata)
+            bar.update(1)
+            bar.set_postfix({k: f"{metrics[k]:.3g}" for k in ("R_multi", "R_single", "loss") if k in metrics})
+            if on_step is not None:
+                on_step(state, metrics)
+    finally:
+        bar.close()
+        if checkpointer is not None:
+            checkpointer.wait()
+    return state
+
+
+def _iteration(state, train_step, rollout, task_batches, config, process_scorer, quality_scorer):
+    start = time.perf_counter()
+    rng, rollout_key = jax.random.split(state.rng)
+    position = int(state.data_position)
+    tasks = task_batches(position)
+    trajectory = jax.block_until_ready(rollout(state.policy, rollout_key, tasks))
+    check_full_history(trajectory)
+    rolled = time.perf_counter()
+    process = process_scorer(trajectory, tasks) if process_scorer is not None else None
+    if quality_scorer is None:
+        quality = None
+    elif quality_scorer is process_scorer:
+        quality = process
+    else:
+        quality = quality_scorer(trajectory, tasks)
+    scored = time.perf_counter()
+
+    step_scores = process.scores if process is not None and config.process_reward_coef > 0 else None
+    state = state.replace(rng=rng, data_position=jnp.asarray(position + 1, jnp.int32))
+    state, step_metrics = train_step(state, TrainBatch(trajectory, step_scores))
+    metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+    updated = time.perf_counter()
+
+    metrics.update(rollout_metrics(trajectory, quality))
+    metrics["time/rollout_s"] = rolled - start
+    metrics["time/score_s"] = scored - rolled
+    metrics["time/update_s"] = updated - scored
+    metrics["train_tokens_per_s"] = float(jnp.sum(trajectory.token_mask)) / max(updated - scored, 1e-9)
+    return state, metrics

@@ -1,0 +1,152 @@
+"""The training state: one pytree holding everything a run needs to continue.
+
+:class:`TrainState` fields (all arrays, so Orbax saves and restores it as one tree):
+
+* ``step``             int32 []  updates attempted so far (skipped ones included)
+* ``policy``           nnx.State of the policy's parameters (``nnx.split(model)[1]``)
+* ``policy_opt``       its optax state
+* ``reference``        frozen reference parameters for the KL term, or None without one
+* ``critic``           :class:`CriticParams` (PPO), or None
+* ``critic_opt``       the critic's optax state, or None
+* ``rng``              uint32[2] PRNG key; the loop splits a rollout key off it every step
+* ``data_position``    int32 []  index of the next task batch to draw
+* ``skipped_updates``  int32 []  updates skipped because the loss or a gradient was not finite
+
+The model's ``graphdef`` (structure, dtypes, remat) and the :class:`TrainConfig` are static and
+live outside the state. The critic is a separate Qwen3 backbone (initialised as a copy of the
+policy, as verl does) plus a linear value head on its final hidden states.
+
+:func:`state_shardings` places a state on a mesh: parameters (and the optimizer moments that
+mirror them) by the partition rules of :mod:`agentrl_jax.sharding`, everything else replicated.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from agentrl_jax.sharding import QWEN3_PARAM_RULES, PartitionRule, path_string, spec_for
+from agentrl_jax.train.config import TrainConfig
+
+
+@struct.dataclass
+class CriticParams:
+    """A value model: a Qwen3 ``backbone`` (nnx.State) and a linear ``head`` on its hidden states.
+
+    ``head = {"kernel": [hidden_size], "bias": []}``; value = hidden . kernel + bias.
+    """
+
+    backbone: Any
+    head: dict[str, jax.Array]
+
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array
+    policy: Any
+    policy_opt: Any
+    reference: Any
+    critic: CriticParams | None
+    critic_opt: Any
+    rng: jax.Array
+    data_position: jax.Array
+    skipped_updates: jax.Array
+
+
+def make_optimizer(learning_rate: float, weight_decay: float, config: TrainConfig) -> optax.GradientTransformation:
+    """Global-norm clipping (``config.max_grad_norm``, if set) then AdamW."""
+    adamw = optax.adamw(learning_rate, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
+                        weight_decay=weight_decay)
+    if config.max_grad_norm is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
+
+
+def policy_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    return make_optimizer(config.learning_rate, config.weight_decay, config)
+
+
+def critic_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    return make_optimizer(config.critic_learning_rate, config.critic_weight_decay, config)
+
+
+def init_critic(policy_params: Any, hidden_size: int) -> CriticParams:
+    """A critic whose backbone copies the policy and whose value head is zero (V = 0 at first)."""
+    backbone = jax.tree.map(jnp.copy, policy_params)
+    return CriticParams(backbone, {"kernel": jnp.zeros((hidden_size,), jnp.float32),
+                                   "bias": jnp.zeros((), jnp.float32)})
+
+
+def init_train_state(model: nnx.Module, config: TrainConfig) -> TrainState:
+    """The state at step 0 for ``model`` (its current parameters become policy and reference).
+
+    The copies and optimizer states are made in one jitted call, so they land where the
+    parameters are (same shardings) and no op is dispatched eagerly, one by one.
+    """
+    _, params = nnx.split(model)
+    policy_opt, reference, critic, critic_opt = _derived_state(params, config, model.config.hidden_size)
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        policy=params,
+        policy_opt=policy_opt,
+        reference=reference,
+        critic=critic,
+        critic_opt=critic_opt,
+        rng=jax.random.PRNGKey(config.seed),
+        data_position=jnp.zeros((), jnp.int32),
+        skipped_updates=jnp.zeros((), jnp.int32),
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _derived_state(params: Any, config: TrainConfig, hidden_size: int):
+    reference = jax.tree.map(jnp.copy, params) if config.uses_reference else None
+    critic = critic_opt = None
+    if config.uses_critic:
+        critic = init_critic(params, hidden_size)
+        critic_opt = critic_optimizer(config).init(critic)
+    return policy_optimizer(config).init(params), reference, critic, critic_opt
+
+
+# ------------------------------------------------------------------------- sharding
+
+# State fields whose array leaves are model parameters, or optimizer moments shaped like them.
+_PARAM_FIELDS = ("policy", "policy_opt", "reference", "critic", "critic_opt")
+
+
+def _param_spec(path: str, shape: Sequence[int], mesh: Mesh, rules: Sequence[PartitionRule]) -> P:
+    """The rule-given spec of the parameter a path ends in, else replicated.
+
+    Optimizer states nest parameters under prefixes ("1/0/mu/layers/q_proj"), so the longest
+    path suffix that a rule matches decides; scalars (step counts) and the critic's value
+    head match no rule and are replicated.
+    """
+    parts = path.split("/")
+    for start in range(len(parts)):
+        suffix = "/".join(parts[start:])
+        if len(shape) and any(re.search(pattern, suffix) for pattern, _ in rules):
+            return spec_for(suffix, shape, mesh, rules)
+    return P()
+
+
+def state_shardings(state: TrainState, mesh: Mesh, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES) -> TrainState:
+    """A ``NamedSharding`` for every leaf of ``state`` (arrays or ShapeDtypeStructs)."""
+    def sharding(path, leaf):
+        field = path_string(path[:1])
+        if field in _PARAM_FIELDS:
+            return NamedSharding(mesh, _param_spec(path_string(path[1:]), leaf.shape, mesh, rules))
+        return NamedSharding(mesh, P())
+
+    return jax.tree_util.tree_map_with_path(sharding, state)
+
+
+def shard_state(state: TrainState, mesh: Mesh, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES) -> TrainState:
+    """``jax.device_put`` of ``state`` onto :func:`state_shardings`."""
+    return jax.device_put(state, state_shardings(state, mesh, rules))

@@ -1,0 +1,33 @@
+"""Smoke test of ``agentrl-jax bench train-step`` at a tiny size (fields, agreement; no timing)."""
+
+import json
+
+import pytest
+
+from agentrl_jax.bench import train_step as bench_train_step
+
+
+def test_run_reports_tokens_per_second_against_pytorch():
+    (result,) = bench_train_step.run(sizes=("tiny",), rows=4, tokens=32, repeats=1)
+    assert result.unit == "tokens/s" and result.ours > 0 and result.baseline > 0 and result.ratio > 0
+    assert result.baseline_name == "PyTorch transformers fwd+ref fwd+bwd+AdamW"
+    assert result.name == "GRPO update, tiny, 4x32 tokens"
+    assert result.settings["size"] == "tiny" and result.settings["rows"] == 4
+    # run() itself raises unless both first-step losses agree (same weights, same batch).
+    assert result.settings["first_step_loss"] != 0
+    line = json.loads(result.to_json())
+    assert set(line) == {"name", "unit", "ours", "baseline", "baseline_name", "settings", "ratio"}
+
+
+def test_synthetic_batch_has_rollout_layout():
+    batch = bench_train_step.synthetic_batch(rows=4, tokens=32, vocab=50)
+    assert batch.tokens.shape == (4, 32) and bool(batch.token_mask.all())
+    assert not bool(batch.loss_mask[:, :8].any()) and bool(batch.loss_mask.any())  # a prompt, then responses
+    assert int(batch.token_turn.max()) >= 1 and bool((batch.token_turn[~batch.loss_mask] == -1).all())
+
+
+def test_run_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown size 'huge'"):
+        bench_train_step.run(sizes=("huge",))
+    with pytest.raises(ValueError, match="rows must be a multiple of the group size 4"):
+        bench_train_step.run(sizes=("tiny",), rows=6)

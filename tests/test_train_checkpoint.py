@@ -1,0 +1,248 @@
+"""Orbax checkpoints of the training state: exact round trip, keep/every, corrupt and partial
+checkpoints skipped with a clear report, and exact resume after a real SIGKILL.
+
+The resume test runs this file as a script in subprocesses (modes ``straight``, ``killed``,
+``resume``): a straight N-step run and a run killed with SIGKILL after its N/2 checkpoint run
+side by side, then a third process resumes the killed run for the remaining N/2 steps; the
+final states must be identical bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).parent))  # train_fakes, also when run as a script
+
+from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig  # noqa: E402
+from agentrl_jax.train import (  # noqa: E402
+    Checkpointer,
+    CheckpointRestoreError,
+    CorruptCheckpointWarning,
+    MetricsLogger,
+    TrainConfig,
+    init_train_state,
+    make_train_step,
+    read_metrics,
+    train,
+)
+from train_fakes import make_fake_rollout, task_batches, tiny_model  # noqa: E402
+
+# A restore that fails mid-read leaves Orbax's pending read coroutines to be closed with its
+# event loop, whenever the garbage collector gets to them (possibly during a later test);
+# Python reports them as "unraisable" exceptions. They are Orbax's and harmless.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+PPO = TrainConfig(algorithm=AlgorithmConfig(advantage="gae", loss_terms=(
+    LossTermConfig("policy_clip"), LossTermConfig("kl", 0.001), LossTermConfig("value_clip"))),
+    checkpoint_every=1, checkpoint_keep=2)
+
+
+@functools.lru_cache(maxsize=None)
+def _ppo_state():
+    """A PPO state (policy, reference, critic, both optimizers) with non-trivial values."""
+    state = init_train_state(tiny_model(), PPO)
+    rng = np.random.default_rng(0)
+    noisy = jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + rng.standard_normal(x.shape), x.dtype)
+                         if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+    return noisy.replace(rng=jax.random.PRNGKey(123), data_position=jnp.asarray(17, jnp.int32),
+                         skipped_updates=jnp.asarray(2, jnp.int32))
+
+
+def _at_step(state, step: int):
+    return state.replace(step=jnp.asarray(step, jnp.int32))
+
+
+def _bits(x) -> np.ndarray:
+    """The raw bytes of an array (so -0.0 != 0.0 and NaN payloads count)."""
+    return np.frombuffer(np.ascontiguousarray(np.asarray(x)).tobytes(), np.uint8)
+
+
+def _assert_identical(a, b) -> None:
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+        assert np.asarray(x).dtype == np.asarray(y).dtype, path
+        np.testing.assert_array_equal(_bits(x), _bits(y), err_msg=jax.tree_util.keystr(path))
+
+
+def _save_steps(directory, steps, *, keep=5):
+    checkpointer = Checkpointer(directory, every=1, keep=keep)
+    for step in steps:
+        checkpointer.save(_at_step(_ppo_state(), step), PPO, {"model_dir": "/models/tiny"})
+    checkpointer.wait()
+    return checkpointer
+
+
+# ------------------------------------------------------------------------- round trip, keep, every
+
+
+def test_round_trip_restores_everything_bit_for_bit(tmp_path):
+    _save_steps(tmp_path, [3]).close()
+    restored = Checkpointer(tmp_path, every=1, keep=2).restore_latest(init_train_state(tiny_model(seed=1), PPO))
+    assert restored.step == 3 and restored.path == tmp_path / "3" and restored.skipped == ()
+    _assert_identical(restored.state, _at_step(_ppo_state(), 3))
+    assert restored.train_config == PPO
+    assert restored.config["model_dir"] == "/models/tiny"
+
+
+def test_keeps_the_newest_and_saves_every_k_steps(tmp_path):
+    checkpointer = _save_steps(tmp_path, [1, 2, 3, 4, 5], keep=2)
+    assert checkpointer.steps() == [4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["4", "5"]
+    every_3 = Checkpointer(tmp_path / "other", every=3, keep=1)
+    assert [s for s in range(1, 11) if every_3.should_save(s, total_steps=10)] == [3, 6, 9, 10]
+
+
+def test_no_checkpoint_restores_to_none(tmp_path):
+    assert Checkpointer(tmp_path, every=1, keep=1).restore_latest(_ppo_state()) is None
+
+
+def test_bad_arguments_are_named(tmp_path):
+    with pytest.raises(ValueError, match="Checkpointer keep: must be an int >= 1, got 0"):
+        Checkpointer(tmp_path, every=1, keep=0)
+
+
+# ------------------------------------------------------------------------- corrupt and partial
+
+
+def _garble_data(step_dir: Path) -> None:
+    for f in (step_dir / "state" / "d").iterdir():
+        f.write_bytes(b"not a checkpoint" * 4)
+
+
+@pytest.mark.parametrize("damage", ["corrupt data", "missing manifest", "missing state", "missing config"])
+def test_a_damaged_latest_checkpoint_is_reported_and_the_previous_one_used(tmp_path, damage):
+    _save_steps(tmp_path, [1, 2]).close()
+    latest = tmp_path / "2"
+    if damage == "corrupt data":
+        _garble_data(latest)
+    elif damage == "missing manifest":
+        (latest / "state" / "manifest.ocdbt").unlink()
+    elif damage == "missing state":
+        import shutil
+
+        shutil.rmtree(latest / "state")
+    else:
+        (latest / "config" / "metadata").unlink()
+    checkpointer = Checkpointer(tmp_path, every=1, keep=5)
+    with pytest.warns(CorruptCheckpointWarning, match=f"checkpoint {latest} is corrupt or incomplete"):
+        restored = checkpointer.restore_latest(_ppo_state())
+    assert restored.step == 1 and restored.skipped[0][0] == latest
+    _assert_identical(restored.state, _at_step(_ppo_state(), 1))
+    # The bad one is set aside (kept for inspection), so the resumed run can save step 2 again.
+    assert (tmp_path / "2.corrupt").is_dir() and not latest.exists()
+    checkpointer.save(_at_step(_ppo_state(), 2), PPO)
+    checkpointer.wait()
+    assert checkpointer.steps() == [1, 2]
+
+
+def test_an_interrupted_save_is_reported_and_removed(tmp_path):
+    _save_steps(tmp_path, [1]).close()
+    leftover = tmp_path / "2.orbax-checkpoint-tmp-1234567"
+    (leftover / "state").mkdir(parents=True)
+    with pytest.warns(CorruptCheckpointWarning, match=f"checkpoint {leftover}: an interrupted save"):
+        checkpointer = Checkpointer(tmp_path, every=1, keep=5)
+    assert not leftover.exists()
+    assert checkpointer.restore_latest(_ppo_state()).step == 1
+
+
+def test_when_every_checkpoint_is_damaged_the_error_lists_them(tmp_path):
+    _save_steps(tmp_path, [1, 2]).close()
+    for step in ("1", "2"):
+        _garble_data(tmp_path / step)
+    checkpointer = Checkpointer(tmp_path, every=1, keep=5)
+    with pytest.warns(CorruptCheckpointWarning):
+        with pytest.raises(CheckpointRestoreError, match=f"{tmp_path / '2'}: .*; {tmp_path / '1'}: "):
+            checkpointer.restore_latest(_ppo_state())
+
+
+def test_a_state_of_another_shape_is_not_restored_into(tmp_path):
+    _save_steps(tmp_path, [1]).close()
+    other = init_train_state(tiny_model(hidden_size=32, head_dim=16), PPO)
+    with pytest.warns(CorruptCheckpointWarning, match=str(tmp_path / "1")):
+        with pytest.raises(CheckpointRestoreError):
+            Checkpointer(tmp_path, every=1, keep=5).restore_latest(other)
+
+
+# ------------------------------------------------------------------------- exact resume after SIGKILL
+
+STEPS = 4  # N; the killed run is stopped after its N/2 checkpoint
+RUN_CONFIG = TrainConfig(learning_rate=1e-2, total_steps=STEPS, checkpoint_every=STEPS // 2, checkpoint_keep=2)
+MARKER = "CHECKPOINTED"
+
+
+def _run(mode: str, workdir: Path) -> None:
+    """Script entry: one training process of the resume test (see the module docstring)."""
+    model = tiny_model()
+    graphdef = nnx.split(model)[0]
+    rollout = make_fake_rollout(graphdef, group_size=4)
+    tasks = task_batches(num_tasks=5, groups_per_batch=2)
+    state = init_train_state(model, RUN_CONFIG)
+    step = make_train_step(graphdef, RUN_CONFIG, donate=True)
+    checkpointer = Checkpointer.from_config(workdir / "checkpoints", RUN_CONFIG) if mode != "straight" else None
+    resume_step = None
+    if mode == "resume":
+        restored = checkpointer.restore_latest(state)
+        state, resume_step = restored.state, restored.step
+
+    def on_step(state, metrics):
+        if mode == "killed" and int(state.step) == STEPS // 2:
+            checkpointer.wait()
+            print(MARKER, flush=True)
+            time.sleep(600)  # the parent kills us here
+
+    logger = MetricsLogger(workdir / "metrics.jsonl", resume_step=resume_step)
+    state = train(state, step, rollout, tasks, RUN_CONFIG, checkpointer=checkpointer, logger=logger,
+                  progress=False, on_step=on_step)
+    leaves = {f"{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(state))}
+    np.savez(workdir / "final.npz", **leaves)
+    (workdir / "resumed_from.json").write_text(json.dumps(resume_step))
+
+
+def _spawn(mode: str, workdir: Path) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.Popen([sys.executable, __file__, mode, str(workdir)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path):
+    straight, killed = _spawn("straight", tmp_path / "straight"), _spawn("killed", tmp_path / "killed")
+    line = killed.stdout.readline()  # blocks until the N/2 checkpoint is on disk
+    assert line.strip() == MARKER, killed.communicate()[1][-3000:]
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL
+    assert Checkpointer(tmp_path / "killed" / "checkpoints", every=1, keep=5).steps() == [STEPS // 2]
+
+    resumed = _spawn("resume", tmp_path / "killed")
+    for process in (straight, resumed):
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+    assert json.loads((tmp_path / "killed" / "resumed_from.json").read_text()) == STEPS // 2
+    want, got = np.load(tmp_path / "straight" / "final.npz"), np.load(tmp_path / "killed" / "final.npz")
+    assert sorted(want.files) == sorted(got.files)
+    for name in want.files:  # params, optimizer moments, step, key, data position: every bit
+        np.testing.assert_array_equal(_bits(got[name]), _bits(want[name]), err_msg=f"leaf {name}")
+    assert [r["step"] for r in read_metrics(tmp_path / "killed" / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    initial = jax.tree.leaves(init_train_state(tiny_model(), RUN_CONFIG))  # same leaf order
+    assert int(want["0"]) == STEPS  # leaf 0 is the step counter
+    assert all(not np.array_equal(want[str(i)], initial[i]) for i in range(1, 1 + len(jax.tree.leaves(
+        init_train_state(tiny_model(), RUN_CONFIG).policy))))  # every policy parameter was trained
+
+
+if __name__ == "__main__":
+    _run(sys.argv[1], Path(sys.argv[2]))
