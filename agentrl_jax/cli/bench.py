@@ -67,3 +67,55 @@ def bench_forward(
 
     emit(forward.run(configs=config, batch=batch, seq_len=seq_len, dtype=dtype,
                      repeats=repeats), json_out)
+
+
+@app.command("sample")
+def bench_sample(
+    json_out: bool = JSON_OPT,
+    config: list[str] = typer.Option(["tiny", "qwen3-0.6b-2layers"],
+                                     help="Model shapes: tiny, qwen3-0.6b-2layers."),
+    repeats: int = typer.Option(3, help="Timed runs (median)."),
+    torch_threads: int = typer.Option(0, help="transformers' intra-op threads (0: torch's "
+                                             "default; 1 is steadier on a busy machine)."),
+) -> None:
+    """Top-p sampling tokens/s vs transformers generate, decode vs weight-streaming floor,
+    and a 10-turn rollout with KV-cache continuation vs re-encoding."""
+    from agentrl_jax.bench import sample
+
+    emit(sample.run(configs=config, repeats=repeats, torch_threads=torch_threads), json_out)
+
+
+@app.command("train-step")
+def bench_train_step(
+    json_out: bool = JSON_OPT,
+    size: list[str] = typer.Option(["tiny", "qwen3-0.6b-2l"], help="Model sizes: tiny, qwen3-0.6b-2l."),
+    rows: int = typer.Option(8, help="Conversations per batch (a multiple of 4)."),
+    tokens: int = typer.Option(256, help="Tokens per conversation."),
+    repeats: int = typer.Option(3, help="Timed runs (median)."),
+) -> None:
+    """Tokens/s of one GRPO update vs the same update in PyTorch transformers."""
+    from agentrl_jax.bench import train_step
+
+    emit(train_step.run(sizes=size, rows=rows, tokens=tokens, repeats=repeats), json_out)
+
+
+@app.command("rollout")
+def bench_rollout(
+    json_out: bool = JSON_OPT,
+    tasks: int = typer.Option(64, help="FrozenLake maps (tasks) per rollout."),
+    group_size: int = typer.Option(16, help="Trajectories per task (G)."),
+    budget: int = typer.Option(20, help="Turn budget B."),
+    map_size: int = typer.Option(4, help="Map side n."),
+    response_tokens: int = typer.Option(8, help="Most tokens per response."),
+    max_context: int = typer.Option(1536, help="Context (KV cache) tokens per row."),
+    compare_tasks: int = typer.Option(4, help="Tasks of the KV-cache vs re-encoding comparison."),
+    repeats: int = typer.Option(1, help="Timed runs after a warm-up (median)."),
+) -> None:
+    """Multi-turn FrozenLake rollouts of a tiny random Qwen3: turns/s and tokens/s and the time
+    in model vs environment, vs one task group at a time; and KV-cache continuation vs
+    re-encoding the history every turn."""
+    from agentrl_jax.bench import rollout
+
+    emit(rollout.run(num_tasks=tasks, group_size=group_size, budget=budget, map_size=map_size,
+                     max_response_tokens=response_tokens, max_context=max_context,
+                     compare_tasks=compare_tasks, repeats=repeats), json_out)

@@ -1,0 +1,159 @@
+"""``agentrl-jax bench rollout``: multi-turn FrozenLake rollouts of a tiny random Qwen3 policy.
+
+The setting of the issue: ``tasks`` random solvable maps x ``G`` trajectories, budget ``B``,
+the real Qwen3 tokenizer and chat template, a random Qwen3 with a tiny width. Its vocabulary
+is the tokenizer ids the rollout can meet (:func:`frozenlake_token_map`), mapped one to one, so
+the 151,936-row output head does not drown the rollout's own costs (on a 2-core CPU it would
+be most of the time at this width). The random policy answers mostly gibberish: invalid moves
+(no-ops) keep rows alive, valid words now and then move the player, so rows end at different
+turns.
+
+Results (each pair measured in the same run, same maps, policy and settings):
+
+1. turns/s and sampled tokens/s of the whole batch (``tasks x G`` rows), with the share of our
+   time spent in the model, the environment and the host loop in the name; baseline: the
+   same rollouts one task group (``G`` rows) at a time, i.e. without batching across tasks;
+2. turns/s on ``compare_tasks x G`` rows against the same rollout re-encoding every live row's
+   whole history each turn instead of continuing its KV cache
+   (``SamplerPolicy(reuse_cache=False)``). Re-encoding costs ``O(rows x context^2)`` attention
+   per turn and a ``rows x context^2`` score buffer, too much for the whole batch on a CPU,
+   hence the smaller batch (both sides on the same one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from agentrl_jax.bench.report import BenchResult
+from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
+from agentrl_jax.models.tokenizer import load_tokenizer
+from agentrl_jax.policy import SamplerPolicy, TokenMap
+from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, RolloutResult
+from envs.frozenlake import grid
+from envs.frozenlake import maps as fl_maps
+from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
+from envs.frozenlake.text import render
+
+PER_GROUP = "same rollouts one task group (G rows) at a time"
+REENCODE = "same rollout re-encoding each row's whole history every turn (no KV reuse)"
+TINY_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+
+
+def frozenlake_token_map(runner: MultiTurnRollout, budgets: Sequence[int]) -> TokenMap:
+    """Every tokenizer id a FrozenLake rollout of ``runner`` can feed the policy, plus the
+    answer words: first prompts, every grid of every map, every turn header of ``budgets``."""
+    env, chat, prompt = runner.env, runner.chat, runner.config.prompt
+    texts = [f"<answer>{name}</answer>" for name in grid.ACTION_NAMES]
+    texts += [f" {name.lower()}" for name in grid.ACTION_NAMES]
+    grids = sorted({render(tiles, pos) for tiles in env.maps for pos in range(tiles.size)})
+    for budget in budgets:
+        system = prompt.system_text(runner.instructions, budget)
+        first = chat.first_prompt(system, prompt.turn_text(grids[0], budget, 0))
+        texts.append(chat.tokenizer.decode(first))
+        texts += [prompt.turn_text("", budget, t) for t in range(budget)]
+    texts += [chat.tokenizer.decode(chat.next_prompt(prompt.turn_text(g, 1, 0))) for g in grids]
+    return TokenMap.from_texts(chat.tokenizer, texts,
+                               extra_ids=chat.stop_token_ids + chat.end_of_turn)
+
+
+def tiny_policy_model(vocab_size: int, seed: int = 0, **dims) -> Qwen3ForCausalLM:
+    """A random Qwen3 of ``TINY_DIMS`` (overridden by ``dims``) with ``vocab_size`` ids."""
+    config = Qwen3Config(vocab_size=vocab_size, **{**TINY_DIMS, **dims})
+    return Qwen3ForCausalLM(config, rngs=nnx.Rngs(seed))
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """Totals of one or more rollouts timed together."""
+
+    seconds: float
+    turns: int
+    tokens: int
+    result: RolloutResult  # the first rollout (for the time shares and settings)
+
+
+def _measure(rollouts, repeats: int, warmup=None) -> Measured:
+    """``rollouts()`` returns a list of RolloutResult; a warm-up (``warmup()``, default
+    ``rollouts()``: it compiles), then the median of ``repeats`` calls by wall time."""
+    (warmup or rollouts)()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        results = rollouts()
+        runs.append(Measured(time.perf_counter() - start,
+                             sum(r.stats.turns_played for r in results),
+                             sum(r.stats.sampled_tokens for r in results), results[0]))
+    runs.sort(key=lambda m: m.seconds)
+    return runs[(len(runs) - 1) // 2]
+
+
+def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: int = 4,
+        max_response_tokens: int = 8, max_context: int = 1536, compare_tasks: int = 4,
+        repeats: int = 1, seed: int = 0) -> list[BenchResult]:
+    """The measurements of the module docstring."""
+    if min(num_tasks, group_size, budget, max_response_tokens, repeats, compare_tasks) < 1 \
+            or map_size < 2 or compare_tasks > num_tasks:
+        raise ValueError("num_tasks, group_size, budget, max_response_tokens, repeats and "
+                         "compare_tasks (<= num_tasks) must be >= 1 and map_size >= 2; got "
+                         f"{num_tasks}, {group_size}, {budget}, {max_response_tokens}, {repeats}, "
+                         f"{compare_tasks}, {map_size}")
+    key_maps, key_run = jax.random.split(jax.random.key(seed))
+    env = FrozenLakeTextEnv(fl_maps.generate(key_maps, num_tasks, size=map_size),
+                            FrozenLakeTextConfig(t_max=budget))
+    config = RolloutConfig(group_size=group_size, budget=budget,
+                           max_response_tokens=max_response_tokens, max_context=max_context)
+    runner = MultiTurnRollout(env, load_tokenizer(), config)
+    token_map = frozenlake_token_map(runner, [budget])
+    model = tiny_policy_model(len(token_map), seed)
+    policy = SamplerPolicy(model, token_map=token_map)
+    tasks = np.arange(num_tasks)
+
+    batched = _measure(lambda: [runner(policy, tasks, key_run)], repeats)
+    compilations = {"policy": dict(policy.trace_counts), "env": dict(env.trace_counts)}
+
+    def one_group(k: int) -> RolloutResult:
+        return runner(policy, tasks[k:k + 1], jax.random.fold_in(key_run, k))
+
+    per_group = _measure(lambda: [one_group(k) for k in range(num_tasks)], repeats,
+                         warmup=lambda: [one_group(0)])
+    subset = tasks[:compare_tasks]
+    cached = _measure(lambda: [runner(policy, subset, key_run)], repeats)
+    reencode_policy = SamplerPolicy(model, token_map=token_map, reuse_cache=False)
+    reencoded = _measure(lambda: [runner(reencode_policy, subset, key_run)], repeats)
+
+    stats = batched.result.stats
+    shares = {"model": stats.policy_s / stats.total_s, "env": stats.env_s / stats.total_s,
+              "host": stats.host_s / stats.total_s}
+    settings = {"backend": jax.default_backend(), "tasks": num_tasks, "group_size": group_size,
+                "budget": budget, "map_size": map_size, "max_response_tokens": max_response_tokens,
+                "max_context": max_context, "vocab_size": len(token_map), **TINY_DIMS,
+                "repeats": repeats, "statistic": "median run"}
+    full = {**settings, "rows": num_tasks * group_size, "turns": stats.turns,
+            "turns_played": batched.turns, "sampled_tokens": batched.tokens,
+            "live_rows_per_turn": list(stats.live_rows), "time_share": shares,
+            "seconds": {"model": stats.policy_s, "env": stats.env_s, "host": stats.host_s,
+                        "total": stats.total_s, "baseline_total": per_group.seconds},
+            "success_rate": float(np.mean(np.asarray(batched.result.trajectory.success))),
+            "compilations": compilations}
+    label = (f"rollout FrozenLake {map_size}x{map_size}, {num_tasks} tasks x G={group_size}, "
+             f"B={budget}, tiny random Qwen3 (time: model {shares['model']:.0%}, env "
+             f"{shares['env']:.0%}, host {shares['host']:.0%})")
+    small = {**settings, "rows": compare_tasks * group_size, "tasks": compare_tasks,
+             "seconds": {"ours": cached.seconds, "baseline": reencoded.seconds}}
+    return [
+        BenchResult(label, "turns/s", batched.turns / batched.seconds,
+                    per_group.turns / per_group.seconds, PER_GROUP, full),
+        BenchResult(label, "tokens/s", batched.tokens / batched.seconds,
+                    per_group.tokens / per_group.seconds, PER_GROUP, full),
+        BenchResult(f"rollout FrozenLake {map_size}x{map_size}, {compare_tasks} tasks x "
+                    f"G={group_size}, B={budget}, KV cache continued", "turns/s",
+                    cached.turns / cached.seconds, reencoded.turns / reencoded.seconds,
+                    REENCODE, small),
+    ]

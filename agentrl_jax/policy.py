@@ -1,0 +1,372 @@
+"""What a multi-turn rollout samples from: the :class:`Policy` protocol and its implementations.
+
+The rollout (:mod:`agentrl_jax.rollout`) keeps every conversation as token ids of the tokenizer
+and talks to a policy in three calls, each over all ``N`` rows of the batch (a row with
+nothing to do gets an empty token list, or is not ``live``)::
+
+    policy.start(contexts, settings)             # (re)start rows from whole contexts (prefill)
+    out = policy.respond(live, max_tokens, key)  # one response for each live row
+    policy.extend(chunks)                        # tokens to add after each row's response
+
+``start`` is called once at the first turn, and again whenever the rollout rebuilds the
+contexts (a history window, see :mod:`agentrl_jax.rollout`); ``extend`` follows a response
+with the tokens that close it and open the next turn. Rows never exceed
+``settings.max_context`` tokens (the rollout checks before calling) and a response never
+exceeds its row's ``max_tokens``.
+
+Implementations:
+
+* :class:`SamplerPolicy`: a Qwen3 model through the jitted sampler
+  (:mod:`agentrl_jax.sampling`), whose KV cache carries over from turn to turn. Live rows are
+  sampled together; when at most half of the cached rows are still live, the cache is
+  compacted to the live rows (row counts come from a few fixed buckets, halving from ``N``),
+  so finished rows stop costing decode work. Each bucket compiles its ``decode`` once and its
+  ``append`` once per chunk width (a few powers of two): the number of compilations is bounded
+  independently of the number of turns.
+* :class:`ScriptedPolicy`: text from a Python function of each row's context text (tests,
+  scripted agents such as a Q*-greedy player).
+* :class:`TokenMap`: lets a tiny model with a small vocabulary stand in for a real one (the
+  tokenizer's ids are mapped one to one onto the model's; an unmapped id is an error).
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+from typing import Any, Callable, Protocol, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM
+from agentrl_jax.sampling import Sampler, SamplerState, SamplingConfig, pad_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySettings:
+    """What the rollout asks of a policy (fixed for a whole rollout)."""
+
+    max_context: int                 # tokens a row may hold (prompt, responses, observations)
+    max_response_tokens: int         # the most tokens of one response
+    stop_token_ids: tuple[int, ...]  # a response ends after the first of these it samples
+    sampling: SamplingConfig         # how tokens are drawn
+
+
+@dataclasses.dataclass(frozen=True)
+class Responses:
+    """One turn's responses for ``N`` rows (NumPy).
+
+    tokens: ``int32[N, R]`` tokenizer ids, 0 at and after ``lengths[n]``;
+    lengths: ``int32[N]`` (0 for rows that were not live);
+    logprobs: ``float32[N, R]`` log-prob of each token under the policy's model distribution
+    (temperature 1, no truncation), 0 on padding.
+    """
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    logprobs: np.ndarray
+
+
+class Policy(Protocol):
+    def start(self, contexts: Sequence[Sequence[int]], settings: PolicySettings) -> None: ...
+
+    def respond(self, live: np.ndarray, max_tokens: np.ndarray, key: jax.Array) -> Responses: ...
+
+    def extend(self, chunks: Sequence[Sequence[int]]) -> None: ...
+
+
+# ---------------------------------------------------------------------------- token map
+class TokenMap:
+    """A one-to-one map between some tokenizer ids and the ids ``0..K-1`` of a small model.
+
+    Test and benchmark models can then use the real tokenizer and chat template with a
+    ``K``-row embedding instead of 151,936 rows (whose output head would dominate a tiny model's
+    cost). Model id ``k`` is the ``k``-th smallest mapped tokenizer id.
+    """
+
+    def __init__(self, tokenizer_ids: Sequence[int], tokenizer=None):
+        ids = np.unique(np.asarray(list(tokenizer_ids), np.int64))
+        if ids.size == 0 or ids[0] < 0:
+            raise ValueError("TokenMap needs a non-empty set of non-negative tokenizer ids")
+        self.tokenizer_ids = ids
+        self._tokenizer = tokenizer  # only to name unknown tokens in errors
+
+    @classmethod
+    def from_texts(cls, tokenizer, texts: Sequence[str],
+                   extra_ids: Sequence[int] = ()) -> "TokenMap":
+        """Every id of ``texts`` (special tokens in the text count) plus ``extra_ids``."""
+        encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+        return cls([i for ids in encoded for i in ids] + list(extra_ids), tokenizer)
+
+    def __len__(self) -> int:
+        return int(self.tokenizer_ids.size)
+
+    def to_model(self, ids: Any) -> np.ndarray:
+        ids = np.asarray(ids, np.int64)
+        index = np.clip(np.searchsorted(self.tokenizer_ids, ids), 0, len(self) - 1)
+        unknown = self.tokenizer_ids[index] != ids
+        if np.any(unknown):
+            bad = int(ids[unknown].reshape(-1)[0])
+            name = ("?" if self._tokenizer is None
+                    else self._tokenizer.convert_ids_to_tokens(bad))
+            raise ValueError(f"TokenMap: tokenizer id {bad} ({name!r}) has no model id; build the "
+                             "map from texts that cover every prompt and observation")
+        return index.astype(np.int32)
+
+    def to_tokenizer(self, model_ids: Any) -> np.ndarray:
+        model_ids = np.asarray(model_ids, np.int64)
+        if model_ids.size and (model_ids.min() < 0 or model_ids.max() >= len(self)):
+            raise ValueError(f"TokenMap: model ids must be in [0, {len(self)}), got "
+                             f"[{model_ids.min()}, {model_ids.max()}]")
+        return self.tokenizer_ids[model_ids].astype(np.int32)
+
+
+# ---------------------------------------------------------------------------- sampler policy
+def take_rows(state: SamplerState, index: jax.Array) -> SamplerState:
+    """The rows ``index`` (``int[B']``) of a sampler state, in that order."""
+    cache = state.cache
+    return SamplerState(
+        cache=KVCache(k=cache.k[:, index], v=cache.v[:, index], lengths=cache.lengths[index]),
+        hidden=state.hidden[index], overflowed=state.overflowed[index])
+
+
+def row_buckets(num_rows: int, min_rows: int, multiple: int) -> tuple[int, ...]:
+    """Batch sizes a compacted cache may take: ``num_rows`` halved until ``min_rows``, each
+    rounded up to a multiple of ``multiple`` (the batch shards of a mesh), descending."""
+    round_up = lambda n: -(-n // multiple) * multiple  # noqa: E731
+    sizes, n = {round_up(num_rows)}, num_rows
+    while n > min_rows:
+        n = max(-(-n // 2), min_rows)
+        sizes.add(round_up(n))
+    return tuple(sorted(sizes, reverse=True))
+
+
+def width_buckets(max_context: int, smallest: int = 16) -> tuple[int, ...]:
+    """Chunk widths ``append`` sees: powers of two from ``smallest`` below ``max_context``, and
+    ``max_context`` itself."""
+    widths, w = [max_context], smallest
+    while w < max_context:
+        widths.append(w)
+        w *= 2
+    return tuple(sorted(widths))
+
+
+class SamplerPolicy:
+    """A Qwen3 policy sampled with a continuing KV cache (see the module docstring).
+
+    ``params`` defaults to the model's own state; :meth:`using` gives the same policy with other
+    parameters (e.g. after a train step), sharing the compiled functions. ``reuse_cache=False``
+    is the naive baseline: every turn prefills each live row's whole history again.
+    ``trace_counts`` counts traces (= compilations) per function.
+    """
+
+    def __init__(self, model: Qwen3ForCausalLM, params: Any = None, *,
+                 token_map: TokenMap | None = None, compact: bool = True, min_rows: int = 8,
+                 row_multiple: int = 1, reuse_cache: bool = True, mesh=None):
+        if min_rows < 1 or row_multiple < 1:
+            raise ValueError(f"min_rows and row_multiple must be >= 1, got {min_rows}, "
+                             f"{row_multiple}")
+        if token_map is not None and len(token_map) > model.config.vocab_size:
+            raise ValueError(f"token_map has {len(token_map)} ids but the model's vocab_size is "
+                             f"{model.config.vocab_size}")
+        self.model = model
+        self.params = nnx.state(model) if params is None else params
+        self.token_map = token_map
+        self.compact, self.min_rows, self.row_multiple = compact, min_rows, row_multiple
+        self.reuse_cache = reuse_cache
+        self.mesh = mesh
+        self._samplers: dict[tuple, Sampler] = {}
+        self._own_traces: collections.Counter[str] = collections.Counter()
+        self._take = jax.jit(self._take_impl)
+        self.shapes_used: set[tuple[str, int, int]] = set()  # (call, batch, width)
+        self._clear()
+
+    def _clear(self) -> None:
+        self._state: SamplerState | None = None
+        self._rows = np.zeros(0, np.int64)  # global row of each cache row, -1 = padding
+        self._contexts: list[list[int]] = []  # only without reuse_cache
+        self._settings: PolicySettings | None = None
+
+    def using(self, params: Any) -> "SamplerPolicy":
+        """This policy with other parameters; compiled functions (and ``trace_counts``) are
+        shared, ``shapes_used`` starts afresh."""
+        other = copy.copy(self)
+        other.params = params
+        other.shapes_used = set()
+        other._clear()
+        return other
+
+    @property
+    def trace_counts(self) -> collections.Counter[str]:
+        total = collections.Counter(self._own_traces)
+        for sampler in self._samplers.values():
+            total.update(sampler.trace_counts)
+        return total
+
+    def _take_impl(self, state, index):
+        self._own_traces["take_rows"] += 1
+        return take_rows(state, index)
+
+    def _sampler(self, settings: PolicySettings) -> Sampler:
+        stop = tuple(int(i) for i in self._to_model(settings.stop_token_ids))
+        key = (settings.max_response_tokens, stop)
+        if key not in self._samplers:
+            self._samplers[key] = Sampler(self.model, max_new_tokens=settings.max_response_tokens,
+                                          stop_token_ids=stop, mesh=self.mesh)
+        return self._samplers[key]
+
+    def _to_model(self, ids: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(ids, np.int64)
+        return ids.astype(np.int32) if self.token_map is None else self.token_map.to_model(ids)
+
+    def _bucket(self, count: int, total: int) -> int:
+        buckets = row_buckets(total, self.min_rows, self.row_multiple)
+        return min(b for b in buckets if b >= count)
+
+    # -- the protocol
+    def start(self, contexts: Sequence[Sequence[int]], settings: PolicySettings) -> None:
+        self._settings = settings
+        self._num_rows = len(contexts)
+        if not self.reuse_cache:
+            self._contexts = [list(c) for c in contexts]
+            return
+        present = np.array([i for i, c in enumerate(contexts) if len(c)], np.int64)
+        self._rows = (self._pad_rows(present, self._num_rows) if self.compact
+                      else np.arange(self._num_rows))
+        sampler = self._sampler(settings)
+        state = sampler.init(len(self._rows), settings.max_context)
+        self._state = self._append(sampler, state,
+                                   [contexts[r] if r >= 0 else [] for r in self._rows])
+
+    def _append(self, sampler: Sampler, state: SamplerState, rows: Sequence[Sequence[int]]):
+        if not any(len(r) for r in rows):
+            return state
+        widths = width_buckets(self._settings.max_context)
+        tokens, mask = pad_rows([self._to_model(r) for r in rows], widths)
+        self.shapes_used.add(("append", len(rows), tokens.shape[1]))
+        state = sampler.append(self.params, state, tokens, mask)
+        return jax.block_until_ready(state)
+
+    def extend(self, chunks: Sequence[Sequence[int]]) -> None:
+        if not self.reuse_cache:
+            for context, chunk in zip(self._contexts, chunks):
+                context.extend(chunk)
+            return
+        position = {int(r): i for i, r in enumerate(self._rows) if r >= 0}
+        missing = [i for i, c in enumerate(chunks) if len(c) and i not in position]
+        if missing:
+            raise ValueError(f"extend: rows {missing[:5]} are no longer cached "
+                             "(they were not live)")
+        batch_chunks = [chunks[r] if r >= 0 else [] for r in self._rows]
+        self._state = self._append(self._sampler(self._settings), self._state, batch_chunks)
+
+    def respond(self, live: np.ndarray, max_tokens: np.ndarray, key: jax.Array) -> Responses:
+        settings = self._settings
+        live = np.asarray(live, bool)
+        sampler = self._sampler(settings)
+        if not self.reuse_cache:  # the baseline: prefill every live row's whole history again
+            self._rows = (self._pad_rows(np.flatnonzero(live), len(live)) if self.compact
+                          else np.arange(len(live)))
+            state = sampler.init(len(self._rows), settings.max_context)
+            self._state = self._append(sampler, state, [
+                self._contexts[r] if r >= 0 and live[r] else [] for r in self._rows])
+        elif self.compact:
+            self._compact_to(np.flatnonzero(live), len(live))
+        rows = self._rows
+        valid = rows >= 0
+        active = np.zeros(len(rows), bool)
+        active[valid] = live[rows[valid]]
+        budget = np.zeros(len(rows), np.int32)
+        budget[valid] = max_tokens[rows[valid]]
+        self.shapes_used.add(("decode", len(rows), 0))
+        self._state, out = sampler.decode(self.params, self._state, key, settings.sampling,
+                                          budget=budget, active=active)
+        tokens, lengths, logprobs = jax.device_get((out.tokens, out.lengths, out.log_probs))
+        n, width = len(live), settings.max_response_tokens
+        result = Responses(np.zeros((n, width), np.int32), np.zeros(n, np.int32),
+                           np.zeros((n, width), np.float32))
+        filled = np.arange(width)[None, :] < lengths[:, None]
+        if self.token_map is not None:
+            tokens = np.where(filled, self.token_map.to_tokenizer(np.where(filled, tokens, 0)), 0)
+        result.tokens[rows[valid]] = np.where(filled, tokens, 0)[valid]
+        result.lengths[rows[valid]] = lengths[valid]
+        result.logprobs[rows[valid]] = np.where(filled, logprobs, 0.0)[valid]
+        if not self.reuse_cache:
+            for r in np.flatnonzero(live):
+                self._contexts[r].extend(result.tokens[r, : result.lengths[r]].tolist())
+        return result
+
+    def _pad_rows(self, rows: np.ndarray, total: int) -> np.ndarray:
+        size = self._bucket(len(rows), total) if self.compact else len(rows)
+        padded = np.full(size, -1, np.int64)
+        padded[: len(rows)] = rows
+        return padded
+
+    def _compact_to(self, live_rows: np.ndarray, total: int) -> None:
+        """Shrink the cache to the live rows once they fit a smaller bucket."""
+        size = self._bucket(len(live_rows), total)
+        if size >= len(self._rows):
+            return
+        where = {int(r): i for i, r in enumerate(self._rows) if r >= 0}
+        index = np.zeros(size, np.int32)  # padding slots copy slot 0; they are never active
+        index[: len(live_rows)] = [where[int(r)] for r in live_rows]
+        self.shapes_used.add(("take_rows", size, len(self._rows)))
+        state = self._take(self._state, jnp.asarray(index))
+        if self.mesh is not None:
+            state = jax.device_put(state, self._sampler(self._settings).state_shardings(state))
+        self._state = state
+        self._rows = self._pad_rows(live_rows, total)
+
+
+# ---------------------------------------------------------------------------- scripted policy
+Script = Callable[[list[str], np.ndarray], Sequence[str]]
+
+
+class ScriptedPolicy:
+    """Responses from ``script(contexts, live) -> texts``: ``contexts[n]`` is row ``n``'s whole
+    context decoded (special tokens kept), ``texts[n]`` its reply (read only where ``live``).
+
+    A reply is tokenized and ends with a stop token, as a model's would (at the first one, if the
+    text holds one); a reply longer than the row's ``max_tokens`` is cut there (and has no stop
+    token). Log-probs are 0.
+    """
+
+    def __init__(self, tokenizer, script: Script):
+        self.tokenizer = tokenizer
+        self.script = script
+        self._texts: list[str] = []
+        self._settings: PolicySettings | None = None
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def start(self, contexts: Sequence[Sequence[int]], settings: PolicySettings) -> None:
+        self._settings = settings
+        self._texts = [self._decode(c) for c in contexts]
+
+    def extend(self, chunks: Sequence[Sequence[int]]) -> None:
+        for n, chunk in enumerate(chunks):
+            if len(chunk):
+                self._texts[n] += self._decode(chunk)
+
+    def respond(self, live: np.ndarray, max_tokens: np.ndarray, key: jax.Array) -> Responses:
+        live = np.asarray(live, bool)
+        replies = self.script(list(self._texts), live)
+        if len(replies) != len(live):
+            raise ValueError(f"the script returned {len(replies)} replies for {len(live)} rows")
+        n, width = len(live), self._settings.max_response_tokens
+        out = Responses(np.zeros((n, width), np.int32), np.zeros(n, np.int32),
+                        np.zeros((n, width), np.float32))
+        stops = set(self._settings.stop_token_ids)
+        for r in np.flatnonzero(live):
+            ids = self.tokenizer(replies[r], add_special_tokens=False)["input_ids"]
+            ids += list(self._settings.stop_token_ids[:1])
+            first_stop = next(i for i, token in enumerate(ids) if token in stops)
+            ids = ids[: min(first_stop + 1, int(max_tokens[r]))]
+            out.tokens[r, : len(ids)] = ids
+            out.lengths[r] = len(ids)
+            self._texts[r] += self._decode(ids)
+        return out

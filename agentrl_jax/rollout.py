@@ -1,0 +1,448 @@
+"""Multi-turn rollouts with a visible turn budget (paper §1, §5, §6).
+
+A rollout plays ``G`` trajectories of each task of a batch against a text environment
+(:class:`envs.protocol.TextEnv`) with a policy (:class:`agentrl_jax.policy.Policy`) and
+returns a :class:`~agentrl_jax.trajectory.Trajectory`::
+
+    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=16, budget=20))
+    result = runner(SamplerPolicy(model), task_ids, key)   # RolloutResult
+    result.trajectory                                       # Trajectory, N = len(task_ids) * G
+    train_rollout = runner.for_training(SamplerPolicy(model))  # (params, key, tasks) -> Trajectory
+
+Layout: row ``n`` plays task ``task_ids[n // G]`` in task group ``n // G``; the ``G`` rows of a
+group share one budget ``B``: the config's fixed ``budget``, the caller's ``budgets[k]``, or a
+BudgetMix draw from ``budget_set(env.t_max)`` (paper §5).
+
+The loop, one iteration per turn ``t = 0, 1, ...``:
+
+1. every live row samples a response at once (one batched decode on the continuing KV cache);
+2. responses are decoded and played in the environment (one batched step; the environment
+   parses them, an unparsable one is an invalid action);
+3. a row ends on success or failure (``done``), after ``B`` turns, on an invalid action if
+   ``end_on_invalid``, or when its context is full (flagged ``overflow``);
+4. rows that go on get the tokens that close their response (the end-of-turn token, when the
+   response was cut at ``max_response_tokens``) and the next user message, the budget-aware
+   turn text (``[MAX TURNS] B [CURRENT TURN] t+1 [REMAINING TURNS] B-t-1`` and the observation).
+
+The conversation is kept as tokens, never re-rendered, so training sees exactly what was
+sampled (Qwen3's template would drop earlier ``<think>`` blocks). ``Trajectory.tokens`` are
+tokenizer ids (a :class:`~agentrl_jax.policy.TokenMap` policy maps them to its model's ids).
+
+Context overflow is never silent: a response is capped at the room left in the context
+(``max_context`` tokens of KV cache, ``record_tokens`` of record); a response cut by that cap
+(below ``max_response_tokens``, with no stop token) is not played: its turn is recorded with no
+valid action and the row ends with ``overflow``; a row whose next user message does not fit
+ends after its last played turn, also with ``overflow``. A prompt that does not fit at all
+gives a row with no turns and ``overflow``.
+
+History window: with ``history_window = k`` the policy sees the system header and only the
+last ``k`` turns (plus the current user message). Once the window slides (``t > k``), every
+turn rebuilds each live row's context from the recorded tokens of the kept turns and
+*re-prefills* it into a fresh cache (the cached keys of a window cannot be reused: positions
+and attention change when the oldest turn leaves). That costs a prefill of about
+``prefix + k * (turn tokens)`` per row per turn, against only the new chunk with the whole
+history kept, which is why the window is off by default. The record still holds the whole
+conversation; ``context_start`` says where each turn's context began.
+
+Budgets (§6): the system prompt states ``B``; turn ``t``'s user message states ``B``, ``t``
+(turns completed) and ``B - t``. A row that has not succeeded after ``B`` turns gets reward 0
+(``success`` False). Per-turn rewards are the environment's, plus ``invalid_penalty`` on an
+invalid action.
+
+Throughput: the model work is batched over live rows every turn and the environment steps the
+whole batch in one call; the policy drops finished rows from its cache once at most half are
+live (see :class:`~agentrl_jax.policy.SamplerPolicy`). Shapes are fixed by the config, so no
+turn recompiles. The loop itself is host Python: templating, tokenizing and decoding are per
+row and cached where texts repeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl_jax.algorithms.budgetmix import sample_budgets
+from agentrl_jax.policy import Policy, PolicySettings, Responses, SamplerPolicy
+from agentrl_jax.prompts import BudgetPrompt, ChatTokens
+from agentrl_jax.sampling import SamplingConfig
+from agentrl_jax.trajectory import Trajectory
+from envs.protocol import TextEnv, TurnResult
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """How rollouts are played (validated on construction).
+
+    group_size: ``G`` trajectories per task (paper §4: 16).
+    budget: the turn budget ``B`` of every group; None draws one per group with BudgetMix.
+    max_response_tokens: the most tokens of one response.
+    max_context: tokens of context (KV cache slots) per row.
+    record_tokens: ``L``, tokens of the record per row; default ``max_context`` (raise it with a
+      history window, whose whole conversation can be longer than any one context).
+    history_window: None keeps every past turn in context; ``k`` keeps the last ``k``.
+    end_on_invalid: an invalid action ends the row (else it is a no-op and the row goes on).
+    invalid_penalty: reward (<= 0) added to a turn whose action is invalid.
+    sampling: the sampler's distribution (paper §4: temperature 1 for training rollouts).
+    enable_thinking: Qwen3's thinking switch in the chat template.
+    prompt: the budget-aware wording (§6).
+    """
+
+    group_size: int = 16
+    budget: int | None = None
+    max_response_tokens: int = 256
+    max_context: int = 4096
+    record_tokens: int | None = None
+    history_window: int | None = None
+    end_on_invalid: bool = False
+    invalid_penalty: float = 0.0
+    sampling: SamplingConfig = SamplingConfig()
+    enable_thinking: bool = False
+    prompt: BudgetPrompt = BudgetPrompt()
+
+    def __post_init__(self):
+        def positive(name: str, optional: bool = False):
+            value = getattr(self, name)
+            if optional and value is None:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RolloutConfig.{name} must be an int >= 1"
+                                 f"{' or None' if optional else ''}, got {value!r}")
+
+        for name in ("group_size", "max_response_tokens", "max_context"):
+            positive(name)
+        for name in ("budget", "record_tokens", "history_window"):
+            positive(name, optional=True)
+        if self.record_tokens is not None and self.record_tokens < self.max_context:
+            raise ValueError(f"RolloutConfig.record_tokens ({self.record_tokens}) must be >= "
+                             f"max_context ({self.max_context})")
+        for name in ("end_on_invalid", "enable_thinking"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RolloutConfig.{name} must be a bool, "
+                                 f"got {getattr(self, name)!r}")
+        penalty = self.invalid_penalty
+        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or \
+                not math.isfinite(penalty) or penalty > 0:
+            raise ValueError(f"RolloutConfig.invalid_penalty must be a finite number <= 0, "
+                             f"got {penalty!r}")
+        if not isinstance(self.sampling, SamplingConfig):
+            raise ValueError(f"RolloutConfig.sampling must be a SamplingConfig, "
+                             f"got {self.sampling!r}")
+        if not isinstance(self.prompt, BudgetPrompt):
+            raise ValueError(f"RolloutConfig.prompt must be a BudgetPrompt, got {self.prompt!r}")
+
+    @property
+    def record_length(self) -> int:
+        return self.record_tokens or self.max_context
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutStats:
+    """Where a rollout's time went, and how much it did."""
+
+    turns: int                     # loop iterations (the longest row's turns)
+    live_rows: tuple[int, ...]     # rows that sampled at each turn
+    sampled_tokens: int
+    policy_s: float                # prefill, decode, cache compaction (blocking)
+    env_s: float                   # reset and steps (parsing included)
+    host_s: float                  # the rest: templates, tokenizing, decoding, bookkeeping
+    total_s: float
+
+    @property
+    def turns_played(self) -> int:
+        return int(sum(self.live_rows))
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutResult:
+    trajectory: Trajectory
+    responses: list[list[str]]  # [row][turn] decoded response texts (special tokens dropped)
+    env_seed: int               # the seed passed to env.reset (replays the dynamics)
+    stats: RolloutStats
+
+
+class _Timer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {"policy": 0.0, "env": 0.0}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+
+class _Record:
+    """Host buffers of the Trajectory under construction, with a write position per row."""
+
+    def __init__(self, rows: int, length: int, turns: int):
+        self.tokens = np.zeros((rows, length), np.int32)
+        self.loss_mask = np.zeros((rows, length), bool)
+        self.token_turn = np.full((rows, length), -1, np.int32)
+        self.logprobs = np.zeros((rows, length), np.float32)
+        self.length = np.zeros(rows, np.int64)
+        self.turn_mask = np.zeros((rows, turns), bool)
+        self.action = np.full((rows, turns), -1, np.int32)
+        self.action_valid = np.zeros((rows, turns), bool)
+        self.reward = np.zeros((rows, turns), np.float32)
+        self.anchor_key = np.zeros((rows, turns), np.int32)
+        self.env_pos = np.zeros((rows, turns), np.int32)
+        self.context_start = np.zeros((rows, turns), np.int32)
+        # where turn t's user message starts (the next-prompt form, separator included)
+        self.turn_start = np.zeros((rows, turns + 1), np.int64)
+        self.prefix_len = np.zeros(rows, np.int32)
+
+    def write(self, row: int, ids: Sequence[int]) -> None:
+        start = self.length[row]
+        self.tokens[row, start:start + len(ids)] = ids
+        self.length[row] += len(ids)
+
+    def write_responses(self, out: Responses, turn: int) -> None:
+        """Every row's response (empty for rows that did not sample) at its write position."""
+        width = out.tokens.shape[1]
+        rows, offsets = np.nonzero(np.arange(width)[None, :] < out.lengths[:, None])
+        slots = self.length[rows] + offsets
+        self.tokens[rows, slots] = out.tokens[rows, offsets]
+        self.loss_mask[rows, slots] = True
+        self.token_turn[rows, slots] = turn
+        self.logprobs[rows, slots] = out.logprobs[rows, offsets]
+        self.length += out.lengths
+
+    def context(self, row: int, turn: int, window: int) -> list[int]:
+        """The tokens row ``row`` sees at ``turn`` with a window: header + kept turns."""
+        start = self.turn_start[row, max(0, turn - window)]
+        return (self.tokens[row, :self.prefix_len[row]].tolist()
+                + self.tokens[row, start:self.length[row]].tolist())
+
+
+class MultiTurnRollout:
+    """Plays policies on one environment (see the module docstring); reusable across calls."""
+
+    def __init__(self, env: TextEnv, tokenizer, config: RolloutConfig = RolloutConfig()):
+        if config.budget is not None and config.budget > env.t_max:
+            raise ValueError(f"RolloutConfig.budget={config.budget} exceeds the environment's "
+                             f"t_max={env.t_max}")
+        self.env, self.tokenizer, self.config = env, tokenizer, config
+        self.chat = ChatTokens(tokenizer, enable_thinking=config.enable_thinking)
+        self.instructions = env.instructions()
+        # T of the record: room for every budget this configuration can draw.
+        self.num_turns = config.budget if config.budget is not None else env.t_max
+        self.settings = PolicySettings(
+            max_context=config.max_context, max_response_tokens=config.max_response_tokens,
+            stop_token_ids=self.chat.stop_token_ids, sampling=config.sampling)
+        self._stop_ids = np.asarray(self.chat.stop_token_ids, np.int64)
+        # Bounded caches: FrozenLake revisits few texts; long unique texts (SQL results) just miss.
+        self._next_prompt = functools.lru_cache(maxsize=1 << 13)(self._next_prompt_uncached)
+        self._first_prompt = functools.lru_cache(maxsize=1 << 10)(self._first_prompt_uncached)
+
+    # -- templates (cached: many rows share a state early on)
+    def _next_prompt_uncached(self, user: str) -> tuple[int, ...]:
+        return tuple(self.chat.next_prompt(user))
+
+    def _first_prompt_uncached(self, budget: int, observation: str) -> tuple[tuple[int, ...], int]:
+        """``(tokens, prefix_len)``; ``prefix_len`` 0 when the header cannot be split off."""
+        prompt = self.config.prompt
+        user = prompt.turn_text(observation, budget, 0)
+        ids = tuple(self.chat.first_prompt(prompt.system_text(self.instructions, budget), user))
+        tail = self._next_prompt(user)
+        if ids[len(ids) - len(tail):] == tail:
+            return ids, len(ids) - len(tail)
+        if self.config.history_window is not None:
+            raise ValueError("history_window needs a chat template whose first prompt is the "
+                             "system header followed by an ordinary user turn; this one is not")
+        return ids, 0
+
+    # -- budgets and tasks
+    def _tasks(self, task_ids: Any) -> np.ndarray:
+        tasks = np.asarray(task_ids)
+        if (tasks.ndim != 1 or tasks.size == 0 or not np.issubdtype(tasks.dtype, np.integer)
+                or tasks.min() < 0 or tasks.max() >= self.env.num_tasks()):
+            raise ValueError(f"task_ids must be a non-empty 1-D int array in [0, "
+                             f"{self.env.num_tasks()}), got {task_ids!r}")
+        return tasks.astype(np.int64)
+
+    def _group_budgets(self, key: jax.Array, groups: int, budgets: Any) -> np.ndarray:
+        if budgets is not None:
+            out = np.asarray(budgets)
+            if out.shape != (groups,) or not np.issubdtype(out.dtype, np.integer):
+                raise ValueError(f"budgets must be {groups} ints (one per task), got {budgets!r}")
+        elif self.config.budget is not None:
+            out = np.full(groups, self.config.budget)
+        else:
+            out = np.asarray(sample_budgets(key, jnp.full((groups,), self.env.t_max)).budgets)
+        if out.min() < 1 or out.max() > self.num_turns:
+            raise ValueError(f"budgets must be in [1, {self.num_turns}], got {out}")
+        return out.astype(np.int64)
+
+    # -- the rollout
+    def __call__(self, policy: Policy, task_ids: Any, key: jax.Array,
+                 budgets: Any = None) -> RolloutResult:
+        """Play ``G`` trajectories of each of ``task_ids`` (``int[K]``).
+
+        ``budgets``: ``int[K]`` budgets per task group, overriding the config's ``budget`` and
+        BudgetMix (e.g. an evaluation sweep). ``key`` draws budgets, dynamics and samples.
+        """
+        began = time.perf_counter()
+        cfg, timer = self.config, _Timer()
+        tasks = self._tasks(task_ids)
+        groups, size = len(tasks), cfg.group_size
+        rows = groups * size
+        row_task = np.repeat(tasks, size)
+        group = np.repeat(np.arange(groups), size)
+        key_budget, key_env, key_policy = jax.random.split(key, 3)
+        budget = self._group_budgets(key_budget, groups, budgets)[group]
+        env_seed = int(jax.random.randint(key_env, (), 0, np.iinfo(np.int32).max))
+        with timer("env"):
+            env_state, observations = self.env.reset(row_task, env_seed)
+
+        length, window = cfg.record_length, cfg.history_window
+        rec = _Record(rows, length, self.num_turns)
+        first = [self._first_prompt(int(b), o) for b, o in zip(budget, observations)]
+        context_len = np.array([len(ids) for ids, _ in first], np.int64)
+        live = context_len <= min(cfg.max_context, length)
+        overflow = ~live
+        for r in np.flatnonzero(live):
+            rec.write(r, first[r][0])
+            rec.prefix_len[r] = rec.turn_start[r, 0] = first[r][1]
+        with timer("policy"):
+            policy.start([first[r][0] if live[r] else () for r in range(rows)], self.settings)
+
+        success = np.zeros(rows, bool)
+        turns_used = np.zeros(rows, np.int32)
+        texts: list[list[str]] = [[] for _ in range(rows)]
+        live_counts, sampled = [], 0
+        for turn in range(self.num_turns):
+            if not live.any():
+                break
+            live_counts.append(int(live.sum()))
+            kept_from = (rec.turn_start[:, max(0, turn - window)] if window is not None
+                         else rec.prefix_len)
+            rec.context_start[:, turn] = np.where(live, kept_from, 0)
+            room = np.minimum(cfg.max_context - context_len, length - rec.length)
+            max_tokens = np.where(live, np.minimum(cfg.max_response_tokens, room), 0)
+            with timer("policy"):
+                out = policy.respond(live, max_tokens, jax.random.fold_in(key_policy, turn))
+            self._check(out, live, max_tokens)
+            rec.write_responses(out, turn)
+            context_len += out.lengths
+            sampled += int(out.lengths.sum())
+            last = out.tokens[np.arange(rows), np.maximum(out.lengths - 1, 0)]
+            stopped = (out.lengths > 0) & np.isin(last, self._stop_ids)
+            cut = live & ~stopped & (out.lengths >= room) & (room < cfg.max_response_tokens)
+            playing = live & ~cut
+            replies = [""] * rows
+            decoded = self.tokenizer.batch_decode(
+                [out.tokens[r, :out.lengths[r]].tolist() for r in np.flatnonzero(live)],
+                skip_special_tokens=True)
+            for r, text in zip(np.flatnonzero(live), decoded):
+                texts[r].append(text)
+                replies[r] = text if playing[r] else ""
+            with timer("env"):
+                env_state, result = self.env.step(env_state, replies, playing)
+            self._record_turn(rec, turn, live, playing, result)
+            turns_used += live
+            success |= playing & np.asarray(result.success, bool)
+            invalid = playing & ~np.asarray(result.action_valid, bool)
+            ended = (~playing | np.asarray(result.done, bool) | (turn + 1 >= budget)
+                     | (cfg.end_on_invalid & invalid))
+            overflow |= cut
+            going = live & ~ended
+            live, context_len, overflow = self._next_turn(
+                policy, rec, turn, going, out, result, budget, context_len, overflow, timer)
+        total = time.perf_counter() - began
+        stats = RolloutStats(
+            turns=len(live_counts), live_rows=tuple(live_counts), sampled_tokens=sampled,
+            policy_s=timer.seconds["policy"], env_s=timer.seconds["env"],
+            host_s=total - timer.seconds["policy"] - timer.seconds["env"], total_s=total)
+        trajectory = self._trajectory(rec, group, row_task, budget, turns_used, success, overflow)
+        return RolloutResult(trajectory, texts, env_seed, stats)
+
+    def _check(self, out: Responses, live: np.ndarray, max_tokens: np.ndarray) -> None:
+        """The policy kept its contract (a broken one would corrupt the record silently)."""
+        rows, width = len(live), self.config.max_response_tokens
+        if out.tokens.shape != (rows, width) or out.logprobs.shape != (rows, width) or \
+                out.lengths.shape != (rows,):
+            raise ValueError(f"policy returned tokens {out.tokens.shape}, logprobs "
+                             f"{out.logprobs.shape}, lengths {out.lengths.shape}; expected "
+                             f"[{rows}, {width}] and [{rows}]")
+        if np.any(out.lengths > max_tokens) or np.any(out.lengths[~live] != 0):
+            raise ValueError("policy returned a response longer than its max_tokens, or one for "
+                             "a row that was not live")
+
+    def _record_turn(self, rec: _Record, turn: int, live: np.ndarray, playing: np.ndarray,
+                     result: TurnResult) -> None:
+        rec.turn_mask[live, turn] = True
+        valid = playing & np.asarray(result.action_valid, bool)
+        rec.action_valid[:, turn] = valid
+        rec.action[:, turn] = np.where(valid, result.action, -1)
+        penalty = np.where(playing & ~valid, self.config.invalid_penalty, 0.0)
+        rec.reward[:, turn] = np.where(playing, result.reward, 0.0) + penalty
+        rec.anchor_key[:, turn] = np.where(live, result.anchor_key, 0)
+        pos = result.info.get("pos")
+        rec.env_pos[:, turn] = np.where(live, pos, -1) if pos is not None else -1
+
+    def _next_turn(self, policy: Policy, rec: _Record, turn: int, going: np.ndarray,
+                   out: Responses, result: TurnResult, budget: np.ndarray,
+                   context_len: np.ndarray, overflow: np.ndarray, timer: _Timer):
+        """Append the next user message to rows going on, or end them with ``overflow``:
+        ``(live, context_len, overflow)`` for the next turn."""
+        cfg, window = self.config, self.config.history_window
+        rows = len(going)
+        chunks: list[tuple[int, ...]] = [()] * rows
+        closing = np.zeros(rows, np.int64)
+        for r in np.flatnonzero(going):
+            close = tuple(self.chat.close_response(out.tokens[r, :out.lengths[r]].tolist()))
+            user = cfg.prompt.turn_text(result.observations[r], int(budget[r]), turn + 1)
+            chunks[r] = close + self._next_prompt(user)
+            closing[r] = len(close)
+        chunk_len = np.array([len(c) for c in chunks], np.int64)
+        slides = window is not None and turn + 1 > window
+        if slides:  # the new context: header + turns turn+1-window .. turn + the new message
+            kept_from = rec.turn_start[:, turn + 1 - window]
+            new_context = rec.prefix_len + rec.length + chunk_len - kept_from
+        else:
+            new_context = context_len + chunk_len
+        fits = (new_context <= cfg.max_context) & (rec.length + chunk_len <= cfg.record_length)
+        overflow = overflow | (going & ~fits)
+        live = going & fits
+        for r in np.flatnonzero(live):
+            rec.turn_start[r, turn + 1] = rec.length[r] + closing[r]
+            rec.write(r, chunks[r])
+        with timer("policy"):
+            if slides:
+                policy.start([rec.context(r, turn + 1, window) if live[r] else ()
+                              for r in range(rows)], self.settings)
+            else:
+                policy.extend([chunks[r] if live[r] else () for r in range(rows)])
+        return live, np.where(live, new_context, context_len), overflow
+
+    def _trajectory(self, rec: _Record, group, row_task, budget, turns_used, success,
+                    overflow) -> Trajectory:
+        rows, length = rec.tokens.shape
+        i32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
+        return Trajectory(
+            tokens=jnp.asarray(rec.tokens),
+            token_mask=jnp.asarray(np.arange(length)[None, :] < rec.length[:, None]),
+            loss_mask=jnp.asarray(rec.loss_mask), token_turn=jnp.asarray(rec.token_turn),
+            logprobs=jnp.asarray(rec.logprobs), turn_mask=jnp.asarray(rec.turn_mask),
+            action=jnp.asarray(rec.action), action_valid=jnp.asarray(rec.action_valid),
+            reward=jnp.asarray(rec.reward), anchor_key=jnp.asarray(rec.anchor_key),
+            env_pos=jnp.asarray(rec.env_pos), group_id=i32(group), task_id=i32(row_task),
+            budget=i32(budget), turns_used=i32(turns_used), success=jnp.asarray(success),
+            overflow=jnp.asarray(overflow), row_mask=jnp.ones(rows, bool),
+            prefix_len=i32(rec.prefix_len), context_start=jnp.asarray(rec.context_start))
+
+    def for_training(self, policy: SamplerPolicy) -> Callable[[Any, jax.Array, Any], Trajectory]:
+        """The trainer's ``rollout(params, key, task_ids) -> Trajectory`` (agentrl_jax.train)."""
+        def rollout(params: Any, key: jax.Array, task_ids: Any) -> Trajectory:
+            return self(policy.using(params), np.asarray(task_ids), key).trajectory
+        return rollout

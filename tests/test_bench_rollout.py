@@ -1,0 +1,33 @@
+"""Smoke test of ``agentrl-jax bench rollout`` at tiny sizes (fields and baseline; no timing)."""
+
+import json
+
+import pytest
+
+from agentrl_jax.bench import rollout as bench_rollout
+
+
+def test_run_reports_ours_and_both_baselines():
+    results = bench_rollout.run(num_tasks=2, group_size=2, budget=3, max_response_tokens=4,
+                                max_context=512, compare_tasks=1, repeats=1)
+    assert [(r.unit, r.baseline_name) for r in results] == [
+        ("turns/s", bench_rollout.PER_GROUP), ("tokens/s", bench_rollout.PER_GROUP),
+        ("turns/s", bench_rollout.REENCODE)]
+    for r in results:
+        assert r.ours > 0 and r.baseline > 0 and r.ratio > 0
+        assert set(json.loads(r.to_json())) == {"name", "unit", "ours", "baseline",
+                                                "baseline_name", "settings", "ratio"}
+    settings = results[0].settings
+    assert settings["rows"] == 4 and settings["turns"] <= 3
+    assert sum(settings["time_share"].values()) == pytest.approx(1.0)
+    assert settings["compilations"]["policy"]["decode"] == 1  # one batch size, one compilation
+    assert settings["compilations"]["env"] == {"reset": 1, "step": 1}
+    assert "model" in results[0].name and "env" in results[0].name
+    assert results[2].settings["rows"] == 2
+
+
+def test_run_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="num_tasks"):
+        bench_rollout.run(num_tasks=0)
+    with pytest.raises(ValueError, match="compare_tasks"):
+        bench_rollout.run(num_tasks=2, compare_tasks=3)

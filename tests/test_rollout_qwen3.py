@@ -1,0 +1,195 @@
+"""The multi-turn rollout with a tiny random Qwen3 policy: the 64 tasks x G = 16 run and its
+compilations, recorded log-probs against teacher forcing (whole history, windows, compacted
+batches, the re-encoding baseline), and the trainer's entry point."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from agentrl_jax.algorithms.budgetmix import budget_set
+from agentrl_jax.bench.rollout import frozenlake_token_map, tiny_policy_model
+from agentrl_jax.models import positions_from_mask
+from agentrl_jax.models.tokenizer import load_tokenizer
+from agentrl_jax.policy import SamplerPolicy
+from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+from envs.frozenlake import maps as fl_maps
+from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+# ---------------------------------------------------------------------------- a real policy
+@contextlib.contextmanager
+def backend_compiles():
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+class Watched:
+    """A policy wrapper noting, at each turn, the compilations and shapes used so far."""
+
+    def __init__(self, policy, events):
+        self.policy, self.events, self.marks = policy, events, []
+
+    def start(self, contexts, settings):
+        self.policy.start(contexts, settings)
+
+    def extend(self, chunks):
+        self.policy.extend(chunks)
+
+    def respond(self, live, max_tokens, key):
+        self.marks.append((len(self.events), len(self.policy.shapes_used)))
+        return self.policy.respond(live, max_tokens, key)
+
+
+def teacher_forced_logprobs(model, token_map, rows, width):
+    """``log pi(token_i | tokens_<i)`` of each of ``rows`` (tokenizer id lists, right-padded to
+    ``width`` in one batched forward): a list of float32 ``[len(row)]`` (0 at position 0)."""
+    ids = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros((len(rows), width), bool)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], mask[i, :len(row)] = token_map.to_model(row), True
+    logp = np.asarray(_teacher_forced(nnx.graphdef(model), nnx.state(model), ids, mask))
+    return [np.concatenate([[0.0], logp[i, :len(row) - 1]]) for i, row in enumerate(rows)]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _teacher_forced(graphdef, state, ids, mask):
+    logits, _ = nnx.merge(graphdef, state)(ids, positions_from_mask(mask), mask)
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    return jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tokenizer):
+    maps = fl_maps.generate(jax.random.key(1), 64, size=4, p=0.8)
+    env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=20))
+    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=16, budget=20,
+                                                            max_response_tokens=4, max_context=1536))
+    token_map = frozenlake_token_map(runner, budget_set(20))
+    model = tiny_policy_model(len(token_map), hidden_size=16, intermediate_size=32,
+                              num_hidden_layers=1, num_attention_heads=1)
+    return env, runner, token_map, model
+
+
+@pytest.fixture(scope="module")
+def shared_policy(tiny_policy):
+    """One policy (so one set of compiled functions) for the small tests; each test takes
+    ``shared_policy.using(params)``, which keeps the compilations and starts ``shapes_used``
+    afresh. Small tests use ``SMALL_CONTEXT`` so that their shapes coincide."""
+    _, _, token_map, model = tiny_policy
+    return SamplerPolicy(model, token_map=token_map, min_rows=1)
+
+
+SMALL_CONTEXT = 768
+
+
+@pytest.mark.slow
+def test_tiny_qwen3_on_64_tasks_x_16_compiles_a_fixed_number_of_times(tiny_policy):
+    """The acceptance run: 64 FrozenLake tasks x G = 16, B = 20, the real tokenizer, a random
+    Qwen3 (vocabulary mapped to the ids the rollout can meet: see bench.rollout)."""
+    env, runner, token_map, model = tiny_policy
+    policy = SamplerPolicy(model, token_map=token_map)
+    with backend_compiles() as events:
+        watched = Watched(policy, events)
+        result = runner(watched, np.arange(64), jax.random.key(0))
+    traj = jax.device_get(result.trajectory)
+    assert traj.tokens.shape == (1024, 1536) and traj.turn_mask.shape == (1024, 20)
+    assert result.stats.turns == 20 and (traj.turns_used <= 20).all() and not traj.overflow.any()
+    # compilations: once per shape the policy used, once for the env; none from turn to turn
+    traces = policy.trace_counts
+    kinds = lambda kind: {s for s in policy.shapes_used if s[0] == kind}  # noqa: E731
+    assert traces["decode"] == len(kinds("decode")) and traces["append"] == len(kinds("append"))
+    assert traces["take_rows"] == len(kinds("take_rows"))
+    assert len(policy.shapes_used) <= 2 + 3 * len(kinds("decode"))  # a bounded handful
+    assert dict(env.trace_counts) == {"reset": 1, "step": 1}
+    for (compiled, shapes), (compiled_next, shapes_next) in zip(watched.marks[2:], watched.marks[3:]):
+        assert compiled_next == compiled or shapes_next > shapes  # compiles only for a new shape
+    # what was recorded is what the model sampled: teacher-forced log-probs match
+    picked = (0, 517, 1023)
+    rows = [traj.tokens[r][traj.token_mask[r]] for r in picked]
+    for r, row, expected in zip(picked, rows, teacher_forced_logprobs(model, token_map, rows, 1536)):
+        sampled = traj.loss_mask[r][traj.token_mask[r]]
+        np.testing.assert_allclose(traj.logprobs[r][traj.token_mask[r]][sampled], expected[sampled],
+                                   atol=2e-4)
+    assert traj.action_valid.any()  # the random policy sometimes says a move
+
+
+def test_window_rollout_logprobs_match_each_turns_context(tiny_policy, shared_policy, tokenizer):
+    """With a window every turn is re-prefilled: re-score each turn on tokens[:prefix] +
+    tokens[context_start:] and compare with the sampled log-probs."""
+    env, _, token_map, model = tiny_policy
+    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(
+        group_size=2, budget=5, max_response_tokens=4, max_context=SMALL_CONTEXT, history_window=1,
+        record_tokens=1024))
+    result = runner(shared_policy.using(shared_policy.params), np.array([3, 8]), jax.random.key(2))
+    traj = jax.device_get(result.trajectory)
+    assert (traj.turns_used >= 3).any()
+    contexts, sampled_at = [], []
+    for r in range(4):
+        prefix = int(traj.prefix_len[r])
+        for t in range(int(traj.turns_used[r])):
+            sampled = np.flatnonzero(traj.token_turn[r] == t)
+            start = int(traj.context_start[r, t])
+            contexts.append(np.concatenate([traj.tokens[r, :prefix], traj.tokens[r, start:sampled[-1] + 1]]))
+            sampled_at.append((r, sampled))
+    for (r, sampled), expected in zip(sampled_at, teacher_forced_logprobs(model, token_map, contexts,
+                                                                          SMALL_CONTEXT)):
+        np.testing.assert_allclose(traj.logprobs[r, sampled], expected[-len(sampled):], atol=2e-4)
+
+
+def test_for_training_gives_the_trainer_fixed_shape_trajectories(tiny_policy, shared_policy, tokenizer):
+    env, _, _, model = tiny_policy
+    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=2, max_response_tokens=4,
+                                                            max_context=SMALL_CONTEXT))
+    rollout = runner.for_training(shared_policy)
+    params = nnx.state(model)
+    a = rollout(params, jax.random.key(0), jnp.array([1, 2]))
+    b = rollout(jax.tree.map(lambda x: x * 1.0, params), jax.random.key(1), jnp.array([5, 6]))
+    assert jax.tree.map(jnp.shape, a) == jax.tree.map(jnp.shape, b)
+    assert a.turn_mask.shape == (4, 20) and (a.turns_used <= a.budget).all()
+    assert a.logprobs[a.loss_mask].max() <= 0 and (a.logprobs[~a.loss_mask] == 0).all()
+
+
+@pytest.mark.parametrize("reuse_cache", [True, False])
+def test_finished_rows_leave_the_batch_and_the_rest_sample_on(tiny_policy, shared_policy, tokenizer,
+                                                             reuse_cache):
+    """Groups with budgets 1, 2, 3, 6 finish at different turns: the policy's batch shrinks to
+    the bucket of the live rows (8, 4, 2, 1) and what every row sampled is still exactly what
+    the model gives on its recorded conversation. ``reuse_cache=False`` is the benchmark's
+    baseline (re-encoding every turn); it must be just as right."""
+    env, _, token_map, model = tiny_policy
+    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=2, budget=6,
+                                                            max_response_tokens=4, max_context=SMALL_CONTEXT))
+    policy = (shared_policy.using(shared_policy.params) if reuse_cache
+              else SamplerPolicy(model, token_map=token_map, min_rows=1, reuse_cache=False))
+    result = runner(policy, np.array([0, 1, 2, 3]), jax.random.key(3), budgets=np.array([1, 2, 3, 6]))
+    traj = jax.device_get(result.trajectory)
+    live = result.stats.live_rows
+    assert live[0] == 8 and len(live) == 6 and live[-1] <= 2
+    bucket = lambda n: min(b for b in (8, 4, 2, 1) if b >= n)  # noqa: E731
+    assert {s[1] for s in policy.shapes_used if s[0] == "decode"} == {bucket(n) for n in live}
+    rows = [traj.tokens[r][traj.token_mask[r]] for r in range(8)]
+    for r, expected in enumerate(teacher_forced_logprobs(model, token_map, rows, SMALL_CONTEXT)):
+        sampled = traj.loss_mask[r][traj.token_mask[r]]
+        np.testing.assert_allclose(traj.logprobs[r][traj.token_mask[r]][sampled], expected[sampled],
+                                   atol=2e-4)
