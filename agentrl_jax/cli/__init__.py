@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from agentrl_jax.cli import bench, solve
+from agentrl_jax.cli import eval as eval_cli  # the module name would shadow the builtin
 
 app = typer.Typer(
     name="agentrl-jax",
@@ -14,6 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(bench.app, name="bench")
+app.add_typer(eval_cli.app, name="eval")
 app.add_typer(solve.app, name="solve")
 
 

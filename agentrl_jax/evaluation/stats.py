@@ -122,7 +122,8 @@ def proportion_ci_wilson(successes, confidence: float = DEFAULT_CONFIDENCE) -> M
     denom = 1.0 + z * z / n
     center = (p + z * z / (2 * n)) / denom
     half = z / denom * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return MeanCI(p, max(0.0, center - half), min(1.0, center + half), n)
+    # Rounding can leave a bound a hair past p (2.8e-17 above p = 0 at n = 10): clamp it.
+    return MeanCI(p, min(p, max(0.0, center - half)), max(p, min(1.0, center + half)), n)
 
 
 def mean_ci(

@@ -1,0 +1,153 @@
+"""Likelihood diagnostics (PAPER.md §7.4): how likely each policy's responses are under the
+base policy, and how far RL trajectories drift from it.
+
+* ``ActionNLL_B(r) = -log pi_B(r | h)``: negative log-likelihood of a whole response (the sum
+  over its tokens) under the base model, for the base policy's own responses and for the RL
+  policy's;
+* ``LLR_{1:t}(tau) = sum_{i <= t} [log pi_RL(r_i | h_i) - log pi_B(r_i | h_i)]`` along each
+  trajectory (:func:`stats.cumulative_llr`), split by success, and length-matched.
+
+Every log-prob here is teacher-forced: the model reads the recorded conversation (prompt,
+responses, observations; :mod:`agentrl_jax.trajectory`) in one forward pass and
+``log pi(r_t | h_t)`` is the sum of the log-probs of turn ``t``'s sampled tokens
+(``loss_mask``, ``token_turn``) at the model's own distribution (temperature 1, no top-p),
+through :func:`agentrl_jax.train.step.sequence_logprobs`, the trainer's function.
+
+Trajectories must have been sampled with the whole history in context (the rollout's
+default): with a history window each turn saw a different context and would need its own
+forward pass, which is not implemented (an error says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Mapping
+
+import jax
+import numpy as np
+from flax import nnx
+
+from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
+from agentrl_jax.policy import TokenMap
+from agentrl_jax.train.step import sequence_logprobs
+from agentrl_jax.trajectory import Trajectory
+
+_MIN_WIDTH = 64
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array,
+                    token_mask: jax.Array) -> jax.Array:
+    logprobs, _ = sequence_logprobs(nnx.merge(graphdef, params), tokens, token_mask)
+    return logprobs
+
+
+def _width(used: int, limit: int) -> int:
+    """Columns of the forward pass: the next power of two >= ``used`` (>= 64), at most the
+    record's ``limit``; a few widths, so a few compilations."""
+    width = _MIN_WIDTH
+    while width < used:
+        width *= 2
+    return min(width, limit)
+
+
+def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
+                  token_map: TokenMap | None = None, rows_per_batch: int = 16) -> np.ndarray:
+    """Teacher-forced ``log pi(r_t | h_t)`` of every turn's response: ``[N, T]`` float64.
+
+    Args:
+      model: the policy's model (``pi``).
+      trajectory: a rollout record (tokenizer ids) sampled with the whole history in context.
+      token_map: maps tokenizer ids to the model's ids when they differ (a small test model).
+      rows_per_batch: rows per forward pass; the last batch is padded to this size.
+
+    Returns:
+      ``[N, T]``: sum over turn ``t``'s sampled tokens of ``log pi(token | everything before
+      it)``; 0 on turns that did not happen (see ``turn_mask``).
+    """
+    traj = jax.device_get(trajectory)
+    turn_mask = np.asarray(traj.turn_mask, bool)
+    windowed = turn_mask & (np.asarray(traj.context_start) != np.asarray(traj.prefix_len)[:, None])
+    if np.any(windowed):
+        raise ValueError("turn_logprobs: the trajectory was sampled with a history window "
+                         "(context_start != prefix_len); only whole-history records are supported")
+    if rows_per_batch < 1:
+        raise ValueError(f"turn_logprobs: `rows_per_batch` must be >= 1, got {rows_per_batch}")
+    tokens = np.asarray(traj.tokens)
+    token_mask = np.asarray(traj.token_mask, bool)
+    scored = np.asarray(traj.loss_mask, bool) & token_mask
+    token_turn = np.asarray(traj.token_turn)
+    if np.any(token_turn[scored] < 0):
+        raise ValueError("turn_logprobs: a sampled token (loss_mask) has no turn (token_turn -1)")
+    rows, length = tokens.shape
+    width = _width(int(token_mask.sum(axis=1).max(initial=1)), length)
+    if np.any(token_mask[:, width:]):
+        raise ValueError("turn_logprobs: tokens must be left-aligned (token_mask a prefix)")
+    ids = tokens if token_map is None else np.where(token_mask, token_map.to_model(
+        np.where(token_mask, tokens, token_map.tokenizer_ids[0])), 0)
+    graphdef, params = nnx.split(model)
+    logprobs = np.zeros((rows, width), np.float64)
+    for start in range(0, rows, rows_per_batch):
+        index = np.minimum(np.arange(start, start + rows_per_batch), rows - 1)  # pad: repeat
+        out = _token_logprobs(graphdef, params, ids[index, :width].astype(np.int32),
+                              token_mask[index, :width])
+        real = min(rows_per_batch, rows - start)
+        logprobs[start:start + real] = np.asarray(out, np.float64)[:real]
+    per_turn = np.zeros(turn_mask.shape, np.float64)
+    row, col = np.nonzero(scored[:, :width])
+    np.add.at(per_turn, (row, token_turn[row, col]), logprobs[row, col])
+    return per_turn
+
+
+@dataclasses.dataclass(frozen=True)
+class LikelihoodData:
+    """Per-turn teacher-forced log-probs of some trajectory sets under both policies.
+
+    For each set (e.g. ``"base"``: the base policy's trajectories): ``logp_base[set]`` and
+    ``logp_rl[set]`` ``[N, T]``, ``turn_mask[set]`` and ``action_valid[set]`` ``[N, T]`` bool,
+    ``success[set]`` ``[N]`` bool.
+    """
+
+    logp_base: dict[str, np.ndarray]
+    logp_rl: dict[str, np.ndarray]
+    turn_mask: dict[str, np.ndarray]
+    action_valid: dict[str, np.ndarray]
+    success: dict[str, np.ndarray]
+
+    def action_nll(self, valid_only: bool = False) -> dict[str, np.ndarray]:
+        """``{"<set> responses": ActionNLL_B [M]}``: ``-log pi_B`` of every response of the set,
+        or only of those that parsed into an action (``valid_only``)."""
+        out = {}
+        for name, logp in self.logp_base.items():
+            keep = self.turn_mask[name] & (self.action_valid[name] if valid_only else True)
+            out[f"{name} responses"] = -logp[keep]
+        return out
+
+    def llr_sets(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """``{"<set> trajectories": (logp_rl, logp_base, turn_mask, success)}`` for
+        :func:`report.write_likelihood`."""
+        return {f"{name} trajectories": (self.logp_rl[name], self.logp_base[name],
+                                         self.turn_mask[name], self.success[name])
+                for name in self.logp_base}
+
+
+def likelihood_data(base_model: Qwen3ForCausalLM, rl_model: Qwen3ForCausalLM,
+                    trajectories: Mapping[str, Trajectory], *, token_map: TokenMap | None = None,
+                    rows_per_batch: int = 16) -> LikelihoodData:
+    """Teacher-forced log-probs of each set of ``trajectories`` (``{set name: Trajectory}``,
+    e.g. ``{"base": ..., "RL": ...}``, all with the same tokenizer) under both models."""
+    if not trajectories:
+        raise ValueError("likelihood_data: no trajectories")
+    logp_base, logp_rl, turn_mask, action_valid, success = {}, {}, {}, {}, {}
+    for name, traj in trajectories.items():
+        host = jax.device_get(traj)
+        real = np.asarray(host.row_mask, bool)
+        host = jax.tree.map(lambda x: np.asarray(x)[real], host)
+        for model, out in ((base_model, logp_base), (rl_model, logp_rl)):
+            out[name] = turn_logprobs(model, host, token_map=token_map,
+                                      rows_per_batch=rows_per_batch)
+        turn_mask[name] = np.asarray(host.turn_mask, bool)
+        action_valid[name] = np.asarray(host.action_valid, bool)
+        success[name] = np.asarray(host.success, bool)
+    return LikelihoodData(logp_base, logp_rl, turn_mask, action_valid, success)

@@ -1,0 +1,123 @@
+"""ActionNLL and cumulative LLR (§7.4) against independent teacher-forced log-probs: each
+conversation scored alone, unpadded, by transformers' reference Qwen3 (the checkpoints are
+saved by transformers; our model loads them), and against the sampler's recorded log-probs;
+two tiny random Qwen3 checkpoints play base and "RL"."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentrl_jax.evaluation import likelihood, stats
+from agentrl_jax.evaluation.passt import eval_rollout_config
+from agentrl_jax.evaluation.policies import load_policy, sampler_policies
+from agentrl_jax.models.small_tokenizer import build_small_tokenizer
+from agentrl_jax.policy import TokenMap
+from agentrl_jax.rollout import MultiTurnRollout
+from envs.frozenlake import maps as fl_maps
+from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
+from eval_helpers import frozenlake_corpus, save_tiny_policy
+from hf_qwen3 import hf_logits, load_hf_qwen3
+
+
+def reference_turn_logprobs(logits_fn, traj) -> np.ndarray:
+    """Each row's conversation, unpadded and alone: ``[N, T]`` summed response log-probs."""
+    out = np.zeros(traj.turn_mask.shape)
+    for row in range(traj.tokens.shape[0]):
+        length = int(traj.token_mask[row].sum())
+        ids = np.asarray(traj.tokens[row, :length])
+        logp = jax.nn.log_softmax(jnp.asarray(logits_fn(ids), jnp.float32), axis=-1)
+        picked = np.asarray(logp[:-1][np.arange(length - 1), ids[1:]], np.float64)
+        for pos in np.flatnonzero(traj.loss_mask[row, :length]):  # pos >= 1: a prompt comes first
+            out[row, traj.token_turn[row, pos]] += picked[pos - 1]
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """Base and RL policies, trajectories of each played with the whole history, and the
+    reference per-turn log-probs ``{(trajectory set, model): [N, T]}``."""
+    tokenizer = build_small_tokenizer(frozenlake_corpus(), vocab_size=400)
+    root = tmp_path_factory.mktemp("policies")
+    dirs = [save_tiny_policy(root / name, tokenizer, seed=seed) for name, seed in (("base", 0), ("rl", 1))]
+    base, rl = (load_policy(d) for d in dirs)
+    env = FrozenLakeTextEnv(fl_maps.generate(jax.random.key(0), 3, size=3, p=0.9),
+                            FrozenLakeTextConfig(t_max=4))
+    config = eval_rollout_config(group_size=2, budget=4, max_response_tokens=6, max_context=512)
+    runner = MultiTurnRollout(env, base.tokenizer, config)
+    policies = sampler_policies(base, rl, min_rows=1)
+    trajectories = {name: jax.device_get(runner(p, np.arange(3), jax.random.key(k)).trajectory)
+                    for k, (name, p) in enumerate(zip(("base", "RL"), policies))}
+    references = {}
+    for model_name, directory in (("base", dirs[0]), ("RL", dirs[1])):
+        torch_model = load_hf_qwen3(directory)
+        for name, traj in trajectories.items():
+            references[name, model_name] = reference_turn_logprobs(
+                lambda ids: hf_logits(torch_model, ids[None])[0], traj)
+    return base, rl, trajectories, references
+
+
+def test_turn_logprobs_equal_teacher_forced_forward(setup):
+    base, rl, trajectories, references = setup
+    for name, traj in trajectories.items():
+        assert traj.turn_mask.sum() > 6 and traj.loss_mask.sum() > 20  # not vacuous
+        for model_name, policy in (("base", base), ("RL", rl)):
+            got = likelihood.turn_logprobs(policy.model, traj, rows_per_batch=4)
+            np.testing.assert_allclose(got, references[name, model_name], atol=1e-5, rtol=0)
+            assert np.all(got[~traj.turn_mask] == 0)
+
+
+def test_turn_logprobs_match_the_sampler(setup):
+    """The sampler recorded each token's log-prob under its own unmodified distribution."""
+    _, rl, trajectories, _ = setup
+    traj = trajectories["RL"]
+    recorded = np.zeros(traj.turn_mask.shape)
+    rows, cols = np.nonzero(traj.loss_mask)
+    np.add.at(recorded, (rows, traj.token_turn[rows, cols]), traj.logprobs[rows, cols])
+    np.testing.assert_allclose(likelihood.turn_logprobs(rl.model, traj, rows_per_batch=4), recorded,
+                               atol=1e-4, rtol=0)
+
+
+def test_action_nll_and_llr_are_the_teacher_forced_differences(setup):
+    base, rl, trajectories, references = setup
+    data = likelihood.likelihood_data(base.model, rl.model, trajectories, rows_per_batch=4)
+    nll = data.action_nll()
+    assert set(nll) == {"base responses", "RL responses"}
+    sets = data.llr_sets()
+    for name, traj in trajectories.items():
+        ref_base, ref_rl = references[name, "base"], references[name, "RL"]
+        mask = np.asarray(traj.turn_mask)
+        np.testing.assert_allclose(nll[f"{name} responses"], -ref_base[mask], atol=1e-5, rtol=0)
+        logp_rl, logp_base, turn_mask, success = sets[f"{name} trajectories"]
+        cum = stats.cumulative_llr(logp_rl, logp_base, turn_mask)
+        np.testing.assert_allclose(cum, np.cumsum(np.where(mask, ref_rl - ref_base, 0), axis=1),
+                                   atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(success, traj.success)
+        valid = data.action_nll(valid_only=True)[f"{name} responses"]
+        np.testing.assert_allclose(valid, -ref_base[mask & np.asarray(traj.action_valid)], atol=1e-5)
+    assert np.all(np.concatenate(list(nll.values())) > 0)
+
+
+def test_token_map_scores_the_mapped_ids(setup):
+    base, _, trajectories, _ = setup
+    traj = trajectories["base"]
+    used = np.unique(np.asarray(traj.tokens)[np.asarray(traj.token_mask)])
+    token_map = TokenMap(used + 1000)  # tokenizer ids 1000+ -> model ids 0..K-1
+    shifted = dataclasses.replace(traj, tokens=np.where(traj.token_mask, traj.tokens + 1000, 0))
+    mapped = dataclasses.replace(traj, tokens=np.where(traj.token_mask,
+                                                       np.searchsorted(used, traj.tokens), 0))
+    np.testing.assert_allclose(likelihood.turn_logprobs(base.model, shifted, token_map=token_map),
+                               likelihood.turn_logprobs(base.model, mapped), atol=1e-6)
+
+
+def test_windowed_records_are_refused(setup):
+    base, _, trajectories, _ = setup
+    traj = trajectories["base"]
+    starts = np.where(traj.turn_mask, traj.prefix_len[:, None] + 5, 0)
+    windowed = dataclasses.replace(traj, context_start=starts)
+    with pytest.raises(ValueError, match="history window"):
+        likelihood.turn_logprobs(base.model, windowed)
