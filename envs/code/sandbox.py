@@ -74,6 +74,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Sequence, Union
 
 HARNESS = pathlib.Path(__file__).with_name("_harness.py")
@@ -286,8 +287,9 @@ def _launch(job: dict, workdir: str,
                                 f"({limits.total_timeout_s:g} s) ran out")
 
 
-def _kill_session(sid: int) -> None:
-    """SIGKILL the process group ``sid`` and every process in session ``sid``.
+def _kill_session(sid: int, settle_s: float = 2.0) -> None:
+    """SIGKILL the process group ``sid`` and every process in session ``sid``, and wait (up to
+    ``settle_s``) until none is left alive, so no process outlives the run.
 
     Safe after the leader is reaped: Linux does not hand out a PID again while it still
     names a living session or group.
@@ -296,6 +298,16 @@ def _kill_session(sid: int) -> None:
         os.killpg(sid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    deadline = time.monotonic() + settle_s
+    # A process forked while the scan runs escapes one pass, and a killed one takes a moment
+    # to die: repeat until a pass finds no living member of the session.
+    while _signal_session(sid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _signal_session(sid: int) -> int:
+    """SIGKILL every living (not zombie) process of session ``sid``; returns how many."""
+    alive = 0
     for entry in pathlib.Path("/proc").glob("[0-9]*"):
         try:
             stat = (entry / "stat").read_text()
@@ -303,11 +315,13 @@ def _kill_session(sid: int) -> None:
             continue
         # Fields after the command name: state, ppid, pgrp, session, ...
         fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            alive += 1
             try:
                 os.kill(int(entry.name), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+    return alive
 
 
 def _remove_tree(path: str) -> None:
