@@ -4,13 +4,13 @@ batches, the re-encoding baseline), and the trainer's entry point."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compile_counter import count_backend_compiles
 from flax import nnx
 
 from agentrl_jax.algorithms.budgetmix import budget_set
@@ -29,21 +29,6 @@ def tokenizer():
 
 
 # ---------------------------------------------------------------------------- a real policy
-@contextlib.contextmanager
-def backend_compiles():
-    events = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-
-
 class Watched:
     """A policy wrapper noting, at each turn, the compilations and shapes used so far."""
 
@@ -109,7 +94,7 @@ def test_tiny_qwen3_on_64_tasks_x_16_compiles_a_fixed_number_of_times(tiny_polic
     Qwen3 (vocabulary mapped to the ids the rollout can meet: see bench.rollout)."""
     env, runner, token_map, model = tiny_policy
     policy = SamplerPolicy(model, token_map=token_map)
-    with backend_compiles() as events:
+    with count_backend_compiles() as events:
         watched = Watched(policy, events)
         result = runner(watched, np.arange(64), jax.random.key(0))
     traj = jax.device_get(result.trajectory)

@@ -3,13 +3,13 @@ re-encoding each turn afresh; plus compilation counts and the context-overflow c
 
 from __future__ import annotations
 
-import contextlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from compile_counter import count_backend_compiles
 from flax import nnx
 from hf_qwen3 import save_random_hf_qwen3
 
@@ -40,21 +40,6 @@ def first_new_token(rows, start):
             if tokens[i] not in tokens[:i]:
                 return r, i, tokens[i]
     raise AssertionError(f"no new token after {start} in any of {rows}")
-
-
-@contextlib.contextmanager
-def count_backend_compiles():
-    events = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 @pytest.mark.parametrize("overrides", [{}, dict(tie_word_embeddings=True, num_attention_heads=8,
