@@ -442,7 +442,17 @@ class MultiTurnRollout:
             prefix_len=i32(rec.prefix_len), context_start=jnp.asarray(rec.context_start))
 
     def for_training(self, policy: SamplerPolicy) -> Callable[[Any, jax.Array, Any], Trajectory]:
-        """The trainer's ``rollout(params, key, task_ids) -> Trajectory`` (agentrl_jax.train)."""
+        """The trainer's ``rollout(params, key, task_ids) -> Trajectory`` (agentrl_jax.train).
+
+        The trainer scores ``tokens`` with the policy's model, so with a ``token_map`` they are
+        the model's ids (padding 0): decode them with ``token_map.to_tokenizer`` first.
+        """
         def rollout(params: Any, key: jax.Array, task_ids: Any) -> Trajectory:
-            return self(policy.using(params), np.asarray(task_ids), key).trajectory
+            trajectory = self(policy.using(params), np.asarray(task_ids), key).trajectory
+            if policy.token_map is None:
+                return trajectory
+            real = np.asarray(trajectory.token_mask)
+            ids = policy.token_map.to_model(
+                np.where(real, np.asarray(trajectory.tokens), policy.token_map.tokenizer_ids[0]))
+            return trajectory.replace(tokens=jnp.asarray(np.where(real, ids, 0), jnp.int32))
         return rollout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from agentrl_jax.cli import bench, solve
+from agentrl_jax.cli import bench, eval_envs, reproduce, solve
 from agentrl_jax.cli import eval as eval_cli  # the module name would shadow the builtin
 
 app = typer.Typer(
@@ -15,7 +15,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(bench.app, name="bench")
+eval_envs.register(eval_cli.app)  # eval env-passk / env-passt: SQL, code, BFCL
 app.add_typer(eval_cli.app, name="eval")
+app.add_typer(reproduce.app, name="reproduce")
 app.add_typer(solve.app, name="solve")
 
 

@@ -7,6 +7,7 @@ base policy and its RL descendant, written to a results folder.
     agentrl-jax eval errors     --base DIR --rl DIR --out results/   # error states
     agentrl-jax eval likelihood --base DIR --rl DIR --out results/   # ActionNLL, LLR
     agentrl-jax eval report     --out results/ [--training-log metrics.jsonl]
+    agentrl-jax eval env-passk|env-passt --env sql|code|bfcl ...     # see cli/eval_envs.py
 
 A policy is a Hugging Face model directory or a training checkpoint (a run's checkpoint
 directory or one step of it; see :mod:`agentrl_jax.evaluation.policies`). The tasks are

@@ -207,7 +207,8 @@ def write_pass_at_t(
       results_by_policy: ``{policy: {T: (n [tasks], c [tasks])}}``, each T sampled afresh.
       t_max: when given, Table 1 is written for ``passk.budget_levels(t_max)`` (every policy
         must have results at those budgets).
-      shortest_paths: optional ``[tasks]`` shortest start-to-goal paths for the bound.
+      shortest_paths: optional ``[tasks]`` fewest turns each task needs, for the bound
+        (FrozenLake: the shortest start-to-goal path; BFCL: the annotated trajectory).
     """
     folder = Path(folder)
     curves = {p: passk.pass_at_t_curve(r, k) for p, r in results_by_policy.items()}
@@ -525,9 +526,15 @@ def write_training_dynamics(
 
 
 def write_report(
-    folder: str | Path, sections: Iterable[Section], title: str = "Evaluation report"
+    folder: str | Path,
+    sections: Iterable[Section],
+    title: str = "Evaluation report",
+    preamble: str = "",
 ) -> Path:
     """Write ``report.md`` embedding each section's PNGs and linking its PDFs and data files.
+
+    ``preamble``: Markdown inserted verbatim between the title and the first section (e.g. a
+    description of the run).
 
     Raises:
       FileNotFoundError: when a section names a file that is not in the folder, so a report
@@ -535,6 +542,8 @@ def write_report(
     """
     folder = Path(folder)
     lines = [f"# {title}", ""]
+    if preamble.strip():
+        lines += [preamble.strip("\n"), ""]
     for section in sections:
         linked = list(section.figures) + [str(Path(p).with_suffix(".pdf")) for p in section.figures]
         linked += list(section.files)

@@ -34,19 +34,24 @@ def qwen3_chat_template() -> str:
     return config["chat_template"]
 
 
-def build_small_tokenizer(corpus: Iterable[str], vocab_size: int = 512,
+def build_small_tokenizer(corpus: Iterable[str], vocab_size: int = 512, *, split_words: bool = True,
                           ) -> transformers.PreTrainedTokenizerFast:
     """Train a byte-level BPE of ``vocab_size`` tokens (specials included) on ``corpus``.
 
     Every string encodes (the 256 byte tokens are always in the vocabulary); ids 0..2 are
     ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``, then ``<think>``, ``</think>``.
+
+    ``split_words``: merges stay within words (GPT-2's pre-tokenizer regex), as in real LLM
+    tokenizers; False lets merges cross spaces and punctuation, so text that recurs verbatim
+    (a system prompt, a grid row, a turn header) becomes a few tokens -- much shorter
+    sequences for a model trained from scratch on one environment's text.
     """
     reserved = len(SPECIAL_TOKENS) + len(THINK_TOKENS)
     if vocab_size < 256 + reserved:
         raise ValueError(f"vocab_size must be >= {256 + reserved} (bytes + special tokens), "
                          f"got {vocab_size}")
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_words)
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS + THINK_TOKENS),

@@ -60,8 +60,9 @@ carries over from one request to the next.
 
 {CALL_FORMAT} The calls run in order and you see the result of each. Keep calling functions \
 until the current request is fulfilled, then answer without a call (an empty answer or a \
-short message to the user) to receive the next request. If no function fits the request or it \
-lacks a parameter a function requires, say so without calling a function."""
+short message to the user) to receive the next request. Each of your answers, with calls or \
+without, is one turn, and the turns of all the requests count together. If no function fits \
+the request or it lacks a parameter a function requires, say so without calling a function."""
 
 
 @dataclasses.dataclass(frozen=True)

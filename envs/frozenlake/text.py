@@ -78,6 +78,25 @@ def render(tiles, pos) -> str:
     return "\n".join(" ".join(cells[r * n:(r + 1) * n]) for r in range(tiles.shape[0]))
 
 
+def parse_grid(text: str) -> tuple[np.ndarray, int]:
+    """The inverse of :func:`render` for a live player: ``(tiles int8[n, n], pos)``.
+
+    The start cell reads as plain ice (``render`` does not mark it), which has the same
+    dynamics. Raises ``ValueError`` on text that is not a square grid with exactly one ``P``.
+    """
+    rows = [line.split(" ") for line in text.strip("\n").split("\n")]
+    n = len(rows)
+    if any(len(row) != n for row in rows):
+        raise ValueError(f"parse_grid: not a square grid of space-separated cells: {text!r}")
+    tile_of = {"_": grid.FROZEN, "P": grid.FROZEN, "O": grid.HOLE, "G": grid.GOAL}
+    cells = [c for row in rows for c in row]
+    unknown = sorted(set(cells) - set(tile_of))
+    if unknown or cells.count("P") != 1:
+        raise ValueError(f"parse_grid: expected symbols {sorted(tile_of)} with one P, got {text!r}")
+    tiles = np.array([tile_of[c] for c in cells], np.int8).reshape(n, n)
+    return tiles, cells.index("P")
+
+
 def _last_match(pattern: re.Pattern, text: str):
     last = None
     for last in pattern.finditer(text):

@@ -1,0 +1,319 @@
+"""The reproduction's configuration: frozen sections, validated on construction, read from YAML.
+
+A :class:`ReproduceConfig` has six sections::
+
+    task:        FrozenLake maps, dynamics, T_max, context sizes
+    model:       a random-init Qwen3 of given dimensions with a small tokenizer, or a local
+                 Qwen3 directory (paper scale)
+    warm_start:  supervised warm-start on imperfect Q* demonstrations (the "base" policy)
+    rl:          the RL runs (GRPO, BudgetMix GRPO, GiGPO, PPO presets) and their trainer settings
+    eval:        :class:`~agentrl_jax.reproduce.evaluate.EvalSettings` (Pass@(K, T), diagnostics)
+    mesh:        :class:`~agentrl_jax.sharding.MeshConfig` (data, fsdp, tensor axes)
+
+``ReproduceConfig()`` is the built-in CPU default (``configs/frozenlake_cpu.yaml`` holds the same
+values); :func:`load_config` reads a YAML file and applies ``section.field=value`` overrides.
+Every bad value raises ``ValueError`` naming the field, e.g. ``rl.group_size: must be an int
+>= 2, got 1``; unknown keys are errors too (a typo never silently falls back to a default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+
+from agentrl_jax.reproduce.evaluate import EvalSettings
+from agentrl_jax.sharding import MeshConfig
+
+# ---------------------------------------------------------------- checks
+
+
+def _int(lo: int | None = None) -> tuple[Callable[[Any], bool], str]:
+    def check(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool) and (lo is None or v >= lo)
+    return check, "an int" + (f" >= {lo}" if lo is not None else "")
+
+
+def _real(lo: float | None = None, hi: float | None = None, lo_open: bool = False
+          ) -> tuple[Callable[[Any], bool], str]:
+    def check(v):
+        if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)):
+            return False
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            return False
+        return hi is None or v <= hi
+    bounds = [f"{'>' if lo_open else '>='} {lo}" if lo is not None else "", f"<= {hi}" if hi is not None else ""]
+    return check, "a finite number" + "".join(f" {b}" for b in bounds if b)
+
+
+_BOOL = (lambda v: isinstance(v, bool), "true or false")
+# Table 1's 25% level, (25 T_max) // 100, must be a budget of at least one turn.
+_T_MAX = (lambda v: _int(4)[0](v), "an int >= 4 (the 25% budget level must be >= 1 turn)")
+
+
+def _optional(check: tuple[Callable[[Any], bool], str]) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v is None or check[0](v)), f"null or {check[1]}"
+
+
+def _validate(section: Any, checks: Mapping[str, tuple[Callable[[Any], bool], str]]) -> None:
+    name = _SECTION_NAMES[type(section)]
+    for field, (check, expect) in checks.items():
+        value = getattr(section, field)
+        if not check(value):
+            raise ValueError(f"{name}.{field}: must be {expect}, got {value!r}")
+
+
+# ---------------------------------------------------------------- sections
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSettings:
+    """FrozenLake tasks. Train maps and evaluation maps come from disjoint splits (a content
+    hash bit, :func:`envs.frozenlake.maps.map_split`), so no evaluation map is trained on."""
+
+    map_size: int = 4
+    frozen_p: float = 0.8             # probability that a cell is frozen
+    random_start_goal: bool = True    # else start top-left, goal bottom-right
+    slippery: bool = True
+    success_rate: float = 0.8         # P(intended move) when slippery (gymnasium: 1/3)
+    t_max: int = 12                   # largest budget (paper §2: 70 on 8x8)
+    train_maps: int = 512
+    eval_maps: int = 32
+    map_seed: int = 0
+    max_response_tokens: int = 8      # most tokens of one response (an answer is 3 + stop)
+    max_context: int = 384            # tokens of context per trajectory (T_max 12 needs ~310)
+
+    def __post_init__(self):
+        _validate(self, {
+            "map_size": _int(2), "frozen_p": _real(0.0, 1.0, lo_open=True), "random_start_goal": _BOOL,
+            "slippery": _BOOL, "success_rate": _real(0.0, 1.0), "t_max": _T_MAX,
+            "train_maps": _int(1), "eval_maps": _int(1), "map_seed": _int(0),
+            "max_response_tokens": _int(1), "max_context": _int(16)})
+
+
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The policy. ``model_dir`` (a local Hugging Face Qwen3 directory, e.g. Qwen3-4B) is loaded
+    with its tokenizer; without it a Qwen3 of the dimensions below is initialised at random and
+    a byte-level BPE tokenizer of ``tokenizer_vocab`` tokens is built from the task's text."""
+
+    model_dir: str | None = None
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    tokenizer_vocab: int = 768
+    dtype: str = "float32"            # compute dtype (parameters stay float32)
+    seed: int = 0
+
+    def __post_init__(self):
+        _validate(self, {
+            "model_dir": (lambda v: v is None or (isinstance(v, str) and v != ""), "null or a path"),
+            "hidden_size": _int(2), "intermediate_size": _int(1), "num_hidden_layers": _int(1),
+            "num_attention_heads": _int(1), "num_key_value_heads": _int(1),
+            "head_dim": (lambda v: _int(2)[0](v) and v % 2 == 0, "an even int >= 2"),
+            "tokenizer_vocab": _int(261), "dtype": (lambda v: v in DTYPES, f"one of {DTYPES}"),
+            "seed": _int(0)})
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"model.num_key_value_heads: must divide num_attention_heads "
+                             f"({self.num_attention_heads}), got {self.num_key_value_heads}")
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartSettings:
+    """Supervised warm-start of the random policy into a competent but fallible base policy.
+
+    Demonstrations are played in the real rollout by a scripted Q*-greedy agent (remaining
+    horizon = remaining budget, so it is budget-aware) that makes a mistake (a uniformly random
+    other move) with probability ``mistake_rate``; budgets are drawn as in BudgetMix so the base
+    sees every budget level. ``enabled: false`` keeps the model as it is (a pretrained Qwen3).
+    """
+
+    enabled: bool = True
+    demo_tasks: int = 256             # train maps played (the first ones)
+    demos_per_task: int = 4
+    mistake_rate: float = 0.25
+    epochs: int = 3
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self):
+        _validate(self, {
+            "enabled": _BOOL, "demo_tasks": _int(1), "demos_per_task": _int(1),
+            "mistake_rate": _real(0.0, 1.0), "epochs": _int(1), "batch_size": _int(1),
+            "learning_rate": _real(0.0, lo_open=True), "weight_decay": _real(0.0), "seed": _int(0)})
+
+
+# name -> (label in tables, advantage, BudgetMix?, critic?)
+RUN_PRESETS: dict[str, tuple[str, str, bool]] = {
+    "grpo": ("GRPO", "grpo", False),
+    "budgetmix": ("BudgetMix GRPO", "grpo", True),
+    "gigpo": ("GiGPO", "gigpo", False),
+    "gigpo-budgetmix": ("BudgetMix GiGPO", "gigpo", True),
+    "ppo": ("PPO", "gae", False),
+    "ppo-budgetmix": ("BudgetMix PPO", "gae", True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSettings:
+    """The RL runs, all from the same base with the same number of updates and rollouts.
+
+    ``runs`` names presets of :data:`RUN_PRESETS`: full-budget runs play every group at
+    ``T_max``; BudgetMix runs draw one budget per task group from ``{(k T_max) // 10}``
+    (paper §5), and BudgetMix GiGPO anchors on ``(s_t, B - t)``. The hyper-parameters below
+    are the paper's names (§4); the CPU default raises the learning rate for a tiny model.
+    """
+
+    runs: tuple[str, ...] = ("grpo", "budgetmix")
+    steps: int = 40
+    tasks_per_step: int = 8
+    group_size: int = 8               # G (paper: 16)
+    temperature: float = 1.0          # rollout temperature (paper: 1.0)
+    top_p: float = 1.0
+    learning_rate: float = 1e-4       # paper: 1e-6 (Qwen3-4B/8B)
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0
+    kl_coef: float = 0.001
+    clip: float = 0.2
+    gigpo_omega: float = 1.0
+    gigpo_gamma: float = 0.95
+    critic_learning_rate: float = 1e-5
+    value_clip: float = 0.5
+    gae_gamma: float = 1.0
+    gae_lambda: float = 1.0
+    num_micro_batches: int = 1
+    checkpoint_every: int = 10
+    seed: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.runs, str) or not isinstance(self.runs, Sequence):
+            raise ValueError(f"rl.runs: must be a list of run names, got {self.runs!r}")
+        object.__setattr__(self, "runs", tuple(self.runs))
+        unknown = [r for r in self.runs if r not in RUN_PRESETS]
+        if unknown or not self.runs or len(set(self.runs)) != len(self.runs):
+            raise ValueError(f"rl.runs: must be distinct names from {sorted(RUN_PRESETS)}, "
+                             f"got {list(self.runs)!r}")
+        _validate(self, {
+            "steps": _int(1), "tasks_per_step": _int(1), "group_size": _int(2),
+            "temperature": _real(0.0, lo_open=True), "top_p": _real(0.0, 1.0, lo_open=True),
+            "learning_rate": _real(0.0, lo_open=True), "weight_decay": _real(0.0),
+            "max_grad_norm": _optional(_real(0.0, lo_open=True)), "kl_coef": _real(0.0),
+            "clip": _real(0.0, 1.0, lo_open=True), "gigpo_omega": _real(0.0),
+            "gigpo_gamma": _real(0.0, 1.0), "critic_learning_rate": _real(0.0, lo_open=True),
+            "value_clip": _real(0.0, lo_open=True), "gae_gamma": _real(0.0, 1.0),
+            "gae_lambda": _real(0.0, 1.0), "num_micro_batches": _int(1),
+            "checkpoint_every": _int(1), "seed": _int(0)})
+        rows = self.tasks_per_step * self.group_size
+        if rows % self.num_micro_batches:
+            raise ValueError(f"rl.num_micro_batches: must divide tasks_per_step x group_size "
+                             f"({rows}), got {self.num_micro_batches}")
+
+
+_SECTION_NAMES = {TaskSettings: "task", ModelSettings: "model", WarmStartSettings: "warm_start",
+                  RLSettings: "rl"}
+_SECTIONS: dict[str, type] = {"task": TaskSettings, "model": ModelSettings,
+                              "warm_start": WarmStartSettings, "rl": RLSettings,
+                              "eval": EvalSettings, "mesh": MeshConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReproduceConfig:
+    """The whole reproduction (see the module docstring)."""
+
+    task: TaskSettings = TaskSettings()
+    model: ModelSettings = ModelSettings()
+    warm_start: WarmStartSettings = WarmStartSettings()
+    rl: RLSettings = RLSettings()
+    eval: EvalSettings = EvalSettings(max_response_tokens=TaskSettings.max_response_tokens,
+                                      max_context=TaskSettings.max_context)
+    mesh: MeshConfig = MeshConfig(data=1)
+
+    def __post_init__(self):
+        for name, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"{name}: must be a {cls.__name__}, got {getattr(self, name)!r}")
+        if self.eval.budgets is not None and max(self.eval.budgets) > self.task.t_max:
+            raise ValueError(f"eval.budgets: must be <= task.t_max ({self.task.t_max}), "
+                             f"got {list(self.eval.budgets)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (YAML/JSON); ``config_from_dict(c.to_dict()) == c``."""
+        def plain(v):
+            return list(v) if isinstance(v, tuple) else v
+        return {name: {f.name: plain(getattr(getattr(self, name), f.name))
+                       for f in dataclasses.fields(getattr(self, name))}
+                for name in _SECTIONS}
+
+
+def config_from_dict(d: Mapping[str, Any] | None, *, source: str = "config") -> ReproduceConfig:
+    """A :class:`ReproduceConfig` from plain data; missing sections and fields take defaults."""
+    d = {} if d is None else d
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{source}: must be a mapping of sections, got {type(d).__name__}")
+    unknown = sorted(set(d) - set(_SECTIONS))
+    if unknown:
+        raise ValueError(f"{source}: unknown section {unknown[0]!r}; known: {', '.join(_SECTIONS)}")
+    sections, defaults = {}, ReproduceConfig()
+    for name, cls in _SECTIONS.items():
+        values = d.get(name) or {}
+        if not isinstance(values, Mapping):
+            raise ValueError(f"{name}: must be a mapping of fields, got {values!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(values) - known)
+        if bad:
+            raise ValueError(f"{name}: unknown field {bad[0]!r}; known: {', '.join(sorted(known))}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        default = getattr(defaults, name)
+        try:
+            sections[name] = cls(**{**{f.name: getattr(default, f.name) for f in dataclasses.fields(cls)},
+                                    **values})
+        except ValueError as error:
+            message = str(error)
+            raise ValueError(message if message.startswith(f"{name}.") else f"{name}: {message}") from None
+    return ReproduceConfig(**sections)
+
+
+def apply_overrides(d: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``d`` with ``section.field=value`` overrides applied (values parsed as YAML)."""
+    out = {k: dict(v or {}) for k, v in d.items()}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        section, dot, field = key.strip().partition(".")
+        if not sep or not dot or not field:
+            raise ValueError(f"override {item!r}: expected section.field=value")
+        out.setdefault(section, {})[field] = yaml.safe_load(text)
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ReproduceConfig:
+    """The config in the YAML file ``path`` (None: the built-in default), with overrides."""
+    data: Any = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config {path}: no such file")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ValueError(f"config {path}: not valid YAML ({error})") from None
+        if not isinstance(data, Mapping):
+            raise ValueError(f"config {path}: must be a mapping of sections")
+    data = apply_overrides(data, overrides)
+    return config_from_dict(data, source=str(path or "config"))
+
+
+def dump_config(config: ReproduceConfig) -> str:
+    """YAML text of ``config`` (what a results folder stores as ``config.yaml``)."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

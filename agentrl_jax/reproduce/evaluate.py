@@ -1,0 +1,529 @@
+"""Evaluation of several policies on FrozenLake, as the paper evaluates them (PAPER.md §3, §7, §9).
+
+The library counterpart of ``agentrl-jax eval`` (which compares two policies) for ``N``
+named policies, the first being the base: the reproduction pipeline calls
+:func:`run_analysis` once per analysis of :data:`ANALYSES`, then
+:func:`agentrl_jax.reproduce.report.write_report`.
+
+* ``table``: Pass@(k, T) at every budget (each sampled afresh with T in the prompt), the
+  Pass@T figure with the structural bound, and Table 1 (25/50/75/100% of ``T_max``) with
+  the RL - base and BudgetMix - full-budget differences.
+* ``passk``: the Pass@K curve, k = 1..``pass_k_samples``, at ``T_max``.
+* ``steps``: step quality on matched states and against depth (§7.1, §7.3), base vs each
+  other policy; a pair's pool is half base-visited, half other-visited states.
+* ``errors``: step quality at injected error states and continuation success (§7.2), pairwise.
+* ``likelihood``: ActionNLL under the base model and the cumulative LLR (§7.4), pairwise.
+* ``dynamics``: R_multi and R_single over training from each run's metrics log (§7.5).
+
+Each analysis writes ``raw/<analysis>.json`` (everything needed to recompute its numbers:
+:mod:`.results`), its CSVs and figures through :mod:`agentrl_jax.evaluation.report`, and its
+report sections to ``sections/<analysis>.json``.
+
+Randomness: every analysis draws from its own stream of ``settings.seed`` (the ones of
+``agentrl-jax eval``) and plays every policy with the same key, so policies meet the same
+environment randomness, and ``steps`` and ``errors`` build the same state pools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from agentrl_jax.evaluation import diagnostics, likelihood, passk, passt
+from agentrl_jax.evaluation import report as eval_report
+from agentrl_jax.evaluation.report import Section
+from agentrl_jax.evaluation.states import (StatePool, StateStarts, inject_errors, matched_pool,
+                                           visited_states)
+from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
+from agentrl_jax.policy import Policy, SamplerPolicy
+from agentrl_jax.reproduce import report, results
+from agentrl_jax.reproduce.report import write_report
+from agentrl_jax.reproduce.results import ANALYSES, raw_path, slug, table1_from_results
+from agentrl_jax.rollout import RolloutConfig
+from agentrl_jax.sampling import SamplingConfig
+from envs.frozenlake.text_env import FrozenLakeTextEnv
+
+__all__ = ["ANALYSES", "EvalSettings", "analysis_units", "run_analysis", "table1_from_results",
+           "write_report"]  # the last two re-exported: the pipeline's whole interface is here
+
+# The streams of randomness, as in agentrl_jax.cli.eval (same seed: same samples).
+_STREAMS = {"passk": 1, "table": 2, "sources": 3, "steps": 4, "errors": 5, "likelihood": 6}
+_PAIRWISE = ("steps", "errors", "likelihood")
+
+
+def _is_int(value, lo: int) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= lo
+
+
+def _is_real(value, lo: float, hi: float | None = None, lo_open: bool = False) -> bool:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not np.isfinite(value):
+        return False
+    return (value > lo if lo_open else value >= lo) and (hi is None or value <= hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """How the policies are evaluated (validated on construction; paper values in comments).
+
+    ``budgets``: the Pass@T budgets (None: every budget 1..T_max); the Table 1 levels
+    (25/50/75/100% of ``T_max``) are always added. ``invalid``: how an unparsable response is
+    scored in the step diagnostics (:data:`diagnostics.INVALID_SCORES`).
+    """
+
+    samples: int = 8                  # trajectories per task and budget (Pass@T, Table 1)
+    k: int = 8                        # k of Pass@(k, T) (paper: 8)
+    budgets: tuple[int, ...] | None = None
+    pass_k_samples: int = 32          # per task at T_max for the Pass@K curve (paper: 128)
+    states: int = 256                 # matched state pool per pair (paper: 512)
+    group_size: int = 8               # actions per state and policy (paper: 16)
+    source_samples: int = 4           # trajectories per task the states are drawn from
+    gamma: float = 0.95               # discount of Q* (paper §7)
+    invalid: str = "noop"
+    depth_bins: int = 10
+    likelihood_samples: int = 4       # trajectories per task and policy for §7.4
+    likelihood_rows_per_batch: int = 16
+    temperature: float = 0.6          # evaluation decoding (paper §3)
+    top_p: float = 0.9
+    max_response_tokens: int = 256
+    max_context: int = 4096
+    enable_thinking: bool = False
+    tasks_per_call: int | None = None
+    states_per_call: int | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.budgets is not None:
+            if isinstance(self.budgets, (str, bytes)) or not isinstance(self.budgets, Sequence) \
+                    or not self.budgets or not all(_is_int(b, 1) for b in self.budgets):
+                raise ValueError(f"eval.budgets: must be null or a non-empty list of ints >= 1, "
+                                 f"got {self.budgets!r}")
+            object.__setattr__(self, "budgets", tuple(sorted({int(b) for b in self.budgets})))
+        checks = {name: (_is_int(getattr(self, name), 1), "an int >= 1") for name in (
+            "samples", "k", "pass_k_samples", "group_size", "source_samples", "depth_bins",
+            "likelihood_samples", "likelihood_rows_per_batch", "max_response_tokens",
+            "max_context")}
+        checks.update({
+            "states": (_is_int(self.states, 2), "an int >= 2"),
+            "seed": (_is_int(self.seed, 0), "an int >= 0"),
+            "gamma": (_is_real(self.gamma, 0.0, 1.0), "a number in [0, 1]"),
+            "temperature": (_is_real(self.temperature, 0.0), "a number >= 0"),
+            "top_p": (_is_real(self.top_p, 0.0, 1.0, lo_open=True), "a number in (0, 1]"),
+            "invalid": (self.invalid in diagnostics.INVALID_SCORES,
+                        f"one of {diagnostics.INVALID_SCORES}"),
+            "enable_thinking": (isinstance(self.enable_thinking, bool), "true or false"),
+            "tasks_per_call": (self.tasks_per_call is None or _is_int(self.tasks_per_call, 1),
+                               "null or an int >= 1"),
+            "states_per_call": (self.states_per_call is None or _is_int(self.states_per_call, 1),
+                                "null or an int >= 1"),
+        })
+        for name, (ok, expect) in checks.items():
+            if not ok:
+                raise ValueError(f"eval.{name}: must be {expect}, got {getattr(self, name)!r}")
+        if self.k > self.samples:
+            raise ValueError(f"eval.k: must be <= eval.samples ({self.samples}), got {self.k}")
+
+    def table_budgets(self, t_max: int) -> tuple[int, ...]:
+        """The Pass@T budgets at ``T_max``: :attr:`budgets` (default 1..T_max) and the levels."""
+        chosen = range(1, t_max + 1) if self.budgets is None else self.budgets
+        if max(chosen) > t_max:
+            raise ValueError(f"eval.budgets: must be <= T_max ({t_max}), got {list(chosen)}")
+        return tuple(sorted(set(chosen) | set(passk.budget_levels(t_max))))
+
+    def rollout_config(self, valid_vocab_size: int | None = None) -> RolloutConfig:
+        """Evaluation rollouts: the paper's decoding, these lengths (group size and budget are
+        set per call)."""
+        sampling = SamplingConfig(temperature=self.temperature, top_p=self.top_p,
+                                  valid_vocab_size=valid_vocab_size)
+        return passt.eval_rollout_config(max_response_tokens=self.max_response_tokens,
+                                         max_context=self.max_context, sampling=sampling,
+                                         enable_thinking=self.enable_thinking)
+
+
+# ---------------------------------------------------------------- work units (progress)
+
+
+def _rollout_units(tasks: int, samples: int, budget: int) -> int:
+    """Work of a rollout, in trajectory-turns (an upper bound: episodes may end early)."""
+    return tasks * samples * budget
+
+
+def _policy_count(policies: int | Sequence[str]) -> int:
+    return policies if isinstance(policies, numbers.Integral) else len(policies)
+
+
+def analysis_units(name: str, settings: EvalSettings, num_tasks: int,
+                   policies: int | Sequence[str], t_max: int) -> int:
+    """Work units of one analysis for a progress bar: trajectory-turns it may play (and, for
+    ``likelihood``, score), ``1`` for ``dynamics``. :func:`run_analysis` reports exactly this
+    many through ``progress``, in steps as its rollouts finish."""
+    p, s = _policy_count(policies), settings
+    sources = p * _rollout_units(num_tasks, s.source_samples, t_max)
+    pairs = p - 1
+    units = {
+        "table": lambda: p * sum(_rollout_units(num_tasks, s.samples, b)
+                                 for b in s.table_budgets(t_max)),
+        "passk": lambda: p * _rollout_units(num_tasks, s.pass_k_samples, t_max),
+        "steps": lambda: sources + pairs * 2 * _rollout_units(s.states, s.group_size, 1),
+        "errors": lambda: sources + pairs * 2 * _rollout_units(s.states, s.group_size, t_max),
+        "likelihood": lambda: (p + pairs * 2) * _rollout_units(num_tasks, s.likelihood_samples,
+                                                               t_max),
+        "dynamics": lambda: 1,
+    }
+    if name not in units:
+        raise ValueError(f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}")
+    return units[name]()
+
+
+# ---------------------------------------------------------------- the evaluation context
+
+
+def _is_policy(obj: Any) -> bool:
+    return all(callable(getattr(obj, m, None)) for m in ("start", "respond", "extend"))
+
+
+def _samplers(models: Mapping[str, Any]) -> dict[str, Policy]:
+    """A policy per name: a Qwen3 model is sampled by a :class:`SamplerPolicy` (models of one
+    architecture share one's compiled functions, :meth:`SamplerPolicy.using`); a policy
+    object (e.g. a :class:`~agentrl_jax.policy.ScriptedPolicy`) is used as it is."""
+    out: dict[str, Policy] = {}
+    compiled: list[SamplerPolicy] = []
+    for name, model in models.items():
+        if not isinstance(model, Qwen3ForCausalLM):
+            out[name] = model
+            continue
+        graph = nnx.graphdef(model)
+        twin = next((s for s in compiled if nnx.graphdef(s.model) == graph), None)
+        out[name] = twin.using(nnx.state(model)) if twin else SamplerPolicy(model)
+        if twin is None:
+            compiled.append(out[name])
+    return out
+
+
+@dataclasses.dataclass
+class _Run:
+    """Everything one analysis needs."""
+
+    out: Path
+    env: FrozenLakeTextEnv
+    task_ids: np.ndarray
+    tokenizer: Any
+    models: Mapping[str, Any]
+    settings: EvalSettings
+    progress: Callable[[int], None]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.models)
+
+    @property
+    def base(self) -> str:
+        return self.names[0]
+
+    @property
+    def t_max(self) -> int:
+        return self.env.t_max
+
+    @functools.cached_property
+    def policies(self) -> dict[str, Policy]:
+        return _samplers(self.models)
+
+    @functools.cached_property
+    def config(self) -> RolloutConfig:
+        vocab = [m.config.vocab_size for m in self.models.values() if isinstance(m, Qwen3ForCausalLM)]
+        known = len(self.tokenizer)
+        if vocab and known > min(vocab):
+            raise ValueError(f"the tokenizer has {known} ids but a model's vocab_size is {min(vocab)}")
+        # Embedding rows past the tokenizer (Qwen3: 151,936 vs 151,669) are never sampled.
+        return self.settings.rollout_config(known if vocab and known < min(vocab) else None)
+
+    def key(self, stream: str) -> jax.Array:
+        return jax.random.fold_in(jax.random.key(self.settings.seed), _STREAMS[stream])
+
+    def rollout(self, name: str, stream: str, samples: int, budget: int):
+        """``samples`` trajectories of every task by policy ``name`` at ``budget``."""
+        traj = passt.rollout_tasks(self.env, self.tokenizer, self.policies[name], self.task_ids,
+                                   self.key(stream), budget=budget, samples=samples,
+                                   config=self.config, tasks_per_call=self.settings.tasks_per_call)
+        self.progress(_rollout_units(len(self.task_ids), samples, budget))
+        return traj
+
+    def header(self, analysis: str) -> dict[str, Any]:
+        """The common fields of a raw record."""
+        return {"analysis": analysis, "policies": self.names, "base": self.base,
+                "counterparts": results.budgetmix_counterparts(self.names), "t_max": self.t_max,
+                "task_ids": self.task_ids, "settings": dataclasses.asdict(self.settings)}
+
+    def write_raw(self, analysis: str, record: Mapping[str, Any]) -> str:
+        path = eval_report.write_json(raw_path(self.out, analysis), {**self.header(analysis), **record})
+        return path.relative_to(self.out).as_posix()
+
+    def starts(self, pool: StatePool) -> StateStarts:
+        config = dataclasses.replace(self.config, group_size=self.settings.group_size)
+        return StateStarts(self.env, self.tokenizer, pool, config,
+                           states_per_call=self.settings.states_per_call)
+
+
+def _with(section: Section, title: str | None = None, text: str = "", files: Sequence[str] = ()) -> Section:
+    """``section`` retitled, with the sentence ``text`` appended and more ``files``."""
+    first = section.text if not text or section.text.endswith((".", ")")) else section.text + "."
+    return dataclasses.replace(section, title=title or section.title,
+                               text=" ".join(t for t in (first, text) if t),
+                               files=section.files + tuple(files))
+
+
+# ---------------------------------------------------------------- Pass@T / Table 1 and Pass@K
+
+
+def _table(run: _Run) -> list[Section]:
+    s = run.settings
+    budgets = s.table_budgets(run.t_max)
+    counts: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+    for name, policy in run.policies.items():
+        counts[name] = {}
+        for budget in budgets:  # one call per budget: the same samples as all at once (passt)
+            counts[name].update(passt.pass_at_t_results(
+                run.env, run.tokenizer, policy, run.task_ids, run.key("table"), budgets=[budget],
+                samples=s.samples, config=run.config, tasks_per_call=s.tasks_per_call))
+            run.progress(_rollout_units(len(run.task_ids), s.samples, budget))
+    shortest = passt.shortest_paths(run.env.maps[run.task_ids])
+    record = {"k": s.k, "samples": s.samples, "budgets": budgets,
+              "levels": passk.budget_levels(run.t_max), "percents": passk.BUDGET_PERCENTS,
+              "slippery": run.env.config.is_slippery, "shortest_paths": shortest,
+              "counts": {p: {b: {"n": n, "c": c} for b, (n, c) in by_budget.items()}
+                         for p, by_budget in counts.items()}}
+    raw = run.write_raw("table", record)
+    curve, table = eval_report.write_pass_at_t(run.out, counts, k=s.k, t_max=run.t_max,
+                                               shortest_paths=shortest)
+    bound = ("a necessary condition only on slippery maps" if run.env.config.is_slippery
+             else "exact for a Q*-optimal policy on these deterministic maps")
+    curve = _with(curve, f"Pass@T at k = {s.k}",
+                  f"{len(run.task_ids)} tasks x {s.samples} samples per budget. Dashed: the "
+                  f"structural bound, the share of tasks whose shortest path fits in T ({bound}).",
+                  (raw,))
+    table = report.write_table1(run.out, results.load_raw(run.out, "table"), table)
+    return [table, curve]
+
+
+def _passk(run: _Run) -> list[Section]:
+    s = run.settings
+    counts = {}
+    for name, policy in run.policies.items():
+        counts[name] = passt.pass_at_k_results(
+            run.env, run.tokenizer, policy, run.task_ids, run.key("passk"),
+            samples=s.pass_k_samples, config=run.config, tasks_per_call=s.tasks_per_call)[run.t_max]
+        run.progress(_rollout_units(len(run.task_ids), s.pass_k_samples, run.t_max))
+    raw = run.write_raw("passk", {"samples": s.pass_k_samples,
+                                  "counts": {p: {"n": n, "c": c} for p, (n, c) in counts.items()}})
+    section = eval_report.write_pass_at_k(run.out, counts, ks=range(1, s.pass_k_samples + 1))
+    return [_with(section, f"Pass@K at T_max = {run.t_max}",
+                  f"{len(run.task_ids)} tasks x {s.pass_k_samples} samples per policy.", (raw,))]
+
+
+# ---------------------------------------------------------------- step diagnostics (§7.1-7.3)
+
+
+def _visits(run: _Run) -> dict[str, StatePool]:
+    """The states each policy's trajectories act from at ``T_max``."""
+    return {name: visited_states(run.rollout(name, "sources", run.settings.source_samples, run.t_max))
+            for name in run.names}
+
+
+def _pool(run: _Run, visits: Mapping[str, StatePool], other: str) -> StatePool:
+    """§7.1's matched pool of (base, other): half visited by each."""
+    return matched_pool(visits[run.base], visits[other], size=run.settings.states,
+                        seed=run.settings.seed)
+
+
+def _state_columns(run: _Run, pool: StatePool, other: str) -> dict[str, Any]:
+    columns = pool.to_columns()
+    columns["source"] = [(run.base, other)[s] for s in pool.source]
+    return columns
+
+
+def _steps(run: _Run) -> list[Section]:
+    s, visits = run.settings, _visits(run)
+    sections, pairs = [], {}
+    for other in run.names[1:]:
+        pool = _pool(run, visits, other)
+        values = diagnostics.state_values(run.env, pool, gamma=s.gamma)
+        result = diagnostics.step_quality(run.starts(pool), values, run.policies[run.base],
+                                          run.policies[other], run.key("steps"),
+                                          names=(run.base, other), invalid=s.invalid)
+        run.progress(2 * _rollout_units(s.states, s.group_size, 1))
+        name = slug(other)
+        quality = eval_report.write_step_quality(run.out, result.pools(), name=f"step_quality_{name}",
+                                                 policy_names=(run.base, other))
+        shares = ", ".join(f"{n} {100 * v:.1f}%" for n, v in result.invalid_share().items())
+        sections.append(_with(quality, f"Step-level action quality on matched states: {other} vs "
+                                       f"{run.base}", f"Invalid responses ({s.invalid}-scored): {shares}."))
+        depth, curves = diagnostics.quality_by_depth(result, run.t_max)
+        sections.append(_with(eval_report.write_quality_vs_depth(
+            run.out, depth, curves, bins=s.depth_bins, seed=s.seed, name=f"quality_vs_depth_{name}"),
+            f"Action quality vs normalised depth: {other} vs {run.base}"))
+        pairs[other] = {"states": _state_columns(run, pool, other),
+                        "action_values": values.action_values, "noop_value": values.noop_value,
+                        "actions": result.actions, "quality": result.quality}
+    raw = run.write_raw("steps", {"gamma": s.gamma, "invalid": s.invalid, "pairs": pairs})
+    return [_with(sections[0], files=(raw,))] + sections[1:]
+
+
+def _errors(run: _Run) -> list[Section]:
+    s, visits = run.settings, _visits(run)
+    sections, pairs = [], {}
+    for other in run.names[1:]:
+        errors = inject_errors(run.env.maps, _pool(run, visits, other), seed=s.seed)
+        if len(errors.states) == 0:
+            raise ValueError(f"errors: no state of the ({run.base}, {other}) pool admits an error "
+                             "move with a turn left")
+        values = diagnostics.state_values(run.env, errors.states, gamma=s.gamma)
+        result = diagnostics.error_state_analysis(
+            run.starts(errors.states), errors, values, run.policies[run.base], run.policies[other],
+            run.key("errors"), names=(run.base, other), invalid=s.invalid)
+        run.progress(2 * _rollout_units(s.states, s.group_size, run.t_max))
+        name = slug(other)
+        quality = eval_report.write_step_quality(run.out, result.quality.pools(),
+                                                 name=f"error_step_quality_{name}",
+                                                 policy_names=(run.base, other))
+        sections.append(_with(quality, f"Step-level action quality at error states: {other} vs "
+                                       f"{run.base}", f"{len(errors.states)} error states."))
+        paired = result.paired_success().mean_diff
+        continuation = eval_report.write_continuation(run.out, result.success,
+                                                      name=f"continuation_{name}")
+        sections.append(_with(continuation, f"Continuation success from error states: {other} vs "
+                                            f"{run.base}",
+                              f"Paired per-state difference {other} - {run.base}: "
+                              f"{100 * paired.mean:+.1f} pt [{100 * paired.low:+.1f}, "
+                              f"{100 * paired.high:+.1f}]."))
+        pairs[other] = {"states": _state_columns(run, errors.states, other),
+                        "origin": errors.origin, "injected_action": errors.action,
+                        "action_values": values.action_values, "noop_value": values.noop_value,
+                        "actions": result.quality.actions, "quality": result.quality.quality,
+                        "success": result.success, "overflow": result.overflow}
+    raw = run.write_raw("errors", {"gamma": s.gamma, "invalid": s.invalid, "pairs": pairs})
+    return [_with(sections[0], files=(raw,))] + sections[1:]
+
+
+# ---------------------------------------------------------------- likelihood (§7.4)
+
+
+def _likelihood(run: _Run) -> list[Section]:
+    s = run.settings
+    not_models = [n for n, m in run.models.items() if not isinstance(m, Qwen3ForCausalLM)]
+    if not_models:
+        raise ValueError(f"likelihood: needs a Qwen3 model for every policy (teacher-forced "
+                         f"log-probs); {not_models} are not")
+    trajectories = {name: run.rollout(name, "likelihood", s.likelihood_samples, run.t_max)
+                    for name in run.names}
+    sections, pairs = [], {}
+    for other in run.names[1:]:
+        data = likelihood.likelihood_data(run.models[run.base], run.models[other],
+                                          {n: trajectories[n] for n in (run.base, other)},
+                                          rows_per_batch=s.likelihood_rows_per_batch)
+        run.progress(2 * _rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max))
+        section = eval_report.write_likelihood(run.out, data.action_nll(), data.llr_sets(),
+                                               name=f"likelihood_{slug(other)}")
+        sections.append(_with(section, f"Likelihood: {other} vs {run.base} (ActionNLL under "
+                                       f"{run.base}, cumulative LLR)"))
+        pairs[other] = {field: getattr(data, field) for field in (
+            "logp_base", "logp_rl", "turn_mask", "action_valid", "success")}
+    raw = run.write_raw("likelihood", {"pairs": pairs})
+    return [_with(sections[0], files=(raw,))] + sections[1:]
+
+
+# ---------------------------------------------------------------- training dynamics (§7.5)
+
+
+def _dynamics(run: _Run, training_logs: Mapping[str, Path]) -> list[Section]:
+    if not training_logs:
+        raise ValueError("dynamics: needs training_logs ({run name: metrics.jsonl})")
+    runs, sections = {}, []
+    for name, log in training_logs.items():
+        if not Path(log).is_file():
+            raise ValueError(f"dynamics: the metrics log of run {name!r}, {log}, is not a file")
+        section = eval_report.write_training_dynamics(run.out, log,
+                                                      name=f"training_dynamics_{slug(name)}")
+        sections.append(_with(section, f"Training dynamics: {name}"))
+        steps, series = eval_report.read_training_log(log)
+        runs[name] = {"log": str(log), "step": steps, "series": series,
+                      "change": {k: results.start_to_end(v) for k, v in series.items()}}
+    record = {"analysis": "dynamics", "runs": runs,
+              "counterparts": results.budgetmix_counterparts(list(training_logs))}
+    path = eval_report.write_json(raw_path(run.out, "dynamics"), record)
+    run.progress(1)
+    summary = Section("Training dynamics: start to end",
+                      "Change of each curve from the mean of its first w logged steps to the mean "
+                      "of its last w (w: a tenth of the steps, at least 2 from 4 steps on), with a "
+                      "95% normal CI treating the steps as independent. Paper (§7.5, FrozenLake): "
+                      "full-budget RL R_multi +0.568, R_single -0.091; BudgetMix R_single +0.006.",
+                      files=(path.relative_to(run.out).as_posix(),),
+                      markdown=report.dynamics_markdown(results.load_raw(path, "dynamics")))
+    return [summary] + sections
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _check_models(models: Mapping[str, Any], name: str) -> None:
+    if not isinstance(models, Mapping) or not models:
+        raise ValueError("models: must be a non-empty mapping {policy name: model}")
+    slugs: dict[str, str] = {}
+    for policy, model in models.items():
+        if not isinstance(policy, str):
+            raise ValueError(f"models: policy names must be strings, got {policy!r}")
+        if model is None and name == "dynamics":  # the logs are all it reads
+            continue
+        if not (isinstance(model, Qwen3ForCausalLM) or _is_policy(model)):
+            raise ValueError(f"models[{policy!r}]: must be a Qwen3ForCausalLM or a Policy, "
+                             f"got {type(model).__name__}")
+        other = slugs.setdefault(slug(policy), policy)
+        if other != policy:
+            raise ValueError(f"models: {other!r} and {policy!r} would share file names")
+    if name in _PAIRWISE and len(models) < 2:
+        raise ValueError(f"{name}: compares the base with other policies; got only {list(models)}")
+
+
+def run_analysis(name: str, out: str | Path, env: FrozenLakeTextEnv, task_ids: np.ndarray,
+                 tokenizer: Any, models: Mapping[str, Any], settings: EvalSettings, *,
+                 training_logs: Mapping[str, str | Path] | None = None,
+                 progress: Callable[[int], None] | None = None) -> list[Section]:
+    """Run one analysis of :data:`ANALYSES` and write its files under ``out``.
+
+    Args:
+      name: the analysis.
+      out: the results folder.
+      env: the evaluation environment (its maps are the tasks, its ``t_max`` the full budget).
+      task_ids: ``[tasks]`` indices of the maps to evaluate on.
+      tokenizer: the policies' common tokenizer (with a chat template).
+      models: ``{policy name: model}`` in report order, the first the base policy. A value is
+        a :class:`Qwen3ForCausalLM` or any :class:`~agentrl_jax.policy.Policy` (e.g. a
+        scripted one; not for ``likelihood``, which scores responses with the models).
+      settings: :class:`EvalSettings`.
+      training_logs: ``{run name: metrics.jsonl}`` (records with ``step``, ``R_multi``,
+        ``R_single``), only for ``dynamics``.
+      progress: called with a number of finished work units as rollouts finish; the calls
+        add up to :func:`analysis_units`.
+
+    Returns:
+      The analysis' report sections (also saved to ``out/sections/<name>.json``).
+    """
+    if name not in ANALYSES:
+        raise ValueError(f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}")
+    if not isinstance(settings, EvalSettings):
+        raise ValueError(f"settings: must be an EvalSettings, got {type(settings).__name__}")
+    _check_models(models, name)
+    run = _Run(Path(out), env, np.asarray(task_ids), tokenizer, models, settings,
+               progress or (lambda units: None))
+    if name == "dynamics":
+        sections = _dynamics(run, dict(training_logs or {}))
+    else:
+        sections = {"table": _table, "passk": _passk, "steps": _steps, "errors": _errors,
+                    "likelihood": _likelihood}[name](run)
+    report.write_sections(run.out, name, sections)
+    return sections

@@ -1,0 +1,287 @@
+"""The paper's headline results (PAPER.md §9, §7.5) checked against this run's raw results.
+
+Each check reads the raw records of :mod:`.results` (never a report section), recomputes
+its numbers, and returns a :class:`Finding` per policy (or run) it applies to, with a verdict:
+
+* ``shows``: the effect goes the paper's way and its 95% CI excludes "no effect";
+* ``inconclusive``: it goes the paper's way but the CI includes no effect (or there are too
+  few values for a CI): this run cannot tell it from noise;
+* ``does not show``: it does not go the paper's way;
+* ``not measured``: the analyses it needs were not run (or do not apply).
+
+CIs are normal 95% intervals of paired per-task (or per-state) differences
+(:func:`results.paired_difference`), or of a difference of two means for training curves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from agentrl_jax.evaluation import passk, stats
+from agentrl_jax.evaluation import report as eval_report
+from agentrl_jax.evaluation.report import Section
+from agentrl_jax.reproduce import results
+from agentrl_jax.reproduce.results import ANALYSES
+
+SHOWS, INCONCLUSIVE, NOT_SHOWN, NOT_MEASURED = ("shows", "inconclusive", "does not show",
+                                                "not measured")
+FINDINGS_JSON = "findings.json"
+FINDINGS_TITLE = "Paper findings vs this run"
+
+PASS_AT_K = "RL beats base at every k of Pass@K"
+LEAD_GROWS = "RL's lead over base grows with T (shrinks or reverses at 25% of T_max)"
+BUDGETMIX_SMALL = "BudgetMix beats full-budget RL at small budgets (25%, 50%)"
+ERROR_RECOVERY = "Error recovery, not single-step quality, is where RL gains"
+FULL_BUDGET_DYNAMICS = "Full-budget RL: R_multi rises while R_single falls"
+BUDGETMIX_DYNAMICS = "BudgetMix keeps R_single"
+
+PAPER = {
+    PASS_AT_K: "RL above base for k = 1..128 (§9)",
+    LEAD_GROWS: "FrozenLake 4B at 25%: GRPO 28.7% vs base 30.3%; the lead grows with T (§9)",
+    BUDGETMIX_SMALL: "+7.5 pt at 25%, +5.3 at 50% (+4.0 at 75%, +1.1 at 100%), averaged; "
+                     "FrozenLake GRPO 4B at 25%: 37.6 vs 28.7 (§9)",
+    ERROR_RECOVERY: "FrozenLake: RL better on 42.8% of matched states (mean -0.018) but 65.7% of "
+                    "error states; continuation 51.3% vs 38.6% (§7.1, §7.2)",
+    FULL_BUDGET_DYNAMICS: "FrozenLake R_multi +0.568, R_single -0.091 (§7.5)",
+    BUDGETMIX_DYNAMICS: "R_single +0.006 with R_multi +0.323 (§7.5)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One headline checked on one policy (or run, or pair): the claim, the paper's numbers,
+    this run's, the verdict and the numbers behind it (for ``findings.json``)."""
+
+    headline: str
+    subject: str
+    paper: str
+    observed: str
+    verdict: str
+    numbers: dict = dataclasses.field(default_factory=dict)
+
+
+def _verdict(holds: bool, significant: bool) -> str:
+    return NOT_SHOWN if not holds else SHOWS if significant else INCONCLUSIVE
+
+
+def _above(ci: stats.MeanCI) -> bool:
+    return math.isfinite(ci.low) and ci.low > 0
+
+
+def _below(ci: stats.MeanCI) -> bool:
+    return math.isfinite(ci.high) and ci.high < 0
+
+
+def _pt(ci: stats.MeanCI) -> str:
+    """``+3.1 pt [-0.4, +6.6]`` (fractions shown in points)."""
+    text = f"{100 * ci.mean:+.1f} pt"
+    return text + (f" [{100 * ci.low:+.1f}, {100 * ci.high:+.1f}]" if math.isfinite(ci.low) else "")
+
+
+def _num(ci: stats.MeanCI, digits: int = 3) -> str:
+    text = f"{ci.mean:+.{digits}f}"
+    return text + (f" [{ci.low:+.{digits}f}, {ci.high:+.{digits}f}]" if math.isfinite(ci.low) else "")
+
+
+def _absent(headline: str, why: str) -> Finding:
+    return Finding(headline, "", PAPER[headline], why, NOT_MEASURED)
+
+
+# ---------------------------------------------------------------- Pass@K and Pass@T (§9)
+
+
+def check_pass_at_k(record: Mapping[str, Any]) -> list[Finding]:
+    """RL above base at every k: the lead at each k and, at the k where it is smallest, the
+    CI of the paired per-task difference (the weakest point decides)."""
+    base, out = record["policies"][0], []
+    counts = {p: (np.asarray(v["n"]), np.asarray(v["c"])) for p, v in record["counts"].items()}
+    ks = np.arange(1, int(min(n.min() for n, _ in counts.values())) + 1)
+    per_task = {p: passk.pass_at_k_matrix(n, c, ks) for p, (n, c) in counts.items()}  # [tasks, K]
+    for policy in record["policies"][1:]:
+        lead = per_task[policy].mean(axis=0) - per_task[base].mean(axis=0)
+        weakest = int(np.argmin(lead))
+        ci = results.paired_difference(per_task[policy][:, weakest], per_task[base][:, weakest])
+        ahead = int((lead > 0).sum())
+        curve = {p: per_task[p].mean(axis=0) for p in (base, policy)}
+        observed = (f"pass@1 {curve[policy][0]:.3f} vs {base} {curve[base][0]:.3f}; "
+                    f"pass@{ks[-1]} {curve[policy][-1]:.3f} vs {curve[base][-1]:.3f}; ahead at "
+                    f"{ahead} of {ks.size} k; smallest lead at k = {ks[weakest]}: {_pt(ci)}")
+        out.append(Finding(PASS_AT_K, policy, PAPER[PASS_AT_K], observed,
+                           _verdict(ahead == ks.size, _above(ci)),
+                           {"k": ks, "lead": lead, "weakest_k": int(ks[weakest]),
+                            "weakest_lead": ci}))
+    return out
+
+
+def _level_differences(record, a: str, b: str) -> list[np.ndarray]:
+    return [results.per_task_pass(record, a, t) - results.per_task_pass(record, b, t)
+            for t in record["levels"]]
+
+
+def check_lead_grows(record: Mapping[str, Any]) -> list[Finding]:
+    """The lead over base at 100% minus the lead at 25% of T_max (per-task, paired), for the
+    full-budget RL policies (all others if none is full-budget)."""
+    base, others = record["policies"][0], record["policies"][1:]
+    subjects = [p for p in others if not results.is_budgetmix(p)] or others
+    out = []
+    for policy in subjects:
+        diffs = _level_differences(record, policy, base)
+        leads = [float(d.mean()) for d in diffs]
+        growth = results.paired_difference(diffs[-1], diffs[0])
+        monotone = all(x < y for x, y in zip(leads, leads[1:]))
+        small = ("reverses (<= 0)" if leads[0] <= 0 else
+                 "shrinks" if leads[0] < leads[-1] else "does not shrink")
+        observed = (f"lead at 25/50/75/100%: {', '.join(f'{100 * v:+.1f}' for v in leads)} pt "
+                    f"({'increasing' if monotone else 'not monotone'}); at 25% it {small}; "
+                    f"lead at 100% minus lead at 25%: {_pt(growth)}")
+        out.append(Finding(LEAD_GROWS, policy, PAPER[LEAD_GROWS], observed,
+                           _verdict(growth.mean > 0, _above(growth)),
+                           {"levels": record["levels"], "lead": leads, "growth": growth}))
+    return out
+
+
+def check_budgetmix_small(record: Mapping[str, Any]) -> list[Finding]:
+    """BudgetMix minus its full-budget counterpart at 25% and 50% of T_max (paired per task);
+    75% and 100% are reported alongside."""
+    pairs = results.budgetmix_counterparts(record["policies"])
+    if not pairs:
+        return [_absent(BUDGETMIX_SMALL, "no BudgetMix policy evaluated with its full-budget "
+                                         "counterpart")]
+    out = []
+    for mix, full in pairs.items():
+        deltas = [stats.mean_ci_normal(d) for d in _level_differences(record, mix, full)]
+        small = deltas[:2]
+        observed = "; ".join(f"{p}%: {_pt(d)}" for p, d in zip(record["percents"], deltas))
+        out.append(Finding(BUDGETMIX_SMALL, f"{mix} vs {full}", PAPER[BUDGETMIX_SMALL], observed,
+                           _verdict(all(d.mean > 0 for d in small), all(_above(d) for d in small)),
+                           {"levels": record["levels"], "difference": deltas}))
+    return out
+
+
+# ---------------------------------------------------------------- error recovery (§7.1, §7.2)
+
+
+def _comparison(pair: Mapping[str, Any], base: str, policy: str) -> stats.PairedComparison:
+    return stats.paired_comparison(pair["quality"][policy], pair["quality"][base])
+
+
+def check_error_recovery(steps: Mapping[str, Any], errors: Mapping[str, Any]) -> list[Finding]:
+    """Per policy: continuation success from error states above base's (paired per state), and
+    RL better on a larger share of error states than of matched states."""
+    base, out = errors["policies"][0], []
+    for policy in errors["policies"][1:]:
+        if policy not in steps["pairs"] or policy not in errors["pairs"]:
+            continue
+        matched = _comparison(steps["pairs"][policy], base, policy)
+        pair = errors["pairs"][policy]
+        at_errors = _comparison(pair, base, policy)
+        success = {p: np.asarray(pair["success"][p], np.float64) for p in (base, policy)}
+        gain = results.paired_difference(success[policy].mean(axis=1), success[base].mean(axis=1))
+        rates = {p: float(s.mean()) for p, s in success.items()}
+        observed = (f"better on {100 * matched.share_rl_better:.1f}% of matched states (mean Q* "
+                    f"diff {_num(matched.mean_diff)}) vs {100 * at_errors.share_rl_better:.1f}% of "
+                    f"error states ({_num(at_errors.mean_diff)}); continuation "
+                    f"{100 * rates[policy]:.1f}% vs {base} {100 * rates[base]:.1f}%: {_pt(gain)}")
+        holds = gain.mean > 0 and at_errors.share_rl_better > matched.share_rl_better
+        out.append(Finding(ERROR_RECOVERY, policy, PAPER[ERROR_RECOVERY], observed,
+                           _verdict(holds, _above(gain)),
+                           {"matched": matched, "error_states": at_errors,
+                            "continuation": rates, "continuation_gain": gain}))
+    return out
+
+
+# ---------------------------------------------------------------- training dynamics (§7.5)
+
+
+def _changes(entry: Mapping[str, Any]) -> dict[str, stats.MeanCI | None]:
+    out = {}
+    for key in ("R_multi", "R_single"):
+        c = entry["change"].get(key)
+        out[key] = None if not c or c.get("change") is None else results.mean_ci_from_json(c["change"])
+    return out
+
+
+def check_dynamics(record: Mapping[str, Any]) -> list[Finding]:
+    """Full-budget runs: R_multi up and R_single down; BudgetMix runs: R_single kept (its
+    change >= 0, inconclusive if negative with a CI reaching 0)."""
+    out, changes = [], {run: _changes(entry) for run, entry in record["runs"].items()}
+    for run, change in changes.items():
+        multi, single = change["R_multi"], change["R_single"]
+        if results.is_budgetmix(run):
+            if single is None:
+                out.append(_absent(BUDGETMIX_DYNAMICS, f"{run}: no R_single in its log"))
+                continue
+            full = record.get("counterparts", {}).get(run)
+            versus = (f"; {full}: {_num(changes[full]['R_single'])}"
+                      if full and changes[full]["R_single"] is not None else "")
+            verdict = (SHOWS if single.mean >= 0 else
+                       NOT_SHOWN if _below(single) else INCONCLUSIVE)
+            out.append(Finding(BUDGETMIX_DYNAMICS, run, PAPER[BUDGETMIX_DYNAMICS],
+                               f"R_single {_num(single)}{versus}", verdict, {"R_single": single}))
+            continue
+        if multi is None or single is None:
+            out.append(_absent(FULL_BUDGET_DYNAMICS, f"{run}: R_multi and R_single need two "
+                                                     "logged values each"))
+            continue
+        out.append(Finding(FULL_BUDGET_DYNAMICS, run, PAPER[FULL_BUDGET_DYNAMICS],
+                           f"R_multi {_num(multi)}, R_single {_num(single)}",
+                           _verdict(multi.mean > 0 and single.mean < 0,
+                                    _above(multi) and _below(single)),
+                           {"R_multi": multi, "R_single": single}))
+    return out
+
+
+# ---------------------------------------------------------------- all of them
+
+
+def check_findings(out: str | Path, analyses: Sequence[str] = ANALYSES) -> list[Finding]:
+    """Every headline, checked on the raw results of ``analyses`` saved under ``out``."""
+    raw = {a: results.load_raw(out, a) if a in analyses else None for a in ANALYSES}
+    found: list[Finding] = []
+    if raw["passk"] is not None and len(raw["passk"]["policies"]) > 1:
+        found += check_pass_at_k(raw["passk"])
+    else:
+        found.append(_absent(PASS_AT_K, "Pass@K of base and an RL policy not run"))
+    if raw["table"] is not None and len(raw["table"]["policies"]) > 1:
+        found += check_lead_grows(raw["table"]) + check_budgetmix_small(raw["table"])
+    else:
+        found += [_absent(LEAD_GROWS, "Pass@T of base and an RL policy not run"),
+                  _absent(BUDGETMIX_SMALL, "Pass@T not run")]
+    recovery = (check_error_recovery(raw["steps"], raw["errors"])
+                if raw["steps"] is not None and raw["errors"] is not None else [])
+    found += recovery or [_absent(ERROR_RECOVERY, "needs both the steps and errors analyses "
+                                                  "of the same policies")]
+    dynamics = check_dynamics(raw["dynamics"]) if raw["dynamics"] is not None else []
+    if not any(f.headline == FULL_BUDGET_DYNAMICS for f in dynamics):
+        dynamics.append(_absent(FULL_BUDGET_DYNAMICS, "no full-budget run's training log"))
+    if not any(f.headline == BUDGETMIX_DYNAMICS for f in dynamics):
+        dynamics.append(_absent(BUDGETMIX_DYNAMICS, "no BudgetMix run's training log"))
+    return found + dynamics
+
+
+def findings_markdown(found: Sequence[Finding]) -> str:
+    lines = ["| Paper headline | Checked on | Paper | This run | Verdict |", "|---|---|---|---|---|"]
+    for f in found:
+        cells = [f.headline, f.subject or "-", f.paper, f.observed, f"**{f.verdict}**"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_findings(out: str | Path, found: Sequence[Finding]) -> Section:
+    """``findings.json`` and the report's section with the findings table."""
+    out = Path(out)
+    path = eval_report.write_json(out / FINDINGS_JSON, [dataclasses.asdict(f) for f in found])
+    text = ("Each §9 / §7.5 headline checked in kind on this run's raw results. shows: the "
+            "effect goes the paper's way and its 95% CI excludes no effect; inconclusive: it goes "
+            "the paper's way but the CI includes no effect (or is undefined); does not show: it "
+            "goes the other way; not measured: the analysis was not run. Differences are paired "
+            "per task (Pass@k) or per state (continuation); training changes compare the mean "
+            "of the first and last logged steps. A small model on a few tasks can miss effects "
+            "the paper measured at scale: a verdict describes this run only.")
+    return Section(FINDINGS_TITLE, text, files=(path.relative_to(out).as_posix(),),
+                   markdown=findings_markdown(found))

@@ -1,0 +1,375 @@
+"""The reproduction as resumable phases writing one results folder.
+
+Phases, in order (each writes only under ``out/``)::
+
+    setup           models/init/            a random Qwen3 + small tokenizer (or a local Qwen3)
+    demos           warm_start/demos.npz    Q* demonstrations with mistakes, in the real rollout
+    warm_start      models/base/            behaviour cloning -> the base policy
+    train:<run>     runs/<run>/, models/<run>/   each RL run (checkpoints, metrics.jsonl)
+    eval:<analysis> raw/, figures, sections/     Table 1, Pass@K, diagnostics, dynamics
+    report          report.md, findings.json
+
+``out/phases.json`` records each finished phase (seconds, outputs); a rerun skips them, and an
+unfinished training phase resumes from its newest Orbax checkpoint. ``out/config.yaml`` is
+the exact config; rerunning on a folder made with a different config is refused (start afresh
+with ``fresh=True`` or another folder) so a report never mixes settings. One progress bar
+counts work units over all phases (rollouts, SFT and RL steps) with the phase name and ETA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from agentrl_jax.models import load_qwen3
+from agentrl_jax.models.tokenizer import load_tokenizer
+from agentrl_jax.reproduce import demos as demo_lib
+from agentrl_jax.reproduce import evaluate, sft, training
+from agentrl_jax.reproduce.config import ReproduceConfig, config_from_dict, dump_config
+from agentrl_jax.reproduce.policy_init import build_frozenlake_tokenizer, random_qwen3, save_policy
+from agentrl_jax.reproduce.report import write_report
+from agentrl_jax.sharding import build_mesh
+from agentrl_jax.trajectory import Trajectory
+from envs.frozenlake import maps as fl_maps
+from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
+
+import yaml
+
+BASE = "base"
+PHASES_FILE, CONFIG_FILE = "phases.json", "config.yaml"
+DEMO_TASKS_PER_CALL = 32
+
+
+class ResultsFolderError(ValueError):
+    """The results folder cannot be used (e.g. it holds a run of another config)."""
+
+
+# ---------------------------------------------------------------- tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class Tasks:
+    """Training and evaluation environments over disjoint map splits."""
+
+    train: FrozenLakeTextEnv
+    test: FrozenLakeTextEnv
+
+
+def make_tasks(config: ReproduceConfig) -> Tasks:
+    t = config.task
+    key = jax.random.key(t.map_seed)
+    def maps(split: str, count: int, stream: int) -> np.ndarray:
+        return np.asarray(fl_maps.generate(jax.random.fold_in(key, stream), count, size=t.map_size,
+                                           p=t.frozen_p, random_start_goal=t.random_start_goal,
+                                           split=split))
+    dynamics = FrozenLakeTextConfig(t_max=t.t_max, is_slippery=t.slippery, success_rate=t.success_rate)
+    return Tasks(FrozenLakeTextEnv(maps("train", t.train_maps, 0), dynamics),
+                 FrozenLakeTextEnv(maps("test", t.eval_maps, 1), dynamics))
+
+
+# ---------------------------------------------------------------- the phase record
+
+
+class Phases:
+    """``out/phases.json``: finished phases and what they recorded."""
+
+    def __init__(self, out: Path):
+        self.path = out / PHASES_FILE
+        self.done: dict[str, dict[str, Any]] = (json.loads(self.path.read_text())
+                                                if self.path.exists() else {})
+
+    def finish(self, name: str, seconds: float, **info: Any) -> None:
+        self.done[name] = {"seconds": round(seconds, 2), **info}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.done, indent=2))
+        tmp.replace(self.path)  # atomic: a kill never leaves half a record
+
+
+def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
+    """Create ``out`` (or check that it holds this config), and write ``config.yaml``."""
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    saved = out / CONFIG_FILE
+    if saved.exists():
+        try:
+            previous = config_from_dict(yaml.safe_load(saved.read_text()), source=str(saved))
+        except ValueError as error:
+            raise ResultsFolderError(f"{saved} is not a valid config ({error}); use --fresh or "
+                                     "another --out") from None
+        if previous != config:
+            changed = [f"{s}.{k}" for s, fields in config.to_dict().items()
+                       for k, v in fields.items() if previous.to_dict()[s][k] != v]
+            raise ResultsFolderError(f"{out} holds a run of another config (differs in "
+                                     f"{', '.join(changed)}); use --fresh to start over or "
+                                     "another --out")
+    elif out.exists() and any(out.iterdir()):
+        raise ResultsFolderError(f"{out} is not empty and holds no {CONFIG_FILE}; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    saved.write_text(dump_config(config))
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Reproduction:
+    """Runs the phases of one config into one folder (see the module docstring)."""
+
+    def __init__(self, config: ReproduceConfig, out: str | Path, *, fresh: bool = False,
+                 progress: bool = True, log: Callable[[str], None] = print):
+        self.config, self.out = config, Path(out)
+        prepare_folder(self.out, config, fresh)
+        self.phases = Phases(self.out)
+        self.tasks = make_tasks(config)
+        self.runs = training.run_specs(config.rl)
+        self.log = log
+        self.mesh = self._mesh()
+        self.bar = tqdm(total=self.total_units(), disable=not progress, dynamic_ncols=True,
+                        unit=" turns", unit_scale=True, desc="reproduce")
+
+    # -- layout
+    def model_dir(self, name: str) -> Path:
+        return self.out / "models" / name
+
+    @property
+    def init_dir(self) -> Path:
+        if self.config.model.model_dir is not None:
+            return Path(self.config.model.model_dir)
+        return self.model_dir("init")
+
+    @property
+    def base_dir(self) -> Path:
+        return self.model_dir(BASE) if self.config.warm_start.enabled else self.init_dir
+
+    def _mesh(self):
+        mesh = self.config.mesh
+        if mesh.resolve(jax.device_count()) == (1, 1, 1):
+            return None
+        return build_mesh(mesh)
+
+    def _dtype(self):
+        return {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[self.config.model.dtype]
+
+    def load_model(self, model_dir: Path):
+        return load_qwen3(model_dir, dtype=self._dtype())
+
+    # -- phases
+    def phase_names(self) -> list[str]:
+        names = [] if self.config.model.model_dir is not None else ["setup"]
+        if self.config.warm_start.enabled:
+            names += ["demos", "warm_start"]
+        names += [f"train:{r.name}" for r in self.runs]
+        names += [f"eval:{a}" for a in evaluate.ANALYSES]
+        return names + ["report"]
+
+    def _units(self, phase: str) -> int:
+        """Work of a phase in trajectory-turns (the unit of the evaluation's own count)."""
+        ws, rl, ev, t_max = self.config.warm_start, self.config.rl, self.config.eval, self.config.task.t_max
+        if phase == "demos":
+            return demo_lib.demo_calls(self.demo_tasks, DEMO_TASKS_PER_CALL) * self.demo_call_units
+        if phase == "warm_start":
+            return sft.num_sft_steps(self.demo_tasks * ws.demos_per_task, ws.batch_size,
+                                     ws.epochs) * self.sft_step_units
+        if phase.startswith("train:"):
+            return rl.steps * self.rl_step_units
+        if phase.startswith("eval:"):
+            return evaluate.analysis_units(phase[5:], ev, self.config.task.eval_maps, self.policy_names(),
+                                           self.config.task.t_max)
+        return 1
+
+    @property
+    def demo_tasks(self) -> int:
+        return min(self.config.warm_start.demo_tasks, self.config.task.train_maps)
+
+    @property
+    def demo_call_units(self) -> int:
+        return DEMO_TASKS_PER_CALL * self.config.warm_start.demos_per_task * self.config.task.t_max
+
+    @property
+    def sft_step_units(self) -> int:
+        return self.config.warm_start.batch_size * self.config.task.t_max
+
+    @property
+    def rl_step_units(self) -> int:
+        # a rollout plus an update that costs about as much again
+        return 2 * self.config.rl.tasks_per_step * self.config.rl.group_size * self.config.task.t_max
+
+    def total_units(self) -> int:
+        return sum(self._units(p) for p in self.phase_names())
+
+    def policy_names(self) -> list[str]:
+        return [BASE] + [r.label for r in self.runs]
+
+    def run(self) -> Path:
+        """Every phase not yet finished; returns the report's path."""
+        started = time.perf_counter()
+        try:
+            for phase in self.phase_names():
+                if phase in self.phases.done:
+                    self.bar.update(self._units(phase))
+                    continue
+                self.bar.set_description(phase)
+                began = time.perf_counter()
+                units_before = self.bar.n
+                info = self._run_phase(phase) or {}
+                self.bar.update(self._units(phase) - (self.bar.n - units_before))
+                self.phases.finish(phase, time.perf_counter() - began, **info)
+        finally:
+            self.bar.close()
+        self.log(f"reproduce: done in {time.perf_counter() - started:.0f} s "
+                 f"(this invocation); report: {self.out / 'report.md'}")
+        return self.out / "report.md"
+
+    def _run_phase(self, phase: str) -> dict[str, Any] | None:
+        if phase == "setup":
+            return self.setup()
+        if phase == "demos":
+            return self.collect_demos()
+        if phase == "warm_start":
+            return self.warm_start()
+        if phase.startswith("train:"):
+            return self.train(next(r for r in self.runs if r.name == phase[6:]))
+        if phase.startswith("eval:"):
+            return self.evaluate(phase[5:])
+        return self.report()
+
+    # -- setup, demos, warm start
+    def setup(self) -> dict[str, Any]:
+        m, t = self.config.model, self.config.task
+        tokenizer = build_frozenlake_tokenizer(self.tasks.train.instructions(), self.tasks.train.maps,
+                                               t.t_max, m.tokenizer_vocab)
+        model = random_qwen3(len(tokenizer), hidden_size=m.hidden_size,
+                             intermediate_size=m.intermediate_size,
+                             num_hidden_layers=m.num_hidden_layers,
+                             num_attention_heads=m.num_attention_heads,
+                             num_key_value_heads=m.num_key_value_heads, head_dim=m.head_dim,
+                             max_position_embeddings=max(t.max_context, 2048), seed=m.seed,
+                             eos_token_ids=tokenizer.convert_tokens_to_ids(["<|im_end|>"]))
+        save_policy(model, tokenizer, self.init_dir)
+        params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
+        return {"parameters": int(params), "vocab_size": len(tokenizer)}
+
+    def tokenizer(self):
+        return load_tokenizer(self.init_dir)
+
+    def collect_demos(self) -> dict[str, Any]:
+        ws, t = self.config.warm_start, self.config.task
+        env = self.tasks.train
+        demonstrator = demo_lib.QStarDemonstrator(env.maps, t.t_max, is_slippery=t.slippery,
+                                                  success_rate=t.success_rate,
+                                                  mistake_rate=ws.mistake_rate, seed=ws.seed)
+        demos = demo_lib.collect_demos(
+            env, self.tokenizer(), demonstrator, np.arange(self.demo_tasks),
+            jax.random.key(ws.seed), demos_per_task=ws.demos_per_task,
+            max_response_tokens=t.max_response_tokens, max_context=t.max_context,
+            tasks_per_call=DEMO_TASKS_PER_CALL, on_call=lambda: self.bar.update(self.demo_call_units))
+        overflow = float(np.mean(demos.overflow))
+        if overflow == 1.0:
+            raise ValueError(f"every demonstration overflowed task.max_context={t.max_context} "
+                             "tokens (the prompt alone does not fit); raise task.max_context")
+        if overflow > 0:
+            self.bar.write(f"warning: {overflow:.1%} of the demonstrations overflowed "
+                           f"task.max_context={t.max_context}; consider raising it")
+        path = self.out / "warm_start" / "demos.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(path, **{f.name: np.asarray(getattr(demos, f.name))
+                                     for f in dataclasses.fields(demos)})
+        return {"trajectories": int(demos.tokens.shape[0]),
+                "success_rate": float(np.mean(demos.success)),
+                "mistake_share": demonstrator.mistakes / max(demonstrator.moves, 1),
+                "overflow_rate": overflow}
+
+    def warm_start(self) -> dict[str, Any]:
+        ws = self.config.warm_start
+        with np.load(self.out / "warm_start" / "demos.npz") as data:
+            demos = Trajectory(**{k: data[k] for k in data.files})
+        model = self.load_model(self.init_dir)
+        log_path = self.out / "warm_start" / "history.jsonl"
+
+        def on_step(step: int, record: dict) -> None:
+            self.bar.update(self.sft_step_units)
+            self.bar.set_postfix(nll=f"{record['nll']:.3f}")
+
+        params, history = sft.warm_start(model, demos, batch_size=ws.batch_size, epochs=ws.epochs,
+                                         learning_rate=ws.learning_rate,
+                                         weight_decay=ws.weight_decay, seed=ws.seed, on_step=on_step)
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+        nnx.update(model, params)
+        save_policy(model, self.tokenizer(), self.model_dir(BASE))
+        return {"steps": len(history), "nll_first": history[0]["nll"], "nll_last": history[-1]["nll"]}
+
+    # -- RL
+    def train(self, spec: training.RunSpec) -> dict[str, Any]:
+        t = self.config.task
+        model = self.load_model(self.base_dir)
+        run_dir = self.out / "runs" / spec.name
+
+        def on_step(step: int, metrics: dict) -> None:
+            self.bar.update(self.rl_step_units)
+            self.bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("R_multi", "R_single") if k in metrics})
+
+        already = _checkpointed_steps(run_dir)
+        self.bar.update(already * self.rl_step_units)
+        params = training.run_training(
+            spec, model, self.tasks.train, self.tokenizer(), self.config.rl, run_dir=run_dir,
+            t_max=t.t_max, max_response_tokens=t.max_response_tokens, max_context=t.max_context,
+            metadata={"model_dir": str(self.base_dir.resolve()), "run": spec.name},
+            mesh=self.mesh, on_step=on_step)
+        nnx.update(model, params)
+        save_policy(model, self.tokenizer(), self.model_dir(spec.name))
+        return {"resumed_from_step": already, "label": spec.label}
+
+    # -- evaluation and report
+    def models(self) -> dict[str, Any]:
+        models = {BASE: self.load_model(self.base_dir)}
+        for spec in self.runs:
+            models[spec.label] = self.load_model(self.model_dir(spec.name))
+        return models
+
+    def evaluate(self, analysis: str) -> dict[str, Any]:
+        logs = {spec.label: self.out / "runs" / spec.name / "metrics.jsonl" for spec in self.runs}
+        env = self.tasks.test
+        evaluate.run_analysis(analysis, self.out, env, np.arange(env.num_tasks()), self.tokenizer(),
+                              self.models() if analysis != "dynamics" else {BASE: None, **{
+                                  s.label: None for s in self.runs}},
+                              self.config.eval, training_logs=logs, progress=self.bar.update)
+        return {}
+
+    def report(self) -> dict[str, Any]:
+        path = write_report(self.out, header_markdown=self.header_markdown())
+        return {"report": str(path)}
+
+    def header_markdown(self) -> str:
+        c, done = self.config, self.phases.done
+        seconds = sum(p["seconds"] for p in done.values())
+        lines = [
+            f"Policies: base = {'a random-init Qwen3 warm-started on Q* demonstrations with mistakes' if c.warm_start.enabled else c.model.model_dir}; "
+            + "; ".join(f"{r.label} = {r.name} ({c.rl.steps} updates)" for r in self.runs) + ".",
+            f"Tasks: {c.task.map_size}x{c.task.map_size} FrozenLake, "
+            f"{'slippery (intended move ' + format(c.task.success_rate, '.0%') + ')' if c.task.slippery else 'deterministic'}, "
+            f"T_max {c.task.t_max}; {c.task.train_maps} train maps, {c.task.eval_maps} test maps (disjoint splits).",
+            f"Machine: {platform.machine()}, {jax.device_count()} x {jax.devices()[0].device_kind}; "
+            f"phases so far took {seconds:.0f} s in all (see phases.json).",
+            f"Exact config: [config.yaml](config.yaml).",
+        ]
+        return "\n".join(f"- {line}" for line in lines)
+
+
+def _checkpointed_steps(run_dir: Path) -> int:
+    steps = [int(p.name) for p in (run_dir / "checkpoints").glob("*") if p.name.isdigit()]
+    return max(steps, default=0)
+
+
+def reproduce(config: ReproduceConfig, out: str | Path, *, fresh: bool = False,
+              progress: bool = True) -> Path:
+    """Run (or resume) the reproduction of ``config`` in ``out``; returns the report's path."""
+    return Reproduction(config, out, fresh=fresh, progress=progress).run()

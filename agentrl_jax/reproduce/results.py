@@ -1,0 +1,187 @@
+"""The reproduction's raw results: where each analysis saves them, and the numbers computed
+from them alone (Table 1 with its deltas, paired per-task differences, start-to-end changes).
+
+Every analysis of :mod:`.evaluate` saves everything needed to recompute its numbers as
+``<out>/raw/<analysis>.json`` (counts ``n``, ``c`` per task and budget, per-state qualities,
+continuation outcomes, per-turn log-probs, training curves). The report's tables and the
+findings (:mod:`.findings`) are computed from these files, so they can be checked, or
+recomputed after the fact, without any model.
+
+Policies are named; the first is the base policy. A BudgetMix policy is compared with its
+full-budget *counterpart*: the policy whose name is its own without the word ``BudgetMix``
+(``"BudgetMix GRPO"`` -> ``"GRPO"``, ``"BudgetMix GiGPO"`` -> ``"GiGPO"``), or ``"GRPO"`` for a
+policy named just ``"BudgetMix"`` (:func:`budgetmix_counterparts`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from agentrl_jax.evaluation import passk, stats
+
+ANALYSES = ("table", "passk", "steps", "errors", "likelihood", "dynamics")
+"""The analyses, in report order."""
+
+RAW_DIR = "raw"
+BUDGETMIX = "budgetmix"
+DEFAULT_FULL_BUDGET = "GRPO"  # the counterpart of a policy named just "BudgetMix"
+
+
+def raw_path(out: str | Path, analysis: str) -> Path:
+    """``<out>/raw/<analysis>.json``."""
+    if analysis not in ANALYSES:
+        raise ValueError(f"unknown analysis {analysis!r}; known: {', '.join(ANALYSES)}")
+    return Path(out) / RAW_DIR / f"{analysis}.json"
+
+
+def load_raw(path_or_out: str | Path, analysis: str) -> dict[str, Any] | None:
+    """The raw record of ``analysis`` from its JSON file or a results folder; None when the
+    folder does not hold it."""
+    path = Path(path_or_out)
+    if path.is_dir():
+        path = raw_path(path, analysis)
+        if not path.is_file():
+            return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: cannot read the raw {analysis} results ({error})") from None
+    if not isinstance(record, dict) or record.get("analysis") != analysis:
+        raise ValueError(f"{path}: not a raw {analysis!r} record")
+    return record
+
+
+def slug(name: str) -> str:
+    """A file-name-safe form of a policy or run name: ``"BudgetMix GRPO"`` -> ``"budgetmix_grpo"``."""
+    text = re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+    if not text:
+        raise ValueError(f"policy name {name!r} has no letter or digit to name its files by")
+    return text
+
+
+def is_budgetmix(name: str) -> bool:
+    return BUDGETMIX in name.lower()
+
+
+def budgetmix_counterparts(names: Sequence[str]) -> dict[str, str]:
+    """``{BudgetMix policy: its full-budget counterpart}`` for the BudgetMix names whose
+    counterpart is among ``names`` (see the module docstring)."""
+    out = {}
+    for name in names:
+        if not is_budgetmix(name):
+            continue
+        rest = re.sub(BUDGETMIX, " ", name, flags=re.IGNORECASE)
+        rest = re.sub(r"[\s_\-+/]+", " ", rest).strip() or DEFAULT_FULL_BUDGET
+        match = [n for n in names if n != name and n.lower() == rest.lower()]
+        if match:
+            out[name] = match[0]
+    return out
+
+
+# ---------------------------------------------------------------- budget counts
+
+
+def budget_counts(record: Mapping[str, Any], policy: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """``{T: (n [tasks], c [tasks])}`` of ``policy`` from a raw ``table`` record."""
+    try:
+        by_budget = record["counts"][policy]
+    except KeyError:
+        raise ValueError(f"raw table results: no counts for policy {policy!r}") from None
+    return {int(b): (np.asarray(v["n"], np.int64), np.asarray(v["c"], np.int64))
+            for b, v in by_budget.items()}
+
+
+def table1_from_record(record: Mapping[str, Any]) -> dict[str, dict[int, float]]:
+    """Table 1 of a raw ``table`` record: ``{policy: {T: Pass@(k, T)}}`` at its levels."""
+    counts = {p: budget_counts(record, p) for p in record["policies"]}
+    return passk.pass_at_k_table(counts, [int(t) for t in record["levels"]], int(record["k"]))
+
+
+def table1_from_results(path_or_out: str | Path) -> dict[str, dict[int, float]]:
+    """Table 1 recomputed from the saved counts alone: ``{policy: {T: Pass@(k, T)}}`` at the
+    25/50/75/100% levels of ``T_max``, for every policy in order (``path_or_out``: the raw
+    ``table`` JSON or a results folder)."""
+    record = load_raw(path_or_out, "table")
+    if record is None:
+        raise ValueError(f"{path_or_out}: no raw table results ({RAW_DIR}/table.json)")
+    return table1_from_record(record)
+
+
+def per_task_pass(record: Mapping[str, Any], policy: str, budget: int) -> np.ndarray:
+    """``[tasks]`` unbiased pass@k of each task at ``budget`` (k of the record)."""
+    n, c = budget_counts(record, policy)[int(budget)]
+    return passk.pass_at_k(n, c, int(record["k"]))
+
+
+def mean_ci_from_json(value: Mapping[str, Any]) -> stats.MeanCI:
+    """A :class:`stats.MeanCI` read back from JSON (where NaN was written as null)."""
+    return stats.MeanCI(**{k: math.nan if v is None else v for k, v in value.items()})
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray) -> stats.MeanCI:
+    """Mean over tasks (or states) of ``a - b`` with a normal 95% CI: the two arrays are the
+    same units in the same order, so the difference is paired."""
+    return stats.paired_comparison(a, b).mean_diff
+
+
+def table1_deltas(record: Mapping[str, Any]) -> dict[str, dict[int, stats.MeanCI]]:
+    """The rows under Table 1: ``{label: {T: paired difference}}`` in pass@k (fraction), with
+    ``"<RL> - <base>"`` for every policy after the base and ``"<BudgetMix> - <counterpart>"``
+    for every BudgetMix policy whose counterpart was evaluated."""
+    policies = list(record["policies"])
+    base, levels = policies[0], [int(t) for t in record["levels"]]
+    pairs = [(p, base) for p in policies[1:]]
+    pairs += list(budgetmix_counterparts(policies).items())
+    return {f"{a} - {b}": {t: paired_difference(per_task_pass(record, a, t),
+                                                per_task_pass(record, b, t)) for t in levels}
+            for a, b in pairs}
+
+
+# ---------------------------------------------------------------- training curves
+
+
+def difference_of_means(before: np.ndarray, after: np.ndarray,
+                        confidence: float = stats.DEFAULT_CONFIDENCE) -> stats.MeanCI:
+    """``mean(after) - mean(before)`` of two independent samples with a normal (Welch) CI,
+    ``z * sqrt(var_a / n_a + var_b / n_b)``; NaN bounds when either has fewer than 2 values.
+    ``n`` is the total number of values."""
+    a = np.asarray(before, np.float64).reshape(-1)
+    b = np.asarray(after, np.float64).reshape(-1)
+    if a.size == 0 or b.size == 0:
+        raise ValueError("difference_of_means: both samples need values")
+    diff = float(b.mean() - a.mean())
+    if a.size < 2 or b.size < 2:
+        return stats.MeanCI(diff, math.nan, math.nan, int(a.size + b.size))
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    half = z * math.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
+    return stats.MeanCI(diff, diff - half, diff + half, int(a.size + b.size))
+
+
+def change_window(count: int) -> int:
+    """Logged steps averaged at each end of a training curve: a tenth of them, at least 2
+    when there are 4 or more (so the change has a CI), else 1."""
+    if count < 1:
+        raise ValueError("change_window: no logged values")
+    return max(1, min(2, count // 2), count // 10)
+
+
+def start_to_end(values: np.ndarray) -> dict[str, Any]:
+    """Change of a training curve from its start to its end: the mean of the last ``w``
+    logged (finite) values minus the mean of the first ``w`` (:func:`change_window`), with the
+    CI of :func:`difference_of_means`. Averaging a few steps at each end keeps one noisy batch
+    from deciding the sign."""
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return {"window": 0, "start": None, "end": None, "change": None}
+    w = change_window(v.size)
+    change = difference_of_means(v[:w], v[-w:]) if v.size >= 2 else None
+    return {"window": w, "start": float(v[:w].mean()), "end": float(v[-w:].mean()),
+            "change": change}
