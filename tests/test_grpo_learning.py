@@ -48,8 +48,8 @@ pytestmark = pytest.mark.slow  # about 40 s on a 2-core CPU, most of it compilin
 BUDGET = 5
 GROUP = 8
 TASKS_PER_STEP = 4
-TRAIN_MAPS = 8     # per kind of task: half of it (goal right of / below the start)
-HELD_OUT_MAPS = 8
+TRAIN_MAPS = 8  # half with the goal right of the start, half with it below
+HELD_OUT_MAPS = 16  # played in 4 batches of TASKS_PER_STEP: 128 rows
 STEPS = 10
 # Adam on a width-16 model: 3e-2 learns within 10 steps (the paper's 1e-6 is for 4B models).
 LEARNING_RATE = 3e-2
@@ -127,12 +127,14 @@ def run() -> Run:
     _, control = loop(unchanged)
     held_out = {name: held_out_rates(runner, policy, params, held_out_ids)
                 for name, params in (("initial", initial.policy), ("final", final.policy))}
-    print("\nDEBUG", [round(m["R_multi"], 3) for m in trained], [round(m["R_multi"], 3) for m in control], held_out)  # TEMP
     return Run(trained, control, held_out)
 
 
 def test_updates_are_finite_and_the_control_replays_the_first_rollout(run):
     assert [m["update_skipped"] for m in run.trained] == [0.0] * STEPS
+    # Step 1 trains the sampling policy itself: re-scored, every sampled token has ratio 1
+    # (the trainer sees the model's ids, not the tokenizer's), so none is clipped.
+    assert run.trained[0]["clip_fraction"] == 0
     assert all(m["overflow_rate"] == 0 for m in run.trained + run.control)
     # Step 1 rolls out the same parameters with the same key and tasks in both runs.
     assert run.trained[0]["R_multi"] == run.control[0]["R_multi"]
@@ -152,5 +154,5 @@ def test_mean_reward_rises_over_the_first_steps_far_beyond_the_control(run):
 
 def test_held_out_maps_are_solved_more_often_with_the_same_sampling_key(run):
     initial, final = run.held_out["initial"], run.held_out["final"]
-    assert final["success"] > initial["success"] + 0.2, run.held_out
-    assert final["valid"] > initial["valid"] + 0.3, run.held_out  # it learned to answer a move
+    assert final["success"] > initial["success"] + 0.15, run.held_out
+    assert final["valid"] > 2 * initial["valid"], run.held_out  # it learned to answer with a move
