@@ -28,12 +28,14 @@ def frozenlake(
                                                                  "section.field=value (repeatable)."),
     fresh: bool = typer.Option(False, help="Delete the results folder first and start over."),
     progress: bool = typer.Option(True, help="Show the progress bar."),
+    until: Optional[str] = typer.Option(None, help="Stop after this phase (e.g. warm_start, "
+                                                   "train:grpo, eval:table); rerun to go on."),
 ) -> None:
     """Base policy (SFT on imperfect Q* demonstrations), full-budget GRPO and BudgetMix GRPO
     from it, then Table 1, Pass@K, Pass@T, step quality, error states, likelihood and training
     dynamics, written to a results folder with report.md."""
     from agentrl_jax.reproduce.config import load_config
-    from agentrl_jax.reproduce.pipeline import ResultsFolderError, reproduce
+    from agentrl_jax.reproduce.pipeline import ReproduceError, reproduce
 
     try:
         settings = load_config(config, set_ or ())
@@ -41,7 +43,8 @@ def frozenlake(
         raise typer.BadParameter(str(error)) from None
     typer.echo(f"Reproducing FrozenLake into {out} (config: {config or 'built-in default'})")
     try:
-        report = reproduce(settings, out, fresh=fresh, progress=progress)
-    except ResultsFolderError as error:
+        report = reproduce(settings, out, fresh=fresh, progress=progress, until=until)
+    except ReproduceError as error:
         raise typer.BadParameter(str(error)) from None
-    typer.echo(f"Report: {report}")
+    typer.echo(f"Report: {report}" if report.exists() else f"Stopped after {until}; rerun "
+               "without --until to go on")

@@ -50,7 +50,11 @@ PHASES_FILE, CONFIG_FILE = "phases.json", "config.yaml"
 DEMO_TASKS_PER_CALL = 32
 
 
-class ResultsFolderError(ValueError):
+class ReproduceError(ValueError):
+    """A request the pipeline refuses (the message says why and what to do)."""
+
+
+class ResultsFolderError(ReproduceError):
     """The results folder cannot be used (e.g. it holds a run of another config)."""
 
 
@@ -209,11 +213,17 @@ class Reproduction:
     def policy_names(self) -> list[str]:
         return [BASE] + [r.label for r in self.runs]
 
-    def run(self) -> Path:
-        """Every phase not yet finished; returns the report's path."""
+    def run(self, until: str | None = None) -> Path:
+        """Every phase not yet finished, up to and including ``until`` (default: all);
+        returns the report's path (written once the ``report`` phase has run)."""
+        names = self.phase_names()
+        if until is not None and until not in names:
+            raise ReproduceError(f"--until: unknown phase {until!r}; phases: {', '.join(names)}")
+        if until is not None:
+            names = names[:names.index(until) + 1]
         started = time.perf_counter()
         try:
-            for phase in self.phase_names():
+            for phase in names:
                 if phase in self.phases.done:
                     self.bar.update(self._units(phase))
                     continue
@@ -274,7 +284,7 @@ class Reproduction:
             tasks_per_call=DEMO_TASKS_PER_CALL, on_call=lambda: self.bar.update(self.demo_call_units))
         overflow = float(np.mean(demos.overflow))
         if overflow == 1.0:
-            raise ValueError(f"every demonstration overflowed task.max_context={t.max_context} "
+            raise ReproduceError(f"every demonstration overflowed task.max_context={t.max_context} "
                              "tokens (the prompt alone does not fit); raise task.max_context")
         if overflow > 0:
             self.bar.write(f"warning: {overflow:.1%} of the demonstrations overflowed "
@@ -370,6 +380,7 @@ def _checkpointed_steps(run_dir: Path) -> int:
 
 
 def reproduce(config: ReproduceConfig, out: str | Path, *, fresh: bool = False,
-              progress: bool = True) -> Path:
-    """Run (or resume) the reproduction of ``config`` in ``out``; returns the report's path."""
-    return Reproduction(config, out, fresh=fresh, progress=progress).run()
+              progress: bool = True, until: str | None = None) -> Path:
+    """Run (or resume) the reproduction of ``config`` in ``out``, up to phase ``until``
+    (default: all); returns the report's path."""
+    return Reproduction(config, out, fresh=fresh, progress=progress).run(until)

@@ -29,6 +29,7 @@ from agentrl_jax.process_rewards import FrozenLakeQStar
 from agentrl_jax.reproduce.config import RUN_PRESETS, RLSettings
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import SamplingConfig
+from agentrl_jax.trajectory import Trajectory
 from agentrl_jax.train import (Checkpointer, MetricsLogger, TrainConfig, init_train_state,
                                make_train_step, shard_state, train)
 
@@ -85,6 +86,25 @@ def task_batch_fn(num_tasks: int, tasks_per_step: int, seed: int) -> Callable[[i
     return batch
 
 
+TOKEN_FIELDS = ("tokens", "token_mask", "loss_mask", "token_turn", "logprobs")
+
+
+def trim_tokens(trajectory: Trajectory, smallest: int = 64) -> Trajectory:
+    """``trajectory`` with its ``[N, L]`` fields cut to the longest row, rounded up to a power
+    of two times ``smallest`` (at most ``L``): the update's cost grows with ``L`` (attention
+    with ``L^2``), and conversations are usually far shorter than the context they may use.
+    Widths come from a handful of buckets, so the train step compiles a few times at most."""
+    length = trajectory.tokens.shape[1]
+    used = int(np.max(np.sum(np.asarray(trajectory.token_mask), axis=1), initial=1))
+    width = smallest
+    while width < used:
+        width *= 2
+    width = min(width, length)
+    if width == length:
+        return trajectory
+    return trajectory.replace(**{f: getattr(trajectory, f)[:, :width] for f in TOKEN_FIELDS})
+
+
 def rollout_config(spec: RunSpec, rl: RLSettings, *, t_max: int, max_response_tokens: int,
                    max_context: int, valid_vocab_size: int | None) -> RolloutConfig:
     return RolloutConfig(
@@ -122,7 +142,8 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
     logger = MetricsLogger(run_dir / "metrics.jsonl", resume_step=int(state.step))
     callback = None if on_step is None else (lambda s, m: on_step(int(s.step), m))
     try:
-        state = train(state, step_fn, runner.for_training(policy),
+        play = runner.for_training(policy)
+        state = train(state, step_fn, lambda params, key, tasks: trim_tokens(play(params, key, tasks)),
                       task_batch_fn(env.num_tasks(), rl.tasks_per_step, rl.seed), config,
                       quality_scorer=scorer, checkpointer=checkpointer,
                       checkpoint_metadata=metadata, logger=logger, progress=False, on_step=callback)
