@@ -182,7 +182,7 @@ class RLSettings:
     group_size: int = 8               # G (paper: 16)
     temperature: float = 1.0          # rollout temperature (paper: 1.0)
     top_p: float = 1.0
-    learning_rate: float = 1e-3       # paper: 1e-6 (Qwen3-4B/8B); 3e-3 collapses the tiny default
+    learning_rate: float = 5e-4       # paper: 1e-6 (Qwen3-4B/8B); 3e-3 collapses the tiny default
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0
     kl_coef: float = 0.001
