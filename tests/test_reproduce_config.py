@@ -1,0 +1,331 @@
+"""The reproduction's configuration (agentrl_jax.reproduce.config) and what it feeds the trainer
+(agentrl_jax.reproduce.training.run_specs): every shipped YAML validates, the CPU YAML is the
+built-in default, bad values and unknown keys are refused naming ``section.field``, overrides
+parse, and the paper-scale configs hold PAPER.md §3/§4/§7's numbers all the way into the
+TrainConfigs and rollout settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl_jax.algorithms import AlgorithmConfig
+from agentrl_jax.reproduce import training
+from agentrl_jax.reproduce.config import (RUN_PRESETS, ReproduceConfig, apply_overrides,
+                                          config_from_dict, dump_config, load_config)
+from agentrl_jax.sharding import MeshConfig
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+ALL_CONFIGS = sorted(CONFIGS.glob("*.yaml"))
+PAPER_CONFIGS = sorted(CONFIGS.glob("frozenlake_qwen3_*.yaml"))
+
+
+def test_the_shipped_configs_are_the_expected_set():
+    # A new YAML is picked up by every test below; this guards against a glob that finds nothing.
+    assert {p.name for p in ALL_CONFIGS} >= {
+        "frozenlake_cpu.yaml", "frozenlake_ci.yaml", "frozenlake_qwen3_4b_gpu.yaml",
+        "frozenlake_qwen3_4b_tpu.yaml", "frozenlake_qwen3_8b_gpu.yaml", "frozenlake_qwen3_8b_tpu.yaml"}
+    assert len(PAPER_CONFIGS) == 4
+
+
+@pytest.mark.parametrize("path", ALL_CONFIGS, ids=lambda p: p.name)
+def test_every_config_loads_and_round_trips(path):
+    config = load_config(path)
+    assert isinstance(config, ReproduceConfig)
+    assert config_from_dict(config.to_dict()) == config
+    # ... and through the YAML a results folder stores (config.yaml).
+    assert config_from_dict(yaml.safe_load(dump_config(config))) == config
+    # Every key the file sets is read as written (none silently dropped or renamed).
+    written = yaml.safe_load(path.read_text())
+    plain = config.to_dict()
+    for section, fields in written.items():
+        for field, value in fields.items():
+            assert plain[section][field] == value, f"{path.name}: {section}.{field}"
+
+
+def test_the_cpu_yaml_is_the_built_in_default():
+    assert load_config(CONFIGS / "frozenlake_cpu.yaml") == ReproduceConfig()
+    assert load_config(None) == ReproduceConfig()
+    # It spells out every field (it documents the default), so a new field must be added to it.
+    written = yaml.safe_load((CONFIGS / "frozenlake_cpu.yaml").read_text())
+    assert {s: set(f) for s, f in written.items()} == {
+        s: set(f) for s, f in ReproduceConfig().to_dict().items()}
+
+
+def test_round_trip_of_non_default_values():
+    config = load_config(CONFIGS / "frozenlake_ci.yaml", [
+        "rl.runs=[ppo, gigpo-budgetmix]", "eval.budgets=[3, 1, 3]", "rl.max_grad_norm=null",
+        "model.dtype=bfloat16", "mesh.data=-1", "mesh.fsdp=2", "task.slippery=false"])
+    assert config.rl.runs == ("ppo", "gigpo-budgetmix")
+    assert config.eval.budgets == (1, 3)  # sorted, deduplicated
+    assert config_from_dict(config.to_dict()) == config
+    assert config_from_dict(yaml.safe_load(dump_config(config))) == config
+
+
+# ---------------------------------------------------------------- refusals naming the field
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"task.t_max": 3}, "task.t_max"),
+    ({"task.frozen_p": 0.0}, "task.frozen_p"),
+    ({"task.slippery": "yes"}, "task.slippery"),
+    ({"task.train_maps": 2.5}, "task.train_maps"),
+    ({"model.head_dim": 15}, "model.head_dim"),
+    ({"model.dtype": "float16"}, "model.dtype"),
+    ({"model.num_key_value_heads": 3}, "model.num_key_value_heads"),  # does not divide 4 heads
+    ({"model.model_dir": ""}, "model.model_dir"),
+    ({"warm_start.mistake_rate": 1.5}, "warm_start.mistake_rate"),
+    ({"warm_start.learning_rate": 0.0}, "warm_start.learning_rate"),
+    ({"warm_start.enabled": 1}, "warm_start.enabled"),
+    ({"rl.group_size": 1}, "rl.group_size"),
+    ({"rl.runs": ["grpo", "dpo"]}, "rl.runs"),
+    ({"rl.runs": ["grpo", "grpo"]}, "rl.runs"),
+    ({"rl.runs": "grpo"}, "rl.runs"),
+    ({"rl.clip": 0.0}, "rl.clip"),
+    ({"rl.temperature": float("nan")}, "rl.temperature"),
+    ({"rl.num_micro_batches": 3}, "rl.num_micro_batches"),  # does not divide 8 x 8 rows
+    ({"eval.samples": 0}, "eval.samples"),
+    ({"eval.k": 9}, "eval.k"),  # more than eval.samples (8)
+    ({"eval.top_p": 0.0}, "eval.top_p"),
+    ({"eval.budgets": [13]}, "eval.budgets"),  # beyond task.t_max (12)
+    # MeshConfig (agentrl_jax.sharding) names itself; the loader prefixes the section.
+    ({"mesh.data": 0}, "mesh: MeshConfig.data"),
+    ({"mesh.data": -1, "mesh.fsdp": -1}, "mesh: MeshConfig: at most one axis may be -1"),
+], ids=lambda v: ",".join(v) if isinstance(v, dict) else None)
+def test_a_bad_value_names_its_section_and_field(changes, expected):
+    data = ReproduceConfig().to_dict()
+    for key, value in changes.items():
+        section, field = key.split(".")
+        data[section][field] = value
+    with pytest.raises(ValueError) as error:
+        config_from_dict(data)
+    assert str(error.value).startswith(expected), str(error.value)
+
+
+def test_a_bad_value_in_a_yaml_file_names_the_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("rl:\n  steps: 0\n")
+    with pytest.raises(ValueError, match=r"^rl\.steps: must be an int >= 1, got 0$"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"rl": {"stepz": 3}}, r"^rl: unknown field 'stepz'"),
+    ({"bogus": {}}, r"unknown section 'bogus'"),
+    ({"rl": 5}, r"^rl: must be a mapping of fields"),
+    ({"task": {"t_max": 8}, "evaluation": {"k": 2}}, r"unknown section 'evaluation'"),
+    ({"mesh": {"pipeline": 2}}, r"^mesh: unknown field 'pipeline'"),
+    ([1, 2], r"must be a mapping of sections"),
+])
+def test_unknown_or_malformed_keys_are_errors(data, message):
+    with pytest.raises(ValueError, match=message):
+        config_from_dict(data)
+
+
+def test_bad_files_are_errors_naming_the_file(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        load_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("rl: [unclosed\n")
+    with pytest.raises(ValueError, match=r"broken\.yaml: not valid YAML"):
+        load_config(broken)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- rl\n")
+    with pytest.raises(ValueError, match=r"list\.yaml: must be a mapping of sections"):
+        load_config(listed)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("warm_start:\n  epoch: 2\n")
+    with pytest.raises(ValueError, match=r"^warm_start: unknown field 'epoch'"):
+        load_config(typo)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing set\n")
+    assert load_config(empty) == ReproduceConfig()  # an empty file is the default
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def test_overrides_parse_values_as_yaml_and_apply_on_the_file():
+    config = load_config(CONFIGS / "frozenlake_ci.yaml", [
+        "rl.steps=5", "rl.runs=[gigpo]", "warm_start.enabled=false", "rl.learning_rate=2.5e-4",
+        "model.model_dir=/models/qwen3", "eval.budgets=[1, 2]", "task.t_max = 6"])
+    file_only = load_config(CONFIGS / "frozenlake_ci.yaml")
+    assert config.rl.steps == 5 and config.rl.runs == ("gigpo",)
+    assert config.warm_start.enabled is False
+    assert config.rl.learning_rate == 2.5e-4
+    assert config.model.model_dir == "/models/qwen3"
+    assert config.eval.budgets == (1, 2) and config.task.t_max == 6
+    # Everything not overridden is the file's value (which differs from the default).
+    assert config.rl.group_size == file_only.rl.group_size == 4
+    assert config.model.hidden_size == file_only.model.hidden_size == 32
+    # The last override of a field wins; the input mapping is not modified.
+    data = {"rl": {"steps": 1}}
+    assert apply_overrides(data, ["rl.steps=2", "rl.steps=3"])["rl"]["steps"] == 3
+    assert data == {"rl": {"steps": 1}}
+    # A value with '=' in it keeps everything after the first '='.
+    assert apply_overrides({}, ["model.model_dir=/a=b"])["model"]["model_dir"] == "/a=b"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rl.steps", r"override 'rl\.steps': expected section\.field=value"),
+    ("steps=3", r"override 'steps=3': expected section\.field=value"),
+    ("rl.=3", r"override 'rl\.=3': expected section\.field=value"),
+    ("=3", r"expected section\.field=value"),
+    ("rl.stepz=3", r"^rl: unknown field 'stepz'"),
+    ("rll.steps=3", r"unknown section 'rll'"),
+    ("rl.steps=three", r"^rl\.steps: must be an int >= 1, got 'three'$"),
+    ("rl.steps=", r"^rl\.steps: must be an int >= 1, got None$"),
+    ("rl.runs=[grpo, nope]", r"^rl\.runs: must be distinct names"),
+])
+def test_a_malformed_override_is_a_clear_error(override, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(CONFIGS / "frozenlake_ci.yaml", [override])
+
+
+# ---------------------------------------------------------------- the paper's numbers
+
+
+def _paper_checks(config: ReproduceConfig) -> None:
+    """PAPER.md §2-§4 and §7 numbers every paper-scale config must hold."""
+    assert config.task.t_max == 70                                      # §2
+    rl = config.rl
+    assert rl.group_size == 16                                          # §4 G
+    assert rl.learning_rate == 1e-6 and rl.weight_decay == 0.01         # §4 AdamW
+    assert rl.kl_coef == 0.001                                          # §4 KL
+    assert rl.temperature == 1.0 and rl.top_p == 1.0                    # §4 rollouts
+    assert rl.gigpo_omega == 1.0 and rl.gigpo_gamma == 0.95             # §4 GiGPO
+    assert rl.critic_learning_rate == 1e-5                              # §4 PPO critic
+    assert rl.clip == 0.2 and rl.value_clip == 0.5                      # §4 PPO clips
+    ev = config.eval
+    assert ev.temperature == 0.6 and ev.top_p == 0.9                    # §3 decoding
+    assert ev.k == 8 and ev.samples >= ev.k                             # §3 Pass@8
+    assert ev.pass_k_samples == 128                                     # §3 k = 1..128
+    assert ev.states == 512 and ev.group_size == 16 and ev.gamma == 0.95  # §7.1
+    # Paper scale starts from a pretrained Qwen3 (no warm start), in bfloat16.
+    assert config.model.model_dir is not None and config.warm_start.enabled is False
+    assert config.model.dtype == "bfloat16"
+    # Response and context lengths are consistent between training and evaluation.
+    assert ev.max_response_tokens == config.task.max_response_tokens
+    assert ev.max_context == config.task.max_context
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
+def test_paper_configs_hold_the_papers_numbers(path):
+    _paper_checks(load_config(path))
+
+
+def _loss_term(algorithm: AlgorithmConfig, name: str):
+    terms = [t for t in algorithm.loss_terms if t.name == name]
+    assert len(terms) <= 1
+    return terms[0] if terms else None
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
+def test_paper_configs_reach_the_trainer_with_the_papers_numbers(path):
+    every_run = ",".join(RUN_PRESETS)
+    config = load_config(path, [f"rl.runs=[{every_run}]"])
+    specs = training.run_specs(config.rl)
+    assert [s.name for s in specs] == list(RUN_PRESETS)
+    by_name = {s.name: s for s in specs}
+    for spec in specs:
+        tc = spec.train_config
+        assert spec.label == RUN_PRESETS[spec.name][0]
+        assert tc.learning_rate == 1e-6 and tc.weight_decay == 0.01
+        assert tc.kl_coef == 0.001 and tc.uses_reference
+        clip = dict(_loss_term(tc.algorithm, "policy_clip").params)
+        assert clip["clip_low"] == clip["clip_high"] == 0.2
+        assert _loss_term(tc.algorithm, "policy_clip").coef == 1.0
+        assert tc.total_steps == config.rl.steps
+        assert tc.checkpoint_every == config.rl.checkpoint_every
+        assert tc.num_micro_batches == config.rl.num_micro_batches
+        assert spec.budget_mix == spec.name.endswith("budgetmix")
+        assert tc.budget_anchors == (spec.name == "gigpo-budgetmix")  # §5: anchor (s_t, B - t)
+        # The rollouts: G = 16 at temperature 1.0; full-budget runs at T_max, BudgetMix draws.
+        rollout = training.rollout_config(spec, config.rl, t_max=config.task.t_max,
+                                          max_response_tokens=config.task.max_response_tokens,
+                                          max_context=config.task.max_context,
+                                          valid_vocab_size=None)
+        assert rollout.group_size == 16
+        assert rollout.sampling.temperature == 1.0 and rollout.sampling.top_p == 1.0
+        assert rollout.budget == (None if spec.budget_mix else 70)
+
+    for name in ("grpo", "budgetmix"):
+        algorithm = by_name[name].train_config.algorithm
+        assert algorithm.advantage == "grpo"
+        assert _loss_term(algorithm, "value_clip") is None
+        assert not by_name[name].train_config.uses_critic
+    for name in ("gigpo", "gigpo-budgetmix"):
+        algorithm = by_name[name].train_config.algorithm
+        assert algorithm.advantage == "gigpo"
+        params = dict(algorithm.advantage_params)
+        assert params["omega"] == 1.0 and params["gamma"] == 0.95
+    for name in ("ppo", "ppo-budgetmix"):
+        tc = by_name[name].train_config
+        assert tc.algorithm.advantage == "gae" and tc.uses_critic
+        assert tc.critic_learning_rate == 1e-5
+        assert dict(_loss_term(tc.algorithm, "value_clip").params)["clip"] == 0.5
+
+    # Evaluation decoding: temperature 0.6, top-p 0.9 (§3).
+    sampling = config.eval.rollout_config().sampling
+    assert sampling.temperature == 0.6 and sampling.top_p == 0.9
+
+
+def test_a_zero_kl_coefficient_drops_the_kl_term():
+    config = load_config(CONFIGS / "frozenlake_ci.yaml", ["rl.kl_coef=0"])
+    (spec, *_) = training.run_specs(config.rl)
+    assert _loss_term(spec.train_config.algorithm, "kl") is None
+    assert not spec.train_config.uses_reference
+
+
+# ---------------------------------------------------------------- meshes
+
+
+def test_mesh_settings_resolve_for_their_machines():
+    # One 8-GPU node: FSDP over all 8; a TPU slice: FSDP in groups of 8, data across groups.
+    for path in PAPER_CONFIGS:
+        mesh = load_config(path).mesh
+        assert mesh.resolve(8) == (1, 8, 1), path.name
+        if path.name.endswith("_tpu.yaml"):
+            assert mesh.resolve(64) == (8, 8, 1)
+            with pytest.raises(ValueError, match="not divisible"):
+                mesh.resolve(12)
+        else:
+            with pytest.raises(ValueError, match="needs 8 devices"):
+                mesh.resolve(16)
+    # The CPU configs run on one device (more is refused, not silently ignored).
+    for name in ("frozenlake_cpu.yaml", "frozenlake_ci.yaml"):
+        mesh = load_config(CONFIGS / name).mesh
+        assert mesh.resolve(1) == (1, 1, 1)
+        with pytest.raises(ValueError, match="needs 1 devices"):
+            mesh.resolve(8)
+
+
+_MESH_SCRIPT = """
+import json, sys
+import jax
+from agentrl_jax.reproduce.config import load_config
+from agentrl_jax.sharding import build_mesh
+assert jax.device_count() == 8, jax.devices()
+print(json.dumps({p: dict(build_mesh(load_config(p).mesh).shape) for p in sys.argv[1:]}))
+"""
+
+
+def test_paper_meshes_build_on_eight_fake_cpu_devices():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, *map(str, PAPER_CONFIGS)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shapes = json.loads(done.stdout.strip().splitlines()[-1])
+    for path in PAPER_CONFIGS:
+        assert shapes[str(path)] == {"data": 1, "fsdp": 8, "tensor": 1}, path.name
+
+
+def test_mesh_section_is_a_mesh_config():
+    assert isinstance(ReproduceConfig().mesh, MeshConfig)
+    assert ReproduceConfig().mesh == MeshConfig(data=1, fsdp=1, tensor=1)

@@ -1,0 +1,350 @@
+"""``agentrl-jax reproduce frozenlake`` end to end at CI scale (configs/frozenlake_ci.yaml):
+the results folder and its report, Table 1 recomputed from the saved counts, and resuming.
+
+One uninterrupted run (the module fixture) is the reference. A second run of the same config
+is stopped after the warm start (``--until``), continued in a subprocess that is SIGKILLed
+once the GRPO run has checkpointed, and resumed in-process: it must reuse the finished
+phases untouched and end with the very same bytes (exported models, Table 1 counts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from markdown_it import MarkdownIt
+from typer.testing import CliRunner
+
+from agentrl_jax.cli import app
+from agentrl_jax.reproduce import pipeline, sft
+from agentrl_jax.reproduce.config import dump_config, load_config
+from agentrl_jax.reproduce.pipeline import ResultsFolderError, reproduce
+from agentrl_jax.reproduce.results import ANALYSES, table1_from_results
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+CI_CONFIG = ROOT / "configs" / "frozenlake_ci.yaml"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+KILL_TIMEOUT_S = 900  # generous: CI machines are slow and busy; a pass takes far less
+
+
+def run_reproduction(config_path: Path, out: Path) -> None:
+    """Run the reproduction of ``config_path`` into ``out``, as CI runs it.
+
+    The single place that says how: CI will execute notebooks/frozenlake_reproduction.ipynb
+    here instead (nbclient, with ``AGENTRL_REPRO_CONFIG=config_path`` and
+    ``AGENTRL_REPRO_OUT=out``); every test below reads only ``out``.
+    """
+    reproduce(load_config(config_path), out, progress=False)
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(CI_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """The results folder of one uninterrupted CI-scale run."""
+    out = tmp_path_factory.mktemp("reproduce") / "uninterrupted"
+    run_reproduction(CI_CONFIG, out)
+    return out
+
+
+def expected_phases(config) -> list[str]:
+    return (["setup", "demos", "warm_start"] + [f"train:{r}" for r in config.rl.runs]
+            + [f"eval:{a}" for a in ANALYSES] + ["report"])
+
+
+def snapshot(paths) -> dict[str, tuple[str, int]]:
+    """``{path: (sha256 of the bytes, mtime in ns)}`` of every file under ``paths``."""
+    files = []
+    for path in paths:
+        files += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in files}
+
+
+def read_phases(out: Path) -> dict:
+    return json.loads((out / "phases.json").read_text())
+
+
+def training_log(out: Path, run: str) -> list[dict]:
+    """The records of ``runs/<run>/metrics.jsonl`` without the timings (which vary)."""
+    lines = (out / "runs" / run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items()
+             if not k.startswith("time/") and k != "train_tokens_per_s"} for line in lines]
+
+
+# ---------------------------------------------------------------- the results folder
+
+
+def test_phases_json_records_every_phase_in_order(finished, config):
+    phases = read_phases(finished)
+    assert list(phases) == expected_phases(config)
+    assert all(p["seconds"] >= 0 for p in phases.values())
+    ws = config.warm_start
+    demos = min(ws.demo_tasks, config.task.train_maps) * ws.demos_per_task
+    assert phases["demos"]["trajectories"] == demos
+    assert 0.0 <= phases["demos"]["mistake_share"] <= 1.0 and phases["demos"]["overflow_rate"] == 0.0
+    assert phases["warm_start"]["steps"] == sft.num_sft_steps(demos, ws.batch_size, ws.epochs)
+    for run, label in (("grpo", "GRPO"), ("budgetmix", "BudgetMix GRPO")):
+        assert phases[f"train:{run}"]["resumed_from_step"] == 0
+        assert phases[f"train:{run}"]["label"] == label
+    # The folder holds the exact config, and every run logged each step once.
+    assert (finished / "config.yaml").read_text() == dump_config(config)
+    for run in config.rl.runs:
+        assert [r["step"] for r in training_log(finished, run)] == list(range(1, config.rl.steps + 1))
+        assert sorted((finished / "models" / run).glob("*.safetensors"))
+
+
+def markdown_tokens(path: Path):
+    return MarkdownIt("commonmark").enable("table").parse(path.read_text())
+
+
+def test_report_renders_with_table1_and_valid_figures(finished):
+    report = finished / "report.md"
+    tokens = markdown_tokens(report)
+    headings = [t.content for i, t in enumerate(tokens)
+                if t.type == "inline" and tokens[i - 1].type == "heading_open"]
+    assert headings[0] == "FrozenLake reproduction"
+    assert headings[1] == "Table 1: Pass@2 by budget level"  # Table 1 first, then the analyses
+    assert any(h.startswith("Paper findings vs this run") for h in headings)
+    assert sum(t.type == "table_open" for t in tokens) >= 2  # Table 1 and training dynamics
+
+    images, links = [], []
+    for token in tokens:
+        for child in token.children or ():
+            if child.type == "image":
+                images.append(child.attrGet("src"))
+            elif child.type == "link_open":
+                links.append(child.attrGet("href"))
+    assert {"figures/pass_at_t_table.png", "figures/pass_at_t.png",
+            "figures/pass_at_k.png"} <= set(images)
+    assert any("training_dynamics" in i for i in images) and len(images) >= 10
+    for image in images:
+        data = (finished / image).read_bytes()
+        assert data[:8] == PNG_SIGNATURE, image
+        assert data[12:16] == b"IHDR"
+        width, height = struct.unpack(">II", data[16:24])
+        assert width > 100 and height > 100, image
+    # Every local link (data files, PDFs, config.yaml) points at a file in the folder.
+    assert "config.yaml" in links and "raw/table.json" in links
+    for link in links:
+        assert (finished / link).is_file(), link
+
+
+def markdown_table1(path: Path) -> tuple[list[str], dict[str, list[str]]]:
+    """Header and ``{row label: cells}`` of the first table in a Markdown file."""
+    rows, row = [], None
+    for token in markdown_tokens(path):
+        if token.type == "table_close":
+            break
+        if token.type == "tr_open":
+            row = []
+        elif token.type == "inline" and row is not None:
+            row.append(token.content)
+        elif token.type == "tr_close":
+            rows.append(row)
+            row = None
+    return rows[0], {r[0]: r[1:] for r in rows[1:]}
+
+
+def test_table1_is_recomputed_from_the_saved_counts(finished, config):
+    record = json.loads((finished / "raw" / "table.json").read_text())
+    policies = ["base", "GRPO", "BudgetMix GRPO"]
+    assert record["policies"] == policies
+    levels = [(p * config.task.t_max) // 100 for p in (25, 50, 75, 100)]
+    assert record["levels"] == levels and record["k"] == config.eval.k
+
+    def hand_pass(n: int, c: int, k: int) -> float:
+        return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+    hand = {}
+    for policy in policies:
+        for t in levels:
+            counts = record["counts"][policy][str(t)]
+            assert counts["n"] == [config.eval.samples] * config.task.eval_maps
+            assert all(0 <= c <= n for n, c in zip(counts["n"], counts["c"]))
+            hand[policy, t] = float(np.mean([hand_pass(n, c, record["k"])
+                                             for n, c in zip(counts["n"], counts["c"])]))
+    table = table1_from_results(finished)
+    assert list(table) == policies
+    header, shown = markdown_table1(finished / "report.md")
+    assert header == [f"Pass@{record['k']} (%)"] + [f"{p}% (T={t})" for p, t in
+                                                     zip((25, 50, 75, 100), levels)]
+    for policy in policies:
+        assert [table[policy][t] for t in levels] == pytest.approx(
+            [hand[policy, t] for t in levels], abs=1e-12)
+        assert shown[policy] == [f"{100 * hand[policy, t]:.1f}" for t in levels]
+    for a, b in (("GRPO", "base"), ("BudgetMix GRPO", "base"), ("BudgetMix GRPO", "GRPO")):
+        diffs = [f"{100 * (hand[a, t] - hand[b, t]):+.1f}" for t in levels]
+        assert [cell.split(" ")[0] for cell in shown[f"{a} - {b} (pt)"]] == diffs
+
+
+# ---------------------------------------------------------------- refusing and not redoing
+
+
+def test_a_rerun_of_a_finished_folder_does_nothing(finished, config, monkeypatch):
+    before = snapshot([finished])
+    config_file = str(finished / "config.yaml")
+
+    def no_phase(self, phase):
+        raise AssertionError(f"phase {phase} was run again")
+
+    monkeypatch.setattr(pipeline.Reproduction, "_run_phase", no_phase)
+    assert reproduce(config, finished, progress=False) == finished / "report.md"
+    after = snapshot([finished])
+    # config.yaml is rewritten with the same text; nothing else is touched.
+    assert after[config_file][0] == before[config_file][0]
+    del before[config_file], after[config_file]
+    assert after == before
+
+
+def test_a_folder_of_another_config_is_refused(finished, tmp_path):
+    before = snapshot([finished])
+    other = load_config(CI_CONFIG, ["rl.steps=3", "eval.seed=1"])
+    with pytest.raises(ResultsFolderError,
+                       match=r"holds a run of another config \(differs in rl\.steps, eval\.seed\); "
+                             r"use --fresh"):
+        reproduce(other, finished, progress=False)
+    assert snapshot([finished]) == before
+    crowded = tmp_path / "crowded"
+    crowded.mkdir()
+    (crowded / "notes.txt").write_text("mine")
+    with pytest.raises(ResultsFolderError, match="is not empty and holds no config.yaml"):
+        reproduce(other, crowded, progress=False)
+    assert [p.name for p in crowded.iterdir()] == ["notes.txt"]
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, ["reproduce", "frozenlake", *args, "--no-progress"],
+                              env={"COLUMNS": "1000"})
+
+
+def cli_error(*args: str) -> str:
+    result = cli(*args)
+    assert result.exit_code == 2, (result.exit_code, result.output)  # a usage error
+    return " ".join(result.output.split())
+
+
+def test_cli_overrides_refusal_and_fresh_start(tmp_path):
+    out = tmp_path / "cli"
+    result = cli("--config", str(CI_CONFIG), "--out", str(out), "--set", "rl.steps=1",
+                 "--set", "model.seed=2", "--until", "setup")
+    assert result.exit_code == 0, result.output
+    assert "Stopped after setup" in result.output
+    saved = load_config(out / "config.yaml")
+    assert saved == load_config(CI_CONFIG, ["rl.steps=1", "model.seed=2"])
+    assert list(read_phases(out)) == ["setup"]
+    init = (out / "models" / "init" / "model.safetensors").read_bytes()
+
+    # The same folder with other settings is refused, naming what differs ...
+    message = cli_error("--config", str(CI_CONFIG), "--out", str(out), "--set", "rl.steps=1")
+    assert "holds a run of another config (differs in model.seed); use --fresh" in message
+    assert load_config(out / "config.yaml") == saved
+    # ... unless --fresh: it starts over with the new settings.
+    result = cli("--config", str(CI_CONFIG), "--out", str(out), "--set", "rl.steps=1",
+                 "--until", "setup", "--fresh")
+    assert result.exit_code == 0, result.output
+    assert load_config(out / "config.yaml") == load_config(CI_CONFIG, ["rl.steps=1"])
+    assert list(read_phases(out)) == ["setup"]
+    assert (out / "models" / "init" / "model.safetensors").read_bytes() != init  # model.seed 0
+
+
+def test_cli_errors_name_the_problem(tmp_path):
+    out = ["--config", str(CI_CONFIG), "--out", str(tmp_path / "never")]
+    assert "rl.steps: must be an int >= 1, got 0" in cli_error(*out, "--set", "rl.steps=0")
+    assert "override 'rlsteps=3': expected section.field=value" in cli_error(
+        *out, "--set", "rlsteps=3")
+    assert "rl: unknown field 'stepz'" in cli_error(*out, "--set", "rl.stepz=3")
+    missing = tmp_path / "missing.yaml"
+    assert f"config {missing}: no such file" in cli_error("--config", str(missing))
+    assert not (tmp_path / "never").exists()  # a bad config never touches the folder
+    message = cli_error(*out, "--until", "train:ppo")
+    assert "--until: unknown phase 'train:ppo'; phases: setup, demos, warm_start" in message
+
+
+# ---------------------------------------------------------------- killed and resumed
+
+
+def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
+    out = tmp_path / "killed"
+    # 1. Stop after the warm start (the CLI, in-process).
+    result = cli("--config", str(CI_CONFIG), "--out", str(out), "--until", "warm_start")
+    assert result.exit_code == 0, result.output
+    assert "Stopped after warm_start; rerun without --until to go on" in result.output
+    assert list(read_phases(out)) == ["setup", "demos", "warm_start"]
+    assert not (out / "runs").exists() and not (out / "report.md").exists()
+    first_phases = read_phases(out)
+    kept = snapshot([out / "models" / "init", out / "models" / "base", out / "warm_start"])
+
+    # 2. Go on in a subprocess and SIGKILL it once GRPO has checkpointed a step.
+    log = tmp_path / "child.log"
+    checkpoints = out / "runs" / "grpo" / "checkpoints"
+    with log.open("w") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "-c", "from agentrl_jax.cli import main; main()", "reproduce",
+             "frozenlake", "--config", str(CI_CONFIG), "--out", str(out), "--no-progress"],
+            stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + KILL_TIMEOUT_S
+            while not any(p.name.isdigit() and int(p.name) >= 1 for p in
+                          (checkpoints.iterdir() if checkpoints.is_dir() else ())):
+                assert child.poll() is None, f"the run ended before a checkpoint:\n{log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"no checkpoint in time:\n{log.read_text()[-3000:]}"
+                time.sleep(0.02)
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL
+    killed_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    # Killed between checkpoints (steps take seconds, the poll 20 ms): the rerun must really
+    # continue training from a restored state, not just export a finished one.
+    assert killed_at < config.rl.steps, f"killed too late: checkpoint {killed_at} was the last"
+    interrupted = read_phases(out)
+    assert "train:grpo" not in interrupted
+    assert interrupted == first_phases  # the subprocess redid none of them
+
+    # 3. Resume in-process up to Table 1.
+    reproduce(config, out, progress=False, until="eval:table")
+    phases = read_phases(out)
+    assert list(phases) == expected_phases(config)[:expected_phases(config).index("eval:table") + 1]
+    assert {p: phases[p] for p in first_phases} == first_phases
+    assert snapshot([out / "models" / "init", out / "models" / "base", out / "warm_start"]) == kept
+    assert phases["train:grpo"]["resumed_from_step"] == killed_at >= 1
+    assert phases["train:budgetmix"]["resumed_from_step"] == 0
+    assert not (out / "report.md").exists()
+
+    # 4. The same result, bit for bit, as the uninterrupted run.
+    def same_bytes(relative: str) -> None:
+        mine, reference = out / relative, finished / relative
+        assert mine.read_bytes() == reference.read_bytes(), f"{relative} differs after resuming"
+
+    same_bytes("models/base/model.safetensors")  # the warm start (before any resume)
+    for run in config.rl.runs:
+        files = sorted(p.name for p in (finished / "models" / run).glob("*.safetensors"))
+        assert files and files == sorted(p.name for p in (out / "models" / run).glob("*.safetensors"))
+        for name in files:
+            same_bytes(f"models/{run}/{name}")
+    same_bytes("raw/table.json")
+    # The resumed log has each step once, with the uninterrupted run's rewards and losses.
+    for run in config.rl.runs:
+        assert training_log(out, run) == training_log(finished, run), run
+    assert yaml.safe_load((out / "config.yaml").read_text()) == config.to_dict()
