@@ -19,11 +19,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
+import nbformat
 import numpy as np
 import pytest
 import yaml
 from markdown_it import MarkdownIt
+from nbclient import NotebookClient
 from typer.testing import CliRunner
 
 from agentrl_jax.cli import app
@@ -36,18 +39,24 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 CI_CONFIG = ROOT / "configs" / "frozenlake_ci.yaml"
+NOTEBOOK = ROOT / "notebooks" / "frozenlake_reproduction.ipynb"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 KILL_TIMEOUT_S = 900  # generous: CI machines are slow and busy; a pass takes far less
 
 
 def run_reproduction(config_path: Path, out: Path) -> None:
-    """Run the reproduction of ``config_path`` into ``out``, as CI runs it.
-
-    The single place that says how: CI will execute notebooks/frozenlake_reproduction.ipynb
-    here instead (nbclient, with ``AGENTRL_REPRO_CONFIG=config_path`` and
-    ``AGENTRL_REPRO_OUT=out``); every test below reads only ``out``.
-    """
-    reproduce(load_config(config_path), out, progress=False)
+    """Run the reproduction of ``config_path`` into ``out`` by executing the notebook
+    notebooks/frozenlake_reproduction.ipynb (nbclient, a real kernel), so CI runs the notebook
+    end to end; every test below reads only ``out``. A failing cell fails the test with the
+    cell's error."""
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    env = {"AGENTRL_REPRO_CONFIG": str(config_path), "AGENTRL_REPRO_OUT": str(out)}
+    with mock.patch.dict(os.environ, env):
+        NotebookClient(notebook, timeout=KILL_TIMEOUT_S, kernel_name="python3",
+                       resources={"metadata": {"path": str(ROOT)}}).execute()
+    figures = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs
+               if o.output_type == "display_data" and "image/png" in o.get("data", {})]
+    assert len(figures) >= 8, "the notebook should display the run's figures"
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -285,6 +286,14 @@ def config_from_dict(d: Mapping[str, Any] | None, *, source: str = "config") -> 
     return ReproduceConfig(**sections)
 
 
+def _parse_value(text: str) -> Any:
+    """YAML, except that numbers like ``1e-6`` are floats (YAML 1.1 wants ``1.0e-6``)."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
+        return float(value)
+    return value
+
+
 def apply_overrides(d: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """``d`` with ``section.field=value`` overrides applied (values parsed as YAML)."""
     out = {k: dict(v or {}) for k, v in d.items()}
@@ -293,7 +302,7 @@ def apply_overrides(d: Mapping[str, Any], overrides: Sequence[str]) -> dict[str,
         section, dot, field = key.strip().partition(".")
         if not sep or not dot or not field:
             raise ValueError(f"override {item!r}: expected section.field=value")
-        out.setdefault(section, {})[field] = yaml.safe_load(text)
+        out.setdefault(section, {})[field] = _parse_value(text)
     return out
 
 

@@ -125,6 +125,22 @@ def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
 # ---------------------------------------------------------------- the run
 
 
+def phase_names(config: ReproduceConfig) -> list[str]:
+    """The phases of ``config``, in order (see the module docstring)."""
+    names = [] if config.model.model_dir is not None else ["setup"]
+    if config.warm_start.enabled:
+        names += ["demos", "warm_start"]
+    names += [f"train:{name}" for name in config.rl.runs]
+    names += [f"eval:{a}" for a in evaluate.ANALYSES]
+    return names + ["report"]
+
+
+def check_until(config: ReproduceConfig, until: str | None) -> None:
+    names = phase_names(config)
+    if until is not None and until not in names:
+        raise ReproduceError(f"--until: unknown phase {until!r}; phases: {', '.join(names)}")
+
+
 class Reproduction:
     """Runs the phases of one config into one folder (see the module docstring)."""
 
@@ -168,12 +184,7 @@ class Reproduction:
 
     # -- phases
     def phase_names(self) -> list[str]:
-        names = [] if self.config.model.model_dir is not None else ["setup"]
-        if self.config.warm_start.enabled:
-            names += ["demos", "warm_start"]
-        names += [f"train:{r.name}" for r in self.runs]
-        names += [f"eval:{a}" for a in evaluate.ANALYSES]
-        return names + ["report"]
+        return phase_names(self.config)
 
     def _units(self, phase: str) -> int:
         """Work of a phase in trajectory-turns (the unit of the evaluation's own count)."""
@@ -216,9 +227,8 @@ class Reproduction:
     def run(self, until: str | None = None) -> Path:
         """Every phase not yet finished, up to and including ``until`` (default: all);
         returns the report's path (written once the ``report`` phase has run)."""
+        check_until(self.config, until)
         names = self.phase_names()
-        if until is not None and until not in names:
-            raise ReproduceError(f"--until: unknown phase {until!r}; phases: {', '.join(names)}")
         if until is not None:
             names = names[:names.index(until) + 1]
         started = time.perf_counter()
@@ -235,8 +245,10 @@ class Reproduction:
                 self.phases.finish(phase, time.perf_counter() - began, **info)
         finally:
             self.bar.close()
-        self.log(f"reproduce: done in {time.perf_counter() - started:.0f} s "
-                 f"(this invocation); report: {self.out / 'report.md'}")
+        report = self.out / "report.md"
+        self.log(f"reproduce: {'done' if 'report' in self.phases.done else f'stopped after {until}'} "
+                 f"in {time.perf_counter() - started:.0f} s (this invocation)"
+                 + (f"; report: {report}" if report.exists() else ""))
         return self.out / "report.md"
 
     def _run_phase(self, phase: str) -> dict[str, Any] | None:
@@ -383,4 +395,5 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, fresh: bool = False,
               progress: bool = True, until: str | None = None) -> Path:
     """Run (or resume) the reproduction of ``config`` in ``out``, up to phase ``until``
     (default: all); returns the report's path."""
+    check_until(config, until)  # before the folder is touched
     return Reproduction(config, out, fresh=fresh, progress=progress).run(until)
