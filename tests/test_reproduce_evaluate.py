@@ -34,6 +34,7 @@ from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 from eval_helpers import QStarAgent, frozenlake_corpus
+from markdown_tables import first_table
 
 T_MAX = 6
 TASKS = 6
@@ -211,19 +212,9 @@ def test_table1_is_recomputed_from_the_saved_counts(scripted):
 
     # The report's Table 1 shows exactly these numbers (and the differences in points).
     path = report.write_report(out, header_markdown="## Run\n\nscripted agents")
-    tokens = MarkdownIt("commonmark").enable("table").parse(path.read_text())
-    rows, row = [], None
-    for token in tokens:
-        if token.type == "tr_open":
-            row = []
-        elif token.type == "inline" and row is not None:
-            row.append(token.content)
-        elif token.type == "tr_close":
-            rows.append(row)
-            row = None
-    header = rows[0]
+    header, shown = first_table(path.read_text())
     assert header == ["Pass@2 (%)", "25% (T=1)", "50% (T=3)", "75% (T=4)", "100% (T=6)"]
-    shown = {r[0]: r[1:] for r in rows[1:7]}  # Table 1 comes first: 3 policies, 3 differences
+    assert len(shown) == 6  # Table 1 comes first: 3 policies, 3 differences
     for policy in NAMES:
         assert shown[policy] == [f"{100 * table[policy][t]:.1f}" for t in record["levels"]]
     for a, b in (("GRPO", "base"), ("BudgetMix GRPO", "base"), ("BudgetMix GRPO", "GRPO")):

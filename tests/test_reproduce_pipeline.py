@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import yaml
 from markdown_it import MarkdownIt
+from markdown_tables import first_table
 from nbclient import NotebookClient
 from typer.testing import CliRunner
 
@@ -156,18 +157,7 @@ def test_report_renders_with_table1_and_valid_figures(finished):
 
 def markdown_table1(path: Path) -> tuple[list[str], dict[str, list[str]]]:
     """Header and ``{row label: cells}`` of the first table in a Markdown file."""
-    rows, row = [], None
-    for token in markdown_tokens(path):
-        if token.type == "table_close":
-            break
-        if token.type == "tr_open":
-            row = []
-        elif token.type == "inline" and row is not None:
-            row.append(token.content)
-        elif token.type == "tr_close":
-            rows.append(row)
-            row = None
-    return rows[0], {r[0]: r[1:] for r in rows[1:]}
+    return first_table(path.read_text())
 
 
 def test_table1_is_recomputed_from_the_saved_counts(finished, config):
