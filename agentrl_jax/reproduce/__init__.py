@@ -1,9 +1,13 @@
 """``agentrl-jax reproduce frozenlake``: the paper's FrozenLake study end to end (PAPER.md §5, §7, §9).
 
-* :mod:`.config`   - the validated, YAML-backed configuration (CPU default and paper scale).
-* :mod:`.demos`    - the scripted Q*-greedy demonstrator with injected mistakes.
-* :mod:`.sft`      - supervised warm-start of the policy on the demonstrations (the base).
-* :mod:`.training` - the RL runs (GRPO, BudgetMix GRPO, GiGPO, PPO) with checkpoints.
-* :mod:`.evaluate` - Pass@(K, T), Table 1 and the diagnostics for several policies.
-* :mod:`.pipeline` - the phases, their results folder, resuming, and the progress bar.
+* :mod:`.config`      - the validated, YAML-backed configuration (CPU default and paper scale).
+* :mod:`.policy_init` - the initial policy: a random Qwen3 and a tokenizer built from the task text.
+* :mod:`.demos`       - the scripted, budget-aware Q*-greedy demonstrator with injected mistakes.
+* :mod:`.sft`         - supervised warm-start on the demonstrations (the base policy).
+* :mod:`.training`    - the RL runs (GRPO, BudgetMix GRPO, GiGPO, PPO presets) with checkpoints.
+* :mod:`.evaluate`    - Pass@(K, T), Table 1 and the diagnostics for several policies.
+* :mod:`.results`     - the raw results' layout, and numbers recomputed from them alone.
+* :mod:`.findings`    - the paper's headlines checked against a run's numbers.
+* :mod:`.report`      - ``report.md``: Table 1 first, the analyses, the findings.
+* :mod:`.pipeline`    - the phases, their results folder, resuming, and the progress bar.
 """

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+import yaml
 from flax import nnx
 from tqdm.auto import tqdm
 
@@ -42,8 +43,6 @@ from agentrl_jax.sharding import build_mesh
 from agentrl_jax.trajectory import Trajectory
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
-
-import yaml
 
 BASE = "base"
 PHASES_FILE, CONFIG_FILE = "phases.json", "config.yaml"
@@ -180,7 +179,8 @@ class Reproduction:
         return {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[self.config.model.dtype]
 
     def load_model(self, model_dir: Path):
-        return load_qwen3(model_dir, dtype=self._dtype())
+        """A policy directory's model, its parameters placed by the mesh's rules (if any)."""
+        return load_qwen3(model_dir, dtype=self._dtype(), mesh=self.mesh)
 
     # -- phases
     def phase_names(self) -> list[str]:
