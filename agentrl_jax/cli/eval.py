@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -41,7 +40,7 @@ app = typer.Typer(help="Evaluate a base policy and its RL descendant: Pass@(K, T
                   no_args_is_help=True)
 
 NAMES = ("base", "RL")
-SECTIONS_DIR, SETTINGS_DIR = "sections", "settings"
+SETTINGS_DIR = "settings"
 # Order of the analyses in the report, and the stream of randomness each one draws from.
 ORDER = ("passk", "passt", "steps", "errors", "likelihood", "training")
 _KEY_STREAM = {"passk": 1, "passt": 2, "sources": 3, "steps": 4, "errors": 5, "likelihood": 6}
@@ -182,8 +181,7 @@ def _save_sections(setup: Setup, analysis: str, sections: list) -> None:
     settings = report.write_json(setup.out / SETTINGS_DIR / f"{analysis}.json", setup.settings)
     rel = settings.relative_to(setup.out).as_posix()
     sections = [dataclasses.replace(sections[0], files=sections[0].files + (rel,))] + sections[1:]
-    report.write_json(setup.out / SECTIONS_DIR / f"{analysis}.json",
-                      {"analysis": analysis, "sections": [dataclasses.asdict(s) for s in sections]})
+    report.write_sections(setup.out, analysis, sections)
     for section in sections:
         typer.echo(f"{section.title}: {section.text}")
     typer.echo(f"Wrote {analysis} results to {setup.out} "
@@ -414,16 +412,14 @@ def likelihood_command(
 
 def read_sections(folder: Path) -> list:
     """The report sections saved in ``folder/sections``, in the order of :data:`ORDER`."""
-    from agentrl_jax.evaluation.report import Section
+    from agentrl_jax.evaluation.report import SECTIONS_DIR, read_sections as read_file
     records = []
     for path in sorted((folder / SECTIONS_DIR).glob("*.json")):
         try:
-            record = json.loads(path.read_text())
-            sections = [Section(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
-                        for s in record["sections"]]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise typer.BadParameter(f"{path}: not a section record ({error})") from None
-        rank = ORDER.index(record["analysis"]) if record["analysis"] in ORDER else len(ORDER)
+            analysis, sections = read_file(path)
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from None
+        rank = ORDER.index(analysis) if analysis in ORDER else len(ORDER)
         records.append((rank, path.stem, sections))
     return [s for *_, sections in sorted(records, key=lambda r: r[:2]) for s in sections]
 

@@ -92,6 +92,28 @@ def write_csv(path: str | Path, columns: Mapping[str, Sequence[Any]]) -> Path:
     return path
 
 
+SECTIONS_DIR = "sections"  # <folder>/sections/<analysis>.json: an analysis' report sections
+
+
+def write_sections(folder: str | Path, analysis: str, sections: Sequence[Section]) -> Path:
+    """``folder/sections/<analysis>.json``: the sections an analysis contributes to a report."""
+    return write_json(Path(folder) / SECTIONS_DIR / f"{analysis}.json",
+                      {"analysis": analysis, "sections": [dataclasses.asdict(s) for s in sections]})
+
+
+def read_sections(path: str | Path) -> tuple[str, list[Section]]:
+    """``(analysis, sections)`` of a file :func:`write_sections` wrote; ``ValueError`` naming the
+    file when it is not such a record."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+        sections = [Section(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
+                    for s in record["sections"]]
+        return record["analysis"], sections
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a section record ({error})") from None
+
+
 def read_training_log(
     path: str | Path, keys: Sequence[str] = ("R_multi", "R_single"), step_key: str = "step"
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:

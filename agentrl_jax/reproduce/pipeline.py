@@ -19,6 +19,7 @@ counts work units over all phases (rollouts, SFT and RL steps) with the phase na
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import platform
 import shutil
@@ -188,7 +189,7 @@ class Reproduction:
 
     def _units(self, phase: str) -> int:
         """Work of a phase in trajectory-turns (the unit of the evaluation's own count)."""
-        ws, rl, ev, t_max = self.config.warm_start, self.config.rl, self.config.eval, self.config.task.t_max
+        ws, rl, ev = self.config.warm_start, self.config.rl, self.config.eval
         if phase == "demos":
             return demo_lib.demo_calls(self.demo_tasks, DEMO_TASKS_PER_CALL) * self.demo_call_units
         if phase == "warm_start":
@@ -280,7 +281,9 @@ class Reproduction:
         params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
         return {"parameters": int(params), "vocab_size": len(tokenizer)}
 
+    @functools.cached_property
     def tokenizer(self):
+        """The policies' tokenizer (read once, after ``setup`` has written it)."""
         return load_tokenizer(self.init_dir)
 
     def collect_demos(self) -> dict[str, Any]:
@@ -290,7 +293,7 @@ class Reproduction:
                                                   success_rate=t.success_rate,
                                                   mistake_rate=ws.mistake_rate, seed=ws.seed)
         demos = demo_lib.collect_demos(
-            env, self.tokenizer(), demonstrator, np.arange(self.demo_tasks),
+            env, self.tokenizer, demonstrator, np.arange(self.demo_tasks),
             jax.random.key(ws.seed), demos_per_task=ws.demos_per_task,
             max_response_tokens=t.max_response_tokens, max_context=t.max_context,
             tasks_per_call=DEMO_TASKS_PER_CALL, on_call=lambda: self.bar.update(self.demo_call_units))
@@ -326,7 +329,7 @@ class Reproduction:
                                          weight_decay=ws.weight_decay, seed=ws.seed, on_step=on_step)
         log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
         nnx.update(model, params)
-        save_policy(model, self.tokenizer(), self.model_dir(BASE))
+        save_policy(model, self.tokenizer, self.model_dir(BASE))
         return {"steps": len(history), "nll_first": history[0]["nll"], "nll_last": history[-1]["nll"]}
 
     # -- RL
@@ -342,16 +345,18 @@ class Reproduction:
         already = _checkpointed_steps(run_dir)
         self.bar.update(already * self.rl_step_units)
         params = training.run_training(
-            spec, model, self.tasks.train, self.tokenizer(), self.config.rl, run_dir=run_dir,
+            spec, model, self.tasks.train, self.tokenizer, self.config.rl, run_dir=run_dir,
             t_max=t.t_max, max_response_tokens=t.max_response_tokens, max_context=t.max_context,
             metadata={"model_dir": str(self.base_dir.resolve()), "run": spec.name},
             mesh=self.mesh, on_step=on_step)
         nnx.update(model, params)
-        save_policy(model, self.tokenizer(), self.model_dir(spec.name))
+        save_policy(model, self.tokenizer, self.model_dir(spec.name))
         return {"resumed_from_step": already, "label": spec.label}
 
     # -- evaluation and report
-    def models(self) -> dict[str, Any]:
+    @functools.cached_property
+    def eval_models(self) -> dict[str, Any]:
+        """``{policy name: model}`` for the evaluation, loaded once for all analyses."""
         models = {BASE: self.load_model(self.base_dir)}
         for spec in self.runs:
             models[spec.label] = self.load_model(self.model_dir(spec.name))
@@ -360,9 +365,9 @@ class Reproduction:
     def evaluate(self, analysis: str) -> dict[str, Any]:
         logs = {spec.label: self.out / "runs" / spec.name / "metrics.jsonl" for spec in self.runs}
         env = self.tasks.test
-        evaluate.run_analysis(analysis, self.out, env, np.arange(env.num_tasks()), self.tokenizer(),
-                              self.models() if analysis != "dynamics" else {BASE: None, **{
-                                  s.label: None for s in self.runs}},
+        evaluate.run_analysis(analysis, self.out, env, np.arange(env.num_tasks()), self.tokenizer,
+                              self.eval_models if analysis != "dynamics"  # reads the logs only
+                              else dict.fromkeys(self.policy_names()),
                               self.config.eval, training_logs=logs, progress=self.bar.update)
         return {}
 
@@ -381,7 +386,7 @@ class Reproduction:
             f"T_max {c.task.t_max}; {c.task.train_maps} train maps, {c.task.eval_maps} test maps (disjoint splits).",
             f"Machine: {platform.machine()}, {jax.device_count()} x {jax.devices()[0].device_kind}; "
             f"phases so far took {seconds:.0f} s in all (see phases.json).",
-            f"Exact config: [config.yaml](config.yaml).",
+            "Exact config: [config.yaml](config.yaml).",
         ]
         return "\n".join(f"- {line}" for line in lines)
 

@@ -9,7 +9,6 @@ and the findings of :mod:`.findings`, all computed from the raw results under ``
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -20,7 +19,7 @@ from agentrl_jax.evaluation.report import Section
 from agentrl_jax.reproduce import findings, results
 from agentrl_jax.reproduce.results import ANALYSES
 
-SECTIONS_DIR = "sections"
+SECTIONS_DIR = eval_report.SECTIONS_DIR
 TABLE1_CSV = "table1.csv"
 TABLE1_PREFIX = "Table 1"
 
@@ -30,25 +29,13 @@ TABLE1_PREFIX = "Table 1"
 
 def write_sections(out: str | Path, analysis: str, sections: Sequence[Section]) -> Path:
     """``out/sections/<analysis>.json``: the sections an analysis contributes to the report."""
-    return eval_report.write_json(Path(out) / SECTIONS_DIR / f"{analysis}.json",
-                                  {"analysis": analysis,
-                                   "sections": [dataclasses.asdict(s) for s in sections]})
+    return eval_report.write_sections(out, analysis, sections)
 
 
 def read_sections(out: str | Path, analyses: Sequence[str] = ANALYSES) -> dict[str, list[Section]]:
     """``{analysis: sections}`` of the ``analyses`` saved under ``out`` (absent ones left out)."""
-    found = {}
-    for analysis in analyses:
-        path = Path(out) / SECTIONS_DIR / f"{analysis}.json"
-        if not path.is_file():
-            continue
-        try:
-            record = json.loads(path.read_text())
-            found[analysis] = [Section(**{k: tuple(v) if isinstance(v, list) else v
-                                          for k, v in s.items()}) for s in record["sections"]]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError(f"{path}: not a section record ({error})") from None
-    return found
+    paths = {a: Path(out) / SECTIONS_DIR / f"{a}.json" for a in analyses}
+    return {a: eval_report.read_sections(path)[1] for a, path in paths.items() if path.is_file()}
 
 
 # ---------------------------------------------------------------- Table 1

@@ -19,7 +19,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
-import jax
 import numpy as np
 from flax import nnx
 
