@@ -22,7 +22,8 @@ def test_run_reports_every_measurement_with_its_baseline():
         assert set(json.loads(r.to_json())) == {"name", "unit", "ours", "baseline",
                                                 "baseline_name", "settings", "ratio"}
     assert results[0].name == "sample tiny, batch 2 x 3 new tokens, top-p"
-    assert 0 <= results[0].settings["nucleus_fit_fraction"] <= 1
+    fits = results[0].settings["nucleus_fit_fraction"]  # per prefilter stage, nested
+    assert list(fits) == ["k=32", "k=256"] and 0 <= fits["k=32"] <= fits["k=256"] <= 1
     # the floor is the parameters' bytes over the measured bandwidth
     floor = results[2]
     assert floor.baseline == pytest.approx(

@@ -65,18 +65,49 @@ def test_filtered_distribution_matches_numpy_reference(kwargs):
     assert 1 < (expected > 0).sum(1).min(), "degenerate case: only one token kept"
 
 
-def test_top_p_prefilter_is_exact_and_falls_back_when_the_nucleus_is_larger():
-    logits = random_logits(1, batch=4, vocab=400, scale=3.0)
-    logits[2] *= 0.05  # nearly flat row: its nucleus holds hundreds of tokens
-    config = SamplingConfig(temperature=1.0, top_p=0.9, prefilter_k=32)
+def test_top_p_prefilter_stages_are_exact_whichever_one_the_batch_needs():
+    # Nucleus sizes 2, 2, 349 (nearly flat), 2, 30, 56.
+    scales = np.array([8.0, 8.0, 0.15, 8.0, 3.0, 2.5], np.float32)[:, None]
+    logits = random_logits(1, batch=6, vocab=400, scale=1.0) * scales
+    config = SamplingConfig(temperature=1.0, top_p=0.9, first_prefilter_k=8, prefilter_k=32)
     sizes = nucleus_size(logits, 1.0, 0.9)
-    fits = np.asarray(filters.nucleus_fits_prefilter(jnp.asarray(logits), config))
-    np.testing.assert_array_equal(fits, sizes <= 32)
-    assert not fits[2] and fits.sum() >= 2, sizes  # both branches get exercised below
-    for rows in (np.flatnonzero(fits), np.arange(4)):  # all fit (fast path) / not (full sort)
+    for k in (8, 32):
+        fits = np.asarray(filters.nucleus_fits_prefilter(jnp.asarray(logits), config, k=k))
+        np.testing.assert_array_equal(fits, sizes <= k)
+    np.testing.assert_array_equal(
+        filters.nucleus_fits_prefilter(jnp.asarray(logits), config), sizes <= 32)
+    first, second = np.flatnonzero(sizes <= 8), np.flatnonzero((sizes > 8) & (sizes <= 32))
+    assert len(first) >= 2 and len(second) >= 1 and sizes.max() > 32, sizes
+    # Batches that the first stage, the second stage and only the whole-vocabulary search serve.
+    for rows in (first, np.concatenate([first, second]), np.arange(6)):
         ours = np.exp(np.asarray(filters.filtered_log_probs(jnp.asarray(logits[rows]), config)))
         np.testing.assert_allclose(ours, reference_probs(logits[rows], 1.0, top_p=0.9),
                                    atol=2e-6, rtol=0)
+        tokens, log_probs = filters.sample(jax.random.key(0), jnp.asarray(logits[rows]), config)
+        np.testing.assert_allclose(np.exp(np.asarray(log_probs)),
+                                   ours[np.arange(len(rows)), np.asarray(tokens)], rtol=1e-5)
+
+
+def test_prefilter_stages_are_ascending_and_capped_by_the_vocabulary():
+    config = SamplingConfig(top_p=0.9, first_prefilter_k=32, prefilter_k=256)
+    assert config.prefilter_stages(151_936) == (32, 256)
+    assert config.prefilter_stages(100) == (32, 100)
+    assert config.prefilter_stages(20) == (20,)
+    assert SamplingConfig(top_p=0.9, first_prefilter_k=300).prefilter_stages(1000) == (256, 300)
+
+
+@pytest.mark.parametrize("vocab, k", [(300, 7), (1187 * 128, 1), (1187 * 128, 32),
+                                      (1187 * 128, 256), (64 * 64, 16)])
+def test_top_k_equals_a_stable_sort_with_ties(vocab, k):
+    logits = np.round(random_logits(8, batch=5, vocab=vocab, scale=2.0), 1)  # many ties
+    logits[1] = 0.5  # all tied: ids 0..k-1
+    logits[2] = -np.inf
+    logits[2, [vocab - 1, 3, vocab // 2]] = 7.0  # tied maxima in far-apart blocks
+    values, ids = filters.top_k(jnp.asarray(logits), k)
+    order = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(np.asarray(ids), order)
+    np.testing.assert_array_equal(np.asarray(values), np.take_along_axis(logits, order, axis=1))
+    assert np.asarray(ids).dtype == np.int32
 
 
 @pytest.mark.parametrize("scale, top_p", [(0.05, 0.9), (1.0, 0.5), (4.0, 0.99), (2.0, 1e-3)])
@@ -166,6 +197,7 @@ def test_sample_categorical_never_draws_zero_weight_entries():
 
 @pytest.mark.parametrize("field, value", [("temperature", -1.0), ("top_k", -2), ("top_p", 0.0),
                                           ("top_p", 1.5), ("prefilter_k", 0),
+                                          ("first_prefilter_k", 0),
                                           ("valid_vocab_size", 0)])
 def test_config_rejects_bad_fields_by_name(field, value):
     with pytest.raises(ValueError, match=field):

@@ -10,7 +10,8 @@ by both sides, so both run the same weights in float32 on the CPU:
 
 The final norm weight is set so the logits have a standard deviation of about 4, as peaked as
 a trained model's (a random model's are nearly flat, which no real sampler sees); ``settings``
-reports how often the top-p nucleus fit the prefilter.
+reports how often the first top-p nucleus fit each prefilter stage (``nucleus_fit_fraction``:
+``{"k=32": share, ...}``).
 
 Results:
 
@@ -271,13 +272,15 @@ def run(configs: Sequence[str] = ("tiny", "qwen3-0.6b-2layers"),
     return results
 
 
-def _nucleus_fit_fraction(model, params, prompt, sampling: SamplingConfig) -> float:
-    """Share of the prompts whose first top-p nucleus fits the prefilter (the fast path)."""
+def _nucleus_fit_fraction(model, params, prompt, sampling: SamplingConfig) -> dict[str, float]:
+    """Per prefilter stage ``k``: the share of the prompts whose first top-p nucleus fits in
+    ``k`` candidates (the batch takes the first stage all its rows fit)."""
     tokens, mask = (jnp.asarray(x) for x in prompt)
     merged = nnx.merge(nnx.graphdef(model), params)
     hidden, _ = merged.hidden_states(tokens, positions_from_mask(mask), mask)
-    fits = nucleus_fits_prefilter(merged.logits(hidden[:, -1]), sampling)
-    return float(np.mean(np.asarray(fits)))
+    logits = merged.logits(hidden[:, -1])
+    return {f"k={k}": float(np.mean(np.asarray(nucleus_fits_prefilter(logits, sampling, k=k))))
+            for k in sampling.prefilter_stages(logits.shape[-1])}
 
 
 def _rollout_result(model, params, name, settings, sampling, vocab, rng, key, turns,
