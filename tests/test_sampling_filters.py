@@ -93,7 +93,8 @@ def test_prefilter_stages_are_ascending_and_capped_by_the_vocabulary():
     assert config.prefilter_stages(151_936) == (32, 256)
     assert config.prefilter_stages(100) == (32, 100)
     assert config.prefilter_stages(20) == (20,)
-    assert SamplingConfig(top_p=0.9, first_prefilter_k=300).prefilter_stages(1000) == (256, 300)
+    assert SamplingConfig(top_p=0.9, first_prefilter_k=300).prefilter_stages(1000) == (256,)
+    assert SamplingConfig(top_p=0.9, prefilter_k=4).prefilter_stages(1000) == (4,)
 
 
 @pytest.mark.parametrize("vocab, k", [(300, 7), (1187 * 128, 1), (1187 * 128, 32),

@@ -71,7 +71,8 @@ class SamplingConfig:
 
     ``temperature`` 0 means greedy (argmax); ``top_k`` 0 and ``top_p`` 1 mean "off".
     ``first_prefilter_k`` and ``prefilter_k``: how many candidates top-p without top-k ranks
-    in its first and second stage (see the module doc); the results never depend on them.
+    in its first and second stage (see the module doc; ``prefilter_k`` is the most it ever
+    ranks); the results never depend on them, only the cost does.
     ``valid_vocab_size``: ids at or above it are never produced (None: all logits are ids).
     """
 
@@ -112,10 +113,11 @@ class SamplingConfig:
 
     def prefilter_stages(self, vocab_size: int) -> tuple[int, ...]:
         """The candidate counts top-p (without top-k) tries in turn over ``vocab_size``
-        logits, ascending; when the last is below ``vocab_size`` the whole-vocabulary search
-        follows it."""
-        return tuple(sorted({min(k, vocab_size)
-                             for k in (self.first_prefilter_k, self.prefilter_k)}))
+        logits: ``first_prefilter_k`` then ``prefilter_k`` (the most ever ranked), each capped
+        by the vocabulary, without repeats; when the last is below ``vocab_size`` the
+        whole-vocabulary search follows it."""
+        last = min(self.prefilter_k, vocab_size)
+        return tuple(sorted({min(self.first_prefilter_k, last), last}))
 
 
 # ---------------------------------------------------------------------------- pieces
