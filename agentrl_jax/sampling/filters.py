@@ -247,28 +247,39 @@ def _over_candidates(scaled: jax.Array, config: SamplingConfig,
                      use: Callable[[jax.Array | None, jax.Array], jax.Array | tuple]):
     """``use(ids, log_probs)`` over the filtered candidates, exact for every row.
 
-    ``ids [B, K]`` maps candidate to token id (None: candidate ``i`` is id ``i``, K = V).
-    With top-p and no top-k, ranks ``config.prefilter_stages(V)`` candidates in turn, each
-    stage taken (``lax.cond``) only when some row's nucleus did not fit in the previous one,
-    and ends with :func:`nucleus_by_threshold` over the whole vocabulary.
+    ``ids [B, K]`` maps candidate to token id (None: candidate ``i`` is id ``i``, K = V); ids
+    ``>= V`` are padding, with log-probability -inf. With top-p and no top-k, ranks
+    ``config.prefilter_stages(V)`` candidates in turn, each stage taken (``lax.cond``) only
+    when some row's nucleus did not fit in the previous one, and ends with
+    :func:`nucleus_by_threshold` over the whole vocabulary. The stages share one shape (the
+    last one's), so ``use`` is traced once for them all: fewer branches to compile.
     """
     vocab = scaled.shape[-1]
     if config.top_k:
         ids, log_probs, _ = _candidates(scaled, config, min(config.top_k, vocab))
         return use(ids, log_probs)
     log_norm = jax.nn.logsumexp(scaled, axis=-1)
+    stages = config.prefilter_stages(vocab)
 
-    def from_stage(stages: tuple[int, ...]):
-        if not stages:  # every prefilter missed: the whole vocabulary, no sort
-            kept = jnp.where(nucleus_by_threshold(scaled, config.top_p), scaled, -jnp.inf)
-            return use(None, jax.nn.log_softmax(kept, axis=-1))
+    def ranked(stages: tuple[int, ...]) -> tuple[jax.Array, jax.Array, jax.Array]:
         ids, log_probs, exact = _candidates(scaled, config, stages[0], log_norm)
-        if stages[0] == vocab:
-            return use(ids, log_probs)
-        return jax.lax.cond(jnp.all(exact), lambda _: use(ids, log_probs),
-                            lambda _: from_stage(stages[1:]), None)
+        padding = ((0, 0), (0, stages[-1] - stages[0]))
+        ids = jnp.pad(ids, padding, constant_values=vocab)
+        log_probs = jnp.pad(log_probs, padding, constant_values=-jnp.inf)
+        if len(stages) == 1:
+            return ids, log_probs, exact
+        return jax.lax.cond(jnp.all(exact), lambda _: (ids, log_probs, exact),
+                            lambda _: ranked(stages[1:]), None)
 
-    return from_stage(config.prefilter_stages(vocab))
+    ids, log_probs, exact = ranked(stages)
+    if stages[-1] == vocab:
+        return use(ids, log_probs)
+
+    def whole_vocabulary(_):  # every prefilter missed: no sort
+        kept = jnp.where(nucleus_by_threshold(scaled, config.top_p), scaled, -jnp.inf)
+        return use(None, jax.nn.log_softmax(kept, axis=-1))
+
+    return jax.lax.cond(jnp.all(exact), lambda _: use(ids, log_probs), whole_vocabulary, None)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -287,7 +298,7 @@ def filtered_log_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     def scatter(ids, log_probs):
         if ids is None:
             return log_probs
-        return jnp.full(scaled.shape, -jnp.inf).at[rows, ids].set(log_probs)
+        return jnp.full(scaled.shape, -jnp.inf).at[rows, ids].set(log_probs, mode="drop")
 
     return _over_candidates(scaled, config, scatter)
 
