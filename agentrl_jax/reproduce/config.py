@@ -156,7 +156,7 @@ class WarmStartSettings:
             "learning_rate": _real(0.0, lo_open=True), "weight_decay": _real(0.0), "seed": _int(0)})
 
 
-# name -> (label in tables, advantage, BudgetMix?, critic?)
+# name -> (label in tables, advantage estimator, BudgetMix?); "gae" (PPO) also trains a critic
 RUN_PRESETS: dict[str, tuple[str, str, bool]] = {
     "grpo": ("GRPO", "grpo", False),
     "budgetmix": ("BudgetMix GRPO", "grpo", True),

@@ -111,8 +111,9 @@ def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
             raise ResultsFolderError(f"{saved} is not a valid config ({error}); use --fresh or "
                                      "another --out") from None
         if previous != config:
+            before = previous.to_dict()
             changed = [f"{s}.{k}" for s, fields in config.to_dict().items()
-                       for k, v in fields.items() if previous.to_dict()[s][k] != v]
+                       for k, v in fields.items() if before[s][k] != v]
             raise ResultsFolderError(f"{out} holds a run of another config (differs in "
                                      f"{', '.join(changed)}); use --fresh to start over or "
                                      "another --out")
@@ -250,7 +251,7 @@ class Reproduction:
         self.log(f"reproduce: {'done' if 'report' in self.phases.done else f'stopped after {until}'} "
                  f"in {time.perf_counter() - started:.0f} s (this invocation)"
                  + (f"; report: {report}" if report.exists() else ""))
-        return self.out / "report.md"
+        return report
 
     def _run_phase(self, phase: str) -> dict[str, Any] | None:
         if phase == "setup":
