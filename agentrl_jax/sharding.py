@@ -11,9 +11,17 @@ Partition rules map a parameter's path (``"layers/q_proj"``, ``"embed_tokens"``,
 does not divide is replicated along that axis instead (e.g. 2 KV heads on 4 tensor devices),
 so every rule set works on every mesh; results are identical, only the layout changes.
 
-Multi-host: after ``jax.distributed.initialize()`` ``jax.devices()`` lists every process's
-devices; :func:`build_mesh` then puts processes along ``data`` (the only axis whose collectives
-are rare enough for the slower network between hosts) and ``fsdp`` x ``tensor`` inside a host.
+Layout (:func:`build_mesh`; ``jax.devices()`` lists every process's devices after
+``jax.distributed.initialize()``):
+
+* TPU, one slice: the whole mesh is ICI. ``(data, fsdp, tensor)`` is laid over the slice's
+  physical torus (``mesh_utils.create_device_mesh``, physical axes split where needed), however
+  many hosts the slice has; e.g. fsdp=8 on a v5p 2x2x2 (2 hosts of 4 chips) is the whole cube.
+  v4 / v5p need one device per chip (megacore mode, their default).
+* TPU, several slices: slices are joined over DCN along ``data`` only; inside a slice as above.
+* GPU / CPU: one process -> one node-local mesh; several processes -> processes along ``data``
+  (the only axis whose collectives are rare enough for the network between hosts), ``fsdp`` x
+  ``tensor`` and the rest of ``data`` inside a process.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import re
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
@@ -83,24 +92,75 @@ class MeshConfig:
 def build_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = None) -> Mesh:
     """A ``("data", "fsdp", "tensor")`` mesh over ``devices`` (default: all global devices)."""
     devices = list(jax.devices() if devices is None else devices)
-    shape = config.resolve(len(devices))
-    num_processes = len({d.process_index for d in devices})
-    if num_processes > 1:
-        grid = mesh_utils.create_hybrid_device_mesh(
-            per_process_mesh_shape(shape, num_processes), (num_processes, 1, 1), devices,
-            process_is_granule=True)
-    else:
-        grid = mesh_utils.create_device_mesh(shape, devices)
+    grid = device_grid(config.resolve(len(devices)), devices)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
+def device_grid(shape: tuple[int, int, int], devices: Sequence[Any]) -> np.ndarray:
+    """``devices`` as an array of ``shape`` = (data, fsdp, tensor), laid out as the module says."""
+    if devices[0].platform == "tpu":
+        return _tpu_grid(shape, devices)
+    num_processes = len({d.process_index for d in devices})
+    if num_processes == 1:
+        return mesh_utils.create_device_mesh(shape, devices)
+    return mesh_utils.create_hybrid_device_mesh(
+        per_process_mesh_shape(shape, num_processes), (num_processes, 1, 1), devices,
+        process_is_granule=True)
+
+
+def _tpu_grid(shape: tuple[int, int, int], devices: Sequence[Any]) -> np.ndarray:
+    """ICI torus layout inside each slice; several slices stacked along ``data`` (DCN)."""
+    num_slices = len({slice_index(d) for d in devices})
+    try:
+        if num_slices == 1:
+            return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+        return mesh_utils.create_hybrid_device_mesh(
+            per_slice_mesh_shape(shape, num_slices), (num_slices, 1, 1), devices,
+            allow_split_physical_axes=True)
+    except AssertionError as error:  # mesh_utils asserts on megacore and holey device sets
+        hint = ("; use one device per chip (megacore mode: the runtime's default, or "
+                "chip_config_name='megacore' for compile-only topologies)"
+                if any(getattr(d, "core_on_chip", 0) for d in devices) else "")
+        raise ValueError(f"cannot lay mesh (data, fsdp, tensor)={shape} over {len(devices)} "
+                         f"{devices[0].device_kind} devices in {num_slices} slice(s): "
+                         f"{error}{hint}") from error
+
+
+def slice_index(device: Any) -> int:
+    """The TPU slice ``device`` belongs to (0 where the device has no ``slice_index``)."""
+    return getattr(device, "slice_index", 0)
+
+
 def per_process_mesh_shape(shape: tuple[int, int, int], num_processes: int) -> tuple[int, int, int]:
-    """The slice of a ``(data, fsdp, tensor)`` mesh that lives on one host (processes on data)."""
+    """The part of a ``(data, fsdp, tensor)`` mesh that lives on one host (processes on data)."""
+    return _split_data(shape, num_processes, ("process", "processes"), "hosts are laid along data")
+
+
+def per_slice_mesh_shape(shape: tuple[int, int, int], num_slices: int) -> tuple[int, int, int]:
+    """The part of a ``(data, fsdp, tensor)`` mesh inside one TPU slice (slices on data)."""
+    return _split_data(shape, num_slices, ("slice", "slices"),
+                       "TPU slices are laid along data (DCN)")
+
+
+def _split_data(shape: tuple[int, int, int], parts: int, unit: tuple[str, str],
+                why: str) -> tuple[int, int, int]:
+    """``shape`` with ``data`` divided by ``parts`` (``unit``: singular and plural name)."""
     data, fsdp, tensor = shape
-    if data % num_processes:
-        raise ValueError(f"with {num_processes} processes the data axis ({data}) must be a "
-                         "multiple of the process count: hosts are laid along data")
-    return (data // num_processes, fsdp, tensor)
+    if data % parts:
+        raise ValueError(f"with {parts} {unit[1]} the data axis ({data}) must be a "
+                         f"multiple of the {unit[0]} count: {why}")
+    return (data // parts, fsdp, tensor)
+
+
+def describe_mesh(mesh: Mesh) -> str:
+    """One line for logs: ``"data=1 fsdp=8 tensor=1: 8 TPU v5 devices, 2 processes, 1 slice"``."""
+    devices = list(mesh.devices.flat)
+    kinds = "/".join(sorted({d.device_kind for d in devices}))
+    processes = len({d.process_index for d in devices})
+    slices = len({slice_index(d) for d in devices})
+    axes = " ".join(f"{name}={size}" for name, size in mesh.shape.items())
+    return (f"{axes}: {len(devices)} {kinds} devices, {processes} process"
+            f"{'es' * (processes > 1)}, {slices} slice{'s' * (slices > 1)}")
 
 
 def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
@@ -169,6 +229,7 @@ def describe(tree: Any) -> dict[str, str]:
 
 __all__ = [
     "BATCH_AXES", "KV_CACHE_RULES", "MESH_AXES", "MeshConfig", "QWEN3_PARAM_RULES",
-    "batch_sharding", "build_mesh", "describe", "per_process_mesh_shape", "spec_for",
-    "shard_tree", "tree_shardings",
+    "batch_sharding", "build_mesh", "describe", "describe_mesh", "device_grid",
+    "per_process_mesh_shape", "per_slice_mesh_shape", "shard_tree", "slice_index", "spec_for",
+    "tree_shardings",
 ]

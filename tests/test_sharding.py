@@ -7,17 +7,21 @@ process; so the 8-device check runs this file as a script in a subprocess with
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from jax.sharding import AbstractMesh, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from agentrl_jax.sharding import (KV_CACHE_RULES, MESH_AXES, QWEN3_PARAM_RULES, MeshConfig,
-                                  build_mesh, per_process_mesh_shape, spec_for)
+                                  build_mesh, describe_mesh, device_grid, per_process_mesh_shape,
+                                  per_slice_mesh_shape, spec_for)
 
 MESH_SHAPES = [(8, 1, 1), (2, 1, 4), (1, 2, 4), (2, 2, 2)]
 
@@ -79,11 +83,134 @@ def test_hosts_are_laid_along_data():
     assert per_process_mesh_shape((4, 2, 4), num_processes=2) == (2, 2, 4)
     with pytest.raises(ValueError, match="multiple of the process count"):
         per_process_mesh_shape((1, 2, 4), num_processes=2)
+    assert per_slice_mesh_shape((4, 2, 4), num_slices=4) == (1, 2, 4)
+    with pytest.raises(ValueError, match=r"2 slices the data axis \(1\) must be a multiple"):
+        per_slice_mesh_shape((1, 8, 1), num_slices=2)
 
 
 def test_single_device_mesh():
     mesh = build_mesh()
     assert mesh.axis_names == MESH_AXES and mesh.devices.size == len(mesh.devices.flat)
+    assert mesh.axis_types == (AxisType.Auto,) * 3
+    assert describe_mesh(mesh).startswith("data=1 fsdp=1 tensor=1: 1 cpu devices, 1 process,")
+
+
+def test_gpu_processes_are_laid_along_data():
+    # Stand-ins for 2 nodes of 4 GPUs: mesh_utils only reads these attributes off a GPU device.
+    devices = [SimpleNamespace(platform="gpu", device_kind="H200", id=i, process_index=i // 4)
+               for i in range(8)]
+    grid = device_grid((4, 2, 1), devices)
+    assert grid.shape == (4, 2, 1)
+    assert [{d.process_index for d in grid[i].flat} for i in range(4)] == [{0}, {0}, {1}, {1}]
+    with pytest.raises(ValueError, match=r"data axis \(1\) must be a multiple of the process"):
+        device_grid((1, 8, 1), devices)
+    one_node = device_grid((1, 2, 2), devices[:4])
+    assert sorted(d.id for d in one_node.flat) == [0, 1, 2, 3]
+
+
+def test_meshes_on_8_fake_cpu_devices():
+    """One process: the whole mesh is node-local, every device exactly once."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                          " --xla_force_host_platform_device_count=8").strip())
+    script = (
+        "import json; from agentrl_jax.sharding import MeshConfig, build_mesh\n"
+        "meshes = [build_mesh(MeshConfig(*c)) for c in [(-1, 1, 1), (-1, 8, 1), (2, 4, 1),"
+        " (1, 4, 2), (2, 2, 2), (-1, 1, 4)]]\n"
+        "print(json.dumps([[list(m.devices.shape), [d.id for d in m.devices.flat],"
+        " list(m.axis_names), [str(t) for t in m.axis_types]] for m in meshes]))")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [tuple(shape) for shape, *_ in report] == [(8, 1, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2),
+                                                       (2, 2, 2), (2, 1, 4)]
+    for _, ids, names, types in report:
+        assert sorted(ids) == list(range(8)) and tuple(names) == MESH_AXES
+        assert types == [str(AxisType.Auto)] * 3
+
+
+# --- TPU topologies (compile-only devices from libtpu; skipped where libtpu is absent) ---
+
+@functools.cache
+def _tpu_devices(topology: str, **options) -> tuple:
+    pytest.importorskip("libtpu")
+    from jax.experimental import topologies
+    return tuple(topologies.get_topology_desc(topology, "tpu", **options).devices)
+
+
+V4_MEGACORE = {"chip_config_name": "megacore"}  # v4's default: one device per chip
+
+
+def _assert_tpu_mesh(mesh, devices, shape: tuple[int, int, int]) -> None:
+    assert mesh.devices.shape == shape and mesh.axis_names == MESH_AXES
+    assert mesh.axis_types == (AxisType.Auto,) * 3
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+
+
+def _is_cuboid(devices) -> bool:
+    """Whether the chips' coordinates fill a box: a physically contiguous ICI block."""
+    coords = {tuple(d.coords) for d in devices}
+    box = math.prod(max(c[i] for c in coords) - min(c[i] for c in coords) + 1 for i in range(3))
+    return len(coords) == len(devices) == box
+
+
+@pytest.mark.parametrize("topology, options, config, shape", [
+    ("v5p:2x2x2", {}, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
+    ("v5p:2x2x2", {}, MeshConfig(data=2, fsdp=4, tensor=1), (2, 4, 1)),
+    ("v5p:2x2x2", {}, MeshConfig(data=1, fsdp=4, tensor=2), (1, 4, 2)),
+    ("v5p:2x2x2", {}, MeshConfig(data=2, fsdp=2, tensor=2), (2, 2, 2)),
+    ("v4:2x2x2", V4_MEGACORE, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
+    ("v4:2x2x2", V4_MEGACORE, MeshConfig(data=2, fsdp=4, tensor=1), (2, 4, 1)),
+    ("v5e:2x4", {}, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
+    ("v5e:2x4", {}, MeshConfig(data=1, fsdp=4, tensor=2), (1, 4, 2)),
+    ("v6e:2x4", {}, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
+    ("v6e:2x4", {}, MeshConfig(data=2, fsdp=2, tensor=2), (2, 2, 2)),
+    ("v5p:2x2x4", {}, MeshConfig(data=-1, fsdp=16, tensor=1), (1, 16, 1)),
+])
+def test_one_tpu_slice_is_all_ici_across_its_hosts(topology, options, config, shape):
+    devices = _tpu_devices(topology, **options)
+    assert len({d.process_index for d in devices}) > 1  # hosts of 4 chips: several processes
+    mesh = build_mesh(config, devices)
+    _assert_tpu_mesh(mesh, devices, shape)
+    data, fsdp, tensor = shape
+    groups = [mesh.devices[i, :, j] for i in range(data) for j in range(tensor)]
+    if data == tensor == 1:  # fsdp spans the whole slice, both hosts included
+        assert set(groups[0]) == set(devices)
+    if topology.startswith(("v5p", "v4")):  # 3-D tori: every axis group is a contiguous block
+        assert all(_is_cuboid(group) for group in groups)
+        assert all(_is_cuboid(mesh.devices[i, j, :]) for i in range(data) for j in range(fsdp))
+    assert describe_mesh(mesh).endswith(f"{len(devices)} {devices[0].device_kind} devices, "
+                                        f"{len({d.process_index for d in devices})} processes, "
+                                        "1 slice")
+
+
+def test_tpu_slices_are_laid_along_data():
+    devices = _tpu_devices("v5p:2x2x2", num_slices=2)
+    assert sorted({d.slice_index for d in devices}) == [0, 1]
+    for config, shape in [(MeshConfig(data=-1, fsdp=8), (2, 8, 1)),
+                          (MeshConfig(data=2, fsdp=4, tensor=2), (2, 4, 2)),
+                          (MeshConfig(data=4, fsdp=4), (4, 4, 1))]:
+        mesh = build_mesh(config, devices)
+        _assert_tpu_mesh(mesh, devices, shape)
+        half = shape[0] // 2
+        assert {d.slice_index for d in mesh.devices[:half].flat} == {0}
+        assert {d.slice_index for d in mesh.devices[half:].flat} == {1}
+        assert all(_is_cuboid(mesh.devices[i, :, j]) for i in range(shape[0])
+                   for j in range(shape[2]))
+    assert describe_mesh(build_mesh(MeshConfig(), devices)).endswith("2 slices")
+    with pytest.raises(ValueError, match=r"2 slices the data axis \(1\) must be a multiple of "
+                                         "the slice count"):
+        build_mesh(MeshConfig(data=1, fsdp=16), devices)
+
+
+def test_tpu_layouts_mesh_utils_cannot_build_are_clear_errors():
+    two_cores_per_chip = _tpu_devices("v4:2x2x2")  # v4 outside megacore mode: 16 devices
+    assert len(two_cores_per_chip) == 16
+    with pytest.raises(ValueError, match=r"over 16 TPU v4 devices .*chip_config_name='megacore'"):
+        build_mesh(MeshConfig(data=-1, fsdp=8), two_cores_per_chip)
+    with pytest.raises(ValueError, match="cannot lay mesh"):  # 3 chips are no box of the torus
+        build_mesh(MeshConfig(), _tpu_devices("v5p:2x2x2")[:3])
 
 
 def test_sharded_forward_and_cache_equal_single_device_on_8_fake_devices(tmp_path):
