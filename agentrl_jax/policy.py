@@ -4,15 +4,18 @@ The rollout (:mod:`agentrl_jax.rollout`) keeps every conversation as token ids o
 and talks to a policy in three calls, each over all ``N`` rows of the batch (a row with
 nothing to do gets an empty token list, or is not ``live``)::
 
-    policy.start(contexts, settings)             # (re)start rows from whole contexts (prefill)
-    out = policy.respond(live, max_tokens, key)  # one response for each live row
-    policy.extend(chunks)                        # tokens to add after each row's response
+    policy.start(contexts, settings)              # (re)start rows from whole contexts (prefill)
+    out = policy.respond(live, max_tokens, keys)  # one response for each live row
+    policy.extend(chunks)                         # tokens to add after each row's response
 
 ``start`` is called once at the first turn, and again whenever the rollout rebuilds the
 contexts (a history window, see :mod:`agentrl_jax.rollout`); ``extend`` follows a response
 with the tokens that close it and open the next turn. Rows never exceed
 ``settings.max_context`` tokens (the rollout checks before calling) and a response never
-exceeds its row's ``max_tokens``.
+exceeds its row's ``max_tokens``. ``keys`` are ``[N]`` PRNG keys, one per row (typed, or raw
+``uint32[N, 2]``): a row's response depends only on its own key and context, so the same row
+gets the same response however the batch is composed, compacted or split (one key for the
+whole batch is accepted too; rows then draw by their position in the batch).
 
 Implementations:
 
@@ -22,7 +25,11 @@ Implementations:
   compacted to the live rows (row counts come from a few fixed buckets, halving from ``N``),
   so finished rows stop costing decode work. Each bucket compiles its ``decode`` once and its
   ``append`` once per chunk width (a few powers of two): the number of compilations is bounded
-  independently of the number of turns.
+  independently of the number of turns. Memory options: ``cache_dtype`` (e.g. bfloat16 KV
+  cache for a float32 model), ``prefill_chunk`` (appends fed in chunks of that width), and
+  ``generation_layout``: the parameters are put where decode reads them once per
+  :meth:`~SamplerPolicy.using` (on an FSDP mesh, by default replicated over ``fsdp`` so decode
+  all-gathers no weights; see :func:`agentrl_jax.sampling.generation_params`).
 * :class:`ScriptedPolicy`: text from a Python function of each row's context text (tests,
   scripted agents such as a Q*-greedy player).
 * :class:`TokenMap`: lets a tiny model with a small vocabulary stand in for a real one (the
@@ -42,7 +49,9 @@ import numpy as np
 from flax import nnx
 
 from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM
-from agentrl_jax.sampling import Sampler, SamplerState, SamplingConfig, pad_rows
+from agentrl_jax.sampling import (Sampler, SamplerState, SamplingConfig, generation_params, pad_rows,
+                                  resolve_layout)
+from agentrl_jax.sampling.sampler import batch_shards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +142,37 @@ def take_rows(state: SamplerState, index: jax.Array) -> SamplerState:
         hidden=state.hidden[index], overflowed=state.overflowed[index])
 
 
+def key_data(keys: Any) -> np.ndarray:
+    """Host ``uint32`` data of PRNG keys (typed keys or raw ``uint32[..., 2]`` ones)."""
+    if isinstance(keys, jax.Array) and jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
+        keys = jax.random.key_data(keys)
+    return np.asarray(keys, np.uint32)
+
+
+def cache_row_keys(keys: Any, rows: np.ndarray, num_rows: int) -> Any:
+    """The key of each cache row: ``keys[rows[i]]`` (padding rows, ``-1``, get zeros) as
+    ``uint32[len(rows), 2]`` data, when ``keys`` holds one key per each of ``num_rows`` rows;
+    a single key is returned as it is."""
+    data = key_data(keys)
+    if data.ndim != 2 or data.shape[0] != num_rows:
+        if data.shape == (2,):
+            return keys
+        raise ValueError(f"respond: key must be one key or [{num_rows}] keys, got key data "
+                         f"of shape {data.shape}")
+    out = np.zeros((len(rows), data.shape[1]), np.uint32)
+    valid = rows >= 0
+    out[valid] = data[rows[valid]]
+    return out
+
+
+def params_mesh(params: Any):
+    """The mesh ``params`` are laid out on (a ``NamedSharding`` over several devices), else None."""
+    sharding = getattr(next(iter(jax.tree.leaves(params)), None), "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
+        return sharding.mesh
+    return None
+
+
 def row_buckets(num_rows: int, min_rows: int, multiple: int) -> tuple[int, ...]:
     """Batch sizes a compacted cache may take: ``num_rows`` halved until ``min_rows``, each
     rounded up to a multiple of ``multiple`` (the batch shards of a mesh), descending."""
@@ -157,27 +197,48 @@ def width_buckets(max_context: int, smallest: int = 16) -> tuple[int, ...]:
 class SamplerPolicy:
     """A Qwen3 policy sampled with a continuing KV cache (see the module docstring).
 
+    ``mesh`` defaults to the mesh the parameters are sharded over (None for parameters on one
+    device), ``row_multiple`` to the mesh's batch shards (``data`` x ``fsdp``, so every
+    compacted batch splits evenly; 1 without a mesh).
     ``params`` defaults to the model's own state; :meth:`using` gives the same policy with other
-    parameters (e.g. after a train step), sharing the compiled functions. ``reuse_cache=False``
-    is the naive baseline: every turn prefills each live row's whole history again.
-    ``trace_counts`` counts traces (= compilations) per function.
+    parameters (e.g. after a train step), sharing the compiled functions; either way they are
+    placed once, by ``generation_layout`` (see :func:`agentrl_jax.sampling.generation_params`:
+    ``"auto"`` replicates them over ``fsdp`` on a mesh with ``fsdp`` > 1). ``cache_dtype``: the
+    KV cache's dtype (None: the model's compute dtype). ``prefill_chunk``: appends wider than
+    this run in chunks of this width (None: never). ``reuse_cache=False`` is the naive
+    baseline: every turn prefills each live row's whole history again. ``trace_counts``
+    counts traces (= compilations) per function.
     """
 
     def __init__(self, model: Qwen3ForCausalLM, params: Any = None, *,
                  token_map: TokenMap | None = None, compact: bool = True, min_rows: int = 8,
-                 row_multiple: int = 1, reuse_cache: bool = True, mesh=None):
+                 row_multiple: int | None = None, reuse_cache: bool = True, mesh=None,
+                 cache_dtype: Any = None, prefill_chunk: int | None = None,
+                 generation_layout: str = "auto", device: Any = None):
+        given = nnx.state(model) if params is None else params
+        mesh = params_mesh(given) if mesh is None else mesh
+        if row_multiple is None:
+            row_multiple = 1 if mesh is None else batch_shards(mesh)
         if min_rows < 1 or row_multiple < 1:
             raise ValueError(f"min_rows and row_multiple must be >= 1, got {min_rows}, "
                              f"{row_multiple}")
         if token_map is not None and len(token_map) > model.config.vocab_size:
             raise ValueError(f"token_map has {len(token_map)} ids but the model's vocab_size is "
                              f"{model.config.vocab_size}")
+        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or
+                                          not isinstance(prefill_chunk, int) or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be None or an int >= 1, got {prefill_chunk!r}")
         self.model = model
-        self.params = nnx.state(model) if params is None else params
         self.token_map = token_map
         self.compact, self.min_rows, self.row_multiple = compact, min_rows, row_multiple
         self.reuse_cache = reuse_cache
         self.mesh = mesh
+        self.device = None if mesh is not None else (device or jax.devices()[0])
+        self.cache_dtype = None if cache_dtype is None else jnp.dtype(cache_dtype)
+        self.prefill_chunk = prefill_chunk
+        self.generation_layout = resolve_layout(generation_layout, mesh)
+        self._given = given
+        self._placed: Any = None
         self._samplers: dict[tuple, Sampler] = {}
         self._own_traces: collections.Counter[str] = collections.Counter()
         self._take = jax.jit(self._take_impl)
@@ -190,11 +251,24 @@ class SamplerPolicy:
         self._contexts: list[list[int]] = []  # only without reuse_cache
         self._settings: PolicySettings | None = None
 
+    def place(self, params: Any) -> Any:
+        """``params`` in the generation layout (one ``device_put``; a no-op where they are)."""
+        return generation_params(params, self.mesh, self.generation_layout, self.device,
+                                 dtype=self.model.dtype)
+
+    @property
+    def params(self) -> Any:
+        """The parameters decode reads, placed by :meth:`place` on first use (so a policy
+        that only hands out :meth:`using` copies never holds a second copy of the weights)."""
+        if self._placed is None:
+            self._placed = self.place(self._given)
+        return self._placed
+
     def using(self, params: Any) -> "SamplerPolicy":
-        """This policy with other parameters; compiled functions (and ``trace_counts``) are
-        shared, ``shapes_used`` starts afresh."""
+        """This policy with other parameters, placed once (:meth:`place`, on first use);
+        compiled functions (and ``trace_counts``) are shared, ``shapes_used`` starts afresh."""
         other = copy.copy(self)
-        other.params = params
+        other._given, other._placed = params, None
         other.shapes_used = set()
         other._clear()
         return other
@@ -215,7 +289,8 @@ class SamplerPolicy:
         key = (settings.max_response_tokens, stop)
         if key not in self._samplers:
             self._samplers[key] = Sampler(self.model, max_new_tokens=settings.max_response_tokens,
-                                          stop_token_ids=stop, mesh=self.mesh)
+                                          stop_token_ids=stop, mesh=self.mesh,
+                                          prefill_chunk=self.prefill_chunk, device=self.device)
         return self._samplers[key]
 
     def _to_model(self, ids: Sequence[int]) -> np.ndarray:
@@ -237,7 +312,7 @@ class SamplerPolicy:
         self._rows = (self._pad_rows(present, self._num_rows) if self.compact
                       else np.arange(self._num_rows))
         sampler = self._sampler(settings)
-        state = sampler.init(len(self._rows), settings.max_context)
+        state = sampler.init(len(self._rows), settings.max_context, self.cache_dtype)
         self._state = self._append(sampler, state,
                                    [contexts[r] if r >= 0 else [] for r in self._rows])
 
@@ -264,13 +339,14 @@ class SamplerPolicy:
         self._state = self._append(self._sampler(self._settings), self._state, batch_chunks)
 
     def respond(self, live: np.ndarray, max_tokens: np.ndarray, key: jax.Array) -> Responses:
+        """``key``: ``[N]`` keys, one per row (or one key for the batch)."""
         settings = self._settings
         live = np.asarray(live, bool)
         sampler = self._sampler(settings)
         if not self.reuse_cache:  # the baseline: prefill every live row's whole history again
             self._rows = (self._pad_rows(np.flatnonzero(live), len(live)) if self.compact
                           else np.arange(len(live)))
-            state = sampler.init(len(self._rows), settings.max_context)
+            state = sampler.init(len(self._rows), settings.max_context, self.cache_dtype)
             self._state = self._append(sampler, state, [
                 self._contexts[r] if r >= 0 and live[r] else [] for r in self._rows])
         elif self.compact:
@@ -282,8 +358,9 @@ class SamplerPolicy:
         budget = np.zeros(len(rows), np.int32)
         budget[valid] = max_tokens[rows[valid]]
         self.shapes_used.add(("decode", len(rows), 0))
-        self._state, out = sampler.decode(self.params, self._state, key, settings.sampling,
-                                          budget=budget, active=active)
+        self._state, out = sampler.decode(self.params, self._state,
+                                          cache_row_keys(key, rows, len(live)),
+                                          settings.sampling, budget=budget, active=active)
         tokens, lengths, logprobs = jax.device_get((out.tokens, out.lengths, out.log_probs))
         n, width = len(live), settings.max_response_tokens
         result = Responses(np.zeros((n, width), np.int32), np.zeros(n, np.int32),
@@ -314,10 +391,9 @@ class SamplerPolicy:
         index = np.zeros(size, np.int32)  # padding slots copy slot 0; they are never active
         index[: len(live_rows)] = [where[int(r)] for r in live_rows]
         self.shapes_used.add(("take_rows", size, len(self._rows)))
-        state = self._take(self._state, jnp.asarray(index))
-        if self.mesh is not None:
-            state = jax.device_put(state, self._sampler(self._settings).state_shardings(state))
-        self._state = state
+        sampler = self._sampler(self._settings)
+        state = self._take(self._state, jax.device_put(index, sampler.replicated))
+        self._state = jax.device_put(state, sampler.state_shardings(state))
         self._rows = self._pad_rows(live_rows, total)
 
 

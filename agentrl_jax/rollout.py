@@ -54,6 +54,22 @@ whole batch in one call; the policy drops finished rows from its cache once at m
 live (see :class:`~agentrl_jax.policy.SamplerPolicy`). Shapes are fixed by the config, so no
 turn recompiles. The loop itself is host Python: templating, tokenizing and decoding are per
 row and cached where texts repeat.
+
+Memory (``max_rows_per_call``): a policy's KV cache holds all its rows for the whole
+conversation, so a large batch (the paper's 32 tasks x 16) can need more memory than a device
+has. With ``max_rows_per_call = R`` the batch is played in parts of whole task groups of at
+most ``R`` rows (as even as possible, :func:`row_parts`), one part after another, each from
+``policy.start`` to its last turn; one environment state holds every row (reset once, rows
+outside the playing part are not live, so it leaves them untouched) and one record collects
+them, so the result is one Trajectory of the whole batch.
+
+Randomness: budgets, the environment's seed and the policy's key come from ``key``; the
+policy gets one key per row per turn, ``fold_in(fold_in(key_policy, turn), row)``
+(:func:`row_keys`), and the environment keys its rows by their index in the whole batch. So a
+row's conversation does not depend on which rows share its call: splitting a batch into parts
+(or a policy compacting its cache) gives every row the same tokens for the same ``key`` (up to
+the float rounding of differently sized batches, which could only flip a draw that lands
+exactly on a boundary; the log-probs agree to ~1e-6).
 """
 
 from __future__ import annotations
@@ -91,6 +107,9 @@ class RolloutConfig:
     end_on_invalid: an invalid action ends the row (else it is a no-op and the row goes on).
     invalid_penalty: reward (<= 0) added to a turn whose action is invalid.
     sampling: the sampler's distribution (paper §4: temperature 1 for training rollouts).
+    max_rows_per_call: the most rows one policy holds at once (a multiple of ``group_size``);
+      a larger batch is played in parts of whole groups, one after another (see the module
+      docstring); None plays every row at once.
     enable_thinking: Qwen3's thinking switch in the chat template.
     prompt: the budget-aware wording (§6).
     """
@@ -106,6 +125,7 @@ class RolloutConfig:
     sampling: SamplingConfig = SamplingConfig()
     enable_thinking: bool = False
     prompt: BudgetPrompt = BudgetPrompt()
+    max_rows_per_call: int | None = None
 
     def __post_init__(self):
         def positive(name: str, optional: bool = False):
@@ -118,8 +138,12 @@ class RolloutConfig:
 
         for name in ("group_size", "max_response_tokens", "max_context"):
             positive(name)
-        for name in ("budget", "record_tokens", "history_window"):
+        for name in ("budget", "record_tokens", "history_window", "max_rows_per_call"):
             positive(name, optional=True)
+        if self.max_rows_per_call is not None and self.max_rows_per_call % self.group_size:
+            raise ValueError(f"RolloutConfig.max_rows_per_call must be a multiple of group_size "
+                             f"({self.group_size}), so groups stay whole, got "
+                             f"{self.max_rows_per_call}")
         if self.record_tokens is not None and self.record_tokens < self.max_context:
             raise ValueError(f"RolloutConfig.record_tokens ({self.record_tokens}) must be >= "
                              f"max_context ({self.max_context})")
@@ -168,6 +192,71 @@ class RolloutResult:
     stats: RolloutStats
 
 
+def row_parts(groups: int, group_size: int, max_rows: int | None) -> list[np.ndarray]:
+    """The rows (global indices) of each policy call: whole task groups, contiguous, in as
+    even parts as possible of at most ``max_rows`` rows each (None: one part, every row)."""
+    rows = np.arange(groups * group_size)
+    if max_rows is None or groups * group_size <= max_rows:
+        return [rows]
+    count = -(-groups // (max_rows // group_size))
+    return [rows[g[0] * group_size:(g[-1] + 1) * group_size]
+            for g in np.array_split(np.arange(groups), count)]
+
+
+@jax.jit
+def row_keys(key: jax.Array, turn: int, rows: Any) -> jax.Array:
+    """The sampling keys of ``rows`` (global row indices ``int[R]``) at ``turn``:
+    ``fold_in(fold_in(key, turn), row)``, a function of the row only, not of the part."""
+    turn_key = jax.random.fold_in(key, turn)
+    return jax.vmap(lambda row: jax.random.fold_in(turn_key, row))(jnp.asarray(rows, jnp.int32))
+
+
+class _PartPolicy:
+    """A policy seen through the rows ``rows`` of an ``n``-row rollout: it is called with the
+    part's rows only; responses come back as ``n`` rows (empty outside the part)."""
+
+    def __init__(self, policy: Policy, rows: np.ndarray, n: int):
+        self.policy, self.rows, self.n = policy, rows, n
+
+    def start(self, contexts: Sequence[Sequence[int]], settings: PolicySettings) -> None:
+        self.policy.start([contexts[r] for r in self.rows], settings)
+
+    def extend(self, chunks: Sequence[Sequence[int]]) -> None:
+        self.policy.extend([chunks[r] for r in self.rows])
+
+    def respond(self, live: np.ndarray, max_tokens: np.ndarray, keys: jax.Array) -> Responses:
+        """``live``, ``max_tokens``: ``[n]``; ``keys``: one per row of the part."""
+        out = self.policy.respond(live[self.rows], max_tokens[self.rows], keys)
+        if len(self.rows) == self.n:
+            return out
+        full = Responses(np.zeros((self.n,) + out.tokens.shape[1:], out.tokens.dtype),
+                         np.zeros(self.n, out.lengths.dtype),
+                         np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype))
+        full.tokens[self.rows], full.lengths[self.rows] = out.tokens, out.lengths
+        full.logprobs[self.rows] = out.logprobs
+        return full
+
+
+@dataclasses.dataclass
+class _Play:
+    """What the parts of one rollout share: the record and the per-row outcome so far."""
+
+    rec: "_Record"
+    budget: np.ndarray
+    context_len: np.ndarray
+    overflow: np.ndarray
+    success: np.ndarray
+    turns_used: np.ndarray
+    texts: list[list[str]]
+    live_rows: list[int] = dataclasses.field(default_factory=list)  # per turn, over all parts
+    sampled: int = 0
+
+    def count_live(self, turn: int, count: int) -> None:
+        if turn == len(self.live_rows):
+            self.live_rows.append(0)
+        self.live_rows[turn] += count
+
+
 class _Timer:
     def __init__(self):
         self.seconds: dict[str, float] = {"policy": 0.0, "env": 0.0}
@@ -195,7 +284,7 @@ class _Record:
         self.action_valid = np.zeros((rows, turns), bool)
         self.reward = np.zeros((rows, turns), np.float32)
         self.anchor_key = np.zeros((rows, turns), np.int32)
-        self.env_pos = np.zeros((rows, turns), np.int32)
+        self.env_pos = np.full((rows, turns), -1, np.int32)  # -1: no turn
         self.context_start = np.zeros((rows, turns), np.int32)
         # where turn t's user message starts (the next-prompt form, separator included)
         self.turn_start = np.zeros((rows, turns + 1), np.int64)
@@ -304,37 +393,57 @@ class MultiTurnRollout:
         with timer("env"):
             env_state, observations = self.env.reset(row_task, env_seed)
 
-        length, window = cfg.record_length, cfg.history_window
+        length = cfg.record_length
         rec = _Record(rows, length, self.num_turns)
         first = [self._first_prompt(int(b), o) for b, o in zip(budget, observations)]
         context_len = np.array([len(ids) for ids, _ in first], np.int64)
-        live = context_len <= min(cfg.max_context, length)
-        overflow = ~live
-        for r in np.flatnonzero(live):
+        fits = context_len <= min(cfg.max_context, length)
+        for r in np.flatnonzero(fits):
             rec.write(r, first[r][0])
             rec.prefix_len[r] = rec.turn_start[r, 0] = first[r][1]
-        with timer("policy"):
-            policy.start([first[r][0] if live[r] else () for r in range(rows)], self.settings)
+        play = _Play(rec, budget, context_len, overflow=~fits, success=np.zeros(rows, bool),
+                     turns_used=np.zeros(rows, np.int32), texts=[[] for _ in range(rows)])
+        for part in row_parts(groups, size, cfg.max_rows_per_call):
+            in_part = np.zeros(rows, bool)
+            in_part[part] = True
+            env_state = self._play_part(_PartPolicy(policy, part, rows), play, fits & in_part,
+                                        [first[r][0] for r in range(rows)], env_state,
+                                        key_policy, timer)
+        total = time.perf_counter() - began
+        stats = RolloutStats(
+            turns=len(play.live_rows), live_rows=tuple(play.live_rows),
+            sampled_tokens=play.sampled, policy_s=timer.seconds["policy"],
+            env_s=timer.seconds["env"],
+            host_s=total - timer.seconds["policy"] - timer.seconds["env"], total_s=total)
+        trajectory = self._trajectory(rec, group, row_task, budget, play.turns_used, play.success,
+                                      play.overflow)
+        return RolloutResult(trajectory, play.texts, env_seed, stats)
 
-        success = np.zeros(rows, bool)
-        turns_used = np.zeros(rows, np.int32)
-        texts: list[list[str]] = [[] for _ in range(rows)]
-        live_counts, sampled = [], 0
+    def _play_part(self, policy: "_PartPolicy", play: "_Play", live: np.ndarray,
+                   prompts: list[tuple[int, ...]], env_state: Any, key_policy: jax.Array,
+                   timer: "_Timer") -> Any:
+        """Play the rows ``live`` (those of one part whose prompt fits) to their ends; the
+        other rows are not live, so the environment leaves them as they are. Returns the
+        environment's state."""
+        cfg, window, rec = self.config, self.config.history_window, play.rec
+        rows, length = len(live), cfg.record_length
+        with timer("policy"):
+            policy.start([prompts[r] if live[r] else () for r in range(rows)], self.settings)
         for turn in range(self.num_turns):
             if not live.any():
                 break
-            live_counts.append(int(live.sum()))
+            play.count_live(turn, int(live.sum()))
             kept_from = (rec.turn_start[:, max(0, turn - window)] if window is not None
                          else rec.prefix_len)
-            rec.context_start[:, turn] = np.where(live, kept_from, 0)
-            room = np.minimum(cfg.max_context - context_len, length - rec.length)
+            rec.context_start[live, turn] = kept_from[live]
+            room = np.minimum(cfg.max_context - play.context_len, length - rec.length)
             max_tokens = np.where(live, np.minimum(cfg.max_response_tokens, room), 0)
             with timer("policy"):
-                out = policy.respond(live, max_tokens, jax.random.fold_in(key_policy, turn))
+                out = policy.respond(live, max_tokens, row_keys(key_policy, turn, policy.rows))
             self._check(out, live, max_tokens)
             rec.write_responses(out, turn)
-            context_len += out.lengths
-            sampled += int(out.lengths.sum())
+            play.context_len += out.lengths
+            play.sampled += int(out.lengths.sum())
             last = out.tokens[np.arange(rows), np.maximum(out.lengths - 1, 0)]
             stopped = (out.lengths > 0) & np.isin(last, self._stop_ids)
             cut = live & ~stopped & (out.lengths >= room) & (room < cfg.max_response_tokens)
@@ -344,27 +453,22 @@ class MultiTurnRollout:
                 [out.tokens[r, :out.lengths[r]].tolist() for r in np.flatnonzero(live)],
                 skip_special_tokens=True)
             for r, text in zip(np.flatnonzero(live), decoded):
-                texts[r].append(text)
+                play.texts[r].append(text)
                 replies[r] = text if playing[r] else ""
             with timer("env"):
                 env_state, result = self.env.step(env_state, replies, playing)
             self._record_turn(rec, turn, live, playing, result)
-            turns_used += live
-            success |= playing & np.asarray(result.success, bool)
+            play.turns_used += live
+            play.success |= playing & np.asarray(result.success, bool)
             invalid = playing & ~np.asarray(result.action_valid, bool)
-            ended = (~playing | np.asarray(result.done, bool) | (turn + 1 >= budget)
+            ended = (~playing | np.asarray(result.done, bool) | (turn + 1 >= play.budget)
                      | (cfg.end_on_invalid & invalid))
-            overflow |= cut
+            play.overflow |= cut
             going = live & ~ended
-            live, context_len, overflow = self._next_turn(
-                policy, rec, turn, going, out, result, budget, context_len, overflow, timer)
-        total = time.perf_counter() - began
-        stats = RolloutStats(
-            turns=len(live_counts), live_rows=tuple(live_counts), sampled_tokens=sampled,
-            policy_s=timer.seconds["policy"], env_s=timer.seconds["env"],
-            host_s=total - timer.seconds["policy"] - timer.seconds["env"], total_s=total)
-        trajectory = self._trajectory(rec, group, row_task, budget, turns_used, success, overflow)
-        return RolloutResult(trajectory, texts, env_seed, stats)
+            live, play.context_len, play.overflow = self._next_turn(
+                policy, rec, turn, going, out, result, play.budget, play.context_len,
+                play.overflow, timer)
+        return env_state
 
     def _check(self, out: Responses, live: np.ndarray, max_tokens: np.ndarray) -> None:
         """The policy kept its contract (a broken one would corrupt the record silently)."""
@@ -380,15 +484,17 @@ class MultiTurnRollout:
 
     def _record_turn(self, rec: _Record, turn: int, live: np.ndarray, playing: np.ndarray,
                      result: TurnResult) -> None:
+        """Write turn ``turn`` of the ``live`` rows only (other rows keep what they hold: rows
+        of another part, or the record's defaults)."""
         rec.turn_mask[live, turn] = True
         valid = playing & np.asarray(result.action_valid, bool)
-        rec.action_valid[:, turn] = valid
-        rec.action[:, turn] = np.where(valid, result.action, -1)
+        rec.action_valid[live, turn] = valid[live]
+        rec.action[live, turn] = np.where(valid, result.action, -1)[live]
         penalty = np.where(playing & ~valid, self.config.invalid_penalty, 0.0)
-        rec.reward[:, turn] = np.where(playing, result.reward, 0.0) + penalty
-        rec.anchor_key[:, turn] = np.where(live, result.anchor_key, 0)
+        rec.reward[live, turn] = (np.where(playing, result.reward, 0.0) + penalty)[live]
+        rec.anchor_key[live, turn] = np.asarray(result.anchor_key)[live]
         pos = result.info.get("pos")
-        rec.env_pos[:, turn] = np.where(live, pos, -1) if pos is not None else -1
+        rec.env_pos[live, turn] = np.asarray(pos)[live] if pos is not None else -1
 
     def _next_turn(self, policy: Policy, rec: _Record, turn: int, going: np.ndarray,
                    out: Responses, result: TurnResult, budget: np.ndarray,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from agentrl_jax.algorithms.budgetmix import budget_set
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.policy import ScriptedPolicy
-from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, row_parts
 from envs.frozenlake import grid, optimal, qstar
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text import parse_action, render
@@ -334,10 +334,24 @@ def test_a_python_environment_plays_through_the_same_loop(tokenizer):
     ({"max_response_tokens": 1.5}, "max_response_tokens"), ({"history_window": 0}, "history_window"),
     ({"record_tokens": 10, "max_context": 20}, "record_tokens"), ({"invalid_penalty": 1.0}, "invalid_penalty"),
     ({"end_on_invalid": 1}, "end_on_invalid"), ({"sampling": None}, "sampling"), ({"prompt": "x"}, "prompt"),
+    ({"max_rows_per_call": 0}, "max_rows_per_call"),
+    ({"group_size": 4, "max_rows_per_call": 6}, "max_rows_per_call must be a multiple of group_size"),
 ])
 def test_config_errors_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RolloutConfig(**kwargs)
+
+
+@pytest.mark.parametrize("groups, size, max_rows, sizes", [
+    (4, 2, None, [8]), (4, 2, 8, [8]), (4, 2, 100, [8]), (5, 2, 8, [6, 4]), (5, 2, 4, [4, 4, 2]),
+    (32, 16, 128, [128] * 4), (9, 16, 64, [48, 48, 48]),
+])
+def test_row_parts_are_whole_groups_in_order_and_even(groups, size, max_rows, sizes):
+    parts = row_parts(groups, size, max_rows)
+    assert [len(p) for p in parts] == sizes
+    np.testing.assert_array_equal(np.concatenate(parts), np.arange(groups * size))
+    assert all(p[0] % size == 0 and len(p) % size == 0 for p in parts)
+    assert max_rows is None or max(len(p) for p in parts) <= max_rows
 
 
 def test_budgets_beyond_t_max_and_bad_tasks_are_rejected(lake, tokenizer):

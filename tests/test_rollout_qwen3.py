@@ -4,6 +4,7 @@ batches, the re-encoding baseline), and the trainer's entry point."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -178,3 +179,53 @@ def test_finished_rows_leave_the_batch_and_the_rest_sample_on(tiny_policy, share
         sampled = traj.loss_mask[r][traj.token_mask[r]]
         np.testing.assert_allclose(traj.logprobs[r][traj.token_mask[r]][sampled], expected[sampled],
                                    atol=2e-4)
+
+
+@pytest.mark.parametrize("max_rows", [8, 4])
+def test_a_batch_played_in_parts_is_the_batch_played_at_once(tiny_policy, shared_policy, tokenizer,
+                                                             max_rows):
+    """``max_rows_per_call``: 4 task groups of 2 rows played in parts of 8 or 4 rows (whole
+    groups, one part after another) give the Trajectory of one call, token for token: keys
+    are per row and the (slippery) environment keys rows by their index in the whole batch.
+    No policy call held more than ``max_rows`` rows."""
+    env, _, _, _ = tiny_policy
+    config = RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT)
+    tasks, key = np.array([4, 9, 2, 7, 11]), jax.random.key(6)
+    whole = MultiTurnRollout(env, tokenizer, config)(shared_policy.using(shared_policy.params),
+                                                     tasks, key)
+    policy = shared_policy.using(shared_policy.params)
+    split = MultiTurnRollout(env, tokenizer, dataclasses.replace(config, max_rows_per_call=max_rows))(
+        policy, tasks, key)
+    assert max(s[1] for s in policy.shapes_used) <= max_rows
+    a, b = jax.device_get(whole.trajectory), jax.device_get(split.trajectory)
+    assert jax.tree.map(np.shape, a) == jax.tree.map(np.shape, b)
+    assert (a.turns_used > 1).any() and len(set(a.budget.tolist())) > 1  # BudgetMix budgets
+    for field in dataclasses.fields(a):
+        got, want = getattr(b, field.name), getattr(a, field.name)
+        if field.name == "logprobs":
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=field.name)
+    assert split.responses == whole.responses and split.env_seed == whole.env_seed
+    assert split.stats.live_rows == whole.stats.live_rows
+    assert split.stats.sampled_tokens == whole.stats.sampled_tokens
+
+
+def test_chunked_prefill_and_a_bfloat16_cache_in_a_rollout(tiny_policy, shared_policy, tokenizer):
+    """``SamplerPolicy(prefill_chunk=...)`` plays the same conversations (prompts of a few
+    hundred tokens fed 64 at a time); a bfloat16 cache gives a well-formed Trajectory."""
+    env, _, token_map, model = tiny_policy
+    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=2, budget=3, max_response_tokens=4,
+                                                            max_context=SMALL_CONTEXT))
+    tasks, key = np.array([1, 5]), jax.random.key(8)
+    whole = jax.device_get(runner(shared_policy.using(shared_policy.params), tasks, key).trajectory)
+    chunked_policy = SamplerPolicy(model, token_map=token_map, min_rows=1, prefill_chunk=64)
+    chunked = jax.device_get(runner(chunked_policy, tasks, key).trajectory)
+    assert max(s[2] for s in chunked_policy.shapes_used if s[0] == "append") > 64
+    np.testing.assert_array_equal(chunked.tokens, whole.tokens)
+    np.testing.assert_allclose(chunked.logprobs, whole.logprobs, atol=1e-5, rtol=0)
+    bf16_policy = SamplerPolicy(model, token_map=token_map, min_rows=1, cache_dtype=jnp.bfloat16)
+    bf16 = jax.device_get(runner(bf16_policy, tasks, key).trajectory)
+    assert jax.tree.map(np.shape, bf16) == jax.tree.map(np.shape, whole)
+    assert (bf16.turns_used >= 1).all() and bf16.logprobs[bf16.loss_mask].max() <= 0
+    assert bf16_policy._state.cache.k.dtype == jnp.bfloat16

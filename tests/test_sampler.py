@@ -15,7 +15,6 @@ from hf_qwen3 import save_random_hf_qwen3
 
 from agentrl_jax.models import KVCache, load_qwen3, positions_from_mask
 from agentrl_jax.sampling import Sampler, SamplingConfig, StopReason, filtered_log_probs, pad_rows
-from agentrl_jax.sampling.decode_step import decode_hidden, next_token_logits, split_layers
 
 GREEDY = SamplingConfig(temperature=0)
 VOCAB = 250  # hf_qwen3.TINY
@@ -78,23 +77,25 @@ def test_greedy_equals_transformers_generate_on_a_ragged_left_padded_batch(tmp_p
 
 
 @pytest.mark.parametrize("unrolled", [False, True])
-def test_decode_step_equals_the_model_forward(tiny, unrolled):
+def test_decode_step_form_equals_the_model_forward(tiny, unrolled):
+    """The decode step's form of the one forward (small-batch products, optionally unrolled
+    layers from per-layer weights) equals its plain form."""
     _, model, _ = tiny
     rows = random_rows(np.random.default_rng(8), (3, 7, 5))
     tokens, mask = (jnp.asarray(x) for x in pad_rows(rows, 7))
     _, cache = model.hidden_states(tokens, positions_from_mask(mask), mask,
                                    KVCache.empty(model.config, 3, 12, jnp.float32))
     step_tokens, write = jnp.array([4, 90, 249]), jnp.array([True, False, True])
-    layers = split_layers(model) if unrolled else None
-    ours, our_cache = decode_hidden(model, step_tokens, write, cache, layers)
-    theirs, their_cache = model.hidden_states(step_tokens[:, None], cache.lengths[:, None],
-                                              write[:, None], cache)
-    np.testing.assert_allclose(ours[write], theirs[:, 0][write], atol=1e-5, rtol=0)
+    layers = model.split_layers() if unrolled else None
+    args = (step_tokens[:, None], cache.lengths[:, None], write[:, None], cache)
+    ours, our_cache = model.hidden_states(*args, few_rows=True, layers=layers)
+    theirs, their_cache = model.hidden_states(*args)
+    np.testing.assert_allclose(ours[write], theirs[write], atol=1e-5, rtol=0)
     np.testing.assert_array_equal(our_cache.lengths, their_cache.lengths)
     np.testing.assert_allclose(our_cache.k, their_cache.k, atol=1e-5, rtol=0)
     np.testing.assert_allclose(our_cache.v, their_cache.v, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(next_token_logits(model, ours), model.logits(ours), atol=1e-5,
-                               rtol=0)
+    np.testing.assert_allclose(model.logits(ours[:, 0], few_rows=True), model.logits(ours[:, 0]),
+                               atol=1e-5, rtol=0)
 
 
 def run_conversation(sampler, params, prompts, observations, budgets, keys, sampling, max_len):
@@ -288,3 +289,81 @@ def test_bad_shapes_are_rejected_with_their_names(tiny):
         sampler.decode(params, state, jax.random.key(0), GREEDY, budget=[1, 2, 3])
     with pytest.raises(ValueError, match="stop token id 999"):
         Sampler(model, max_new_tokens=4, stop_token_ids=(999,))
+
+
+# ---------------------------------------------------------------------------- memory options
+def test_chunked_prefill_equals_one_wide_append(tiny):
+    """An append wider than ``prefill_chunk`` (here 45 columns in chunks of 8, the last one
+    padded) after cached tokens equals one wide append: cache, lengths, hidden state and
+    overflow flags (a row whose chunk does not fit gets none of it), and the decoded tokens."""
+    _, model, params = tiny
+    rng = np.random.default_rng(11)
+    prompts = pad_rows(random_rows(rng, (5, 1, 9, 3)), 16)
+    # real tokens anywhere in the row (the append is compact), row 3 too long for its room
+    mask = rng.random((4, 45)) < 0.6
+    mask[3] = True
+    chunk = (rng.integers(0, VOCAB, (4, 45)).astype(np.int32), mask)
+    results = []
+    for prefill_chunk in (None, 8):
+        sampler = Sampler(model, max_new_tokens=6, stop_token_ids=(), prefill_chunk=prefill_chunk)
+        state = sampler.append(params, sampler.init(4, 46), *prompts)
+        state = sampler.append(params, state, *chunk)
+        snapshot = jax.tree.map(lambda x: np.asarray(x).copy(), state)
+        _, out = sampler.decode(params, state, jax.random.key(5), SamplingConfig(temperature=1.0))
+        results.append((snapshot, jax.tree.map(np.asarray, out)))
+    (wide, wide_out), (chunked, chunked_out) = results
+    np.testing.assert_array_equal(chunked.lengths, wide.lengths)
+    np.testing.assert_array_equal(chunked.overflowed, wide.overflowed)
+    expected = prompts[1].sum(1) + mask.sum(1) > 46
+    assert expected.tolist() == [False, False, False, True]
+    np.testing.assert_array_equal(wide.overflowed, expected)
+    # float32 rounding only: the projections run on [4, 8]- instead of [4, 45]-token blocks
+    for got, want in ((chunked.cache.k, wide.cache.k), (chunked.cache.v, wide.cache.v),
+                      (chunked.hidden, wide.hidden)):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(chunked_out.tokens, wide_out.tokens)
+    np.testing.assert_allclose(chunked_out.log_probs, wide_out.log_probs, atol=1e-5, rtol=0)
+
+
+def test_a_bfloat16_cache_for_a_float32_model(tiny):
+    """The cache's dtype is the caller's; the pending hidden state stays in the compute dtype,
+    and the log-probs stay close to those of a float32 cache."""
+    _, model, params = tiny
+    prompts = pad_rows(random_rows(np.random.default_rng(2), (4, 7, 2)), 8)
+    sampler = Sampler(model, max_new_tokens=5, stop_token_ids=())
+    outs = []
+    for dtype in (None, jnp.bfloat16):
+        state = sampler.append(params, sampler.init(3, 16, dtype), *prompts)
+        assert state.cache.k.dtype == (dtype or jnp.float32) and state.hidden.dtype == jnp.float32
+        state, out = sampler.decode(params, state, jax.random.key(1), GREEDY)
+        outs.append(out)
+        assert state.cache.v.dtype == (dtype or jnp.float32)
+    np.testing.assert_array_equal(outs[0].lengths, 5)
+    # greedy tokens agree until the first disagreement; there the log-probs are bf16-close
+    np.testing.assert_allclose(outs[1].log_probs[:, 0], outs[0].log_probs[:, 0], atol=5e-2)
+    assert sampler.trace_counts["init"] == 2  # one program per cache dtype
+
+
+def test_per_row_keys_make_a_rows_tokens_independent_of_its_batch(tiny):
+    """With one key per row a row's tokens depend only on its key and context: the same rows
+    in another order, or alone, sample the same tokens (top-p and plain sampling)."""
+    _, model, params = tiny
+    rows = random_rows(np.random.default_rng(6), (3, 8, 5, 2))
+    keys = jax.random.split(jax.random.key(4), 4)
+    for sampling in (SamplingConfig(temperature=1.0), SamplingConfig(temperature=1.0, top_p=0.9)):
+        sampler = Sampler(model, max_new_tokens=8, stop_token_ids=())
+
+        def run(order):
+            state = sampler.append(params, sampler.init(len(order), 24),
+                                   *pad_rows([rows[i] for i in order], 8))
+            _, out = sampler.decode(params, state, keys[np.asarray(order)], sampling)
+            return np.asarray(out.tokens)
+
+        whole = run([0, 1, 2, 3])
+        np.testing.assert_array_equal(run([2, 0, 3, 1]), whole[[2, 0, 3, 1]])
+        np.testing.assert_array_equal(run([1, 3]), whole[[1, 3]])
+        # the same keys as raw uint32 data give the same draws
+        state = sampler.append(params, sampler.init(4, 24), *pad_rows(rows, 8))
+        _, raw = sampler.decode(params, state, np.asarray(jax.random.key_data(keys)), sampling)
+        np.testing.assert_array_equal(np.asarray(raw.tokens), whole)
+        assert len(set(map(tuple, whole.tolist()))) == 4

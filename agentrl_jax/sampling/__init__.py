@@ -5,11 +5,13 @@ from agentrl_jax.sampling.filters import (
 )
 from agentrl_jax.sampling.padding import bucket_width, pad_rows
 from agentrl_jax.sampling.sampler import (
-    SampleOutput, Sampler, SamplerState, StopReason, append, decode, init_state,
+    GENERATION_LAYOUTS, SampleOutput, Sampler, SamplerState, StopReason, append, append_in_chunks,
+    decode, generation_params, generation_rules, init_state, resolve_layout,
 )
 
 __all__ = [
-    "SampleOutput", "Sampler", "SamplerState", "SamplingConfig", "StopReason", "append",
-    "bucket_width", "decode", "filtered_log_probs", "init_state", "model_log_probs",
-    "nucleus_fits_prefilter", "pad_rows", "sample",
+    "GENERATION_LAYOUTS", "SampleOutput", "Sampler", "SamplerState", "SamplingConfig",
+    "StopReason", "append", "append_in_chunks", "bucket_width", "decode", "filtered_log_probs",
+    "generation_params", "generation_rules", "init_state", "model_log_probs",
+    "nucleus_fits_prefilter", "pad_rows", "resolve_layout", "sample",
 ]

@@ -320,11 +320,15 @@ def sample_categorical(key: jax.Array, log_weights: jax.Array) -> jax.Array:
 
     Two-level inverse CDF: pick a block of entries by its mass, then an entry inside it,
     each with its own uniform in (0, 1]. Exact up to float32 rounding; entries with weight 0
-    (-inf) are never drawn.
+    (-inf) are never drawn. ``key``: one key for the batch, or ``[B]`` typed keys, one per row
+    (a row's draw then depends only on its own key, not on its position or the batch size).
     """
     batch = log_weights.shape[0]
     weights = _blocks(jnp.exp(log_weights - jnp.max(log_weights, axis=-1, keepdims=True)), 0.0)
-    u_block, u_entry = 1.0 - jax.random.uniform(key, (2, batch))  # (0, 1]
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 1:
+        u_block, u_entry = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (2,)))(key).T
+    else:
+        u_block, u_entry = 1.0 - jax.random.uniform(key, (2, batch))  # (0, 1]
     block = _inverse_cdf(u_block, jnp.sum(weights, axis=-1))
     inside = jnp.take_along_axis(weights, block[:, None, None], axis=1)[:, 0]
     return block * weights.shape[-1] + _inverse_cdf(u_entry, inside)
@@ -342,7 +346,8 @@ def sample(key: jax.Array, logits: jax.Array, config: SamplingConfig
            ) -> tuple[jax.Array, jax.Array]:
     """Draw the next token of each row.
 
-    logits: ``[B, V]`` float32. Returns ``tokens [B]`` int32 and their log-probabilities
+    logits: ``[B, V]`` float32; key: one key, or ``[B]`` typed keys (one per row, see
+    :func:`sample_categorical`). Returns ``tokens [B]`` int32 and their log-probabilities
     under the sampling distribution ``[B]`` (0 for greedy).
     """
     scaled = scaled_logits(logits, config)

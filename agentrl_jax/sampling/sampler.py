@@ -22,8 +22,16 @@ max_new_tokens]``; a different per-row budget, prompt length or observation leng
 chunk width changes no shape. Each distinct chunk width ``L`` of ``append`` compiles once (pad
 chunks to a few widths with :func:`agentrl_jax.sampling.padding.pad_rows`), ``decode`` once per
 ``SamplingConfig`` and ``init`` once per ``(batch, max_len)``; so a 10-turn rollout compiles a
-fixed handful of times. Decode steps run :mod:`agentrl_jax.sampling.decode_step`, the model's
-one-token forward with matrix products ordered for small batches.
+fixed handful of times. A decode step is the model's own cache forward of one token per row
+(``Qwen3ForCausalLM.hidden_states(..., few_rows=True)``: matrix products ordered for small
+batches; on CPU the layers unrolled from per-layer weights).
+
+Memory: the cache's dtype is a choice of ``init`` (e.g. bfloat16 for a float32 model; the
+default is the model's compute dtype). With ``prefill_chunk`` an ``append`` wider than the
+chunk runs as successive appends of ``prefill_chunk`` columns (one ``lax.scan``), which is
+one wide append (appends are compact: a row's real tokens go after its cached ones wherever
+they sit in the chunk; equal up to the rounding of differently shaped matrix products) but
+bounds the attention temporaries to ``[B, heads, chunk, max_len]``.
 
 Rows never overflow silently: a chunk that does not fit in a row's free slots is not written at
 all, and a row with no free slot for its next sampled token stops with
@@ -33,6 +41,22 @@ overflowed still flow through the batched matmuls (static shapes) but never writ
 
 Randomness comes only from ``key``: step ``t`` of a decode uses ``fold_in(key, t)``, so the same
 key and inputs give the same tokens, on one device or sharded (threefry is partitionable).
+``key`` is one key for the batch, or one key per row (``[B]`` typed keys or their ``[B, 2]``
+uint32 data): then a row's tokens depend only on its own key and cache, not on its position
+in the batch or the batch's size (so compacting or splitting a batch changes no row).
+
+Placement (decided once, so no program compiles twice for one shape): every array the
+Sampler makes or is given (states from ``init``, tokens, masks, budgets, keys) is committed
+to one placement, the mesh's (``KV_CACHE_RULES`` for the cache, rows over ``BATCH_AXES``) or
+one device's. Parameters are the caller's: :func:`generation_params` puts them in the
+layout decode reads them from. On a mesh with ``fsdp`` > 1 the training layout shards every
+weight over ``fsdp``, so each decode step would all-gather the whole model;
+:func:`generation_rules` (the Qwen3 rules with ``fsdp`` dropped) replicates the weights over
+``fsdp`` instead (each device holds them whole, split only over ``tensor``), and rows stay
+split over ``data`` x ``fsdp``, so decode needs no weight collectives. That copy costs one
+full set of weights per ``tensor`` shard per device while it lives (one update). With per-row
+keys each step's sampling runs on each device's own rows (:func:`rows_local_sample`), so the
+``[B, V]`` logits are not gathered for the top-k either.
 """
 
 from __future__ import annotations
@@ -49,9 +73,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM, positions_from_mask
-from agentrl_jax.sampling.decode_step import decode_hidden, next_token_logits, split_layers
 from agentrl_jax.sampling.filters import SamplingConfig, model_log_probs, sample
-from agentrl_jax.sharding import BATCH_AXES, KV_CACHE_RULES, tree_shardings
+from agentrl_jax.sharding import (BATCH_AXES, KV_CACHE_RULES, QWEN3_PARAM_RULES, PartitionRule,
+                                  tree_shardings)
+
+GENERATION_LAYOUTS = ("auto", "replicated", "training")
 
 
 class StopReason(enum.IntEnum):
@@ -95,24 +121,29 @@ class SampleOutput:
 
 # ---------------------------------------------------------------------------- pure functions
 def init_state(config: Qwen3Config, batch_size: int, max_len: int,
-               dtype: Any = jnp.float32) -> SamplerState:
-    """An empty state: ``batch_size`` rows of ``max_len`` cache slots in ``dtype``."""
+               dtype: Any = jnp.float32, hidden_dtype: Any = None) -> SamplerState:
+    """An empty state: ``batch_size`` rows of ``max_len`` cache slots in ``dtype``; the pending
+    hidden states in ``hidden_dtype`` (default ``dtype``; the Sampler uses the compute dtype)."""
     if batch_size < 1 or max_len < 1:
         raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
     return SamplerState(cache=KVCache.empty(config, batch_size, max_len, dtype),
-                        hidden=jnp.zeros((batch_size, config.hidden_size), dtype),
+                        hidden=jnp.zeros((batch_size, config.hidden_size), hidden_dtype or dtype),
                         overflowed=jnp.zeros((batch_size,), bool))
 
 
 def append(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.Array, mask: jax.Array,
-           constrain: Callable[[Any], Any] = lambda x: x) -> SamplerState:
+           constrain: Callable[[Any], Any] = lambda x: x, chunk: int | None = None
+           ) -> SamplerState:
     """Cache each row's real tokens after its existing ones (prefill and continuation).
 
     tokens: ``[B, L]`` int; mask: ``[B, L]`` bool (True = real token, anywhere in the row).
     A row whose real tokens do not all fit in its free slots gets none of them and is flagged
-    ``overflowed``; overflowed rows are left unchanged.
+    ``overflowed``; overflowed rows are left unchanged. ``chunk``: with ``L > chunk`` the
+    columns are appended ``chunk`` at a time (:func:`append_in_chunks`), the same result.
     """
     mask = mask.astype(bool)
+    if chunk is not None and mask.shape[1] > chunk:
+        return append_in_chunks(model, state, tokens, mask, chunk, constrain)
     lengths = state.cache.lengths
     count = jnp.sum(mask, axis=1, dtype=jnp.int32)
     fits = lengths + count <= state.cache.max_len
@@ -128,17 +159,73 @@ def append(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.Array, mask
         overflowed=state.overflowed | ~fits))
 
 
+def append_in_chunks(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.Array,
+                     mask: jax.Array, chunk: int,
+                     constrain: Callable[[Any], Any] = lambda x: x) -> SamplerState:
+    """:func:`append` of ``[B, L]`` as successive appends of ``[B, chunk]`` (``L`` padded up to
+    a multiple of ``chunk`` with padding columns), in one ``lax.scan``.
+
+    Equal to one append of the whole width: which rows fit is decided on the whole chunk
+    first (a row that does not fit gets none of its tokens, as in one append), and each
+    piece writes its real tokens after those of the pieces before. The forward's attention
+    temporaries are ``[B, heads, chunk, max_len]`` instead of ``[B, heads, L, max_len]``.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    mask = mask.astype(bool)
+    batch, width = mask.shape
+    count = jnp.sum(mask, axis=1, dtype=jnp.int32)
+    fits = state.cache.lengths + count <= state.cache.max_len
+    mask = mask & (fits & ~state.overflowed)[:, None]
+    pieces = -(-width // chunk)
+    pad = ((0, 0), (0, pieces * chunk - width))
+    split = lambda x: jnp.swapaxes(jnp.pad(x, pad).reshape(batch, pieces, chunk), 0, 1)  # noqa: E731
+
+    def piece(state, columns):
+        return append(model, state, *columns, constrain), None
+
+    state, _ = jax.lax.scan(piece, state, (split(tokens.astype(jnp.int32)), split(mask)))
+    return constrain(state.replace(overflowed=state.overflowed | ~fits))
+
+
+def step_keys(key: jax.Array, t: jax.Array) -> jax.Array:
+    """Decode step ``t``'s key(s): ``fold_in(key, t)`` of one key, or of each of ``[B]`` keys."""
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 1:
+        return jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, t)
+    return jax.random.fold_in(key, t)
+
+
+Sample = Callable[[jax.Array, jax.Array, SamplingConfig], tuple[jax.Array, jax.Array]]
+
+
+def rows_local_sample(mesh: Mesh) -> Sample:
+    """:func:`~agentrl_jax.sampling.filters.sample` with per-row keys, run on each device's
+    own rows (``shard_map`` over ``BATCH_AXES``): XLA would otherwise gather the whole
+    ``[B, V]`` logits onto every device for the top-k/sort of each step. Needs ``[B]`` keys
+    and ``B`` divisible by the batch shards."""
+    def local(keys, logits, sampling):
+        rows = P(BATCH_AXES)
+        return jax.shard_map(lambda k, x: sample(k, x, sampling), mesh=mesh,
+                             in_specs=(rows, P(BATCH_AXES, None)), out_specs=(rows, rows),
+                             check_vma=False)(keys, logits)
+    return local
+
+
 def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget: jax.Array,
            active: jax.Array, *, sampling: SamplingConfig, max_new_tokens: int,
            stop_token_ids: Sequence[int], pad_token_id: int = 0, unroll_layers: bool = False,
-           constrain: Callable[[Any], Any] = lambda x: x) -> tuple[SamplerState, SampleOutput]:
+           constrain: Callable[[Any], Any] = lambda x: x,
+           sample_fn: Sample = sample) -> tuple[SamplerState, SampleOutput]:
     """Sample up to ``min(budget[b], max_new_tokens)`` tokens for each ``active`` row.
 
-    budget: ``[B]`` int; active: ``[B]`` bool. Rows with nothing cached or already overflowed
-    do not run. Returns the state with every sampled token cached, and the samples.
-    ``unroll_layers``: see :func:`agentrl_jax.sampling.decode_step.split_layers`.
+    key: one key, or ``[B]`` typed keys (one per row); budget: ``[B]`` int; active: ``[B]``
+    bool. Rows with nothing cached or already overflowed do not run. Returns the state with
+    every sampled token cached, and the samples.
+    ``unroll_layers``: run the layers unrolled from :meth:`Qwen3ForCausalLM.split_layers`.
+    ``sample_fn``: draws each step's tokens (default :func:`sample`; see
+    :func:`rows_local_sample`).
     """
-    layers = split_layers(model) if unroll_layers else None
+    layers = model.split_layers() if unroll_layers else None
     batch = state.hidden.shape[0]
     max_len = state.cache.max_len
     stop_ids = jnp.asarray(tuple(stop_token_ids) or (-1,), jnp.int32)
@@ -153,17 +240,19 @@ def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget:
 
     def step(carry):
         t, state, running, out = carry
-        logits = next_token_logits(model, state.hidden)  # [B, V] float32
+        logits = model.logits(state.hidden, few_rows=True)  # [B, V] float32
         no_room = running & (state.cache.lengths >= max_len)
         running = running & ~no_room
-        tokens, sampling_lp = sample(jax.random.fold_in(key, t), logits, sampling)
+        tokens, sampling_lp = sample_fn(step_keys(key, t), logits, sampling)
 
         def column(buffer, values):
             old = jax.lax.dynamic_index_in_dim(buffer, t, axis=1, keepdims=False)
             return jax.lax.dynamic_update_index_in_dim(
                 buffer, jnp.where(running, values, old), t, axis=1)
 
-        hidden, cache = decode_hidden(model, tokens, running, state.cache, layers)
+        hidden, cache = model.hidden_states(tokens[:, None], state.cache.lengths[:, None], running[:, None],
+                                            state.cache, few_rows=True, layers=layers)
+        hidden = hidden[:, 0]
         lengths = out.lengths + running
         hit_stop = running & jnp.isin(tokens, stop_ids)
         spent = running & ~hit_stop & (lengths >= budget)
@@ -188,6 +277,67 @@ def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget:
     return state, out
 
 
+# ---------------------------------------------------------------------------- parameter layout
+def _drop_axis(axes: Any, axis: str) -> Any:
+    """One dimension's entry of a PartitionSpec without mesh axis ``axis``."""
+    if axes is None or axes == axis:
+        return None
+    if isinstance(axes, str):
+        return axes
+    kept = tuple(a for a in axes if a != axis)
+    return kept[0] if len(kept) == 1 else (kept or None)
+
+
+def generation_rules(rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
+                     drop: str = "fsdp") -> tuple[PartitionRule, ...]:
+    """``rules`` with mesh axis ``drop`` removed from every spec: the parameters replicated
+    over that axis (``P(None, "tensor", "fsdp")`` -> ``P(None, "tensor", None)``)."""
+    return tuple((pattern, P(*(_drop_axis(axes, drop) for axes in spec)))
+                 for pattern, spec in rules)
+
+
+def resolve_layout(layout: str, mesh: Mesh | None) -> str:
+    """``"auto"``: ``"replicated"`` on a mesh whose ``fsdp`` axis has more than one device,
+    else ``"training"`` (nothing to gain: the training layout has no ``fsdp`` split)."""
+    if layout not in GENERATION_LAYOUTS:
+        raise ValueError(f"generation_layout must be one of {GENERATION_LAYOUTS}, got {layout!r}")
+    if layout == "auto":
+        return "replicated" if mesh is not None and mesh.shape["fsdp"] > 1 else "training"
+    return layout
+
+
+def generation_params(params: Any, mesh: Mesh | None = None, layout: str = "auto",
+                      device: Any = None, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
+                      dtype: Any = None) -> Any:
+    """``params`` placed where decode reads them from (one ``device_put`` per update).
+
+    Without a mesh: committed to ``device`` (default ``jax.devices()[0]``; a no-op for
+    parameters already there). On a mesh, ``layout`` (see :func:`resolve_layout`):
+    ``"replicated"`` lays them out by :func:`generation_rules` (no all-gather of weights
+    in decode), as a copy in ``dtype`` if given (pass the model's compute dtype: the model
+    casts every weight to it before use, so the tokens are the same and a float32 model
+    computing in bfloat16 needs half the memory for the copy; cast while still sharded);
+    ``"training"`` keeps them as they are (the caller placed them by ``rules``).
+    """
+    if mesh is None:
+        return jax.device_put(params, jax.sharding.SingleDeviceSharding(device or jax.devices()[0]))
+    if resolve_layout(layout, mesh) == "training":
+        return params
+    if dtype is not None:
+        params = jax.tree.map(
+            lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    return jax.device_put(params, tree_shardings(params, mesh, generation_rules(rules)))
+
+
+def batch_shards(mesh: Mesh) -> int:
+    """How many ways a mesh splits a batch (``data`` x ``fsdp``)."""
+    return int(np.prod([mesh.shape[axis] for axis in BATCH_AXES]))
+
+
+def _is_key_array(x: Any) -> bool:
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
 # ---------------------------------------------------------------------------- jitted front end
 class Sampler:
     """Jitted :func:`append` / :func:`decode` for one model architecture.
@@ -197,18 +347,26 @@ class Sampler:
     the ``state`` passed in (its buffers are donated, so the cache is updated in place).
 
     With ``mesh``: states are laid out by ``KV_CACHE_RULES`` (batch over ``data`` x ``fsdp``,
-    KV heads over ``tensor``), inputs and outputs by batch; place ``params`` by their partition
-    rules (``load_qwen3(..., mesh=mesh)``). ``trace_counts`` counts traces (= compilations)
-    per function, for tests and logs. ``unroll_layers`` (default: on CPU only) decodes with
-    unrolled layers from per-layer copies of the weights made once per decode call
-    (:func:`agentrl_jax.sampling.decode_step.split_layers`).
+    KV heads over ``tensor``), inputs and outputs by batch; place ``params`` with
+    :func:`generation_params` (or by their partition rules, ``load_qwen3(..., mesh=mesh)``).
+    Without: everything is committed to ``device`` (default ``jax.devices()[0]``; put
+    ``params`` there too, :func:`generation_params`). ``prefill_chunk``: appends wider than it
+    run in chunks of that width (:func:`append_in_chunks`; None: never).
+    ``trace_counts`` counts traces per function, for tests and logs (a trace is a compilation
+    as long as the placement of the inputs stays the same). ``unroll_layers`` (default: on
+    CPU only) decodes with unrolled layers from per-layer copies of the weights made once per
+    decode call (:meth:`Qwen3ForCausalLM.split_layers`).
     """
 
     def __init__(self, model: Qwen3ForCausalLM, *, max_new_tokens: int,
                  stop_token_ids: Sequence[int] | None = None, pad_token_id: int = 0,
-                 mesh: Mesh | None = None, unroll_layers: bool | None = None):
+                 mesh: Mesh | None = None, unroll_layers: bool | None = None,
+                 prefill_chunk: int | None = None, device: Any = None):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or
+                                          not isinstance(prefill_chunk, int) or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be None or an int >= 1, got {prefill_chunk!r}")
         self.graphdef = nnx.graphdef(model)
         self.config: Qwen3Config = model.config
         self.dtype = model.dtype
@@ -221,6 +379,8 @@ class Sampler:
                                  f"{self.config.vocab_size}")
         self.pad_token_id = pad_token_id
         self.mesh = mesh
+        self.device = None if mesh is not None else (device or jax.devices()[0])
+        self.prefill_chunk = prefill_chunk
         self.unroll_layers = (jax.default_backend() == "cpu" if unroll_layers is None
                               else unroll_layers)
         self.trace_counts: collections.Counter[str] = collections.Counter()
@@ -235,26 +395,53 @@ class Sampler:
         return jax.lax.with_sharding_constraint(tree, self.state_shardings(tree))
 
     def state_shardings(self, state: SamplerState) -> SamplerState:
-        """The mesh layout of a state (cache by KV_CACHE_RULES, the rest by batch)."""
+        """The layout of a state (on a mesh: cache by KV_CACHE_RULES, the rest by batch)."""
+        if self.mesh is None:
+            return jax.tree.map(lambda _: self.replicated, state)
         batch = NamedSharding(self.mesh, P(BATCH_AXES))
         return SamplerState(cache=tree_shardings(state.cache, self.mesh, KV_CACHE_RULES),
                             hidden=NamedSharding(self.mesh, P(BATCH_AXES, None)),
                             overflowed=batch)
 
-    def _batch_put(self, x: Any, dtype: Any) -> jax.Array:
-        """A batch-major input on device (host inputs converted on the host: no compile)."""
-        x = x.astype(dtype) if isinstance(x, jax.Array) else np.asarray(x, dtype)
+    @property
+    def replicated(self) -> jax.sharding.Sharding:
+        """Where unbatched inputs go: the whole mesh (replicated), or the device."""
         if self.mesh is None:
-            return jax.device_put(x)  # unlike jnp.asarray, compiles nothing
-        return jax.device_put(x, NamedSharding(self.mesh, P(BATCH_AXES, *[None] * (x.ndim - 1))))
+            return jax.sharding.SingleDeviceSharding(self.device)
+        return NamedSharding(self.mesh, P())
+
+    def rows_sharding(self, ndim: int) -> jax.sharding.Sharding:
+        """Where batch-major inputs of ``ndim`` dimensions go (rows over ``BATCH_AXES``)."""
+        if self.mesh is None:
+            return self.replicated
+        return NamedSharding(self.mesh, P(BATCH_AXES, *[None] * (ndim - 1)))
+
+    def _batch_put(self, x: Any, dtype: Any) -> jax.Array:
+        """A batch-major input, committed (host inputs converted on the host: no compile)."""
+        x = x.astype(dtype) if isinstance(x, jax.Array) else np.asarray(x, dtype)
+        return jax.device_put(x, self.rows_sharding(x.ndim))  # unlike jnp.asarray, compiles nothing
+
+    def _key_put(self, key: Any, batch: int) -> jax.Array:
+        """One key (replicated), or per-row keys as ``[B, 2]`` uint32 data (rows split)."""
+        if _is_key_array(key) and key.ndim == 0:
+            return jax.device_put(key, self.replicated)
+        data = np.asarray(jax.random.key_data(key) if _is_key_array(key) else key, np.uint32)
+        if data.shape == (2,):  # a raw (uint32[2]) key
+            return jax.device_put(data, self.replicated)
+        if data.shape != (batch, 2):
+            raise ValueError(f"decode: key must be one key or [batch={batch}] keys (threefry), "
+                             f"got key data of shape {data.shape}")
+        return self._batch_put(data, np.uint32)
 
     # -- calls
     def init(self, batch_size: int, max_len: int, dtype: Any = None) -> SamplerState:
-        """An empty state (cache dtype defaults to the model's compute dtype); one compiled
-        program per (batch_size, max_len, dtype)."""
+        """An empty state, cache in ``dtype`` (default: the model's compute dtype; e.g.
+        bfloat16 halves a float32 model's cache), pending hidden states in the compute dtype;
+        one compiled program per (batch_size, max_len, dtype)."""
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
-        return self._init(batch_size, max_len, jnp.dtype(dtype or self.dtype))
+        state = self._init(batch_size, max_len, jnp.dtype(dtype or self.dtype))
+        return jax.device_put(state, self.state_shardings(state))  # committed: see the module doc
 
     def append(self, params: nnx.State, state: SamplerState, tokens: Any,
                mask: Any) -> SamplerState:
@@ -272,28 +459,48 @@ class Sampler:
     def decode(self, params: nnx.State, state: SamplerState, key: jax.Array,
                sampling: SamplingConfig, budget: Any = None, active: Any = None
                ) -> tuple[SamplerState, SampleOutput]:
-        """Jitted :func:`decode`. budget: ``[B]`` int (default ``max_new_tokens``); active:
+        """Jitted :func:`decode`. key: one key, or one per row (``[B]`` typed keys or their
+        ``[B, 2]`` uint32 data); budget: ``[B]`` int (default ``max_new_tokens``); active:
         ``[B]`` bool (default all rows)."""
+        return self._decode(*self._decode_args(params, state, key, budget, active),
+                            sampling=sampling)
+
+    def lower_decode(self, params: nnx.State, state: SamplerState, key: jax.Array,
+                     sampling: SamplingConfig, budget: Any = None,
+                     active: Any = None) -> jax.stages.Lowered:
+        """The decode program for these inputs, lowered but not run (``.compile().as_text()``
+        shows its collectives, ``.compile().memory_analysis()`` its memory)."""
+        return self._decode.lower(*self._decode_args(params, state, key, budget, active),
+                                  sampling=sampling)
+
+    def _decode_args(self, params, state, key, budget, active) -> tuple:
         batch = state.hidden.shape[0]
         budget = np.full(batch, self.max_new_tokens) if budget is None else budget
         active = np.ones(batch, bool) if active is None else active
         if np.shape(budget) != (batch,) or np.shape(active) != (batch,):
             raise ValueError(f"decode: budget {np.shape(budget)} and active {np.shape(active)} "
                              f"must be [batch={batch}]")
-        return self._decode(params, state, key, self._batch_put(budget, jnp.int32),
-                            self._batch_put(active, bool), sampling=sampling)
+        return (params, state, self._key_put(key, batch), self._batch_put(budget, jnp.int32),
+                self._batch_put(active, bool))
 
     def _init_impl(self, batch_size, max_len, dtype):
         self.trace_counts["init"] += 1
-        return self._constrain(init_state(self.config, batch_size, max_len, dtype))
+        return self._constrain(init_state(self.config, batch_size, max_len, dtype, self.dtype))
 
     def _append_impl(self, params, state, tokens, mask):
         self.trace_counts["append"] += 1
-        return append(nnx.merge(self.graphdef, params), state, tokens, mask, self._constrain)
+        return append(nnx.merge(self.graphdef, params), state, tokens, mask, self._constrain,
+                      self.prefill_chunk)
 
     def _decode_impl(self, params, state, key, budget, active, *, sampling):
         self.trace_counts["decode"] += 1
+        sample_fn = sample
+        if key.ndim == 2:  # per-row key data
+            key = jax.random.wrap_key_data(key)
+            if self.mesh is not None and key.shape[0] % batch_shards(self.mesh) == 0:
+                sample_fn = rows_local_sample(self.mesh)
         return decode(nnx.merge(self.graphdef, params), state, key, budget, active,
                       sampling=sampling, max_new_tokens=self.max_new_tokens,
                       stop_token_ids=self.stop_token_ids, pad_token_id=self.pad_token_id,
-                      unroll_layers=self.unroll_layers, constrain=self._constrain)
+                      unroll_layers=self.unroll_layers, constrain=self._constrain,
+                      sample_fn=sample_fn)

@@ -22,8 +22,11 @@ from agentrl_jax.train.state import (
     shard_state,
     state_shardings,
 )
+from agentrl_jax.train.logprobs import check_loss_positions, position_logprobs
 from agentrl_jax.train.step import (
+    JittedTrainStep,
     TrainBatch,
+    activation_constraint,
     accumulate_gradients,
     advantage_inputs,
     batch_loss_mask,
@@ -39,7 +42,8 @@ from agentrl_jax.train.step import (
 
 __all__ = [
     "CheckpointRestoreError", "Checkpointer", "CorruptCheckpointWarning", "CriticParams", "MetricsLogger",
-    "Restored", "TrainBatch", "TrainConfig", "TrainState", "accumulate_gradients", "advantage_inputs",
+    "JittedTrainStep", "Restored", "TrainBatch", "activation_constraint", "check_loss_positions",
+    "position_logprobs", "TrainConfig", "TrainState", "accumulate_gradients", "advantage_inputs",
     "algorithm_to_dict", "batch_loss_mask", "batch_shardings", "check_full_history", "compute_gradients", "critic_optimizer",
     "critic_values", "init_critic", "init_train_state", "make_train_step", "policy_optimizer", "read_metrics",
     "rollout_metrics", "sequence_logprobs", "shard_state", "split_micro_batches", "state_shardings",

@@ -21,6 +21,8 @@ import numbers
 from typing import Any, Mapping
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
+from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from agentrl_jax.models.qwen3 import REMAT_POLICIES
 
 
 def _is_real(v: Any) -> bool:
@@ -48,6 +50,15 @@ class TrainConfig:
     critic_weight_decay: float = 0.01
     # gradient accumulation: rows split into this many micro-batches (strided, see step.py)
     num_micro_batches: int = 1
+    # memory (see step.py): what each layer keeps for the backward pass (a REMAT_POLICIES
+    # name of agentrl_jax.models.qwen3; None: the model's own setting); the static bound on
+    # loss (sampled) tokens per row at which the head runs (None: every position); positions
+    # per chunk of the head's log-softmax; the attention implementation of the no-cache
+    # forward (agentrl_jax.models.attention.IMPLEMENTATIONS)
+    remat: str | None = None
+    loss_positions: int | None = None
+    logits_chunk: int = 512
+    attention: str = "xla"
     # process rewards (§8): weight of the per-step scores added to the outcome reward
     process_reward_coef: float = 0.0
     # GiGPO anchors (s_t, B - t) instead of s_t (BudgetMix, §5)
@@ -138,6 +149,10 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "critic_learning_rate": (_positive_real, "a finite number > 0"),
     "critic_weight_decay": (_non_negative_real, "a finite number >= 0"),
     "num_micro_batches": (_positive_int, "an int >= 1"),
+    "remat": (lambda v: v is None or v in REMAT_POLICIES, f"None or one of {REMAT_POLICIES}"),
+    "loss_positions": (lambda v: v is None or _positive_int(v), "None or an int >= 1"),
+    "logits_chunk": (_positive_int, "an int >= 1"),
+    "attention": (lambda v: v in ATTENTION_IMPLEMENTATIONS, f"one of {ATTENTION_IMPLEMENTATIONS}"),
     "process_reward_coef": (_non_negative_real, "a finite number >= 0"),
     "budget_anchors": (lambda v: isinstance(v, bool), "a bool"),
     "total_steps": (_positive_int, "an int >= 1"),

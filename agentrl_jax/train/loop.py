@@ -36,11 +36,13 @@ from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from tqdm.auto import tqdm
 
 from agentrl_jax.process_rewards import StepScorer, StepScores, mean_step_score
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import TrainConfig
+from agentrl_jax.train.logprobs import check_loss_positions
 from agentrl_jax.train.state import TrainState
 from agentrl_jax.train.step import TrainBatch, check_full_history
 from agentrl_jax.trajectory import Trajectory
@@ -198,6 +200,7 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
     tasks = task_batches(position)
     trajectory = jax.block_until_ready(rollout(state.policy, rollout_key, tasks))
     check_full_history(trajectory)
+    check_loss_positions(trajectory, config.loss_positions)
     rolled = time.perf_counter()
     process = process_scorer(trajectory, tasks) if process_scorer is not None else None
     if quality_scorer is None:
@@ -209,7 +212,9 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
     scored = time.perf_counter()
 
     step_scores = process.scores if process is not None and config.process_reward_coef > 0 else None
-    state = state.replace(rng=rng, data_position=jnp.asarray(position + 1, jnp.int32))
+    # the new position goes where the old one was: a step whose inputs change placement recompiles
+    data_position = jax.device_put(np.asarray(position + 1, np.int32), state.data_position.sharding)
+    state = state.replace(rng=rng, data_position=data_position)
     state, step_metrics = train_step(state, TrainBatch(trajectory, step_scores))
     metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
     updated = time.perf_counter()

@@ -18,6 +18,12 @@ policy, as verl does) plus a linear value head on its final hidden states.
 
 :func:`state_shardings` places a state on a mesh: parameters (and the optimizer moments that
 mirror them) by the partition rules of :mod:`agentrl_jax.sharding`, everything else replicated.
+
+Placement is decided once: :func:`init_train_state` commits every leaf (the counters and the
+key too) to where the parameters are, and :func:`place_state` puts a state in its final
+layout before the first step. A jitted step compiles once per placement of its inputs as
+well as per shape: an uncommitted counter in the first step and the committed one the step
+returns would compile the step (and the sampler, whose key is split off ``rng``) twice.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from agentrl_jax.sharding import QWEN3_PARAM_RULES, PartitionRule, path_string, spec_for
 from agentrl_jax.train.config import TrainConfig
@@ -88,11 +94,12 @@ def init_train_state(model: nnx.Module, config: TrainConfig) -> TrainState:
     """The state at step 0 for ``model`` (its current parameters become policy and reference).
 
     The copies and optimizer states are made in one jitted call, so they land where the
-    parameters are (same shardings) and no op is dispatched eagerly, one by one.
+    parameters are (same shardings) and no op is dispatched eagerly, one by one. Every leaf
+    is committed (:func:`commit_state`).
     """
     _, params = nnx.split(model)
     policy_opt, reference, critic, critic_opt = _derived_state(params, config, model.config.hidden_size)
-    return TrainState(
+    return commit_state(TrainState(
         step=jnp.zeros((), jnp.int32),
         policy=params,
         policy_opt=policy_opt,
@@ -102,7 +109,35 @@ def init_train_state(model: nnx.Module, config: TrainConfig) -> TrainState:
         rng=jax.random.PRNGKey(config.seed),
         data_position=jnp.zeros((), jnp.int32),
         skipped_updates=jnp.zeros((), jnp.int32),
-    )
+    ))
+
+
+def commit_state(state: TrainState) -> TrainState:
+    """``state`` with every leaf committed to where its parameters are.
+
+    Parameters on a mesh (``NamedSharding``) keep their layout and the other leaves are
+    replicated over that mesh; otherwise the whole state goes to the parameters' device
+    (``jax.devices()[0]`` if they have none). ``device_put`` onto the sharding an array
+    already has is a no-op.
+    """
+    leaf = jax.tree.leaves(state.policy)[0]
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        replicated = NamedSharding(sharding.mesh, P())
+
+        def place(x):
+            return x if isinstance(getattr(x, "sharding", None), NamedSharding) else \
+                jax.device_put(x, replicated)
+        return jax.tree.map(place, state)
+    device = next(iter(sharding.device_set)) if sharding is not None else jax.devices()[0]
+    return jax.device_put(state, SingleDeviceSharding(device))
+
+
+def place_state(state: TrainState, mesh: Mesh | None = None,
+                rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES) -> TrainState:
+    """``state`` in the layout the train step keeps: :func:`shard_state` on a mesh, else
+    :func:`commit_state` (one device)."""
+    return commit_state(state) if mesh is None else shard_state(state, mesh, rules)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))

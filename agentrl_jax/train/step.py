@@ -57,13 +57,12 @@ from agentrl_jax.algorithms import (
     clip_indicator,
     compute_advantages,
     compute_loss,
-    entropy_from_logits,
-    logprobs_from_logits,
 )
-from agentrl_jax.models.qwen3 import positions_from_mask
+from agentrl_jax.models.qwen3 import Constrain, positions_from_mask
 from agentrl_jax.process_rewards import shape_rewards, turn_rewards_to_tokens
 from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, PartitionRule
 from agentrl_jax.train.config import TrainConfig
+from agentrl_jax.train.logprobs import kept_mask, position_logprobs
 from agentrl_jax.train.state import CriticParams, TrainState, critic_optimizer, policy_optimizer, state_shardings
 from agentrl_jax.trajectory import Trajectory
 
@@ -85,19 +84,49 @@ def _shift_right(x: jax.Array) -> jax.Array:
 
 
 def sequence_logprobs(model: nnx.Module, tokens: jax.Array, token_mask: jax.Array, *,
-                      with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+                      loss_mask: jax.Array | None = None, with_entropy: bool = False,
+                      config: TrainConfig | None = None, constrain: Constrain | None = None
+                      ) -> tuple[jax.Array, jax.Array | None]:
     """Teacher-forced ``log pi(token_p | tokens_<p)`` ``[N, L]`` (and the entropy at each
-    position's predicting distribution, ``[N, L]``, if asked); 0 at position 0."""
-    logits, _ = model(tokens, positions_from_mask(token_mask), token_mask)
-    logprobs = _shift_right(logprobs_from_logits(logits[:, :-1], tokens[:, 1:]))
-    entropy = _shift_right(entropy_from_logits(logits[:, :-1])) if with_entropy else None
-    return logprobs, entropy
+    position's predicting distribution, ``[N, L]``, if asked); 0 at position 0.
+
+    With ``loss_mask`` the head runs only at those positions (0 elsewhere), in chunks
+    (:mod:`agentrl_jax.train.logprobs`; ``config.loss_positions`` bounds them per row,
+    ``config.logits_chunk`` sizes the chunks); without it at every position. ``config``'s
+    ``remat`` applies to the layers; ``constrain`` to activations (see :func:`activation_constraint`).
+    """
+    config = config or TrainConfig()
+    hidden, _ = model.hidden_states(tokens, positions_from_mask(token_mask), token_mask,
+                                    remat=config.remat, constrain=constrain, attention=config.attention)
+    mask = jnp.ones_like(token_mask, bool) if loss_mask is None else loss_mask
+    return position_logprobs(hidden, tokens, mask, lambda h: model.logits((constrain or _same)(h)),
+                             width=config.loss_positions, chunk=config.logits_chunk,
+                             with_entropy=with_entropy)
+
+
+def _same(x):
+    return x
+
+
+def activation_constraint(mesh: Mesh | None) -> Constrain | None:
+    """Rows of an activation ``[N, ...]`` over the mesh's batch axes (None without a mesh), so
+    under FSDP each device holds its share of the micro-batch, never all of it."""
+    if mesh is None:
+        return None
+
+    def constrain(x: jax.Array) -> jax.Array:
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1)))))
+
+    return constrain
 
 
 def critic_values(model: nnx.Module, head: dict[str, jax.Array], tokens: jax.Array,
-                  token_mask: jax.Array) -> jax.Array:
+                  token_mask: jax.Array, *, config: TrainConfig | None = None,
+                  constrain: Constrain | None = None) -> jax.Array:
     """``V`` of the state each token was sampled in, ``[N, L]`` float32 (0 at position 0)."""
-    hidden, _ = model.hidden_states(tokens, positions_from_mask(token_mask), token_mask)
+    config = config or TrainConfig()
+    hidden, _ = model.hidden_states(tokens, positions_from_mask(token_mask), token_mask,
+                                    remat=config.remat, constrain=constrain, attention=config.attention)
     values = jnp.einsum("nld,d->nl", hidden[:, :-1].astype(jnp.float32), head["kernel"]) + head["bias"]
     return _shift_right(values)
 
@@ -211,22 +240,27 @@ def _policy_term_params(config: TrainConfig, name: str) -> dict[str, Any] | None
 
 
 def compute_gradients(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState,
-                      batch: TrainBatch) -> tuple[Any, CriticParams | None, dict[str, jax.Array]]:
+                      batch: TrainBatch, mesh: Mesh | None = None
+                      ) -> tuple[Any, CriticParams | None, dict[str, jax.Array]]:
     """The full-batch mean gradients of the policy (and critic) losses, and metrics.
 
     Pure; :func:`train_step` applies them. Returns ``(policy_grads, critic_grads or None,
-    metrics)`` where the metrics hold the losses as means over the whole batch.
+    metrics)`` where the metrics hold the losses as means over the whole batch. ``mesh``
+    (static) adds sharding constraints on activations (rows over the batch axes).
     """
     algorithm, num = config.algorithm, config.num_micro_batches
+    constrain = activation_constraint(mesh)
     traj = batch.trajectory
-    loss_mask = batch_loss_mask(traj)
+    full_mask = batch_loss_mask(traj)
+    loss_mask = full_mask if config.loss_positions is None else kept_mask(full_mask, config.loss_positions)
     sequences = {"tokens": traj.tokens, "token_mask": traj.token_mask.astype(bool)}
 
     old_values = None
     if config.uses_critic:
         backbone = nnx.merge(graphdef, state.critic.backbone)
         old_values = map_micro_batches(
-            lambda mb: critic_values(backbone, state.critic.head, mb["tokens"], mb["token_mask"]), sequences, num)
+            lambda mb: critic_values(backbone, state.critic.head, mb["tokens"], mb["token_mask"],
+                                     config=config, constrain=constrain), sequences, num)
     advantages = compute_advantages(algorithm, advantage_inputs(batch, config, old_values))
 
     with_entropy = _policy_term_params(config, "entropy") is not None
@@ -235,12 +269,13 @@ def compute_gradients(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainS
             "advantages": advantages.advantages}
 
     def policy_loss(params, mb):
+        scoring = {"loss_mask": mb["loss_mask"], "config": config, "constrain": constrain}
         logprobs, entropy = sequence_logprobs(nnx.merge(graphdef, params), mb["tokens"], mb["token_mask"],
-                                              with_entropy=with_entropy)
+                                              with_entropy=with_entropy, **scoring)
         ref_logprobs = None
         if config.uses_reference:
             reference = nnx.merge(graphdef, jax.lax.stop_gradient(state.reference))
-            ref_logprobs, _ = sequence_logprobs(reference, mb["tokens"], mb["token_mask"])
+            ref_logprobs, _ = sequence_logprobs(reference, mb["tokens"], mb["token_mask"], **scoring)
         inputs = LossInputs(loss_mask=mb["loss_mask"], logprobs=logprobs, old_logprobs=mb["old_logprobs"],
                             ref_logprobs=ref_logprobs, advantages=mb["advantages"], entropy=entropy)
         total, parts = compute_loss(algorithm, inputs, "policy")
@@ -261,6 +296,7 @@ def compute_gradients(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainS
         "grad_norm": optax.tree.norm(policy_grads),
         "advantage_mean": jnp.sum(advantages.advantages * weights) / jnp.maximum(jnp.sum(weights), 1.0),
         "loss_tokens": jnp.sum(weights),
+        "loss_tokens_dropped": jnp.sum(full_mask) - jnp.sum(loss_mask),
     }
 
     critic_grads = None
@@ -269,7 +305,8 @@ def compute_gradients(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainS
                        "returns": advantages.returns}
 
         def value_loss(critic, mb):
-            values = critic_values(nnx.merge(graphdef, critic.backbone), critic.head, mb["tokens"], mb["token_mask"])
+            values = critic_values(nnx.merge(graphdef, critic.backbone), critic.head, mb["tokens"], mb["token_mask"],
+                                   config=config, constrain=constrain)
             inputs = LossInputs(loss_mask=mb["loss_mask"], values=values, old_values=mb["old_values"],
                                 returns=mb["returns"])
             total, _ = compute_loss(algorithm, inputs, "critic")
@@ -286,9 +323,9 @@ def compute_gradients(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainS
 
 
 def train_step(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState,
-               batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+               batch: TrainBatch, mesh: Mesh | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update (see the module docstring). Pure; jit it with :func:`make_train_step`."""
-    policy_grads, critic_grads, metrics = compute_gradients(graphdef, config, state, batch)
+    policy_grads, critic_grads, metrics = compute_gradients(graphdef, config, state, batch, mesh)
     finite = jnp.isfinite(metrics["loss"]) & _all_finite(policy_grads)
     if critic_grads is not None:
         finite = finite & jnp.isfinite(metrics["value_loss"]) & _all_finite(critic_grads)
@@ -314,34 +351,64 @@ def batch_shardings(batch: Any, mesh: Mesh) -> Any:
     return jax.tree.map(lambda x: NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1)))), batch)
 
 
+class JittedTrainStep:
+    """The jitted train step of one model structure, config and placement.
+
+    Call it as ``step(state, batch) -> (state, metrics)``. :meth:`jitted` gives the
+    ``jax.jit`` object for a batch's structure (step scores present or not), so the step can
+    be lowered and compiled ahead of time with abstract inputs, e.g.
+    ``step.jitted(batch).lower(abstract_state, abstract_batch).compile().memory_analysis()``
+    (:mod:`agentrl_jax.plan` does this for a target's devices). ``trace_counts`` counts traces
+    (= compilations) per batch structure.
+    """
+
+    def __init__(self, graphdef: nnx.GraphDef, config: TrainConfig, *, mesh: Mesh | None = None,
+                 state_template: TrainState | None = None,
+                 rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES, donate: bool = False):
+        if mesh is not None and state_template is None:
+            raise ValueError("make_train_step: a mesh needs state_template to lay out the state")
+        self.graphdef, self.config, self.mesh, self.donate = graphdef, config, mesh, donate
+        self.state_shardings = None if mesh is None else state_shardings(state_template, mesh, rules)
+        self.traces = 0
+        self._jitted: dict[Any, Any] = {}
+
+    def _step(self, state, batch):
+        self.traces += 1
+        return train_step(self.graphdef, self.config, state, batch, self.mesh)
+
+    def jitted(self, batch: Any):
+        """The ``jax.jit`` of the step for ``batch``'s tree structure (arrays or abstract)."""
+        key = jax.tree.structure(batch)
+        if key not in self._jitted:
+            donate = (0,) if self.donate else ()
+            if self.mesh is None:
+                self._jitted[key] = jax.jit(self._step, donate_argnums=donate)
+            else:
+                self._jitted[key] = jax.jit(
+                    self._step, in_shardings=(self.state_shardings, batch_shardings(batch, self.mesh)),
+                    out_shardings=(self.state_shardings, NamedSharding(self.mesh, P())),
+                    donate_argnums=donate)
+        return self._jitted[key]
+
+    def __call__(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+        return self.jitted(batch)(state, batch)
+
+    def compiled_count(self) -> int:
+        """Programs compiled so far, over every batch structure (jit cache entries)."""
+        return sum(j._cache_size() for j in self._jitted.values())
+
+
 def make_train_step(graphdef: nnx.GraphDef, config: TrainConfig, *, mesh: Mesh | None = None,
                     state_template: TrainState | None = None,
                     rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES, donate: bool = False
-                    ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict[str, jax.Array]]]:
-    """``jax.jit`` of :func:`train_step` for one model structure and config.
+                    ) -> JittedTrainStep:
+    """The jitted :func:`train_step` for one model structure and config (a :class:`JittedTrainStep`).
 
     With ``mesh`` (and a ``state_template``, arrays or ShapeDtypeStructs, for the layout),
-    the state keeps :func:`~agentrl_jax.train.state.state_shardings` in and out and batch
-    leaves are split along rows; place the inputs with ``shard_state``/``jax.device_put``
-    first. ``donate`` reuses the input state's buffers for the output state.
+    the state keeps :func:`~agentrl_jax.train.state.state_shardings` in and out, batch
+    leaves are split along rows and activations are constrained to rows over the batch
+    axes; place the inputs with ``shard_state``/``jax.device_put`` first. ``donate`` reuses
+    the input state's buffers for the output state (the caller must not use them again).
     """
-    def step(state, batch):
-        return train_step(graphdef, config, state, batch)
-
-    donate_argnums = (0,) if donate else ()
-    if mesh is None:
-        return jax.jit(step, donate_argnums=donate_argnums)
-    if state_template is None:
-        raise ValueError("make_train_step: a mesh needs state_template to lay out the state")
-    shardings = state_shardings(state_template, mesh, rules)
-    replicated = NamedSharding(mesh, P())
-    jitted = {}
-
-    def sharded_step(state, batch):
-        key = jax.tree.structure(batch)
-        if key not in jitted:  # one jit per batch structure (step_scores present or not)
-            jitted[key] = jax.jit(step, in_shardings=(shardings, batch_shardings(batch, mesh)),
-                                  out_shardings=(shardings, replicated), donate_argnums=donate_argnums)
-        return jitted[key](state, batch)
-
-    return sharded_step
+    return JittedTrainStep(graphdef, config, mesh=mesh, state_template=state_template, rules=rules,
+                           donate=donate)
