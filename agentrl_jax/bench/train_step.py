@@ -11,9 +11,15 @@ Baseline, measured in the same run on the same weights and batch: PyTorch ``tran
 must agree (same parameters, same batch), so both compute the same thing.
 
 Sizes: ``tiny`` (2 layers, hidden 128, vocab 2048) and ``qwen3-0.6b-2l`` (Qwen3-0.6B's
-shapes, vocab 151,936, cut to 2 layers). The batch is ``rows`` conversations of ``tokens``
-tokens (a quarter prompt, then alternating 3/4 response and 1/4 observation chunks), in
-groups of 4; tokens/s counts every real token the update processes.
+shapes, vocab 151,936, cut to 2 layers). Batches (``masks``), ``rows`` conversations of
+``tokens`` tokens in groups of 4; tokens/s counts every real token the update processes:
+
+* ``synthetic``: a quarter prompt, then alternating 3/4 response and 1/4 observation chunks
+  (~55% of the tokens are sampled);
+* ``frozenlake``: a multi-turn row as FrozenLake makes them, a ~105-token turn of which ~8
+  tokens are the response (~8% sampled). Ours then runs the output head only at the sampled
+  positions (``TrainConfig.loss_positions`` = turns x 8), as the reproduction does; the
+  baseline is transformers' usual full-sequence logits.
 """
 
 from __future__ import annotations
@@ -66,6 +72,32 @@ def synthetic_batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> Trajec
     )
 
 
+FROZENLAKE_TURN, FROZENLAKE_RESPONSE = 105, 8
+
+
+def frozenlake_batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> tuple[Trajectory, int]:
+    """A FrozenLake-like batch (see the module docstring) and its loss-position bound."""
+    t = synthetic_batch(rows, tokens, vocab, seed)
+    loss_mask = np.zeros((rows, tokens), bool)
+    token_turn = np.full((rows, tokens), -1, np.int32)
+    first = max(1, min(FROZENLAKE_TURN, tokens) - FROZENLAKE_RESPONSE)  # rows shorter than a turn: one
+    starts = list(range(first, tokens, FROZENLAKE_TURN))
+    for turn, start in enumerate(starts):  # the prompt/observation, then the response
+        response = slice(start, min(start + FROZENLAKE_RESPONSE, tokens))
+        loss_mask[:, response] = True
+        token_turn[:, response] = turn
+    turns = len(starts)
+    turn_mask = np.zeros((rows, turns), bool)
+    turn_mask[:, :turns] = True
+    rng = np.random.default_rng(seed + 1)
+    logprobs = np.where(loss_mask, -rng.uniform(0.5, 4.0, (rows, tokens)), 0.0).astype(np.float32)
+    full = Trajectory.zeros(rows, tokens, turns)
+    t = full.replace(tokens=t.tokens, token_mask=t.token_mask, group_id=t.group_id, success=t.success,
+                     row_mask=t.row_mask, loss_mask=jnp.asarray(loss_mask), token_turn=jnp.asarray(token_turn),
+                     logprobs=jnp.asarray(logprobs), turn_mask=jnp.asarray(turn_mask))
+    return t, turns * FROZENLAKE_RESPONSE
+
+
 def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
     """The baseline's update as a closure, and its first-step loss."""
     import torch
@@ -108,19 +140,28 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
     return step
 
 
+MASKS = ("synthetic", "frozenlake")
+
+
 def run(*, sizes: Sequence[str] = ("tiny", "qwen3-0.6b-2l"), rows: int = 8, tokens: int = 256,
-        repeats: int = 3) -> list[BenchResult]:
+        repeats: int = 3, masks: Sequence[str] = MASKS) -> list[BenchResult]:
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         raise ValueError(f"unknown size {unknown[0]!r}; known: {', '.join(SIZES)}")
     if rows % GROUP_SIZE:
         raise ValueError(f"rows must be a multiple of the group size {GROUP_SIZE}, got {rows}")
-    train_config = TrainConfig()  # the paper's GRPO defaults
+    if [m for m in masks if m not in MASKS]:
+        raise ValueError(f"unknown mask {[m for m in masks if m not in MASKS][0]!r}; known: {', '.join(MASKS)}")
     results = []
-    for size in sizes:
+    for size, mask in [(size, mask) for size in sizes for mask in masks]:
         model_config = Qwen3Config(**SIZES[size])
         model = Qwen3ForCausalLM(model_config, rngs=nnx.Rngs(0))
-        batch = synthetic_batch(rows, tokens, model_config.vocab_size)
+        train_config = TrainConfig()  # the paper's GRPO defaults
+        if mask == "synthetic":
+            batch = synthetic_batch(rows, tokens, model_config.vocab_size)
+        else:
+            batch, bound = frozenlake_batch(rows, tokens, model_config.vocab_size)
+            train_config = TrainConfig(loss_positions=bound)
         num_tokens = int(jnp.sum(batch.token_mask))
         with tempfile.TemporaryDirectory() as model_dir:
             export_qwen3(model, model_dir)
@@ -141,10 +182,11 @@ def run(*, sizes: Sequence[str] = ("tiny", "qwen3-0.6b-2l"), rows: int = 8, toke
         torch_s = median_time(torch_step, repeats=repeats)
         del state
         results.append(BenchResult(
-            name=f"GRPO update, {size}, {rows}x{tokens} tokens", unit="tokens/s",
+            name=f"GRPO update, {size}, {mask} mask, {rows}x{tokens} tokens", unit="tokens/s",
             ours=num_tokens / ours_s, baseline=num_tokens / torch_s,
             baseline_name="PyTorch transformers fwd+ref fwd+bwd+AdamW",
-            settings={"size": size, "rows": rows, "tokens": tokens, "repeats": repeats,
+            settings={"size": size, "mask": mask, "loss_positions": train_config.loss_positions,
+                      "loss_tokens": int(jnp.sum(batch.loss_mask)), "rows": rows, "tokens": tokens, "repeats": repeats,
                       "backend": jax.default_backend(), "first_step_loss": ours_loss},
         ))
     return results

@@ -92,11 +92,13 @@ def bench_train_step(
     rows: int = typer.Option(8, help="Conversations per batch (a multiple of 4)."),
     tokens: int = typer.Option(256, help="Tokens per conversation."),
     repeats: int = typer.Option(3, help="Timed runs (median)."),
+    mask: list[str] = typer.Option(["synthetic", "frozenlake"], help="Loss masks: synthetic (~55% sampled "
+                                   "tokens), frozenlake (~8 of every 105)."),
 ) -> None:
     """Tokens/s of one GRPO update vs the same update in PyTorch transformers."""
     from agentrl_jax.bench import train_step
 
-    emit(train_step.run(sizes=size, rows=rows, tokens=tokens, repeats=repeats), json_out)
+    emit(train_step.run(sizes=size, rows=rows, tokens=tokens, repeats=repeats, masks=mask), json_out)
 
 
 @app.command("rollout")
