@@ -61,7 +61,10 @@ def test_the_cpu_yaml_is_the_built_in_default():
 def test_round_trip_of_non_default_values():
     config = load_config(CONFIGS / "frozenlake_ci.yaml", [
         "rl.runs=[ppo, gigpo-budgetmix]", "eval.budgets=[3, 1, 3]", "rl.max_grad_norm=null",
-        "model.dtype=bfloat16", "mesh.data=-1", "mesh.fsdp=2", "task.slippery=false"])
+        "model.dtype=bfloat16", "mesh.data=-1", "mesh.fsdp=2", "task.slippery=false",
+        "rl.kv_cache_dtype=bfloat16", "rl.max_rows_per_call=8", "rl.prefill_chunk=512",
+        "rl.generation_layout=training"])
+    assert (config.rl.kv_cache_dtype, config.rl.max_rows_per_call) == ("bfloat16", 8)
     assert config.rl.runs == ("ppo", "gigpo-budgetmix")
     assert config.eval.budgets == (1, 3)  # sorted, deduplicated
     assert config_from_dict(config.to_dict()) == config
@@ -90,6 +93,11 @@ def test_round_trip_of_non_default_values():
     ({"rl.clip": 0.0}, "rl.clip"),
     ({"rl.temperature": float("nan")}, "rl.temperature"),
     ({"rl.num_micro_batches": 3}, "rl.num_micro_batches"),  # does not divide 8 x 8 rows
+    ({"rl.kv_cache_dtype": "float16"}, "rl.kv_cache_dtype"),
+    ({"rl.max_rows_per_call": 12}, "rl.max_rows_per_call: must be a multiple of group_size (8)"),
+    ({"rl.max_rows_per_call": 0}, "rl.max_rows_per_call"),
+    ({"rl.prefill_chunk": 0}, "rl.prefill_chunk"),
+    ({"rl.generation_layout": "sharded"}, "rl.generation_layout"),
     ({"eval.samples": 0}, "eval.samples"),
     ({"eval.k": 9}, "eval.k"),  # more than eval.samples (8)
     ({"eval.top_p": 0.0}, "eval.top_p"),

@@ -1,12 +1,19 @@
-"""The reproduction's RL plumbing: trimming trajectories to buckets, task batches, run specs."""
+"""The reproduction's RL plumbing: trimming trajectories to buckets, task batches, run specs,
+and a short run whose programs compile once per shape."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import jax
 import numpy as np
 import pytest
+from compile_counter import count_backend_compiles, count_backend_compiles_by_name
 
 from agentrl_jax.reproduce import training
-from agentrl_jax.reproduce.config import RLSettings
+from agentrl_jax.reproduce.config import RLSettings, load_config
+from agentrl_jax.reproduce.pipeline import make_tasks
+from agentrl_jax.reproduce.policy_init import build_frozenlake_tokenizer, random_qwen3
 from agentrl_jax.trajectory import Trajectory
 
 
@@ -55,3 +62,76 @@ def test_run_specs_same_updates_different_budget_and_algorithm():
     assert config.budget is None  # BudgetMix draws per group
     assert training.rollout_config(specs["grpo"], rl, t_max=12, max_response_tokens=8,
                                    max_context=384, valid_vocab_size=None).budget == 12
+
+
+def test_the_rollout_memory_settings_reach_the_rollout_and_the_policy():
+    rl = RLSettings(group_size=4, max_rows_per_call=8, kv_cache_dtype="bfloat16", prefill_chunk=64,
+                    generation_layout="training")
+    spec = training.run_specs(rl)[0]
+    assert training.rollout_config(spec, rl, t_max=4, max_response_tokens=8, max_context=256,
+                                   valid_vocab_size=None).max_rows_per_call == 8
+    model = random_qwen3(300, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                         max_position_embeddings=256)
+    policy = training.sampler_policy(model, rl)
+    assert (policy.cache_dtype, policy.prefill_chunk, policy.generation_layout) == (
+        np.dtype("bfloat16"), 64, "training")
+    default = training.sampler_policy(model, RLSettings())
+    assert (default.cache_dtype, default.prefill_chunk, default.row_multiple) == (None, None, 1)
+
+
+# ---------------------------------------------------------------------------- placement
+CI_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "frozenlake_ci.yaml"
+
+
+def test_six_updates_compile_each_program_once_per_shape(tmp_path, monkeypatch):
+    """A 6-update BudgetMix GRPO run at CI size (16 rows, no warm start): the train step and every
+    sampler program (init, append per width, decode, take_rows) compile exactly once per
+    distinct input shape, i.e. no update compiles a program again because its inputs were
+    placed differently (uncommitted counters and keys in the first update, committed ones
+    returned by the train step after it)."""
+    config = load_config(CI_CONFIG, ["warm_start.enabled=false", "rl.steps=6", "rl.runs=[budgetmix]",
+                                     "rl.tasks_per_step=4", "rl.checkpoint_every=3"])
+    t, m = config.task, config.model
+    tasks = make_tasks(config)
+    tokenizer = build_frozenlake_tokenizer(tasks.train.instructions(), tasks.train.maps, t.t_max,
+                                           m.tokenizer_vocab)
+    model = random_qwen3(len(tokenizer), hidden_size=m.hidden_size,
+                         intermediate_size=m.intermediate_size, num_hidden_layers=m.num_hidden_layers,
+                         num_attention_heads=m.num_attention_heads,
+                         num_key_value_heads=m.num_key_value_heads, head_dim=m.head_dim,
+                         max_position_embeddings=2048,
+                         eos_token_ids=tokenizer.convert_tokens_to_ids(["<|im_end|>"]))
+    policies, step_shapes, step_compiles = [], set(), []
+    make_policy, make_step = training.sampler_policy, training.make_train_step
+
+    def recording_policy(*args, **kwargs):
+        policies.append(make_policy(*args, **kwargs))
+        return policies[-1]
+
+    def recording_step(*args, **kwargs):
+        step = make_step(*args, **kwargs)
+
+        def call(state, batch):
+            step_shapes.add(jax.tree.map(np.shape, batch))
+            with count_backend_compiles() as events:
+                out = jax.block_until_ready(step(state, batch))
+            step_compiles.append(len(events))
+            return out
+        return call
+
+    monkeypatch.setattr(training, "sampler_policy", recording_policy)
+    monkeypatch.setattr(training, "make_train_step", recording_step)
+    spec = training.run_specs(config.rl)[0]
+    with count_backend_compiles_by_name() as compiles:
+        training.run_training(spec, model, tasks.train, tokenizer, config.rl, run_dir=tmp_path,
+                              t_max=t.t_max, max_response_tokens=t.max_response_tokens,
+                              max_context=t.max_context, metadata={})
+    assert len(step_compiles) == 6
+    assert sum(step_compiles) == len(step_shapes), (step_compiles, step_shapes)
+    traces = policies[0].trace_counts
+    programs = {"init": "jit(_init_impl)", "append": "jit(_append_impl)",
+                "decode": "jit(_decode_impl)", "take_rows": "jit(_take_impl)"}
+    assert min(traces[kind] for kind in ("init", "append", "decode", "take_rows")) >= 1
+    for kind, name in programs.items():
+        assert compiles[name] == traces[kind], (kind, dict(compiles), dict(traces))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from agentrl_jax.cli import bench, eval_envs, reproduce, solve
+from agentrl_jax.cli import bench, eval_envs, plan, reproduce, solve
 from agentrl_jax.cli import eval as eval_cli  # the module name would shadow the builtin
 
 app = typer.Typer(
@@ -19,6 +19,7 @@ eval_envs.register(eval_cli.app)  # eval env-passk / env-passt: SQL, code, BFCL
 app.add_typer(eval_cli.app, name="eval")
 app.add_typer(reproduce.app, name="reproduce")
 app.add_typer(solve.app, name="solve")
+app.command("plan")(plan.plan)
 
 
 def main() -> None:

@@ -28,6 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from agentrl_jax.reproduce.evaluate import EvalSettings
+from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from agentrl_jax.models.qwen3 import REMAT_POLICIES
+from agentrl_jax.sampling import GENERATION_LAYOUTS
 from agentrl_jax.sharding import MeshConfig
 
 # ---------------------------------------------------------------- checks
@@ -175,6 +178,21 @@ class RLSettings:
     ``T_max``; BudgetMix runs draw one budget per task group from ``{(k T_max) // 10}``
     (paper §5), and BudgetMix GiGPO anchors on ``(s_t, B - t)``. The hyper-parameters below
     are the paper's names (§4); the CPU default raises the learning rate for a tiny model.
+
+    Rollout memory (none changes the paper's settings; the defaults change nothing):
+    ``kv_cache_dtype`` is the KV cache's dtype (null: the model's compute dtype);
+    ``max_rows_per_call`` plays a step's ``tasks_per_step x group_size`` rows in parts of at
+    most this many rows, one after another (a multiple of ``group_size``; null: all at once;
+    the tokens do not depend on it); ``prefill_chunk`` feeds prompts to the KV cache this many
+    tokens at a time (null: whole); ``generation_layout`` is where the sampler reads the
+    weights from: ``auto`` (replicated over ``fsdp`` when the mesh has ``fsdp`` > 1, so decode
+    all-gathers no weights), ``replicated`` or ``training`` (the train step's FSDP layout).
+
+    Update memory (:class:`~agentrl_jax.train.TrainConfig`'s fields of the same names; none
+    changes the numbers): ``remat`` (null: none, or ``full``, ``dots``, ``offload``: what
+    each layer keeps for the backward pass), ``attention`` (``xla``, ``blocked``, ``cudnn``,
+    ``splash``, ``auto``), ``logits_chunk`` (positions per chunk of the output head). The
+    head runs only at sampled positions, at most ``t_max x max_response_tokens`` per row.
     """
 
     runs: tuple[str, ...] = ("grpo", "budgetmix")
@@ -197,6 +215,13 @@ class RLSettings:
     num_micro_batches: int = 1
     checkpoint_every: int = 10
     seed: int = 0
+    kv_cache_dtype: str | None = None
+    max_rows_per_call: int | None = None
+    prefill_chunk: int | None = None
+    generation_layout: str = "auto"
+    remat: str | None = None
+    attention: str = "xla"
+    logits_chunk: int = 512
 
     def __post_init__(self):
         if isinstance(self.runs, str) or not isinstance(self.runs, Sequence):
@@ -215,11 +240,22 @@ class RLSettings:
             "gigpo_gamma": _real(0.0, 1.0), "critic_learning_rate": _real(0.0, lo_open=True),
             "value_clip": _real(0.0, lo_open=True), "gae_gamma": _real(0.0, 1.0),
             "gae_lambda": _real(0.0, 1.0), "num_micro_batches": _int(1),
-            "checkpoint_every": _int(1), "seed": _int(0)})
+            "checkpoint_every": _int(1), "seed": _int(0),
+            "kv_cache_dtype": (lambda v: v is None or v in DTYPES, f"null or one of {DTYPES}"),
+            "max_rows_per_call": _optional(_int(1)), "prefill_chunk": _optional(_int(1)),
+            "generation_layout": (lambda v: v in GENERATION_LAYOUTS,
+                                  f"one of {GENERATION_LAYOUTS}"),
+            "remat": (lambda v: v is None or v in REMAT_POLICIES, f"null or one of {REMAT_POLICIES}"),
+            "attention": (lambda v: v in ATTENTION_IMPLEMENTATIONS, f"one of {ATTENTION_IMPLEMENTATIONS}"),
+            "logits_chunk": _int(1)})
         rows = self.tasks_per_step * self.group_size
         if rows % self.num_micro_batches:
             raise ValueError(f"rl.num_micro_batches: must divide tasks_per_step x group_size "
                              f"({rows}), got {self.num_micro_batches}")
+        if self.max_rows_per_call is not None and self.max_rows_per_call % self.group_size:
+            raise ValueError(f"rl.max_rows_per_call: must be a multiple of group_size "
+                             f"({self.group_size}), so task groups stay whole, got "
+                             f"{self.max_rows_per_call}")
 
 
 _SECTION_NAMES = {TaskSettings: "task", ModelSettings: "model", WarmStartSettings: "warm_start",

@@ -96,6 +96,8 @@ class EvalSettings:
     enable_thinking: bool = False
     tasks_per_call: int | None = None
     states_per_call: int | None = None
+    prefill_chunk: int | None = None  # memory: prompts enter the KV cache this many tokens at a time
+    kv_cache_dtype: str | None = None  # memory: the KV cache's dtype (null: the compute dtype)
     seed: int = 0
 
     def __post_init__(self):
@@ -122,6 +124,10 @@ class EvalSettings:
                                "null or an int >= 1"),
             "states_per_call": (self.states_per_call is None or _is_int(self.states_per_call, 1),
                                 "null or an int >= 1"),
+            "prefill_chunk": (self.prefill_chunk is None or _is_int(self.prefill_chunk, 1),
+                              "null or an int >= 1"),
+            "kv_cache_dtype": (self.kv_cache_dtype in (None, "float32", "bfloat16"),
+                               "null, float32 or bfloat16"),
         })
         for name, (ok, expect) in checks.items():
             if not ok:
@@ -188,7 +194,7 @@ def _is_policy(obj: Any) -> bool:
     return all(callable(getattr(obj, m, None)) for m in ("start", "respond", "extend"))
 
 
-def _samplers(models: Mapping[str, Any]) -> dict[str, Policy]:
+def _samplers(models: Mapping[str, Any], **options: Any) -> dict[str, Policy]:
     """A policy per name: a Qwen3 model is sampled by a :class:`SamplerPolicy` (models of one
     architecture share one's compiled functions, :meth:`SamplerPolicy.using`); a policy
     object (e.g. a :class:`~agentrl_jax.policy.ScriptedPolicy`) is used as it is."""
@@ -200,7 +206,7 @@ def _samplers(models: Mapping[str, Any]) -> dict[str, Policy]:
             continue
         graph = nnx.graphdef(model)
         twin = next((s for s in compiled if nnx.graphdef(s.model) == graph), None)
-        out[name] = twin.using(nnx.state(model)) if twin else SamplerPolicy(model)
+        out[name] = twin.using(nnx.state(model)) if twin else SamplerPolicy(model, **options)
         if twin is None:
             compiled.append(out[name])
     return out
@@ -232,7 +238,8 @@ class _Run:
 
     @functools.cached_property
     def policies(self) -> dict[str, Policy]:
-        return _samplers(self.models)
+        return _samplers(self.models, prefill_chunk=self.settings.prefill_chunk,
+                         cache_dtype=self.settings.kv_cache_dtype)
 
     @functools.cached_property
     def config(self) -> RolloutConfig:

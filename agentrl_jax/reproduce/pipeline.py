@@ -151,7 +151,8 @@ class Reproduction:
         prepare_folder(self.out, config, fresh)
         self.phases = Phases(self.out)
         self.tasks = make_tasks(config)
-        self.runs = training.run_specs(config.rl)
+        self.runs = training.run_specs(config.rl, training.loss_position_bound(
+            config.task.t_max, config.task.max_response_tokens, config.task.max_context))
         self.log = log
         self.mesh = self._mesh()
         self.bar = tqdm(total=self.total_units(), disable=not progress, dynamic_ncols=True,

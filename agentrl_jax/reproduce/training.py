@@ -11,6 +11,14 @@ same rollout settings; only the algorithm and the budget differ:
 
 R_multi (success) and R_single (mean Q* step quality, gamma 0.95) are logged every step
 (§7.5). Everything a run needs to continue is in its Orbax checkpoints (:mod:`agentrl_jax.train`).
+
+The rollout's memory settings (``rl.kv_cache_dtype``, ``rl.max_rows_per_call``,
+``rl.prefill_chunk``, ``rl.generation_layout``) go to the :class:`SamplerPolicy` and the
+:class:`RolloutConfig` (:func:`rollout_config`, :func:`sampler_policy`). Placement is decided
+before the first update: the train state (policy, reference, optimizer, counters and key) is
+committed to its final layout (:func:`agentrl_jax.train.state.place_state`) and the policy
+reshards each update's parameters once into the sampler's layout, so every program compiles
+once per shape, never again because an input moved.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -30,7 +40,8 @@ from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import SamplingConfig
 from agentrl_jax.trajectory import Trajectory
 from agentrl_jax.train import (Checkpointer, MetricsLogger, TrainConfig, init_train_state,
-                               make_train_step, shard_state, train)
+                               make_train_step, train)
+from agentrl_jax.train.state import place_state
 
 STEP_QUALITY_GAMMA = 0.95  # paper §7: Q* with gamma 0.95
 
@@ -58,8 +69,15 @@ def algorithm_for(advantage: str, rl: RLSettings) -> AlgorithmConfig:
     return AlgorithmConfig(advantage=advantage, advantage_params=params, loss_terms=tuple(terms))
 
 
-def run_specs(rl: RLSettings) -> list[RunSpec]:
-    """The runs ``rl.runs`` names, in order."""
+def loss_position_bound(t_max: int, max_response_tokens: int, max_context: int) -> int | None:
+    """The most sampled tokens a row can hold, ``t_max x max_response_tokens``: the static
+    bound at which the update runs the output head (None when it is not below the context)."""
+    bound = t_max * max_response_tokens
+    return bound if bound < max_context - 1 else None
+
+
+def run_specs(rl: RLSettings, loss_positions: int | None = None) -> list[RunSpec]:
+    """The runs ``rl.runs`` names, in order; ``loss_positions``: see :func:`loss_position_bound`."""
     specs = []
     for name in rl.runs:
         label, advantage, mix = RUN_PRESETS[name]
@@ -68,7 +86,9 @@ def run_specs(rl: RLSettings) -> list[RunSpec]:
             weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm,
             critic_learning_rate=rl.critic_learning_rate, num_micro_batches=rl.num_micro_batches,
             budget_anchors=mix and advantage == "gigpo", total_steps=rl.steps,
-            checkpoint_every=rl.checkpoint_every, checkpoint_keep=2, seed=rl.seed)
+            checkpoint_every=rl.checkpoint_every, checkpoint_keep=2, seed=rl.seed,
+            remat=rl.remat, attention=rl.attention, logits_chunk=rl.logits_chunk,
+            loss_positions=loss_positions)
         specs.append(RunSpec(name, label, config, mix))
     return specs
 
@@ -110,7 +130,15 @@ def rollout_config(spec: RunSpec, rl: RLSettings, *, t_max: int, max_response_to
         group_size=rl.group_size, budget=None if spec.budget_mix else t_max,
         max_response_tokens=max_response_tokens, max_context=max_context,
         sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p,
-                                valid_vocab_size=valid_vocab_size))
+                                valid_vocab_size=valid_vocab_size),
+        max_rows_per_call=rl.max_rows_per_call)
+
+
+def sampler_policy(model: nnx.Module, rl: RLSettings, mesh=None) -> SamplerPolicy:
+    """The rollouts' policy with ``rl``'s memory settings; on a mesh its compacted batches are
+    multiples of the batch shards (``data`` x ``fsdp``), so rows always split evenly."""
+    return SamplerPolicy(model, mesh=mesh, cache_dtype=rl.kv_cache_dtype,
+                         prefill_chunk=rl.prefill_chunk, generation_layout=rl.generation_layout)
 
 
 def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSettings, *,
@@ -126,15 +154,15 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
     runner = MultiTurnRollout(env, tokenizer, rollout_config(
         spec, rl, t_max=t_max, max_response_tokens=max_response_tokens, max_context=max_context,
         valid_vocab_size=valid))
-    policy = SamplerPolicy(model, mesh=mesh, row_multiple=1 if mesh is None else mesh.shape["data"])
-    state = init_train_state(model, config)
-    if mesh is not None:
-        state = shard_state(state, mesh)
+    policy = sampler_policy(model, rl, mesh)
+    state = place_state(init_train_state(model, config), mesh)
+    # the step donates its input state: train on a copy, so the model keeps its parameters
+    state = state.replace(policy=jax.tree.map(jnp.copy, state.policy))
     checkpointer = Checkpointer.from_config(run_dir / "checkpoints", config)
     restored = checkpointer.restore_latest(state)
     if restored is not None:
         state = restored.state
-    step_fn = make_train_step(nnx.graphdef(model), config, mesh=mesh,
+    step_fn = make_train_step(nnx.graphdef(model), config, mesh=mesh, donate=True,
                               state_template=state if mesh is not None else None)
     scorer = FrozenLakeQStar(env.maps, gamma=STEP_QUALITY_GAMMA, is_slippery=env.config.is_slippery,
                              success_rate=env.config.success_rate)

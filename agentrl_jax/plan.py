@@ -1,0 +1,318 @@
+"""Will a config fit? Compile every program it runs for a target's devices, without the target.
+
+``plan(config, target)`` builds the config's mesh over the target's devices, makes the model
+and the train state as abstract arrays (``jax.ShapeDtypeStruct`` with their final shardings:
+no weights are read or allocated), lowers and compiles each program the run executes, and
+reads the compiler's per-device memory analysis:
+
+* ``train:<run>``       the train step of each distinct trainer config (policy, KL reference and
+                        critic passes are inside it), at the config's rows per micro-batch and
+                        ``task.max_context`` tokens;
+* ``rollout:init``, ``rollout:append``, ``rollout:decode``   the sampler's programs at the
+                        rollout's rows per call, cache length and prefill chunk;
+* ``eval:append``, ``eval:decode``   the evaluation sampler's.
+
+Targets: a TPU topology (``tpu_target("v5p:2x2x2")``: compile-only devices of libtpu, the
+optional ``tpu`` extra; the compiler's figures are the real chip's) or GPUs
+(``gpu_target(8, 80)``: fake CPU devices stand in, so the figures are an *estimate*: XLA:CPU's
+buffer assignment, fusion and collectives differ from XLA:GPU's). Each :class:`ProgramPlan`
+holds arguments, outputs, aliased (donated) and temporary bytes, the peak, the largest
+buffers of the partitioned program, and whether it fits in the device memory with the asked
+headroom.
+
+``agentrl-jax plan`` is the command-line front end (:mod:`agentrl_jax.cli.plan`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentrl_jax.models.checkpoints import abstract_qwen3
+from agentrl_jax.models.config import Qwen3Config
+from agentrl_jax.sampling import SamplingConfig
+from agentrl_jax.sampling.sampler import Sampler, generation_rules, init_state, resolve_layout
+from agentrl_jax.sharding import QWEN3_PARAM_RULES, build_mesh, describe_mesh, tree_shardings
+from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_train_step, state_shardings
+from agentrl_jax.train.step import batch_shardings
+from agentrl_jax.trajectory import Trajectory
+
+GIB = 1024 ** 3
+
+# HBM per chip (bytes) by libtpu device kind.
+TPU_MEMORY = {"TPU v4": 32 * GIB, "TPU v5 lite": 16 * GIB, "TPU v5": 95.74 * GIB, "TPU v5p": 95.74 * GIB,
+              "TPU v6 lite": 32 * GIB, "TPU v6e": 32 * GIB}
+
+# Hugging Face config.json values of the Qwen3 dense models (for planning without the files).
+QWEN3_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+}
+_COMMON = dict(vocab_size=151936, head_dim=128, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+               max_position_embeddings=40960, eos_token_ids=(151645, 151643))
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Devices to compile for, the memory of each, and whether figures are estimates."""
+
+    name: str
+    devices: tuple[Any, ...]
+    memory_bytes: float
+    estimate: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramPlan:
+    """One compiled program's per-device memory (bytes)."""
+
+    name: str
+    arguments: int
+    outputs: int
+    aliased: int
+    temporaries: int
+    peak: int
+    largest: tuple[tuple[str, int], ...]  # (HLO shape, bytes), largest first
+    fits: bool
+    headroom: float  # 1 - peak / device memory
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "largest": [list(x) for x in self.largest]}
+
+
+def tpu_target(topology: str) -> Target:
+    """Compile-only devices of a TPU topology (e.g. ``"v5p:2x2x2"``); needs libtpu."""
+    try:
+        from jax.experimental import topologies
+        devices = topologies.get_topology_desc(topology, "tpu").devices
+    except Exception as e:  # libtpu missing or the name unknown
+        raise ValueError(f"--topology {topology!r}: no TPU topology ({type(e).__name__}: {e}); "
+                         "install the tpu extra (pip install -e '.[tpu]') and use a name like v5p:2x2x2") from None
+    kind = devices[0].device_kind
+    if kind not in TPU_MEMORY:
+        raise ValueError(f"--topology {topology!r}: unknown device kind {kind!r} (known: {sorted(TPU_MEMORY)})")
+    return Target(f"{topology} ({kind})", tuple(devices), TPU_MEMORY[kind], estimate=False)
+
+
+def gpu_target(count: int, memory_gib: float) -> Target:
+    """``count`` GPUs of ``memory_gib`` each, stood in for by fake CPU devices (an estimate).
+
+    The process must have at least ``count`` CPU devices
+    (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before jax starts).
+    """
+    devices = jax.devices("cpu")
+    if len(devices) < count:
+        raise ValueError(f"--gpus {count}: this process has {len(devices)} CPU devices; start it with "
+                         f"XLA_FLAGS=--xla_force_host_platform_device_count={count}")
+    return Target(f"{count} x GPU {memory_gib:g} GiB (estimated on CPU devices)", tuple(devices[:count]),
+                  memory_gib * GIB, estimate=True)
+
+
+def model_config(settings: Any, name: str | None = None) -> Qwen3Config:
+    """The architecture of a config's ``model`` section: ``model_dir``'s config.json if it
+    exists; else a known Qwen3 size named by ``name`` or found in the directory's name
+    (``.../Qwen3-4B`` -> qwen3-4b); without ``model_dir`` the random-init model's dimensions
+    (vocabulary: ``tokenizer_vocab``)."""
+    model_dir = settings.model_dir
+    if model_dir and (Path(model_dir) / "config.json").is_file():
+        return Qwen3Config.from_model_dir(model_dir)
+    if model_dir is None and name is None:
+        return Qwen3Config(vocab_size=settings.tokenizer_vocab, hidden_size=settings.hidden_size,
+                           intermediate_size=settings.intermediate_size,
+                           num_hidden_layers=settings.num_hidden_layers,
+                           num_attention_heads=settings.num_attention_heads,
+                           num_key_value_heads=settings.num_key_value_heads, head_dim=settings.head_dim)
+    key = (name or Path(model_dir).name).lower()
+    for arch in sorted(QWEN3_ARCHITECTURES, key=len, reverse=True):
+        if arch in key:
+            return Qwen3Config(**_COMMON, **QWEN3_ARCHITECTURES[arch])
+    raise ValueError(f"model.model_dir {model_dir!r}: no config.json there and no known size in its name "
+                     f"(pass --model one of {sorted(QWEN3_ARCHITECTURES)})")
+
+
+# ------------------------------------------------------------------------- memory
+
+
+_SHAPE = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|bf16|f16|f32|f64)\[([0-9,]*)\]")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4,
+          "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+
+
+def largest_buffers(hlo_text: str, count: int = 5) -> tuple[tuple[str, int], ...]:
+    """The ``count`` largest distinct array shapes named in an HLO module, with their bytes."""
+    sizes = {}
+    for dtype, dims in _SHAPE.findall(hlo_text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        sizes[f"{dtype}[{dims}]"] = n * _BYTES[dtype]
+    return tuple(sorted(sizes.items(), key=lambda kv: -kv[1])[:count])
+
+
+def analyse(name: str, compiled: Any, memory_bytes: float, headroom: float) -> ProgramPlan:
+    """A :class:`ProgramPlan` from a compiled program (``jitted.lower(...).compile()``)."""
+    m = compiled.memory_analysis()
+    peak = getattr(m, "peak_memory_in_bytes", 0) or (
+        m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes)
+    return ProgramPlan(name, int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
+                       int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), int(peak),
+                       largest_buffers(compiled.as_text()), bool(peak <= memory_bytes * (1 - headroom)),
+                       float(1 - peak / memory_bytes))
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+# ------------------------------------------------------------------------- programs
+
+
+def abstract_train_state(model: nnx.Module, config: TrainConfig, mesh) -> Any:
+    """The train state as ShapeDtypeStructs in their mesh layout (nothing allocated)."""
+    graphdef, params = nnx.split(model)
+    state = jax.eval_shape(lambda p: init_train_state(nnx.merge(graphdef, p), config), params)
+    return _abstract(state, state_shardings(state, mesh))
+
+
+def abstract_batch(rows: int, length: int, turns: int, mesh) -> TrainBatch:
+    batch = jax.eval_shape(lambda: TrainBatch(Trajectory.zeros(rows, length, turns)))
+    return _abstract(batch, batch_shardings(batch, mesh))
+
+
+def plan_train_step(name: str, model: nnx.Module, config: TrainConfig, mesh, *, rows: int, length: int,
+                    turns: int, memory_bytes: float, headroom: float) -> ProgramPlan:
+    """Compile the (donating) train step for ``rows x length`` batches on ``mesh``."""
+    state = abstract_train_state(model, config, mesh)
+    batch = abstract_batch(rows, length, turns, mesh)
+    step = make_train_step(nnx.graphdef(model), config, mesh=mesh, state_template=state, donate=True)
+    compiled = step.jitted(batch).lower(state, batch).compile()
+    return analyse(name, compiled, memory_bytes, headroom)
+
+
+def plan_sampler(prefix: str, model: nnx.Module, mesh, *, rows: int, max_len: int, max_new_tokens: int,
+                 prefill_chunk: int | None, cache_dtype: Any, layout: str, sampling: SamplingConfig,
+                 memory_bytes: float, headroom: float, wanted=lambda name: True, init: bool = True
+                 ) -> list[ProgramPlan]:
+    """Compile the sampler's init, widest append (``max_len`` columns, fed in chunks of
+    ``prefill_chunk``) and decode for ``rows`` rows, parameters in the generation ``layout``."""
+    sampler = Sampler(model, max_new_tokens=max_new_tokens, mesh=mesh, prefill_chunk=prefill_chunk)
+    params = nnx.state(model)
+    if resolve_layout(layout, mesh) == "replicated":  # a copy in the compute dtype (generation_params)
+        params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, model.dtype), params)
+        params = _abstract(params, tree_shardings(params, mesh, generation_rules()))
+    else:
+        params = _abstract(params, tree_shardings(params, mesh, QWEN3_PARAM_RULES))
+    state = jax.eval_shape(lambda: init_state(model.config, rows, max_len, cache_dtype, model.dtype))
+    state = _abstract(state, sampler.state_shardings(state))
+
+    def rows_of(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sampler.rows_sharding(len(shape)))
+
+    out = []
+    if init and wanted(f"{prefix}:init"):
+        compiled = sampler._init.lower(rows, max_len, cache_dtype).compile()
+        out.append(analyse(f"{prefix}:init", compiled, memory_bytes, headroom))
+    if wanted(f"{prefix}:append"):
+        compiled = sampler._append.lower(params, state, rows_of((rows, max_len), jnp.int32),
+                                         rows_of((rows, max_len), jnp.bool_)).compile()
+        out.append(analyse(f"{prefix}:append", compiled, memory_bytes, headroom))
+    if wanted(f"{prefix}:decode"):
+        compiled = sampler._decode.lower(params, state, rows_of((rows, 2), jnp.uint32),
+                                         rows_of((rows,), jnp.int32), rows_of((rows,), jnp.bool_),
+                                         sampling=sampling).compile()
+        out.append(analyse(f"{prefix}:decode", compiled, memory_bytes, headroom))
+    return out
+
+
+def eval_rows(ev: Any, eval_maps: int) -> int:
+    """The most rows one evaluation rollout call holds: tasks per call x the largest sample
+    count (Table 1 / Pass@T, Pass@K, state sources, likelihood), or states per call x actions."""
+    tasks = ev.tasks_per_call or eval_maps
+    samples = max(ev.samples, ev.pass_k_samples, ev.source_samples, ev.likelihood_samples)
+    return max(tasks * samples, (ev.states_per_call or ev.states) * ev.group_size)
+
+
+def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str | None = None,
+         programs: Sequence[str] | None = None) -> dict[str, Any]:
+    """Compile the programs of a :class:`~agentrl_jax.reproduce.config.ReproduceConfig` for
+    ``target`` and report their memory (see the module docstring). ``programs``: name
+    prefixes to keep (e.g. ``["train"]``), None for all."""
+    from agentrl_jax.reproduce.training import loss_position_bound, run_specs
+
+    model_cfg = model_config(config.model, model_name)
+    dtype = jnp.dtype(config.model.dtype)
+    model = abstract_qwen3(model_cfg, dtype=dtype, param_dtype=jnp.float32)
+    mesh = build_mesh(config.mesh, target.devices)
+    rl, task = config.rl, config.task
+    rows = rl.tasks_per_step * rl.group_size
+    wanted = (lambda name: programs is None or any(name.startswith(p) for p in programs))
+    results: list[ProgramPlan] = []
+    seen: dict[TrainConfig, str] = {}
+    for spec in run_specs(rl, loss_position_bound(task.t_max, task.max_response_tokens, task.max_context)):
+        train_config = spec.train_config
+        if train_config in seen or not wanted(f"train:{spec.name}"):
+            continue
+        seen[train_config] = spec.name
+        results.append(plan_train_step(f"train:{spec.name}", model, train_config, mesh, rows=rows,
+                                       length=task.max_context, turns=task.t_max,
+                                       memory_bytes=target.memory_bytes, headroom=headroom))
+    rollout_rows = rl.max_rows_per_call or rows
+    cache_dtype = jnp.dtype(rl.kv_cache_dtype or config.model.dtype)
+    results += plan_sampler(
+        "rollout", model, mesh, rows=rollout_rows, max_len=task.max_context,
+        max_new_tokens=task.max_response_tokens, prefill_chunk=rl.prefill_chunk, cache_dtype=cache_dtype,
+        layout=rl.generation_layout, sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p),
+        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted)
+    ev = config.eval
+    results += plan_sampler(
+        "eval", model, mesh, rows=eval_rows(ev, task.eval_maps), max_len=ev.max_context,
+        max_new_tokens=ev.max_response_tokens, prefill_chunk=ev.prefill_chunk,
+        cache_dtype=jnp.dtype(ev.kv_cache_dtype or config.model.dtype), layout=rl.generation_layout,
+        sampling=SamplingConfig(temperature=ev.temperature, top_p=ev.top_p),
+        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, init=False)
+    batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
+    return {
+        "target": target.name, "estimate": target.estimate, "mesh": describe_mesh(mesh),
+        "device_memory_bytes": target.memory_bytes, "headroom": headroom,
+        "model": {"layers": model_cfg.num_hidden_layers, "hidden": model_cfg.hidden_size,
+                  "parameters": sum(x.size for x in jax.tree.leaves(nnx.state(model)))},
+        "train_rows_per_device_per_micro_batch": rows // batch_devices // rl.num_micro_batches,
+        "length": task.max_context,
+        "programs": [p.to_dict() for p in results],
+        "fits": all(p.fits for p in results),
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """``report`` (from :func:`plan`) as a Markdown table, GiB per device."""
+    def gib(b):
+        return f"{b / GIB:.3g}"
+
+    lines = [f"target: {report['target']}; mesh {report['mesh']}; {gib(report['device_memory_bytes'])} GiB "
+             f"per device, headroom asked {report['headroom']:.0%}"
+             + ("; ESTIMATE (fake CPU devices)" if report["estimate"] else ""),
+             f"train rows per device per micro-batch: {report['train_rows_per_device_per_micro_batch']}, "
+             f"length {report['length']}",
+             "",
+             "| program | arguments | outputs | aliased | temporaries | peak (GiB) | headroom | fits | largest buffer |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for p in report["programs"]:
+        big = p["largest"][0] if p["largest"] else ("-", 0)
+        lines.append(f"| {p['name']} | {gib(p['arguments'])} | {gib(p['outputs'])} | {gib(p['aliased'])} | "
+                     f"{gib(p['temporaries'])} | {gib(p['peak'])} | {p['headroom']:.0%} | "
+                     f"{'yes' if p['fits'] else 'NO'} | {big[0]} {gib(big[1])} |")
+    lines.append("")
+    lines.append("all programs fit" if report["fits"] else "some programs do NOT fit")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""``agentrl-jax plan``: compiles every program of a config for a target and reports its memory.
+
+The command runs in a child process (it restarts itself with 8 fake CPU devices for ``--gpus
+8``), on the CI config with FSDP over the 8 devices; against a TPU topology when libtpu is
+installed (the ``tpu`` extra), where the figures are the compiler's for the real chip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl_jax.plan import GIB, QWEN3_ARCHITECTURES, largest_buffers, model_config
+from agentrl_jax.reproduce.config import ModelSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+CI = ["--config", str(ROOT / "configs/frozenlake_ci.yaml"), "--set", "mesh.data=1", "--set", "mesh.fsdp=8",
+      "--set", "rl.tasks_per_step=4"]
+PROGRAMS = {"train:grpo", "rollout:init", "rollout:append", "rollout:decode", "eval:append", "eval:decode"}
+
+
+def _plan(*args: str) -> tuple[int, dict]:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    child = subprocess.run([sys.executable, "-m", "agentrl_jax.cli", "plan", *CI, *args, "--json"],
+                           env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert child.returncode in (0, 1), child.stderr[-3000:]
+    return child.returncode, json.loads(child.stdout[child.stdout.index("{"):])
+
+
+def test_largest_buffers_reads_hlo_shapes():
+    text = "%a = f32[4,8]{1,0} add(f32[4,8] %x, f32[4,8] %y)\n%b = bf16[2,1024]{1,0} copy(%c), s32[] %i"
+    assert largest_buffers(text) == (("bf16[2,1024]", 4096), ("f32[4,8]", 128), ("s32[]", 4))
+
+
+def test_model_config_from_known_sizes_and_from_the_random_init_settings():
+    four_b = model_config(ModelSettings(model_dir="/nowhere/Qwen3-4B"))
+    assert (four_b.hidden_size, four_b.num_hidden_layers, four_b.vocab_size) == (2560, 36, 151936)
+    assert model_config(ModelSettings(model_dir="/x"), "qwen3-8b").tie_word_embeddings is False
+    tiny = model_config(ModelSettings())
+    assert (tiny.hidden_size, tiny.vocab_size) == (64, 768)
+    with pytest.raises(ValueError, match="no known size"):
+        model_config(ModelSettings(model_dir="/nowhere/llama"))
+    assert set(QWEN3_ARCHITECTURES) == {"qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"}
+
+
+def test_plan_on_eight_estimated_gpus_compiles_every_program():
+    code, report = _plan("--gpus", "8", "--gpu-memory-gib", "80")
+    assert code == 0 and report["fits"] and report["estimate"]
+    assert report["mesh"].startswith("data=1 fsdp=8 tensor=1")
+    names = {p["name"] for p in report["programs"]}
+    assert names == PROGRAMS, names
+    for p in report["programs"]:
+        assert 0 < p["peak"] < 80 * GIB * 0.85 and p["fits"] and p["largest"], p
+    train = next(p for p in report["programs"] if p["name"] == "train:grpo")
+    assert train["aliased"] > 0  # the state is donated
+
+
+def test_plan_reports_a_program_that_does_not_fit():
+    code, report = _plan("--gpus", "8", "--gpu-memory-gib", "0.0001", "--program", "train")
+    assert code == 1 and not report["fits"]
+    assert [p["name"] for p in report["programs"]] == ["train:grpo"]
+
+
+def test_plan_for_a_tpu_topology():
+    pytest.importorskip("libtpu")
+    code, report = _plan("--topology", "v5p:2x2x2")
+    assert code == 0 and report["fits"] and not report["estimate"]
+    assert "TPU v5" in report["target"] and {p["name"] for p in report["programs"]} == PROGRAMS
