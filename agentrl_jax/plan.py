@@ -15,7 +15,9 @@ reads the compiler's per-device memory analysis:
 Targets: a TPU topology (``tpu_target("v5p:2x2x2")``: compile-only devices of libtpu, the
 optional ``tpu`` extra; the compiler's figures are the real chip's) or GPUs
 (``gpu_target(8, 80)``: fake CPU devices stand in, so the figures are an *estimate*: XLA:CPU's
-buffer assignment, fusion and collectives differ from XLA:GPU's). Each :class:`ProgramPlan`
+buffer assignment, fusion and collectives differ from XLA:GPU's, and it computes bfloat16 in
+float32, so buffers can be twice their GPU size; the peak is then the upper bound arguments +
+outputs - aliased + temporaries). Each :class:`ProgramPlan`
 holds arguments, outputs, aliased (donated) and temporary bytes, the peak, the largest
 buffers of the partitioned program, and whether it fits in the device memory with the asked
 headroom.
@@ -161,11 +163,16 @@ def largest_buffers(hlo_text: str, count: int = 5) -> tuple[tuple[str, int], ...
     return tuple(sorted(sizes.items(), key=lambda kv: -kv[1])[:count])
 
 
-def analyse(name: str, compiled: Any, memory_bytes: float, headroom: float) -> ProgramPlan:
-    """A :class:`ProgramPlan` from a compiled program (``jitted.lower(...).compile()``)."""
+def analyse(name: str, compiled: Any, memory_bytes: float, headroom: float,
+            conservative: bool = False) -> ProgramPlan:
+    """A :class:`ProgramPlan` from a compiled program (``jitted.lower(...).compile()``).
+
+    The peak is the compiler's ``peak_memory_in_bytes``; ``conservative`` (estimates on CPU
+    devices, whose peak leaves temporaries out) takes arguments + outputs - aliased +
+    temporaries instead, an upper bound."""
     m = compiled.memory_analysis()
-    peak = getattr(m, "peak_memory_in_bytes", 0) or (
-        m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes)
+    bound = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+    peak = bound if conservative else (getattr(m, "peak_memory_in_bytes", 0) or bound)
     return ProgramPlan(name, int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
                        int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), int(peak),
                        largest_buffers(compiled.as_text()), bool(peak <= memory_bytes * (1 - headroom)),
@@ -192,18 +199,19 @@ def abstract_batch(rows: int, length: int, turns: int, mesh) -> TrainBatch:
 
 
 def plan_train_step(name: str, model: nnx.Module, config: TrainConfig, mesh, *, rows: int, length: int,
-                    turns: int, memory_bytes: float, headroom: float) -> ProgramPlan:
+                    turns: int, memory_bytes: float, headroom: float, conservative: bool = False) -> ProgramPlan:
     """Compile the (donating) train step for ``rows x length`` batches on ``mesh``."""
     state = abstract_train_state(model, config, mesh)
     batch = abstract_batch(rows, length, turns, mesh)
     step = make_train_step(nnx.graphdef(model), config, mesh=mesh, state_template=state, donate=True)
     compiled = step.jitted(batch).lower(state, batch).compile()
-    return analyse(name, compiled, memory_bytes, headroom)
+    return analyse(name, compiled, memory_bytes, headroom, conservative)
 
 
 def plan_sampler(prefix: str, model: nnx.Module, mesh, *, rows: int, max_len: int, max_new_tokens: int,
                  prefill_chunk: int | None, cache_dtype: Any, layout: str, sampling: SamplingConfig,
-                 memory_bytes: float, headroom: float, wanted=lambda name: True, init: bool = True
+                 memory_bytes: float, headroom: float, wanted=lambda name: True, init: bool = True,
+                 conservative: bool = False
                  ) -> list[ProgramPlan]:
     """Compile the sampler's init, widest append (``max_len`` columns, fed in chunks of
     ``prefill_chunk``) and decode for ``rows`` rows, parameters in the generation ``layout``."""
@@ -223,16 +231,16 @@ def plan_sampler(prefix: str, model: nnx.Module, mesh, *, rows: int, max_len: in
     out = []
     if init and wanted(f"{prefix}:init"):
         compiled = sampler._init.lower(rows, max_len, cache_dtype).compile()
-        out.append(analyse(f"{prefix}:init", compiled, memory_bytes, headroom))
+        out.append(analyse(f"{prefix}:init", compiled, memory_bytes, headroom, conservative))
     if wanted(f"{prefix}:append"):
         compiled = sampler._append.lower(params, state, rows_of((rows, max_len), jnp.int32),
                                          rows_of((rows, max_len), jnp.bool_)).compile()
-        out.append(analyse(f"{prefix}:append", compiled, memory_bytes, headroom))
+        out.append(analyse(f"{prefix}:append", compiled, memory_bytes, headroom, conservative))
     if wanted(f"{prefix}:decode"):
         compiled = sampler._decode.lower(params, state, rows_of((rows, 2), jnp.uint32),
                                          rows_of((rows,), jnp.int32), rows_of((rows,), jnp.bool_),
                                          sampling=sampling).compile()
-        out.append(analyse(f"{prefix}:decode", compiled, memory_bytes, headroom))
+        out.append(analyse(f"{prefix}:decode", compiled, memory_bytes, headroom, conservative))
     return out
 
 
@@ -267,21 +275,23 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
         seen[train_config] = spec.name
         results.append(plan_train_step(f"train:{spec.name}", model, train_config, mesh, rows=rows,
                                        length=task.max_context, turns=task.t_max,
-                                       memory_bytes=target.memory_bytes, headroom=headroom))
+                                       memory_bytes=target.memory_bytes, headroom=headroom,
+                                       conservative=target.estimate))
     rollout_rows = rl.max_rows_per_call or rows
     cache_dtype = jnp.dtype(rl.kv_cache_dtype or config.model.dtype)
     results += plan_sampler(
         "rollout", model, mesh, rows=rollout_rows, max_len=task.max_context,
         max_new_tokens=task.max_response_tokens, prefill_chunk=rl.prefill_chunk, cache_dtype=cache_dtype,
         layout=rl.generation_layout, sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p),
-        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted)
+        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, conservative=target.estimate)
     ev = config.eval
     results += plan_sampler(
         "eval", model, mesh, rows=eval_rows(ev, task.eval_maps), max_len=ev.max_context,
         max_new_tokens=ev.max_response_tokens, prefill_chunk=ev.prefill_chunk,
         cache_dtype=jnp.dtype(ev.kv_cache_dtype or config.model.dtype), layout=rl.generation_layout,
         sampling=SamplingConfig(temperature=ev.temperature, top_p=ev.top_p),
-        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, init=False)
+        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, init=False,
+        conservative=target.estimate)
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     return {
         "target": target.name, "estimate": target.estimate, "mesh": describe_mesh(mesh),
