@@ -67,6 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from agentrl_jax.models.attention import _xla_attention as xla_attention
 from agentrl_jax.models.attention import attention as attention_fn
 from agentrl_jax.models.config import Qwen3Config
 
@@ -157,15 +158,9 @@ def grouped_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
 
     q: ``[B, L, H, hd]``; k, v: ``[B, S, KV, hd]`` with ``H % KV == 0``; mask: ``[B, L, S]`` bool
     (True = may attend). Scores and softmax are float32. Returns ``[B, L, H, hd]`` in v's dtype.
+    The full-score-matrix implementation of :mod:`agentrl_jax.models.attention`.
     """
-    batch, length, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
-    q = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
-    scores = jnp.einsum("blkgd,bskd->bkgls", q, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores * head_dim ** -0.5, _MASKED_SCORE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgls,bskd->blkgd", probs, v)
-    return out.reshape(batch, length, heads, head_dim)
+    return xla_attention(q, k, v, mask)
 
 
 def linear(x: jax.Array, weight: jax.Array, few_rows: bool = False) -> jax.Array:
