@@ -71,9 +71,6 @@ from agentrl_jax.models.attention import _xla_attention as xla_attention
 from agentrl_jax.models.attention import attention as attention_fn
 from agentrl_jax.models.config import Qwen3Config
 
-# Scores of masked keys. Finite (not -inf) so a query with no visible key (a padding token)
-# gets a uniform softmax instead of NaN, which would leak into gradients via 0 * NaN.
-_MASKED_SCORE = -1e30
 
 # Stacked per-layer parameter names (Hugging Face leaf names), in checkpoint order.
 LAYER_PARAM_NAMES = (
