@@ -13,11 +13,17 @@ reads the compiler's per-device memory analysis:
 * ``eval:append``, ``eval:decode``   the evaluation sampler's.
 
 Targets: a TPU topology (``tpu_target("v5p:2x2x2")``: compile-only devices of libtpu, the
-optional ``tpu`` extra; the compiler's figures are the real chip's) or GPUs
-(``gpu_target(8, 80)``: fake CPU devices stand in, so the figures are an *estimate*: XLA:CPU's
-buffer assignment, fusion and collectives differ from XLA:GPU's, and it computes bfloat16 in
-float32, so buffers can be twice their GPU size; the peak is then the upper bound arguments +
-outputs - aliased + temporaries). Each :class:`ProgramPlan`
+optional ``tpu`` extra; the compiler's figures are the real chip's) or GPUs, whose compiler
+needs a GPU, so the figures are an *estimate* made with a stand-in compiler:
+
+* ``gpu_target(8, 80, stand_in="tpu")``: compile-only TPU v5p chips of the same count (needs
+  libtpu). The mesh, shardings, shapes and dtypes are the GPU run's; buffer assignment and
+  fusion are XLA:TPU's, which keeps bfloat16 as bfloat16. The closer estimate.
+* ``gpu_target(8, 80)`` (``stand_in="cpu"``): fake CPU devices. XLA:CPU computes bfloat16 in
+  float32, so buffers can be twice their GPU size, and its peak leaves temporaries out; the
+  peak is then the upper bound arguments + outputs - aliased + temporaries. Cheap, coarse.
+
+Each :class:`ProgramPlan`
 holds arguments, outputs, aliased (donated) and temporary bytes, the peak, the largest
 buffers of the partitioned program, and whether it fits in the device memory with the asked
 headroom.
@@ -68,12 +74,14 @@ _COMMON = dict(vocab_size=151936, head_dim=128, rms_norm_eps=1e-6, rope_theta=1_
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """Devices to compile for, the memory of each, and whether figures are estimates."""
+    """Devices to compile for, the memory of each, whether figures are estimates (a stand-in
+    compiler) and whether the peak is the conservative bound (CPU stand-ins)."""
 
     name: str
     devices: tuple[Any, ...]
     memory_bytes: float
     estimate: bool
+    conservative: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,18 +116,30 @@ def tpu_target(topology: str) -> Target:
     return Target(f"{topology} ({kind})", tuple(devices), TPU_MEMORY[kind], estimate=False)
 
 
-def gpu_target(count: int, memory_gib: float) -> Target:
-    """``count`` GPUs of ``memory_gib`` each, stood in for by fake CPU devices (an estimate).
+def gpu_target(count: int, memory_gib: float, stand_in: str = "cpu") -> Target:
+    """``count`` GPUs of ``memory_gib`` each, estimated with a stand-in compiler.
 
-    The process must have at least ``count`` CPU devices
-    (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before jax starts).
+    ``stand_in="tpu"``: compile-only TPU v5p chips of the same count (a multiple of 4; needs
+    libtpu), bfloat16 kept as such. ``stand_in="cpu"``: fake CPU devices; the process must have
+    at least ``count`` of them (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before
+    jax starts) and the peak is the conservative bound.
     """
+    if stand_in == "tpu":
+        if count < 4 or count % 4:
+            raise ValueError(f"--gpus {count} --gpu-stand-in tpu: TPU v5p topologies come in "
+                             "multiples of 4 chips; use --gpu-stand-in cpu for this count")
+        topology = f"v5p:2x2x{count // 4}"
+        devices = tpu_target(topology).devices
+        return Target(f"{count} x GPU {memory_gib:g} GiB (estimated with the TPU compiler, {topology})",
+                      devices, memory_gib * GIB, estimate=True)
+    if stand_in != "cpu":
+        raise ValueError(f"--gpu-stand-in must be 'cpu' or 'tpu', got {stand_in!r}")
     devices = jax.devices("cpu")
     if len(devices) < count:
         raise ValueError(f"--gpus {count}: this process has {len(devices)} CPU devices; start it with "
                          f"XLA_FLAGS=--xla_force_host_platform_device_count={count}")
     return Target(f"{count} x GPU {memory_gib:g} GiB (estimated on CPU devices)", tuple(devices[:count]),
-                  memory_gib * GIB, estimate=True)
+                  memory_gib * GIB, estimate=True, conservative=True)
 
 
 def model_config(settings: Any, name: str | None = None) -> Qwen3Config:
@@ -276,14 +296,14 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
         results.append(plan_train_step(f"train:{spec.name}", model, train_config, mesh, rows=rows,
                                        length=task.max_context, turns=task.t_max,
                                        memory_bytes=target.memory_bytes, headroom=headroom,
-                                       conservative=target.estimate))
+                                       conservative=target.conservative))
     rollout_rows = rl.max_rows_per_call or rows
     cache_dtype = jnp.dtype(rl.kv_cache_dtype or config.model.dtype)
     results += plan_sampler(
         "rollout", model, mesh, rows=rollout_rows, max_len=task.max_context,
         max_new_tokens=task.max_response_tokens, prefill_chunk=rl.prefill_chunk, cache_dtype=cache_dtype,
         layout=rl.generation_layout, sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p),
-        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, conservative=target.estimate)
+        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, conservative=target.conservative)
     ev = config.eval
     results += plan_sampler(
         "eval", model, mesh, rows=eval_rows(ev, task.eval_maps), max_len=ev.max_context,
@@ -291,10 +311,12 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
         cache_dtype=jnp.dtype(ev.kv_cache_dtype or config.model.dtype), layout=rl.generation_layout,
         sampling=SamplingConfig(temperature=ev.temperature, top_p=ev.top_p),
         memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, init=False,
-        conservative=target.estimate)
+        conservative=target.conservative)
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     return {
-        "target": target.name, "estimate": target.estimate, "mesh": describe_mesh(mesh),
+        "target": target.name, "estimate": target.estimate,
+        "stand_in": ("cpu" if target.conservative else "tpu") if target.estimate else None,
+        "mesh": describe_mesh(mesh),
         "device_memory_bytes": target.memory_bytes, "headroom": headroom,
         "model": {"layers": model_cfg.num_hidden_layers, "hidden": model_cfg.hidden_size,
                   "parameters": sum(x.size for x in jax.tree.leaves(nnx.state(model)))},
@@ -312,7 +334,7 @@ def format_table(report: dict[str, Any]) -> str:
 
     lines = [f"target: {report['target']}; mesh {report['mesh']}; {gib(report['device_memory_bytes'])} GiB "
              f"per device, headroom asked {report['headroom']:.0%}"
-             + ("; ESTIMATE (fake CPU devices)" if report["estimate"] else ""),
+             + (f"; ESTIMATE ({report['stand_in']} compiler)" if report["estimate"] else ""),
              f"train rows per device per micro-batch: {report['train_rows_per_device_per_micro_batch']}, "
              f"length {report['length']}",
              "",

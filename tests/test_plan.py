@@ -50,7 +50,7 @@ def test_model_config_from_known_sizes_and_from_the_random_init_settings():
 
 def test_plan_on_eight_estimated_gpus_compiles_every_program():
     code, report = _plan("--gpus", "8", "--gpu-memory-gib", "80")
-    assert code == 0 and report["fits"] and report["estimate"]
+    assert code == 0 and report["fits"] and report["estimate"] and report["stand_in"] == "cpu"
     assert report["mesh"].startswith("data=1 fsdp=8 tensor=1")
     names = {p["name"] for p in report["programs"]}
     assert names == PROGRAMS, names
@@ -71,3 +71,18 @@ def test_plan_for_a_tpu_topology():
     code, report = _plan("--topology", "v5p:2x2x2")
     assert code == 0 and report["fits"] and not report["estimate"]
     assert "TPU v5" in report["target"] and {p["name"] for p in report["programs"]} == PROGRAMS
+
+
+def test_gpus_with_the_tpu_stand_in_need_a_multiple_of_four():
+    from agentrl_jax.plan import gpu_target
+    with pytest.raises(ValueError, match="multiples of 4 chips"):
+        gpu_target(6, 80, stand_in="tpu")
+    with pytest.raises(ValueError, match="'cpu' or 'tpu'"):
+        gpu_target(8, 80, stand_in="gpu")
+
+
+def test_plan_for_gpus_with_the_tpu_compiler_standing_in():
+    pytest.importorskip("libtpu")
+    code, report = _plan("--gpus", "8", "--gpu-memory-gib", "80", "--gpu-stand-in", "tpu")
+    assert code == 0 and report["fits"] and report["estimate"] and report["stand_in"] == "tpu"
+    assert "8 x GPU 80 GiB" in report["target"] and {p["name"] for p in report["programs"]} == PROGRAMS

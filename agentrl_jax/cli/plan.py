@@ -4,7 +4,9 @@
     agentrl-jax plan --config configs/frozenlake_qwen3_8b_gpu.yaml --gpus 8 --gpu-memory-gib 80 --json
 
 No accelerator and no weights are needed. TPU targets need libtpu (``pip install -e ".[tpu]"``);
-GPU targets are estimated on fake CPU devices (the command restarts itself with
+GPU targets are estimated with a stand-in compiler: ``--gpu-stand-in tpu`` compiles for TPU v5p
+chips of the same count (needs libtpu; bfloat16 kept, the closer estimate), ``--gpu-stand-in cpu``
+(the default) on fake CPU devices (the command restarts itself with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` when this process has fewer).
 Exit status 0 when every program fits with the headroom asked, 1 when one does not.
 """
@@ -31,6 +33,8 @@ def plan(
     topology: Optional[str] = typer.Option(None, help="A TPU topology, e.g. v5p:2x2x2 (needs libtpu)."),
     gpus: Optional[int] = typer.Option(None, help="GPUs in one node (estimated on fake CPU devices)."),
     gpu_memory_gib: float = typer.Option(80.0, help="Memory per GPU in GiB."),
+    gpu_stand_in: str = typer.Option("cpu", help="Compiler standing in for XLA:GPU: cpu (fake CPU "
+                                                 "devices, coarse) or tpu (TPU v5p, needs libtpu)."),
     headroom: float = typer.Option(0.15, help="Share of device memory to keep free (0.15 = 15%)."),
     model: Optional[str] = typer.Option(None, help="Architecture when model.model_dir has no "
                                                    "config.json: qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b."),
@@ -44,7 +48,7 @@ def plan(
         raise typer.BadParameter("give exactly one of --topology or --gpus")
     if not 0 <= headroom < 1:
         raise typer.BadParameter(f"--headroom must be in [0, 1), got {headroom}")
-    if gpus is not None:
+    if gpus is not None and gpu_stand_in == "cpu":
         if gpus < 1:
             raise typer.BadParameter(f"--gpus must be >= 1, got {gpus}")
         flag = f"--xla_force_host_platform_device_count={gpus}"
@@ -60,7 +64,7 @@ def plan(
     try:
         settings = load_config(config, set_ or ())
         target = (planner.tpu_target(topology) if topology is not None
-                  else planner.gpu_target(gpus, gpu_memory_gib))
+                  else planner.gpu_target(gpus, gpu_memory_gib, gpu_stand_in))
         report = planner.plan(settings, target, headroom=headroom, model_name=model, programs=program)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
