@@ -1,6 +1,6 @@
 """DeepCoder-MT (paper §2): multi-turn code generation against unit tests in a sandbox.
 
-* :mod:`envs.code.sandbox`: run a program against tests in a contained subprocess.
+* :mod:`envs.code.sandbox`: run a program against tests in a sandbox (:mod:`envs.code.isolation`).
 * :mod:`envs.code.datasets`: DeepCoder-style JSONL from a local file; HumanEval from PyPI.
 * :mod:`envs.code.env`: the :class:`~envs.protocol.PythonEnv` (wrap it with
   :class:`~envs.protocol.PythonTextEnv` for the rollout).
@@ -14,9 +14,10 @@ from envs.code.sandbox import (
     SandboxLimits,
     StdioTest,
     TestResult,
-    namespaces_available,
+    SandboxUnavailable,
     outputs_match,
     run_tests,
+    strict_problems,
     values_match,
 )
 
@@ -28,14 +29,15 @@ __all__ = [
     "CodeRowState",
     "CodeTask",
     "SandboxLimits",
+    "SandboxUnavailable",
     "StdioTest",
     "TestResult",
     "load_deepcoder_jsonl",
     "load_humaneval",
-    "namespaces_available",
     "outputs_match",
     "parse_program",
     "run_tests",
     "split_check",
+    "strict_problems",
     "values_match",
 ]

@@ -17,54 +17,26 @@ Three kinds of test:
 
 How a run is contained
 ----------------------
-Each run gets a fresh temporary directory as its working directory, ``HOME`` and
-``TMPDIR``, deleted afterwards, and these layers:
+By default (``isolation="strict"``) the runner starts inside a bubblewrap sandbox, each
+candidate process under a fresh uid, with a seccomp filter (:mod:`envs.code.isolation`, whose
+docstring lists each layer and what it stops; the threat model is ``envs/code/SANDBOX.md``).
+Where a layer is missing, :func:`run_tests` raises :class:`SandboxUnavailable` rather than run
+the program with less; ``isolation="unsafe-no-isolation"`` runs it on the host as the
+caller's user (resource limits, process groups and an audit hook only), for trusted programs.
 
-1. **Namespaces** (when ``unshare`` works: as root, or where user namespaces are allowed):
-   the runner starts under ``unshare --net --pid --fork --kill-child``. The new network
-   namespace has only a downed loopback, so nothing can be reached. In the new PID
-   namespace the runner is init: after each test it kills every other process there, and
-   when it dies the kernel kills them all, so nothing a program starts survives, and no
-   process outside can be signalled.
-2. **Resource limits** per test process: ``RLIMIT_CPU`` (CPU seconds, then SIGKILL),
-   ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (each file written, and the captured output),
-   ``RLIMIT_NOFILE``, no core files; a wall-clock deadline per test and per run.
-   ``RLIMIT_NPROC`` is not used: root ignores it, and for anyone else it counts every
-   process of the user on the machine (a trainer's many threads included).
-3. **Process groups**: the runner starts in a session of its own; without namespaces each
-   test runs in its own process group, killed after the test; at the end every process of
-   the session is killed (found through /proc), so only a process that calls ``setsid``
-   could escape, and only without namespaces.
-4. **An audit hook** (:func:`sys.addaudithook`) in each test process rejects writes outside
-   the working directory, sockets, fork/exec/spawn/subprocess, signals, limit changes and
-   importing ctypes/cffi, with a clear message. It stops ordinary bad programs, including
-   fork loops, but it is **not a security boundary**: native code (a C extension) is not
-   audited, and Python code can race or confuse the path checks.
-
-What is *not* contained: the file system outside the working directory, and Unix-domain
-sockets named by a path (a network namespace does not cover those), rest on the audit
-hook alone. The real boundary for it would be an unprivileged uid or a read-only mount
-namespace; neither is used here (on this project's machines the interpreter lives under
-``/root``, which other users cannot read, and remounting needs more privilege than a
-library should take). For untrusted code at scale, run training in a container or VM
-(gVisor, Firecracker) and treat this module as the per-program layer inside it.
-:func:`namespaces_available` reports whether layer 1 is present.
-
-Reward hacking. Expected outputs of stdio and call tests never enter the sandbox: the
-runner returns what the program printed or returned (JSON data only) and they are compared
-here. HumanEval's ``check`` has to run in the program's process. There, a pass is reported
-as a random nonce, so exiting early, patching ``json``/``os`` or writing a record does not
-pass a test; a value whose ``__eq__`` is written in Python fails instrumented ``a == b``
-asserts, so an object equal to everything does not either. A program that searches the
-interpreter's memory (frames, ``gc``) could still forge a pass, and other assert shapes
-(``abs(got - want) < eps``) can be fooled by operator overloading: treat assert-style
-tasks as evaluation data rather than an adversarially robust reward.
+Verdicts are computed outside the candidate's process. Expected outputs of stdio and call
+tests never enter the sandbox: the runner returns what the program printed or returned (JSON
+data) and it is compared here. The checks of assert tests run in a separate judge process
+that the candidate cannot reach; each ``candidate(...)`` call and its value cross as plain
+data (:mod:`envs.code._plain`), so neither an object with a forged ``==`` nor a record
+written by the program can pass a test. Every record from the sandbox is validated here:
+a malformed, duplicated or unexpected record makes that test an ``error``, never an
+exception and never a pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -72,10 +44,24 @@ import pathlib
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Sequence, Union
+
+from envs.code.isolation import (
+    INSIDE_SCRIPTS,
+    STRICT,
+    SandboxUnavailable,
+    candidate_uids,
+    python_paths,
+    resolve_isolation,
+    sandbox_command,
+    seccomp_fd,
+    strict_problems,
+)
+
+__all__ = ["AssertTest", "CallTest", "SandboxLimits", "SandboxUnavailable", "StdioTest", "Test",
+           "TestResult", "outputs_match", "run_tests", "strict_problems", "values_match"]
 
 HARNESS = pathlib.Path(__file__).with_name("_harness.py")
 STATUSES = ("passed", "failed", "error", "timeout")
@@ -94,12 +80,17 @@ class SandboxLimits:
         are reported as ``timeout``.
       memory_mb: address-space limit of each test process (``RLIMIT_AS``), MiB.
       output_bytes: most bytes of stdout (and of any file written) per test.
+      processes: most processes and threads of the candidate at once (``RLIMIT_NPROC`` on
+        its uid; strict isolation only). Its memory is at most ``processes * memory_mb``.
+      work_mb: size of the writable in-memory ``/work`` (strict isolation).
     """
 
     timeout_s: float = 4.0
     total_timeout_s: float = 30.0
     memory_mb: int = 1024
     output_bytes: int = 1 << 20
+    processes: int = 32
+    work_mb: int = 64
 
     def __post_init__(self):
         if not self.timeout_s > 0:
@@ -112,6 +103,10 @@ class SandboxLimits:
                              f"got {self.memory_mb}")
         if self.output_bytes < 1024:
             raise ValueError(f"SandboxLimits.output_bytes must be >= 1024, got {self.output_bytes}")
+        if self.processes < 1:
+            raise ValueError(f"SandboxLimits.processes must be >= 1, got {self.processes}")
+        if self.work_mb < 1:
+            raise ValueError(f"SandboxLimits.work_mb must be >= 1, got {self.work_mb}")
 
     @property
     def cpu_s(self) -> int:
@@ -184,83 +179,96 @@ class TestResult:
         return self.status == "passed"
 
 
-@functools.cache
-def namespaces_available() -> bool:
-    """Can runs start under ``unshare --net --pid --fork --kill-child``? (Probed once.)"""
-    if shutil.which("unshare") is None:
-        return False
-    try:
-        done = subprocess.run(["unshare", "--net", "--pid", "--fork", "--kill-child", "--", "true"],
-                              capture_output=True, timeout=30, cwd="/")
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
-
-
 def run_tests(program: str, tests: Sequence[Test], limits: SandboxLimits = SandboxLimits(), *,
-              prelude: str = "", namespaces: bool | None = None, python_guard: bool = True,
+              prelude: str = "", isolation: str | None = None, python_guard: bool = True,
               tmp_root: str | os.PathLike | None = None) -> list[TestResult]:
     """Run ``program`` against ``tests``: one :class:`TestResult` per test, in order.
 
     Args:
       program: Python source.
       tests: the tests; all run in one sandboxed runner, each in a fresh process.
-      limits: time, memory and output limits.
+      limits: time, memory, process and output limits.
       prelude: source executed before the program, in its namespace, and in the namespace
         of assert tests' ``check`` (HumanEval: the prompt, so the helpers it defines exist;
         LiveCodeBench: ``from typing import *``).
-      namespaces: run in new network and PID namespaces; default :func:`namespaces_available`.
-        False to use (and test) the fallback of process groups and the audit hook.
-      python_guard: install the audit-hook guard. False only to test the OS layers.
-      tmp_root: where the throwaway directory is made (default: the system's temp dir).
+      isolation: ``"strict"`` (the default, None) or ``"unsafe-no-isolation"``; see the
+        module docstring. Strict raises :class:`SandboxUnavailable` where it cannot hold.
+      python_guard: install the audit-hook guard. False only to test the other layers.
+      tmp_root: where the unsafe mode's throwaway directory is made (default: the system's
+        temp dir); strict runs write only inside the sandbox's own in-memory ``/work``.
 
-    Never raises on anything the program does; raises ``ValueError`` on a bad test list.
+    Never raises on anything the program does; raises ``ValueError`` on a bad test list and
+    :class:`SandboxUnavailable` as said.
     """
     tests = list(tests)
     for i, test in enumerate(tests):
         if not isinstance(test, (StdioTest, CallTest, AssertTest)):
             raise ValueError(f"run_tests: tests[{i}] is a {type(test).__name__}, not a "
                              "StdioTest, CallTest or AssertTest")
+    isolation = resolve_isolation(isolation)
     if not tests:
         return []
-    if namespaces is None:
-        namespaces = namespaces_available()
-    workdir = tempfile.mkdtemp(prefix="agentrl-code-", dir=tmp_root)
+    strict = isolation == STRICT
+    workdir = None if strict else tempfile.mkdtemp(prefix="agentrl-code-", dir=tmp_root)
+    uid, judge_uid = candidate_uids()
+    job = dict(program=program, prelude=prelude, tests=[_job_test(t) for t in tests],
+               timeout_s=limits.timeout_s, cpu_s=limits.cpu_s,
+               total_timeout_s=limits.total_timeout_s, memory_bytes=limits.memory_mb << 20,
+               output_bytes=limits.output_bytes, processes=limits.processes, isolated=strict,
+               uid=uid, judge_uid=judge_uid, guard=python_guard, python=python_paths()[1])
+    checks = {"prelude": prelude, "tests": {str(i): {"source": t.source, "entry_point": t.entry_point}
+                                           for i, t in enumerate(tests) if isinstance(t, AssertTest)}}
     try:
-        job = dict(program=program, prelude=prelude, tests=[_job_test(t) for t in tests],
-                   timeout_s=limits.timeout_s, cpu_s=limits.cpu_s,
-                   total_timeout_s=limits.total_timeout_s, memory_bytes=limits.memory_mb << 20,
-                   output_bytes=limits.output_bytes, pid_namespace=namespaces,
-                   guard=python_guard)
-        records, missing = _launch(job, workdir, limits)
+        records, missing = _launch(job, checks, workdir, limits)
     finally:
-        _remove_tree(workdir)
+        if workdir is not None:
+            _remove_tree(workdir)
     return [_verdict(test, records.get(i), missing) for i, test in enumerate(tests)]
 
 
 def _job_test(test: Test) -> dict:
-    """What the runner gets of a test: never the expected output of stdio and call tests."""
+    """What the runner gets of a test: never an expected output, never a check's source."""
     if isinstance(test, StdioTest):
         return {"kind": "stdio", "input": test.input}
     if isinstance(test, CallTest):
         return {"kind": "call", "fn_name": test.fn_name, "args": list(test.args)}
-    return {"kind": "assert", "source": test.source, "entry_point": test.entry_point}
+    return {"kind": "assert", "entry_point": test.entry_point}
 
 
-def _launch(job: dict, workdir: str,
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _launch(job: dict, checks: dict, workdir: str | None,
             limits: SandboxLimits) -> tuple[dict[int, dict], tuple[str, str]]:
     """Run the runner: ``(records by test index, (status, message) of tests without one)``."""
-    command = [sys.executable, "-s", "-B", str(HARNESS)]
-    if job["pid_namespace"]:
-        command = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--", *command]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-           "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir, "PYTHONHASHSEED": "0",
-           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
-           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    fds = [_memfd("agentrl-checks", json.dumps(checks, allow_nan=True).encode("utf-8", "surrogatepass"))]
+    job["judge_fd"] = fds[0]
+    if job["isolated"]:
+        fds.append(seccomp_fd())
+        command = sandbox_command(seccomp=fds[1], work_bytes=limits.work_mb << 20) + [
+            f"{INSIDE_SCRIPTS}/_harness.py"]
+        cwd, env = "/", {}
+    else:
+        command = [job["python"], "-S", "-s", "-B", str(HARNESS)]
+        cwd = workdir
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+               "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir, "PYTHONHASHSEED": "0",
+               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     payload = json.dumps(job, allow_nan=True).encode("utf-8", "surrogatepass")
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, cwd=workdir, env=env,
-                               start_new_session=True)
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, cwd=cwd, env=env, pass_fds=fds,
+                                   start_new_session=True)
+    finally:
+        for fd in fds:
+            os.close(fd)
     timed_out = False
     try:
         out, err = process.communicate(payload, timeout=limits.total_timeout_s + STARTUP_GRACE_S)
@@ -270,21 +278,46 @@ def _launch(job: dict, workdir: str,
         _kill_session(process.pid)
     if timed_out:
         out, err = process.communicate()
-    records: dict[int, dict] = {}
-    for line in out.decode("utf-8", "replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a last line cut off by a kill
-            continue
-        if "compile_error" in record:
-            return {}, ("error", record["compile_error"])
-        records[record["i"]] = record
+    records = _read_records(out, len(job["tests"]))
+    if isinstance(records, str):
+        return {}, ("error", records)
     if not timed_out and process.returncode != 0:
         detail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
         return records, ("error", f"the sandbox stopped unexpectedly (exit status "
                                   f"{process.returncode}) {detail[0][:300]}".strip())
     return records, ("timeout", f"not run: the run's total time limit "
                                 f"({limits.total_timeout_s:g} s) ran out")
+
+
+def _read_records(out: bytes, count: int) -> dict[int, dict] | str:
+    """The runner's records by test index, validated (a compile error: its message).
+
+    A line that is not a JSON object with a valid, not yet seen index is dropped (its test
+    then counts as not reported); a record with fields of the wrong type is replaced by an
+    error record for its test."""
+    records: dict[int, dict] = {}
+    for line in out.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):  # a last line cut off by a kill, or hostile
+            continue
+        if not isinstance(record, dict):
+            continue
+        if "compile_error" in record:
+            message = record["compile_error"]
+            return message if isinstance(message, str) else "the program does not compile"
+        index = record.get("i")
+        if type(index) is not int or not 0 <= index < count or index in records:
+            continue
+        records[index] = record if _well_formed(record) else {
+            "status": "error", "message": "the sandbox sent a malformed record for this test"}
+    return records
+
+
+def _well_formed(record: dict) -> bool:
+    strings = ("message", "stdout", "got", "want")
+    return (record.get("status") in ("ok", "passed", "failed", "error", "timeout")
+            and all(record.get(k) is None or isinstance(record[k], str) for k in strings))
 
 
 def _kill_session(sid: int, settle_s: float = 2.0) -> None:
@@ -339,7 +372,16 @@ def _remove_tree(path: str) -> None:
 
 def _verdict(test: Test, record: dict | None, missing: tuple[str, str]) -> TestResult:
     """Judge one test from the runner's record (None: the runner never reported it; then
-    ``missing`` is the status and message to give)."""
+    ``missing`` is the status and message to give). Never raises: a record that cannot be
+    judged is an ``error``."""
+    try:
+        return _judge(test, record, missing)
+    except (RecursionError, ValueError, TypeError, OverflowError):
+        return TestResult("error", "the sandbox sent a record that cannot be judged", _kind(test),
+                          _describe(test))
+
+
+def _judge(test: Test, record: dict | None, missing: tuple[str, str]) -> TestResult:
     kind, shown = _kind(test), _describe(test)
     expected = (test.output if isinstance(test, StdioTest) else
                 _show(test.expected) if isinstance(test, CallTest) else None)
@@ -348,8 +390,11 @@ def _verdict(test: Test, record: dict | None, missing: tuple[str, str]) -> TestR
     status, message = record.get("status"), record.get("message", "")
     if isinstance(test, AssertTest):
         if status not in STATUSES:
-            status, message = "error", f"the sandbox reported an unknown status {status!r}"
+            status, message = "error", f"the sandbox reported an unknown status {str(status)[:40]!r}"
         return TestResult(status, message, kind, shown, record.get("want"), record.get("got"))
+    if status not in ("ok", "error", "timeout"):  # only the caller decides a pass
+        return TestResult("error", f"the sandbox reported an unknown status {str(status)[:40]!r}",
+                          kind, shown, expected, None)
     if isinstance(test, StdioTest):
         got = record.get("stdout", "")
         if status != "ok":
