@@ -84,7 +84,8 @@ class EvalTasks:
 
 def load_tasks(env: EnvName, *, data: Path | None = None, split: str | None = None,
                categories: tuple[str, ...] | None = None, limit: int | None = None,
-               workers: int = 8, step_timeout_s: float = 60.0) -> EvalTasks:
+               workers: int = 8, step_timeout_s: float = 60.0,
+               code_isolation: str = "strict") -> EvalTasks:
     """The environment ``env`` over its task source (module docstring), first ``limit`` tasks.
 
     Raises ``typer.BadParameter`` naming the option for an option the environment does not
@@ -106,10 +107,16 @@ def load_tasks(env: EnvName, *, data: Path | None = None, split: str | None = No
                      else load_spider(data, split or "dev", limit=limit))
             inner, names = SqlEnv(tasks), [f"{t.db_id}: {t.question}" for t in tasks]
         elif env is EnvName.code:
-            from envs.code import CodeEnv, load_deepcoder_jsonl, load_humaneval
+            from envs.code import CodeEnv, CodeEnvConfig, load_deepcoder_jsonl, load_humaneval
+            from envs.code.isolation import SandboxUnavailable, resolve_isolation
+            try:  # refuse before any model runs, not at the first step
+                resolve_isolation(code_isolation)
+            except SandboxUnavailable as error:
+                raise typer.BadParameter(f"--env code: {error}") from None
             tasks = (load_humaneval(limit=limit) if data is None
                      else load_deepcoder_jsonl(data, limit=limit))
-            inner, names = CodeEnv(tasks), [t.task_id for t in tasks]
+            inner = CodeEnv(tasks, CodeEnvConfig(isolation=code_isolation))
+            names = [t.task_id for t in tasks]
         else:
             from envs.bfcl import BfclConfig, BfclEnv
             from envs.bfcl import load_tasks as load_bfcl
@@ -217,6 +224,9 @@ _OPTIONS = (
     ("workers", int, typer.Option(8, help="Threads stepping the environment's rows.", min=1)),
     ("step_timeout", float, typer.Option(60.0, help="Seconds one environment step may take "
                                                     "before its row ends.", min=0.001)),
+    ("code_isolation", str, typer.Option("strict", help="The code sandbox's isolation with --env "
+                                                        "code: strict, or unsafe-no-isolation (the "
+                                                        "programs run as you on this host).")),
 )
 
 
@@ -254,7 +264,8 @@ def _setup(options: dict[str, Any]) -> EnvSetup:
     env_name, defaults = o["env"], DEFAULTS[o["env"]]
     tasks = load_tasks(env_name, data=o["data"], split=o["split"],
                        categories=tuple(o["category"] or ()) or None, limit=o["tasks"],
-                       workers=o["workers"], step_timeout_s=o["step_timeout"])
+                       workers=o["workers"], step_timeout_s=o["step_timeout"],
+                       code_isolation=o["code_isolation"])
     try:
         base, rl = _load_policies(o)
     except BaseException:

@@ -41,6 +41,7 @@ import _plain
 SUBMISSION = "<submission>"
 PRELUDE = "<prelude>"
 RESULT_FD, REQUEST_FD = 3, 4
+CANDIDATE_FILES = 64  # RLIMIT_NOFILE of a candidate process
 MAX_MESSAGE = 500
 JUDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_judge.py")
 
@@ -254,6 +255,8 @@ def candidate(job, test, files, code, prelude, pipes):
         fsize = job["output_bytes"] + 1  # one byte over, so that reaching past it is seen
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         resource.setrlimit(resource.RLIMIT_AS, (job["memory_bytes"], job["memory_bytes"]))
+        # Few descriptors: each in-memory file (memfd) may hold up to the file-size limit.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (CANDIDATE_FILES, CANDIDATE_FILES))
         if job["isolated"]:
             resource.setrlimit(resource.RLIMIT_NPROC, (job["processes"], job["processes"]))
             drop_to(job["uid"])

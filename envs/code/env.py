@@ -28,6 +28,7 @@ import textwrap
 from typing import Sequence
 
 from envs.code.datasets import CodeTask
+from envs.code.isolation import ISOLATIONS
 from envs.code.sandbox import SandboxLimits, TestResult, run_tests
 from envs.protocol import Feedback, PythonEnv, text_key
 
@@ -74,11 +75,15 @@ class CodeEnvConfig:
       limits: the sandbox's limits for each submission.
       failures_shown: how many failing tests the feedback details.
       field_chars: longest input / expected / got text shown before it is cut.
+      isolation: the sandbox's isolation, ``"strict"`` (the default; refuses to run where a
+        layer is missing) or ``"unsafe-no-isolation"`` (programs run as your user on this
+        host: only for trusted programs). See :mod:`envs.code.isolation`.
     """
 
     limits: SandboxLimits = SandboxLimits()
     failures_shown: int = 3
     field_chars: int = 600
+    isolation: str = "strict"
 
     def __post_init__(self):
         if not isinstance(self.limits, SandboxLimits):
@@ -89,6 +94,8 @@ class CodeEnvConfig:
                              f"got {self.failures_shown}")
         if self.field_chars < 20:
             raise ValueError(f"CodeEnvConfig.field_chars must be >= 20, got {self.field_chars}")
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"CodeEnvConfig.isolation must be one of {ISOLATIONS}, got {self.isolation!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +160,7 @@ class CodeEnv(PythonEnv):
         """Run ``program`` against task ``task_index``'s tests (also for diagnostics)."""
         task = self.tasks[task_index]
         return run_tests(program, task.tests, self.config.limits, prelude=task.prelude,
-                         tmp_root=self.tmp_root)
+                         isolation=self.config.isolation, tmp_root=self.tmp_root)
 
     # ------------------------------------------------------------------ text
 
