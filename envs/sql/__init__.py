@@ -1,7 +1,9 @@
 """InterCode-SQL (paper §2): answer questions about SQLite databases by running SQL queries.
 
 Modules: :mod:`~envs.sql.grammar` (response -> action), :mod:`~envs.sql.database` (read-only,
-time- and row-limited queries), :mod:`~envs.sql.verify` (result comparison), :mod:`~envs.sql.env`
+time- and row-limited queries, each run in a worker process that is killed at its deadline:
+:mod:`~envs.sql.worker_pool` and, inside the process, :mod:`~envs.sql.query_worker`),
+:mod:`~envs.sql.verify` (result comparison), :mod:`~envs.sql.env`
 (the :class:`~envs.protocol.PythonEnv`), :mod:`~envs.sql.spider` (Spider-format data) and
 :mod:`~envs.sql.demo` (a bookshop task set built by code).
 """

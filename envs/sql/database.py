@@ -1,20 +1,13 @@
 """Running one untrusted query against a SQLite file: read-only, time-limited, row-limited.
 
-Every query gets its own connection (opening a SQLite file takes well under a millisecond),
-so rows running in different threads share nothing and a row holds no resource to release.
-Three independent guards keep the file unchanged:
-
-1. the file is opened through the URI ``file:...?mode=ro`` (SQLite opens it read-only);
-2. ``PRAGMA query_only=ON`` makes SQLite refuse any statement that would write;
-3. an authorizer allows only reading actions (SELECT, reading a column, calling a function,
-   a recursive CTE), so ATTACH, ``VACUUM INTO``, PRAGMA, transactions and temporary tables
-   are denied before they run; ``VACUUM INTO`` would otherwise write a new file even on a
-   read-only connection.
-
-Python's ``sqlite3`` refuses a string holding more than one statement. A progress handler
-aborts a query once its deadline has passed, and ``SQLITE_LIMIT_LENGTH`` caps the size of any
-one string or blob the query builds, so one huge value cannot exhaust memory before the
-deadline.
+:func:`run_query` runs each query in a worker process (:mod:`envs.sql.worker_pool`) under the
+read-only guards of :mod:`envs.sql.query_worker` (a read-only file URI, ``query_only``, an
+authorizer that allows only reading actions, a cap on the size of any one value). The worker
+stops a query at its deadline between SQLite instructions; one that overruns it inside a
+single expensive call is killed with its process at the deadline (plus a fraction of a
+second), so the time limit holds for any statement and no thread waits for long. Either way
+the result is the same timed-out :class:`QueryResult`. Only plain data crosses back: rows of
+None, int, float, str and bytes.
 """
 
 from __future__ import annotations
@@ -22,21 +15,12 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import sqlite3
-import time
 from typing import Any
 
-# Authorizer action codes a reading query needs; everything else is denied.
-_READ_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                           sqlite3.SQLITE_RECURSIVE})
-# Names of the actions a write attempt is refused for, to tell the agent what was refused.
-_ACTION_NAMES = {getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ") for name in (
-    "INSERT", "UPDATE", "DELETE", "ALTER_TABLE", "ATTACH", "DETACH", "PRAGMA", "TRANSACTION",
-    "SAVEPOINT", "ANALYZE", "REINDEX", "CREATE_TABLE", "CREATE_TEMP_TABLE", "CREATE_INDEX",
-    "CREATE_TEMP_INDEX", "CREATE_VIEW", "CREATE_TEMP_VIEW", "CREATE_TRIGGER",
-    "CREATE_TEMP_TRIGGER", "CREATE_VTABLE", "DROP_TABLE", "DROP_TEMP_TABLE", "DROP_INDEX",
-    "DROP_TEMP_INDEX", "DROP_VIEW", "DROP_TEMP_VIEW", "DROP_TRIGGER", "DROP_TEMP_TRIGGER",
-    "DROP_VTABLE")}
-_PROGRESS_EVERY = 1000  # SQLite virtual-machine instructions between deadline checks
+from envs.sql import query_worker, worker_pool
+from envs.sql.query_worker import connect_read_only
+
+__all__ = ["QueryLimits", "QueryResult", "connect_read_only", "run_query", "schema_text"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,75 +69,36 @@ class QueryResult:
         return self.error is None
 
 
-def connect_read_only(db_path: str | pathlib.Path) -> sqlite3.Connection:
-    """A connection that cannot change the database (the three guards of the module docstring).
-
-    Raises ``FileNotFoundError`` naming the path if there is no such file.
-    """
-    path = pathlib.Path(db_path).resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"SQLite database not found: {path}")
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, check_same_thread=False)
-    # Some public databases hold text that is not valid UTF-8; show it rather than fail.
-    conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
-    conn.execute("PRAGMA query_only=ON")
-    _set_limit(conn, "SQLITE_LIMIT_ATTACHED", 0)
-    return conn
-
-
-def _set_limit(conn: sqlite3.Connection, name: str, value: int) -> None:
-    # Connection.setlimit is new in Python 3.11; on 3.10 these extra caps are skipped and the
-    # authorizer and the deadline still hold.
-    if hasattr(conn, "setlimit"):
-        conn.setlimit(getattr(sqlite3, name), value)
-
-
-def _deny_writes(denied: list[str]):
-    def authorize(action, arg1, arg2, db_name, trigger):
-        if action in _READ_ACTIONS:
-            return sqlite3.SQLITE_OK
-        what = _ACTION_NAMES.get(action, f"action {action}")
-        denied.append(f"{what} on {arg1}" if arg1 else what)
-        return sqlite3.SQLITE_DENY
-    return authorize
-
-
 def run_query(db_path: str | pathlib.Path, query: str, limits: QueryLimits) -> QueryResult:
     """Run one untrusted ``query`` read-only against ``db_path``; never raises on the query.
 
     A missing database file is the caller's error and raises ``FileNotFoundError``.
     """
-    conn = connect_read_only(db_path)
-    denied: list[str] = []
-    deadline = time.monotonic() + limits.timeout_s
-    stopped = []
+    path = pathlib.Path(db_path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"SQLite database not found: {path}")
+    response = worker_pool.shared_pool().run({
+        "db": str(path), "query": query, "timeout_s": limits.timeout_s,
+        "max_rows": limits.max_rows, "max_value_bytes": limits.max_value_bytes})
+    return result_of(response)
 
-    def past_deadline() -> bool:
-        if not stopped and time.monotonic() > deadline:
-            stopped.append(True)
-        return bool(stopped)
 
+def result_of(response: dict) -> QueryResult:
+    """The :class:`QueryResult` of a worker's response dict; a malformed one is an error result."""
+    if "error" in response:
+        return QueryResult(error=str(response["error"]), timed_out=bool(response.get("timed_out")))
     try:
-        _set_limit(conn, "SQLITE_LIMIT_LENGTH", limits.max_value_bytes)
-        conn.set_authorizer(_deny_writes(denied))
-        conn.set_progress_handler(past_deadline, _PROGRESS_EVERY)
-        cursor = conn.execute(query)
-        if cursor.description is None:  # a statement that yields no rows: a no-op, or nothing at all
-            return QueryResult(error="not a query: only a single SELECT statement (WITH and VALUES "
-                                     "also work) may run")
-        columns = tuple(d[0] for d in cursor.description)
-        rows = cursor.fetchmany(limits.max_rows + 1)
-        return QueryResult(columns, tuple(rows[:limits.max_rows]), more_rows=len(rows) > limits.max_rows)
-    except (sqlite3.Error, ValueError) as error:  # ValueError: a NUL or lone surrogate in the text
-        if stopped:
-            return QueryResult(error=f"the query ran longer than the {limits.timeout_s:g} s limit "
-                                     "and was stopped", timed_out=True)
-        if denied:
-            return QueryResult(error=f"not allowed: the database is read-only and only a reading "
-                                     f"query may run (refused: {denied[0]})")
-        return QueryResult(error=str(error) or type(error).__name__)
-    finally:
-        conn.close()
+        columns = tuple(str(c) for c in response["columns"])
+        rows = tuple(tuple(query_worker.decode_cell(v) for v in _list(row)) for row in response["rows"])
+        return QueryResult(columns, rows, more_rows=bool(response["more_rows"]))
+    except (KeyError, TypeError, ValueError) as error:
+        return QueryResult(error=f"the database worker answered nonsense ({error})")
+
+
+def _list(value) -> list:
+    if not isinstance(value, list):
+        raise ValueError(f"a row is a {type(value).__name__}, not a list")
+    return value
 
 
 def schema_text(db_path: str | pathlib.Path) -> str:

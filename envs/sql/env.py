@@ -6,7 +6,8 @@ database's schema and the question. Each turn the agent writes one action (gramm
 
 * ``<sql>QUERY</sql>``: the query runs read-only (:mod:`envs.sql.database`) and the agent sees
   the result rows, at most ``SqlConfig.display_rows`` of them with the total count and a note
-  when truncated, or the error message (a query past its time limit is stopped and says so).
+  when truncated, or the error message (a query past its time limit is stopped and says so;
+  it runs in a worker process that is killed at the deadline, so the limit holds for any query).
   The episode goes on.
 * ``<submit>QUERY</submit>``: the episode ends; reward 1 if the query's result equals the gold
   query's result (:mod:`envs.sql.verify`), else 0. ``<submit></submit>`` submits the last
