@@ -8,7 +8,8 @@ Grammar
    open after that (the model stopped mid-thought) is :class:`Malformed`: it must not be read as
    "no call", which would end the user's request.
 2. A code fence around the whole answer (```` ```python ... ``` ````) is removed, then the
-   surrounding whitespace.
+   surrounding whitespace (:func:`_unfence`; every step of the parse takes time linear in
+   the response's length).
 3. An empty answer, or ``[]``, is :class:`NoCall`: the current user request is finished.
 4. An answer starting with ``[`` or with ``name(`` is a call list, BFCL's own prompting format:
    the whole answer must be one Python list of calls, ``[cd(folder='docs'), ls(a=True)]``; as
@@ -53,7 +54,9 @@ from envs.bfcl import data
 
 _THINK_OPEN = re.compile(r"<\s{0,4}think\s{0,4}>", re.IGNORECASE | re.ASCII)
 _THINK_CLOSE = re.compile(r"<\s{0,4}/\s{0,4}think\s{0,4}>", re.IGNORECASE | re.ASCII)
-_WHOLE_FENCE = re.compile(r"\A```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n?(.*?)\n?[ \t]*```\Z", re.DOTALL)
+# Single runs matched at a known position: they cannot backtrack (see _unfence).
+_SPACES = re.compile(r"[ \t]*")
+_LABEL = re.compile(r"[A-Za-z0-9_+-]*")
 _CALL_START = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\(")
 
 ERROR_PREFIX = "Error during execution: "
@@ -101,8 +104,8 @@ def parse_response(response: str) -> Calls | NoCall | Malformed:
     answer = _drop_thinking(response)
     if answer is None:
         return Malformed("the response ended inside <think> (no closing </think>)")
-    fenced = _WHOLE_FENCE.match(answer.strip())
-    answer = (fenced.group(1) if fenced else answer).strip()
+    inside = _unfence(answer.strip())
+    answer = (answer if inside is None else inside).strip()
     if not answer.startswith("[") and not _CALL_START.match(answer):
         return NoCall(answer)
     source = answer if answer.startswith("[") else f"[{answer}]"
@@ -137,10 +140,31 @@ def parse_call(source: str) -> Call:
     return call
 
 
+def _unfence(text: str) -> str | None:
+    """The inside of a code fence that is the whole of ``text`` (already stripped), or None.
+
+    Fenced means ``text`` starts and ends with ```` ``` ```` (two distinct fences). The opening is
+    followed by spaces/tabs, a label (``[A-Za-z0-9_+-]*``), spaces/tabs and one optional newline;
+    the inside is what follows up to the closing fence, less the spaces/tabs and one newline
+    just before it. A scanner, not a regex, so the time is linear in the length of ``text``.
+    """
+    if len(text) < 6 or not text.startswith("```") or not text.endswith("```"):
+        return None
+    start = _SPACES.match(text, 3).end()
+    start = _SPACES.match(text, _LABEL.match(text, start).end()).end()
+    if text.startswith("\n", start):
+        start += 1
+    # None of those runs can cross the closing backticks, so start <= len(text) - 3.
+    inside = text[start:len(text) - 3].rstrip(" \t")
+    return inside[:-1] if inside.endswith("\n") else inside
+
+
 def _drop_thinking(response: str) -> str | None:
     """The text after the last ``</think>``; None if a ``<think>`` is still open there."""
-    closes = list(_THINK_CLOSE.finditer(response))
-    answer = response[closes[-1].end():] if closes else response
+    last_close = None
+    for last_close in _THINK_CLOSE.finditer(response):
+        pass
+    answer = response[last_close.end():] if last_close is not None else response
     return None if _THINK_OPEN.search(answer) else answer
 
 

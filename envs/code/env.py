@@ -34,8 +34,7 @@ from envs.protocol import Feedback, PythonEnv, text_key
 
 _THINK_OPEN = re.compile(r"<\s{0,4}think\s{0,4}>", re.IGNORECASE)
 _THINK_CLOSE = re.compile(r"<\s{0,4}/\s{0,4}think\s{0,4}>", re.IGNORECASE)
-_FENCE_OPEN = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)[ \t]*$", re.IGNORECASE | re.MULTILINE)
-_FENCE_CLOSE = re.compile(r"^[ \t]*```[ \t]*$", re.MULTILINE)
+_FENCE_TAG = re.compile(r"python3?|py", re.IGNORECASE)  # fullmatched against one line's tag
 
 NO_PROGRAM = ("No program found. Submit your complete Python program in one fenced block: "
               "a line ```python, the code, then a line ```.")
@@ -45,26 +44,47 @@ EMPTY = "Your ```python block is empty. Put your complete program inside it."
 
 
 def parse_program(response: str) -> tuple[str | None, str]:
-    """``(program, "")`` from a response, or ``(None, why)`` (grammar in the module doc)."""
+    """``(program, "")`` from a response, or ``(None, why)`` (grammar in the module doc).
+
+    A scanner: only lines holding ```` ``` ```` are looked at, each once, so the time is linear
+    in the response's length whatever it holds.
+    """
     response = response.replace("\r\n", "\n")
-    closes = list(_THINK_CLOSE.finditer(response))
-    text = response[closes[-1].end():] if closes else response
+    last_close = None
+    for last_close in _THINK_CLOSE.finditer(response):
+        pass
+    text = response[last_close.end():] if last_close is not None else response
     still_thinking = _THINK_OPEN.search(text)
     if still_thinking:
         text = text[:still_thinking.start()]
-    program, position = None, 0
-    while (opening := _FENCE_OPEN.search(text, position)) is not None:
-        closing = _FENCE_CLOSE.search(text, opening.end())
-        if closing is None:  # the final answer was cut off: do not fall back to a draft
-            return None, UNCLOSED
-        program = text[opening.end() + 1:closing.start()]
-        position = closing.end()
+    program, opened_at = None, None  # opened_at: where the body of an open block starts
+    for line_start, line_end in _fence_lines(text):
+        line = text[line_start:line_end].strip(" \t")
+        if opened_at is None and _FENCE_TAG.fullmatch(line[3:].lstrip(" \t")):
+            opened_at = line_end + 1
+        elif opened_at is not None and line == "```":
+            program, opened_at = text[opened_at:line_start], None
+    if opened_at is not None:  # the final answer was cut off: do not fall back to a draft
+        return None, UNCLOSED
     if program is None:
         return None, NO_PROGRAM
     program = textwrap.dedent(program)
     if not program.strip():
         return None, EMPTY
     return program, ""
+
+
+def _fence_lines(text: str):
+    """``(start, end)`` of each line (split at ``\\n``) whose text without surrounding spaces and
+    tabs starts with ```` ``` ````: the only lines that can open or close a block."""
+    position = 0
+    while (found := text.find("```", position)) >= 0:
+        line_start = text.rfind("\n", position, found) + 1 or position
+        line_end = text.find("\n", found)
+        line_end = len(text) if line_end < 0 else line_end
+        if not text[line_start:found].strip(" \t"):
+            yield line_start, line_end
+        position = line_end
 
 
 @dataclasses.dataclass(frozen=True)
