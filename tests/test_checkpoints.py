@@ -246,39 +246,55 @@ def test_index_pointing_at_a_missing_shard(tmp_path):
     export_qwen3(load_qwen3(tmp_path / "src"), tmp_path / "out", max_shard_bytes=40_000)
     second = sorted((tmp_path / "out").glob("model-*.safetensors"))[1]
     second.unlink()
-    message = rf"maps tensor '.+' to {re.escape(second.name)}, which does not exist"
-    with pytest.raises(FileNotFoundError, match=message):
+    tensor = next(n for n, f in json.loads((tmp_path / "out" / INDEX_FILE).read_text())
+                  ["weight_map"].items() if f == second.name)
+    with pytest.raises(CheckpointError) as error:
         index_checkpoint(tmp_path / "out")
+    assert str(error.value) == (f"{tmp_path / 'out' / INDEX_FILE}: weight_map[{tensor!r}] = "
+                                f"{second.name!r}, which does not exist in {tmp_path / 'out'}")
 
 
 def test_truncated_file_names_file_and_tensor(tmp_path):
     save_random_hf_qwen3(tmp_path)
     path = tmp_path / "model.safetensors"
-    path.write_bytes(path.read_bytes()[:-100])
-    message = r"model\.safetensors: tensor '.+' is truncated or corrupt"
-    with pytest.raises(CheckpointError, match=message):
+    raw = path.read_bytes()
+    path.write_bytes(raw[:-100])
+    n = int.from_bytes(raw[:8], "little")
+    last = max((v["data_offsets"], k) for k, v in json.loads(raw[8:8 + n]).items()
+               if k != "__metadata__")
+    with pytest.raises(CheckpointError) as error:
         load_qwen3(tmp_path)
+    assert str(error.value) == (
+        f"{path}: tensor {last[1]!r}: data_offsets {last[0]} run past the end of the data "
+        f"({len(raw) - 108 - n} bytes after the header); the file is truncated or corrupt")
     path.write_bytes(b"not a safetensors file")
-    with pytest.raises(CheckpointError, match="not a safetensors file"):
+    with pytest.raises(CheckpointError) as error:
         load_qwen3(tmp_path)
+    assert str(error.value) == (f"{path}: not a safetensors file: header length "
+                                f"{int.from_bytes(b'not a sa', 'little')} is over the "
+                                "100000000-byte limit")
 
 
+# Every other config.json case, with its exact message: tests/test_loader_errors.py.
 @pytest.mark.parametrize("field,value,message", [
-    ("num_key_value_heads", 3, "num_attention_heads=4 must be a multiple of num_key_value_heads=3"),
-    ("hidden_size", 0, "hidden_size must be a positive integer"),
-    ("vocab_size", None, "required field 'vocab_size' is missing"),
+    ("num_key_value_heads", 3, "num_key_value_heads: must divide num_attention_heads (4), got 3"),
+    ("hidden_size", 0, "hidden_size: must be an int in [1, 2147483647], got 0"),
+    ("vocab_size", None, "vocab_size: required field is missing"),
     ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
-     "rope_type='dynamic' is not supported"),
-    ("attention_bias", True, "attention_bias=true is not supported"),
-    ("use_sliding_window", True, "sliding-window attention"),
+     "rope_parameters.rope_type: 'dynamic' is not supported; supported: "
+     "['default', 'linear', 'yarn']"),
+    ("attention_bias", True, "attention_bias: true is not supported (Qwen3 has no q/k/v/o bias)"),
+    ("use_sliding_window", True,
+     "use_sliding_window/layer_types: sliding-window attention is not supported"),
 ])
 def test_bad_config_fields_are_named(tmp_path, field, value, message):
     save_random_hf_qwen3(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     config[field] = value
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError) as error:
         load_qwen3(tmp_path)
+    assert str(error.value) == f"{tmp_path / 'config.json'}: {message}"
 
 
 def test_model_directory_can_be_moved(tmp_path):

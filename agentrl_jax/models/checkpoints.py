@@ -11,15 +11,14 @@ above ``max_shard_bytes``) that ``transformers.AutoModelForCausalLM.from_pretrai
 Parameters keep Hugging Face layouts, so exporting unchanged parameters reproduces the original
 tensors bit for bit.
 
-Safetensors files are read through their documented layout (8-byte little-endian header size,
-JSON header of dtype/shape/byte offsets, raw little-endian data) with ``np.memmap``, because the
-``safetensors`` NumPy reader cannot read bfloat16 and its JAX reader materialises on a device.
-Writing uses ``safetensors.numpy`` (which handles ``ml_dtypes.bfloat16``).
+Safetensors files are read by :mod:`agentrl_jax.models.safetensors_reader` (our own header
+parser, which validates every header field and the shard index before any data is mapped, and
+``np.memmap`` for the data). Writing uses ``safetensors.numpy`` (which handles
+``ml_dtypes.bfloat16``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import shutil
@@ -34,25 +33,25 @@ from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors.numpy import save_file
 
+from agentrl_jax.errors import CheckpointError
 from agentrl_jax.models.config import Qwen3Config
+from agentrl_jax.models.safetensors_reader import (INDEX_FILE, SINGLE_FILE, TensorEntry,
+                                                   index_checkpoint, read_safetensors_header)
 from agentrl_jax.models.qwen3 import LAYER_PARAM_NAMES, Qwen3ForCausalLM
 from agentrl_jax.sharding import QWEN3_PARAM_RULES, PartitionRule, path_string, tree_shardings
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+__all__ = [
+    "AUXILIARY_FILES", "CheckpointError", "DEFAULT_MAX_SHARD_BYTES", "INDEX_FILE", "SINGLE_FILE",
+    "TensorEntry", "abstract_qwen3", "check_tensors", "export_qwen3", "hf_tensor_names",
+    "index_checkpoint", "load_qwen3", "read_safetensors_header",
+]
+
 # Files besides the weights that serving tools want next to them; copied on export if present.
 AUXILIARY_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json",
                    "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja")
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 
-_DTYPES = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2), "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
-    "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_),
-}
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 _TORCH_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
                       np.dtype(np.float16): "float16"}
@@ -67,102 +66,6 @@ _LAYER_SUFFIX = {
     "gate_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight",
     "down_proj": "mlp.down_proj.weight",
 }
-
-
-class CheckpointError(ValueError):
-    """A checkpoint's files or tensors do not match its config (message names file and tensor)."""
-
-
-# ---------------------------------------------------------------------------- safetensors reading
-@dataclasses.dataclass(frozen=True)
-class TensorEntry:
-    """Where one tensor's bytes live inside a safetensors file."""
-
-    name: str
-    file: Path
-    dtype_name: str          # safetensors dtype tag, e.g. "BF16"
-    shape: tuple[int, ...]
-    offset: int              # absolute byte offset of the data in the file
-
-    @property
-    def dtype(self) -> np.dtype:
-        return _DTYPES[self.dtype_name]
-
-    def mmap(self) -> np.ndarray:
-        """The tensor as a read-only memory map: indexing it reads only the pages it touches."""
-        if math.prod(self.shape) == 0:
-            return np.zeros(self.shape, self.dtype)
-        return np.memmap(self.file, dtype=self.dtype, mode="r", offset=self.offset,
-                         shape=self.shape)
-
-    def read(self, index: Any = (), dtype: Any = None) -> np.ndarray:
-        """``tensor[index]`` as a new array (cast to ``dtype`` while copying)."""
-        return np.array(self.mmap()[index], dtype=dtype)
-
-
-def read_safetensors_header(path: str | Path) -> dict[str, TensorEntry]:
-    """Parse one safetensors file's header into :class:`TensorEntry` records (no data read)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"safetensors file {path} does not exist")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-        if header_len <= 0 or 8 + header_len > size:
-            raise CheckpointError(f"{path}: not a safetensors file (bad header size)")
-        try:
-            header = json.loads(f.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(
-                f"{path}: not a safetensors file (header is not JSON: {e})") from None
-    data_start = 8 + header_len
-    entries = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        dtype_name, shape = meta.get("dtype"), tuple(meta.get("shape", ()))
-        if dtype_name not in _DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype_name!r}")
-        begin, end = meta.get("data_offsets", (0, -1))
-        expected = math.prod(shape) * _DTYPES[dtype_name].itemsize
-        if end - begin != expected or data_start + end > size:
-            raise CheckpointError(f"{path}: tensor {name!r} is truncated or corrupt (shape {shape} "
-                                  f"{dtype_name} needs {expected} bytes at offsets {begin}..{end}, "
-                                  f"file has {size} bytes)")
-        entries[name] = TensorEntry(name, path, dtype_name, shape, data_start + begin)
-    return entries
-
-
-def index_checkpoint(model_dir: str | Path) -> dict[str, TensorEntry]:
-    """Every tensor of a model directory, single-file or sharded, by Hugging Face name."""
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
-    index_path = model_dir / INDEX_FILE
-    if index_path.is_file():
-        try:
-            weight_map = json.loads(index_path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(
-                f"{index_path}: malformed index (needs a 'weight_map'): {e!r}") from None
-        headers = {}
-        for file_name in sorted(set(weight_map.values())):
-            if not (model_dir / file_name).is_file():
-                tensor = next(n for n, f in weight_map.items() if f == file_name)
-                raise FileNotFoundError(f"{index_path} maps tensor {tensor!r} to {file_name}, "
-                                        f"which does not exist in {model_dir}")
-            headers[file_name] = read_safetensors_header(model_dir / file_name)
-        entries = {}
-        for name, file_name in weight_map.items():
-            if name not in headers[file_name]:
-                raise CheckpointError(f"{index_path} maps tensor {name!r} to {file_name}, "
-                                      "which does not contain it")
-            entries[name] = headers[file_name][name]
-        return entries
-    if (model_dir / SINGLE_FILE).is_file():
-        return read_safetensors_header(model_dir / SINGLE_FILE)
-    raise FileNotFoundError(f"no weights in {model_dir}: expected {SINGLE_FILE} or {INDEX_FILE}")
 
 
 # ---------------------------------------------------------------------------- name mapping

@@ -12,18 +12,16 @@ Both ``config.json`` forms are read:
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from pathlib import Path
 from typing import Any, Mapping
+
+from agentrl_jax.errors import ConfigError
+from agentrl_jax.models.strict_json import json_kind, load_json_object
+from agentrl_jax.validation import BOOL, Check, integer, is_int, optional, real, short_repr, validate
 
 SUPPORTED_ARCHITECTURE = "Qwen3ForCausalLM"
 SUPPORTED_MODEL_TYPE = "qwen3"
 SUPPORTED_ROPE_TYPES = ("default", "linear", "yarn")
-
-
-class ConfigError(ValueError):
-    """A config field is missing, malformed, or describes something we do not implement."""
 
 
 class UnsupportedArchitectureError(ConfigError):
@@ -52,12 +50,15 @@ class RopeScaling:
     def __post_init__(self) -> None:
         if self.rope_type not in SUPPORTED_ROPE_TYPES or self.rope_type == "default":
             raise ConfigError(
-                f"rope scaling rope_type={self.rope_type!r} is not supported; supported: "
-                f"{[t for t in SUPPORTED_ROPE_TYPES if t != 'default']} (or no scaling)")
-        if not self.factor > 0:
-            raise ConfigError(f"rope scaling factor must be > 0, got {self.factor}")
-        if self.rope_type == "yarn" and not (self.original_max_position_embeddings or 0) > 0:
-            raise ConfigError("yarn rope scaling needs original_max_position_embeddings > 0")
+                f"rope_scaling.rope_type: {short_repr(self.rope_type)} is not supported; "
+                f"supported: {[t for t in SUPPORTED_ROPE_TYPES if t != 'default']} (or no scaling)")
+        validate("rope_scaling", self, {
+            "factor": real(0, lo_open=True),
+            "original_max_position_embeddings": _POSITIVE_INT if self.rope_type == "yarn"
+            else optional(_POSITIVE_INT),
+            "beta_fast": real(), "beta_slow": real(),
+            "attention_factor": optional(real(0, lo_open=True)),
+            "mscale": optional(real()), "mscale_all_dim": optional(real()), "truncate": BOOL})
 
     def to_hf_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rope_type": self.rope_type, "factor": self.factor}
@@ -91,29 +92,22 @@ class Qwen3Config:
     pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "max_position_embeddings"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.eos_token_ids, list):  # e.g. a tokenizer's convert_tokens_to_ids
+            object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        validate("", self, _CHECKS)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
-                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}")
+                f"num_key_value_heads: must divide num_attention_heads "
+                f"({self.num_attention_heads}), got {self.num_key_value_heads}")
         if self.head_dim % 2:
-            raise ConfigError(f"head_dim must be even for rotate-half RoPE, got {self.head_dim}")
-        if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0):
-            raise ConfigError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
-        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 1):
-            raise ConfigError(f"rope_theta must be > 1, got {self.rope_theta!r}")
-        if not isinstance(self.tie_word_embeddings, bool):
-            raise ConfigError("tie_word_embeddings must be true/false, "
-                              f"got {self.tie_word_embeddings!r}")
-        for token_id in (self.bos_token_id, self.pad_token_id, *self.eos_token_ids):
-            if token_id is not None and not 0 <= token_id < self.vocab_size:
-                raise ConfigError(
-                    f"special token id {token_id} is outside vocab_size={self.vocab_size}")
+            raise ConfigError(f"head_dim: must be even for rotate-half RoPE, got {self.head_dim}")
+        for name, ids in (("bos_token_id", (self.bos_token_id,)),
+                          ("pad_token_id", (self.pad_token_id,)),
+                          ("eos_token_id", self.eos_token_ids)):
+            for token_id in ids:
+                if token_id is not None and token_id >= self.vocab_size:
+                    raise ConfigError(f"{name}: {token_id} is not a token of vocab_size="
+                                      f"{self.vocab_size} (ids run 0..{self.vocab_size - 1})")
 
     @property
     def num_query_groups(self) -> int:
@@ -123,35 +117,39 @@ class Qwen3Config:
     # ------------------------------------------------------------------ reading
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any], *, source: str = "config.json") -> "Qwen3Config":
-        """Build from a parsed ``config.json``; ``source`` names the file in errors."""
-        _check_architecture(d, source)
-        _reject_unsupported_features(d, source)
+        """Build from a parsed ``config.json``; ``source`` names the file in errors.
+
+        Every error is a :class:`ConfigError` ``"<source>: <field>: ..."``, the field named as in
+        ``config.json``.
+        """
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{source}: must be a JSON object of fields, got {json_kind(d)}")
         try:
-            rope_theta, rope_scaling = _read_rope(d, source)
-            eos = d.get("eos_token_id")
-            eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
-            heads = _required(d, "num_attention_heads", source)
+            _check_architecture(d)
+            _reject_unsupported_features(d)
+            rope_theta, rope_scaling = _read_rope(d)
+            heads = _required(d, "num_attention_heads")
+            hidden = _required(d, "hidden_size")
+            head_dim = _given(d, "head_dim")
             return cls(
-                vocab_size=_required(d, "vocab_size", source),
-                hidden_size=_required(d, "hidden_size", source),
-                intermediate_size=_required(d, "intermediate_size", source),
-                num_hidden_layers=_required(d, "num_hidden_layers", source),
+                vocab_size=_required(d, "vocab_size"),
+                hidden_size=hidden,
+                intermediate_size=_required(d, "intermediate_size"),
+                num_hidden_layers=_required(d, "num_hidden_layers"),
                 num_attention_heads=heads,
-                num_key_value_heads=d.get("num_key_value_heads") or heads,
-                head_dim=d.get("head_dim") or _required(d, "hidden_size", source) // heads,
-                rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+                num_key_value_heads=_given(d, "num_key_value_heads", heads),
+                head_dim=_derived_head_dim(hidden, heads) if head_dim is None else head_dim,
+                rms_norm_eps=_given(d, "rms_norm_eps", 1e-6),
                 rope_theta=rope_theta,
                 rope_scaling=rope_scaling,
-                tie_word_embeddings=d.get("tie_word_embeddings", False),
-                max_position_embeddings=d.get("max_position_embeddings", 32_768),
-                bos_token_id=d.get("bos_token_id"),
-                eos_token_ids=eos_ids,
-                pad_token_id=d.get("pad_token_id"),
+                tie_word_embeddings=_given(d, "tie_word_embeddings", False),
+                max_position_embeddings=_given(d, "max_position_embeddings", 32_768),
+                bos_token_id=_given(d, "bos_token_id"),
+                eos_token_ids=_eos_ids(d),
+                pad_token_id=_given(d, "pad_token_id"),
             )
         except ConfigError as e:
-            if str(e).startswith(source):
-                raise
-            raise ConfigError(f"{source}: {e}") from None
+            raise type(e)(f"{source}: {e}") from None
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> "Qwen3Config":
@@ -162,10 +160,8 @@ class Qwen3Config:
         if not path.is_file():
             raise FileNotFoundError(
                 f"{path} not found: a Hugging Face model directory needs config.json")
-        try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        d = load_json_object(path.read_bytes(), source=str(path), what="the file",
+                             error=ConfigError)
         return cls.from_hf_dict(d, source=str(path))
 
     # ------------------------------------------------------------------ writing
@@ -208,65 +204,140 @@ class Qwen3Config:
         }
 
 
-def _required(d: Mapping[str, Any], key: str, source: str) -> Any:
-    if key not in d or d[key] is None:
-        raise ConfigError(f"{source}: required field {key!r} is missing")
+_POSITIVE_INT = integer(1, 2**31 - 1)  # sizes are int32 in JAX shapes and indexing
+_TOKEN_ID = optional(integer(0))
+_CHECKS = {
+    "vocab_size": _POSITIVE_INT, "hidden_size": _POSITIVE_INT, "intermediate_size": _POSITIVE_INT,
+    "num_hidden_layers": _POSITIVE_INT, "num_attention_heads": _POSITIVE_INT,
+    "num_key_value_heads": _POSITIVE_INT, "head_dim": _POSITIVE_INT,
+    "max_position_embeddings": _POSITIVE_INT,
+    "rms_norm_eps": real(0, lo_open=True), "rope_theta": real(1, lo_open=True),
+    "tie_word_embeddings": BOOL,
+    "rope_scaling": ((lambda v: v is None or isinstance(v, RopeScaling)), "null or a RopeScaling"),
+    "bos_token_id": _TOKEN_ID, "pad_token_id": _TOKEN_ID,
+    "eos_token_ids": ((lambda v: isinstance(v, tuple) and all(is_int(i, 0) for i in v)),
+                      "a tuple of ints >= 0"),  # read from config.json's eos_token_id
+}
+
+
+def _given(d: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """``d[key]``, or ``default`` when the key is absent or null (never when it is 0 or "")."""
+    value = d.get(key)
+    return default if value is None else value
+
+
+def _required(d: Mapping[str, Any], key: str) -> Any:
+    if d.get(key) is None:
+        raise ConfigError(f"{key}: required field is missing")
     return d[key]
 
 
-def _check_architecture(d: Mapping[str, Any], source: str) -> None:
-    archs = d.get("architectures") or []
+def _derived_head_dim(hidden: Any, heads: Any) -> Any:
+    """``hidden_size // num_attention_heads`` when ``head_dim`` is absent (older configs)."""
+    for key, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
+        if not is_int(value, 1):  # reported in the field's own words
+            raise ConfigError(f"{key}: must be {_POSITIVE_INT[1]}, got {short_repr(value)}")
+    if hidden % heads:
+        raise ConfigError(f"hidden_size: must be a multiple of num_attention_heads ({heads}) "
+                          f"when head_dim is not given, got {hidden}")
+    return hidden // heads
+
+
+def _eos_ids(d: Mapping[str, Any]) -> tuple[Any, ...]:
+    eos = d.get("eos_token_id")
+    ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+    if not all(is_int(i, 0) for i in ids):
+        raise ConfigError(f"eos_token_id: must be null, an int >= 0 or a list of them, "
+                          f"got {short_repr(eos)}")
+    return ids
+
+
+def _check_architecture(d: Mapping[str, Any]) -> None:
+    archs = _given(d, "architectures", [])
+    if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ConfigError(f"architectures: must be a list of strings, got {short_repr(archs)}")
     model_type = d.get("model_type")
     if model_type != SUPPORTED_MODEL_TYPE or (archs and SUPPORTED_ARCHITECTURE not in archs):
         raise UnsupportedArchitectureError(
-            f"{source}: unsupported architecture (model_type={model_type!r}, "
+            f"unsupported architecture (model_type={model_type!r}, "
             f"architectures={archs!r}); only model_type={SUPPORTED_MODEL_TYPE!r} "
             f"{SUPPORTED_ARCHITECTURE} (dense Qwen3) is implemented")
 
 
-def _reject_unsupported_features(d: Mapping[str, Any], source: str) -> None:
-    if d.get("hidden_act", "silu") != "silu":
-        raise ConfigError(
-            f"{source}: hidden_act={d['hidden_act']!r} is not supported (only 'silu')")
-    if d.get("attention_bias", False):
-        raise ConfigError(
-            f"{source}: attention_bias=true is not supported (Qwen3 has no q/k/v/o bias)")
-    if d.get("use_sliding_window", False) or "sliding_attention" in (d.get("layer_types") or []):
-        raise ConfigError(f"{source}: sliding-window attention (use_sliding_window/layer_types) "
-                          "is not supported")
+def _reject_unsupported_features(d: Mapping[str, Any]) -> None:
+    for key in ("attention_bias", "use_sliding_window"):
+        if not isinstance(_given(d, key, False), bool):
+            raise ConfigError(f"{key}: must be true or false, got {short_repr(d[key])}")
+    layer_types = _given(d, "layer_types", [])
+    if not (isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)):
+        raise ConfigError(f"layer_types: must be a list of strings, got {short_repr(layer_types)}")
+    if _given(d, "hidden_act", "silu") != "silu":
+        raise ConfigError(f"hidden_act: {d['hidden_act']!r} is not supported (only 'silu')")
+    if _given(d, "attention_bias", False):
+        raise ConfigError("attention_bias: true is not supported (Qwen3 has no q/k/v/o bias)")
+    if _given(d, "use_sliding_window", False) or "sliding_attention" in layer_types:
+        raise ConfigError("use_sliding_window/layer_types: sliding-window attention is not "
+                          "supported")
 
 
-def _read_rope(d: Mapping[str, Any], source: str) -> tuple[float, RopeScaling | None]:
+def _read_rope(d: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
     """(rope_theta, scaling) from either config form; ``rope_parameters`` wins if both exist."""
-    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    # An empty rope_parameters ({}) defers to rope_scaling, as before; anything else wins.
+    key = "rope_parameters" if d.get("rope_parameters") not in (None, {}) else "rope_scaling"
+    params = _given(d, key, {})
     if not isinstance(params, Mapping):
-        raise ConfigError(f"{source}: rope_parameters/rope_scaling must be an object, "
-                          f"got {params!r}")
+        raise ConfigError(f"{key}: must be an object or null, got {short_repr(params)}")
     if params and all(isinstance(v, Mapping) for v in params.values()):
-        raise ConfigError(f"{source}: per-layer-type rope_parameters are not supported")
-    theta = float(params.get("rope_theta", d.get("rope_theta", 10_000.0)))
+        raise ConfigError(f"{key}: per-layer-type rope parameters are not supported")
+
+    def field(name: str, check: Check, default: Any = None) -> Any:
+        value = _given(params, name, default)
+        if not check[0](value):
+            raise ConfigError(f"{key}.{name}: must be {check[1]}, got {short_repr(value)}")
+        return value
+
+    if key == "rope_parameters" and not isinstance(_given(d, "rope_scaling", {}), Mapping):
+        raise ConfigError(f"rope_scaling: must be an object or null, got {short_repr(d['rope_scaling'])}")
+    theta_check = real(1, lo_open=True)
+    for theta_key, theta in (("rope_theta", d.get("rope_theta")),
+                             (f"{key}.rope_theta", params.get("rope_theta"))):
+        if theta is not None and not theta_check[0](theta):
+            raise ConfigError(f"{theta_key}: must be {theta_check[1]}, got {short_repr(theta)}")
+    theta = _given(params, "rope_theta", _given(d, "rope_theta", 10_000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "default":
-        return theta, None
+        return float(theta), None
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ConfigError(f"{source}: rope_type={rope_type!r} is not supported; "
+        raise ConfigError(f"{key}.rope_type: {short_repr(rope_type)} is not supported; "
                           f"supported: {list(SUPPORTED_ROPE_TYPES)}")
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ConfigError(f"{source}: partial_rotary_factor != 1 is not supported")
+    if field("partial_rotary_factor", real(), 1.0) != 1.0:
+        raise ConfigError(f"{key}.partial_rotary_factor: values other than 1 are not supported")
+    original = None
+    if rope_type == "yarn":
+        original = params.get("original_max_position_embeddings",
+                              _given(d, "max_position_embeddings"))
+        if not _POSITIVE_INT[0](original):
+            raise ConfigError(f"{key}.original_max_position_embeddings: must be "
+                              f"{_POSITIVE_INT[1]}, got {short_repr(original)}")
     factor = params.get("factor")
-    original = params.get("original_max_position_embeddings", d.get("max_position_embeddings"))
-    if factor is None and rope_type == "yarn" and original:
-        factor = d.get("max_position_embeddings", original) / original
-    if factor is None or not math.isfinite(float(factor)):
-        raise ConfigError(f"{source}: rope scaling ({rope_type}) needs a numeric 'factor'")
-    return theta, RopeScaling(
+    if factor is None and rope_type == "yarn":  # the context it was stretched to / the original
+        longest = _given(d, "max_position_embeddings", original)
+        if not is_int(longest, 1):
+            raise ConfigError(f"max_position_embeddings: must be an int >= 1, "
+                              f"got {short_repr(longest)}")
+        factor = longest / original
+    if not real(0, lo_open=True)[0](factor):
+        raise ConfigError(f"{key}.factor: rope scaling ({rope_type}) needs a finite number > 0, "
+                          f"got {short_repr(factor)}")
+    positive_or_null = optional(real(0, lo_open=True))
+    return float(theta), RopeScaling(
         rope_type=rope_type,
         factor=float(factor),
-        original_max_position_embeddings=original if rope_type == "yarn" else None,
-        beta_fast=float(params.get("beta_fast") or 32.0),
-        beta_slow=float(params.get("beta_slow") or 1.0),
-        attention_factor=params.get("attention_factor"),
-        mscale=params.get("mscale"),
-        mscale_all_dim=params.get("mscale_all_dim"),
-        truncate=bool(params.get("truncate", True)),
+        original_max_position_embeddings=original,
+        beta_fast=float(field("beta_fast", real(), 32.0)),
+        beta_slow=float(field("beta_slow", real(), 1.0)),
+        attention_factor=field("attention_factor", positive_or_null),
+        mscale=field("mscale", optional(real())),
+        mscale_all_dim=field("mscale_all_dim", optional(real())),
+        truncate=field("truncate", BOOL, True),
     )
