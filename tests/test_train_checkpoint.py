@@ -1,5 +1,6 @@
 """Orbax checkpoints of the training state: exact round trip, keep/every, corrupt and partial
-checkpoints skipped with a clear report, and exact resume after a real SIGKILL.
+checkpoints skipped with a clear report, checkpoints of another config refused and left in place,
+metrics kept on resume, and exact resume after a real SIGKILL.
 
 The resume test runs this file as a script in subprocesses (modes ``straight``, ``killed``,
 ``resume``): a straight N-step run and a run killed with SIGKILL after its N/2 checkpoint run
@@ -9,6 +10,7 @@ final states must be identical bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -28,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # train_fakes, also when run as 
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig  # noqa: E402
 from agentrl_jax.train import (  # noqa: E402
+    CheckpointMismatchError,
     Checkpointer,
     CheckpointRestoreError,
     CorruptCheckpointWarning,
@@ -168,12 +172,89 @@ def test_when_every_checkpoint_is_damaged_the_error_lists_them(tmp_path):
             checkpointer.restore_latest(_ppo_state())
 
 
-def test_a_state_of_another_shape_is_not_restored_into(tmp_path):
+def _mismatch(directory, template, config=None) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorruptCheckpointWarning)  # not reported as corrupt
+        with pytest.raises(CheckpointMismatchError) as error:
+            Checkpointer(directory, every=1, keep=5).restore_latest(template, config)
+    return str(error.value)
+
+
+LEFT = ("It is left as it is (it is not corrupt): resume with the config that wrote it, or give "
+        "this run another checkpoint directory")
+
+
+def test_a_checkpoint_of_another_model_size_is_reported_as_such_and_left_in_place(tmp_path):
     _save_steps(tmp_path, [1]).close()
     other = init_train_state(tiny_model(hidden_size=32, head_dim=16), PPO)
-    with pytest.warns(CorruptCheckpointWarning, match=str(tmp_path / "1")):
-        with pytest.raises(CheckpointRestoreError):
-            Checkpointer(tmp_path, every=1, keep=5).restore_latest(other)
+    assert _mismatch(tmp_path, other) == (
+        f"checkpoint step 1 at {tmp_path / '1'} was written by a different config: 101 array(s) "
+        "of another shape or dtype, e.g. critic.backbone.embed_tokens.value is float32[16, 16] in "
+        f"the checkpoint, float32[16, 32] in the run's state. {LEFT}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]  # not moved aside as corrupt
+    restored = Checkpointer(tmp_path, every=1, keep=5).restore_latest(_ppo_state())
+    _assert_identical(restored.state, _at_step(_ppo_state(), 1))  # and still good for its run
+
+
+def test_a_checkpoint_of_another_optimizer_is_reported_with_the_settings_that_differ(tmp_path):
+    _save_steps(tmp_path, [1, 2]).close()
+    unclipped = dataclasses.replace(PPO, max_grad_norm=None)  # adamw alone, not chained
+    assert _mismatch(tmp_path, init_train_state(tiny_model(), unclipped), unclipped) == (
+        f"checkpoint step 2 at {tmp_path / '2'} was written by a different config: 62 array(s) "
+        "only in the checkpoint, e.g. critic_opt.1.0.count; 62 array(s) only in the run's state, "
+        "e.g. critic_opt.0.count; its train_config differs in max_grad_norm (1.0 there, null "
+        f"here). {LEFT}")
+    grpo = TrainConfig(checkpoint_every=1, checkpoint_keep=2)  # no critic
+    message = _mismatch(tmp_path, init_train_state(tiny_model(), grpo), grpo)
+    assert message.startswith(f"checkpoint step 2 at {tmp_path / '2'} was written by a different "
+                              "config: 49 array(s) only in the checkpoint, e.g. "
+                              "critic.backbone.embed_tokens.value; its train_config differs in "
+                              'algorithm.advantage ("gae" there, "grpo" here), ')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]
+
+
+# ------------------------------------------------------------------------- metrics on resume
+
+
+def _lines(*steps) -> str:
+    return "".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in steps)
+
+
+def test_resuming_keeps_every_line_up_to_the_restored_step_and_moves_later_ones(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    cut = '{"step": 6, "lo'  # the line a kill interrupted
+    path.write_text(_lines(1, 2) + "not json, kept\n" + _lines(3, 4, 5) + cut)
+    logger = MetricsLogger(path, resume_step=3)
+    assert path.read_text() == _lines(1, 2) + "not json, kept\n" + _lines(3)
+    assert logger.superseded == 3
+    assert (tmp_path / "metrics.jsonl.superseded").read_text() == _lines(4, 5) + cut + "\n"
+    logger.log(4, {"loss": 0.4})
+    assert path.read_text().endswith('{"step": 4, "loss": 0.4}\n')
+    # A second resume from the same step changes nothing before it and appends what it moves.
+    MetricsLogger(path, resume_step=3)
+    assert path.read_text() == _lines(1, 2) + "not json, kept\n" + _lines(3)
+    assert (tmp_path / "metrics.jsonl.superseded").read_text() == (
+        _lines(4, 5) + cut + "\n" + '{"step": 4, "loss": 0.4}\n')
+
+
+def test_resuming_at_the_last_step_leaves_the_file_untouched(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(_lines(1, 2, 3))
+    before = path.stat().st_mtime_ns, path.stat().st_ino
+    assert MetricsLogger(path, resume_step=3).superseded == 0
+    assert path.read_text() == _lines(1, 2, 3)
+    assert (path.stat().st_mtime_ns, path.stat().st_ino) == before  # not even rewritten
+    assert not (tmp_path / "metrics.jsonl.superseded").exists()
+
+
+def test_split_after_step_is_pure_and_keeps_non_records():
+    from agentrl_jax.train.loop import split_after_step
+
+    text = _lines(1) + '["a list"]\n{"no_step": 1}\n{"step": true}\n' + _lines(2) + '{"st'
+    kept, later = split_after_step(text, 1)
+    assert kept == [_lines(1).strip(), '["a list"]', '{"no_step": 1}', '{"step": true}']
+    assert later == [_lines(2).strip(), '{"st']
+    assert split_after_step("", 0) == ([], [])
 
 
 # ------------------------------------------------------------------------- exact resume after SIGKILL

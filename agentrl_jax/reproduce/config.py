@@ -12,63 +12,41 @@ A :class:`ReproduceConfig` has six sections::
 
 ``ReproduceConfig()`` is the built-in CPU default (``configs/frozenlake_cpu.yaml`` holds the same
 values); :func:`load_config` reads a YAML file and applies ``section.field=value`` overrides.
-Every bad value raises ``ValueError`` naming the field, e.g. ``rl.group_size: must be an int
->= 2, got 1``; unknown keys are errors too (a typo never silently falls back to a default).
+Every bad value raises :class:`~agentrl_jax.errors.ConfigError` (a ``ValueError``) naming the
+file, the override if one set it, and the field, e.g. ``config run.yaml: rl.group_size: must be
+an int >= 2, got 1``; unknown sections and fields are errors too (a typo never silently falls
+back to a default), and so is a file of the wrong structure (``task: 0``, ``rl: false``, a list
+where a mapping belongs, a key given twice, an empty file). Fields are checked by the shared
+helper :func:`agentrl_jax.validation.validate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
+from agentrl_jax.errors import ConfigError
 from agentrl_jax.reproduce.evaluate import EvalSettings
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
 from agentrl_jax.sampling import GENERATION_LAYOUTS
 from agentrl_jax.sharding import MeshConfig
+from agentrl_jax.validation import (BOOL, Check, integer, is_int, one_of, optional, real,
+                                    short_repr, validate)
 
 # ---------------------------------------------------------------- checks
 
-
-def _int(lo: int | None = None) -> tuple[Callable[[Any], bool], str]:
-    def check(v):
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool) and (lo is None or v >= lo)
-    return check, "an int" + (f" >= {lo}" if lo is not None else "")
-
-
-def _real(lo: float | None = None, hi: float | None = None, lo_open: bool = False
-          ) -> tuple[Callable[[Any], bool], str]:
-    def check(v):
-        if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)):
-            return False
-        if lo is not None and (v <= lo if lo_open else v < lo):
-            return False
-        return hi is None or v <= hi
-    bounds = [f"{'>' if lo_open else '>='} {lo}" if lo is not None else "", f"<= {hi}" if hi is not None else ""]
-    return check, "a finite number" + "".join(f" {b}" for b in bounds if b)
-
-
-_BOOL = (lambda v: isinstance(v, bool), "true or false")
+_int, _real, _optional, _BOOL = integer, real, optional, BOOL
 # Table 1's 25% level, (25 T_max) // 100, must be a budget of at least one turn.
-_T_MAX = (lambda v: _int(4)[0](v), "an int >= 4 (the 25% budget level must be >= 1 turn)")
+_T_MAX = (lambda v: is_int(v, 4), "an int >= 4 (the 25% budget level must be >= 1 turn)")
 
 
-def _optional(check: tuple[Callable[[Any], bool], str]) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v is None or check[0](v)), f"null or {check[1]}"
-
-
-def _validate(section: Any, checks: Mapping[str, tuple[Callable[[Any], bool], str]]) -> None:
-    name = _SECTION_NAMES[type(section)]
-    for field, (check, expect) in checks.items():
-        value = getattr(section, field)
-        if not check(value):
-            raise ValueError(f"{name}.{field}: must be {expect}, got {value!r}")
+def _validate(section: Any, checks: Mapping[str, Check]) -> None:
+    validate(_SECTION_NAMES[type(section)], section, checks)
 
 
 # ---------------------------------------------------------------- sections
@@ -125,10 +103,10 @@ class ModelSettings:
             "hidden_size": _int(2), "intermediate_size": _int(1), "num_hidden_layers": _int(1),
             "num_attention_heads": _int(1), "num_key_value_heads": _int(1),
             "head_dim": (lambda v: _int(2)[0](v) and v % 2 == 0, "an even int >= 2"),
-            "tokenizer_vocab": _int(261), "dtype": (lambda v: v in DTYPES, f"one of {DTYPES}"),
+            "tokenizer_vocab": _int(261), "dtype": one_of(DTYPES),
             "seed": _int(0)})
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"model.num_key_value_heads: must divide num_attention_heads "
+            raise ConfigError(f"model.num_key_value_heads: must divide num_attention_heads "
                              f"({self.num_attention_heads}), got {self.num_key_value_heads}")
 
 
@@ -225,12 +203,12 @@ class RLSettings:
 
     def __post_init__(self):
         if isinstance(self.runs, str) or not isinstance(self.runs, Sequence):
-            raise ValueError(f"rl.runs: must be a list of run names, got {self.runs!r}")
+            raise ConfigError(f"rl.runs: must be a list of run names, got {short_repr(self.runs)}")
         object.__setattr__(self, "runs", tuple(self.runs))
-        unknown = [r for r in self.runs if r not in RUN_PRESETS]
-        if unknown or not self.runs or len(set(self.runs)) != len(self.runs):
-            raise ValueError(f"rl.runs: must be distinct names from {sorted(RUN_PRESETS)}, "
-                             f"got {list(self.runs)!r}")
+        known = [r for r in self.runs if isinstance(r, str) and r in RUN_PRESETS]
+        if len(known) != len(self.runs) or not self.runs or len(set(known)) != len(known):
+            raise ConfigError(f"rl.runs: must be distinct names from {sorted(RUN_PRESETS)}, "
+                              f"got {short_repr(list(self.runs))}")
         _validate(self, {
             "steps": _int(1), "tasks_per_step": _int(1), "group_size": _int(2),
             "temperature": _real(0.0, lo_open=True), "top_p": _real(0.0, 1.0, lo_open=True),
@@ -241,19 +219,18 @@ class RLSettings:
             "value_clip": _real(0.0, lo_open=True), "gae_gamma": _real(0.0, 1.0),
             "gae_lambda": _real(0.0, 1.0), "num_micro_batches": _int(1),
             "checkpoint_every": _int(1), "seed": _int(0),
-            "kv_cache_dtype": (lambda v: v is None or v in DTYPES, f"null or one of {DTYPES}"),
+            "kv_cache_dtype": one_of(DTYPES, nullable=True),
             "max_rows_per_call": _optional(_int(1)), "prefill_chunk": _optional(_int(1)),
-            "generation_layout": (lambda v: v in GENERATION_LAYOUTS,
-                                  f"one of {GENERATION_LAYOUTS}"),
-            "remat": (lambda v: v is None or v in REMAT_POLICIES, f"null or one of {REMAT_POLICIES}"),
-            "attention": (lambda v: v in ATTENTION_IMPLEMENTATIONS, f"one of {ATTENTION_IMPLEMENTATIONS}"),
+            "generation_layout": one_of(GENERATION_LAYOUTS),
+            "remat": one_of(REMAT_POLICIES, nullable=True),
+            "attention": one_of(ATTENTION_IMPLEMENTATIONS),
             "logits_chunk": _int(1)})
         rows = self.tasks_per_step * self.group_size
         if rows % self.num_micro_batches:
-            raise ValueError(f"rl.num_micro_batches: must divide tasks_per_step x group_size "
+            raise ConfigError(f"rl.num_micro_batches: must divide tasks_per_step x group_size "
                              f"({rows}), got {self.num_micro_batches}")
         if self.max_rows_per_call is not None and self.max_rows_per_call % self.group_size:
-            raise ValueError(f"rl.max_rows_per_call: must be a multiple of group_size "
+            raise ConfigError(f"rl.max_rows_per_call: must be a multiple of group_size "
                              f"({self.group_size}), so task groups stay whole, got "
                              f"{self.max_rows_per_call}")
 
@@ -280,10 +257,11 @@ class ReproduceConfig:
     def __post_init__(self):
         for name, cls in _SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
-                raise ValueError(f"{name}: must be a {cls.__name__}, got {getattr(self, name)!r}")
+                raise ConfigError(f"{name}: must be a {cls.__name__}, "
+                                  f"got {short_repr(getattr(self, name))}")
         if self.eval.budgets is not None and max(self.eval.budgets) > self.task.t_max:
-            raise ValueError(f"eval.budgets: must be <= task.t_max ({self.task.t_max}), "
-                             f"got {list(self.eval.budgets)}")
+            raise ConfigError(f"eval.budgets: must be <= task.t_max ({self.task.t_max}), "
+                              f"got {list(self.eval.budgets)}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (YAML/JSON); ``config_from_dict(c.to_dict()) == c``."""
@@ -294,69 +272,186 @@ class ReproduceConfig:
                 for name in _SECTIONS}
 
 
-def config_from_dict(d: Mapping[str, Any] | None, *, source: str = "config") -> ReproduceConfig:
-    """A :class:`ReproduceConfig` from plain data; missing sections and fields take defaults."""
-    d = {} if d is None else d
-    if not isinstance(d, Mapping):
-        raise ValueError(f"{source}: must be a mapping of sections, got {type(d).__name__}")
-    unknown = sorted(set(d) - set(_SECTIONS))
-    if unknown:
-        raise ValueError(f"{source}: unknown section {unknown[0]!r}; known: {', '.join(_SECTIONS)}")
-    sections, defaults = {}, ReproduceConfig()
+def config_from_dict(d: Mapping[str, Any] | None, *, source: str | None = None,
+                     overrides: Sequence[str] = ()) -> ReproduceConfig:
+    """A :class:`ReproduceConfig` from plain data; missing sections and fields take defaults.
+
+    ``source`` (e.g. ``"config path/run.yaml"``) and the ``overrides`` already applied to ``d``
+    name where a bad value came from: each :class:`ConfigError` reads
+    ``"<source> with override '<item>': <section>.<field>: ..."``, naming the overrides of the
+    section at fault (the source alone when none touched it; neither when both are absent).
+    """
+    where = _Where(source, overrides)
+    sections = _sections(d, where)
+    built, defaults = {}, ReproduceConfig()
     for name, cls in _SECTIONS.items():
-        values = d.get(name) or {}
-        if not isinstance(values, Mapping):
-            raise ValueError(f"{name}: must be a mapping of fields, got {values!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = sorted(set(values) - known)
-        if bad:
-            raise ValueError(f"{name}: unknown field {bad[0]!r}; known: {', '.join(sorted(known))}")
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         default = getattr(defaults, name)
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in sections.get(name, {}).items()}
         try:
-            sections[name] = cls(**{**{f.name: getattr(default, f.name) for f in dataclasses.fields(cls)},
-                                    **values})
-        except ValueError as error:
+            built[name] = cls(**{**{f.name: getattr(default, f.name)
+                                    for f in dataclasses.fields(cls)}, **values})
+        except ValueError as error:  # the sections' own checks (and MeshConfig's, EvalSettings')
             message = str(error)
-            raise ValueError(message if message.startswith(f"{name}.") else f"{name}: {message}") from None
-    return ReproduceConfig(**sections)
+            raise ConfigError(where.prefix(name) + (
+                message if message.startswith(f"{name}.") else f"{name}: {message}")) from None
+    try:
+        return ReproduceConfig(**built)
+    except ValueError as error:
+        raise ConfigError(where.prefix("task", "eval") + str(error)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Where:
+    """Where a config's values came from (a file, overrides), for the prefix of its errors."""
+
+    source: str | None
+    overrides: Sequence[str] = ()
+
+    def prefix(self, *sections: str) -> str:
+        items = [o for o in self.overrides
+                 if o.partition("=")[0].strip().partition(".")[0] in sections]
+        named = " with ".join(filter(None, [
+            self.source, f"override {', '.join(repr(o) for o in items)}" if items else ""]))
+        return f"{named}: " if named else ""
+
+
+def _sections(d: Any, where: _Where) -> dict[str, dict[str, Any]]:
+    """``d``'s sections as ``{name: {field: value}}``, after checking its structure: a mapping of
+    known section names, each a mapping (or null) of known field names."""
+    if d is None:
+        return {}
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where.prefix()}must be a mapping of sections ({', '.join(_SECTIONS)}), "
+                          f"got {_kind(d)}")
+    out = {}
+    for name, values in d.items():
+        if name not in _SECTIONS or not isinstance(name, str):
+            raise ConfigError(f"{where.prefix(str(name))}unknown section {name!r}; known: "
+                              f"{', '.join(_SECTIONS)}")
+        if values is None:
+            values = {}
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{where.prefix(name)}{name}: must be a mapping of fields, "
+                              f"got {_kind(values)}")
+        known = [f.name for f in dataclasses.fields(_SECTIONS[name])]
+        for field in values:
+            if field not in known or not isinstance(field, str):
+                raise ConfigError(f"{where.prefix(name)}{name}: unknown field {field!r}; known: "
+                                  f"{', '.join(sorted(known))}")
+        out[name] = dict(values)
+    return out
+
+
+def _kind(value: Any) -> str:
+    """A YAML value's kind and value, for messages: ``a list [1, 2]``, ``an int 0``."""
+    kinds = ((bool, "a boolean"), (int, "an int"), (float, "a number"), (str, "a string"),
+             (list, "a list"), (Mapping, "a mapping"))
+    kind = next((name for cls, name in kinds if isinstance(value, cls)), type(value).__name__)
+    return f"{kind} {short_repr(value)}"
 
 
 def _parse_value(text: str) -> Any:
     """YAML, except that numbers like ``1e-6`` are floats (YAML 1.1 wants ``1.0e-6``)."""
-    value = yaml.safe_load(text)
+    try:
+        value = _load_yaml(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"not valid YAML ({_yaml_reason(error)})") from None
     if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
         return float(value)
     return value
 
 
 def apply_overrides(d: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """``d`` with ``section.field=value`` overrides applied (values parsed as YAML)."""
-    out = {k: dict(v or {}) for k, v in d.items()}
+    """``d`` with ``section.field=value`` overrides applied (values parsed as YAML).
+
+    ``d`` is a mapping of sections (:func:`config_from_dict` checks the rest); it is not modified.
+    """
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in d.items()}
     for item in overrides:
         key, sep, text = item.partition("=")
         section, dot, field = key.strip().partition(".")
         if not sep or not dot or not field:
-            raise ValueError(f"override {item!r}: expected section.field=value")
-        out.setdefault(section, {})[field] = _parse_value(text)
+            raise ConfigError(f"override {item!r}: expected section.field=value")
+        try:
+            value = _parse_value(text)
+        except ConfigError as error:
+            raise ConfigError(f"override {item!r}: {error}") from None
+        if out.get(section) is None:
+            out[section] = {}
+        if not isinstance(out[section], Mapping):
+            raise ConfigError(f"override {item!r}: {section}: must be a mapping of fields, "
+                              f"got {_kind(out[section])}")
+        out[section][field] = value
     return out
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ReproduceConfig:
-    """The config in the YAML file ``path`` (None: the built-in default), with overrides."""
+    """The config in the YAML file ``path`` (None: the built-in default), with overrides.
+
+    Every problem is a :class:`ConfigError` naming the file (and the override, if one is
+    involved) and the field: a missing, unreadable or empty file, YAML syntax errors, a key
+    given twice, a top level that is not a mapping of sections, a section that is not a mapping
+    of fields (``task: 0``, ``rl: false``, a list), unknown sections or fields, bad values.
+    """
     data: Any = {}
+    source = None
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"config {path}: no such file")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as error:
-            raise ValueError(f"config {path}: not valid YAML ({error})") from None
-        if not isinstance(data, Mapping):
-            raise ValueError(f"config {path}: must be a mapping of sections")
+        source = f"config {path}"
+        data = read_yaml(path)
+        _sections(data, _Where(source))  # the file's own structure, before overrides touch it
     data = apply_overrides(data, overrides)
-    return config_from_dict(data, source=str(path or "config"))
+    return config_from_dict(data, source=source, overrides=overrides)
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document in ``path``; :class:`ConfigError` for a missing, unreadable or empty
+    file, bad syntax or a key given twice."""
+    if not path.is_file():
+        raise ConfigError(f"config {path}: no such file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config {path}: not UTF-8 text ({error.reason} at byte "
+                          f"{error.start})") from None
+    try:
+        data = _load_yaml(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config {path}: not valid YAML ({_yaml_reason(error)})") from None
+    if data is None:
+        raise ConfigError(f"config {path}: the file is empty (no sections); give no config "
+                          "file for the built-in default, or {} for a file of defaults")
+    return data
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the
+    last silently, so a second ``rl:`` block would hide the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key; the base class reports it
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader
+
+
+def _yaml_reason(error: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where (line and column, 1-based)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
 
 
 def dump_config(config: ReproduceConfig) -> str:

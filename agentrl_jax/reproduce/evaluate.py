@@ -36,6 +36,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from agentrl_jax.errors import ConfigError
 from agentrl_jax.evaluation import diagnostics, likelihood, passk, passt
 from agentrl_jax.evaluation import report as eval_report
 from agentrl_jax.evaluation.report import Section
@@ -48,6 +49,8 @@ from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.reproduce.results import ANALYSES, raw_path, slug, table1_from_results
 from agentrl_jax.rollout import RolloutConfig
 from agentrl_jax.sampling import SamplingConfig
+from agentrl_jax.validation import (BOOL, Check, integer, is_int, is_real, one_of, optional,
+                                    short_repr, validate)
 from envs.frozenlake.text_env import FrozenLakeTextEnv
 
 __all__ = ["ANALYSES", "EvalSettings", "analysis_units", "run_analysis", "table1_from_results",
@@ -58,14 +61,27 @@ _STREAMS = {"passk": 1, "table": 2, "sources": 3, "steps": 4, "errors": 5, "like
 _PAIRWISE = ("steps", "errors", "likelihood")
 
 
-def _is_int(value, lo: int) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= lo
+def _in_range(lo: float, hi: float | None = None, lo_open: bool = False) -> Callable[[Any], bool]:
+    return lambda v: (is_real(v) and (v > lo if lo_open else v >= lo)
+                      and (hi is None or v <= hi))
 
 
-def _is_real(value, lo: float, hi: float | None = None, lo_open: bool = False) -> bool:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not np.isfinite(value):
-        return False
-    return (value > lo if lo_open else value >= lo) and (hi is None or value <= hi)
+_COUNT = integer(1)
+_CHECKS: dict[str, Check] = {
+    **{name: _COUNT for name in (
+        "samples", "k", "pass_k_samples", "group_size", "source_samples", "depth_bins",
+        "likelihood_samples", "likelihood_rows_per_batch", "max_response_tokens", "max_context")},
+    "states": integer(2), "seed": integer(0),
+    "gamma": (_in_range(0.0, 1.0), "a number in [0, 1]"),
+    "temperature": (_in_range(0.0), "a number >= 0"),
+    "top_p": (_in_range(0.0, 1.0, lo_open=True), "a number in (0, 1]"),
+    "invalid": one_of(diagnostics.INVALID_SCORES),
+    "enable_thinking": BOOL,
+    "tasks_per_call": optional(_COUNT), "states_per_call": optional(_COUNT),
+    "prefill_chunk": optional(_COUNT),
+    "kv_cache_dtype": (lambda v: v is None or one_of(("float32", "bfloat16"))[0](v),
+                       "null, float32 or bfloat16"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,37 +119,13 @@ class EvalSettings:
     def __post_init__(self):
         if self.budgets is not None:
             if isinstance(self.budgets, (str, bytes)) or not isinstance(self.budgets, Sequence) \
-                    or not self.budgets or not all(_is_int(b, 1) for b in self.budgets):
-                raise ValueError(f"eval.budgets: must be null or a non-empty list of ints >= 1, "
-                                 f"got {self.budgets!r}")
+                    or not self.budgets or not all(is_int(b, 1) for b in self.budgets):
+                raise ConfigError(f"eval.budgets: must be null or a non-empty list of ints >= 1, "
+                                  f"got {short_repr(self.budgets)}")
             object.__setattr__(self, "budgets", tuple(sorted({int(b) for b in self.budgets})))
-        checks = {name: (_is_int(getattr(self, name), 1), "an int >= 1") for name in (
-            "samples", "k", "pass_k_samples", "group_size", "source_samples", "depth_bins",
-            "likelihood_samples", "likelihood_rows_per_batch", "max_response_tokens",
-            "max_context")}
-        checks.update({
-            "states": (_is_int(self.states, 2), "an int >= 2"),
-            "seed": (_is_int(self.seed, 0), "an int >= 0"),
-            "gamma": (_is_real(self.gamma, 0.0, 1.0), "a number in [0, 1]"),
-            "temperature": (_is_real(self.temperature, 0.0), "a number >= 0"),
-            "top_p": (_is_real(self.top_p, 0.0, 1.0, lo_open=True), "a number in (0, 1]"),
-            "invalid": (self.invalid in diagnostics.INVALID_SCORES,
-                        f"one of {diagnostics.INVALID_SCORES}"),
-            "enable_thinking": (isinstance(self.enable_thinking, bool), "true or false"),
-            "tasks_per_call": (self.tasks_per_call is None or _is_int(self.tasks_per_call, 1),
-                               "null or an int >= 1"),
-            "states_per_call": (self.states_per_call is None or _is_int(self.states_per_call, 1),
-                                "null or an int >= 1"),
-            "prefill_chunk": (self.prefill_chunk is None or _is_int(self.prefill_chunk, 1),
-                              "null or an int >= 1"),
-            "kv_cache_dtype": (self.kv_cache_dtype in (None, "float32", "bfloat16"),
-                               "null, float32 or bfloat16"),
-        })
-        for name, (ok, expect) in checks.items():
-            if not ok:
-                raise ValueError(f"eval.{name}: must be {expect}, got {getattr(self, name)!r}")
+        validate("eval", self, _CHECKS)
         if self.k > self.samples:
-            raise ValueError(f"eval.k: must be <= eval.samples ({self.samples}), got {self.k}")
+            raise ConfigError(f"eval.k: must be <= eval.samples ({self.samples}), got {self.k}")
 
     def table_budgets(self, t_max: int) -> tuple[int, ...]:
         """The Pass@T budgets at ``T_max``: :attr:`budgets` (default 1..T_max) and the levels."""

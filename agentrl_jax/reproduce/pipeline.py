@@ -29,7 +29,6 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-import yaml
 from flax import nnx
 from tqdm.auto import tqdm
 
@@ -37,7 +36,7 @@ from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.reproduce import demos as demo_lib
 from agentrl_jax.reproduce import evaluate, sft, training
-from agentrl_jax.reproduce.config import ReproduceConfig, config_from_dict, dump_config
+from agentrl_jax.reproduce.config import ReproduceConfig, dump_config, load_config
 from agentrl_jax.reproduce.policy_init import build_frozenlake_tokenizer, random_qwen3, save_policy
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.sharding import build_mesh
@@ -106,10 +105,9 @@ def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
     saved = out / CONFIG_FILE
     if saved.exists():
         try:
-            previous = config_from_dict(yaml.safe_load(saved.read_text()), source=str(saved))
-        except ValueError as error:
-            raise ResultsFolderError(f"{saved} is not a valid config ({error}); use --fresh or "
-                                     "another --out") from None
+            previous = load_config(saved)
+        except ValueError as error:  # ConfigError, naming the file and the field
+            raise ResultsFolderError(f"{error}; use --fresh or another --out") from None
         if previous != config:
             before = previous.to_dict()
             changed = [f"{s}.{k}" for s, fields in config.to_dict().items()

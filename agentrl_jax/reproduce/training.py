@@ -147,7 +147,13 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
                  on_step: Callable[[int, dict[str, float]], None] | None = None) -> Any:
     """Train ``spec`` from ``model``'s parameters (or from the newest checkpoint in
     ``run_dir/checkpoints``); metrics go to ``run_dir/metrics.jsonl``. Returns the final
-    policy parameters."""
+    policy parameters.
+
+    On resume, ``metrics.jsonl`` keeps every line up to the restored step; records of later
+    steps (logged after the last checkpoint by the run that was killed, and computed again now)
+    move to ``metrics.jsonl.superseded`` (:class:`~agentrl_jax.train.MetricsLogger`). A checkpoint
+    written by another config raises :class:`~agentrl_jax.train.CheckpointMismatchError` before
+    the metrics are touched, and is left in place."""
     config = spec.train_config
     vocab = model.config.vocab_size
     valid = len(tokenizer) if len(tokenizer) < vocab else None
@@ -159,7 +165,7 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
     # the step donates its input state: train on a copy, so the model keeps its parameters
     state = state.replace(policy=jax.tree.map(jnp.copy, state.policy))
     checkpointer = Checkpointer.from_config(run_dir / "checkpoints", config)
-    restored = checkpointer.restore_latest(state)
+    restored = checkpointer.restore_latest(state, config)
     if restored is not None:
         state = restored.state
     step_fn = make_train_step(nnx.graphdef(model), config, mesh=mesh, donate=True,

@@ -5,6 +5,7 @@
 """
 
 from agentrl_jax.train.checkpoint import (
+    CheckpointMismatchError,
     CheckpointRestoreError,
     Checkpointer,
     CorruptCheckpointWarning,
@@ -41,7 +42,7 @@ from agentrl_jax.train.step import (
 )
 
 __all__ = [
-    "CheckpointRestoreError", "Checkpointer", "CorruptCheckpointWarning", "CriticParams", "MetricsLogger",
+    "CheckpointMismatchError", "CheckpointRestoreError", "Checkpointer", "CorruptCheckpointWarning", "CriticParams", "MetricsLogger",
     "JittedTrainStep", "Restored", "TrainBatch", "activation_constraint", "check_loss_positions",
     "position_logprobs", "TrainConfig", "TrainState", "accumulate_gradients", "advantage_inputs",
     "algorithm_to_dict", "batch_loss_mask", "batch_shardings", "check_full_history", "compute_gradients", "critic_optimizer",

@@ -12,10 +12,14 @@ A checkpoint ``<directory>/<step>/`` holds two Orbax items:
 returns, then writes in the background; a step directory only appears once complete).
 
 Restoring (:meth:`Checkpointer.restore_latest`) tries the newest step first. A checkpoint
-that fails to restore (files missing or truncated, unreadable data, a tree that no longer
-matches the state) is reported with a :class:`CorruptCheckpointWarning` naming its path and
-the reason, moved aside to ``<step>.corrupt`` (so the resumed run can write that step again),
-and the next older one is tried. Leftovers of an interrupted save (Orbax's temporary
+whose saved arrays (names, shapes, dtypes, read from its metadata) differ from the run's state
+was written by a different config (another model size, optimizer, critic): that raises
+:class:`CheckpointMismatchError` ("checkpoint step N at PATH was written by a different config:
+...") and the checkpoint is left in place, since it is not damaged and the run pointed at the
+wrong directory or config. A checkpoint that fails to restore otherwise (files missing or
+truncated, unreadable data) is reported with a :class:`CorruptCheckpointWarning` naming its
+path and the reason, moved aside to ``<step>.corrupt`` (so the resumed run can write that step
+again), and the next older one is tried. Leftovers of an interrupted save (Orbax's temporary
 directories) are reported the same way and removed. If checkpoints exist but none restores,
 :class:`CheckpointRestoreError` lists every path and reason.
 """
@@ -24,12 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from agentrl_jax.train.config import TrainConfig
@@ -45,6 +51,11 @@ class CorruptCheckpointWarning(UserWarning):
 
 class CheckpointRestoreError(RuntimeError):
     """Checkpoints exist but none could be restored."""
+
+
+class CheckpointMismatchError(CheckpointRestoreError):
+    """The newest checkpoint holds another run's state: its arrays (names, shapes, dtypes) differ
+    from the template's, e.g. another model size or optimizer. It is left in place."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +91,9 @@ class Checkpointer:
     def _open(self) -> ocp.CheckpointManager:
         options = ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True,
                                                enable_async_checkpointing=self.async_save)
-        return ocp.CheckpointManager(self.directory, options=options)
+        # Handlers named up front, so a freshly opened manager can read the items' metadata.
+        handlers = {"state": ocp.StandardCheckpointHandler(), "config": ocp.JsonCheckpointHandler()}
+        return ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     def _report_interrupted_saves(self) -> None:
         for tmp in sorted(self.directory.glob(f"*{_TMP_MARKER}*")):
@@ -124,17 +137,26 @@ class Checkpointer:
         self.close()
 
     # ------------------------------------------------------------------ restoring
-    def restore_latest(self, template: TrainState) -> Restored | None:
+    def restore_latest(self, template: TrainState, config: TrainConfig | None = None) -> Restored | None:
         """The newest checkpoint that restores into ``template``'s structure, or None if none exist.
 
         ``template`` is a state of the same run (arrays or ShapeDtypeStructs; their shardings,
         if any, are where the restored arrays go), e.g. ``init_train_state(model, config)``.
+        A checkpoint whose arrays differ from the template's (another config: model size,
+        optimizer, critic) raises :class:`CheckpointMismatchError` and is left in place;
+        ``config``, the run's, only makes that message list the trainer settings that differ.
         """
         self.wait()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
         skipped: list[tuple[Path, str]] = []
         for step in sorted(self._manager.all_steps(), reverse=True):
             path = self.path(step)
+            mismatch = self._mismatch(step, abstract, config)
+            if mismatch:
+                raise CheckpointMismatchError(
+                    f"checkpoint step {step} at {path} was written by a different config: "
+                    f"{mismatch}. It is left as it is (it is not corrupt): resume with the config "
+                    "that wrote it, or give this run another checkpoint directory")
             try:
                 restored = self._manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract), config=ocp.args.JsonRestore()))
@@ -156,6 +178,30 @@ class Checkpointer:
             raise CheckpointRestoreError(f"no checkpoint under {self.directory} could be restored: {details}")
         return None
 
+    def _mismatch(self, step: int, abstract: Any, config: TrainConfig | None) -> str:
+        """How the saved state's arrays differ from ``abstract``'s ("" if they agree, or if the
+        checkpoint's metadata cannot be read: then the restore itself decides)."""
+        try:
+            saved = self._manager.item_metadata(step)["state"]
+            saved = None if saved is None else ocp.tree.to_flat_dict(getattr(saved, "tree", saved))
+        except Exception:  # noqa: BLE001 - unreadable metadata: a damaged checkpoint, not another config
+            return ""
+        if not saved:
+            return ""
+        wanted = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(abstract, keep_empty_nodes=True))
+        differences = tree_differences(saved, wanted)
+        if differences and config is not None:
+            differences += self._config_differences(step, config)
+        return "; ".join(differences)
+
+    def _config_differences(self, step: int, config: TrainConfig) -> list[str]:
+        try:
+            saved = self._manager.restore(step, args=ocp.args.Composite(
+                config=ocp.args.JsonRestore())).config["train_config"]
+        except Exception:  # noqa: BLE001 - the arrays' differences are reported anyway
+            return []
+        return config_differences(saved, config.to_dict())
+
     def _set_aside(self, path: Path) -> None:
         target = Path(f"{path}{CORRUPT_SUFFIX}")
         n = 1
@@ -174,3 +220,62 @@ def _check_restored(state: Any, abstract: Any, config: Any) -> None:
             raise ValueError(f"restored array {got.shape} {got.dtype} does not match {want.shape} {want.dtype}")
     if not isinstance(config, Mapping) or "train_config" not in config:
         raise ValueError("the config item has no 'train_config'")
+
+
+def _path_name(key: tuple[Any, ...]) -> str:
+    return ".".join(str(k) for k in key)
+
+
+def _describe(leaf: Any) -> str:
+    return f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
+
+
+def tree_differences(saved: Mapping[tuple, Any], wanted: Mapping[tuple, Any]) -> list[str]:
+    """How the arrays of a saved tree (flat ``{key path: metadata}``) differ from the wanted
+    ones (``{key path: ShapeDtypeStruct}``): arrays only in one of them, then arrays of another
+    shape or dtype, each with a count and the first example. Pure; entries without a shape
+    (empty nodes such as an absent critic) are not arrays and are ignored."""
+    saved = {k: v for k, v in saved.items() if hasattr(v, "shape")}
+    wanted = {k: v for k, v in wanted.items() if hasattr(v, "shape")}
+    out = []
+    for keys, where in ((sorted(set(saved) - set(wanted)), "only in the checkpoint"),
+                        (sorted(set(wanted) - set(saved)), "only in the run's state")):
+        if keys:
+            out.append(f"{len(keys)} array(s) {where}, e.g. {_path_name(keys[0])}")
+    changed = [k for k in sorted(set(saved) & set(wanted))
+               if tuple(saved[k].shape) != tuple(wanted[k].shape)
+               or np.dtype(saved[k].dtype) != np.dtype(wanted[k].dtype)]
+    if changed:
+        k = changed[0]
+        out.append(f"{len(changed)} array(s) of another shape or dtype, e.g. {_path_name(k)} is "
+                   f"{_describe(saved[k])} in the checkpoint, {_describe(wanted[k])} in the run's state")
+    return out
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
+                       limit: int = 8) -> list[str]:
+    """``["its train_config differs in <field> (<saved> there, <current> here), ..."]`` with
+    nested fields dotted (``algorithm.advantage``), compared as plain JSON data; ``[]`` when
+    they agree. At most ``limit`` fields are listed."""
+    saved, current = _flat_json(saved), _flat_json(json.loads(json.dumps(current)))
+    changed = [f"{f} ({_short_json(saved.get(f))} there, {_short_json(current.get(f))} here)"
+               for f in sorted(set(saved) | set(current)) if saved.get(f) != current.get(f)]
+    if not changed:
+        return []
+    more = f" and {len(changed) - limit} more" if len(changed) > limit else ""
+    return [f"its train_config differs in {', '.join(changed[:limit])}{more}"]
+
+
+def _flat_json(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_flat_json(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _short_json(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -3,7 +3,8 @@
 :class:`TrainConfig` holds everything the train step and loop need besides the model: the
 algorithm (advantage estimator and loss terms, :class:`~agentrl_jax.algorithms.AlgorithmConfig`),
 the optimizers, micro-batching, process-reward shaping, run length, checkpointing and the seed.
-It is validated on construction (a bad value raises ``ValueError`` naming the field) and is
+It is validated on construction (a bad value raises :class:`~agentrl_jax.errors.ConfigError`, a
+``ValueError``, naming the field, through :func:`agentrl_jax.validation.validate`) and is
 hashable, so a jitted step can close over it. Defaults are the paper's (§4): AdamW with
 learning rate 1e-6 and weight decay 0.01, critic learning rate 1e-5, KL coefficient 0.001 (in
 ``algorithm``), group-relative GRPO.
@@ -23,6 +24,7 @@ from typing import Any, Mapping
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
+from agentrl_jax.validation import validate
 
 
 def _is_real(v: Any) -> bool:
@@ -77,10 +79,7 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.algorithm: {e}") from None
         if not isinstance(self.algorithm, AlgorithmConfig):
             raise ValueError(f"TrainConfig.algorithm: must be an AlgorithmConfig or mapping, got {self.algorithm!r}")
-        for name, (check, expect) in _CHECKS.items():
-            value = getattr(self, name)
-            if not check(value):
-                raise ValueError(f"TrainConfig.{name}: must be {expect}, got {value!r}")
+        validate("TrainConfig", self, _CHECKS)
 
     @property
     def kl_coef(self) -> float:

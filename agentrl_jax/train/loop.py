@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -64,11 +65,21 @@ def tensorboard_writer(logdir: str | Path):
     return None
 
 
+SUPERSEDED_SUFFIX = ".superseded"
+
+
 class MetricsLogger:
     """Writes one JSON object per step to ``path`` (and scalars to a TensorBoard writer).
 
-    ``resume_step``: records of steps after it (written by a run that was killed after its
-    last checkpoint) are dropped, so a resumed run's file has each step once. ``writer`` is
+    ``resume_step``: the step the run resumes from (its restored checkpoint's; 0 when it starts
+    over). Every line of the file up to that step is kept as it is, never rewritten or lost.
+    Records of *later* steps were written by a run killed after its last checkpoint; the
+    resumed run computes those steps again (bit for bit, resume is exact) and logs them anew,
+    so they leave ``path`` (a file with each step once is what the readers and the training
+    curves need) and are appended to ``<path>.superseded``, where nothing is lost either. So
+    is a last line cut short by the kill. The file is replaced atomically (a kill during the
+    rewrite leaves the old file or the new one, never a truncated one), and not touched at all
+    when nothing follows ``resume_step``. ``superseded`` counts the lines moved. ``writer`` is
     any object with ``add_scalar(tag, value, step)`` (and optionally ``flush``/``close``);
     by default one is made in ``tensorboard_dir`` if TensorBoard is installed.
     """
@@ -76,27 +87,17 @@ class MetricsLogger:
     def __init__(self, path: str | Path | None, *, tensorboard_dir: str | Path | None = None,
                  resume_step: int | None = None, writer: Any = None):
         self.path = None if path is None else Path(path)
+        self.superseded = 0
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume_step is not None and self.path.exists():
-                self._truncate_after(resume_step)
+                self.superseded = _supersede_after(self.path, resume_step)
         self.writer = writer
         if writer is None and tensorboard_dir is not None:
             self.writer = tensorboard_writer(tensorboard_dir)
             if self.writer is None:
                 warnings.warn("TensorBoard logging asked for but neither tensorboardX nor tensorboard is "
                               "installed; writing JSONL only", stacklevel=2)
-
-    def _truncate_after(self, step: int) -> None:
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by the kill
-                continue
-            if record.get("step", math.inf) <= step:
-                kept.append(line)
-        self.path.write_text("".join(f"{line}\n" for line in kept))
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         record = {"step": int(step), **{k: _json_number(v) for k, v in metrics.items()}}
@@ -122,6 +123,52 @@ def _json_number(v: Any) -> float | None:
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The records of a metrics JSONL file."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def split_after_step(text: str, step: int) -> tuple[list[str], list[str]]:
+    """``(kept, later)``: the lines of a metrics JSONL text that stay, and those that go.
+
+    A line goes if it is a record of a step after ``step``, or the last line and unterminated
+    (cut by a kill, so not a whole record). Everything else stays, in order: records up to
+    ``step`` and any line that is not a record. Pure.
+    """
+    lines = text.split("\n")
+    complete, cut = lines[:-1], lines[-1]  # cut == "" when the text ends with a newline
+    kept, later = [], []
+    for line in complete:
+        (later if _step_of(line) > step else kept).append(line)
+    if cut:
+        later.append(cut)
+    return kept, later
+
+
+def _step_of(line: str) -> float:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return -math.inf
+    value = record.get("step") if isinstance(record, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else -math.inf
+
+
+def _supersede_after(path: Path, step: int) -> int:
+    """Move the lines of ``path`` past ``step`` to ``<path>.superseded`` (see MetricsLogger)."""
+    text = path.read_bytes().decode("utf-8", "surrogateescape")  # any byte survives the round trip
+    kept, later = split_after_step(text, step)
+    if not later:
+        return 0
+    with open(f"{path}{SUPERSEDED_SUFFIX}", "a", encoding="utf-8", errors="surrogateescape") as f:
+        # first, so a kill from here on loses nothing
+        f.write("".join(f"{line}\n" for line in later))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp = path.with_name(f"{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.write("".join(f"{line}\n" for line in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(later)
 
 
 # ------------------------------------------------------------------------- rollout metrics
