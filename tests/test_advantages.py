@@ -125,6 +125,50 @@ def test_grpo_traces_once_per_shape():
         fn(r, jnp.arange(16) // 4, jnp.ones(16, bool))
 
 
+# ------------------------------------------------------------------------- Dr. GRPO, RLOO
+
+
+def _loo_example():
+    # group 5: R = [1, 0, 1, 1] plus a masked row (reward 100, no one's baseline);
+    # group -1: R = [2, 5]; group 9: a single trajectory; group 4: three equal returns 0.9025.
+    rewards = jnp.array([1.0, 2.0, 0.0, 100.0, 1.0, 7.0, 5.0, 1.0, 0.9025, 0.9025, 0.9025])
+    groups = jnp.array([5, -1, 5, 5, 5, 9, -1, 5, 4, 4, 4])
+    mask = jnp.array([True, True, True, False, True, True, True, True, True, True, True])
+    return rewards, groups, mask
+
+
+def test_rloo_hand_computed():
+    rewards, groups, mask = _loo_example()
+    got = adv.rloo_advantages(rewards, groups, mask)
+    # group 5: a success's other three are [0, 1, 1] -> baseline 2/3 -> A = 1/3;
+    #          the failure's others are [1, 1, 1] -> baseline 1 -> A = -1
+    # group -1: 2 - 5 = -3 and 5 - 2 = 3; group 9 (alone) and the masked row: 0; group 4: ties, exactly 0
+    want = [1 / 3, -3.0, -1.0, 0.0, 1 / 3, 0.0, 3.0, 1 / 3, 0.0, 0.0, 0.0]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert np.all(np.asarray(got)[8:] == 0.0)
+
+
+def test_dr_grpo_hand_computed():
+    rewards, groups, mask = _loo_example()
+    got = adv.dr_grpo_advantages(rewards, groups, mask)
+    # group 5: mean 3/4 -> [1/4, -3/4, 1/4, 1/4]; group -1: mean 3.5 -> [-1.5, 1.5]; no std division
+    want = [0.25, -1.5, -0.75, 0.0, 0.25, 0.0, 1.5, 0.25, 0.0, 0.0, 0.0]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert np.all(np.asarray(got)[8:] == 0.0)
+    # RLOO is Dr. GRPO scaled by n / (n - 1): 4/3 for group 5, 2 for group -1
+    np.testing.assert_allclose(adv.rloo_advantages(rewards, groups, mask),
+                               np.asarray(got) * np.array([4 / 3, 2, 4 / 3, 0, 4 / 3, 0, 2, 4 / 3, 0, 0, 0]),
+                               atol=1e-6)
+
+
+def test_rloo_and_dr_grpo_are_jittable_and_trace_once():
+    for fn in (adv.rloo_advantages, adv.dr_grpo_advantages):
+        counted = jax.jit(chex.assert_max_traces(fn, n=1))
+        for seed in range(3):
+            r = jax.random.normal(jax.random.key(seed), (16,))
+            counted(r, jnp.arange(16) // 4, jnp.ones(16, bool))
+
+
 # ------------------------------------------------------------------------- GiGPO
 
 

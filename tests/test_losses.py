@@ -75,6 +75,83 @@ def test_policy_clip_arguments_are_validated(kwargs, field):
         losses.clipped_surrogate(jnp.zeros(2), jnp.zeros(2), jnp.ones(2), **kwargs)
 
 
+def test_approx_kl_hand_computed():
+    # (r - 1) - log r: r = 2 -> 1 - ln 2 = 0.306853; r = 0.5 -> -0.5 + ln 2 = 0.193147; r = 1 -> 0
+    logp, old = _logs([2.0, 0.5, 1.0])
+    np.testing.assert_allclose(losses.approx_kl(logp, old), [1 - LN2, LN2 - 0.5, 0.0], atol=1e-6)
+
+
+# ------------------------------------------------------------------------- GSPO
+
+
+def _gspo_example():
+    """Two sequences; masked positions hold garbage log-probs that must not matter.
+
+    row 0: response tokens 0, 1 with ratios [2, 1] -> s_0 = sqrt(2) = 1.414214, A = +1;
+    row 1: tokens 0, 1, 2 with ratios [1.331, 1/1.1, 1.1] -> s_1 = 1.331^(1/3) = 1.1, A = -2.
+    """
+    old = jnp.full((2, 3), math.log(0.5))
+    ratios = jnp.array([[2.0, 1.0, 1.0], [1.331, 1 / 1.1, 1.1]])
+    logp = (old + jnp.log(ratios)).at[0, 2].set(3.0)  # garbage on the masked position
+    mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    advantages = jnp.array([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]])
+    return logp, old, advantages, mask
+
+
+def test_gspo_hand_computed():
+    logp, old, advantages, mask = _gspo_example()
+    np.testing.assert_allclose(losses.sequence_log_ratio(logp, old, mask), [LN2 / 2, math.log(1.1)], atol=1e-6)
+    clips = dict(clip_low=0.2, clip_high=0.28)
+    got = losses.gspo_surrogate(logp, old, advantages, mask, **clips)
+    # row 0: max(-1.414214, -clip(1.414214, 0.8, 1.28) = -1.28) = -1.28 (clipped, whole sequence)
+    # row 1: 1.1 is inside [0.8, 1.28]: -(-2) * 1.1 = 2.2 on every token
+    np.testing.assert_allclose(np.asarray(got) * np.asarray(mask), [[-1.28, -1.28, 0.0], [2.2, 2.2, 2.2]], atol=1e-6)
+    np.testing.assert_array_equal(losses.gspo_clip_indicator(logp, old, advantages, mask, **clips) * mask,
+                                  [[1, 1, 0], [0, 0, 0]])
+    # the paper's sequence mean: (-1.28 + 2.2) / 2 = 0.46
+    part = losses.gspo_loss(logp, old, advantages, mask, **clips)
+    assert float(part.total) == pytest.approx(0.92, abs=1e-6) and float(part.denom) == 2.0
+    # gradient of that mean: row 0 clipped -> 0; row 1: d/dlogp_t (1/2)(-A s_1) = (1/2) * 2 * 1.1 / 3
+    grad = jax.grad(lambda lp: agg.mean(losses.gspo_loss(lp, old, advantages, mask, **clips)))(logp)
+    np.testing.assert_allclose(grad, [[0.0, 0.0, 0.0], [1.1 / 3] * 3], atol=1e-6)
+    # default clip range (3e-4, 4e-4): row 0 is clipped at 1 + 4e-4 -> -1.0004; row 1 (A < 0, s > 1)
+    # keeps max(2.2, 2 * 1.0004) = 2.2: the pessimistic term is the unclipped one
+    default = losses.gspo_surrogate(logp, old, advantages, mask)
+    np.testing.assert_allclose(np.asarray(default)[:, 0], [-(1 + 4e-4), 2.2], atol=1e-6)
+
+
+def _sequence_gspo_reference(logp, old, adv_seq, mask, clip_low, clip_high, weights):
+    """Sequence-level GSPO written from the paper: s_i = exp(mean_t log r_it) differentiated whole."""
+    m = mask
+    s = jnp.exp(jnp.sum((logp - old) * m, -1) / jnp.sum(m, -1))
+    seq_loss = jnp.maximum(-adv_seq * s, -adv_seq * jnp.clip(s, 1 - clip_low, 1 + clip_high))
+    return jnp.sum(weights * seq_loss)
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"])
+def test_gspo_gradient_equals_the_sequence_level_objective(mode):
+    """With one advantage per sequence, GSPO-token's gradient is that of sequence-level GSPO."""
+    rng = np.random.default_rng(3)
+    n, length = 6, 7
+    lengths = np.array([1, 7, 3, 5, 2, 6])
+    mask = jnp.asarray((np.arange(length)[None] < lengths[:, None]).astype(np.float32))
+    old = jnp.asarray(rng.normal(size=(n, length)) * 0.3 - 1.0, jnp.float32)
+    logp = old + jnp.asarray(rng.normal(size=(n, length)) * 0.1, jnp.float32)
+    adv_seq = jnp.asarray(rng.normal(size=n), jnp.float32)
+    advantages = jnp.broadcast_to(adv_seq[:, None], (n, length))
+    clips = dict(clip_low=0.05, clip_high=0.08)  # some sequences clipped, some not
+    tokens = lengths.astype(np.float32)
+    weights = {"seq-mean-token-mean": np.full(n, 1 / n),       # each sequence 1/G
+               "token-mean": tokens / tokens.sum(),            # |y_i| identical token losses over all tokens
+               "seq-mean-token-sum": tokens / 7.0 / n}[mode]    # |y_i| / C per sequence, over G
+    ours = lambda lp: agg.mean(losses.gspo_loss(lp, old, advantages, mask, mode=mode, norm_constant=7.0, **clips))  # noqa: E731
+    ref = lambda lp: _sequence_gspo_reference(lp, old, adv_seq, mask, weights=jnp.asarray(weights), **clips)  # noqa: E731
+    np.testing.assert_allclose(ours(logp), ref(logp), rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(ours)(logp), jax.grad(ref)(logp), atol=1e-6)
+    clipped = np.asarray(losses.gspo_clip_indicator(logp, old, advantages, mask, **clips))[:, 0]
+    assert 0 < clipped.sum() < n
+
+
 # ------------------------------------------------------------------------- KL
 
 

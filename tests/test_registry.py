@@ -41,7 +41,7 @@ def test_default_config_is_the_papers_grpo_and_is_hashable():
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(advantage="grp"), r"AlgorithmConfig\.advantage: unknown advantage estimator 'grp'; known: gae, gigpo, grpo"),
+        (dict(advantage="grp"), r"AlgorithmConfig\.advantage: unknown advantage estimator 'grp'; known: dr_grpo, gae, gigpo, grpo, rloo"),
         (dict(advantage_params={"epsilon": 1.0}), r"AlgorithmConfig\.advantage_params: unknown parameter 'epsilon'"),
         (dict(advantage_params={"ddof": 2}), r"AlgorithmConfig\.advantage_params\['ddof'\]: must be 0 or 1"),
         (dict(advantage="gigpo", advantage_params={"gamma": 1.5}),
@@ -67,7 +67,7 @@ def test_config_errors_name_the_field(kwargs, message):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("polcy_clip",), r"LossTermConfig\.name: unknown loss term 'polcy_clip'; known: entropy, kl, policy_clip"),
+        (("polcy_clip",), r"LossTermConfig\.name: unknown loss term 'polcy_clip'; known: entropy, gspo_clip, kl, policy_clip"),
         (("policy_clip", float("inf")), r"LossTermConfig\(name='policy_clip'\)\.coef"),
         (("policy_clip", 1.0, {"clip_low": 1.2}), r"\.params\['clip_low'\]: must be a number in \[0, 1\), got 1\.2"),
         (("policy_clip", 1.0, {"dual_clip": 0.5}), r"\.params\['dual_clip'\]: must be None or a finite number > 1"),
@@ -238,3 +238,194 @@ def test_custom_terms_can_be_registered():
         reg.LOSS_TERMS.pop(name, None)
     with pytest.raises(ValueError, match="are not LossInputs fields"):
         reg.register_loss_term("test_bad", required=("logits",))(lambda inputs: inputs)
+
+
+# ------------------------------------------------------------------------- new entries
+
+
+def test_new_entries_are_registered_with_their_inputs():
+    assert reg.ADVANTAGE_ESTIMATORS["dr_grpo"].required == ("rewards", "group_ids")
+    assert reg.ADVANTAGE_ESTIMATORS["rloo"].required == ("rewards", "group_ids")
+    gspo = reg.LOSS_TERMS["gspo_clip"]
+    assert (gspo.required, gspo.target) == (("logprobs", "old_logprobs", "advantages"), "policy")
+    assert dict(LossTermConfig("gspo_clip").params) == {"clip_low": 3e-4, "clip_high": 4e-4}
+    with pytest.raises(ValueError, match=r"LossTermConfig\(name='gspo_clip'\)\.params\['clip_low'\]: must be"):
+        LossTermConfig("gspo_clip", 1.0, {"clip_low": 1.5})
+    with pytest.raises(ValueError, match=r"unknown parameter 'eps'; known: none"):
+        AlgorithmConfig(advantage="rloo", advantage_params={"eps": 1e-6})
+
+
+def test_compute_advantages_rloo_and_dr_grpo_hand_computed():
+    t = _trajectories()
+    inputs = AdvantageInputs(loss_mask=t["loss_mask"], rewards=jnp.array([1.0, 0.0, 1.0]),
+                             group_ids=t["group_ids"])
+    # group 0 R = [1, 0]: RLOO 1 - 0 = 1 and 0 - 1 = -1; Dr. GRPO: +-0.5 (no std); group 1 alone: 0
+    tokens = np.array([0, 1, 1, 0, 1, 0], np.float32)
+    rloo = compute_advantages(AlgorithmConfig(advantage="rloo"), inputs)
+    np.testing.assert_allclose(rloo.advantages, [tokens, -tokens, 0 * tokens], atol=1e-6)
+    dr = compute_advantages(AlgorithmConfig(advantage="dr_grpo"), inputs)
+    np.testing.assert_allclose(dr.advantages, [0.5 * tokens, -0.5 * tokens, 0 * tokens], atol=1e-6)
+    assert rloo.returns is None and dr.returns is None
+
+
+def test_dr_grpo_combination_hand_computed():
+    """Dr. GRPO: mean-only advantages and token sums divided by a constant (max length 4)."""
+    config = AlgorithmConfig(advantage="dr_grpo", loss_terms=(LossTermConfig("policy_clip"),),
+                             aggregation="seq-mean-token-sum", aggregation_constant=4.0)
+    mask = jnp.array([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    a = compute_advantages(config, AdvantageInputs(loss_mask=mask, rewards=jnp.array([1.0, 0.0]),
+                                                   group_ids=jnp.array([3, 3]))).advantages
+    x = LossInputs(loss_mask=mask, logprobs=jnp.zeros((2, 4)), old_logprobs=jnp.zeros((2, 4)), advantages=a)
+    total, _ = compute_loss(config, x)
+    # ratio 1 -> per-token loss -A: row 0 -0.5 on 2 tokens (sum -1), row 1 +0.5 on 4 tokens (sum 2);
+    # (-1 + 2) / 4 = 0.25 over 2 sequences -> 0.125 (token-mean would be 1/6, seq-mean-token-mean 0)
+    assert (float(total.total), float(total.denom)) == pytest.approx((0.25, 2.0))
+    assert float(agg.mean(total)) == pytest.approx(0.125)
+
+
+def test_gspo_term_matches_the_loss_and_reports_sequence_metrics():
+    old = jnp.full((2, 3), np.log(0.5))
+    ratios = np.array([[2.0, 1.0, 1.0], [1.331, 1 / 1.1, 1.1]])
+    logp = (old + jnp.log(jnp.asarray(ratios, jnp.float32))).at[0, 2].set(3.0)
+    mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    x = LossInputs(loss_mask=mask, logprobs=logp, old_logprobs=old,
+                   advantages=jnp.array([[1.0] * 3, [-2.0] * 3]))
+    config = AlgorithmConfig(loss_terms=(LossTermConfig("gspo_clip", 1.0, {"clip_low": 0.2, "clip_high": 0.28}),),
+                             aggregation="seq-mean-token-mean")
+    result = reg.compute_loss_with_metrics(config, x)
+    # s_0 = sqrt(2) clipped to 1.28 (A = +1): -1.28; s_1 = 1.1 (A = -2): 2.2 -> (-1.28 + 2.2) / 2
+    assert float(agg.mean(result.total)) == pytest.approx(0.46, abs=1e-6)
+    m = {k: float(agg.mean(v)) for k, v in result.metrics.items()}
+    assert m["gspo_clip/clip_fraction"] == pytest.approx(2 / 5)      # row 0's 2 tokens of 5
+    assert m["gspo_clip/seq_clip_fraction"] == pytest.approx(1 / 2)  # 1 sequence of 2
+    assert m["gspo_clip/seq_ratio"] == pytest.approx((np.sqrt(2) + 1.1) / 2, rel=1e-6)
+    r = ratios[np.asarray(mask) > 0]
+    assert m["gspo_clip/approx_kl"] == pytest.approx(np.mean((r - 1) - np.log(r)), rel=1e-5)
+
+
+# ------------------------------------------------------------------------- metrics
+
+
+def test_policy_clip_returns_clip_fraction_and_approx_kl():
+    # ratios [1.5, 0.5, 1.5, 0.5, 1.25], A [1, 1, -1, -1, 2], clip [0.8, 1.28]: clipped [1, 0, 0, 1, 0];
+    # the last token is masked out -> clip fraction 2/4
+    ratios = np.array([1.5, 0.5, 1.5, 0.5, 1.25])
+    old = jnp.full((1, 5), np.log(0.5))
+    x = LossInputs(loss_mask=jnp.array([[1.0, 1, 1, 1, 0]]), logprobs=old + jnp.log(jnp.asarray([ratios], jnp.float32)),
+                   old_logprobs=old, advantages=jnp.array([[1.0, 1.0, -1.0, -1.0, 2.0]]))
+    config = AlgorithmConfig(loss_terms=(LossTermConfig("policy_clip", 1.0, {"clip_high": 0.28}),))
+    result = reg.compute_loss_with_metrics(config, x)
+    assert set(result.metrics) == {"policy_clip/clip_fraction", "policy_clip/approx_kl"}
+    assert float(agg.mean(result.metrics["policy_clip/clip_fraction"])) == pytest.approx(0.5)
+    kl = (0.5 - np.log(1.5)) + (-0.5 - np.log(0.5))  # (r - 1) - log r for r = 1.5 and 0.5, each twice
+    assert float(agg.mean(result.metrics["policy_clip/approx_kl"])) == pytest.approx(2 * kl / 4, rel=1e-5)
+    # the old entry point is unchanged: (total, parts), the same numbers
+    total, parts = compute_loss(config, x)
+    assert float(total.total) == float(result.total.total) and set(parts) == set(result.parts) == {"policy_clip"}
+    # loss by hand: [-1.28, -0.5, 1.5, 0.8] over 4 tokens
+    assert float(agg.mean(total)) == pytest.approx((-1.28 - 0.5 + 1.5 + 0.8) / 4, abs=1e-6)
+    # a LossResult unpacks into its three fields
+    t, p, mets = result
+    assert t is result.total and p is result.parts and mets is result.metrics
+
+
+def _metric_term(name):
+    @reg.register_loss_term(name, required=("advantages",))
+    def _term(inputs):
+        a = inputs.advantages
+        return reg.TermOutput(a**2, {"tok": jnp.abs(a), "seq": jnp.sum(a, axis=-1), "scalar": jnp.max(a)})
+    return _term
+
+
+def test_custom_term_metrics_token_sequence_and_scalar():
+    name = "test_metric_term"
+    try:
+        _metric_term(name)
+        config = AlgorithmConfig(loss_terms=(LossTermConfig(name, 3.0),))
+        mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # row 2 is padding
+        a = jnp.array([[1.0, -2.0, 9.0], [3.0, 9.0, 9.0], [9.0, 9.0, 9.0]])
+        result = reg.compute_loss_with_metrics(config, LossInputs(loss_mask=mask, advantages=a))
+        m = result.metrics
+        assert set(m) == {f"{name}/tok", f"{name}/seq", f"{name}/scalar"}
+        assert tuple(map(float, m[f"{name}/tok"])) == (6.0, 3.0)      # |1| + |-2| + |3| over 3 tokens
+        assert tuple(map(float, m[f"{name}/seq"])) == (29.0, 2.0)     # row sums 8 + 21, padded row 2 left out
+        assert tuple(map(float, m[f"{name}/scalar"])) == (9.0, 1.0)   # a scalar counts once per part
+        assert float(agg.mean(result.total)) == pytest.approx(3.0 * (1 + 4 + 9) / 3)
+    finally:
+        reg.LOSS_TERMS.pop(name, None)
+
+
+def test_metrics_add_over_micro_batches_exactly():
+    x = _loss_inputs()
+    config = AlgorithmConfig(loss_terms=(LossTermConfig("policy_clip", 1.0, {"clip_high": 0.28}),
+                                         LossTermConfig("gspo_clip", 0.5, {"clip_low": 0.1, "clip_high": 0.1})))
+    full = reg.compute_loss_with_metrics(config, x)
+    parts = [reg.compute_loss_with_metrics(config, jax.tree.map(lambda v, r=r: v[r], x))
+             for r in (slice(0, 1), slice(1, 4))]
+    summed = jax.tree.map(lambda *v: sum(v), *[p.metrics for p in parts])
+    assert set(full.metrics) == {"policy_clip/clip_fraction", "policy_clip/approx_kl", "gspo_clip/clip_fraction",
+                                 "gspo_clip/seq_clip_fraction", "gspo_clip/approx_kl", "gspo_clip/seq_ratio"}
+    for key, want in full.metrics.items():
+        np.testing.assert_allclose(agg.mean(summed[key]), agg.mean(want), rtol=1e-6, err_msg=key)
+
+
+def test_metrics_under_jit_do_not_change_the_gradient():
+    x = _loss_inputs()
+    config = AlgorithmConfig()
+
+    @jax.jit
+    def with_metrics(logp):
+        result = reg.compute_loss_with_metrics(config, dataclasses.replace(x, logprobs=logp))
+        return result.total.total, result.metrics
+
+    @jax.jit
+    def plain(logp):
+        return compute_loss(config, dataclasses.replace(x, logprobs=logp))[0].total
+
+    g, metrics = jax.grad(with_metrics, has_aux=True)(x.logprobs)
+    np.testing.assert_allclose(g, jax.grad(plain)(x.logprobs), atol=1e-7)
+    assert 0.0 <= float(agg.mean(metrics["policy_clip/clip_fraction"])) <= 1.0
+    assert float(agg.mean(metrics["policy_clip/approx_kl"])) >= 0.0
+
+
+@pytest.mark.parametrize("output,message", [
+    (lambda a: (a, {"x/y": a}), r"loss term 'test_bad_metrics': metric names must be non-empty strings without '/'"),
+    (lambda a: (a, {"m": a[:, :1]}), r"loss term 'test_bad_metrics': 'm' metric: expected shape \(1, 2\), \(1,\) or a scalar"),
+    (lambda a: (a, a), r"must return a per-token loss or \(loss, metrics mapping\)"),
+    (lambda a: a[0], r"per-token loss must have the loss mask's shape \(1, 2\), got \(2,\)"),
+])
+def test_bad_term_outputs_name_the_term(output, message):
+    name = "test_bad_metrics"
+    try:
+        reg.register_loss_term(name, required=("advantages",))(lambda inputs: output(inputs.advantages))
+        config = AlgorithmConfig(loss_terms=(LossTermConfig(name),))
+        with pytest.raises(ValueError, match=message):
+            reg.compute_loss_with_metrics(config, LossInputs(loss_mask=jnp.ones((1, 2)), advantages=jnp.ones((1, 2))))
+    finally:
+        reg.LOSS_TERMS.pop(name, None)
+
+
+# ------------------------------------------------------------------------- declared inputs
+
+
+def test_required_inputs_follow_the_configured_terms_whatever_their_names():
+    assert AlgorithmConfig().required_loss_inputs("policy") == {"logprobs", "old_logprobs", "advantages",
+                                                                "ref_logprobs"}
+    assert AlgorithmConfig().required_advantage_inputs == {"rewards", "group_ids"}
+    gigpo = AlgorithmConfig(advantage="gigpo", loss_terms=(LossTermConfig("gspo_clip"),))
+    assert gigpo.required_loss_inputs("policy") == {"logprobs", "old_logprobs", "advantages"}
+    assert gigpo.required_advantage_inputs == {"rewards", "group_ids", "turn_mask", "anchor_keys", "token_turn_index"}
+    assert gigpo.required_loss_inputs("critic") == frozenset()
+    name = "test_needs_entropy_and_reference"
+    try:
+        @reg.register_loss_term(name, required=("entropy", "ref_logprobs"))
+        def _t(inputs):
+            return inputs.ref_logprobs - inputs.entropy
+
+        config = AlgorithmConfig(loss_terms=(LossTermConfig("policy_clip"), LossTermConfig(name, 0.1)))
+        assert config.required_loss_inputs("policy") == {"logprobs", "old_logprobs", "advantages", "entropy",
+                                                         "ref_logprobs"}
+    finally:
+        reg.LOSS_TERMS.pop(name, None)
+    ppo = AlgorithmConfig(advantage="gae", loss_terms=(LossTermConfig("policy_clip"), LossTermConfig("value_clip")))
+    assert ppo.required_loss_inputs("critic") == {"values", "old_values", "returns"}

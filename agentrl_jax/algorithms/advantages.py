@@ -1,4 +1,4 @@
-"""Advantage estimators (GRPO, GiGPO, GAE) as pure, jittable functions on padded arrays.
+"""Advantage estimators (GRPO, Dr. GRPO, RLOO, GiGPO, GAE) as pure, jittable functions on padded arrays.
 
 Layout conventions, shared by all of :mod:`agentrl_jax.algorithms`:
 
@@ -15,7 +15,8 @@ Layout conventions, shared by all of :mod:`agentrl_jax.algorithms`:
 Grouping is sort-based (:func:`group_normalize`): the composite key of every element is
 sorted once (``jnp.lexsort``), segment ids are read off the sorted order and statistics
 are segment sums, so it costs O(M log M) time and O(M) memory for M elements (M = N for
-GRPO, N*T for GiGPO steps), with static shapes.
+GRPO, N*T for GiGPO steps), with static shapes. Deviations are taken against a member of
+each group (:func:`group_center`), so a group of equal values gets exactly 0.
 """
 
 from __future__ import annotations
@@ -54,6 +55,70 @@ def _dense_segment_ids(keys: Sequence[jax.Array], valid: jax.Array) -> jax.Array
     return jnp.zeros_like(segment_in_order).at[order].set(segment_in_order)
 
 
+def _group_segments(keys: Sequence[jax.Array], valid: jax.Array, m: int) -> jax.Array:
+    _check_shape("valid", valid, (m,))
+    for k, key in enumerate(keys):
+        _check_shape(f"keys[{k}]", key, (m,))
+    return _dense_segment_ids(keys, valid.astype(bool))
+
+
+def _center(values: jax.Array, segment: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    m = values.shape[0]
+    weight = valid.astype(values.dtype)
+    # Invalid elements are zeroed first (they may hold anything, even NaN); they sit in
+    # segments of their own (validity is the first sort key), so they never mix in.
+    values = jnp.where(valid, values, 0.0)
+    count = jax.ops.segment_sum(weight, segment, num_segments=m)
+    per_group = jnp.maximum(count, 1.0)
+    reference = jax.ops.segment_max(values, segment, num_segments=m)
+    d = (values - reference[segment]) * weight
+    c = d - (jax.ops.segment_sum(d, segment, num_segments=m) / per_group)[segment]
+    c = (c - (jax.ops.segment_sum(c * weight, segment, num_segments=m) / per_group)[segment]) * weight
+    return c, count[segment] * weight
+
+
+def _std(centered: jax.Array, segment: jax.Array, valid: jax.Array, ddof: int) -> jax.Array:
+    m = centered.shape[0]
+    weight = valid.astype(centered.dtype)
+    count = jax.ops.segment_sum(weight, segment, num_segments=m)
+    scale = jax.ops.segment_max(jnp.abs(centered) * weight, segment, num_segments=m)
+    unit = centered * weight / jnp.where(scale > 0, scale, 1.0)[segment]
+    squares = jax.ops.segment_sum(unit**2, segment, num_segments=m)
+    std = scale * jnp.sqrt(squares / jnp.maximum(count - ddof, 1.0))
+    return std[segment] * weight
+
+
+def group_center(values: jax.Array, keys: Sequence[jax.Array], valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Deviations from the group mean, and the size of each element's group.
+
+    values [M] float, keys: integer key columns, each [M] (grouping as in
+    :func:`group_normalize`), valid [M] bool -> ``(centered [M], count [M])``:
+    ``centered = v - mean_g``, ``count = n_g`` (float), both 0 on invalid elements, which
+    enter no statistic.
+
+    Computed as a shifted, corrected two-pass mean, so that a group whose members are all
+    equal gets exactly 0 by construction, whatever the values and the group size:
+
+    1. ``d = v - v_ref`` with ``v_ref`` a member of the group (its largest): every member
+       of an all-equal group has ``d = 0`` exactly (``x - x == 0`` in IEEE arithmetic),
+       and elsewhere ``d`` is the difference itself, rounded once (exact when the values
+       are within a factor of two: Sterbenz), so the group's common offset is gone before
+       anything is summed;
+    2. ``c = d - mean_g(d)``, then ``c - mean_g(c)`` (the corrected two-pass algorithm:
+       the second mean is the rounding error of the first, ~1 ulp of the group's spread).
+
+    The plain ``sum(v) / n`` in float32 is off by up to an ulp of the values themselves:
+    seven copies of 9.025 have a float32 mean one ulp (9.5e-7) from 9.025, so each member
+    had a "deviation" of one ulp, which a std of the same size turned into -0.47.
+    """
+    (m,) = values.shape
+    segment = _group_segments(keys, valid, m)
+    values = values.astype(jnp.result_type(values, jnp.float32))
+    if m == 0:
+        return values, values
+    return _center(values, segment, valid.astype(bool))
+
+
 def group_normalize(
     values: jax.Array,
     keys: Sequence[jax.Array],
@@ -69,28 +134,26 @@ def group_normalize(
     (each ``[M]``, integer) and both are valid. Returns
     ``(v - mean_g) / (std_g + eps)`` (or ``v - mean_g`` when ``scale_by_std`` is False),
     with ``std_g = sqrt(sum_g (v - mean_g)^2 / max(n_g - ddof, 1))``: eps is added to the
-    standard deviation, not the variance. A group of one element gets 0 (v - mean = 0
-    exactly). Invalid elements get 0 and do not enter any statistic.
+    standard deviation, not the variance. Invalid elements get 0 and do not enter any
+    statistic.
+
+    A group whose valid members are all equal (a group of one, in particular) gets exactly
+    0 for every member, for any values and size, with no tolerance involved: deviations
+    are taken against a member of the group (:func:`group_center`), so they are exactly 0,
+    and so are the std and the quotient. The std is computed from ``c / max_g |c|`` and
+    scaled back, so large values do not overflow float32 squares nor tiny ones underflow.
+    Elsewhere the result is the formula's, up to float32 rounding of the deviations.
     """
     (m,) = values.shape
-    _check_shape("valid", valid, (m,))
-    for k, key in enumerate(keys):
-        _check_shape(f"keys[{k}]", key, (m,))
+    segment = _group_segments(keys, valid, m)
     values = values.astype(jnp.result_type(values, jnp.float32))
     if m == 0:
         return values
     valid = valid.astype(bool)
-    weight = valid.astype(values.dtype)
-    segment = _dense_segment_ids(keys, valid)
-    count = jax.ops.segment_sum(weight, segment, num_segments=m)
-    total = jax.ops.segment_sum(values * weight, segment, num_segments=m)
-    group_mean = total / jnp.maximum(count, 1.0)
-    centered = (values - group_mean[segment]) * weight
+    centered, _ = _center(values, segment, valid)
     if not scale_by_std:
         return centered
-    squares = jax.ops.segment_sum(centered**2, segment, num_segments=m)
-    std = jnp.sqrt(squares / jnp.maximum(count - ddof, 1.0))
-    return centered / (std[segment] + eps)
+    return centered / (_std(centered, segment, valid, ddof) + eps)
 
 
 def place_at_last_valid(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -153,8 +216,10 @@ def grpo_advantages(
 
     ``ddof=1`` (unbiased std) matches verl, whose GRPO uses ``torch.std``; eps (1e-6, as in
     verl) is added to the std. ``scale_by_std=False`` gives the mean-only (Dr. GRPO)
-    variant. A group of size 1 gets 0; verl instead uses mean 0 and std 1 there (A = R),
-    which gives a lone sample an advantage with no baseline. Masked rows get 0.
+    variant (:func:`dr_grpo_advantages`). A group of size 1, and a group whose rewards are
+    all equal, get exactly 0 (see :func:`group_normalize`); verl instead uses mean 0 and
+    std 1 for a group of one (A = R), which gives a lone sample an advantage with no
+    baseline. Masked rows get 0.
     """
     (n,) = rewards.shape
     _check_shape("group_ids", group_ids, (n,))
@@ -162,6 +227,44 @@ def grpo_advantages(
     return group_normalize(
         rewards.astype(jnp.float32), [group_ids], valid, eps=eps, ddof=ddof, scale_by_std=scale_by_std
     )
+
+
+def dr_grpo_advantages(rewards: jax.Array, group_ids: jax.Array, traj_mask: jax.Array | None = None) -> jax.Array:
+    """Dr. GRPO: ``A_i = R_i - mean_g R``, GRPO without the division by the group std.
+
+    rewards [N] float, group_ids [N] int, traj_mask [N] bool or None -> advantages [N].
+
+    Source: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"
+    (arXiv:2503.20783), Sec. 3.2: the std normaliser weights questions by how (in)consistent
+    their rewards are, so Dr. GRPO drops it (and the 1/|o_i| length normaliser, see the
+    ``"seq-mean-token-sum"`` aggregation). verl: ``norm_adv_by_std_in_grpo=False``. A group
+    of one, and an all-equal group, get exactly 0 (:func:`group_center`); masked rows 0.
+    """
+    (n,) = rewards.shape
+    _check_shape("group_ids", group_ids, (n,))
+    centered, _ = group_center(rewards.astype(jnp.float32), [group_ids], _rows_mask(traj_mask, n))
+    return centered
+
+
+def rloo_advantages(rewards: jax.Array, group_ids: jax.Array, traj_mask: jax.Array | None = None) -> jax.Array:
+    """RLOO: ``A_i = R_i - (1 / (n_g - 1)) sum_{j != i, j in g} R_j``, a leave-one-out baseline.
+
+    rewards [N] float, group_ids [N] int, traj_mask [N] bool or None -> advantages [N].
+
+    Computed as ``n_g / (n_g - 1) * (R_i - mean_g R)`` (the same quantity), from the exact
+    deviations of :func:`group_center`, so an all-equal group gets exactly 0. A group of one
+    has no other member to form a baseline and gets 0 (verl instead uses baseline 0 there,
+    ``A = R``); masked rows get 0 and are no one's baseline.
+
+    Sources: Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!";
+    Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
+    Learning from Human Feedback in LLMs" (arXiv:2402.14740), Eq. 6; verl's
+    ``compute_rloo_outcome_advantage``.
+    """
+    (n,) = rewards.shape
+    _check_shape("group_ids", group_ids, (n,))
+    centered, count = group_center(rewards.astype(jnp.float32), [group_ids], _rows_mask(traj_mask, n))
+    return centered * (count / jnp.maximum(count - 1.0, 1.0))
 
 
 # ------------------------------------------------------------------------- GiGPO

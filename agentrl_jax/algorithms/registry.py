@@ -5,12 +5,27 @@ it is frozen, hashable (usable as a static ``jax.jit`` argument) and validated o
 construction, so an unknown name or a bad value fails at once with an error naming the field.
 
 * Advantage estimators map :class:`AdvantageInputs` to per-token advantages ``[N, L]``
-  (and returns, for a critic): ``"grpo"``, ``"gigpo"``, ``"gae"``.
-* Loss terms map :class:`LossInputs` to a per-token loss ``[N, L]``; the config's
-  coefficients weight them and one aggregation mode reduces their sum to a
+  (and returns, for a critic): ``"grpo"``, ``"dr_grpo"``, ``"rloo"``, ``"gigpo"``,
+  ``"gae"``.
+* Loss terms map :class:`LossInputs` to a per-token loss ``[N, L]``, or to a
+  :class:`TermOutput` ``(loss, metrics)`` that also carries the term's own metrics; the
+  config's coefficients weight them and one aggregation mode reduces their sum to a
   :class:`~agentrl_jax.algorithms.aggregation.LossSum`. Each term trains either the
-  ``"policy"`` (``"policy_clip"``, ``"kl"``, ``"entropy"``) or the ``"critic"``
-  (``"value_clip"``), which has its own optimizer.
+  ``"policy"`` (``"policy_clip"``, ``"gspo_clip"``, ``"kl"``, ``"entropy"``) or the
+  ``"critic"`` (``"value_clip"``), which has its own optimizer.
+
+Every estimator and term declares the inputs it reads (``required=``);
+:meth:`AlgorithmConfig.required_loss_inputs` and
+:attr:`AlgorithmConfig.required_advantage_inputs` collect them, so a trainer computes
+what the configured terms need, whatever their names. :func:`compute_loss_with_metrics`
+returns the terms' metrics next to the loss.
+
+DAPO is a combination, not an entry: ``"grpo"`` advantages, ``"policy_clip"`` with
+``clip_low=0.2, clip_high=0.28``, ``"token-mean"`` aggregation, no KL term, plus the
+batch-level :func:`~agentrl_jax.algorithms.dapo.dynamic_sampling_keep` and
+:func:`~agentrl_jax.algorithms.dapo.overlong_penalty`. Dr. GRPO is ``"dr_grpo"`` with the
+``"seq-mean-token-sum"`` aggregation and ``aggregation_constant`` = the maximum response
+length.
 
 New estimators and terms are added with :func:`register_advantage` and
 :func:`register_loss_term`; see the built-ins at the bottom of this module.
@@ -24,6 +39,7 @@ import numbers
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from agentrl_jax.algorithms import advantages as adv
 from agentrl_jax.algorithms import losses
@@ -119,10 +135,23 @@ class AdvantageEstimator:
     uses_critic: bool
 
 
+class TermOutput(NamedTuple):
+    """What a loss term may return instead of a bare per-token loss.
+
+    ``loss`` is the per-token loss ``[N, L]``; ``metrics`` maps short names (no ``/``) to
+    per-token arrays ``[N, L]`` (averaged over the loss mask), per-sequence arrays ``[N]``
+    (averaged over the rows that have loss tokens) or scalars (averaged over micro-batches).
+    Metrics are not differentiated (``stop_gradient``); see :func:`compute_loss_with_metrics`.
+    """
+
+    loss: jax.Array
+    metrics: Mapping[str, jax.Array]
+
+
 @dataclasses.dataclass(frozen=True)
 class LossTerm:
     name: str
-    fn: Callable[..., jax.Array]  # fn(inputs: LossInputs, **params) -> [N, L]
+    fn: Callable[..., Any]  # fn(inputs: LossInputs, **params) -> [N, L] or TermOutput
     required: tuple[str, ...]
     params: Mapping[str, Param]
     target: str
@@ -159,7 +188,12 @@ def register_advantage(name: str, *, required: tuple[str, ...], params: Mapping[
 
 def register_loss_term(name: str, *, required: tuple[str, ...], params: Mapping[str, Param] | None = None,
                        target: str = "policy"):
-    """Decorator registering ``fn(inputs: LossInputs, **params) -> per-token loss [N, L]``."""
+    """Decorator registering ``fn(inputs: LossInputs, **params) -> per-token loss [N, L]``.
+
+    ``fn`` may instead return a :class:`TermOutput` (or any pair) ``(loss [N, L], metrics)``
+    to report its own metrics. ``required`` names the :class:`LossInputs` fields it reads
+    (``loss_mask`` is always there).
+    """
     if target not in TARGETS:
         raise ValueError(f"loss term {name!r}: target must be one of {TARGETS}, got {target!r}")
 
@@ -303,6 +337,19 @@ class AlgorithmConfig:
     def uses_critic(self) -> bool:
         return ADVANTAGE_ESTIMATORS[self.advantage].uses_critic
 
+    def required_loss_inputs(self, target: str) -> frozenset[str]:
+        """The :class:`LossInputs` fields that ``target``'s configured terms read (``loss_mask`` aside).
+
+        E.g. ``{"logprobs", "old_logprobs", "advantages", "ref_logprobs"}`` for the default
+        GRPO; a trainer computes ``entropy`` or ``ref_logprobs`` iff they appear here.
+        """
+        return frozenset(name for t in self.terms_for(target) for name in t.term.required) - {"loss_mask"}
+
+    @property
+    def required_advantage_inputs(self) -> frozenset[str]:
+        """The :class:`AdvantageInputs` fields the configured estimator reads (``loss_mask`` aside)."""
+        return frozenset(ADVANTAGE_ESTIMATORS[self.advantage].required) - {"loss_mask"}
+
 
 # ------------------------------------------------------------------------- entry points
 
@@ -320,29 +367,99 @@ def compute_advantages(config: AlgorithmConfig, inputs: AdvantageInputs) -> Adva
     return estimator.fn(inputs, **dict(config.advantage_params))
 
 
-def compute_loss(
-    config: AlgorithmConfig, inputs: LossInputs, target: str = "policy"
-) -> tuple[LossSum, dict[str, LossSum]]:
-    """The weighted sum of ``target``'s terms, aggregated once, plus each term unweighted.
+class LossResult(NamedTuple):
+    """What :func:`compute_loss_with_metrics` returns; every value is a ``LossSum`` (add over parts, then divide).
 
-    Returns ``(total, parts)``: ``total`` is the :class:`LossSum` of
-    ``sum_k coef_k * loss_k`` (per token) to differentiate; ``parts[name]`` the term's own
-    :class:`LossSum`, for metrics. Aggregation is linear, so
-    ``total.total == sum_k coef_k * parts[k].total`` with a shared denominator.
+    ``total``: the weighted loss to differentiate; ``parts[term]``: each term unweighted;
+    ``metrics["term/metric"]``: each term's own metrics (:class:`TermOutput`).
+    """
+
+    total: LossSum
+    parts: dict[str, LossSum]
+    metrics: dict[str, LossSum]
+
+
+def metric_sum(value: jax.Array, loss_mask: jax.Array) -> LossSum:
+    """A metric as a :class:`LossSum`, so it adds over micro-batches and devices like a loss.
+
+    ``value [N, L]``: ``(sum m x, sum m)`` over ``loss_mask [N, L]`` (its token mean, exact
+    under any split); ``[N]``: ``(sum_i h_i x_i, sum_i h_i)`` with ``h_i`` = row i has loss
+    tokens (its mean over real sequences, exact under row splits); scalar: ``(x, 1)``
+    (summed parts give the mean over micro-batches). Divide with ``aggregation.mean``.
+    """
+    value = jnp.asarray(value)
+    weights = loss_mask.astype(jnp.float32)
+    if value.shape == loss_mask.shape:  # off-mask entries may hold anything, even NaN
+        return LossSum(jnp.sum(jnp.where(weights > 0, value * weights, 0.0)), jnp.sum(weights))
+    if value.shape == loss_mask.shape[:1]:
+        rows = (jnp.sum(weights, axis=-1) > 0).astype(jnp.float32)
+        return LossSum(jnp.sum(jnp.where(rows > 0, value, 0.0)), jnp.sum(rows))
+    if value.ndim == 0:
+        return LossSum(value.astype(jnp.float32), jnp.ones((), jnp.float32))
+    raise ValueError(f"metric: expected shape {tuple(loss_mask.shape)}, {tuple(loss_mask.shape[:1])} or a scalar, "
+                     f"got {tuple(value.shape)}")
+
+
+def _term_output(term: LossTerm, out, loss_mask: jax.Array) -> tuple[jax.Array, dict[str, LossSum]]:
+    """Splits a term's return (bare loss or ``(loss, metrics)``) and checks its shapes."""
+    where = f"loss term {term.name!r}"
+    metrics = {}
+    if isinstance(out, tuple):
+        if len(out) != 2 or not isinstance(out[1], Mapping):
+            raise ValueError(f"{where}: must return a per-token loss or (loss, metrics mapping), got a tuple of "
+                             f"{len(out)}")
+        out, raw = out
+        for key, value in raw.items():
+            if not isinstance(key, str) or not key or "/" in key:
+                raise ValueError(f"{where}: metric names must be non-empty strings without '/', got {key!r}")
+            try:
+                metrics[f"{term.name}/{key}"] = metric_sum(jax.lax.stop_gradient(value), loss_mask)
+            except ValueError as e:
+                raise ValueError(f"{where}: {key!r} {e}") from None
+    if getattr(out, "shape", None) != loss_mask.shape:
+        raise ValueError(f"{where}: per-token loss must have the loss mask's shape {tuple(loss_mask.shape)}, "
+                         f"got {getattr(out, 'shape', type(out).__name__)}")
+    return out, metrics
+
+
+def compute_loss_with_metrics(config: AlgorithmConfig, inputs: LossInputs, target: str = "policy") -> LossResult:
+    """The weighted sum of ``target``'s terms, aggregated once, each term unweighted, and their metrics.
+
+    Returns a :class:`LossResult` ``(total, parts, metrics)``: ``total`` is the
+    :class:`LossSum` of ``sum_k coef_k * loss_k`` (per token) to differentiate;
+    ``parts[name]`` the term's own :class:`LossSum`; ``metrics["name/key"]`` the
+    :func:`metric_sum` of each metric a term returned in its :class:`TermOutput` (e.g.
+    ``"policy_clip/clip_fraction"``, ``"policy_clip/approx_kl"``). Aggregation is linear,
+    so ``total.total == sum_k coef_k * parts[k].total`` with a shared denominator. All
+    three are pytrees of ``LossSum``: sum them over micro-batches (and ``psum`` over
+    devices), then ``aggregation.mean`` each.
     """
     terms = config.terms_for(target)
     if not terms:
         raise ValueError(f"compute_loss: config has no {target} loss terms")
-    weighted, parts = None, {}
+    weighted, parts, metrics = None, {}, {}
     for term_config in terms:  # a few configured terms, not data
         term = term_config.term
         _require_inputs(f"loss term {term.name!r}", term.required, inputs)
-        per_token = term.fn(inputs, **dict(term_config.params))
+        per_token, term_metrics = _term_output(term, term.fn(inputs, **dict(term_config.params)), inputs.loss_mask)
+        metrics.update(term_metrics)
         parts[term.name] = aggregate(per_token, inputs.loss_mask, config.aggregation, config.aggregation_constant)
         scaled = term_config.coef * per_token
         weighted = scaled if weighted is None else weighted + scaled
     total = aggregate(weighted, inputs.loss_mask, config.aggregation, config.aggregation_constant)
-    return total, parts
+    return LossResult(total, parts, metrics)
+
+
+def compute_loss(
+    config: AlgorithmConfig, inputs: LossInputs, target: str = "policy"
+) -> tuple[LossSum, dict[str, LossSum]]:
+    """:func:`compute_loss_with_metrics` without the metrics: ``(total, parts)``, as before.
+
+    ``total`` is the :class:`LossSum` of ``sum_k coef_k * loss_k`` (per token) to
+    differentiate; ``parts[name]`` the term's own :class:`LossSum`, for metrics.
+    """
+    result = compute_loss_with_metrics(config, inputs, target)
+    return result.total, result.parts
 
 
 # ------------------------------------------------------------------------- built-ins
@@ -358,6 +475,20 @@ _UNIT = "a number in [0, 1]"
 def _grpo(inputs: AdvantageInputs, *, eps, ddof, scale_by_std) -> AdvantageOutput:
     a = adv.grpo_advantages(inputs.rewards, inputs.group_ids, inputs.traj_mask,
                             eps=eps, ddof=ddof, scale_by_std=scale_by_std)
+    return AdvantageOutput(adv.broadcast_trajectories_to_tokens(a, inputs.loss_mask), None)
+
+
+@register_advantage("dr_grpo", required=("rewards", "group_ids"))
+def _dr_grpo(inputs: AdvantageInputs) -> AdvantageOutput:
+    """Dr. GRPO: ``A_i = R_i - mean_g R`` (no std), :func:`~agentrl_jax.algorithms.advantages.dr_grpo_advantages`."""
+    a = adv.dr_grpo_advantages(inputs.rewards, inputs.group_ids, inputs.traj_mask)
+    return AdvantageOutput(adv.broadcast_trajectories_to_tokens(a, inputs.loss_mask), None)
+
+
+@register_advantage("rloo", required=("rewards", "group_ids"))
+def _rloo(inputs: AdvantageInputs) -> AdvantageOutput:
+    """RLOO: ``A_i = R_i - mean_{j != i} R_j``, :func:`~agentrl_jax.algorithms.advantages.rloo_advantages`."""
+    a = adv.rloo_advantages(inputs.rewards, inputs.group_ids, inputs.traj_mask)
     return AdvantageOutput(adv.broadcast_trajectories_to_tokens(a, inputs.loss_mask), None)
 
 
@@ -391,15 +522,57 @@ def _gae(inputs: AdvantageInputs, *, gamma, lam, whiten) -> AdvantageOutput:
     return AdvantageOutput(a, returns)
 
 
+_CLIP_LOW = "a number in [0, 1)"
+
+
 @register_loss_term(
     "policy_clip", required=("logprobs", "old_logprobs", "advantages"),
-    params={"clip_low": Param(0.2, _real(0, 1, hi_open=True), "a number in [0, 1)"),
+    params={"clip_low": Param(0.2, _real(0, 1, hi_open=True), _CLIP_LOW),
             "clip_high": Param(0.2, _real(0), "a finite number >= 0"),
             "dual_clip": Param(None, _none_or(_real(1, lo_open=True)), "None or a finite number > 1")},
 )
-def _policy_clip(inputs: LossInputs, *, clip_low, clip_high, dual_clip):
-    return losses.clipped_surrogate(inputs.logprobs, inputs.old_logprobs, inputs.advantages,
-                                    clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+def _policy_clip(inputs: LossInputs, *, clip_low, clip_high, dual_clip) -> TermOutput:
+    """PPO clip (:func:`~agentrl_jax.algorithms.losses.clipped_surrogate`); DAPO clip-higher with clip_high > clip_low.
+
+    Metrics: ``clip_fraction`` (share of loss tokens whose gradient the clip zeroes) and
+    ``approx_kl`` (token mean of ``(r - 1) - log r``).
+    """
+    clips = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+    loss = losses.clipped_surrogate(inputs.logprobs, inputs.old_logprobs, inputs.advantages, **clips)
+    logprobs = jax.lax.stop_gradient(inputs.logprobs)
+    return TermOutput(loss, {
+        "clip_fraction": losses.clip_indicator(logprobs, inputs.old_logprobs, inputs.advantages, **clips),
+        "approx_kl": losses.approx_kl(logprobs, inputs.old_logprobs),
+    })
+
+
+@register_loss_term(
+    "gspo_clip", required=("logprobs", "old_logprobs", "advantages"),
+    params={"clip_low": Param(3e-4, _real(0, 1, hi_open=True), _CLIP_LOW),
+            "clip_high": Param(4e-4, _real(0), "a finite number >= 0")},
+)
+def _gspo_clip(inputs: LossInputs, *, clip_low, clip_high) -> TermOutput:
+    """GSPO (:func:`~agentrl_jax.algorithms.losses.gspo_surrogate`): sequence-level ratio, clipped per sequence.
+
+    Metrics: ``clip_fraction`` (share of loss tokens whose gradient the clip zeroes: all the
+    tokens of a clipped sequence), ``seq_clip_fraction`` (share of sequences with a clipped
+    token), ``approx_kl`` (from the token ratios, as for ``policy_clip``) and ``seq_ratio``
+    (mean over sequences of ``s_i``).
+    """
+    mask = inputs.loss_mask
+    loss = losses.gspo_surrogate(inputs.logprobs, inputs.old_logprobs, inputs.advantages, mask,
+                                 clip_low=clip_low, clip_high=clip_high)
+    logprobs = jax.lax.stop_gradient(inputs.logprobs)
+    clipped = losses.gspo_clip_indicator(logprobs, inputs.old_logprobs, inputs.advantages, mask,
+                                         clip_low=clip_low, clip_high=clip_high)
+    weights = mask.astype(clipped.dtype)
+    return TermOutput(loss, {
+        "clip_fraction": clipped,
+        "seq_clip_fraction": jnp.max(clipped * weights, axis=-1),
+        "approx_kl": losses.approx_kl(logprobs, inputs.old_logprobs),
+        "seq_ratio": jnp.exp(jnp.clip(losses.sequence_log_ratio(logprobs, inputs.old_logprobs, mask),
+                                      -losses.LOG_RATIO_CLAMP, losses.LOG_RATIO_CLAMP)),
+    })
 
 
 @register_loss_term(
