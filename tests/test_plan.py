@@ -61,7 +61,7 @@ def test_plan_on_eight_estimated_gpus_compiles_every_program():
 
 
 def test_plan_reports_a_program_that_does_not_fit():
-    code, report = _plan("--gpus", "8", "--gpu-memory-gib", "0.0001", "--program", "rollout:init")
+    code, report = _plan("--gpus", "8", "--gpu-memory-gib", "1e-7", "--program", "rollout:init")
     assert code == 1 and not report["fits"]
     assert [p["name"] for p in report["programs"]] == ["rollout:init"]
 
