@@ -320,7 +320,7 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
         "device_memory_bytes": target.memory_bytes, "headroom": headroom,
         "model": {"layers": model_cfg.num_hidden_layers, "hidden": model_cfg.hidden_size,
                   "parameters": sum(x.size for x in jax.tree.leaves(nnx.state(model)))},
-        "train_rows_per_device_per_micro_batch": rows // batch_devices // rl.num_micro_batches,
+        "train_rows_per_device_per_micro_batch": rows // rl.mini_batches // batch_devices // rl.num_micro_batches,
         "length": task.max_context,
         "programs": [p.to_dict() for p in results],
         "fits": all(p.fits for p in results),

@@ -524,10 +524,13 @@ YAML_CASES = {
                                "finite number > 0.0, got {'a': 1}"),
     "a list for a string": ("model:\n  dtype: [float32]\n", "model.dtype: must be one of "
                             "('float32', 'bfloat16'), got ('float32',)"),
-    "a number for the runs": ("rl:\n  runs: 3\n", "rl.runs: must be a list of run names, got 3"),
-    "a list in the runs": ("rl:\n  runs: [[grpo]]\n", "rl.runs: must be distinct names from "
-                           "['budgetmix', 'gigpo', 'gigpo-budgetmix', 'grpo', 'ppo', "
-                           "'ppo-budgetmix'], got [['grpo']]"),
+    "a number for the runs": ("rl:\n  runs: 3\n", "rl.runs: must be a non-empty list of runs, each a preset "
+                              "name (grpo, budgetmix, gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, "
+                              "dapo-budgetmix, rloo, gspo) or a mapping {name, preset, label, budget_mix, "
+                              "algorithm}, got 3"),
+    "a list in the runs": ("rl:\n  runs: [[grpo]]\n", "rl.runs[0]: must be a preset name (grpo, budgetmix, "
+                           "gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, dapo-budgetmix, rloo, gspo) "
+                           "or a mapping {name, preset, label, budget_mix, algorithm}, got ['grpo']"),
     "a huge int for a number": ("eval:\n  gamma: " + "9" * 400 + "\n",
                                 "eval.gamma: must be a number in [0, 1], got " + "9" * 197 + "..."),
     "a bad mesh": ("mesh:\n  data: 0\n", "mesh: MeshConfig.data must be a positive int or -1, got 0"),
@@ -560,11 +563,11 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
     ("rl:\n  steps: 3\n", ["rl.steps=three"],
      "config {path} with override 'rl.steps=three': rl.steps: must be an int >= 1, got 'three'"),
     ("rl:\n  steps: 3\n", ["rl.stepz=3"],
-     "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: attention, "
-     "checkpoint_every, clip, critic_learning_rate, gae_gamma, gae_lambda, generation_layout, "
-     "gigpo_gamma, gigpo_omega, group_size, kl_coef, kv_cache_dtype, learning_rate, logits_chunk, "
-     "max_grad_norm, max_rows_per_call, num_micro_batches, prefill_chunk, remat, runs, seed, "
-     "steps, tasks_per_step, temperature, top_p, value_clip, weight_decay"),
+     "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: algorithm, attention, "
+     "checkpoint_every, clip_high, clip_low, critic_learning_rate, epochs, gae_gamma, gae_lambda, "
+     "generation_layout, gigpo_gamma, gigpo_omega, group_size, kl_coef, kv_cache_dtype, learning_rate, "
+     "logits_chunk, max_grad_norm, max_rows_per_call, mini_batches, num_micro_batches, prefill_chunk, "
+     "remat, runs, seed, steps, tasks_per_step, temperature, top_p, value_clip, weight_decay"),
     ("rl:\n  steps: 3\n", ["rll.steps=3"],
      f"config {{path}} with override 'rll.steps=3': unknown section 'rll'; known: {SECTIONS}"),
     ("task:\n  t_max: 8\n", ["rl.steps=4", "rl.num_micro_batches=3"],

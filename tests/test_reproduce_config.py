@@ -17,7 +17,7 @@ import yaml
 
 from agentrl_jax.algorithms import AlgorithmConfig
 from agentrl_jax.reproduce import training
-from agentrl_jax.reproduce.config import (RUN_PRESETS, ReproduceConfig, apply_overrides,
+from agentrl_jax.reproduce.config import (RUN_PRESETS, ReproduceConfig, RLSettings, apply_overrides,
                                           config_from_dict, dump_config, load_config)
 from agentrl_jax.sharding import MeshConfig
 
@@ -90,7 +90,28 @@ def test_round_trip_of_non_default_values():
     ({"rl.runs": ["grpo", "dpo"]}, "rl.runs"),
     ({"rl.runs": ["grpo", "grpo"]}, "rl.runs"),
     ({"rl.runs": "grpo"}, "rl.runs"),
-    ({"rl.clip": 0.0}, "rl.clip"),
+    ({"rl.clip_low": 0.0}, "rl.clip_low"),
+    ({"rl.clip_low": 1.0}, "rl.clip_low"),
+    ({"rl.clip_high": -0.1}, "rl.clip_high"),
+    ({"rl.epochs": 0}, "rl.epochs"),
+    ({"rl.mini_batches": 3}, "rl.mini_batches: must divide tasks_per_step x group_size (64)"),
+    ({"rl.algorithm": {"advantage": "nope"}}, "rl.runs[0].algorithm: AlgorithmConfig.advantage: unknown"),
+    ({"rl.algorithm": {"loss": []}}, "rl.algorithm: unknown field 'loss'"),
+    ({"rl.algorithm": [1]}, "rl.algorithm: must be a mapping of AlgorithmConfig fields"),
+    ({"rl.runs": [{"preset": "grpo"}]}, "rl.runs[0]: needs a name"),
+    ({"rl.runs": [{"name": "../x"}]}, "rl.runs[0].name: must be a folder name"),
+    ({"rl.runs": [{"name": "base"}]}, "rl.runs[0].name: must be a folder name"),
+    ({"rl.runs": [{"name": "x", "preset": "nope"}]}, "rl.runs[0].preset: must be one of grpo, budgetmix"),
+    ({"rl.runs": [{"name": "x", "budget_mix": 1}]}, "rl.runs[0].budget_mix: must be true or false"),
+    ({"rl.runs": [{"name": "x", "stuff": 1}]}, "rl.runs[0]: unknown field 'stuff'"),
+    ({"rl.runs": ["grpo", {"name": "x", "label": "GRPO"}]}, "rl.runs: two runs have the label 'GRPO'"),
+    ({"rl.runs": [{"name": "x", "algorithm": {"loss_terms": ["value_clip"]}}]},
+     "rl.runs[0].algorithm: AlgorithmConfig.loss_terms: needs at least one policy term"),
+    ({"rl.runs": [{"name": "x", "algorithm": {"loss_terms": ["policy_clip", {"name": "kl", "coef": [1]}]}}]},
+     "rl.runs[0].algorithm: AlgorithmConfig.loss_terms[1]"),
+    # A critic term with an estimator that produces no returns: refused by the trainer's check.
+    ({"rl.runs": [{"name": "x", "algorithm": {"loss_terms": ["policy_clip", "value_clip"]}}]},
+     "rl.runs[0].algorithm.loss_terms[1]: loss term 'value_clip' (critic) needs LossInputs.returns"),
     ({"rl.temperature": float("nan")}, "rl.temperature"),
     ({"rl.num_micro_batches": 3}, "rl.num_micro_batches"),  # does not divide 8 x 8 rows
     ({"rl.kv_cache_dtype": "float16"}, "rl.kv_cache_dtype"),
@@ -195,7 +216,10 @@ def test_overrides_parse_values_as_yaml_and_apply_on_the_file():
     ("rll.steps=3", r"with override 'rll\.steps=3': unknown section 'rll'"),
     ("rl.steps=three", r"with override 'rl\.steps=three': rl\.steps: must be an int >= 1, got 'three'$"),
     ("rl.steps=", r"with override 'rl\.steps=': rl\.steps: must be an int >= 1, got None$"),
-    ("rl.runs=[grpo, nope]", r"with override 'rl\.runs=\[grpo, nope\]': rl\.runs: must be distinct names"),
+    ("rl.runs=[grpo, nope]", r"with override 'rl\.runs=\[grpo, nope\]': rl\.runs\[1\]: unknown run preset 'nope'"),
+    ("rl.algorithm=3", r"with override 'rl\.algorithm=3': rl\.algorithm: must be a mapping"),
+    ("rl.steps.x=3", r"override 'rl\.steps\.x=3': rl\.steps: must be a mapping, got an int"),
+    ("rl.algorithm..x=3", r"override 'rl\.algorithm\.\.x=3': expected section\.field=value"),
 ])
 def test_a_malformed_override_is_a_clear_error(override, message):
     with pytest.raises(ValueError, match=message):
@@ -215,7 +239,8 @@ def _paper_checks(config: ReproduceConfig) -> None:
     assert rl.temperature == 1.0 and rl.top_p == 1.0                    # §4 rollouts
     assert rl.gigpo_omega == 1.0 and rl.gigpo_gamma == 0.95             # §4 GiGPO
     assert rl.critic_learning_rate == 1e-5                              # §4 PPO critic
-    assert rl.clip == 0.2 and rl.value_clip == 0.5                      # §4 PPO clips
+    assert rl.clip_low == rl.clip_high == 0.2 and rl.value_clip == 0.5  # §4 PPO clips
+    assert rl.epochs == 1 and rl.mini_batches == 1 and rl.algorithm == {}  # one update per batch (verl's)
     ev = config.eval
     assert ev.temperature == 0.6 and ev.top_p == 0.9                    # §3 decoding
     assert ev.k == 8 and ev.samples >= ev.k                             # §3 Pass@8
@@ -240,12 +265,14 @@ def _loss_term(algorithm: AlgorithmConfig, name: str):
     return terms[0] if terms else None
 
 
+PAPER_RUNS = ("grpo", "budgetmix", "gigpo", "gigpo-budgetmix", "ppo", "ppo-budgetmix")
+
+
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
 def test_paper_configs_reach_the_trainer_with_the_papers_numbers(path):
-    every_run = ",".join(RUN_PRESETS)
-    config = load_config(path, [f"rl.runs=[{every_run}]"])
+    config = load_config(path, [f"rl.runs=[{','.join(PAPER_RUNS)}]"])
     specs = training.run_specs(config.rl)
-    assert [s.name for s in specs] == list(RUN_PRESETS)
+    assert [s.name for s in specs] == list(PAPER_RUNS)
     by_name = {s.name: s for s in specs}
     for spec in specs:
         tc = spec.train_config
@@ -258,6 +285,7 @@ def test_paper_configs_reach_the_trainer_with_the_papers_numbers(path):
         assert tc.total_steps == config.rl.steps
         assert tc.checkpoint_every == config.rl.checkpoint_every
         assert tc.num_micro_batches == config.rl.num_micro_batches
+        assert (tc.epochs, tc.mini_batches) == (1, 1)
         assert spec.budget_mix == spec.name.endswith("budgetmix")
         assert tc.budget_anchors == (spec.name == "gigpo-budgetmix")  # §5: anchor (s_t, B - t)
         # The rollouts: G = 16 at temperature 1.0; full-budget runs at T_max, BudgetMix draws.
@@ -343,3 +371,86 @@ def test_paper_meshes_build_on_eight_fake_cpu_devices():
 def test_mesh_section_is_a_mesh_config():
     assert isinstance(ReproduceConfig().mesh, MeshConfig)
     assert ReproduceConfig().mesh == MeshConfig(data=1, fsdp=1, tensor=1)
+
+
+# ---------------------------------------------------------------- composing runs by name
+
+
+def _terms(algorithm: AlgorithmConfig) -> dict:
+    return {t.name: (t.coef, dict(t.params)) for t in algorithm.loss_terms}
+
+
+def test_every_preset_builds_and_reaches_the_trainer():
+    from agentrl_jax.reproduce.presets import RUN_PRESETS as TABLE
+
+    assert RUN_PRESETS is TABLE  # one table, re-exported
+    specs = training.run_specs(RLSettings(runs=tuple(TABLE)))
+    assert [s.name for s in specs] == list(TABLE)
+    for spec in specs:
+        assert spec.label == TABLE[spec.name].label and spec.budget_mix == TABLE[spec.name].budget_mix
+    by_name = {s.name: s.train_config.algorithm for s in specs}
+    assert _terms(by_name["dapo"]) == {"policy_clip": (1.0, {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None})}
+    assert by_name["rloo"].advantage == "rloo" and "gspo_clip" in _terms(by_name["gspo"])
+
+
+def test_a_gigpo_run_with_dapos_clip_is_composed_by_name_from_the_command_line():
+    override = ("rl.runs=[gigpo, {name: gigpo-dapo, preset: gigpo, label: 'GiGPO, DAPO clip', budget_mix: true, "
+                "algorithm: {loss_terms: [{name: policy_clip, params: {clip_low: 0.2, clip_high: 0.28}}, "
+                "{name: kl, coef: 0.001}]}}]")
+    config = load_config(CONFIGS / "frozenlake_ci.yaml", [override, "rl.epochs=2", "rl.mini_batches=2"])
+    assert config.rl.run_names == ("gigpo", "gigpo-dapo")
+    plain, dapo = training.run_specs(config.rl)
+    assert (dapo.label, dapo.budget_mix) == ("GiGPO, DAPO clip", True)
+    algorithm = dapo.train_config.algorithm
+    assert algorithm.advantage == "gigpo" and dict(algorithm.advantage_params)["gamma"] == 0.95  # the preset's
+    assert _terms(algorithm)["policy_clip"][1]["clip_high"] == 0.28
+    assert _terms(plain.train_config.algorithm)["policy_clip"][1]["clip_high"] == 0.2
+    # GiGPO reads anchor states: under BudgetMix it anchors on (s_t, B - t), found from what it declares.
+    assert dapo.train_config.budget_anchors and not plain.train_config.budget_anchors
+    assert (dapo.train_config.epochs, dapo.train_config.mini_batches) == (2, 2)
+    # It round-trips through the results folder's config.yaml.
+    assert config_from_dict(yaml.safe_load(dump_config(config))) == config
+    assert load_config(CONFIGS / "frozenlake_ci.yaml", [override, "rl.epochs=2", "rl.mini_batches=2"]) == config
+
+
+def test_rl_algorithm_and_the_shared_hyper_parameters_reach_every_run():
+    config = load_config(CONFIGS / "frozenlake_ci.yaml", [
+        "rl.runs=[grpo, ppo, dapo]", "rl.clip_high=0.28", "rl.algorithm.aggregation=seq-mean-token-mean"])
+    assert config.rl.algorithm == {"aggregation": "seq-mean-token-mean"}
+    grpo, ppo, dapo = (s.train_config.algorithm for s in training.run_specs(config.rl))
+    assert all(a.aggregation == "seq-mean-token-mean" for a in (grpo, ppo, dapo))
+    assert _terms(grpo)["policy_clip"][1]["clip_high"] == _terms(ppo)["policy_clip"][1]["clip_high"] == 0.28
+    assert _terms(ppo)["value_clip"][1]["clip"] == 0.5  # the rest of the preset stays
+    # Overriding the advantage restarts its parameters from the new estimator's defaults.
+    config = load_config(CONFIGS / "frozenlake_ci.yaml", [
+        "rl.runs=[gigpo]", "rl.algorithm.advantage=grpo", "rl.algorithm.loss_terms=[policy_clip, entropy]"])
+    (spec,) = training.run_specs(config.rl)
+    assert spec.train_config.algorithm.advantage == "grpo" and list(_terms(spec.train_config.algorithm)) == [
+        "policy_clip", "entropy"]
+    assert not spec.train_config.uses_reference  # no term reads reference log-probs
+
+
+def test_a_preset_registered_from_outside_is_accepted_by_name():
+    from agentrl_jax.reproduce.presets import RUN_PRESETS as TABLE, grpo_algorithm, register_run_preset
+
+    name = "test-grpo-seq-mean"
+    try:
+        register_run_preset(name, label="GRPO, sequence mean",
+                            algorithm=lambda rl: {**grpo_algorithm(rl), "aggregation": "seq-mean-token-mean"})
+        with pytest.raises(ValueError, match="already registered"):
+            register_run_preset(name, label="again", algorithm=grpo_algorithm)
+        (spec,) = training.run_specs(load_config(CONFIGS / "frozenlake_ci.yaml", [f"rl.runs=[{name}]"]).rl)
+        assert spec.label == "GRPO, sequence mean"
+        assert spec.train_config.algorithm.aggregation == "seq-mean-token-mean"
+    finally:
+        TABLE.pop(name, None)
+    with pytest.raises(ValueError, match="run preset name"):
+        register_run_preset("init", label="x", algorithm=grpo_algorithm)
+
+
+def test_nested_overrides_do_not_touch_their_input():
+    data = {"rl": {"algorithm": {"advantage": "grpo"}}}
+    out = apply_overrides(data, ["rl.algorithm.aggregation=token-mean", "rl.algorithm.advantage_params.eps=0.1"])
+    assert out["rl"]["algorithm"] == {"advantage": "grpo", "aggregation": "token-mean",
+                                      "advantage_params": {"eps": 0.1}}
+    assert data == {"rl": {"algorithm": {"advantage": "grpo"}}}

@@ -53,7 +53,7 @@ def test_a_short_grpo_run_increases_mean_reward(tmp_path):
     # R_single (mean step quality) rises with it here: sampling the target is the good step.
     r_single = np.array([r["R_single"] for r in records])
     assert r_single[-3:].mean() > r_single[:3].mean(), r_single
-    for key in ("loss", "loss/policy_clip", "loss/kl", "grad_norm", "clip_fraction", "turns_mean",
+    for key in ("loss", "loss/policy_clip", "loss/kl", "grad_norm", "policy_clip/clip_fraction", "turns_mean",
                 "time/update_s", "train_tokens_per_s", "update_skipped"):
         assert key in records[0], key
     assert all(r["update_skipped"] == 0 for r in records)
@@ -64,11 +64,11 @@ def test_a_non_finite_update_is_skipped_logged_and_the_run_continues(tmp_path, c
     state, step, rollout = _setup(config)
     seen = []
 
-    def poisoned_rollout(params, key, tasks):  # the second batch carries a NaN log-prob
-        trajectory = rollout(params, key, tasks)
+    def poisoned_scorer(trajectory, tasks=None):  # the second batch's process scores hold a NaN
+        scores = target_scorer(trajectory, tasks)
         if len(seen) == 1:
-            trajectory = trajectory.replace(logprobs=trajectory.logprobs.at[0, 3].set(jnp.nan))
-        return trajectory
+            scores = StepScores(scores.scores.at[0, 0].set(jnp.nan), scores.mask, scores.invalid)
+        return scores
 
     def spy_step(state, batch):
         seen.append(batch.step_scores is not None)  # process scores reach the step
@@ -81,13 +81,13 @@ def test_a_non_finite_update_is_skipped_logged_and_the_run_continues(tmp_path, c
             self.scalars.append((tag, value, step))
 
     logger = MetricsLogger(tmp_path / "m.jsonl", writer=Writer())
-    final = train(state, spy_step, poisoned_rollout, task_batches(NUM_TASKS, 2), config,
-                  process_scorer=target_scorer, quality_scorer=target_scorer, logger=logger, progress=True)
+    final = train(state, spy_step, rollout, task_batches(NUM_TASKS, 2), config,
+                  process_scorer=poisoned_scorer, quality_scorer=target_scorer, logger=logger, progress=True)
     records = read_metrics(tmp_path / "m.jsonl")
     assert [r["update_skipped"] for r in records] == [0, 1, 0]
     assert records[1]["loss"] is None  # a non-finite value is logged as null
     assert int(final.step) == 3 and int(final.skipped_updates) == 1 and seen == [True, True, True]
-    assert "step 2: non-finite loss or gradient, update skipped" in capsys.readouterr().err
+    assert "step 2: non-finite loss or gradient, 1 of 1 updates skipped (1 so far)" in capsys.readouterr().err
     assert ("R_single", records[0]["R_single"], 1) in Writer.scalars
 
 

@@ -42,8 +42,10 @@ from train_fakes import random_trajectory, tiny_model  # noqa: E402
 
 ATOL = 1e-6
 # GRPO with clip-higher, KL, an entropy bonus and sequence-mean aggregation: every term and a
-# per-sequence statistic that micro-batching must keep exact. lr 1e-3 makes updates visible.
-GRPO = TrainConfig(learning_rate=1e-3, max_grad_norm=0.1, algorithm=AlgorithmConfig(
+# per-sequence statistic that micro-batching must keep exact. lr 1e-3 makes updates visible;
+# Adam's eps 1e-6 bounds how much its first step amplifies a gradient's float rounding
+# (by lr / eps: a 1e-10 difference on a ~1e-8 gradient element would move it by ~1e-5 at eps 1e-8).
+GRPO = TrainConfig(learning_rate=1e-3, max_grad_norm=0.1, adam_eps=1e-6, algorithm=AlgorithmConfig(
     aggregation="seq-mean-token-mean", loss_terms=(
         LossTermConfig("policy_clip", params={"clip_high": 0.28}), LossTermConfig("kl", 0.001),
         LossTermConfig("entropy", 0.01))))
@@ -177,7 +179,8 @@ def _start_child_early(multi_device_child):
 
 def _hand_written_grpo_loss(params, reference, traj, advantages):
     """``GRPO``'s loss written out directly: clip-higher ratio (0.2 / 0.28), k3 KL (0.001),
-    entropy bonus (0.01), each sequence's token mean, then the mean over sequences."""
+    entropy bonus (0.01), each sequence's token mean, then the mean over sequences. One update
+    per batch: the old log-probs are the policy's own (no gradient), so the ratio is 1."""
     graphdef = _model_and_graphdef()[1]
     tokens, mask = traj.tokens, traj.token_mask
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
@@ -193,7 +196,7 @@ def _hand_written_grpo_loss(params, reference, traj, advantages):
     lp, ref = picked(log_probs), picked(token_log_softmax(reference))
     entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
     a = advantages[:, None]
-    ratio = jnp.exp(lp - traj.logprobs[:, 1:])
+    ratio = jnp.exp(lp - jax.lax.stop_gradient(lp))
     surrogate = jnp.maximum(-a * ratio, -a * jnp.clip(ratio, 1 - 0.2, 1 + 0.28))
     d = ref - lp
     k3 = jnp.minimum(jnp.exp(d) - d - 1, 10.0)
@@ -257,7 +260,7 @@ def test_update_applies_clipped_adamw_and_compiles_once():
     batch = _batch(2)
     new, metrics = step(state, batch)
     grads, _, _ = _gradients_fn(GRPO)(state, batch)
-    optimizer = optax.chain(optax.clip_by_global_norm(0.1), optax.adamw(1e-3, weight_decay=0.01))
+    optimizer = optax.chain(optax.clip_by_global_norm(0.1), optax.adamw(1e-3, eps=1e-6, weight_decay=0.01))
 
     @jax.jit
     def reference_update(grads, params):
@@ -272,16 +275,16 @@ def test_update_applies_clipped_adamw_and_compiles_once():
 
 
 def test_non_finite_loss_skips_the_update_and_the_run_continues():
-    step, state = _step_fn(GRPO), _state(GRPO)
+    config = TrainConfig.from_dict({**GRPO.to_dict(), "process_reward_coef": 0.5})
+    step, state = _step_fn(config), _state(config)
     good = _batch(4).trajectory
-    first_token = int(np.argmax(np.asarray(good.loss_mask[0])))
-    bad = good.replace(logprobs=good.logprobs.at[0, first_token].set(jnp.nan))
-    after_bad, metrics = step(state, TrainBatch(bad))
+    scores = jnp.zeros(good.turn_mask.shape)
+    after_bad, metrics = step(state, TrainBatch(good, scores.at[0, 0].set(jnp.nan)))  # a NaN reward
     assert not np.isfinite(float(metrics["loss"]))
     assert float(metrics["update_skipped"]) == 1 and int(after_bad.skipped_updates) == 1
     assert int(after_bad.step) == 1
     assert _max_diff((after_bad.policy, after_bad.policy_opt), (state.policy, state.policy_opt)) == 0
-    after_good, metrics = step(after_bad, TrainBatch(good))
+    after_good, metrics = step(after_bad, TrainBatch(good, scores))
     assert float(metrics["update_skipped"]) == 0 and int(after_good.skipped_updates) == 1
     assert int(after_good.step) == 2
     assert all(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(after_good.policy),

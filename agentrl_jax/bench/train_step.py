@@ -113,7 +113,6 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
     tokens = torch.from_numpy(np.array(batch.tokens, np.int64))
     mask = torch.from_numpy(np.array(batch.token_mask, np.int64))
     loss_mask = torch.from_numpy(np.array(batch.loss_mask, np.float32))[:, 1:]
-    old = torch.from_numpy(np.array(batch.logprobs))[:, 1:]
     success = torch.from_numpy(np.array(batch.success, np.float32)).view(-1, GROUP_SIZE)
     advantages = ((success - success.mean(1, keepdim=True)) / (success.std(1, keepdim=True) + 1e-6)).reshape(-1, 1)
     targets = tokens[:, 1:, None]
@@ -124,6 +123,7 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
 
     def step() -> float:
         lp = logprobs(policy)
+        old = lp.detach()  # one update per batch: the old policy is the current one (as ours, and verl's)
         with torch.no_grad():
             ref = logprobs(reference)
         ratio = torch.exp(torch.clamp(lp - old, -20, 20))

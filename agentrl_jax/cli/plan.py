@@ -42,6 +42,9 @@ def plan(
                                                            "(repeatable): train, rollout, eval."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field: section.field=value."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    plugin: Optional[List[str]] = typer.Option(None, "--plugin", help="A Python file or module to import "
+                                               "first (repeatable; also AGENTRL_JAX_PLUGINS), e.g. one "
+                                               "registering a loss term the config names."),
 ) -> None:
     """Per program and device: arguments, outputs, temporaries, peak, largest buffers, fit."""
     if (topology is None) == (gpus is None):
@@ -59,9 +62,11 @@ def plan(
             raise typer.Exit(child.returncode)
 
     from agentrl_jax import plan as planner
+    from agentrl_jax.plugins import load_plugins
     from agentrl_jax.reproduce.config import load_config
 
     try:
+        load_plugins(plugin or ())
         settings = load_config(config, set_ or ())
         target = (planner.tpu_target(topology) if topology is not None
                   else planner.gpu_target(gpus, gpu_memory_gib, gpu_stand_in))

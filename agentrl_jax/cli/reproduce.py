@@ -3,6 +3,13 @@
     agentrl-jax reproduce frozenlake                                   # built-in CPU default
     agentrl-jax reproduce frozenlake --config configs/frozenlake_qwen3_4b_gpu.yaml --out runs/4b
     agentrl-jax reproduce frozenlake --set rl.steps=10 --set eval.samples=4
+    agentrl-jax reproduce frozenlake --set rl.runs=[gigpo,dapo] --set rl.epochs=2 --set rl.mini_batches=4
+    agentrl-jax reproduce frozenlake --plugin my_loss.py --set 'rl.runs=[{name: mine, algorithm:
+        {loss_terms: [policy_clip, {name: my_term, coef: 0.01}]}}]'
+
+``--plugin`` (and ``AGENTRL_JAX_PLUGINS``) import the user's modules before the config is
+read, so the loss terms, estimators and run presets they register can be named in it
+(:mod:`agentrl_jax.plugins`; README, "Write your own loss").
 
 Rerunning the same command on the same ``--out`` resumes: finished phases are skipped and a
 training run continues from its newest checkpoint (see :mod:`agentrl_jax.reproduce.pipeline`).
@@ -30,14 +37,20 @@ def frozenlake(
     progress: bool = typer.Option(True, help="Show the progress bar."),
     until: Optional[str] = typer.Option(None, help="Stop after this phase (e.g. warm_start, "
                                                    "train:grpo, eval:table); rerun to go on."),
+    plugin: Optional[List[str]] = typer.Option(None, "--plugin", help="A Python file or module to import "
+                                               "first (repeatable; also AGENTRL_JAX_PLUGINS): its "
+                                               "registered loss terms, estimators and run presets "
+                                               "can then be named in the config."),
 ) -> None:
     """Base policy (SFT on imperfect Q* demonstrations), full-budget GRPO and BudgetMix GRPO
     from it, then Table 1, Pass@K, Pass@T, step quality, error states, likelihood and training
     dynamics, written to a results folder with report.md."""
+    from agentrl_jax.plugins import load_plugins
     from agentrl_jax.reproduce.config import load_config
     from agentrl_jax.reproduce.pipeline import ReproduceError, reproduce
 
     try:
+        load_plugins(plugin or ())
         settings = load_config(config, set_ or ())
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None

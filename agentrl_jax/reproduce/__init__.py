@@ -4,7 +4,8 @@
 * :mod:`.policy_init` - the initial policy: a random Qwen3 and a tokenizer built from the task text.
 * :mod:`.demos`       - the scripted, budget-aware Q*-greedy demonstrator with injected mistakes.
 * :mod:`.sft`         - supervised warm-start on the demonstrations (the base policy).
-* :mod:`.training`    - the RL runs (GRPO, BudgetMix GRPO, GiGPO, PPO presets) with checkpoints.
+* :mod:`.presets`     - the runs by name: one table of presets, and runs composed from the registry.
+* :mod:`.training`    - the RL runs (one TrainConfig each, from ``rl.runs``) with checkpoints.
 * :mod:`.evaluate`    - Pass@(K, T), Table 1 and the diagnostics for several policies.
 * :mod:`.results`     - the raw results' layout, and numbers recomputed from them alone.
 * :mod:`.findings`    - the paper's headlines checked against a run's numbers.

@@ -33,9 +33,10 @@ from agentrl_jax.errors import ConfigError
 from agentrl_jax.reproduce.evaluate import EvalSettings
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
+from agentrl_jax.reproduce.presets import RUN_PRESETS, RunSettings, check_algorithm_overrides, resolve_runs
 from agentrl_jax.sampling import GENERATION_LAYOUTS
 from agentrl_jax.sharding import MeshConfig
-from agentrl_jax.validation import (BOOL, Check, integer, is_int, one_of, optional, real,
+from agentrl_jax.validation import (BOOL, Check, integer, is_int, is_real, one_of, optional, real,
                                     short_repr, validate)
 
 # ---------------------------------------------------------------- checks
@@ -43,6 +44,18 @@ from agentrl_jax.validation import (BOOL, Check, integer, is_int, one_of, option
 _int, _real, _optional, _BOOL = integer, real, optional, BOOL
 # Table 1's 25% level, (25 T_max) // 100, must be a budget of at least one turn.
 _T_MAX = (lambda v: is_int(v, 4), "an int >= 4 (the 25% budget level must be >= 1 turn)")
+
+
+_CLIP_LOW = (lambda v: is_real(v) and 0 < v < 1, "a finite number > 0 and < 1")
+
+
+def plain_data(value: Any) -> Any:
+    """``value`` with mappings as dicts and tuples as lists, all the way down (what YAML holds)."""
+    if isinstance(value, Mapping):
+        return {k: plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    return value
 
 
 def _validate(section: Any, checks: Mapping[str, Check]) -> None:
@@ -137,25 +150,26 @@ class WarmStartSettings:
             "learning_rate": _real(0.0, lo_open=True), "weight_decay": _real(0.0), "seed": _int(0)})
 
 
-# name -> (label in tables, advantage estimator, BudgetMix?); "gae" (PPO) also trains a critic
-RUN_PRESETS: dict[str, tuple[str, str, bool]] = {
-    "grpo": ("GRPO", "grpo", False),
-    "budgetmix": ("BudgetMix GRPO", "grpo", True),
-    "gigpo": ("GiGPO", "gigpo", False),
-    "gigpo-budgetmix": ("BudgetMix GiGPO", "gigpo", True),
-    "ppo": ("PPO", "gae", False),
-    "ppo-budgetmix": ("BudgetMix PPO", "gae", True),
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class RLSettings:
     """The RL runs, all from the same base with the same number of updates and rollouts.
 
-    ``runs`` names presets of :data:`RUN_PRESETS`: full-budget runs play every group at
-    ``T_max``; BudgetMix runs draw one budget per task group from ``{(k T_max) // 10}``
-    (paper §5), and BudgetMix GiGPO anchors on ``(s_t, B - t)``. The hyper-parameters below
-    are the paper's names (§4); the CPU default raises the learning rate for a tiny model.
+    ``runs`` lists the runs: names of presets (:data:`~agentrl_jax.reproduce.presets.RUN_PRESETS`:
+    ``grpo``, ``budgetmix``, ``gigpo``, ``gigpo-budgetmix``, ``ppo``, ``ppo-budgetmix``, ``dapo``,
+    ...) or mappings ``{name, preset, label, budget_mix, algorithm}`` composing any registered
+    advantage estimator and loss terms (:mod:`agentrl_jax.reproduce.presets`). ``algorithm``
+    holds :class:`~agentrl_jax.algorithms.AlgorithmConfig` fields applied to every run over its
+    preset's (e.g. ``--set rl.algorithm.aggregation=seq-mean-token-mean``). Full-budget runs
+    play every group at ``T_max``; BudgetMix runs draw one budget per task group from
+    ``{(k T_max) // 10}`` (paper §5), and a BudgetMix run whose estimator reads anchor states
+    (GiGPO) anchors on ``(s_t, B - t)``. The hyper-parameters below are the paper's names
+    (§4), which the presets read (``clip_low``/``clip_high``: the ratio clip; equal in the
+    paper, ``clip_high`` > ``clip_low`` is DAPO's clip-higher); the CPU default raises the
+    learning rate for a tiny model.
+
+    Optimisation per rollout batch: ``epochs`` passes of ``mini_batches`` updates each (PPO
+    style; :class:`~agentrl_jax.train.TrainConfig`'s fields of the same names), each
+    mini-batch split into ``num_micro_batches`` for gradient accumulation.
 
     Rollout memory (none changes the paper's settings; the defaults change nothing):
     ``kv_cache_dtype`` is the KV cache's dtype (null: the model's compute dtype);
@@ -173,7 +187,8 @@ class RLSettings:
     head runs only at sampled positions, at most ``t_max x max_response_tokens`` per row.
     """
 
-    runs: tuple[str, ...] = ("grpo", "budgetmix")
+    runs: tuple[Any, ...] = ("grpo", "budgetmix")
+    algorithm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     steps: int = 40
     tasks_per_step: int = 8
     group_size: int = 8               # G (paper: 16)
@@ -183,13 +198,16 @@ class RLSettings:
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0
     kl_coef: float = 0.001
-    clip: float = 0.2
+    clip_low: float = 0.2
+    clip_high: float = 0.2
     gigpo_omega: float = 1.0
     gigpo_gamma: float = 0.95
     critic_learning_rate: float = 1e-5
     value_clip: float = 0.5
     gae_gamma: float = 1.0
     gae_lambda: float = 1.0
+    epochs: int = 1
+    mini_batches: int = 1
     num_micro_batches: int = 1
     checkpoint_every: int = 10
     seed: int = 0
@@ -202,22 +220,23 @@ class RLSettings:
     logits_chunk: int = 512
 
     def __post_init__(self):
-        if isinstance(self.runs, str) or not isinstance(self.runs, Sequence):
-            raise ConfigError(f"rl.runs: must be a list of run names, got {short_repr(self.runs)}")
-        object.__setattr__(self, "runs", tuple(self.runs))
-        known = [r for r in self.runs if isinstance(r, str) and r in RUN_PRESETS]
-        if len(known) != len(self.runs) or not self.runs or len(set(known)) != len(known):
-            raise ConfigError(f"rl.runs: must be distinct names from {sorted(RUN_PRESETS)}, "
-                              f"got {short_repr(list(self.runs))}")
+        if isinstance(self.runs, str) or not isinstance(self.runs, Sequence) or not self.runs:
+            raise ConfigError(f"rl.runs: must be a non-empty list of runs, each a preset name "
+                              f"({', '.join(RUN_PRESETS)}) or a mapping {{name, preset, label, budget_mix, "
+                              f"algorithm}}, got {short_repr(self.runs)}")
+        object.__setattr__(self, "runs", tuple(plain_data(r) for r in self.runs))
+        object.__setattr__(self, "algorithm", plain_data(check_algorithm_overrides("rl.algorithm", self.algorithm)))
         _validate(self, {
             "steps": _int(1), "tasks_per_step": _int(1), "group_size": _int(2),
             "temperature": _real(0.0, lo_open=True), "top_p": _real(0.0, 1.0, lo_open=True),
             "learning_rate": _real(0.0, lo_open=True), "weight_decay": _real(0.0),
             "max_grad_norm": _optional(_real(0.0, lo_open=True)), "kl_coef": _real(0.0),
-            "clip": _real(0.0, 1.0, lo_open=True), "gigpo_omega": _real(0.0),
+            "clip_low": _CLIP_LOW, "clip_high": _real(0.0, lo_open=True),
+            "gigpo_omega": _real(0.0),
             "gigpo_gamma": _real(0.0, 1.0), "critic_learning_rate": _real(0.0, lo_open=True),
             "value_clip": _real(0.0, lo_open=True), "gae_gamma": _real(0.0, 1.0),
-            "gae_lambda": _real(0.0, 1.0), "num_micro_batches": _int(1),
+            "gae_lambda": _real(0.0, 1.0), "epochs": _int(1), "mini_batches": _int(1),
+            "num_micro_batches": _int(1),
             "checkpoint_every": _int(1), "seed": _int(0),
             "kv_cache_dtype": one_of(DTYPES, nullable=True),
             "max_rows_per_call": _optional(_int(1)), "prefill_chunk": _optional(_int(1)),
@@ -226,13 +245,27 @@ class RLSettings:
             "attention": one_of(ATTENTION_IMPLEMENTATIONS),
             "logits_chunk": _int(1)})
         rows = self.tasks_per_step * self.group_size
-        if rows % self.num_micro_batches:
-            raise ConfigError(f"rl.num_micro_batches: must divide tasks_per_step x group_size "
-                             f"({rows}), got {self.num_micro_batches}")
+        if rows % self.mini_batches:
+            raise ConfigError(f"rl.mini_batches: must divide tasks_per_step x group_size "
+                              f"({rows}), got {self.mini_batches}")
+        per_update = rows // self.mini_batches
+        if per_update % self.num_micro_batches:
+            divided = " / mini_batches" if self.mini_batches > 1 else ""
+            raise ConfigError(f"rl.num_micro_batches: must divide tasks_per_step x group_size{divided} "
+                              f"({per_update}), got {self.num_micro_batches}")
         if self.max_rows_per_call is not None and self.max_rows_per_call % self.group_size:
             raise ConfigError(f"rl.max_rows_per_call: must be a multiple of group_size "
-                             f"({self.group_size}), so task groups stay whole, got "
-                             f"{self.max_rows_per_call}")
+                              f"({self.group_size}), so task groups stay whole, got "
+                              f"{self.max_rows_per_call}")
+        self.resolved_runs()  # every run's algorithm builds (errors name rl.runs[i])
+
+    def resolved_runs(self) -> tuple[RunSettings, ...]:
+        """``runs`` resolved: each run's name, label, BudgetMix and AlgorithmConfig."""
+        return resolve_runs(self)
+
+    @property
+    def run_names(self) -> tuple[str, ...]:
+        return tuple(run.name for run in self.resolved_runs())
 
 
 _SECTION_NAMES = {TaskSettings: "task", ModelSettings: "model", WarmStartSettings: "warm_start",
@@ -364,25 +397,36 @@ def _parse_value(text: str) -> Any:
 def apply_overrides(d: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """``d`` with ``section.field=value`` overrides applied (values parsed as YAML).
 
-    ``d`` is a mapping of sections (:func:`config_from_dict` checks the rest); it is not modified.
+    A longer key reaches into a mapping field: ``rl.algorithm.advantage=gigpo`` sets
+    ``advantage`` in ``rl.algorithm`` (creating the mapping if needed). ``d`` is a mapping of
+    sections (:func:`config_from_dict` checks the rest); it is not modified.
     """
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in d.items()}
+    out = {k: _copy_mappings(v) for k, v in d.items()}
     for item in overrides:
         key, sep, text = item.partition("=")
-        section, dot, field = key.strip().partition(".")
-        if not sep or not dot or not field:
+        path = [part.strip() for part in key.strip().split(".")]
+        if not sep or len(path) < 2 or not all(path):
             raise ConfigError(f"override {item!r}: expected section.field=value")
         try:
             value = _parse_value(text)
         except ConfigError as error:
             raise ConfigError(f"override {item!r}: {error}") from None
-        if out.get(section) is None:
-            out[section] = {}
-        if not isinstance(out[section], Mapping):
-            raise ConfigError(f"override {item!r}: {section}: must be a mapping of fields, "
-                              f"got {_kind(out[section])}")
-        out[section][field] = value
+        target = out
+        for depth, part in enumerate(path[:-1]):
+            if target.get(part) is None:
+                target[part] = {}
+            if not isinstance(target[part], Mapping):
+                where = ".".join(path[:depth + 1])
+                what = "a mapping of fields" if depth == 0 else "a mapping"
+                raise ConfigError(f"override {item!r}: {where}: must be {what}, got {_kind(target[part])}")
+            target = target[part]
+        target[path[-1]] = value
     return out
+
+
+def _copy_mappings(value: Any) -> Any:
+    """``value`` with every nested mapping copied (overrides write into the copies)."""
+    return {k: _copy_mappings(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ReproduceConfig:

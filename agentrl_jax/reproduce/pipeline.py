@@ -129,7 +129,7 @@ def phase_names(config: ReproduceConfig) -> list[str]:
     names = [] if config.model.model_dir is not None else ["setup"]
     if config.warm_start.enabled:
         names += ["demos", "warm_start"]
-    names += [f"train:{name}" for name in config.rl.runs]
+    names += [f"train:{name}" for name in config.rl.run_names]
     names += [f"eval:{a}" for a in evaluate.ANALYSES]
     return names + ["report"]
 

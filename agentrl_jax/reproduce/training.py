@@ -1,13 +1,15 @@
-"""The RL runs of the reproduction: one trainer config per preset, task batches, and a run
+"""The RL runs of the reproduction: one trainer config per run, task batches, and a run
 that resumes from its newest checkpoint.
 
 Every run starts from the same base parameters and does the same number of updates on the
 same task batches (``task_batch(position)`` depends only on the seed and the step), with the
-same rollout settings; only the algorithm and the budget differ:
+same rollout settings; only the algorithm and the budget differ. The runs and their
+algorithms come from ``rl.runs`` (presets or compositions of registered estimators and
+terms, :mod:`agentrl_jax.reproduce.presets`); nothing here is keyed on an algorithm's name:
 
 * full-budget runs play every task group at ``T_max``;
 * BudgetMix runs draw one budget per group from ``{(k T_max) // 10 : k = 1..10}`` (§5), and
-  for GiGPO anchor on ``(s_t, B - t)``.
+  anchor on ``(s_t, B - t)`` when their estimator reads anchor states (GiGPO).
 
 R_multi (success) and R_single (mean Q* step quality, gamma 0.95) are logged every step
 (§7.5). Everything a run needs to continue is in its Orbax checkpoints (:mod:`agentrl_jax.train`).
@@ -32,15 +34,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.policy import SamplerPolicy
 from agentrl_jax.process_rewards import FrozenLakeQStar
-from agentrl_jax.reproduce.config import RUN_PRESETS, RLSettings
+from agentrl_jax.reproduce.config import RLSettings
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import SamplingConfig
 from agentrl_jax.trajectory import Trajectory
 from agentrl_jax.train import (Checkpointer, MetricsLogger, TrainConfig, init_train_state,
                                make_train_step, train)
+from agentrl_jax.train.inputs import step_inputs
 from agentrl_jax.train.state import place_state
 
 STEP_QUALITY_GAMMA = 0.95  # paper §7: Q* with gamma 0.95
@@ -56,19 +58,6 @@ class RunSpec:
     budget_mix: bool
 
 
-def algorithm_for(advantage: str, rl: RLSettings) -> AlgorithmConfig:
-    """The preset's estimator with the paper's loss terms: clipped ratio, KL to the reference,
-    and for PPO the clipped value loss."""
-    params = {"grpo": {}, "gigpo": {"omega": rl.gigpo_omega, "gamma": rl.gigpo_gamma},
-              "gae": {"gamma": rl.gae_gamma, "lam": rl.gae_lambda}}[advantage]
-    terms = [LossTermConfig("policy_clip", 1.0, {"clip_low": rl.clip, "clip_high": rl.clip})]
-    if rl.kl_coef > 0:
-        terms.append(LossTermConfig("kl", rl.kl_coef))
-    if advantage == "gae":
-        terms.append(LossTermConfig("value_clip", 1.0, {"clip": rl.value_clip}))
-    return AlgorithmConfig(advantage=advantage, advantage_params=params, loss_terms=tuple(terms))
-
-
 def loss_position_bound(t_max: int, max_response_tokens: int, max_context: int) -> int | None:
     """The most sampled tokens a row can hold, ``t_max x max_response_tokens``: the static
     bound at which the update runs the output head (None when it is not below the context)."""
@@ -77,19 +66,19 @@ def loss_position_bound(t_max: int, max_response_tokens: int, max_context: int) 
 
 
 def run_specs(rl: RLSettings, loss_positions: int | None = None) -> list[RunSpec]:
-    """The runs ``rl.runs`` names, in order; ``loss_positions``: see :func:`loss_position_bound`."""
+    """The runs of ``rl.runs``, in order; ``loss_positions``: see :func:`loss_position_bound`."""
     specs = []
-    for name in rl.runs:
-        label, advantage, mix = RUN_PRESETS[name]
+    for run in rl.resolved_runs():
         config = TrainConfig(
-            algorithm=algorithm_for(advantage, rl), learning_rate=rl.learning_rate,
+            algorithm=run.algorithm, learning_rate=rl.learning_rate,
             weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm,
-            critic_learning_rate=rl.critic_learning_rate, num_micro_batches=rl.num_micro_batches,
-            budget_anchors=mix and advantage == "gigpo", total_steps=rl.steps,
-            checkpoint_every=rl.checkpoint_every, checkpoint_keep=2, seed=rl.seed,
+            critic_learning_rate=rl.critic_learning_rate, epochs=rl.epochs, mini_batches=rl.mini_batches,
+            num_micro_batches=rl.num_micro_batches,
+            budget_anchors=run.budget_mix and "anchor_keys" in step_inputs(run.algorithm).advantage,
+            total_steps=rl.steps, checkpoint_every=rl.checkpoint_every, checkpoint_keep=2, seed=rl.seed,
             remat=rl.remat, attention=rl.attention, logits_chunk=rl.logits_chunk,
             loss_positions=loss_positions)
-        specs.append(RunSpec(name, label, config, mix))
+        specs.append(RunSpec(run.name, run.label, config, run.budget_mix))
     return specs
 
 

@@ -10,8 +10,17 @@ learning rate 1e-6 and weight decay 0.01, critic learning rate 1e-5, KL coeffici
 ``algorithm``), group-relative GRPO.
 
 The KL coefficient lives in ``algorithm`` (the ``"kl"`` loss term), so there is one source of
-truth; :attr:`TrainConfig.kl_coef` reads it. ``to_dict``/``from_dict`` round-trip through plain
+truth; :attr:`TrainConfig.kl_coef` reads it. What the step computes (entropy, reference
+log-probs, a critic) follows from the inputs the configured estimator and terms declare
+(:mod:`agentrl_jax.train.inputs`), whatever their names; an algorithm asking for an input the
+step cannot compute is refused here. ``to_dict``/``from_dict`` round-trip through plain
 JSON/YAML data, which is how checkpoints store the config.
+
+PPO-style optimisation: each rollout batch is used for ``epochs`` passes, each split into
+``mini_batches`` mini-batches (rows shuffled per epoch), one optimizer update per
+mini-batch, so ``epochs x mini_batches`` updates per batch (verl's ``ppo_epochs`` and
+``ppo_mini_batch_size`` = rows / ``mini_batches``); ``num_micro_batches`` then splits each
+mini-batch for gradient accumulation.
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ from typing import Any, Mapping
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from agentrl_jax.errors import ConfigError
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
+from agentrl_jax.train.inputs import check_inputs, step_inputs
 from agentrl_jax.validation import validate
 
 
@@ -50,7 +61,12 @@ class TrainConfig:
     # critic optimizer (PPO): its own AdamW, same betas/eps/clipping
     critic_learning_rate: float = 1e-5
     critic_weight_decay: float = 0.01
-    # gradient accumulation: rows split into this many micro-batches (strided, see step.py)
+    # PPO-style optimisation: passes over each rollout batch, and mini-batches (one update
+    # each) per pass, rows shuffled per pass (see step.py)
+    epochs: int = 1
+    mini_batches: int = 1
+    # gradient accumulation: each mini-batch's rows split into this many micro-batches
+    # (strided, see step.py)
     num_micro_batches: int = 1
     # memory (see step.py): what each layer keeps for the backward pass (a REMAT_POLICIES
     # name of agentrl_jax.models.qwen3; None: the model's own setting); the static bound on
@@ -80,6 +96,10 @@ class TrainConfig:
         if not isinstance(self.algorithm, AlgorithmConfig):
             raise ValueError(f"TrainConfig.algorithm: must be an AlgorithmConfig or mapping, got {self.algorithm!r}")
         validate("TrainConfig", self, _CHECKS)
+        try:
+            check_inputs(self.algorithm)
+        except ValueError as e:
+            raise ConfigError(f"TrainConfig.algorithm.{e}") from None
 
     @property
     def kl_coef(self) -> float:
@@ -88,12 +108,19 @@ class TrainConfig:
 
     @property
     def uses_reference(self) -> bool:
-        """Whether the step needs reference log-probs (a KL term with a positive coefficient)."""
-        return self.kl_coef > 0
+        """Whether the step needs the frozen reference policy: a configured term (of any name)
+        declares ``ref_logprobs``."""
+        return step_inputs(self.algorithm).reference
 
     @property
     def uses_critic(self) -> bool:
-        return self.algorithm.uses_critic
+        """Whether the step trains a critic: the estimator uses one or a critic term is configured."""
+        return step_inputs(self.algorithm).critic_model
+
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimizer updates per rollout batch: ``epochs x mini_batches``."""
+        return self.epochs * self.mini_batches
 
     # ------------------------------------------------------------------ plain data
     def to_dict(self) -> dict[str, Any]:
@@ -147,6 +174,8 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "max_grad_norm": (lambda v: v is None or _positive_real(v), "None or a finite number > 0"),
     "critic_learning_rate": (_positive_real, "a finite number > 0"),
     "critic_weight_decay": (_non_negative_real, "a finite number >= 0"),
+    "epochs": (_positive_int, "an int >= 1"),
+    "mini_batches": (_positive_int, "an int >= 1"),
     "num_micro_batches": (_positive_int, "an int >= 1"),
     "remat": (lambda v: v is None or v in REMAT_POLICIES, f"None or one of {REMAT_POLICIES}"),
     "loss_positions": (lambda v: v is None or _positive_int(v), "None or an int >= 1"),

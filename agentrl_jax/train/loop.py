@@ -10,15 +10,18 @@ Each iteration of :func:`train`:
 3. scores steps with the optional process scorer (its scores shape the reward when
    ``config.process_reward_coef > 0``) and the optional quality scorer (for R_single; it may
    be the same object, then it runs once);
-4. calls ``train_step(state, TrainBatch)`` (see :mod:`agentrl_jax.train.step`);
+4. calls ``train_step(state, TrainBatch)`` (see :mod:`agentrl_jax.train.step`): all the
+   updates of the batch (``epochs x mini_batches``);
 5. logs one JSONL record per step (and TensorBoard scalars when a writer is available),
    updates the progress bar, and saves a checkpoint every ``checkpoint_every`` steps and at
-   the end.
+   the end. A metric the step reports per update (``updates/<name>``, when a batch gets more
+   than one update) is a JSON list in the record, one value per update, and a TensorBoard
+   series indexed by the update's number over the run.
 
 Metrics added by the loop: ``R_multi`` (trajectory success rate over real rows, §7.5),
 ``R_single`` (mean step quality from the quality scorer: Q* on FrozenLake), mean turns,
 rollout/scoring/update seconds and trained tokens per second. A skipped (non-finite) update is logged
-(``update_skipped`` = 1, and a line on the progress bar) and the run continues.
+(``update_skipped`` counts them per step, and a line on the progress bar) and the run continues.
 
 Everything here is a side effect at the edge; the pure pieces are the rollout, the scorers
 and the train step.
@@ -99,14 +102,21 @@ class MetricsLogger:
                 warnings.warn("TensorBoard logging asked for but neither tensorboardX nor tensorboard is "
                               "installed; writing JSONL only", stacklevel=2)
 
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        record = {"step": int(step), **{k: _json_number(v) for k, v in metrics.items()}}
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """One record: numbers, and lists of numbers (one per update of the step, see the
+        module docstring). TensorBoard gets a list's value ``i`` at update
+        ``(step - 1) x len + i + 1``."""
+        record = {"step": int(step), **{k: _json_value(v) for k, v in metrics.items()}}
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
         if self.writer is not None:
             for name, value in metrics.items():
-                self.writer.add_scalar(name, float(value), int(step))
+                if isinstance(value, (list, tuple)):
+                    for i, v in enumerate(value):
+                        self.writer.add_scalar(name, float(v), (int(step) - 1) * len(value) + i + 1)
+                else:
+                    self.writer.add_scalar(name, float(value), int(step))
             if hasattr(self.writer, "flush"):
                 self.writer.flush()
 
@@ -118,6 +128,18 @@ class MetricsLogger:
 def _json_number(v: Any) -> float | None:
     v = float(v)
     return v if math.isfinite(v) else None  # JSON has no NaN; null marks a non-finite value
+
+
+def _json_value(v: Any) -> float | list[float | None] | None:
+    return [_json_number(x) for x in v] if isinstance(v, (list, tuple)) else _json_number(v)
+
+
+def host_metrics(metrics: Mapping[str, Any]) -> dict[str, float | list[float]]:
+    """Device metrics as Python numbers: scalars as floats, ``[updates]`` arrays as lists."""
+    def plain(v):
+        v = np.asarray(v)
+        return float(v) if v.ndim == 0 else [float(x) for x in v.reshape(-1)]
+    return {k: plain(v) for k, v in jax.device_get(dict(metrics)).items()}
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -223,8 +245,9 @@ def train(
                                         process_scorer, quality_scorer)
             step = int(state.step)
             if metrics["update_skipped"]:
-                bar.write(f"step {step}: non-finite loss or gradient, update skipped "
-                          f"({int(metrics['skipped_updates'])} so far)", file=sys.stderr)
+                bar.write(f"step {step}: non-finite loss or gradient, {int(metrics['update_skipped'])} of "
+                          f"{config.updates_per_batch} updates skipped ({int(metrics['skipped_updates'])} so far)",
+                          file=sys.stderr)
             if logger is not None:
                 logger.log(step, metrics)
             if checkpointer is not None and checkpointer.should_save(step, config.total_steps):
@@ -263,7 +286,7 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
     data_position = jax.device_put(np.asarray(position + 1, np.int32), state.data_position.sharding)
     state = state.replace(rng=rng, data_position=data_position)
     state, step_metrics = train_step(state, TrainBatch(trajectory, step_scores))
-    metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+    metrics = host_metrics(step_metrics)
     updated = time.perf_counter()
 
     metrics.update(rollout_metrics(trajectory, quality))

@@ -1,24 +1,42 @@
 """The train step: ``train_step(state, batch) -> (state, metrics)``, pure and jitted.
 
-One call performs one update of the policy (and of the critic, for PPO) from one rollout
-batch:
+One call makes all the updates of one rollout batch: ``epochs x mini_batches`` optimizer
+updates of the policy (and of the critic, for PPO), as verl's ``ppo_epochs`` and
+``ppo_mini_batch_size`` do:
 
-1. teacher-forced log-probs of the sampled tokens under the policy, over the whole
-   conversation (``token_mask`` is the attention mask, positions count real tokens); the
-   reference policy's log-probs the same way (frozen, no gradient) when the config has a KL
-   term; the critic's values (PPO) before its update;
-2. advantages from the registry (:func:`~agentrl_jax.algorithms.compute_advantages`) on the
+1. once per batch, before the first update (:func:`prepare_batch`): the critic's values,
+   advantages from the registry (:func:`~agentrl_jax.algorithms.compute_advantages`) on the
    outcome reward, shaped by process scores if the batch has them
-   (:func:`~agentrl_jax.process_rewards.shape_rewards`);
-3. the configured loss (:func:`~agentrl_jax.algorithms.compute_loss`), with gradients
-   accumulated over ``num_micro_batches`` micro-batches by ``lax.scan``. Each micro-batch
-   contributes the gradient of its unreduced loss sum and its denominator; the sum of
-   gradients is divided once by the global denominator, so the result is exactly the
-   full-batch gradient for every aggregation mode (see :mod:`agentrl_jax.algorithms.aggregation`);
-4. optax AdamW (after global-norm clipping) on the policy, and on the critic with its own
-   optimizer. If the loss or any gradient is not finite, neither is updated (parameters and
-   optimizer states are kept), ``metrics["update_skipped"]`` is 1 and
-   ``state.skipped_updates`` counts it; the step counter still advances.
+   (:func:`~agentrl_jax.process_rewards.shape_rewards`), the policy's own log-probs of the
+   sampled tokens (the "old" log-probs of the importance ratio) and the frozen reference's,
+   teacher-forced over the whole conversation. Only what the configured estimator and
+   terms declare is computed (:mod:`agentrl_jax.train.inputs`), whatever their names;
+2. per epoch, the rows are shuffled with a key split off ``state.rng`` (when there is more
+   than one mini-batch) and cut into ``mini_batches`` mini-batches of equal, static shape;
+3. per mini-batch, one update: the configured loss
+   (:func:`~agentrl_jax.algorithms.compute_loss_with_metrics`) with gradients accumulated
+   over ``num_micro_batches`` micro-batches by ``lax.scan``. Each micro-batch contributes the
+   gradient of its unreduced loss sum and its denominator; the sum of gradients is divided
+   once by the mini-batch's denominator, so the result is exactly the mini-batch gradient
+   for every aggregation mode (see :mod:`agentrl_jax.algorithms.aggregation`); then optax
+   AdamW (after global-norm clipping) on the policy, and on the critic with its own
+   optimizer. If the loss or any gradient is not finite, that update is skipped (parameters
+   and optimizer states are kept) and counted in ``state.skipped_updates``.
+
+The updates run in one ``lax.scan``, so the step compiles once whatever their number. The
+old log-probs are those of the policy before the batch's first update, so the first
+update's ratio is exactly 1 and later ones move away from it (and get clipped). With a
+single update per batch they are that update's own log-probs under ``stop_gradient``.
+``state.step`` counts rollout batches (one per call).
+
+Metrics: batch-level ones (``advantage_mean``, ``loss_tokens``, ``loss_tokens_dropped``,
+``value_mean``, ``skipped_updates``) and, per update, ``loss``, ``loss/<term>``, every term's
+own metrics (``<term>/<name>``, e.g. ``policy_clip/clip_fraction``), ``ratio_mean``,
+``ratio_deviation`` and ``approx_kl`` (when a term reads old log-probs), ``grad_norm``, and
+with a critic ``value_loss``, ``explained_variance`` and ``critic_grad_norm``. Each per-update
+metric is reported as its mean over the batch's updates under its own name, and, with more
+than one update, as the ``[updates]`` array under ``updates/<name>``; ``update_skipped``
+counts the skipped updates of the batch.
 
 Context: every sampled token is scored with the whole row before it as its context, which is
 what the policy saw when the rollout kept the whole history (:func:`check_full_history`, which
@@ -31,7 +49,8 @@ position 0 (never a sampled token) gets 0.
 Micro-batches are strided: micro-batch ``m`` holds rows ``m, m + M, m + 2M, ...``. With rows
 split contiguously over devices (the batch sharding along ``data``/``fsdp``), every device then
 holds an equal share of every micro-batch and the split moves no data. So ``N`` must be a
-multiple of ``M`` (and of ``M`` times the number of batch shards on a mesh).
+multiple of ``mini_batches x M`` (and of that times the number of batch shards on a mesh);
+shuffled mini-batches are gathered rows, constrained to rows over the batch axes.
 
 Sharding: :func:`make_train_step` with a mesh jits with the state placed by
 :func:`~agentrl_jax.train.state.state_shardings` and the batch split along its first axis; XLA
@@ -40,7 +59,7 @@ inserts the reductions, so sums over the batch are global, like the single-devic
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -52,16 +71,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from agentrl_jax.algorithms import (
     AdvantageInputs,
     LossInputs,
+    LossSum,
     aggregation,
     budget_anchor_keys,
-    clip_indicator,
     compute_advantages,
-    compute_loss,
+    compute_loss_with_metrics,
+    policy_ratio,
 )
 from agentrl_jax.models.qwen3 import Constrain, positions_from_mask
 from agentrl_jax.process_rewards import shape_rewards, turn_rewards_to_tokens
 from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, PartitionRule
 from agentrl_jax.train.config import TrainConfig
+from agentrl_jax.train.inputs import step_inputs
 from agentrl_jax.train.logprobs import kept_mask, position_logprobs
 from agentrl_jax.train.state import CriticParams, TrainState, critic_optimizer, policy_optimizer, state_shardings
 from agentrl_jax.trajectory import Trajectory
@@ -220,7 +241,10 @@ def check_full_history(trajectory: Trajectory) -> None:
 
 
 def advantage_inputs(batch: TrainBatch, config: TrainConfig, old_values: jax.Array | None) -> AdvantageInputs:
-    """What the configured estimator reads, from a batch (rewards shaped by process scores)."""
+    """What the configured estimator reads, from a batch (rewards shaped by process scores).
+
+    Every field is filled (estimators also read optional ones, such as ``traj_mask``, that
+    they do not declare); ``values`` and ``token_rewards`` only with a critic."""
     traj = batch.trajectory
     turn_mask = traj.turn_mask.astype(bool) & traj.row_mask.astype(bool)[:, None]
     episode, per_turn = shape_rewards(traj.outcome_reward, batch.step_scores, turn_mask,
@@ -235,115 +259,298 @@ def advantage_inputs(batch: TrainBatch, config: TrainConfig, old_values: jax.Arr
     )
 
 
-def _policy_term_params(config: TrainConfig, name: str) -> dict[str, Any] | None:
-    return next((dict(t.params) for t in config.algorithm.terms_for("policy") if t.name == name), None)
+def _model_scores(graphdef: nnx.GraphDef, config: TrainConfig, params: Any, mb: Mapping[str, jax.Array],
+                  constrain: Constrain | None, with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    """``(logprobs, entropy or None)`` ``[n, L]`` of a (micro-)batch's tokens under ``params``."""
+    return sequence_logprobs(nnx.merge(graphdef, params), mb["tokens"], mb["token_mask"], loss_mask=mb["loss_mask"],
+                             with_entropy=with_entropy, config=config, constrain=constrain)
+
+
+def _chunks(config: TrainConfig) -> int:
+    """Pieces of the batch the per-batch scoring runs on: the updates' micro-batch shape."""
+    return config.mini_batches * config.num_micro_batches
+
+
+def _records_old_logprobs(config: TrainConfig) -> bool:
+    """Whether the old log-probs are scored before the first update. With one update per
+    batch they are the policy's own log-probs in that update's forward (``stop_gradient``,
+    see :func:`policy_gradients`): the same numbers, without a second forward."""
+    return config.updates_per_batch > 1 and "old_logprobs" in step_inputs(config.algorithm).batch
+
+
+def prepare_batch(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState, batch: TrainBatch,
+                  mesh: Mesh | None = None) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+    """What one rollout batch's updates share, computed once before the first: ``(data, metrics)``.
+
+    ``data`` holds ``[N, ...]`` rows: ``tokens``, ``token_mask``, ``loss_mask`` and the batch
+    inputs the configured terms declare (:mod:`agentrl_jax.train.inputs`), from the state
+    before any update: ``old_values`` (the critic), ``advantages`` and ``returns`` (the
+    estimator, on old values), ``old_logprobs`` (the policy; see :func:`_records_old_logprobs`),
+    ``ref_logprobs`` (the frozen reference). Scoring runs in pieces of the updates'
+    micro-batch shape (``N / (mini_batches x num_micro_batches)`` rows, so it never holds
+    more activations than an update). ``metrics``: batch-level scalars.
+    """
+    needs = step_inputs(config.algorithm)
+    constrain = activation_constraint(mesh)
+    traj = batch.trajectory
+    full_mask = batch_loss_mask(traj)
+    loss_mask = full_mask if config.loss_positions is None else kept_mask(full_mask, config.loss_positions)
+    data = {"tokens": traj.tokens, "token_mask": traj.token_mask.astype(bool), "loss_mask": loss_mask}
+    chunks = _chunks(config)
+    weights = loss_mask.astype(jnp.float32)
+    tokens = jnp.sum(weights)
+    metrics = {"loss_tokens": tokens, "loss_tokens_dropped": jnp.sum(full_mask) - tokens}
+
+    def token_mean(x):
+        return jnp.sum(x * weights) / jnp.maximum(tokens, 1.0)
+
+    old_values = None
+    if needs.critic_model:
+        backbone = nnx.merge(graphdef, state.critic.backbone)
+        old_values = map_micro_batches(
+            lambda mb: critic_values(backbone, state.critic.head, mb["tokens"], mb["token_mask"],
+                                     config=config, constrain=constrain), data, chunks)
+        metrics["value_mean"] = token_mean(old_values)
+    computed = {"old_values": old_values}
+    if needs.batch & {"advantages", "returns"}:
+        advantages = compute_advantages(config.algorithm, advantage_inputs(batch, config, old_values))
+        computed.update(advantages=advantages.advantages, returns=advantages.returns)
+        metrics["advantage_mean"] = token_mean(advantages.advantages)
+    if _records_old_logprobs(config):
+        computed["old_logprobs"] = map_micro_batches(
+            lambda mb: _model_scores(graphdef, config, state.policy, mb, constrain)[0], data, chunks)
+    if needs.reference:
+        reference = jax.lax.stop_gradient(state.reference)
+        computed["ref_logprobs"] = map_micro_batches(
+            lambda mb: _model_scores(graphdef, config, reference, mb, constrain)[0], data, chunks)
+    data.update({name: jax.lax.stop_gradient(computed[name]) for name in needs.batch if name in computed})
+    return data, metrics
+
+
+def update_rows(key: jax.Array, rows: int, epochs: int, mini_batches: int) -> jax.Array:
+    """The rows of each update, ``int32 [epochs x mini_batches, rows / mini_batches]``: per
+    epoch a fresh permutation of the rows (its own key, split off ``key``), cut into
+    ``mini_batches`` equal mini-batches, in update order."""
+    if rows % mini_batches:
+        raise ValueError(f"mini_batches={mini_batches} must divide the batch's {rows} rows")
+    perms = jax.vmap(lambda k: jax.random.permutation(k, rows))(jax.random.split(key, epochs))
+    return perms.reshape(epochs * mini_batches, rows // mini_batches).astype(jnp.int32)
+
+
+def select_rows(data: Any, rows: jax.Array, mesh: Mesh | None = None) -> Any:
+    """``data``'s ``[N, ...]`` leaves at ``rows`` (a mini-batch), rows over the mesh's batch axes."""
+    constrain = activation_constraint(mesh) or _same
+    return jax.tree.map(lambda x: constrain(jnp.take(x, rows, axis=0)), data)
+
+
+def _token_mean_sum(x: jax.Array, mask: jax.Array) -> LossSum:
+    return aggregation.aggregate(x, mask)  # token-mean: (sum m x, sum m), exact under any split
+
+
+def ratio_sums(logprobs: jax.Array, old_logprobs: jax.Array, mask: jax.Array) -> dict[str, LossSum]:
+    """Token-mean sums of the importance ratio ``r = pi / pi_old`` (clamped as in the loss):
+    ``ratio_mean``; ``ratio_deviation``, mean ``|r - 1|`` (exactly 0 iff every ratio is 1);
+    ``approx_kl``, mean ``(r - 1) - log r`` (an estimate of KL(pi_old || pi), k3)."""
+    ratio = policy_ratio(logprobs, old_logprobs)
+    log_ratio = jnp.log(ratio)
+    return {"ratio_mean": _token_mean_sum(ratio, mask),
+            "ratio_deviation": _token_mean_sum(jnp.abs(ratio - 1.0), mask),
+            "approx_kl": _token_mean_sum((ratio - 1.0) - log_ratio, mask)}
+
+
+def explained_variance_sums(values: jax.Array, returns: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    """Sums over ``mask`` from which :func:`explained_variance` follows (add them over micro-batches)."""
+    w = mask.astype(jnp.float32)
+    residual = returns - values
+    return {"count": jnp.sum(w), "returns": jnp.sum(w * returns), "returns_sq": jnp.sum(w * returns ** 2),
+            "residual": jnp.sum(w * residual), "residual_sq": jnp.sum(w * residual ** 2)}
+
+
+EV_RELATIVE_FLOOR = 1e-4  # Var(returns) below this share of E[returns^2] is rounding: constant returns
+
+
+def explained_variance(sums: Mapping[str, jax.Array]) -> jax.Array:
+    """``1 - Var(returns - values) / Var(returns)`` over the loss tokens.
+
+    0 when the returns do not vary: the variance comes from summed moments (so it adds over
+    micro-batches), whose float32 cancellation leaves ~1e-7 of ``E[returns^2]`` for constant
+    returns, so a variance under ``EV_RELATIVE_FLOOR`` of it counts as none (GAE with
+    gamma = lambda = 1 gives every token of a row the same return: a mini-batch of equal
+    outcomes has constant returns)."""
+    n = jnp.maximum(sums["count"], 1.0)
+    mean_sq = sums["returns_sq"] / n
+    var_returns = mean_sq - (sums["returns"] / n) ** 2
+    var_residual = jnp.maximum(sums["residual_sq"] / n - (sums["residual"] / n) ** 2, 0.0)
+    varies = var_returns > EV_RELATIVE_FLOOR * mean_sq + 1e-12
+    return jnp.where(varies, 1.0 - var_residual / jnp.where(varies, var_returns, 1.0), 0.0)
+
+
+def _term_sums(result: Any) -> dict[str, LossSum]:
+    """A :class:`~agentrl_jax.algorithms.LossResult`'s parts (``loss/<term>``) and term metrics."""
+    return {**{f"loss/{name}": part for name, part in result.parts.items()}, **result.metrics}
+
+
+def policy_gradients(graphdef: nnx.GraphDef, config: TrainConfig, params: Any, data: Mapping[str, jax.Array],
+                     mesh: Mesh | None = None, *, first_update: bool | jax.Array = False
+                     ) -> tuple[Any, dict[str, jax.Array]]:
+    """Mean gradient of the policy loss over ``data`` (one update's rows) at ``params``, and metrics.
+
+    ``data``: rows of :func:`prepare_batch`'s data. Gradients are accumulated over
+    ``num_micro_batches`` micro-batches of unreduced sums and divided once by the global
+    denominator, so they are exactly the gradient of ``data``'s mean loss. The live inputs
+    (``logprobs``, ``entropy``) are computed only if a policy term declares them.
+
+    Old log-probs: ``data["old_logprobs"]`` (recorded before the batch's first update), except
+    on the first update (``first_update``, may be traced) or when none were recorded (one
+    update per batch): there ``params`` are the policy before the first update, and its own
+    log-probs in this forward (``stop_gradient``) are the old ones, bitwise, so the ratio is
+    exactly 1 (a separately compiled forward agrees only to float rounding).
+
+    Metrics: ``loss``, ``loss/<term>``, each term's own metrics ``<term>/<name>``, the ratio's
+    (:func:`ratio_sums`) when a term reads old log-probs, and ``grad_norm``.
+    """
+    needs = step_inputs(config.algorithm)
+    constrain = activation_constraint(mesh)
+    live = needs.live("policy")
+    batch_fields = needs.policy & needs.batch
+
+    def loss_fn(params, mb):
+        logprobs, entropy = _model_scores(graphdef, config, params, mb, constrain, "entropy" in live)
+        fields = {name: mb[name] for name in batch_fields if name in mb}
+        if "old_logprobs" in batch_fields:
+            own = jax.lax.stop_gradient(logprobs)
+            fields["old_logprobs"] = jnp.where(first_update, own, mb["old_logprobs"]) if "old_logprobs" in mb else own
+        fields.update({name: value for name, value in (("logprobs", logprobs), ("entropy", entropy))
+                       if name in live})
+        result = compute_loss_with_metrics(config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields),
+                                           "policy")
+        sums = _term_sums(result)
+        if "old_logprobs" in fields:
+            sums.update(ratio_sums(jax.lax.stop_gradient(logprobs), fields["old_logprobs"], mb["loss_mask"]))
+        return result.total.total, (result.total, sums)
+
+    grads, (total, sums) = accumulate_gradients(loss_fn, params, data, config.num_micro_batches)
+    grads = _divide(grads, total.denom)
+    metrics = {"loss": aggregation.mean(total), **{k: aggregation.mean(v) for k, v in sums.items()},
+               "grad_norm": optax.tree.norm(grads)}
+    return grads, metrics
+
+
+def critic_gradients(graphdef: nnx.GraphDef, config: TrainConfig, critic: CriticParams,
+                     data: Mapping[str, jax.Array], mesh: Mesh | None = None
+                     ) -> tuple[CriticParams, dict[str, jax.Array]]:
+    """Mean gradient of the critic loss over ``data`` at ``critic``, and metrics: ``value_loss``,
+    ``loss/<term>``, term metrics, ``explained_variance`` (of the returns by the values before
+    this update, when the terms read returns) and ``critic_grad_norm``."""
+    needs = step_inputs(config.algorithm)
+    constrain = activation_constraint(mesh)
+    batch_fields = needs.critic & needs.batch
+
+    def loss_fn(critic, mb):
+        values = critic_values(nnx.merge(graphdef, critic.backbone), critic.head, mb["tokens"], mb["token_mask"],
+                               config=config, constrain=constrain)
+        fields = {name: mb[name] for name in batch_fields}
+        fields.update({"values": values} if "values" in needs.critic else {})
+        result = compute_loss_with_metrics(config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields),
+                                           "critic")
+        ev = (explained_variance_sums(jax.lax.stop_gradient(values), mb["returns"], mb["loss_mask"])
+              if "returns" in mb else {})
+        return result.total.total, (result.total, _term_sums(result), ev)
+
+    grads, (total, sums, ev) = accumulate_gradients(loss_fn, critic, data, config.num_micro_batches)
+    grads = _divide(grads, total.denom)
+    metrics = {"value_loss": aggregation.mean(total), **{k: aggregation.mean(v) for k, v in sums.items()},
+               "critic_grad_norm": optax.tree.norm(grads)}
+    if ev:
+        metrics["explained_variance"] = explained_variance(ev)
+    return grads, metrics
 
 
 def compute_gradients(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState,
                       batch: TrainBatch, mesh: Mesh | None = None
                       ) -> tuple[Any, CriticParams | None, dict[str, jax.Array]]:
-    """The full-batch mean gradients of the policy (and critic) losses, and metrics.
+    """The gradients of one update on the whole batch at ``state``'s parameters, and metrics.
 
-    Pure; :func:`train_step` applies them. Returns ``(policy_grads, critic_grads or None,
-    metrics)`` where the metrics hold the losses as means over the whole batch. ``mesh``
-    (static) adds sharding constraints on activations (rows over the batch axes).
+    Pure: :func:`prepare_batch`, then :func:`policy_gradients` (and :func:`critic_gradients`)
+    on all rows. With one update per batch (``epochs = mini_batches = 1``) this is exactly
+    the update :func:`train_step` applies. Returns ``(policy_grads, critic_grads or None,
+    metrics)``, the losses as means over the batch. ``mesh`` (static) adds sharding
+    constraints on activations (rows over the batch axes).
     """
-    algorithm, num = config.algorithm, config.num_micro_batches
-    constrain = activation_constraint(mesh)
-    traj = batch.trajectory
-    full_mask = batch_loss_mask(traj)
-    loss_mask = full_mask if config.loss_positions is None else kept_mask(full_mask, config.loss_positions)
-    sequences = {"tokens": traj.tokens, "token_mask": traj.token_mask.astype(bool)}
-
-    old_values = None
-    if config.uses_critic:
-        backbone = nnx.merge(graphdef, state.critic.backbone)
-        old_values = map_micro_batches(
-            lambda mb: critic_values(backbone, state.critic.head, mb["tokens"], mb["token_mask"],
-                                     config=config, constrain=constrain), sequences, num)
-    advantages = compute_advantages(algorithm, advantage_inputs(batch, config, old_values))
-
-    with_entropy = _policy_term_params(config, "entropy") is not None
-    clip_params = _policy_term_params(config, "policy_clip")
-    data = {**sequences, "loss_mask": loss_mask, "old_logprobs": traj.logprobs,
-            "advantages": advantages.advantages}
-
-    def policy_loss(params, mb):
-        scoring = {"loss_mask": mb["loss_mask"], "config": config, "constrain": constrain}
-        logprobs, entropy = sequence_logprobs(nnx.merge(graphdef, params), mb["tokens"], mb["token_mask"],
-                                              with_entropy=with_entropy, **scoring)
-        ref_logprobs = None
-        if config.uses_reference:
-            reference = nnx.merge(graphdef, jax.lax.stop_gradient(state.reference))
-            ref_logprobs, _ = sequence_logprobs(reference, mb["tokens"], mb["token_mask"], **scoring)
-        inputs = LossInputs(loss_mask=mb["loss_mask"], logprobs=logprobs, old_logprobs=mb["old_logprobs"],
-                            ref_logprobs=ref_logprobs, advantages=mb["advantages"], entropy=entropy)
-        total, parts = compute_loss(algorithm, inputs, "policy")
-        extras = {}
-        if clip_params is not None:  # a metric: the share of tokens whose gradient clipping zeroes
-            clipped = clip_indicator(jax.lax.stop_gradient(logprobs), mb["old_logprobs"], mb["advantages"],
-                                     **clip_params)
-            extras["clip_fraction"] = aggregation.aggregate(clipped, mb["loss_mask"])
-        return total.total, (total, parts, extras)
-
-    grads, (total, parts, extras) = accumulate_gradients(policy_loss, state.policy, data, num)
-    policy_grads = _divide(grads, total.denom)
-    weights = loss_mask.astype(jnp.float32)
-    metrics = {
-        "loss": aggregation.mean(total),
-        **{f"loss/{name}": aggregation.mean(part) for name, part in parts.items()},
-        **{name: aggregation.mean(part) for name, part in extras.items()},
-        "grad_norm": optax.tree.norm(policy_grads),
-        "advantage_mean": jnp.sum(advantages.advantages * weights) / jnp.maximum(jnp.sum(weights), 1.0),
-        "loss_tokens": jnp.sum(weights),
-        "loss_tokens_dropped": jnp.sum(full_mask) - jnp.sum(loss_mask),
-    }
-
+    data, metrics = prepare_batch(graphdef, config, state, batch, mesh)
+    policy_grads, policy_metrics = policy_gradients(graphdef, config, state.policy, data, mesh, first_update=True)
+    metrics = {**metrics, **policy_metrics}
     critic_grads = None
     if config.uses_critic:
-        critic_data = {**sequences, "loss_mask": loss_mask, "old_values": old_values,
-                       "returns": advantages.returns}
-
-        def value_loss(critic, mb):
-            values = critic_values(nnx.merge(graphdef, critic.backbone), critic.head, mb["tokens"], mb["token_mask"],
-                                   config=config, constrain=constrain)
-            inputs = LossInputs(loss_mask=mb["loss_mask"], values=values, old_values=mb["old_values"],
-                                returns=mb["returns"])
-            total, _ = compute_loss(algorithm, inputs, "critic")
-            return total.total, total
-
-        grads, critic_total = accumulate_gradients(value_loss, state.critic, critic_data, num)
-        critic_grads = _divide(grads, critic_total.denom)
-        metrics.update({
-            "value_loss": aggregation.mean(critic_total),
-            "critic_grad_norm": optax.tree.norm(critic_grads),
-            "value_mean": jnp.sum(old_values * weights) / jnp.maximum(jnp.sum(weights), 1.0),
-        })
+        critic_grads, critic_metrics = critic_gradients(graphdef, config, state.critic, data, mesh)
+        metrics.update(critic_metrics)
     return policy_grads, critic_grads, metrics
+
+
+def _apply(optimizer: optax.GradientTransformation, ok: jax.Array, grads: Any, opt_state: Any, params: Any):
+    """One optimizer step, kept only if ``ok``: ``(params, opt_state)``."""
+    updates, new_opt = optimizer.update(grads, opt_state, params)
+    return _keep_if(ok, optax.apply_updates(params, updates), params), _keep_if(ok, new_opt, opt_state)
+
+
+def _update_fn(graphdef: nnx.GraphDef, config: TrainConfig, data: Mapping[str, jax.Array], mesh: Mesh | None):
+    """``(carry, (index, rows or None)) -> (carry, metrics)``: update number ``index`` on
+    ``data`` at ``rows`` (all rows if None).
+
+    ``carry = (policy, policy_opt, critic, critic_opt)``. If the loss or any gradient is not
+    finite, nothing is updated and the metric ``update_skipped`` is 1.
+    """
+    def update(carry, xs):
+        (policy, policy_opt, critic, critic_opt), (index, rows) = carry, xs
+        mb = data if rows is None else select_rows(data, rows, mesh)
+        policy_grads, metrics = policy_gradients(graphdef, config, policy, mb, mesh, first_update=index == 0)
+        finite = jnp.isfinite(metrics["loss"]) & _all_finite(policy_grads)
+        if critic is not None:
+            critic_grads, critic_metrics = critic_gradients(graphdef, config, critic, mb, mesh)
+            metrics.update(critic_metrics)
+            finite = finite & jnp.isfinite(metrics["value_loss"]) & _all_finite(critic_grads)
+            critic, critic_opt = _apply(critic_optimizer(config), finite, critic_grads, critic_opt, critic)
+        policy, policy_opt = _apply(policy_optimizer(config), finite, policy_grads, policy_opt, policy)
+        metrics["update_skipped"] = (~finite).astype(jnp.float32)
+        return (policy, policy_opt, critic, critic_opt), metrics
+
+    return update
 
 
 def train_step(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState,
                batch: TrainBatch, mesh: Mesh | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One update (see the module docstring). Pure; jit it with :func:`make_train_step`."""
-    policy_grads, critic_grads, metrics = compute_gradients(graphdef, config, state, batch, mesh)
-    finite = jnp.isfinite(metrics["loss"]) & _all_finite(policy_grads)
-    if critic_grads is not None:
-        finite = finite & jnp.isfinite(metrics["value_loss"]) & _all_finite(critic_grads)
-
-    updates, policy_opt = policy_optimizer(config).update(policy_grads, state.policy_opt, state.policy)
-    policy = optax.apply_updates(state.policy, updates)
-    new = state.replace(policy=_keep_if(finite, policy, state.policy),
-                        policy_opt=_keep_if(finite, policy_opt, state.policy_opt))
-    if critic_grads is not None:
-        updates, critic_opt = critic_optimizer(config).update(critic_grads, state.critic_opt, state.critic)
-        critic = optax.apply_updates(state.critic, updates)
-        new = new.replace(critic=_keep_if(finite, critic, state.critic),
-                          critic_opt=_keep_if(finite, critic_opt, state.critic_opt))
-    skipped = (~finite).astype(jnp.int32)
-    new = new.replace(step=state.step + 1, skipped_updates=state.skipped_updates + skipped)
-    metrics = {**metrics, "update_skipped": skipped.astype(jnp.float32),
+    """All the updates of one rollout batch (see the module docstring). Pure; jit it with
+    :func:`make_train_step`."""
+    rows = batch.trajectory.tokens.shape[0]
+    if rows % _chunks(config):
+        raise ValueError(f"mini_batches={config.mini_batches} x num_micro_batches={config.num_micro_batches} "
+                         f"must divide the batch's {rows} rows")
+    data, batch_metrics = prepare_batch(graphdef, config, state, batch, mesh)
+    update = _update_fn(graphdef, config, data, mesh)
+    carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
+    rng, count = state.rng, config.updates_per_batch
+    if count == 1:
+        carry, per_update = update(carry, (0, None))
+        per_update = jax.tree.map(lambda x: x[None], per_update)
+    else:
+        order = None
+        if config.mini_batches > 1:  # shuffled: a key of its own, split off the state's
+            rng, key = jax.random.split(state.rng)
+            order = update_rows(key, rows, config.epochs, config.mini_batches)
+        carry, per_update = jax.lax.scan(update, carry, (jnp.arange(count), order))
+    policy, policy_opt, critic, critic_opt = carry
+    skipped = jnp.sum(per_update["update_skipped"]).astype(jnp.int32)
+    new = state.replace(policy=policy, policy_opt=policy_opt, critic=critic, critic_opt=critic_opt, rng=rng,
+                        step=state.step + 1, skipped_updates=state.skipped_updates + skipped)
+    metrics = {**batch_metrics, **{name: jnp.mean(v) for name, v in per_update.items()},
+               "update_skipped": skipped.astype(jnp.float32),
                "skipped_updates": new.skipped_updates.astype(jnp.float32)}
+    if count > 1:
+        metrics.update({f"{UPDATES_PREFIX}{name}": v for name, v in per_update.items()})
     return new, metrics
+
+
+UPDATES_PREFIX = "updates/"
 
 
 def batch_shardings(batch: Any, mesh: Mesh) -> Any:
