@@ -101,3 +101,21 @@ def learning_run(config: TrainConfig) -> Run:
     held_out = {name: held_out_rates(runner, policy, params, held_out_ids)
                 for name, params in (("initial", initial.policy), ("final", final.policy))}
     return Run(trained, control, held_out)
+
+
+def assert_learns_beyond_the_control(run: "Run", margin: float = 0.2) -> None:
+    """R_multi gains over the run, and ends, more than ``margin`` above the no-update control
+    (paired: same rollout keys and task batches, only the updates differ)."""
+    trained, control = run.r_multi("trained"), run.r_multi("control")
+    gain = trained[-WINDOW:].mean() - trained[:WINDOW].mean()
+    control_gain = control[-WINDOW:].mean() - control[:WINDOW].mean()
+    report = f"trained R_multi {np.round(trained, 2)}, control {np.round(control, 2)}"
+    assert gain > control_gain + margin, report
+    assert trained[-WINDOW:].mean() > control[-WINDOW:].mean() + margin, report
+
+
+def assert_held_out_success_rises(run: "Run") -> None:
+    """Held-out maps, same sampling key: success up by 0.15, valid answers more than doubled."""
+    initial, final = run.held_out["initial"], run.held_out["final"]
+    assert final["success"] > initial["success"] + 0.15, run.held_out
+    assert final["valid"] > 2 * initial["valid"], run.held_out  # it learned to answer with a move
