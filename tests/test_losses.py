@@ -2,7 +2,6 @@
 
 import functools
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fake_devices import fake_devices_env
 
 from agentrl_jax.algorithms import aggregation as agg
 from agentrl_jax.algorithms import losses
@@ -322,6 +322,6 @@ def test_multi_device_psum_gives_the_full_batch_gradient():
             np.testing.assert_allclose(g_dev, g_full, atol=1e-6)
         print("OK")
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = fake_devices_env(8)
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]

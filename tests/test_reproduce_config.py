@@ -7,12 +7,12 @@ TrainConfigs and rollout settings."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fake_devices import fake_devices_env
 import yaml
 
 from agentrl_jax.algorithms import AlgorithmConfig
@@ -359,7 +359,7 @@ print(json.dumps({p: dict(build_mesh(load_config(p).mesh).shape) for p in sys.ar
 
 
 def test_paper_meshes_build_on_eight_fake_cpu_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = fake_devices_env(8)
     done = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, *map(str, PAPER_CONFIGS)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

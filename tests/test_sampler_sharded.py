@@ -6,11 +6,11 @@ Runs in a subprocess: the device count is fixed when JAX starts.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from fake_devices import fake_devices_env
 
 SCRIPT = textwrap.dedent("""
     import json, sys, tempfile
@@ -66,8 +66,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_sampler_matches_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    env = fake_devices_env(8)
     tests_dir = str(Path(__file__).parent)
     result = subprocess.run([sys.executable, "-c", SCRIPT, tests_dir], env=env,
                             capture_output=True, text=True, timeout=600)
@@ -177,8 +176,7 @@ def test_generation_layout_decodes_without_gathering_weights():
     compiled decode loop all-gathers no weight (the training layout gathers them every step)
     and no ``[B, V]`` logits (per-row keys sample each device's own rows), and the tokens equal
     one device's for the same per-row keys. ``SamplerPolicy``'s "auto" picks it when fsdp > 1."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    env = fake_devices_env(8)
     result = subprocess.run([sys.executable, "-c", LAYOUT_SCRIPT, str(Path(__file__).parent)],
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fake_devices import fake_devices_env
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))  # train_fakes, also when run as a script
@@ -220,7 +220,7 @@ def _sharded_results(out: Path) -> None:
 
 def test_eight_devices_with_activation_constraints_give_the_single_device_step(tmp_path):
     out = tmp_path / "results.npz"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = fake_devices_env(8)
     child = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True,
                            timeout=900)
     assert child.returncode == 0, child.stderr[-3000:]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from fake_devices import fake_devices_env
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))  # train_fakes, also when run as a script
@@ -160,7 +160,7 @@ def multi_device_child(request, tmp_path_factory):
         yield None
         return
     out = tmp_path_factory.mktemp("eight_devices") / "results.npz"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = fake_devices_env(8)
     child = subprocess.Popen([sys.executable, __file__, str(out)], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     yield child, out
