@@ -19,17 +19,38 @@ def processes_under(root: pathlib.Path) -> list[str]:
     return found
 
 
+def _status(pid: str) -> dict[str, str]:
+    try:
+        text = (pathlib.Path("/proc") / pid / "status").read_text()
+    except OSError:  # it ended meanwhile
+        return {}
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def _ancestors(fields: dict[str, str]) -> list[int]:
+    chain, seen = [], set()
+    while (parent := int(fields.get("PPid", "0").strip() or 0)) > 0 and parent not in seen:
+        chain.append(parent)
+        seen.add(parent)
+        fields = _status(str(parent))
+    return chain
+
+
 def sandbox_processes() -> list[str]:
-    """PIDs of living processes that run as a sandbox uid (strict isolation's candidates)."""
+    """PIDs of living processes that run as a sandbox uid (strict isolation's candidates),
+    except those another test worker is running (``pytest -n``: a sibling of this process
+    among their ancestors). Orphans, whose parents are gone, always count."""
+    me, my_parent = os.getpid(), os.getppid()
     found = []
     for entry in pathlib.Path("/proc").glob("[0-9]*"):
-        try:
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        fields = _status(entry.name)
         uid = int(fields.get("Uid", "0").split()[0])
-        if UID_RANGE[0] <= uid <= UID_RANGE[1] + 1 and fields.get("State", "").split()[:1] != ["Z"]:
+        if not (UID_RANGE[0] <= uid <= UID_RANGE[1] + 1) or fields.get("State", "").split()[:1] == ["Z"]:
+            continue
+        chain = _ancestors(fields)
+        other_worker = me not in chain and any(
+            a != me and int(_status(str(a)).get("PPid", "0").strip() or 0) == my_parent for a in chain)
+        if not other_worker:
             found.append(entry.name)
     return found
 
