@@ -27,12 +27,13 @@ def _status(pid: str) -> dict[str, str]:
     return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
 
 
-def _ancestors(fields: dict[str, str]) -> list[int]:
+def _ancestors(fields: dict[str, str]) -> list[tuple[int, int]]:
+    """``(pid, parent pid)`` of each ancestor of the process whose status is ``fields``."""
     chain, seen = [], set()
-    while (parent := int(fields.get("PPid", "0").strip() or 0)) > 0 and parent not in seen:
-        chain.append(parent)
-        seen.add(parent)
-        fields = _status(str(parent))
+    while (pid := int(fields.get("PPid", "0").strip() or 0)) > 0 and pid not in seen:
+        seen.add(pid)
+        fields = _status(str(pid))
+        chain.append((pid, int(fields.get("PPid", "0").strip() or 0)))
     return chain
 
 
@@ -48,8 +49,8 @@ def sandbox_processes() -> list[str]:
         if not (UID_RANGE[0] <= uid <= UID_RANGE[1] + 1) or fields.get("State", "").split()[:1] == ["Z"]:
             continue
         chain = _ancestors(fields)
-        other_worker = me not in chain and any(
-            a != me and int(_status(str(a)).get("PPid", "0").strip() or 0) == my_parent for a in chain)
+        other_worker = all(pid != me for pid, _ in chain) and any(
+            parent == my_parent for pid, parent in chain)
         if not other_worker:
             found.append(entry.name)
     return found

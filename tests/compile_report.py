@@ -25,7 +25,8 @@ import jax.monitoring
 _EVENTS = ("backend_compile_duration", "jaxpr_trace_duration", "jaxpr_to_mlir_module_duration")
 _current = {"test": "<collection>"}
 _rows: list[dict] = []
-_test_seconds: dict[str, float] = {}
+_test_seconds: dict[str, float] = {}  # test -> seconds from setup to teardown
+_started: dict[str, float] = {}
 
 
 def _listen(event: str, duration: float, **kwargs) -> None:
@@ -40,12 +41,12 @@ jax.monitoring.register_event_duration_secs_listener(_listen)
 
 def pytest_runtest_protocol(item, nextitem):
     _current["test"] = item.nodeid
-    _test_seconds[item.nodeid] = -time.perf_counter()
+    _started[item.nodeid] = time.perf_counter()
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    if nodeid in _test_seconds and _test_seconds[nodeid] < 0:
-        _test_seconds[nodeid] += time.perf_counter()
+    if nodeid in _started:
+        _test_seconds[nodeid] = time.perf_counter() - _started.pop(nodeid)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -68,7 +69,7 @@ def pytest_terminal_summary(terminalreporter):
     if not programs:
         return
     compiling = sum(r["seconds"] for r in _rows)
-    testing = sum(s for s in _test_seconds.values() if s > 0)
+    testing = sum(_test_seconds.values())
     write = terminalreporter.write_line
     write(f"compile report: {compiling:.0f} s tracing, lowering and compiling in {testing:.0f} s of tests "
           f"(this process; child processes not seen)")
