@@ -1,11 +1,12 @@
-"""The FrozenLake 4x4 learning check shared by the learning tests (tests/test_grpo_learning.py
-describes the setting): one-step maps, a tiny Qwen3 playing them through the real multi-turn
+"""The FrozenLake 4x4 learning check of tests/test_frozenlake_learning.py (which describes the
+setting): one-step maps, a tiny Qwen3 playing them through the real multi-turn
 rollout, a run of the real training loop and a no-update control on the same rollout keys and
 task batches, and held-out success before and after."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -69,38 +70,68 @@ def held_out_rates(runner: MultiTurnRollout, policy: SamplerPolicy, params, task
     return {"success": float(success / (len(tasks) * GROUP)), "valid": float(valid / turns)}
 
 
-def learning_run(config: TrainConfig) -> Run:
-    """``config.total_steps`` steps of ``config``'s training and of the no-update control."""
+STEPS = 10
+# What the no-update control is run with: seed 0 (the rollout keys) for STEPS steps. It is the
+# same for every trained configuration with that seed and length, so it is run once per process.
+CONTROL = TrainConfig(total_steps=STEPS, seed=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setting:
+    runner: MultiTurnRollout
+    policy: SamplerPolicy
+    model: nnx.Module
+    train_ids: np.ndarray
+    held_out_ids: np.ndarray
+
+
+@functools.lru_cache(maxsize=1)
+def _setting() -> _Setting:
     maps = one_step_maps(jax.random.key(0), TRAIN_MAPS + HELD_OUT_MAPS)  # distinct maps
-    train_ids, held_out_ids = np.arange(TRAIN_MAPS), np.arange(TRAIN_MAPS, len(maps))
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=BUDGET, is_slippery=False))
     runner = MultiTurnRollout(env, load_tokenizer(), RolloutConfig(
         group_size=GROUP, budget=BUDGET, max_response_tokens=1, max_context=512))
     token_map = frozenlake_token_map(runner, [BUDGET])
     model = tiny_model(seed=0, vocab_size=len(token_map))
-    policy = SamplerPolicy(model, token_map=token_map)
-    rollout = runner.for_training(policy)
+    return _Setting(runner, SamplerPolicy(model, token_map=token_map), model,
+                    np.arange(TRAIN_MAPS), np.arange(TRAIN_MAPS, len(maps)))
 
+
+def _loop(setting: _Setting, config: TrainConfig, train_step) -> tuple[object, list[dict[str, float]]]:
+    """``config.total_steps`` steps of the training loop from the initial parameters."""
     def task_batches(position: int) -> np.ndarray:  # two "right" and two "below" maps each
-        return train_ids[(position * TASKS_PER_STEP + np.arange(TASKS_PER_STEP)) % TRAIN_MAPS]
+        return setting.train_ids[(position * TASKS_PER_STEP + np.arange(TASKS_PER_STEP)) % TRAIN_MAPS]
 
-    initial = init_train_state(model, config)
+    metrics = []
+    final = train(init_train_state(setting.model, config), train_step, setting.runner.for_training(setting.policy),
+                  task_batches, config, progress=False, on_step=lambda state, m: metrics.append(m))
+    return final, metrics
 
-    def loop(train_step) -> tuple[object, list[dict[str, float]]]:
-        metrics = []
-        final = train(initial, train_step, rollout, task_batches, config, progress=False,
-                      on_step=lambda state, m: metrics.append(m))
-        return final, metrics
 
-    final, trained = loop(make_train_step(nnx.graphdef(model), config))
+@functools.lru_cache(maxsize=1)
+def _control() -> tuple[list[dict[str, float]], dict[str, float]]:
+    """The no-update control's metrics and the initial parameters' held-out rates."""
+    setting = _setting()
 
     def unchanged(state, batch):  # the control's update: learning rate 0
         return state.replace(step=state.step + 1), {"update_skipped": jnp.zeros(())}
 
-    _, control = loop(unchanged)
-    held_out = {name: held_out_rates(runner, policy, params, held_out_ids)
-                for name, params in (("initial", initial.policy), ("final", final.policy))}
-    return Run(trained, control, held_out)
+    _, control = _loop(setting, CONTROL, unchanged)
+    initial = init_train_state(setting.model, CONTROL).policy
+    return control, held_out_rates(setting.runner, setting.policy, initial, setting.held_out_ids)
+
+
+def learning_run(config: TrainConfig) -> Run:
+    """``config``'s training for STEPS steps, and the no-update control on the same rollout
+    keys and task batches (``config`` must have the control's seed and length)."""
+    if (config.seed, config.total_steps) != (CONTROL.seed, CONTROL.total_steps):
+        raise ValueError(f"learning_run: seed {config.seed} and total_steps {config.total_steps} must be "
+                         f"the control's ({CONTROL.seed}, {CONTROL.total_steps})")
+    setting = _setting()
+    final, trained = _loop(setting, config, make_train_step(nnx.graphdef(setting.model), config))
+    control, initial = _control()
+    final_rates = held_out_rates(setting.runner, setting.policy, final.policy, setting.held_out_ids)
+    return Run(trained, control, {"initial": initial, "final": final_rates})
 
 
 def assert_learns_beyond_the_control(run: "Run", margin: float = 0.2) -> None:
