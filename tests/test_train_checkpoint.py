@@ -301,7 +301,9 @@ def _spawn(mode: str, workdir: Path) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path):
-    straight, killed = _spawn("straight", tmp_path / "straight"), _spawn("killed", tmp_path / "killed")
+    # The straight run starts after the kill: it and the resumed run then load the programs the
+    # killed run compiled from the test session's compilation cache instead of compiling them too.
+    killed = _spawn("killed", tmp_path / "killed")
     line = killed.stdout.readline()  # blocks until the N/2 checkpoint is on disk
     assert line.strip() == MARKER, killed.communicate()[1][-3000:]
     killed.send_signal(signal.SIGKILL)
@@ -309,7 +311,7 @@ def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path):
     assert killed.returncode == -signal.SIGKILL
     assert Checkpointer(tmp_path / "killed" / "checkpoints", every=1, keep=5).steps() == [STEPS // 2]
 
-    resumed = _spawn("resume", tmp_path / "killed")
+    straight, resumed = _spawn("straight", tmp_path / "straight"), _spawn("resume", tmp_path / "killed")
     for process in (straight, resumed):
         _, err = process.communicate(timeout=600)
         assert process.returncode == 0, err[-3000:]
