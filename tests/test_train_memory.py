@@ -41,6 +41,7 @@ GRPO = TrainConfig(learning_rate=1e-3, algorithm=AlgorithmConfig(
 PPO = TrainConfig(algorithm=AlgorithmConfig(advantage="gae", loss_terms=(
     LossTermConfig("policy_clip"), LossTermConfig("kl", 0.001), LossTermConfig("value_clip"))))
 ROWS, TOKENS, TURNS = 8, 24, 3
+VOCAB = 97  # a size no other dimension has, so [rows, L, V] buffers can be told apart in the program
 
 
 def _with(config: TrainConfig, **changes) -> TrainConfig:
@@ -49,7 +50,7 @@ def _with(config: TrainConfig, **changes) -> TrainConfig:
 
 @functools.lru_cache(maxsize=None)
 def _model():
-    return tiny_model()
+    return tiny_model(vocab_size=VOCAB)
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,10 +77,13 @@ def _max_loss_tokens(batch: TrainBatch) -> int:
     return int((np.asarray(t.loss_mask) & np.asarray(t.row_mask)[:, None])[:, 1:].sum(1).max())
 
 
-def _gradients(config: TrainConfig, batch: TrainBatch, mesh=None):
+def _compiled(config: TrainConfig, batch: TrainBatch):
     graphdef = nnx.graphdef(_model())
-    fn = jax.jit(functools.partial(compute_gradients, graphdef, config, mesh=mesh))
-    return jax.device_get(fn(_state(config), batch))
+    return jax.jit(functools.partial(compute_gradients, graphdef, config)).lower(_state(config), batch).compile()
+
+
+def _gradients(config: TrainConfig, batch: TrainBatch):
+    return jax.device_get(_compiled(config, batch)(_state(config), batch))
 
 
 def _assert_close(got, want, what: str) -> None:
@@ -172,23 +176,22 @@ def test_memory_options_give_the_default_step(name, config, option):
     if name not in _DEFAULT_STEPS:
         _DEFAULT_STEPS[name] = _gradients(config, batch)
     want = _DEFAULT_STEPS[name]
-    got = _gradients(_with(config, **changes), batch)
+    compiled = _compiled(_with(config, **changes), batch)
+    got = jax.device_get(compiled(_state(_with(config, **changes)), batch))
     assert float(got[2]["loss_tokens_dropped"]) == 0
     _assert_close((got[0], got[1], _comparable(got[2])), (want[0], want[1], _comparable(want[2])),
                   f"{name} {option}")
+    if "logits_chunk" in changes:
+        _assert_no_vocabulary_sized_activation(compiled.as_text(), changes["logits_chunk"],
+                                               ROWS // changes.get("num_micro_batches", 1))
 
 
-def test_no_vocabulary_sized_activation_in_the_compiled_step():
-    """With loss positions bounded, no ``[rows, L, V]`` (or ``[rows, L-1, V]``) buffer exists."""
-    vocab, rows, tokens = 97, 4, 64  # sizes that appear nowhere else in the program
-    model = tiny_model(vocab_size=vocab)
-    config = _with(GRPO, loss_positions=16, logits_chunk=8)
-    state = init_train_state(model, config)
-    batch = TrainBatch(random_trajectory(0, rows=rows, tokens=tokens, turns=3, vocab=vocab))
-    fn = jax.jit(functools.partial(compute_gradients, nnx.graphdef(model), config))
-    text = fn.lower(state, batch).compile().as_text()
-    assert f"[{rows},{tokens},{vocab}]" not in text and f"[{rows},{tokens - 1},{vocab}]" not in text
-    assert re.search(rf"\[{rows},8,{vocab}\]", text)  # the head runs on chunks of 8 positions
+def _assert_no_vocabulary_sized_activation(text: str, chunk: int, micro_rows: int) -> None:
+    """With loss positions bounded, no ``[rows, L, V]`` (or ``[rows, L-1, V]``) buffer exists in
+    the compiled step, for the batch's rows or a micro-batch's; the head runs on chunks."""
+    for rows in {ROWS, micro_rows}:
+        assert f"[{rows},{TOKENS},{VOCAB}]" not in text and f"[{rows},{TOKENS - 1},{VOCAB}]" not in text
+    assert re.search(rf"\[{micro_rows},{chunk},{VOCAB}\]", text)  # the head on chunks of positions
 
 
 # ------------------------------------------------------------------------- 8 devices (child process)
@@ -228,7 +231,7 @@ def test_eight_devices_with_activation_constraints_give_the_single_device_step(t
     results = np.load(out)
     batch = _batch()
     for name, config in (("grpo", GRPO), ("ppo", PPO)):
-        want = _gradients(config, batch)
+        want = _DEFAULT_STEPS.get(name) or _gradients(config, batch)
         leaves = jax.tree.leaves((want[0], want[1], _comparable(want[2])))
         for i, leaf in enumerate(leaves):
             np.testing.assert_allclose(results[f"{name}/{i}"], np.asarray(leaf), atol=ATOL, rtol=ATOL,
