@@ -275,20 +275,21 @@ def test_update_applies_clipped_adamw_and_compiles_once():
 
 
 def test_non_finite_loss_skips_the_update_and_the_run_continues():
-    config = TrainConfig.from_dict({**GRPO.to_dict(), "process_reward_coef": 0.5})
-    step, state = _step_fn(config), _state(config)
-    good = _batch(4).trajectory
-    scores = jnp.zeros(good.turn_mask.shape)
-    after_bad, metrics = step(state, TrainBatch(good, scores.at[0, 0].set(jnp.nan)))  # a NaN reward
+    """(A NaN process reward, through the training loop: tests/test_train_loop.py.)"""
+    step, state = _step_fn(GRPO), _state(GRPO)  # the program test_update_applies_... compiles
+    batch = _batch(4)
+    corrupt = state.replace(reference=jax.tree.map(lambda x: x.at[0].set(jnp.nan), state.reference))
+    after_bad, metrics = step(corrupt, batch)  # a NaN in the reference's weights: a NaN KL term
     assert not np.isfinite(float(metrics["loss"]))
     assert float(metrics["update_skipped"]) == 1 and int(after_bad.skipped_updates) == 1
     assert int(after_bad.step) == 1
     assert _max_diff((after_bad.policy, after_bad.policy_opt), (state.policy, state.policy_opt)) == 0
-    after_good, metrics = step(after_bad, TrainBatch(good, scores))
+    after_good, metrics = step(after_bad.replace(reference=state.reference), batch)
     assert float(metrics["update_skipped"]) == 0 and int(after_good.skipped_updates) == 1
     assert int(after_good.step) == 2
     assert all(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(after_good.policy),
                                                        jax.tree.leaves(state.policy)))
+    assert step.compiled_count() == 1
 
 
 # ------------------------------------------------------------------------- PPO critic
