@@ -9,19 +9,23 @@ is a fresh temporary folder per session, removed at the end, unless ``AGENTRL_JA
 names one (to reuse it across local runs); ``AGENTRL_JAX_TEST_CACHE=off`` compiles everything
 afresh.
 
-The tests also compile with LLVM's ``-O1`` instead of XLA's default ``-O2`` (set through
-``XLA_FLAGS``, which the child processes inherit; ``AGENTRL_JAX_TEST_LLVM_O2=1`` keeps the
-default). Nearly all of a tiny program's compile time is LLVM optimising and generating its
-kernels: ``-O1`` cuts a tiny Qwen3's gradient from ~6 s to ~4 s, and executes the programs the
-tests run (benchmarks, rollouts, the learning runs) as fast as ``-O2`` does on this CPU
-(``-O0`` would compile faster still but run them several times slower). Without fast math
-(jax's default) LLVM may not reorder floating-point arithmetic at any level: a tiny Qwen3's
-loss and gradients come out bit-identical at ``-O1`` and ``-O2``. Programs outside the tests
-keep XLA's defaults.
+The tests also compile with LLVM's ``-O0`` instead of XLA's default ``-O2`` (set through
+``XLA_FLAGS``, which the child processes inherit; ``AGENTRL_JAX_TEST_LLVM_O2=1`` keeps XLA's
+defaults everywhere). Nearly all of a tiny program's compile time is LLVM optimising and
+generating its kernels: a tiny Qwen3's train step compiles in ~5 s at ``-O0``, ~8.5 s at
+``-O1`` and ~14 s at ``-O2`` on this CPU, and most tests run what they compile once or
+twice. ``-O0`` programs run about twice as slowly, so the tests that run theirs for long
+(mark a module or test ``optimized``: the learning runs) compile at ``-O1`` instead, which
+executes as fast as ``-O2``. Without fast math (jax's default) LLVM may not reorder
+floating-point arithmetic: ``-O1`` gives a tiny Qwen3's loss and gradients bit for bit as
+``-O2`` does, ``-O0`` to within float32 rounding (~1e-8 there);
+every comparison the tests make is either against a reference with a tolerance or between
+programs compiled alike. Programs outside the tests keep XLA's defaults.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -39,10 +43,11 @@ if _SETTING != "off":
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
-if os.environ.get("AGENTRL_JAX_TEST_LLVM_O2") != "1":
+_QUICK_COMPILE = os.environ.get("AGENTRL_JAX_TEST_LLVM_O2") != "1"
+if _QUICK_COMPILE:
     _flags = os.environ.get("XLA_FLAGS", "")
     if "--xla_backend_optimization_level" not in _flags:
-        os.environ["XLA_FLAGS"] = f"{_flags} --xla_backend_optimization_level=1".strip()
+        os.environ["XLA_FLAGS"] = f"{_flags} --xla_backend_optimization_level=0".strip()
 
 import jax  # noqa: E402  (after the environment: jax reads it when first imported)
 
@@ -50,6 +55,49 @@ if _SETTING != "off":  # also when a plugin imported jax before this file
     jax.config.update("jax_compilation_cache_dir", _SETTING)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+# The LLVM level of ``optimized`` tests: an override of the compile options jax builds for every
+# program (jax's private ``compiler.get_compile_options``; a jit's own ``compiler_options``
+# still win). Persistent-cache keys include the options, so -O0 and -O1 programs stay apart.
+_OPTIMIZED = {"level": None}
+if _QUICK_COMPILE:
+    from jax._src import compiler as _compiler
+
+    _get_compile_options = _compiler.get_compile_options
+
+    def _get_compile_options_at_level(*args, env_options_overrides=None, **kwargs):
+        if _OPTIMIZED["level"] is not None:
+            env_options_overrides = {"xla_backend_optimization_level": _OPTIMIZED["level"],
+                                     **dict(env_options_overrides or {})}
+        return _get_compile_options(*args, env_options_overrides=env_options_overrides, **kwargs)
+
+    _compiler.get_compile_options = _get_compile_options_at_level
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _optimized_module(request):
+    """Modules marked ``optimized`` compile at LLVM -O1 (their module fixtures included)."""
+    with _optimized_if(request.node.get_closest_marker("optimized") is not None):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _optimized_test(request):
+    """Tests marked ``optimized`` compile at LLVM -O1."""
+    with _optimized_if(request.node.get_closest_marker("optimized") is not None):
+        yield
+
+
+@contextlib.contextmanager
+def _optimized_if(optimized: bool):
+    before = _OPTIMIZED["level"]
+    if optimized and _QUICK_COMPILE:
+        _OPTIMIZED["level"] = 1
+    try:
+        yield
+    finally:
+        _OPTIMIZED["level"] = before
 
 
 def pytest_unconfigure(config):

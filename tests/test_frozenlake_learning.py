@@ -42,7 +42,9 @@ from agentrl_jax.train import TrainConfig
 from frozenlake_learning import (STEPS, Run, assert_held_out_success_rises, assert_learns_beyond_the_control,
                                  learning_run)
 
-pytestmark = pytest.mark.slow  # ~3 min on the shared 2-core CPU, a third of it compiling
+# ~3 min on the shared 2-core CPU, a third of it compiling; at -O1 (tests/conftest.py): the rollouts
+# and updates run twice as fast as at the suite's -O0
+pytestmark = [pytest.mark.slow, pytest.mark.optimized]
 
 # Adam on a width-16 model: 3e-2 learns within 10 steps (the paper's 1e-6 is for 4B models).
 GRPO = TrainConfig(learning_rate=3e-2, total_steps=STEPS, seed=0, attention="blocked")
