@@ -90,6 +90,7 @@ SMALL_CONTEXT = 768
 
 
 @pytest.mark.slow
+@pytest.mark.optimized  # its rollout runs long: 18 s at -O1, 32 s at the suite's -O0
 def test_tiny_qwen3_on_64_tasks_x_16_compiles_a_fixed_number_of_times(tiny_policy, full_scale):
     """The acceptance run: 64 FrozenLake tasks x G = 16, B = 20, the real tokenizer, a random
     Qwen3 (vocabulary mapped to the ids the rollout can meet: see bench.rollout). CI runs 16
