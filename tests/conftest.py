@@ -26,6 +26,7 @@ programs compiled alike. Programs outside the tests keep XLA's defaults.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import shutil
 import tempfile
@@ -60,19 +61,35 @@ if _SETTING != "off":  # also when a plugin imported jax before this file
 # The LLVM level of ``optimized`` tests: an override of the compile options jax builds for every
 # program (jax's private ``compiler.get_compile_options``; a jit's own ``compiler_options``
 # still win). Persistent-cache keys include the options, so -O0 and -O1 programs stay apart.
+# Where a jax version lacks that function or its ``env_options_overrides`` argument, nothing is
+# overridden: ``optimized`` tests then compile at -O0 too (slower, same results).
 _OPTIMIZED = {"level": None}
+
+
+def _install_level_override() -> None:
+    try:
+        from jax._src import compiler
+        original = compiler.get_compile_options
+        signature = inspect.signature(original)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return
+    if "env_options_overrides" not in signature.parameters:
+        return
+
+    def get_compile_options(*args, **kwargs):
+        if _OPTIMIZED["level"] is None:
+            return original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["env_options_overrides"] = {
+            "xla_backend_optimization_level": _OPTIMIZED["level"],
+            **dict(bound.arguments.get("env_options_overrides") or {})}
+        return original(*bound.args, **bound.kwargs)
+
+    compiler.get_compile_options = get_compile_options
+
+
 if _QUICK_COMPILE:
-    from jax._src import compiler as _compiler
-
-    _get_compile_options = _compiler.get_compile_options
-
-    def _get_compile_options_at_level(*args, env_options_overrides=None, **kwargs):
-        if _OPTIMIZED["level"] is not None:
-            env_options_overrides = {"xla_backend_optimization_level": _OPTIMIZED["level"],
-                                     **dict(env_options_overrides or {})}
-        return _get_compile_options(*args, env_options_overrides=env_options_overrides, **kwargs)
-
-    _compiler.get_compile_options = _get_compile_options_at_level
+    _install_level_override()
 
 
 @pytest.fixture(autouse=True, scope="module")
