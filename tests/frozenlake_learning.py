@@ -116,9 +116,8 @@ def _control() -> tuple[list[dict[str, float]], dict[str, float]]:
     def unchanged(state, batch):  # the control's update: learning rate 0
         return state.replace(step=state.step + 1), {"update_skipped": jnp.zeros(())}
 
-    _, control = _loop(setting, CONTROL, unchanged)
-    initial = init_train_state(setting.model, CONTROL).policy
-    return control, held_out_rates(setting.runner, setting.policy, initial, setting.held_out_ids)
+    unchanged_state, control = _loop(setting, CONTROL, unchanged)  # its policy: the initial one
+    return control, held_out_rates(setting.runner, setting.policy, unchanged_state.policy, setting.held_out_ids)
 
 
 def learning_run(config: TrainConfig) -> Run:
