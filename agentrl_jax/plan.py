@@ -10,7 +10,9 @@ reads the compiler's per-device memory analysis:
                         ``task.max_context`` tokens;
 * ``rollout:init``, ``rollout:append``, ``rollout:decode``   the sampler's programs at the
                         rollout's rows per call, cache length and prefill chunk;
-* ``eval:append``, ``eval:decode``   the evaluation sampler's.
+* ``eval:append``, ``eval:decode``   the evaluation sampler's;
+* ``eval:likelihood``   the teacher-forced forward of the likelihood analysis (§7.4) at
+                        ``eval.likelihood_rows_per_batch`` rows of ``eval.max_context`` tokens.
 
 Targets: a TPU topology (``tpu_target("v5p:2x2x2")``: compile-only devices of libtpu, the
 optional ``tpu`` extra; the compiler's figures are the real chip's) or GPUs, whose compiler
@@ -41,12 +43,13 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentrl_jax.models.checkpoints import abstract_qwen3
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.sampling import SamplingConfig
-from agentrl_jax.sampling.sampler import Sampler, generation_rules, init_state, resolve_layout
-from agentrl_jax.sharding import QWEN3_PARAM_RULES, build_mesh, describe_mesh, tree_shardings
+from agentrl_jax.sampling.sampler import Sampler, batch_shards, generation_rules, init_state, resolve_layout
+from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, build_mesh, describe_mesh, tree_shardings
 from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_train_step, state_shardings
 from agentrl_jax.train.step import batch_shardings
 from agentrl_jax.trajectory import Trajectory
@@ -264,6 +267,25 @@ def plan_sampler(prefix: str, model: nnx.Module, mesh, *, rows: int, max_len: in
     return out
 
 
+def plan_likelihood(name: str, model: nnx.Module, mesh, *, rows: int, length: int, loss_positions: int | None,
+                    attention: str, memory_bytes: float, headroom: float, conservative: bool = False
+                    ) -> ProgramPlan:
+    """Compile the likelihood analysis's teacher-forced forward
+    (:func:`~agentrl_jax.evaluation.likelihood.scoring_program`) for ``rows x length`` batches
+    (rows rounded up to the mesh's batch shards), parameters in the train layout."""
+    from agentrl_jax.evaluation.likelihood import scoring_config, scoring_program
+
+    shards = batch_shards(mesh)
+    rows = -(-rows // shards) * shards
+    params = nnx.state(model)
+    params = _abstract(params, tree_shardings(params, mesh, QWEN3_PARAM_RULES))
+    program = scoring_program(nnx.graphdef(model), scoring_config(attention, loss_positions), mesh)
+    row_sharding = NamedSharding(mesh, P(BATCH_AXES, None))
+    tokens, mask = (jax.ShapeDtypeStruct((rows, length), d, sharding=row_sharding) for d in (jnp.int32, jnp.bool_))
+    compiled = program.lower(params, tokens, mask, mask).compile()
+    return analyse(name, compiled, memory_bytes, headroom, conservative)
+
+
 def eval_rows(ev: Any, eval_maps: int) -> int:
     """The most rows one evaluation rollout call holds: tasks per call x the largest sample
     count (Table 1 / Pass@T, Pass@K, state sources, likelihood), or states per call x actions."""
@@ -312,6 +334,12 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
         sampling=SamplingConfig(temperature=ev.temperature, top_p=ev.top_p),
         memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, init=False,
         conservative=target.conservative)
+    if wanted("eval:likelihood"):
+        results.append(plan_likelihood(
+            "eval:likelihood", model, mesh, rows=ev.likelihood_rows_per_batch, length=ev.max_context,
+            loss_positions=loss_position_bound(task.t_max, ev.max_response_tokens, ev.max_context),
+            attention=ev.attention, memory_bytes=target.memory_bytes, headroom=headroom,
+            conservative=target.conservative))
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     return {
         "target": target.name, "estimate": target.estimate,

@@ -6,11 +6,14 @@ two tiny random Qwen3 checkpoints play base and "RL"."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from agentrl_jax.evaluation import likelihood, stats
 from agentrl_jax.evaluation.passt import eval_rollout_config
@@ -21,6 +24,7 @@ from agentrl_jax.rollout import MultiTurnRollout
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 from eval_helpers import frozenlake_corpus, save_tiny_policy
+from fake_devices import fake_devices_env
 from hf_qwen3 import hf_logits, load_hf_qwen3
 
 
@@ -38,12 +42,18 @@ def reference_turn_logprobs(logits_fn, traj) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """Base and RL policies, trajectories of each played with the whole history, and the
-    reference per-turn log-probs ``{(trajectory set, model): [N, T]}``."""
+def policy_dirs(tmp_path_factory):
+    """The base and RL policies' Hugging Face directories."""
     tokenizer = build_small_tokenizer(frozenlake_corpus(), vocab_size=400)
     root = tmp_path_factory.mktemp("policies")
-    dirs = [save_tiny_policy(root / name, tokenizer, seed=seed) for name, seed in (("base", 0), ("rl", 1))]
+    return [save_tiny_policy(root / name, tokenizer, seed=seed) for name, seed in (("base", 0), ("rl", 1))]
+
+
+@pytest.fixture(scope="module")
+def setup(policy_dirs):
+    """Base and RL policies, trajectories of each played with the whole history, and the
+    reference per-turn log-probs ``{(trajectory set, model): [N, T]}``."""
+    dirs = policy_dirs
     base, rl = (load_policy(d) for d in dirs)
     env = FrozenLakeTextEnv(fl_maps.generate(jax.random.key(0), 3, size=3, p=0.9),
                             FrozenLakeTextConfig(t_max=4))
@@ -121,3 +131,56 @@ def test_windowed_records_are_refused(setup):
     windowed = dataclasses.replace(traj, context_start=starts)
     with pytest.raises(ValueError, match="history window"):
         likelihood.turn_logprobs(base.model, windowed)
+
+
+def test_blocked_attention_scores_the_same(setup):
+    """The memory-bounded forward (flash-style attention, no [L, L] scores) gives the same
+    teacher-forced log-probs as the reference."""
+    base, _, trajectories, references = setup
+    for name, traj in trajectories.items():
+        got = likelihood.turn_logprobs(base.model, traj, rows_per_batch=4, attention="blocked")
+        np.testing.assert_allclose(got, references[name, "base"], atol=1e-5, rtol=0)
+
+
+def test_the_head_runs_only_at_the_sampled_positions(setup):
+    """The scoring program never builds ``[rows, L, V]`` logits: only chunks of the bounded
+    sampled positions (the trainer's :mod:`agentrl_jax.train.logprobs`)."""
+    base = setup[0]
+    graphdef, params = nnx.split(base.model)
+    rows, width, bound, vocab = 4, 256, 64, base.model.config.vocab_size
+    tokens, mask = jnp.zeros((rows, width), jnp.int32), jnp.ones((rows, width), bool)
+    program = likelihood.scoring_program(graphdef, likelihood.scoring_config("blocked", bound))
+    text = program.lower(params, tokens, mask, mask).compile().as_text()
+    assert f"[{rows},{bound},{vocab}]" in text
+    assert all(f"[{rows},{n},{vocab}]" not in text for n in (width - 1, width)), "full-length logits"
+    assert likelihood.scoring_program(graphdef, likelihood.scoring_config("blocked", bound)) is program
+
+
+_MESH_CHILD = """
+import sys
+import numpy as np
+from agentrl_jax.evaluation import likelihood
+from agentrl_jax.models.checkpoints import load_qwen3
+from agentrl_jax.sharding import MeshConfig, build_mesh
+from agentrl_jax.trajectory import Trajectory
+data = np.load(sys.argv[2])
+traj = Trajectory(**{k: data[k] for k in data.files if k != "expected"})
+mesh = build_mesh(MeshConfig(data=1, fsdp=8))
+model = load_qwen3(sys.argv[1], mesh=mesh)
+got = likelihood.turn_logprobs(model, traj, rows_per_batch=3, attention="blocked")  # 3 rows -> 8
+np.testing.assert_allclose(got, data["expected"], atol=1e-5, rtol=0)
+print("OK", got.shape)
+"""
+
+
+def test_scoring_on_an_fsdp_mesh_gives_the_single_device_numbers(setup, policy_dirs, tmp_path):
+    """On 8 fake devices, parameters sharded by FSDP: rows split over the batch axes
+    (rows_per_batch rounded up to them), the same log-probs as on one device."""
+    base, _, trajectories, _ = setup
+    traj = trajectories["base"]
+    expected = likelihood.turn_logprobs(base.model, traj, rows_per_batch=4)
+    fields = {f.name: np.asarray(getattr(traj, f.name)) for f in dataclasses.fields(traj)}
+    np.savez(tmp_path / "traj.npz", expected=expected, **fields)
+    child = subprocess.run([sys.executable, "-c", _MESH_CHILD, str(policy_dirs[0]), str(tmp_path / "traj.npz")],
+                           env=fake_devices_env(8), capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0 and "OK" in child.stdout, child.stderr[-3000:]

@@ -21,7 +21,8 @@ from agentrl_jax.reproduce.config import ModelSettings
 ROOT = Path(__file__).resolve().parents[1]
 CI = ["--config", str(ROOT / "configs/frozenlake_ci.yaml"), "--set", "mesh.data=1", "--set", "mesh.fsdp=8",
       "--set", "rl.tasks_per_step=4"]
-PROGRAMS = {"train:grpo", "rollout:init", "rollout:append", "rollout:decode", "eval:append", "eval:decode"}
+PROGRAMS = {"train:grpo", "rollout:init", "rollout:append", "rollout:decode", "eval:append", "eval:decode",
+            "eval:likelihood"}
 
 
 def _plan(*args: str) -> tuple[int, dict]:

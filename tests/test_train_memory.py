@@ -157,6 +157,7 @@ def test_too_many_loss_tokens_are_rejected_before_the_step_and_counted_in_it():
 # a whole train-step compilation on its own); the 8-device test runs them with chunks of 3.
 MEMORY_OPTIONS = {
     "remat-dots": dict(remat="dots"),
+    "remat-offload": dict(remat="offload"),  # on CPU the host copies are elided: see the jaxpr test
     "blocked-attention": dict(attention="blocked"),
     "all": dict(remat="full", loss_positions="max", logits_chunk=2, num_micro_batches=2, attention="blocked"),
 }
@@ -184,6 +185,19 @@ def test_memory_options_give_the_default_step(name, config, option):
     if "logits_chunk" in changes:
         _assert_no_vocabulary_sized_activation(compiled.as_text(), changes["logits_chunk"],
                                                ROWS // changes.get("num_micro_batches", 1))
+
+
+def test_offload_moves_the_saved_matmul_outputs_to_host_memory():
+    """``remat: offload`` saves the layers' matmul outputs in host memory (``pinned_host``):
+    the traced gradient puts them there and reads them back (XLA:CPU then elides the copies,
+    so the step above checks the numbers; TPU and GPU keep them)."""
+    config = _with(GRPO, remat="offload")
+    jaxpr = str(jax.make_jaxpr(functools.partial(compute_gradients, nnx.graphdef(_model()), config))(
+        _state(config), _batch()))
+    assert "MemorySpace.Host" in jaxpr and "MemorySpace.Device" in jaxpr
+    plain = str(jax.make_jaxpr(functools.partial(compute_gradients, nnx.graphdef(_model()), GRPO))(
+        _state(GRPO), _batch()))
+    assert "MemorySpace.Host" not in plain
 
 
 def _assert_no_vocabulary_sized_activation(text: str, chunk: int, micro_rows: int) -> None:

@@ -16,6 +16,12 @@ through :func:`agentrl_jax.train.step.sequence_logprobs`, the trainer's function
 Trajectories must have been sampled with the whole history in context (the rollout's
 default): with a history window each turn saw a different context and would need its own
 forward pass, which is not implemented (an error says so).
+
+Memory: the forward is the trainer's (:func:`scoring_program`): the output head runs only at
+the sampled positions, in chunks, with the configured attention implementation (``"blocked"``
+keeps no ``[L, L]`` score matrix); on a mesh (the parameters' own) the rows are split over
+the batch axes and activations are constrained to stay so. ``agentrl-jax plan`` compiles
+this program as ``eval:likelihood``.
 """
 
 from __future__ import annotations
@@ -28,39 +34,71 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
-from agentrl_jax.policy import TokenMap
-from agentrl_jax.train.step import sequence_logprobs
+from agentrl_jax.policy import TokenMap, params_mesh
+from agentrl_jax.sampling.sampler import batch_shards
+from agentrl_jax.sharding import BATCH_AXES
+from agentrl_jax.train.config import TrainConfig
+from agentrl_jax.train.step import activation_constraint, sequence_logprobs
 from agentrl_jax.trajectory import Trajectory
 
 _MIN_WIDTH = 64
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array,
-                    token_mask: jax.Array) -> jax.Array:
-    logprobs, _ = sequence_logprobs(nnx.merge(graphdef, params), tokens, token_mask)
-    return logprobs
+def scoring_config(attention: str = "xla", loss_positions: int | None = None,
+                   logits_chunk: int = 512) -> TrainConfig:
+    """The trainer's settings the teacher-forced forward uses: the attention implementation,
+    the bound on sampled positions per row (None: every position) and the head's chunk."""
+    return TrainConfig(attention=attention, loss_positions=loss_positions, logits_chunk=logits_chunk)
+
+
+@functools.cache
+def scoring_program(graphdef: nnx.GraphDef, config: TrainConfig, mesh: Mesh | None = None):
+    """The jitted forward ``(params, tokens, token_mask, loss_mask) -> logprobs [N, L]``
+    (float32, 0 off ``loss_mask``) of one model structure, :func:`scoring_config` and mesh
+    (rows split over the mesh's batch axes, activations constrained to them; None: one
+    device). One jit per ``(graphdef, config, mesh)``, so repeated calls share compilations."""
+    constrain = activation_constraint(mesh)
+
+    def score(params, tokens, token_mask, loss_mask):
+        logprobs, _ = sequence_logprobs(nnx.merge(graphdef, params), tokens, token_mask, loss_mask=loss_mask,
+                                        config=config, constrain=constrain)
+        return logprobs
+
+    if mesh is None:
+        return jax.jit(score)
+    rows = NamedSharding(mesh, P(BATCH_AXES, None))
+    return jax.jit(score, in_shardings=(None, rows, rows, rows), out_shardings=rows)
+
+
+def _power_of_two(n: int, low: int) -> int:
+    """The smallest ``low x 2^k >= n``."""
+    width = low
+    while width < n:
+        width *= 2
+    return width
 
 
 def _width(used: int, limit: int) -> int:
     """Columns of the forward pass: the next power of two >= ``used`` (>= 64), at most the
     record's ``limit``; a few widths, so a few compilations."""
-    width = _MIN_WIDTH
-    while width < used:
-        width *= 2
-    return min(width, limit)
+    return min(_power_of_two(used, _MIN_WIDTH), limit)
 
 
 def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
-                  token_map: TokenMap | None = None, rows_per_batch: int = 16) -> np.ndarray:
+                  token_map: TokenMap | None = None, rows_per_batch: int = 16,
+                  attention: str = "xla") -> np.ndarray:
     """Teacher-forced ``log pi(r_t | h_t)`` of every turn's response: ``[N, T]`` float64.
 
     Args:
       model: the policy's model (``pi``).
       trajectory: a rollout record (tokenizer ids) sampled with the whole history in context.
       token_map: maps tokenizer ids to the model's ids when they differ (a small test model).
-      rows_per_batch: rows per forward pass; the last batch is padded to this size.
+      rows_per_batch: rows per forward pass (rounded up to a multiple of the mesh's batch
+        shards); the last batch is padded to this size.
+      attention: the forward's attention implementation (:mod:`agentrl_jax.models.attention`).
 
     Returns:
       ``[N, T]``: sum over turn ``t``'s sampled tokens of ``log pi(token | everything before
@@ -86,12 +124,18 @@ def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
         raise ValueError("turn_logprobs: tokens must be left-aligned (token_mask a prefix)")
     ids = tokens if token_map is None else np.where(token_mask, token_map.to_model(
         np.where(token_mask, tokens, token_map.tokenizer_ids[0])), 0)
+    # The head runs at most at `bound` sampled positions per row (a power of two: few compilations).
+    bound = _power_of_two(int(scored[:, 1:width].sum(axis=1).max(initial=1)), _MIN_WIDTH)
     graphdef, params = nnx.split(model)
+    mesh = params_mesh(params)
+    if mesh is not None:
+        rows_per_batch = -(-rows_per_batch // batch_shards(mesh)) * batch_shards(mesh)
+    program = scoring_program(graphdef, scoring_config(attention, bound if bound < width - 1 else None), mesh)
     logprobs = np.zeros((rows, width), np.float64)
     for start in range(0, rows, rows_per_batch):
         index = np.minimum(np.arange(start, start + rows_per_batch), rows - 1)  # pad: repeat
-        out = _token_logprobs(graphdef, params, ids[index, :width].astype(np.int32),
-                              token_mask[index, :width])
+        out = program(params, ids[index, :width].astype(np.int32), token_mask[index, :width],
+                      scored[index, :width])
         real = min(rows_per_batch, rows - start)
         logprobs[start:start + real] = np.asarray(out, np.float64)[:real]
     per_turn = np.zeros(turn_mask.shape, np.float64)
@@ -134,9 +178,10 @@ class LikelihoodData:
 
 def likelihood_data(base_model: Qwen3ForCausalLM, rl_model: Qwen3ForCausalLM,
                     trajectories: Mapping[str, Trajectory], *, token_map: TokenMap | None = None,
-                    rows_per_batch: int = 16) -> LikelihoodData:
+                    rows_per_batch: int = 16, attention: str = "xla") -> LikelihoodData:
     """Teacher-forced log-probs of each set of ``trajectories`` (``{set name: Trajectory}``,
-    e.g. ``{"base": ..., "RL": ...}``, all with the same tokenizer) under both models."""
+    e.g. ``{"base": ..., "RL": ...}``, all with the same tokenizer) under both models
+    (``rows_per_batch`` and ``attention``: see :func:`turn_logprobs`)."""
     if not trajectories:
         raise ValueError("likelihood_data: no trajectories")
     logp_base, logp_rl, turn_mask, action_valid, success = {}, {}, {}, {}, {}
@@ -146,7 +191,7 @@ def likelihood_data(base_model: Qwen3ForCausalLM, rl_model: Qwen3ForCausalLM,
         host = jax.tree.map(lambda x: np.asarray(x)[real], host)
         for model, out in ((base_model, logp_base), (rl_model, logp_rl)):
             out[name] = turn_logprobs(model, host, token_map=token_map,
-                                      rows_per_batch=rows_per_batch)
+                                      rows_per_batch=rows_per_batch, attention=attention)
         turn_mask[name] = np.asarray(host.turn_mask, bool)
         action_valid[name] = np.asarray(host.action_valid, bool)
         success[name] = np.asarray(host.success, bool)

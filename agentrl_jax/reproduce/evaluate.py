@@ -42,6 +42,7 @@ from agentrl_jax.evaluation import report as eval_report
 from agentrl_jax.evaluation.report import Section
 from agentrl_jax.evaluation.states import (StatePool, StateStarts, inject_errors, matched_pool,
                                            visited_states)
+from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.policy import Policy, SamplerPolicy
 from agentrl_jax.reproduce import report, results
@@ -81,6 +82,7 @@ _CHECKS: dict[str, Check] = {
     "prefill_chunk": optional(_COUNT),
     "kv_cache_dtype": (lambda v: v is None or one_of(("float32", "bfloat16"))[0](v),
                        "null, float32 or bfloat16"),
+    "attention": one_of(ATTENTION_IMPLEMENTATIONS),
 }
 
 
@@ -114,6 +116,7 @@ class EvalSettings:
     states_per_call: int | None = None
     prefill_chunk: int | None = None  # memory: prompts enter the KV cache this many tokens at a time
     kv_cache_dtype: str | None = None  # memory: the KV cache's dtype (null: the compute dtype)
+    attention: str = "xla"            # memory: the likelihood forward's attention ("blocked": no [L, L] scores)
     seed: int = 0
 
     def __post_init__(self):
@@ -424,7 +427,7 @@ def _likelihood(run: _Run) -> list[Section]:
     for other in run.names[1:]:
         data = likelihood.likelihood_data(run.models[run.base], run.models[other],
                                           {n: trajectories[n] for n in (run.base, other)},
-                                          rows_per_batch=s.likelihood_rows_per_batch)
+                                          rows_per_batch=s.likelihood_rows_per_batch, attention=s.attention)
         run.progress(2 * _rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max))
         section = eval_report.write_likelihood(run.out, data.action_nll(), data.llr_sets(),
                                                name=f"likelihood_{slug(other)}")
