@@ -71,12 +71,21 @@ class Responses:
     tokens: ``int32[N, R]`` tokenizer ids, 0 at and after ``lengths[n]``;
     lengths: ``int32[N]`` (0 for rows that were not live);
     logprobs: ``float32[N, R]`` log-prob of each token under the policy's model distribution
-    (temperature 1, no truncation), 0 on padding.
+    (temperature 1, no truncation), 0 on padding;
+    sampling_logprobs: ``float32[N, R]`` under the distribution the token was drawn from
+    (temperature, top-k/top-p, valid vocabulary), 0 on padding; None: the same as
+    ``logprobs`` (a policy that samples from its model distribution, e.g. a script).
     """
 
     tokens: np.ndarray
     lengths: np.ndarray
     logprobs: np.ndarray
+    sampling_logprobs: np.ndarray | None = None
+
+    @property
+    def behaviour_logprobs(self) -> np.ndarray:
+        """``sampling_logprobs``, or ``logprobs`` where the policy gave none."""
+        return self.logprobs if self.sampling_logprobs is None else self.sampling_logprobs
 
 
 class Policy(Protocol):
@@ -361,16 +370,18 @@ class SamplerPolicy:
         self._state, out = sampler.decode(self.params, self._state,
                                           cache_row_keys(key, rows, len(live)),
                                           settings.sampling, budget=budget, active=active)
-        tokens, lengths, logprobs = jax.device_get((out.tokens, out.lengths, out.log_probs))
+        tokens, lengths, logprobs, sampling_lp = jax.device_get(
+            (out.tokens, out.lengths, out.log_probs, out.sampling_log_probs))
         n, width = len(live), settings.max_response_tokens
         result = Responses(np.zeros((n, width), np.int32), np.zeros(n, np.int32),
-                           np.zeros((n, width), np.float32))
+                           np.zeros((n, width), np.float32), np.zeros((n, width), np.float32))
         filled = np.arange(width)[None, :] < lengths[:, None]
         if self.token_map is not None:
             tokens = np.where(filled, self.token_map.to_tokenizer(np.where(filled, tokens, 0)), 0)
         result.tokens[rows[valid]] = np.where(filled, tokens, 0)[valid]
         result.lengths[rows[valid]] = lengths[valid]
         result.logprobs[rows[valid]] = np.where(filled, logprobs, 0.0)[valid]
+        result.sampling_logprobs[rows[valid]] = np.where(filled, sampling_lp, 0.0)[valid]
         if not self.reuse_cache:
             for r in np.flatnonzero(live):
                 self._contexts[r].extend(result.tokens[r, : result.lengths[r]].tolist())

@@ -231,9 +231,11 @@ class _PartPolicy:
             return out
         full = Responses(np.zeros((self.n,) + out.tokens.shape[1:], out.tokens.dtype),
                          np.zeros(self.n, out.lengths.dtype),
+                         np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype),
                          np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype))
         full.tokens[self.rows], full.lengths[self.rows] = out.tokens, out.lengths
         full.logprobs[self.rows] = out.logprobs
+        full.sampling_logprobs[self.rows] = out.behaviour_logprobs
         return full
 
 
@@ -278,6 +280,7 @@ class _Record:
         self.loss_mask = np.zeros((rows, length), bool)
         self.token_turn = np.full((rows, length), -1, np.int32)
         self.logprobs = np.zeros((rows, length), np.float32)
+        self.sampling_logprobs = np.zeros((rows, length), np.float32)
         self.length = np.zeros(rows, np.int64)
         self.turn_mask = np.zeros((rows, turns), bool)
         self.action = np.full((rows, turns), -1, np.int32)
@@ -304,6 +307,7 @@ class _Record:
         self.loss_mask[rows, slots] = True
         self.token_turn[rows, slots] = turn
         self.logprobs[rows, slots] = out.logprobs[rows, offsets]
+        self.sampling_logprobs[rows, slots] = out.behaviour_logprobs[rows, offsets]
         self.length += out.lengths
 
     def context(self, row: int, turn: int, window: int) -> list[int]:
@@ -474,10 +478,10 @@ class MultiTurnRollout:
         """The policy kept its contract (a broken one would corrupt the record silently)."""
         rows, width = len(live), self.config.max_response_tokens
         if out.tokens.shape != (rows, width) or out.logprobs.shape != (rows, width) or \
-                out.lengths.shape != (rows,):
+                out.behaviour_logprobs.shape != (rows, width) or out.lengths.shape != (rows,):
             raise ValueError(f"policy returned tokens {out.tokens.shape}, logprobs "
-                             f"{out.logprobs.shape}, lengths {out.lengths.shape}; expected "
-                             f"[{rows}, {width}] and [{rows}]")
+                             f"{out.logprobs.shape}, sampling_logprobs {out.behaviour_logprobs.shape}, "
+                             f"lengths {out.lengths.shape}; expected [{rows}, {width}] and [{rows}]")
         if np.any(out.lengths > max_tokens) or np.any(out.lengths[~live] != 0):
             raise ValueError("policy returned a response longer than its max_tokens, or one for "
                              "a row that was not live")
@@ -539,7 +543,8 @@ class MultiTurnRollout:
             tokens=jnp.asarray(rec.tokens),
             token_mask=jnp.asarray(np.arange(length)[None, :] < rec.length[:, None]),
             loss_mask=jnp.asarray(rec.loss_mask), token_turn=jnp.asarray(rec.token_turn),
-            logprobs=jnp.asarray(rec.logprobs), turn_mask=jnp.asarray(rec.turn_mask),
+            logprobs=jnp.asarray(rec.logprobs), sampling_logprobs=jnp.asarray(rec.sampling_logprobs),
+            turn_mask=jnp.asarray(rec.turn_mask),
             action=jnp.asarray(rec.action), action_valid=jnp.asarray(rec.action_valid),
             reward=jnp.asarray(rec.reward), anchor_key=jnp.asarray(rec.anchor_key),
             env_pos=jnp.asarray(rec.env_pos), group_id=i32(group), task_id=i32(row_task),

@@ -16,6 +16,11 @@ Token-level fields (``[N, L]``):
   ``token_turn``    int32  turn of each sampled token, -1 on prompt/observation/padding
   ``logprobs``      float32 log-prob of each sampled token under the sampling policy's
                     unmodified distribution (temperature 1, no truncation); 0 elsewhere
+  ``sampling_logprobs`` float32 log-prob of each sampled token under the distribution it was
+                    drawn from (temperature, top-k/top-p, valid vocabulary: the behaviour
+                    policy); 0 elsewhere. Equal to ``logprobs`` at temperature 1 without
+                    truncation; records written before it existed get ``logprobs``
+                    (:meth:`Trajectory.from_arrays`)
 
 Turn-level fields (``[N, T]``):
   ``turn_mask``     bool   turns that happened (a prefix of each row)
@@ -47,6 +52,9 @@ Row-level fields (``[N]``):
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -59,6 +67,7 @@ class Trajectory:
     loss_mask: jax.Array
     token_turn: jax.Array
     logprobs: jax.Array
+    sampling_logprobs: jax.Array
     turn_mask: jax.Array
     action: jax.Array
     action_valid: jax.Array
@@ -85,6 +94,20 @@ class Trajectory:
         return self.success.astype(jnp.float32)
 
     @classmethod
+    def from_arrays(cls, arrays: Any) -> "Trajectory":
+        """A record from a mapping of its fields' arrays (e.g. an ``np.load``-ed ``.npz``);
+        a record saved before ``sampling_logprobs`` existed gets ``logprobs`` for it.
+        Unknown or missing fields raise ValueError naming them."""
+        data = {k: arrays[k] for k in arrays.keys()} if hasattr(arrays, "keys") else dict(arrays)
+        if "sampling_logprobs" not in data and "logprobs" in data:
+            data["sampling_logprobs"] = data["logprobs"]
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown, missing = sorted(set(data) - fields), sorted(fields - set(data))
+        if unknown or missing:
+            raise ValueError(f"Trajectory: unknown fields {unknown}, missing fields {missing}")
+        return cls(**data)
+
+    @classmethod
     def zeros(cls, num_rows: int, num_tokens: int, num_turns: int) -> "Trajectory":
         """An all-padding record of the given sizes (a template for tests and buffers)."""
         i32, f32, b = jnp.int32, jnp.float32, bool
@@ -94,6 +117,7 @@ class Trajectory:
         return cls(
             tokens=tok(i32), token_mask=tok(b), loss_mask=tok(b),
             token_turn=jnp.full((num_rows, num_tokens), -1, i32), logprobs=tok(f32),
+            sampling_logprobs=tok(f32),
             turn_mask=turn(b), action=jnp.full((num_rows, num_turns), -1, i32),
             action_valid=turn(b), reward=turn(f32), anchor_key=turn(i32), env_pos=turn(i32),
             group_id=row(i32), task_id=row(i32), budget=row(i32), turns_used=row(i32),

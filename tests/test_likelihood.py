@@ -16,11 +16,13 @@ import pytest
 from flax import nnx
 
 from agentrl_jax.evaluation import likelihood, stats
-from agentrl_jax.evaluation.passt import eval_rollout_config
+from agentrl_jax.evaluation.passt import EVAL_SAMPLING, eval_rollout_config
 from agentrl_jax.evaluation.policies import load_policy, sampler_policies
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.policy import TokenMap
 from agentrl_jax.rollout import MultiTurnRollout
+from agentrl_jax.train import TrainConfig
+from agentrl_jax.train.step import sequence_logprobs
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 from eval_helpers import frozenlake_corpus, save_tiny_policy
@@ -164,7 +166,7 @@ from agentrl_jax.models.checkpoints import load_qwen3
 from agentrl_jax.sharding import MeshConfig, build_mesh
 from agentrl_jax.trajectory import Trajectory
 data = np.load(sys.argv[2])
-traj = Trajectory(**{k: data[k] for k in data.files if k != "expected"})
+traj = Trajectory.from_arrays({k: data[k] for k in data.files if k != "expected"})
 mesh = build_mesh(MeshConfig(data=1, fsdp=8))
 model = load_qwen3(sys.argv[1], mesh=mesh)
 got = likelihood.turn_logprobs(model, traj, rows_per_batch=3, attention="blocked")  # 3 rows -> 8
@@ -184,3 +186,18 @@ def test_scoring_on_an_fsdp_mesh_gives_the_single_device_numbers(setup, policy_d
     child = subprocess.run([sys.executable, "-c", _MESH_CHILD, str(policy_dirs[0]), str(tmp_path / "traj.npz")],
                            env=fake_devices_env(8), capture_output=True, text=True, timeout=600)
     assert child.returncode == 0 and "OK" in child.stdout, child.stderr[-3000:]
+
+
+def test_the_rollout_records_the_sampling_distributions_log_probs(setup):
+    """``Trajectory.sampling_logprobs`` of a multi-turn rollout (temperature 0.6, top-p 0.9,
+    cache continuation) equal the trainer's teacher-forced scores under
+    ``TrainConfig(scoring="sampling")``; ``logprobs`` stay the model distribution's."""
+    _, rl, trajectories, _ = setup
+    traj = trajectories["RL"]
+    config = TrainConfig(scoring="sampling", sampling_temperature=EVAL_SAMPLING.temperature,
+                         sampling_top_p=EVAL_SAMPLING.top_p)
+    scored, _ = sequence_logprobs(rl.model, jnp.asarray(traj.tokens), jnp.asarray(traj.token_mask),
+                                  loss_mask=jnp.asarray(traj.loss_mask), config=config)
+    mask = np.asarray(traj.loss_mask)
+    np.testing.assert_allclose(np.asarray(scored)[mask], np.asarray(traj.sampling_logprobs)[mask], atol=1e-5)
+    assert np.abs(np.asarray(traj.sampling_logprobs) - np.asarray(traj.logprobs))[mask].max() > 1e-2

@@ -62,6 +62,7 @@ def random_trajectory(seed: int, *, rows: int = 8, tokens: int = 24, turns: int 
             f["token_mask"][i, span] = f["loss_mask"][i, span] = True
             f["token_turn"][i, span] = turn
             f["logprobs"][i, span] = -rng.uniform(0.5, 4.0, response)
+            f["sampling_logprobs"][i, span] = f["logprobs"][i, span]  # drawn at temperature 1
             pos += response
             f["tokens"][i, pos:pos + observation] = rng.integers(1, vocab, observation)
             f["token_mask"][i, pos:pos + observation] = True
@@ -134,6 +135,7 @@ def make_fake_rollout(graphdef: nnx.GraphDef, *, group_size: int, turns: int = 2
             done = done | hit
         return t.replace(
             tokens=tokens, token_mask=mask, loss_mask=loss_mask, token_turn=token_turn, logprobs=logprobs,
+            sampling_logprobs=logprobs,  # drawn from the model's own distribution
             turn_mask=turn_mask, action=action, action_valid=turn_mask, reward=reward,
             anchor_key=jnp.where(turn_mask, jnp.arange(turns)[None, :], 0),
             env_pos=jnp.where(turn_mask, jnp.arange(turns)[None, :], 0),

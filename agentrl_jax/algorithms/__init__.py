@@ -48,6 +48,7 @@ from agentrl_jax.algorithms.losses import (
     gspo_ratio,
     gspo_surrogate,
     kl_loss,
+    tis_weight,
     kl_penalty,
     logprobs_from_logits,
     policy_loss,
@@ -87,5 +88,5 @@ __all__ = [
     "gspo_loss", "gspo_ratio", "gspo_surrogate", "kl_loss", "kl_penalty", "logprobs_from_logits",
     "masked_whiten", "metric_sum", "overlong_penalty", "place_at_last_valid", "policy_loss", "policy_ratio",
     "register_advantage", "register_loss_term", "remaining_budget", "rloo_advantages", "sample_budgets",
-    "sequence_log_ratio", "timeout_reward", "value_loss",
+    "sequence_log_ratio", "timeout_reward", "tis_weight", "value_loss",
 ]

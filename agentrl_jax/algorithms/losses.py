@@ -128,6 +128,20 @@ def approx_kl(logprobs: jax.Array, old_logprobs: jax.Array) -> jax.Array:
     return jnp.expm1(log_ratio) - log_ratio
 
 
+def tis_weight(old_logprobs: jax.Array, sampler_logprobs: jax.Array, cap: float) -> jax.Array:
+    """Truncated importance weight ``min(pi_old / mu, cap)`` per token, ``[N, L]``, no gradient.
+
+    ``pi_old``: the trainer's probability of the token at the rollout's parameters;
+    ``mu``: the probability the sampler drew it with (its recorded log-prob). Corrects a
+    trainer/sampler mismatch (another temperature, truncation, numerics) while bounding the
+    variance (Yao et al., 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training"; verl's ``tis_imp_ratio_cap``). The log-ratio is clamped as in :func:`policy_ratio`.
+    """
+    _require("cap", cap, cap > 0, "> 0")
+    log_ratio = jnp.clip(old_logprobs - sampler_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return jax.lax.stop_gradient(jnp.minimum(jnp.exp(log_ratio), cap))
+
+
 def policy_loss(
     logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array, *,
     clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,

@@ -11,7 +11,7 @@ construction, so an unknown name or a bad value fails at once with an error nami
   :class:`TermOutput` ``(loss, metrics)`` that also carries the term's own metrics; the
   config's coefficients weight them and one aggregation mode reduces their sum to a
   :class:`~agentrl_jax.algorithms.aggregation.LossSum`. Each term trains either the
-  ``"policy"`` (``"policy_clip"``, ``"gspo_clip"``, ``"kl"``, ``"entropy"``) or the
+  ``"policy"`` (``"policy_clip"``, ``"policy_clip_tis"``, ``"gspo_clip"``, ``"kl"``, ``"entropy"``) or the
   ``"critic"`` (``"value_clip"``), which has its own optimizer.
 
 Every estimator and term declares the inputs it reads (``required=``);
@@ -86,6 +86,8 @@ class LossInputs:
     values: jax.Array | None = None        # current critic (differentiated)
     old_values: jax.Array | None = None    # critic at rollout time
     returns: jax.Array | None = None       # critic targets
+    sampler_logprobs: jax.Array | None = None  # behaviour policy as the sampler recorded it
+    #                                            (Trajectory.sampling_logprobs): what TIS weighs by
 
 
 # ------------------------------------------------------------------------- registry
@@ -544,6 +546,29 @@ def _policy_clip(inputs: LossInputs, *, clip_low, clip_high, dual_clip) -> TermO
         "clip_fraction": losses.clip_indicator(logprobs, inputs.old_logprobs, inputs.advantages, **clips),
         "approx_kl": losses.approx_kl(logprobs, inputs.old_logprobs),
     })
+
+
+@register_loss_term(
+    "policy_clip_tis", required=("logprobs", "old_logprobs", "advantages", "sampler_logprobs"),
+    params={"clip_low": Param(0.2, _real(0, 1, hi_open=True), _CLIP_LOW),
+            "clip_high": Param(0.2, _real(0), "a finite number >= 0"),
+            "dual_clip": Param(None, _none_or(_real(1, lo_open=True)), "None or a finite number > 1"),
+            "cap": Param(2.0, _real(0, lo_open=True), "a finite number > 0")},
+)
+def _policy_clip_tis(inputs: LossInputs, *, clip_low, clip_high, dual_clip, cap) -> TermOutput:
+    """``policy_clip`` with truncated importance sampling: each token's loss times
+    ``w = min(pi_old / mu, cap)`` (:func:`~agentrl_jax.algorithms.losses.tis_weight`), ``mu``
+    the sampler's recorded probability (``sampler_logprobs``). The choice for a trainer that
+    scores under the model's distribution (``TrainConfig.scoring="model"``) while the rollout
+    samples from a tempered or truncated one.
+
+    Metrics: ``policy_clip``'s, ``tis_weight`` (token mean of ``w``) and ``tis_capped`` (share
+    of loss tokens whose ratio exceeds ``cap``).
+    """
+    plain = _policy_clip(inputs, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+    weight = losses.tis_weight(inputs.old_logprobs, inputs.sampler_logprobs, cap)
+    return TermOutput(plain.loss * weight, {**plain.metrics, "tis_weight": weight,
+                                            "tis_capped": (weight >= cap).astype(jnp.float32)})
 
 
 @register_loss_term(

@@ -36,6 +36,7 @@ from agentrl_jax.models.qwen3 import REMAT_POLICIES
 from agentrl_jax.reproduce.presets import RUN_PRESETS, RunSettings, check_algorithm_overrides, resolve_runs
 from agentrl_jax.sampling import GENERATION_LAYOUTS
 from agentrl_jax.sharding import MeshConfig
+from agentrl_jax.train.config import SCORING
 from agentrl_jax.validation import (BOOL, Check, integer, is_int, is_real, one_of, optional, real,
                                     short_repr, validate)
 
@@ -167,6 +168,13 @@ class RLSettings:
     paper, ``clip_high`` > ``clip_low`` is DAPO's clip-higher); the CPU default raises the
     learning rate for a tiny model.
 
+    ``scoring``: the distribution the update scores sampled tokens under
+    (:class:`~agentrl_jax.train.TrainConfig`'s field): ``model`` (temperature 1, whole
+    vocabulary) or ``sampling`` (this ``temperature`` and ``top_p`` over the tokenizer's
+    vocabulary: the one the rollout drew them from). With ``model`` and a temperature or
+    ``top_p`` other than 1, correct the mismatch with the ``policy_clip_tis`` term (README
+    "Choosing the algorithms").
+
     Optimisation per rollout batch: ``epochs`` passes of ``mini_batches`` updates each (PPO
     style; :class:`~agentrl_jax.train.TrainConfig`'s fields of the same names), each
     mini-batch split into ``num_micro_batches`` for gradient accumulation.
@@ -194,6 +202,7 @@ class RLSettings:
     group_size: int = 8               # G (paper: 16)
     temperature: float = 1.0          # rollout temperature (paper: 1.0)
     top_p: float = 1.0
+    scoring: str = "model"            # log-probs under the model's or the rollout's distribution
     learning_rate: float = 5e-4       # paper: 1e-6 (Qwen3-4B/8B); 3e-3 collapses the tiny default
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0
@@ -229,6 +238,7 @@ class RLSettings:
         _validate(self, {
             "steps": _int(1), "tasks_per_step": _int(1), "group_size": _int(2),
             "temperature": _real(0.0, lo_open=True), "top_p": _real(0.0, 1.0, lo_open=True),
+            "scoring": one_of(SCORING),
             "learning_rate": _real(0.0, lo_open=True), "weight_decay": _real(0.0),
             "max_grad_norm": _optional(_real(0.0, lo_open=True)), "kl_coef": _real(0.0),
             "clip_low": _CLIP_LOW, "clip_high": _real(0.0, lo_open=True),

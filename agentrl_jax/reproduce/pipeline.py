@@ -316,7 +316,7 @@ class Reproduction:
     def warm_start(self) -> dict[str, Any]:
         ws = self.config.warm_start
         with np.load(self.out / "warm_start" / "demos.npz") as data:
-            demos = Trajectory(**{k: data[k] for k in data.files})
+            demos = Trajectory.from_arrays(data)
         model = self.load_model(self.init_dir)
         log_path = self.out / "warm_start" / "history.jsonl"
 

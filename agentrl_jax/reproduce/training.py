@@ -77,7 +77,8 @@ def run_specs(rl: RLSettings, loss_positions: int | None = None) -> list[RunSpec
             budget_anchors=run.budget_mix and "anchor_keys" in step_inputs(run.algorithm).advantage,
             total_steps=rl.steps, checkpoint_every=rl.checkpoint_every, checkpoint_keep=2, seed=rl.seed,
             remat=rl.remat, attention=rl.attention, logits_chunk=rl.logits_chunk,
-            loss_positions=loss_positions)
+            loss_positions=loss_positions, scoring=rl.scoring, sampling_temperature=rl.temperature,
+            sampling_top_p=rl.top_p)
         specs.append(RunSpec(run.name, run.label, config, run.budget_mix))
     return specs
 
@@ -94,7 +95,7 @@ def task_batch_fn(num_tasks: int, tasks_per_step: int, seed: int) -> Callable[[i
     return batch
 
 
-TOKEN_FIELDS = ("tokens", "token_mask", "loss_mask", "token_turn", "logprobs")
+TOKEN_FIELDS = ("tokens", "token_mask", "loss_mask", "token_turn", "logprobs", "sampling_logprobs")
 
 
 def trim_tokens(trajectory: Trajectory, smallest: int = 64) -> Trajectory:
@@ -143,9 +144,11 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
     move to ``metrics.jsonl.superseded`` (:class:`~agentrl_jax.train.MetricsLogger`). A checkpoint
     written by another config raises :class:`~agentrl_jax.train.CheckpointMismatchError` before
     the metrics are touched, and is left in place."""
-    config = spec.train_config
     vocab = model.config.vocab_size
     valid = len(tokenizer) if len(tokenizer) < vocab else None
+    config = spec.train_config
+    if config.scoring == "sampling":  # the rollout never samples embedding rows past the tokenizer
+        config = dataclasses.replace(config, valid_vocab_size=valid)
     runner = MultiTurnRollout(env, tokenizer, rollout_config(
         spec, rl, t_max=t_max, max_response_tokens=max_response_tokens, max_context=max_context,
         valid_vocab_size=valid))

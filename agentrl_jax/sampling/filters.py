@@ -303,6 +303,27 @@ def filtered_log_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     return _over_candidates(scaled, config, scatter)
 
 
+def scoring_logits(logits: jax.Array, targets: jax.Array, config: SamplingConfig) -> jax.Array:
+    """The sampling distribution's logits, for scoring given tokens under it ``[B, V]``.
+
+    ``logits [B, V]`` float32 (the model's), ``targets [B]`` int: the valid-vocabulary mask,
+    division by the temperature, and -inf outside the top-k/top-p kept set, so
+    ``log_softmax`` of the result is :func:`filtered_log_probs`, the distribution
+    :func:`sample` draws from. Differentiable: the kept set is chosen without gradient (it
+    is a step function of the logits), the kept logits carry it. ``targets`` are always
+    kept, so a sampled token that float rounding moves across the nucleus boundary keeps a
+    finite log-probability. Greedy decoding has no density to score under: ValueError.
+    """
+    if config.greedy:
+        raise ValueError("scoring_logits: greedy decoding (temperature 0) has no sampling distribution to score under")
+    scaled = scaled_logits(logits, config)
+    if not config.truncated:
+        return scaled
+    kept = jnp.isfinite(filtered_log_probs(jax.lax.stop_gradient(logits), config))
+    kept |= jax.lax.broadcasted_iota(jnp.int32, kept.shape, 1) == targets[:, None]
+    return jnp.where(kept, scaled, -jnp.inf)
+
+
 def nucleus_fits_prefilter(logits: jax.Array, config: SamplingConfig,
                            k: int | None = None) -> jax.Array:
     """``[B]`` bool: whether each row's top-p nucleus fits in its ``k`` largest candidates

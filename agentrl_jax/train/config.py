@@ -16,6 +16,19 @@ log-probs, a critic) follows from the inputs the configured estimator and terms 
 step cannot compute is refused here. ``to_dict``/``from_dict`` round-trip through plain
 JSON/YAML data, which is how checkpoints store the config.
 
+Consistent log-probs: a rollout draws tokens from a tempered, top-k/top-p truncated
+distribution over the tokenizer's vocabulary (``SamplingConfig``), while the model's own
+distribution is temperature 1 over every embedding row. The ratio and the KL of the loss are
+only what they claim when the trainer scores tokens under the distribution they were drawn
+from. Two options: ``scoring="sampling"`` scores every log-prob (current, old, reference)
+under the rollout's distribution (``sampling_*``, ``valid_vocab_size``; the kept top-p set is
+chosen without gradient, the sampled token always in it), so the old log-probs equal the
+sampler's ``Trajectory.sampling_logprobs``; or keep ``scoring="model"`` and correct the
+mismatch with truncated importance sampling, the ``"policy_clip_tis"`` loss term (weights
+``min(pi_old / mu, cap)`` with ``mu`` the sampler's recorded probabilities). Either way the
+step logs ``sampler_gap_mean``/``sampler_gap_max``, the ``|log-prob|`` gap between the sampler
+and the trainer on the same distribution at the rollout's parameters.
+
 PPO-style optimisation: each rollout batch is used for ``epochs`` passes, each split into
 ``mini_batches`` mini-batches (rows shuffled per epoch), one optimizer update per
 mini-batch, so ``epochs x mini_batches`` updates per batch (verl's ``ppo_epochs`` and
@@ -34,8 +47,11 @@ from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
+from agentrl_jax.sampling.filters import SamplingConfig
 from agentrl_jax.train.inputs import check_inputs, step_inputs
 from agentrl_jax.validation import validate
+
+SCORING = ("model", "sampling")
 
 
 def _is_real(v: Any) -> bool:
@@ -77,6 +93,15 @@ class TrainConfig:
     loss_positions: int | None = None
     logits_chunk: int = 512
     attention: str = "xla"
+    # the distribution sampled tokens are scored under (the policy's, the old and the
+    # reference log-probs alike): "model", the model's own (temperature 1, whole vocabulary);
+    # "sampling", the rollout's (the sampling_* fields and valid_vocab_size below: set them to
+    # the rollout's SamplingConfig), the one the tokens were drawn from. See the module doc.
+    scoring: str = "model"
+    sampling_temperature: float = 1.0
+    sampling_top_k: int = 0
+    sampling_top_p: float = 1.0
+    valid_vocab_size: int | None = None
     # process rewards (§8): weight of the per-step scores added to the outcome reward
     process_reward_coef: float = 0.0
     # GiGPO anchors (s_t, B - t) instead of s_t (BudgetMix, §5)
@@ -116,6 +141,15 @@ class TrainConfig:
     def uses_critic(self) -> bool:
         """Whether the step trains a critic: the estimator uses one or a critic term is configured."""
         return step_inputs(self.algorithm).critic_model
+
+    @property
+    def scoring_sampling(self) -> SamplingConfig | None:
+        """The sampling distribution log-probs are scored under (``scoring="sampling"``), or
+        None for the model's own distribution."""
+        if self.scoring == "model":
+            return None
+        return SamplingConfig(temperature=self.sampling_temperature, top_k=self.sampling_top_k,
+                              top_p=self.sampling_top_p, valid_vocab_size=self.valid_vocab_size)
 
     @property
     def updates_per_batch(self) -> int:
@@ -181,6 +215,11 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "loss_positions": (lambda v: v is None or _positive_int(v), "None or an int >= 1"),
     "logits_chunk": (_positive_int, "an int >= 1"),
     "attention": (lambda v: v in ATTENTION_IMPLEMENTATIONS, f"one of {ATTENTION_IMPLEMENTATIONS}"),
+    "scoring": (lambda v: v in SCORING, f"one of {SCORING}"),
+    "sampling_temperature": (_positive_real, "a finite number > 0 (greedy rollouts have no distribution to score under)"),
+    "sampling_top_k": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (0: off)"),
+    "sampling_top_p": (lambda v: _is_real(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "valid_vocab_size": (lambda v: v is None or _positive_int(v), "None or an int >= 1"),
     "process_reward_coef": (_non_negative_real, "a finite number >= 0"),
     "budget_anchors": (lambda v: isinstance(v, bool), "a bool"),
     "total_steps": (_positive_int, "an int >= 1"),

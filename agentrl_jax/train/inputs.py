@@ -15,7 +15,9 @@ The step can provide, for the terms of each target:
 * **batch** inputs, computed once per rollout batch before its first update, for terms of
   either target: ``old_logprobs`` (the policy before the batch's first update), ``ref_logprobs``
   (the frozen reference), ``advantages`` (the configured estimator), ``old_values`` (the
-  critic before the first update) and ``returns`` (the estimator's critic targets).
+  critic before the first update), ``returns`` (the estimator's critic targets) and
+  ``sampler_logprobs`` (the behaviour log-probs the sampler recorded,
+  ``Trajectory.sampling_logprobs``).
 
 ``old_values`` needs a critic, which the step trains when the estimator uses one
 (``uses_critic``) or a critic term is configured; ``returns`` need an estimator that uses a
@@ -33,7 +35,8 @@ from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, Algori
 TARGETS = ("policy", "critic")
 LIVE_INPUTS: dict[str, frozenset[str]] = {"policy": frozenset({"logprobs", "entropy"}),
                                           "critic": frozenset({"values"})}
-BATCH_INPUTS = frozenset({"old_logprobs", "ref_logprobs", "advantages", "old_values", "returns"})
+BATCH_INPUTS = frozenset({"old_logprobs", "ref_logprobs", "advantages", "old_values", "returns",
+                          "sampler_logprobs"})
 CRITIC_BATCH_INPUTS = frozenset({"old_values", "returns"})  # need a critic
 ADVANTAGE_INPUTS = frozenset(f.name for f in dataclasses.fields(AdvantageInputs))  # the step fills all
 CRITIC_ADVANTAGE_INPUTS = frozenset({"values", "token_rewards"})  # filled only with a critic

@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax.sampling.filters import SamplingConfig, scoring_logits
+
 
 def gather_positions(loss_mask: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
     """Each row's loss positions in order: ``(positions [N, R] int32, valid [N, R] bool)``.
@@ -68,7 +70,7 @@ def scatter_positions(values: jax.Array, positions: jax.Array, valid: jax.Array,
 
 
 def head_logprobs(hidden: jax.Array, targets: jax.Array, logits_fn: Callable[[jax.Array], jax.Array],
-                  *, chunk: int, with_entropy: bool = False
+                  *, chunk: int, with_entropy: bool = False, sampling: SamplingConfig | None = None
                   ) -> tuple[jax.Array, jax.Array | None]:
     """``log softmax(logits_fn(hidden))[target]`` (and the entropy) per position, in chunks.
 
@@ -76,6 +78,9 @@ def head_logprobs(hidden: jax.Array, targets: jax.Array, logits_fn: Callable[[ja
     float32 (the model's head). Returns ``[N, R]`` float32 (entropy ``[N, R]`` or None).
     Chunks of ``chunk`` positions run one after another under ``jax.checkpoint`` (see the
     module docstring); ``R`` is padded up to a multiple of ``chunk`` (padding is discarded).
+    ``sampling``: score under that sampling distribution (temperature, top-k/top-p, valid
+    vocabulary; :func:`~agentrl_jax.sampling.filters.scoring_logits`) instead of the model's
+    own; the entropy is then that distribution's.
     """
     n, width, dim = hidden.shape
     chunk = max(1, min(chunk, width))
@@ -85,12 +90,16 @@ def head_logprobs(hidden: jax.Array, targets: jax.Array, logits_fn: Callable[[ja
     @jax.checkpoint
     def one(h, t):
         logits = logits_fn(h).astype(jnp.float32)  # [N, C, V]
+        if sampling is not None:  # -inf outside the sampling distribution's support
+            logits = scoring_logits(logits.reshape(-1, logits.shape[-1]), t.reshape(-1),
+                                    sampling).reshape(logits.shape)
         normaliser = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0] - normaliser
         if not with_entropy:
             return picked, jnp.zeros_like(picked)
         log_p = logits - normaliser[..., None]
-        return picked, -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+        finite_log_p = jnp.where(jnp.isfinite(log_p), log_p, 0.0)  # p log p = 0 off the support
+        return picked, -jnp.sum(jnp.exp(log_p) * finite_log_p, axis=-1)
 
     if num == 1:
         picked, entropy = one(hidden, targets)
@@ -105,20 +114,22 @@ def head_logprobs(hidden: jax.Array, targets: jax.Array, logits_fn: Callable[[ja
 
 def position_logprobs(hidden: jax.Array, tokens: jax.Array, loss_mask: jax.Array,
                       logits_fn: Callable[[jax.Array], jax.Array], *, width: int | None = None,
-                      chunk: int = 512, with_entropy: bool = False
+                      chunk: int = 512, with_entropy: bool = False, sampling: SamplingConfig | None = None
                       ) -> tuple[jax.Array, jax.Array | None]:
     """Teacher-forced ``log pi(token_p | tokens_<p)`` at the loss positions, ``[N, L]``.
 
     hidden: ``[N, L, D]`` final hidden states; tokens, loss_mask: ``[N, L]``. Values at
     positions outside the (kept) loss mask are 0, as is the entropy there (``[N, L]`` or None).
     ``width``: the static bound ``R`` on loss positions per row (default ``L - 1``: all).
+    ``sampling``: see :func:`head_logprobs`.
     """
     n, length = tokens.shape
     width = max(1, length - 1) if width is None else max(1, min(width, length - 1))
     positions, valid = gather_positions(loss_mask, width)
     states = jnp.take_along_axis(hidden, jnp.maximum(positions - 1, 0)[..., None], axis=1)
     targets = jnp.take_along_axis(tokens, positions, axis=1)
-    picked, entropy = head_logprobs(states, targets, logits_fn, chunk=chunk, with_entropy=with_entropy)
+    picked, entropy = head_logprobs(states, targets, logits_fn, chunk=chunk, with_entropy=with_entropy,
+                                    sampling=sampling)
     logprobs = scatter_positions(picked, positions, valid, length)
     return logprobs, None if entropy is None else scatter_positions(entropy, positions, valid, length)
 

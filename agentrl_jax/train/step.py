@@ -114,7 +114,9 @@ def sequence_logprobs(model: nnx.Module, tokens: jax.Array, token_mask: jax.Arra
     With ``loss_mask`` the head runs only at those positions (0 elsewhere), in chunks
     (:mod:`agentrl_jax.train.logprobs`; ``config.loss_positions`` bounds them per row,
     ``config.logits_chunk`` sizes the chunks); without it at every position. ``config``'s
-    ``remat`` applies to the layers; ``constrain`` to activations (see :func:`activation_constraint`).
+    ``remat`` applies to the layers, its ``scoring`` picks the distribution (the model's or
+    the rollout's sampling distribution); ``constrain`` to activations (see
+    :func:`activation_constraint`).
     """
     config = config or TrainConfig()
     hidden, _ = model.hidden_states(tokens, positions_from_mask(token_mask), token_mask,
@@ -122,7 +124,7 @@ def sequence_logprobs(model: nnx.Module, tokens: jax.Array, token_mask: jax.Arra
     mask = jnp.ones_like(token_mask, bool) if loss_mask is None else loss_mask
     return position_logprobs(hidden, tokens, mask, lambda h: model.logits((constrain or _same)(h)),
                              width=config.loss_positions, chunk=config.logits_chunk,
-                             with_entropy=with_entropy)
+                             with_entropy=with_entropy, sampling=config.scoring_sampling)
 
 
 def _same(x):
@@ -177,12 +179,16 @@ def map_micro_batches(fn: Callable[[Any], Any], data: Any, num: int) -> Any:
     return merge_micro_batches(jax.lax.map(fn, split_micro_batches(data, num)))
 
 
-def accumulate_gradients(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], params: Any,
-                         data: Any, num: int) -> tuple[Any, Any]:
-    """Sums ``grad(loss_fn)(params, micro_batch)`` and its aux over ``num`` micro-batches.
+def _add(a: Any, b: Any) -> Any:
+    return jax.tree.map(jnp.add, a, b)
 
-    ``loss_fn(params, batch) -> (value to differentiate, aux pytree)``; aux is summed too
-    (pass :class:`~agentrl_jax.algorithms.LossSum` parts). One micro-batch skips the scan.
+
+def accumulate_gradients(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], params: Any,
+                         data: Any, num: int, combine: Callable[[Any, Any], Any] = _add) -> tuple[Any, Any]:
+    """Sums ``grad(loss_fn)(params, micro_batch)`` over ``num`` micro-batches, and combines
+    their aux with ``combine`` (default: summed; pass :class:`~agentrl_jax.algorithms.LossSum`
+    parts). ``loss_fn(params, batch) -> (value to differentiate, aux pytree)``. One
+    micro-batch skips the scan.
     """
     grad_fn = jax.grad(loss_fn, has_aux=True)
     if num == 1:
@@ -190,7 +196,8 @@ def accumulate_gradients(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], p
     micro = split_micro_batches(data, num)
 
     def body(carry, batch):
-        return jax.tree.map(jnp.add, carry, grad_fn(params, batch)), None
+        grads, aux = grad_fn(params, batch)
+        return (_add(carry[0], grads), combine(carry[1], aux)), None
 
     first = jax.tree.map(lambda x: x[0], micro)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grad_fn, params, first))
@@ -259,6 +266,19 @@ def advantage_inputs(batch: TrainBatch, config: TrainConfig, old_values: jax.Arr
     )
 
 
+def recorded_logprobs(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
+    """What the sampler recorded for the distribution the trainer scores under ``[N, L]``:
+    ``sampling_logprobs`` (``scoring="sampling"``) or the model distribution's ``logprobs``."""
+    return trajectory.sampling_logprobs if config.scoring == "sampling" else trajectory.logprobs
+
+
+def sampler_gap(trainer: jax.Array, sampler: jax.Array, mask: jax.Array) -> tuple[LossSum, jax.Array]:
+    """The sampler-trainer log-prob gap ``|trainer - sampler|`` over ``mask``: its token-mean
+    sum (:class:`LossSum`, exact over micro-batches) and its maximum (0 for an empty mask)."""
+    gap = jnp.abs(trainer - sampler)
+    return _token_mean_sum(gap, mask), jnp.max(jnp.where(mask, gap, 0.0), initial=0.0)
+
+
 def _model_scores(graphdef: nnx.GraphDef, config: TrainConfig, params: Any, mb: Mapping[str, jax.Array],
                   constrain: Constrain | None, with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
     """``(logprobs, entropy or None)`` ``[n, L]`` of a (micro-)batch's tokens under ``params``."""
@@ -286,7 +306,9 @@ def prepare_batch(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState
     inputs the configured terms declare (:mod:`agentrl_jax.train.inputs`), from the state
     before any update: ``old_values`` (the critic), ``advantages`` and ``returns`` (the
     estimator, on old values), ``old_logprobs`` (the policy; see :func:`_records_old_logprobs`),
-    ``ref_logprobs`` (the frozen reference). Scoring runs in pieces of the updates'
+    ``ref_logprobs`` (the frozen reference), ``sampler_logprobs`` (the sampler's behaviour
+    log-probs), and ``recorded_logprobs`` (:func:`recorded_logprobs`, for the sampler-trainer
+    gap metrics). Scoring runs in pieces of the updates'
     micro-batch shape (``N / (mini_batches x num_micro_batches)`` rows, so it never holds
     more activations than an update). ``metrics``: batch-level scalars.
     """
@@ -295,7 +317,8 @@ def prepare_batch(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState
     traj = batch.trajectory
     full_mask = batch_loss_mask(traj)
     loss_mask = full_mask if config.loss_positions is None else kept_mask(full_mask, config.loss_positions)
-    data = {"tokens": traj.tokens, "token_mask": traj.token_mask.astype(bool), "loss_mask": loss_mask}
+    data = {"tokens": traj.tokens, "token_mask": traj.token_mask.astype(bool), "loss_mask": loss_mask,
+            "recorded_logprobs": recorded_logprobs(traj, config)}
     chunks = _chunks(config)
     weights = loss_mask.astype(jnp.float32)
     tokens = jnp.sum(weights)
@@ -311,7 +334,7 @@ def prepare_batch(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState
             lambda mb: critic_values(backbone, state.critic.head, mb["tokens"], mb["token_mask"],
                                      config=config, constrain=constrain), data, chunks)
         metrics["value_mean"] = token_mean(old_values)
-    computed = {"old_values": old_values}
+    computed = {"old_values": old_values, "sampler_logprobs": traj.sampling_logprobs}
     if needs.batch & {"advantages", "returns"}:
         advantages = compute_advantages(config.algorithm, advantage_inputs(batch, config, old_values))
         computed.update(advantages=advantages.advantages, returns=advantages.returns)
@@ -319,6 +342,9 @@ def prepare_batch(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState
     if _records_old_logprobs(config):
         computed["old_logprobs"] = map_micro_batches(
             lambda mb: _model_scores(graphdef, config, state.policy, mb, constrain)[0], data, chunks)
+        gap_sum, metrics["sampler_gap_max"] = sampler_gap(computed["old_logprobs"], data["recorded_logprobs"],
+                                                          loss_mask)
+        metrics["sampler_gap_mean"] = aggregation.mean(gap_sum)
     if needs.reference:
         reference = jax.lax.stop_gradient(state.reference)
         computed["ref_logprobs"] = map_micro_batches(
@@ -407,12 +433,16 @@ def policy_gradients(graphdef: nnx.GraphDef, config: TrainConfig, params: Any, d
     exactly 1 (a separately compiled forward agrees only to float rounding).
 
     Metrics: ``loss``, ``loss/<term>``, each term's own metrics ``<term>/<name>``, the ratio's
-    (:func:`ratio_sums`) when a term reads old log-probs, and ``grad_norm``.
+    (:func:`ratio_sums`) when a term reads old log-probs, ``grad_norm``, and the
+    sampler-trainer gap (:func:`sampler_gap`) when this is the batch's only update at the
+    rollout's parameters (``first_update`` True, no recorded old log-probs; with recorded
+    ones :func:`prepare_batch` reports it).
     """
     needs = step_inputs(config.algorithm)
     constrain = activation_constraint(mesh)
     live = needs.live("policy")
     batch_fields = needs.policy & needs.batch
+    track_gap = first_update is True and "old_logprobs" not in data and "recorded_logprobs" in data
 
     def loss_fn(params, mb):
         logprobs, entropy = _model_scores(graphdef, config, params, mb, constrain, "entropy" in live)
@@ -424,15 +454,21 @@ def policy_gradients(graphdef: nnx.GraphDef, config: TrainConfig, params: Any, d
                        if name in live})
         result = compute_loss_with_metrics(config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields),
                                            "policy")
-        sums = _term_sums(result)
+        sums, peaks = _term_sums(result), {}
         if "old_logprobs" in fields:
             sums.update(ratio_sums(jax.lax.stop_gradient(logprobs), fields["old_logprobs"], mb["loss_mask"]))
-        return result.total.total, (result.total, sums)
+        if track_gap:
+            sums["sampler_gap_mean"], peaks["sampler_gap_max"] = sampler_gap(
+                jax.lax.stop_gradient(logprobs), mb["recorded_logprobs"], mb["loss_mask"])
+        return result.total.total, (result.total, sums, peaks)
 
-    grads, (total, sums) = accumulate_gradients(loss_fn, params, data, config.num_micro_batches)
+    def combine(a, b):  # sums add over micro-batches, peaks take the maximum
+        return _add(a[0], b[0]), _add(a[1], b[1]), jax.tree.map(jnp.maximum, a[2], b[2])
+
+    grads, (total, sums, peaks) = accumulate_gradients(loss_fn, params, data, config.num_micro_batches, combine)
     grads = _divide(grads, total.denom)
     metrics = {"loss": aggregation.mean(total), **{k: aggregation.mean(v) for k, v in sums.items()},
-               "grad_norm": optax.tree.norm(grads)}
+               **peaks, "grad_norm": optax.tree.norm(grads)}
     return grads, metrics
 
 
