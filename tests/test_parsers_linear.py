@@ -26,7 +26,8 @@ from envs.frozenlake.text import parse_action
 from envs.sql import grammar
 
 SIZES = (10_000, 100_000, 1_000_000)
-MAX_RATIO = 30.0  # time(1 MB) / time(100 KB): linear is 10, quadratic 100
+MAX_RATIO = 40.0  # time(1 MB) / time(100 KB): linear is 10, quadratic 100 (on a busy machine
+#                   linear cases have reached 35: allocation and cache effects at 1 MB)
 GUARD_S = 10.0  # a call at 1 MB takes milliseconds; this long means it would hang
 
 
@@ -108,7 +109,7 @@ CASES = {
 def test_parse_time_grows_linearly(name):
     parse, make = CASES[name]
     texts = {n: make(n) for n in SIZES}
-    times = {n: best_time(parse, texts[n], repeats=2 if n == SIZES[-1] else 4) for n in SIZES}
+    times = {n: best_time(parse, texts[n], repeats=3 if n == SIZES[-1] else 4) for n in SIZES}
     ratio = times[SIZES[-1]] / max(times[SIZES[1]], 1e-7)
     assert ratio < MAX_RATIO, (f"{name}: {times[SIZES[1]] * 1e3:.2f} ms at 100 KB, "
                                f"{times[SIZES[-1]] * 1e3:.2f} ms at 1 MB (x{ratio:.0f})")
