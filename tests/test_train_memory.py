@@ -212,11 +212,15 @@ def _assert_no_vocabulary_sized_activation(text: str, chunk: int, micro_rows: in
 
 MESHES = {"dp-fsdp-tp": (2, 2, 2), "fsdp": (1, 8, 1)}
 ON_MESH = {"grpo": "dp-fsdp-tp", "ppo": "fsdp"}  # each algorithm on one mesh: one compilation each
+# and with its own memory options, so 8 devices see two remat policies and both CPU attentions
+ON_MESH_REMAT = {"grpo": "full", "ppo": "offload"}
+ON_MESH_ATTENTION = {"grpo": "blocked", "ppo": "xla"}
 
 
 def _sharded_results(out: Path) -> None:
     """Child process (8 devices): gradients with activation constraints, GRPO on the
-    (data, fsdp, tensor) mesh, PPO (critic too) on the all-fsdp one."""
+    (data, fsdp, tensor) mesh (full remat, blocked attention), PPO (critic too) on the
+    all-fsdp one (offload remat, xla attention)."""
     from agentrl_jax.sharding import MeshConfig, build_mesh
     from agentrl_jax.train import batch_shardings, shard_state, state_shardings
 
@@ -225,8 +229,8 @@ def _sharded_results(out: Path) -> None:
     for name, config in (("grpo", GRPO), ("ppo", PPO)):
         mesh_name = ON_MESH[name]
         mesh = build_mesh(MeshConfig(*MESHES[mesh_name]))
-        config = _with(config, remat="full", loss_positions=_max_loss_tokens(batch), logits_chunk=3,
-                       attention="blocked", num_micro_batches=1 if name == "ppo" else 2)
+        config = _with(config, remat=ON_MESH_REMAT[name], loss_positions=_max_loss_tokens(batch), logits_chunk=3,
+                       attention=ON_MESH_ATTENTION[name], num_micro_batches=1 if name == "ppo" else 2)
         state = _state(config)
         fn = jax.jit(functools.partial(compute_gradients, nnx.graphdef(_model()), config, mesh=mesh),
                      in_shardings=(state_shardings(state, mesh), batch_shardings(batch, mesh)))
