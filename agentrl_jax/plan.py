@@ -310,7 +310,8 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
     wanted = (lambda name: programs is None or any(name.startswith(p) for p in programs))
     results: list[ProgramPlan] = []
     seen: dict[TrainConfig, str] = {}
-    for spec in run_specs(rl, loss_position_bound(task.t_max, task.max_response_tokens, task.max_context)):
+    for spec in run_specs(rl, loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
+                          max_response_length=task.t_max * task.max_response_tokens):
         train_config = spec.train_config
         if train_config in seen or not wanted(f"train:{spec.name}"):
             continue

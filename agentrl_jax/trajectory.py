@@ -57,6 +57,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 
@@ -124,3 +125,33 @@ class Trajectory:
             success=row(b), overflow=row(b), row_mask=row(b), prefix_len=row(i32),
             context_start=turn(i32),
         )
+
+
+# the [N, L] fields, and what a padded token slot holds in each
+TOKEN_FIELDS = ("tokens", "token_mask", "loss_mask", "token_turn", "logprobs", "sampling_logprobs")
+TOKEN_PADDING = {"token_turn": -1}  # the others: 0 / False
+
+
+def concatenate_rows(records: "list[Trajectory]") -> "Trajectory":
+    """The rows of ``records`` one after another, as host (numpy) arrays: ``[sum N_i, ...]``.
+
+    Records may differ in width ``L`` (e.g. cut to their longest row): the narrower ones are
+    right-padded to the widest (padded slots are not real tokens). Turn counts ``T`` must
+    agree (a ValueError names the field otherwise).
+    """
+    if not records:
+        raise ValueError("concatenate_rows: needs at least one record")
+    records = [jax.device_get(r) for r in records]
+    width = max(r.tokens.shape[1] for r in records)
+    out = {}
+    for f in dataclasses.fields(Trajectory):
+        parts = [np.asarray(getattr(r, f.name)) for r in records]
+        if f.name in TOKEN_FIELDS:
+            parts = [np.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=TOKEN_PADDING.get(f.name, 0))
+                     for x in parts]
+        elif len({x.shape[1:] for x in parts}) > 1:
+            raise ValueError(f"concatenate_rows: Trajectory.{f.name} shapes differ past the rows: "
+                             f"{sorted({x.shape for x in parts})}")
+        out[f.name] = np.concatenate(parts, axis=0)
+    return Trajectory(**out)
+

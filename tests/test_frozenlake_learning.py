@@ -1,4 +1,4 @@
-"""Short GRPO and PPO runs learn FrozenLake 4x4 (issues #6 and #16), end to end through the real
+"""Short GRPO, PPO and DAPO runs learn FrozenLake 4x4 (issues #6 and #16), end to end through the real
 pieces: the real Qwen3 tokenizer and chat template, the multi-turn rollout
 (``MultiTurnRollout.for_training``), a tiny random Qwen3 policy, the train step and the
 training loop.
@@ -56,6 +56,16 @@ PPO = TrainConfig(learning_rate=1e-2, total_steps=STEPS, seed=0, epochs=EPOCHS, 
                       LossTermConfig("policy_clip"), LossTermConfig("kl", 0.001), LossTermConfig("value_clip"))))
 
 
+# DAPO: clip-higher (0.2 / 0.28), token-mean, no KL, dynamic sampling over up to 3 rollout
+# batches per update, and the soft overlong punishment (L_max = 5 sampled tokens, one per turn;
+# L_cache = 2: -0.5 for a row of 4 moves, -1 for 5). One update per batch, as GRPO.
+DAPO = TrainConfig(learning_rate=3e-2, total_steps=STEPS, seed=0, attention="blocked", max_response_length=5,
+                   algorithm=AlgorithmConfig(
+                       advantage="grpo", aggregation="token-mean", dynamic_sampling=True, max_rollout_batches=3,
+                       overlong_buffer=0.4, loss_terms=(LossTermConfig(
+                           "policy_clip", params={"clip_low": 0.2, "clip_high": 0.28}),)))
+
+
 @pytest.fixture(scope="module")
 def grpo() -> Run:
     return learning_run(GRPO)
@@ -64,6 +74,11 @@ def grpo() -> Run:
 @pytest.fixture(scope="module")
 def ppo() -> Run:
     return learning_run(PPO)
+
+
+@pytest.fixture(scope="module")
+def dapo() -> Run:
+    return learning_run(DAPO)
 
 
 def test_grpo_updates_are_finite_and_the_control_replays_the_first_rollout(grpo):
@@ -103,3 +118,24 @@ def test_ppo_mean_reward_rises_far_beyond_the_control(ppo):
 
 def test_ppo_held_out_maps_are_solved_more_often_with_the_same_sampling_key(ppo):
     assert_held_out_success_rises(ppo)
+
+
+def test_dapo_trains_only_on_varied_groups_and_refills_its_batches(dapo):
+    assert [m["update_skipped"] for m in dapo.trained] == [0.0] * STEPS
+    draws = [m["dynamic_sampling/rollout_batches"] for m in dapo.trained]
+    assert max(draws) > 1, draws  # some steps needed a second rollout batch
+    assert all(m["dynamic_sampling/kept_groups"] >= 1 for m in dapo.trained)
+    assert all(m["overlong_penalty_mean"] <= 0 for m in dapo.trained)
+    assert min(m["overlong_penalty_mean"] for m in dapo.trained[:3]) < 0  # the early wanderers pay
+    # The first draw replays the control's first rollout; R_multi is over every draw of a step.
+    if draws[0] == 1:
+        assert dapo.trained[0]["R_multi"] == dapo.control[0]["R_multi"]
+
+
+def test_dapo_mean_reward_rises_far_beyond_the_control(dapo):
+    assert_learns_beyond_the_control(dapo)
+
+
+def test_dapo_held_out_maps_are_solved_more_often_with_the_same_sampling_key(dapo):
+    assert_held_out_success_rises(dapo)
+

@@ -384,12 +384,19 @@ def test_every_preset_builds_and_reaches_the_trainer():
     from agentrl_jax.reproduce.presets import RUN_PRESETS as TABLE
 
     assert RUN_PRESETS is TABLE  # one table, re-exported
-    specs = training.run_specs(RLSettings(runs=tuple(TABLE)))
+    specs = training.run_specs(RLSettings(runs=tuple(TABLE)), max_response_length=96)
     assert [s.name for s in specs] == list(TABLE)
     for spec in specs:
         assert spec.label == TABLE[spec.name].label and spec.budget_mix == TABLE[spec.name].budget_mix
     by_name = {s.name: s.train_config.algorithm for s in specs}
     assert _terms(by_name["dapo"]) == {"policy_clip": (1.0, {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None})}
+    assert by_name["dapo"].dynamic_sampling and by_name["dapo"].max_rollout_batches == 4
+    assert by_name["dapo"].overlong_buffer == 0 and not by_name["grpo"].dynamic_sampling
+    # Dr. GRPO's constant is the most sampled tokens a row can hold, which the trainer knows.
+    dr = by_name["dr-grpo"]
+    assert (dr.advantage, dr.aggregation, dr.aggregation_constant) == ("dr_grpo", "seq-mean-token-sum", 96.0)
+    with pytest.raises(ValueError, match="TrainConfig.max_response_length: must be set .* aggregation_constant"):
+        training.run_specs(RLSettings(runs=("dr-grpo",)))
     assert by_name["rloo"].advantage == "rloo" and "gspo_clip" in _terms(by_name["gspo"])
 
 

@@ -21,11 +21,15 @@ what the configured terms need, whatever their names. :func:`compute_loss_with_m
 returns the terms' metrics next to the loss.
 
 DAPO is a combination, not an entry: ``"grpo"`` advantages, ``"policy_clip"`` with
-``clip_low=0.2, clip_high=0.28``, ``"token-mean"`` aggregation, no KL term, plus the
-batch-level :func:`~agentrl_jax.algorithms.dapo.dynamic_sampling_keep` and
-:func:`~agentrl_jax.algorithms.dapo.overlong_penalty`. Dr. GRPO is ``"dr_grpo"`` with the
-``"seq-mean-token-sum"`` aggregation and ``aggregation_constant`` = the maximum response
-length.
+``clip_low=0.2, clip_high=0.28``, ``"token-mean"`` aggregation, no KL term, plus two
+batch-level settings of the config that the trainer applies: ``dynamic_sampling`` (drop
+groups whose rewards are all equal and refill the batch from further rollouts, at most
+``max_rollout_batches`` of them; :func:`~agentrl_jax.algorithms.dapo.dynamic_sampling_keep`)
+and ``overlong_buffer`` / ``overlong_penalty`` (DAPO's soft overlong punishment added to the
+reward, :func:`~agentrl_jax.algorithms.dapo.overlong_penalty`, with ``L_max`` the trainer's
+``max_response_length`` and ``L_cache = overlong_buffer x L_max``). Dr. GRPO is
+``"dr_grpo"`` with the ``"seq-mean-token-sum"`` aggregation and ``aggregation_constant`` =
+the maximum response length (``None``: the trainer fills in its ``max_response_length``).
 
 New estimators and terms are added with :func:`register_advantage` and
 :func:`register_loss_term`; see the built-ins at the bottom of this module.
@@ -268,15 +272,35 @@ class AlgorithmConfig:
 
     The default is the paper's GRPO: group-relative advantages, clipped surrogate (0.2),
     KL to the reference (k3, coefficient 0.001), token-mean aggregation.
+
+    ``aggregation_constant`` None stands for the trainer's ``max_response_length``
+    (:class:`~agentrl_jax.train.TrainConfig` fills it in; Dr. GRPO's constant). The batch-level
+    settings (DAPO, see the module docstring): ``dynamic_sampling``, ``max_rollout_batches``
+    (the most rollout batches one update may draw to fill its batch with varied groups),
+    ``overlong_buffer`` (0: off; else ``L_cache / L_max`` in (0, 1]) and ``overlong_penalty``.
     """
 
     advantage: str = "grpo"
     advantage_params: Any = ()
     loss_terms: tuple[LossTermConfig, ...] = dataclasses.field(default_factory=_default_loss_terms)
     aggregation: str = "token-mean"
-    aggregation_constant: float = 1.0
+    aggregation_constant: float | None = 1.0
+    dynamic_sampling: bool = False
+    max_rollout_batches: int = 4
+    overlong_buffer: float = 0.0
+    overlong_penalty: float = 1.0
 
     def __post_init__(self):
+        for field, ok, expect in (
+            ("dynamic_sampling", isinstance(self.dynamic_sampling, bool), "true or false"),
+            ("max_rollout_batches", isinstance(self.max_rollout_batches, numbers.Integral)
+             and not isinstance(self.max_rollout_batches, bool) and self.max_rollout_batches >= 1, "an int >= 1"),
+            ("overlong_buffer", _is_real(self.overlong_buffer) and 0 <= self.overlong_buffer <= 1,
+             "a number in [0, 1] (0: off)"),
+            ("overlong_penalty", _is_real(self.overlong_penalty) and self.overlong_penalty >= 0, "a number >= 0"),
+        ):
+            if not ok:
+                raise ValueError(f"AlgorithmConfig.{field}: must be {expect}, got {getattr(self, field)!r}")
         if self.advantage not in ADVANTAGE_ESTIMATORS:
             raise ValueError(
                 f"AlgorithmConfig.advantage: unknown advantage estimator {self.advantage!r}; "
@@ -287,7 +311,7 @@ class AlgorithmConfig:
                            _resolve_params("AlgorithmConfig.advantage_params", estimator.params, self.advantage_params))
         object.__setattr__(self, "loss_terms", self._resolve_terms(self.loss_terms))
         try:
-            validate_mode(self.aggregation, self.aggregation_constant)
+            validate_mode(self.aggregation, 1.0 if self.aggregation_constant is None else self.aggregation_constant)
         except ValueError as e:
             field = "aggregation" if self.aggregation not in AGGREGATION_MODES else "aggregation_constant"
             raise ValueError(f"AlgorithmConfig.{field}: {e}") from None
@@ -439,6 +463,9 @@ def compute_loss_with_metrics(config: AlgorithmConfig, inputs: LossInputs, targe
     terms = config.terms_for(target)
     if not terms:
         raise ValueError(f"compute_loss: config has no {target} loss terms")
+    if config.aggregation_constant is None:
+        raise ValueError("compute_loss: aggregation_constant is None (the trainer's max_response_length); "
+                         "resolve it first, e.g. through TrainConfig(max_response_length=...)")
     weighted, parts, metrics = None, {}, {}
     for term_config in terms:  # a few configured terms, not data
         term = term_config.term

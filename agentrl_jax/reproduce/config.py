@@ -157,7 +157,7 @@ class RLSettings:
 
     ``runs`` lists the runs: names of presets (:data:`~agentrl_jax.reproduce.presets.RUN_PRESETS`:
     ``grpo``, ``budgetmix``, ``gigpo``, ``gigpo-budgetmix``, ``ppo``, ``ppo-budgetmix``, ``dapo``,
-    ...) or mappings ``{name, preset, label, budget_mix, algorithm}`` composing any registered
+    ``dr-grpo``, ...) or mappings ``{name, preset, label, budget_mix, algorithm}`` composing any registered
     advantage estimator and loss terms (:mod:`agentrl_jax.reproduce.presets`). ``algorithm``
     holds :class:`~agentrl_jax.algorithms.AlgorithmConfig` fields applied to every run over its
     preset's (e.g. ``--set rl.algorithm.aggregation=seq-mean-token-mean``). Full-budget runs

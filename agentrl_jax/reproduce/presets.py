@@ -78,10 +78,23 @@ def ppo_algorithm(rl: Any) -> dict[str, Any]:
 
 
 def dapo_algorithm(rl: Any) -> dict[str, Any]:
-    """DAPO's loss (Yu et al. 2025): GRPO advantages, clip-higher 0.2 / 0.28, token-mean, no KL.
-    (Its dynamic sampling and overlong shaping act on the batch, not the loss.)"""
-    return {"advantage": "grpo", "aggregation": "token-mean",
+    """DAPO (Yu et al. 2025, arXiv:2503.14476): GRPO advantages, clip-higher 0.2 / 0.28,
+    token-mean, no KL, and dynamic sampling (groups whose rewards are all equal are dropped
+    and the batch refilled from up to 4 rollout batches). Its soft overlong punishment is
+    off here: over a multi-turn row it would punish taking more turns, which is what the
+    paper's budget study varies; turn it on with ``algorithm: {overlong_buffer: 0.2}``
+    (``L_cache = 0.2 L_max``, DAPO's 4096 / 20480)."""
+    return {"advantage": "grpo", "aggregation": "token-mean", "dynamic_sampling": True, "max_rollout_batches": 4,
             "loss_terms": [{"name": "policy_clip", "params": {"clip_low": 0.2, "clip_high": 0.28}}]}
+
+
+def dr_grpo_algorithm(rl: Any) -> dict[str, Any]:
+    """Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): advantages ``R - mean_g R`` (no std), and
+    each row's token losses summed and divided by one constant, the most sampled tokens a
+    row can hold (``aggregation_constant`` None: the trainer's ``max_response_length``), then
+    averaged over rows; the paper's clip and KL, for comparability with GRPO."""
+    return {"advantage": "dr_grpo", "aggregation": "seq-mean-token-sum", "aggregation_constant": None,
+            "loss_terms": paper_policy_terms(rl)}
 
 
 def rloo_algorithm(rl: Any) -> dict[str, Any]:
@@ -103,6 +116,7 @@ RUN_PRESETS: dict[str, RunPreset] = {
     "ppo-budgetmix": RunPreset("BudgetMix PPO", ppo_algorithm, True),
     "dapo": RunPreset("DAPO", dapo_algorithm),
     "dapo-budgetmix": RunPreset("BudgetMix DAPO", dapo_algorithm, True),
+    "dr-grpo": RunPreset("Dr. GRPO", dr_grpo_algorithm),
     "rloo": RunPreset("RLOO", rloo_algorithm),
     "gspo": RunPreset("GSPO", gspo_algorithm),
 }

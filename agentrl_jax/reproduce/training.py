@@ -39,7 +39,7 @@ from agentrl_jax.process_rewards import FrozenLakeQStar
 from agentrl_jax.reproduce.config import RLSettings
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import SamplingConfig
-from agentrl_jax.trajectory import Trajectory
+from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory
 from agentrl_jax.train import (Checkpointer, MetricsLogger, TrainConfig, init_train_state,
                                make_train_step, train)
 from agentrl_jax.train.inputs import step_inputs
@@ -65,8 +65,11 @@ def loss_position_bound(t_max: int, max_response_tokens: int, max_context: int) 
     return bound if bound < max_context - 1 else None
 
 
-def run_specs(rl: RLSettings, loss_positions: int | None = None) -> list[RunSpec]:
-    """The runs of ``rl.runs``, in order; ``loss_positions``: see :func:`loss_position_bound`."""
+def run_specs(rl: RLSettings, loss_positions: int | None = None,
+              max_response_length: int | None = None) -> list[RunSpec]:
+    """The runs of ``rl.runs``, in order; ``loss_positions``: see :func:`loss_position_bound`;
+    ``max_response_length``: the most sampled tokens a row can hold (``t_max x
+    max_response_tokens``; DAPO's overlong ``L_max``, Dr. GRPO's constant)."""
     specs = []
     for run in rl.resolved_runs():
         config = TrainConfig(
@@ -77,7 +80,7 @@ def run_specs(rl: RLSettings, loss_positions: int | None = None) -> list[RunSpec
             budget_anchors=run.budget_mix and "anchor_keys" in step_inputs(run.algorithm).advantage,
             total_steps=rl.steps, checkpoint_every=rl.checkpoint_every, checkpoint_keep=2, seed=rl.seed,
             remat=rl.remat, attention=rl.attention, logits_chunk=rl.logits_chunk,
-            loss_positions=loss_positions, scoring=rl.scoring, sampling_temperature=rl.temperature,
+            loss_positions=loss_positions, max_response_length=max_response_length, scoring=rl.scoring, sampling_temperature=rl.temperature,
             sampling_top_p=rl.top_p)
         specs.append(RunSpec(run.name, run.label, config, run.budget_mix))
     return specs
@@ -93,9 +96,6 @@ def task_batch_fn(num_tasks: int, tasks_per_step: int, seed: int) -> Callable[[i
         rng = np.random.default_rng([seed, position])
         return np.sort(rng.choice(num_tasks, tasks_per_step, replace=False))
     return batch
-
-
-TOKEN_FIELDS = ("tokens", "token_mask", "loss_mask", "token_turn", "logprobs", "sampling_logprobs")
 
 
 def trim_tokens(trajectory: Trajectory, smallest: int = 64) -> Trajectory:

@@ -102,6 +102,10 @@ class TrainConfig:
     sampling_top_k: int = 0
     sampling_top_p: float = 1.0
     valid_vocab_size: int | None = None
+    # the most sampled (response) tokens a row can hold, e.g. T_max x max response tokens per
+    # turn: DAPO's overlong L_max and Dr. GRPO's constant (an algorithm's aggregation_constant
+    # None) are this length; None when no such setting is used
+    max_response_length: int | None = None
     # process rewards (§8): weight of the per-step scores added to the outcome reward
     process_reward_coef: float = 0.0
     # GiGPO anchors (s_t, B - t) instead of s_t (BudgetMix, §5)
@@ -121,6 +125,15 @@ class TrainConfig:
         if not isinstance(self.algorithm, AlgorithmConfig):
             raise ValueError(f"TrainConfig.algorithm: must be an AlgorithmConfig or mapping, got {self.algorithm!r}")
         validate("TrainConfig", self, _CHECKS)
+        if self.max_response_length is None:
+            for field, used in (("aggregation_constant", self.algorithm.aggregation_constant is None),
+                                ("overlong_buffer", self.algorithm.overlong_buffer > 0)):
+                if used:
+                    raise ConfigError(f"TrainConfig.max_response_length: must be set (an int >= 1) when the "
+                                      f"algorithm's {field} reads it, got None")
+        elif self.algorithm.aggregation_constant is None:
+            object.__setattr__(self, "algorithm", dataclasses.replace(
+                self.algorithm, aggregation_constant=float(self.max_response_length)))
         try:
             check_inputs(self.algorithm)
         except ValueError as e:
@@ -184,6 +197,10 @@ def algorithm_to_dict(config: AlgorithmConfig) -> dict[str, Any]:
         "loss_terms": [term(t) for t in config.loss_terms],
         "aggregation": config.aggregation,
         "aggregation_constant": config.aggregation_constant,
+        "dynamic_sampling": config.dynamic_sampling,
+        "max_rollout_batches": config.max_rollout_batches,
+        "overlong_buffer": config.overlong_buffer,
+        "overlong_penalty": config.overlong_penalty,
     }
 
 
@@ -220,6 +237,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "sampling_top_k": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (0: off)"),
     "sampling_top_p": (lambda v: _is_real(v) and 0 < v <= 1, "a number in (0, 1]"),
     "valid_vocab_size": (lambda v: v is None or _positive_int(v), "None or an int >= 1"),
+    "max_response_length": (lambda v: v is None or _positive_int(v), "None or an int >= 1"),
     "process_reward_coef": (_non_negative_real, "a finite number >= 0"),
     "budget_anchors": (lambda v: isinstance(v, bool), "a bool"),
     "total_steps": (_positive_int, "an int >= 1"),

@@ -4,7 +4,9 @@ Each iteration of :func:`train`:
 
 1. splits a rollout key off ``state.rng`` and draws the task batch ``task_batches(position)``
    at ``state.data_position`` (a deterministic function of the index, so a resumed run sees
-   the same tasks);
+   the same tasks); with DAPO's dynamic sampling (``algorithm.dynamic_sampling``) it keeps
+   drawing (a new key, the next position) until the groups whose rewards vary fill a batch,
+   at most ``algorithm.max_rollout_batches`` times (:mod:`agentrl_jax.train.dynamic_sampling`);
 2. runs the injected ``rollout(policy_params, key, tasks) -> Trajectory`` (and checks that its
    turns saw the whole history, see :func:`~agentrl_jax.train.step.check_full_history`);
 3. scores steps with the optional process scorer (its scores shape the reward when
@@ -18,9 +20,11 @@ Each iteration of :func:`train`:
    than one update) is a JSON list in the record, one value per update, and a TensorBoard
    series indexed by the update's number over the run.
 
-Metrics added by the loop: ``R_multi`` (trajectory success rate over real rows, §7.5),
+Metrics added by the loop: ``R_multi`` (trajectory success rate over real rows of every rollout
+batch of the step, §7.5),
 ``R_single`` (mean step quality from the quality scorer: Q* on FrozenLake), mean turns,
-rollout/scoring/update seconds and trained tokens per second. A skipped (non-finite) update is logged
+rollout/scoring/update seconds, trained tokens per second, and with dynamic sampling
+``dynamic_sampling/{rollout_batches,kept_groups,dropped_groups,filler_rows}``. A skipped (non-finite) update is logged
 (``update_skipped`` counts them per step, and a line on the progress bar) and the run continues.
 
 Everything here is a side effect at the edge; the pure pieces are the rollout, the scorers
@@ -48,8 +52,10 @@ from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.logprobs import check_loss_positions
 from agentrl_jax.train.state import TrainState
-from agentrl_jax.train.step import TrainBatch, check_full_history
-from agentrl_jax.trajectory import Trajectory
+from agentrl_jax.algorithms import dynamic_sampling_keep
+from agentrl_jax.train.dynamic_sampling import Draw, assemble, kept_rows
+from agentrl_jax.train.step import TrainBatch, check_full_history, shaped_rewards
+from agentrl_jax.trajectory import Trajectory, concatenate_rows
 
 Rollout = Callable[[Any, jax.Array, Any], Trajectory]
 TrainStep = Callable[[TrainState, TrainBatch], tuple[TrainState, Mapping[str, jax.Array]]]
@@ -264,34 +270,66 @@ def train(
 
 
 def _iteration(state, train_step, rollout, task_batches, config, process_scorer, quality_scorer):
-    start = time.perf_counter()
-    rng, rollout_key = jax.random.split(state.rng)
-    position = int(state.data_position)
-    tasks = task_batches(position)
-    trajectory = jax.block_until_ready(rollout(state.policy, rollout_key, tasks))
-    check_full_history(trajectory)
-    check_loss_positions(trajectory, config.loss_positions)
-    rolled = time.perf_counter()
-    process = process_scorer(trajectory, tasks) if process_scorer is not None else None
-    if quality_scorer is None:
-        quality = None
-    elif quality_scorer is process_scorer:
-        quality = process
+    """One step: rollout batches (one, or with DAPO's dynamic sampling up to
+    ``max_rollout_batches``, each with its own key and data position), scores, one train step."""
+    algorithm = config.algorithm
+    rng, position = state.rng, int(state.data_position)
+    draws, qualities, rolling, scoring = [], [], 0.0, 0.0
+    for _ in range(algorithm.max_rollout_batches if algorithm.dynamic_sampling else 1):
+        start = time.perf_counter()
+        rng, rollout_key = jax.random.split(rng)
+        tasks = task_batches(position)
+        position += 1
+        trajectory = jax.block_until_ready(rollout(state.policy, rollout_key, tasks))
+        check_full_history(trajectory)
+        check_loss_positions(trajectory, config.loss_positions)
+        rolled = time.perf_counter()
+        process = process_scorer(trajectory, tasks) if process_scorer is not None else None
+        if quality_scorer is None:
+            quality = None
+        elif quality_scorer is process_scorer:
+            quality = process
+        else:
+            quality = quality_scorer(trajectory, tasks)
+        scoring += time.perf_counter() - rolled
+        rolling += rolled - start
+        step_scores = process.scores if process is not None and config.process_reward_coef > 0 else None
+        qualities.append(quality)
+        if not algorithm.dynamic_sampling:
+            draws.append(Draw(trajectory, np.ones(trajectory.row_mask.shape, bool), step_scores))
+            break
+        episode, _ = shaped_rewards(TrainBatch(trajectory, step_scores), config)
+        keep = dynamic_sampling_keep(episode, trajectory.group_id, trajectory.row_mask.astype(bool))
+        draws.append(Draw(trajectory, np.asarray(keep), None if step_scores is None else np.asarray(step_scores)))
+        if kept_rows(draws) >= trajectory.row_mask.shape[0]:
+            break
+    extra = {}
+    if algorithm.dynamic_sampling:
+        trajectory, step_scores, extra = assemble(draws)
     else:
-        quality = quality_scorer(trajectory, tasks)
-    scored = time.perf_counter()
+        trajectory, step_scores = draws[0].trajectory, draws[0].step_scores
 
-    step_scores = process.scores if process is not None and config.process_reward_coef > 0 else None
+    before_update = time.perf_counter()
     # the new position goes where the old one was: a step whose inputs change placement recompiles
-    data_position = jax.device_put(np.asarray(position + 1, np.int32), state.data_position.sharding)
+    data_position = jax.device_put(np.asarray(position, np.int32), state.data_position.sharding)
     state = state.replace(rng=rng, data_position=data_position)
     state, step_metrics = train_step(state, TrainBatch(trajectory, step_scores))
     metrics = host_metrics(step_metrics)
     updated = time.perf_counter()
 
-    metrics.update(rollout_metrics(trajectory, quality))
-    metrics["time/rollout_s"] = rolled - start
-    metrics["time/score_s"] = scored - rolled
-    metrics["time/update_s"] = updated - scored
-    metrics["train_tokens_per_s"] = float(jnp.sum(trajectory.token_mask)) / max(updated - scored, 1e-9)
+    # rollout metrics over every row rolled out in this step (all draws), not only those trained on
+    metrics.update(rollout_metrics(*_all_draws(draws, qualities)))
+    metrics.update(extra)
+    metrics["time/rollout_s"] = rolling
+    metrics["time/score_s"] = scoring
+    metrics["time/update_s"] = updated - before_update
+    metrics["train_tokens_per_s"] = float(jnp.sum(trajectory.token_mask)) / max(updated - before_update, 1e-9)
     return state, metrics
+
+
+def _all_draws(draws: list[Draw], qualities: list[StepScores | None]) -> tuple[Trajectory, StepScores | None]:
+    if len(draws) == 1:
+        return draws[0].trajectory, qualities[0]
+    quality = None if qualities[0] is None else jax.tree.map(
+        lambda *x: np.concatenate([np.asarray(v) for v in x]), *qualities)
+    return concatenate_rows([d.trajectory for d in draws]), quality

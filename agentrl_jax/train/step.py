@@ -21,7 +21,8 @@ updates of the policy (and of the critic, for PPO), as verl's ``ppo_epochs`` and
    for every aggregation mode (see :mod:`agentrl_jax.algorithms.aggregation`); then optax
    AdamW (after global-norm clipping) on the policy, and on the critic with its own
    optimizer. If the loss or any gradient is not finite, that update is skipped (parameters
-   and optimizer states are kept) and counted in ``state.skipped_updates``.
+   and optimizer states are kept) and counted in ``state.skipped_updates``; a mini-batch
+   without a single loss token (``update_empty``) makes no optimizer step either.
 
 The updates run in one ``lax.scan``, so the step compiles once whatever their number. The
 old log-probs are those of the policy before the batch's first update, so the first
@@ -76,6 +77,7 @@ from agentrl_jax.algorithms import (
     budget_anchor_keys,
     compute_advantages,
     compute_loss_with_metrics,
+    overlong_penalty,
     policy_ratio,
 )
 from agentrl_jax.models.qwen3 import Constrain, positions_from_mask
@@ -247,15 +249,42 @@ def check_full_history(trajectory: Trajectory) -> None:
             "(history_window=None)")
 
 
+def overlong_rewards(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
+    """DAPO's soft overlong punishment of each row, ``float32 [N]`` (<= 0; all 0 when the
+    algorithm's ``overlong_buffer`` is 0): :func:`~agentrl_jax.algorithms.overlong_penalty` of
+    the row's sampled tokens, with ``L_max = config.max_response_length`` and
+    ``L_cache = max(1, round(overlong_buffer x L_max))``."""
+    algorithm = config.algorithm
+    if algorithm.overlong_buffer == 0:
+        return jnp.zeros(trajectory.row_mask.shape, jnp.float32)
+    length = config.max_response_length
+    return overlong_penalty(jnp.sum(batch_loss_mask(trajectory), axis=-1), max_length=length,
+                            cache_length=max(1, round(algorithm.overlong_buffer * length)),
+                            penalty=algorithm.overlong_penalty)
+
+
+def shaped_rewards(batch: TrainBatch, config: TrainConfig) -> tuple[jax.Array, jax.Array]:
+    """The rewards the estimator sees: ``(episode [N], per_turn [N, T])`` float32.
+
+    The outcome reward plus the overlong penalty (:func:`overlong_rewards`), shaped by the
+    batch's process scores (:func:`~agentrl_jax.process_rewards.shape_rewards`; the penalty
+    lands on the row's last turn, like the outcome). DAPO's dynamic sampling compares these
+    episode rewards within groups, so it drops exactly the groups whose advantages would be 0.
+    """
+    traj = batch.trajectory
+    turn_mask = traj.turn_mask.astype(bool) & traj.row_mask.astype(bool)[:, None]
+    outcome = traj.outcome_reward + overlong_rewards(traj, config)
+    return shape_rewards(outcome, batch.step_scores, turn_mask, config.process_reward_coef)
+
+
 def advantage_inputs(batch: TrainBatch, config: TrainConfig, old_values: jax.Array | None) -> AdvantageInputs:
-    """What the configured estimator reads, from a batch (rewards shaped by process scores).
+    """What the configured estimator reads, from a batch (:func:`shaped_rewards`).
 
     Every field is filled (estimators also read optional ones, such as ``traj_mask``, that
     they do not declare); ``values`` and ``token_rewards`` only with a critic."""
     traj = batch.trajectory
     turn_mask = traj.turn_mask.astype(bool) & traj.row_mask.astype(bool)[:, None]
-    episode, per_turn = shape_rewards(traj.outcome_reward, batch.step_scores, turn_mask,
-                                      config.process_reward_coef)
+    episode, per_turn = shaped_rewards(batch, config)
     anchors = budget_anchor_keys(traj.anchor_key, traj.budget) if config.budget_anchors else traj.anchor_key
     return AdvantageInputs(
         loss_mask=batch_loss_mask(traj), rewards=episode, group_ids=traj.group_id,
@@ -339,6 +368,9 @@ def prepare_batch(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState
         advantages = compute_advantages(config.algorithm, advantage_inputs(batch, config, old_values))
         computed.update(advantages=advantages.advantages, returns=advantages.returns)
         metrics["advantage_mean"] = token_mean(advantages.advantages)
+    if config.algorithm.overlong_buffer > 0:
+        rows = traj.row_mask.astype(jnp.float32)
+        metrics["overlong_penalty_mean"] = jnp.sum(overlong_rewards(traj, config) * rows) / jnp.maximum(jnp.sum(rows), 1.0)
     if _records_old_logprobs(config):
         computed["old_logprobs"] = map_micro_batches(
             lambda mb: _model_scores(graphdef, config, state.policy, mb, constrain)[0], data, chunks)
@@ -545,9 +577,15 @@ def _update_fn(graphdef: nnx.GraphDef, config: TrainConfig, data: Mapping[str, j
             critic_grads, critic_metrics = critic_gradients(graphdef, config, critic, mb, mesh)
             metrics.update(critic_metrics)
             finite = finite & jnp.isfinite(metrics["value_loss"]) & _all_finite(critic_grads)
-            critic, critic_opt = _apply(critic_optimizer(config), finite, critic_grads, critic_opt, critic)
-        policy, policy_opt = _apply(policy_optimizer(config), finite, policy_grads, policy_opt, policy)
+        # nothing to learn from (e.g. dynamic sampling kept no group): no optimizer step either,
+        # which would still move the parameters (weight decay, Adam's momentum)
+        empty = ~jnp.any(mb["loss_mask"])
+        ok = finite & ~empty
+        if critic is not None:
+            critic, critic_opt = _apply(critic_optimizer(config), ok, critic_grads, critic_opt, critic)
+        policy, policy_opt = _apply(policy_optimizer(config), ok, policy_grads, policy_opt, policy)
         metrics["update_skipped"] = (~finite).astype(jnp.float32)
+        metrics["update_empty"] = empty.astype(jnp.float32)
         return (policy, policy_opt, critic, critic_opt), metrics
 
     return update
