@@ -16,10 +16,16 @@ other string as a module name (installed, or on ``PYTHONPATH``). A plugin alread
 by name or from the same file (e.g. a test module that registers its own term and then runs
 the CLI with ``--plugin`` on itself), is not imported again, so nothing registers twice.
 Errors are :class:`PluginError` naming the plugin.
+
+Every plugin imported is remembered (:func:`loaded_plugins`: what was asked for, the module,
+its file and the file's sha256), so a run can record the code it was made with: the
+reproduction writes them to ``plugins.json`` in its results folder, its checkpoints'
+metadata and its report, and names them when a resumed folder's config needs them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -37,6 +43,37 @@ PLUGINS_ENV = "AGENTRL_JAX_PLUGINS"
 
 class PluginError(ConfigError):
     """A plugin could not be found or failed while being imported."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginRecord:
+    """A plugin this process imported: ``spec`` as given, the ``module``'s name, its ``file``
+    and the file's ``sha256`` (None for a module without a file)."""
+
+    spec: str
+    module: str
+    file: str | None
+    sha256: str | None
+
+
+_LOADED: dict[str, PluginRecord] = {}  # by module name, in import order
+
+
+def _remember(spec: str, module: ModuleType) -> ModuleType:
+    file = getattr(module, "__file__", None)
+    digest = None
+    if file is not None:
+        try:
+            digest = hashlib.sha256(Path(file).read_bytes()).hexdigest()
+        except OSError:
+            pass
+    _LOADED.setdefault(module.__name__, PluginRecord(spec, module.__name__, file, digest))
+    return module
+
+
+def loaded_plugins() -> list[dict[str, str | None]]:
+    """The plugins imported so far, as plain data (see :class:`PluginRecord`), in import order."""
+    return [dataclasses.asdict(r) for r in _LOADED.values()]
 
 
 def env_plugins(environ: Mapping[str, str] = os.environ) -> list[str]:
@@ -73,7 +110,7 @@ def load_plugin(spec: str) -> ModuleType:
     spec = spec.strip()
     if not is_path(spec):
         try:
-            return importlib.import_module(spec)
+            return _remember(spec, importlib.import_module(spec))
         except ModuleNotFoundError as error:
             if error.name is not None and spec.startswith(error.name):
                 raise PluginError(f"plugin {spec!r}: no module named {error.name!r} (give a file path "
@@ -86,7 +123,7 @@ def load_plugin(spec: str) -> ModuleType:
         raise PluginError(f"plugin {spec}: no such file")
     module = _imported_from(path)
     if module is not None:
-        return module
+        return _remember(spec, module)
     name = _module_name(path)
     module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
@@ -98,7 +135,7 @@ def load_plugin(spec: str) -> ModuleType:
     except Exception as error:  # noqa: BLE001 - the user's code: report which plugin failed
         del sys.modules[name]
         raise PluginError(f"plugin {spec}: importing it failed: {type(error).__name__}: {error}") from error
-    return module
+    return _remember(spec, module)
 
 
 def load_plugins(specs: Iterable[str] = (), *, environ: Mapping[str, str] = os.environ) -> list[ModuleType]:

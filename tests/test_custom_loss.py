@@ -7,6 +7,7 @@ it through the public API (the train step in the training loop) and through the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -135,6 +136,23 @@ def test_the_cli_trains_with_a_term_from_a_plugin_file(tmp_path):
     (record,) = [json.loads(line) for line in (out / "runs" / "custom" / "metrics.jsonl").read_text().splitlines()]
     assert math.isfinite(record[f"loss/{TERM}"]) and record[f"{TERM}/entropy"] > 0
     assert record["update_skipped"] == 0
+    # The run records the plugin it was made with: the file and its sha256, in the results
+    # folder and in the checkpoint's metadata.
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    (recorded,) = [r for r in json.loads((out / "plugins.json").read_text())["plugins"]
+                   if r["file"] == str(Path(__file__).resolve())]
+    assert recorded["sha256"] == digest and recorded["spec"] == __file__
+    import orbax.checkpoint as ocp
+
+    with ocp.CheckpointManager((out / "runs" / "custom" / "checkpoints").resolve()) as manager:
+        saved = manager.restore(1, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+    assert any(r["sha256"] == digest for r in saved["plugins"])
+    # A config the folder's plugins would make loadable: the error names them.
+    result = CliRunner().invoke(app, [
+        "reproduce", "frozenlake", "--config", str(CI_CONFIG), "--out", str(out),
+        "--set", "rl.runs=[{name: x, algorithm: {loss_terms: [policy_clip, not_registered_anywhere]}}]",
+        "--no-progress"], env={"COLUMNS": "1000"})
+    assert result.exit_code == 2 and "was made with the plugins" in " ".join(result.output.split())
     # Without the plugin the config cannot name the term: a usage error naming it.
     result = CliRunner().invoke(app, [
         "reproduce", "frozenlake", "--config", str(CI_CONFIG), "--out", str(tmp_path / "other"),

@@ -47,13 +47,13 @@ def frozenlake(
     dynamics, written to a results folder with report.md."""
     from agentrl_jax.plugins import load_plugins
     from agentrl_jax.reproduce.config import load_config
-    from agentrl_jax.reproduce.pipeline import ReproduceError, reproduce
+    from agentrl_jax.reproduce.pipeline import ReproduceError, plugins_hint, reproduce
 
     try:
         load_plugins(plugin or ())
         settings = load_config(config, set_ or ())
     except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
+        raise typer.BadParameter(f"{error}{plugins_hint(out)}") from None
     typer.echo(f"Reproducing FrozenLake into {out} (config: {config or 'built-in default'})")
     try:
         report = reproduce(settings, out, fresh=fresh, progress=progress, until=until)

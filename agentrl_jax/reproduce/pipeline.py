@@ -12,7 +12,10 @@ Phases, in order (each writes only under ``out/``)::
 ``out/phases.json`` records each finished phase (seconds, outputs); a rerun skips them, and an
 unfinished training phase resumes from its newest Orbax checkpoint. ``out/config.yaml`` is
 the exact config; rerunning on a folder made with a different config is refused (start afresh
-with ``fresh=True`` or another folder) so a report never mixes settings. One progress bar
+with ``fresh=True`` or another folder) so a report never mixes settings. ``out/plugins.json``
+records the user plugins (:mod:`agentrl_jax.plugins`: files and their sha256) the runs were
+made with; they also go into each checkpoint's metadata and the report, and an error loading
+the folder's config names them. One progress bar
 counts work units over all phases (rollouts, SFT and RL steps) with the phase name and ETA.
 """
 
@@ -24,6 +27,7 @@ import json
 import platform
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,6 +38,7 @@ from tqdm.auto import tqdm
 
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.tokenizer import load_tokenizer
+from agentrl_jax.plugins import loaded_plugins
 from agentrl_jax.reproduce import demos as demo_lib
 from agentrl_jax.reproduce import evaluate, sft, training
 from agentrl_jax.reproduce.config import ReproduceConfig, dump_config, load_config
@@ -45,7 +50,7 @@ from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
 BASE = "base"
-PHASES_FILE, CONFIG_FILE = "phases.json", "config.yaml"
+PHASES_FILE, CONFIG_FILE, PLUGINS_FILE = "phases.json", "config.yaml", "plugins.json"
 DEMO_TASKS_PER_CALL = 32
 
 
@@ -98,8 +103,42 @@ class Phases:
         tmp.replace(self.path)  # atomic: a kill never leaves half a record
 
 
+def recorded_plugins(out: Path) -> list[dict[str, Any]]:
+    """The plugins ``out/plugins.json`` records ([] if none or unreadable)."""
+    try:
+        records = json.loads((Path(out) / PLUGINS_FILE).read_text())["plugins"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [r for r in records if isinstance(r, dict) and isinstance(r.get("module"), str)]
+
+
+def plugins_hint(out: Path) -> str:
+    """``""``, or a sentence naming the plugins ``out``'s runs were made with (for an error)."""
+    records = recorded_plugins(out)
+    if not records:
+        return ""
+    return (f"; {out} was made with the plugins {', '.join(str(r.get('spec')) for r in records)}: "
+            "pass them again with --plugin (or AGENTRL_JAX_PLUGINS)")
+
+
+def record_plugins(out: Path) -> list[dict[str, Any]]:
+    """Writes ``out/plugins.json``: the plugins recorded before, then those loaded now (a
+    plugin loaded again replaces its record; a warning if its file changed)."""
+    records = {r["module"]: r for r in recorded_plugins(out)}
+    for record in loaded_plugins():
+        before = records.pop(record["module"], None)
+        if before is not None and before.get("sha256") != record["sha256"]:
+            warnings.warn(f"plugin {record['spec']} changed since {out}'s runs began (sha256 "
+                          f"{str(before.get('sha256'))[:12]} -> {str(record['sha256'])[:12]})", stacklevel=2)
+        records[record["module"]] = record
+    if records:
+        (out / PLUGINS_FILE).write_text(json.dumps({"plugins": list(records.values())}, indent=2))
+    return list(records.values())
+
+
 def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
-    """Create ``out`` (or check that it holds this config), and write ``config.yaml``."""
+    """Create ``out`` (or check that it holds this config), and write ``config.yaml`` (and
+    ``plugins.json``)."""
     if fresh and out.exists():
         shutil.rmtree(out)
     saved = out / CONFIG_FILE
@@ -107,7 +146,7 @@ def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
         try:
             previous = load_config(saved)
         except ValueError as error:  # ConfigError, naming the file and the field
-            raise ResultsFolderError(f"{error}; use --fresh or another --out") from None
+            raise ResultsFolderError(f"{error}{plugins_hint(out)}; use --fresh or another --out") from None
         if previous != config:
             before = previous.to_dict()
             changed = [f"{s}.{k}" for s, fields in config.to_dict().items()
@@ -119,6 +158,7 @@ def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
         raise ResultsFolderError(f"{out} is not empty and holds no {CONFIG_FILE}; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     saved.write_text(dump_config(config))
+    record_plugins(out)
 
 
 # ---------------------------------------------------------------- the run
@@ -149,8 +189,10 @@ class Reproduction:
         prepare_folder(self.out, config, fresh)
         self.phases = Phases(self.out)
         self.tasks = make_tasks(config)
-        self.runs = training.run_specs(config.rl, training.loss_position_bound(
-            config.task.t_max, config.task.max_response_tokens, config.task.max_context))
+        task = config.task
+        self.runs = training.run_specs(
+            config.rl, training.loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
+            max_response_length=task.t_max * task.max_response_tokens)
         self.log = log
         self.mesh = self._mesh()
         self.bar = tqdm(total=self.total_units(), disable=not progress, dynamic_ncols=True,
@@ -347,7 +389,8 @@ class Reproduction:
         params = training.run_training(
             spec, model, self.tasks.train, self.tokenizer, self.config.rl, run_dir=run_dir,
             t_max=t.t_max, max_response_tokens=t.max_response_tokens, max_context=t.max_context,
-            metadata={"model_dir": str(self.base_dir.resolve()), "run": spec.name},
+            metadata={"model_dir": str(self.base_dir.resolve()), "run": spec.name,
+                      "plugins": recorded_plugins(self.out)},
             mesh=self.mesh, on_step=on_step)
         nnx.update(model, params)
         save_policy(model, self.tokenizer, self.model_dir(spec.name))
@@ -388,6 +431,10 @@ class Reproduction:
             f"phases so far took {seconds:.0f} s in all (see phases.json).",
             "Exact config: [config.yaml](config.yaml).",
         ]
+        plugins = recorded_plugins(self.out)
+        if plugins:
+            lines.append("Plugins (user code the runs used, [plugins.json](plugins.json)): " + ", ".join(
+                f"`{r.get('spec')}` (sha256 {str(r.get('sha256'))[:12]})" for r in plugins) + ".")
         return "\n".join(f"- {line}" for line in lines)
 
 
