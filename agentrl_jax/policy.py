@@ -174,6 +174,15 @@ def cache_row_keys(keys: Any, rows: np.ndarray, num_rows: int) -> Any:
     return out
 
 
+def shared_contexts(rows: Sequence[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """``(unique, index)``: the distinct contexts of ``rows`` in order of first appearance
+    (an empty context among them if any row has one) and ``index int32[len(rows)]``, the
+    position of each row's context in ``unique``."""
+    position: dict[tuple[int, ...], int] = {}
+    index = np.array([position.setdefault(tuple(r), len(position)) for r in rows], np.int32)
+    return list(position), index
+
+
 def params_mesh(params: Any):
     """The mesh ``params`` are laid out on (a ``NamedSharding`` over several devices), else None."""
     sharding = getattr(next(iter(jax.tree.leaves(params)), None), "sharding", None)
@@ -215,7 +224,9 @@ class SamplerPolicy:
     ``"auto"`` replicates them over ``fsdp`` on a mesh with ``fsdp`` > 1). ``cache_dtype``: the
     KV cache's dtype (None: the model's compute dtype). ``prefill_chunk``: appends wider than
     this run in chunks of this width (None: never). ``reuse_cache=False`` is the naive
-    baseline: every turn prefills each live row's whole history again. ``trace_counts``
+    baseline: every turn prefills each live row's whole history again. ``share_prefixes``:
+    rows that start from the same context (the ``G`` rows of a task group) prefill it once
+    and copy its cache (:meth:`start`; False: every row prefills its own). ``trace_counts``
     counts traces (= compilations) per function.
     """
 
@@ -223,7 +234,7 @@ class SamplerPolicy:
                  token_map: TokenMap | None = None, compact: bool = True, min_rows: int = 8,
                  row_multiple: int | None = None, reuse_cache: bool = True, mesh=None,
                  cache_dtype: Any = None, prefill_chunk: int | None = None,
-                 generation_layout: str = "auto", device: Any = None):
+                 generation_layout: str = "auto", device: Any = None, share_prefixes: bool = True):
         given = nnx.state(model) if params is None else params
         mesh = params_mesh(given) if mesh is None else mesh
         if row_multiple is None:
@@ -241,6 +252,7 @@ class SamplerPolicy:
         self.token_map = token_map
         self.compact, self.min_rows, self.row_multiple = compact, min_rows, row_multiple
         self.reuse_cache = reuse_cache
+        self.share_prefixes = bool(share_prefixes)
         self.mesh = mesh
         self.device = None if mesh is not None else (device or jax.devices()[0])
         self.cache_dtype = None if cache_dtype is None else jnp.dtype(cache_dtype)
@@ -321,9 +333,21 @@ class SamplerPolicy:
         self._rows = (self._pad_rows(present, self._num_rows) if self.compact
                       else np.arange(self._num_rows))
         sampler = self._sampler(settings)
-        state = sampler.init(len(self._rows), settings.max_context, self.cache_dtype)
-        self._state = self._append(sampler, state,
-                                   [contexts[r] if r >= 0 else [] for r in self._rows])
+        rows = [tuple(contexts[r]) if r >= 0 else () for r in self._rows]
+        shared = shared_contexts(rows) if self.share_prefixes else None
+        if shared is None or len(shared[0]) > len(rows) // 2:
+            state = sampler.init(len(rows), settings.max_context, self.cache_dtype)
+            self._state = self._append(sampler, state, rows)
+            return
+        # each distinct context once (an empty one too, for rows without a context), then
+        # every row takes a copy of its context's cache: one gather instead of G prefills
+        unique, index = shared
+        size = min(b for b in row_buckets(len(rows), 1, self.row_multiple) if b >= len(unique))
+        state = sampler.init(size, settings.max_context, self.cache_dtype)
+        state = self._append(sampler, state, unique + [()] * (size - len(unique)))
+        self.shapes_used.add(("take_rows", len(rows), size))
+        state = self._take(state, jax.device_put(index, sampler.replicated))
+        self._state = jax.block_until_ready(jax.device_put(state, sampler.state_shardings(state)))
 
     def _append(self, sampler: Sampler, state: SamplerState, rows: Sequence[Sequence[int]]):
         if not any(len(r) for r in rows):

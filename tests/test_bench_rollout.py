@@ -12,7 +12,7 @@ def test_run_reports_ours_and_both_baselines():
                                 max_context=512, compare_tasks=1, repeats=1)
     assert [(r.unit, r.baseline_name) for r in results] == [
         ("turns/s", bench_rollout.PER_GROUP), ("tokens/s", bench_rollout.PER_GROUP),
-        ("turns/s", bench_rollout.REENCODE)]
+        ("turns/s", bench_rollout.REENCODE), ("prefills/s", bench_rollout.UNSHARED)]
     for r in results:
         assert r.ours > 0 and r.baseline > 0 and r.ratio > 0
         assert set(json.loads(r.to_json())) == {"name", "unit", "ours", "baseline",
@@ -24,6 +24,7 @@ def test_run_reports_ours_and_both_baselines():
     assert settings["compilations"]["env"] == {"reset": 1, "step": 1}
     assert "model" in results[0].name and "env" in results[0].name
     assert results[2].settings["rows"] == 2
+    assert results[3].settings["rows"] == 2 and results[3].settings["prompt_tokens"] > 50
 
 
 def test_run_rejects_bad_sizes():

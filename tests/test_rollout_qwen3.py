@@ -216,6 +216,40 @@ def test_a_batch_played_in_parts_is_the_batch_played_at_once(tiny_policy, shared
     assert split.stats.sampled_tokens == whole.stats.sampled_tokens
 
 
+def test_a_group_prefills_its_shared_first_prompt_once_and_plays_the_same_conversations(
+        tiny_policy, shared_policy, tokenizer):
+    """``share_prefixes`` (the default): the G rows of a task group start from one context, which
+    is prefilled once and copied into each row's cache (one gather). The rollout is the one
+    every row prefilling its own copy gives: same tokens, log-probs to 1e-5 (prefills of
+    different batch sizes may round differently)."""
+    env, _, token_map, model = tiny_policy
+    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=4, max_response_tokens=4,
+                                                            max_context=SMALL_CONTEXT))  # BudgetMix budgets
+    tasks, key = np.array([3, 8, 12]), jax.random.key(9)
+    sharing = shared_policy.using(shared_policy.params)
+    shared = jax.device_get(runner(sharing, tasks, key).trajectory)
+    separate = jax.device_get(runner(SamplerPolicy(model, token_map=token_map, min_rows=1, share_prefixes=False),
+                                     tasks, key).trajectory)
+    assert len(set(shared.budget.tolist())) > 1 and (shared.turns_used > 1).any()
+    for field in dataclasses.fields(shared):
+        got, want = getattr(shared, field.name), getattr(separate, field.name)
+        if field.name in ("logprobs", "sampling_logprobs"):
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=field.name)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=field.name)
+    # 12 rows, 3 distinct first prompts: the first prefill ran on 3 rows, then one gather to the
+    # 12 rows (a compaction is recorded the other way round: ("take_rows", fewer, more))
+    assert ("take_rows", 12, 3) in sharing.shapes_used
+    assert any(s[:2] == ("append", 3) for s in sharing.shapes_used)
+
+
+def test_shared_contexts_lists_each_context_once_in_order():
+    from agentrl_jax.policy import shared_contexts
+
+    unique, index = shared_contexts([(1, 2), (1, 2), (), (3,), (1, 2), ()])
+    assert unique == [(1, 2), (), (3,)] and index.tolist() == [0, 0, 1, 2, 0, 1] and index.dtype == np.int32
+
+
 def test_chunked_prefill_and_a_bfloat16_cache_in_a_rollout(tiny_policy, shared_policy, tokenizer):
     """``SamplerPolicy(prefill_chunk=...)`` plays the same conversations (prompts of a few
     hundred tokens fed 64 at a time); a bfloat16 cache gives a well-formed Trajectory."""

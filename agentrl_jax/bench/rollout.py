@@ -17,7 +17,11 @@ Results (each pair measured in the same run, same maps, policy and settings):
    whole history each turn instead of continuing its KV cache
    (``SamplerPolicy(reuse_cache=False)``). Re-encoding costs ``O(rows x context^2)`` attention
    per turn and a ``rows x context^2`` score buffer, too much for the whole batch on a CPU,
-   hence the smaller batch (both sides on the same one).
+   hence the smaller batch (both sides on the same one);
+3. the first turn's prefill of one task group (``G`` rows, one shared first prompt) with prefix
+   sharing (the prompt prefilled once, its cache copied to the ``G`` rows) against every row
+   prefilling its own copy (``SamplerPolicy(share_prefixes=False)``): seconds of
+   ``policy.start``, median of at least 5 timed calls after a compiling one.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from envs.frozenlake.text import render
 
 PER_GROUP = "same rollouts one task group (G rows) at a time"
 REENCODE = "same rollout re-encoding each row's whole history every turn (no KV reuse)"
+UNSHARED = "the same group's rows each prefilling their own copy of the prompt"
 TINY_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=1, head_dim=16)
 
@@ -94,6 +99,18 @@ def _measure(rollouts, repeats: int, warmup=None) -> Measured:
     return runs[(len(runs) - 1) // 2]
 
 
+def _start_seconds(policy: SamplerPolicy, contexts, settings, repeats: int) -> float:
+    """Median seconds of ``policy.start(contexts, settings)`` (it blocks until the cache is
+    filled), after one call that compiles."""
+    policy.start(contexts, settings)
+    times = []
+    for _ in range(max(repeats, 5)):
+        begin = time.perf_counter()
+        policy.start(contexts, settings)
+        times.append(time.perf_counter() - begin)
+    return float(np.median(times))
+
+
 def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: int = 4,
         max_response_tokens: int = 8, max_context: int = 1536, compare_tasks: int = 4,
         repeats: int = 1, seed: int = 0) -> list[BenchResult]:
@@ -128,6 +145,13 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
     reencode_policy = SamplerPolicy(model, token_map=token_map, reuse_cache=False)
     reencoded = _measure(lambda: [runner(reencode_policy, subset, key_run)], repeats)
 
+    # first-turn prefill of one group: G copies of one first prompt
+    first, _ = runner._first_prompt(budget, render(np.asarray(env.maps[0]), 0))
+    group = [first] * group_size
+    prefill_shared = _start_seconds(policy, group, runner.settings, repeats)
+    prefill_unshared = _start_seconds(SamplerPolicy(model, token_map=token_map, share_prefixes=False),
+                                      group, runner.settings, repeats)
+
     stats = batched.result.stats
     shares = {"model": stats.policy_s / stats.total_s, "env": stats.env_s / stats.total_s,
               "host": stats.host_s / stats.total_s}
@@ -147,6 +171,8 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
              f"{shares['env']:.0%}, host {shares['host']:.0%})")
     small = {**settings, "rows": compare_tasks * group_size, "tasks": compare_tasks,
              "seconds": {"ours": cached.seconds, "baseline": reencoded.seconds}}
+    prefill = {**settings, "rows": group_size, "tasks": 1, "prompt_tokens": len(first),
+               "seconds": {"ours": prefill_shared, "baseline": prefill_unshared}}
     return [
         BenchResult(label, "turns/s", batched.turns / batched.seconds,
                     per_group.turns / per_group.seconds, PER_GROUP, full),
@@ -156,4 +182,7 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
                     f"G={group_size}, B={budget}, KV cache continued", "turns/s",
                     cached.turns / cached.seconds, reencoded.turns / reencoded.seconds,
                     REENCODE, small),
+        BenchResult(f"first-turn prefill of one group, G={group_size} rows, {len(first)}-token shared "
+                    "prompt, prefix shared", "prefills/s", 1 / prefill_shared, 1 / prefill_unshared,
+                    UNSHARED, prefill),
     ]
