@@ -335,14 +335,15 @@ class SamplerPolicy:
         sampler = self._sampler(settings)
         rows = [tuple(contexts[r]) if r >= 0 else () for r in self._rows]
         shared = shared_contexts(rows) if self.share_prefixes else None
-        if shared is None or len(shared[0]) > len(rows) // 2:
+        size = None if shared is None else min(
+            b for b in row_buckets(len(rows), 1, self.row_multiple) if b >= len(shared[0]))
+        if size is None or size > len(rows) // 2:
             state = sampler.init(len(rows), settings.max_context, self.cache_dtype)
             self._state = self._append(sampler, state, rows)
             return
         # each distinct context once (an empty one too, for rows without a context), then
         # every row takes a copy of its context's cache: one gather instead of G prefills
         unique, index = shared
-        size = min(b for b in row_buckets(len(rows), 1, self.row_multiple) if b >= len(unique))
         state = sampler.init(size, settings.max_context, self.cache_dtype)
         state = self._append(sampler, state, unique + [()] * (size - len(unique)))
         self.shapes_used.add(("take_rows", len(rows), size))

@@ -12,7 +12,7 @@ from flax import nnx
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig, dynamic_sampling_keep, grpo_advantages
 from agentrl_jax.train import TrainConfig, init_train_state, make_train_step, train
-from agentrl_jax.train.dynamic_sampling import Draw, assemble
+from agentrl_jax.train.dynamic_sampling import Draw, assemble, pack
 from agentrl_jax.train.step import TrainBatch, batch_loss_mask, overlong_rewards, prepare_batch, shaped_rewards
 from agentrl_jax.trajectory import concatenate_rows
 from train_fakes import make_fake_rollout, random_trajectory, task_batches, tiny_model
@@ -122,8 +122,8 @@ def test_the_loop_draws_until_varied_groups_fill_the_batch_and_a_resumed_run_is_
         for g in np.unique(traj.group_id[real]):  # every trained group's rewards vary
             members = real & (traj.group_id == g)
             assert members.sum() == GROUP and 0 < traj.success[members].sum() < GROUP
-        if m["dynamic_sampling/filler_rows"] == 0:
-            assert m["dynamic_sampling/rollout_batches"] < 3 or m["dynamic_sampling/kept_groups"] == GROUPS
+        if m["dynamic_sampling/filler_rows"] > 0:  # the loop stops short only when out of draws
+            assert m["dynamic_sampling/rollout_batches"] == DAPO.max_rollout_batches
     # Resume: two steps, then the rest from that state, equals the straight run bit for bit.
     half = train(init_train_state(model, config), step, fake, task_batches(8, GROUPS),
                  TrainConfig(algorithm=DAPO, learning_rate=1e-2, total_steps=2), progress=False)
@@ -195,3 +195,20 @@ def test_a_batch_with_no_loss_token_makes_no_optimizer_step():
     assert int(after.step) == 2
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves((after.policy, after.policy_opt))):
         np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_groups_are_packed_whole_and_the_batch_is_only_as_wide_as_the_draws_it_takes_from():
+    """A draw whose groups were all dropped does not widen the batch; a group that no longer
+    fits the rows left is passed over for a later one that does (row counts of groups differ
+    when some of their rows are padding)."""
+    first = _with_success(random_trajectory(10, rows=8, tokens=16, padded_rows=1), [1, 0, 1, 0, 1, 0, 1, 0])
+    wide = _with_success(random_trajectory(11, rows=8, tokens=64), [1] * 8)  # all equal: dropped
+    third = _with_success(random_trajectory(12, rows=8, tokens=24), [0, 1, 0, 0, 1, 0, 1, 1])
+    draws = [_draw(first), _draw(wide), _draw(third)]
+    chosen, group_of = pack(draws, 8)
+    # first: group 0 (4 rows) and group 1 (3 real rows); third's groups of 4 no longer fit 1 row
+    assert chosen == [0, 1, 2, 3, 4, 5, 6] and group_of == [0] * 4 + [1] * 3
+    trajectory, _, metrics = assemble(draws)
+    assert trajectory.tokens.shape == (8, 16) and metrics["dynamic_sampling/filler_rows"] == 1
+    np.testing.assert_array_equal(trajectory.row_mask, [True] * 7 + [False])
+

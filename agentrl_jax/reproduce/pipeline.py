@@ -122,15 +122,18 @@ def plugins_hint(out: Path) -> str:
 
 
 def record_plugins(out: Path) -> list[dict[str, Any]]:
-    """Writes ``out/plugins.json``: the plugins recorded before, then those loaded now (a
-    plugin loaded again replaces its record; a warning if its file changed)."""
+    """Writes ``out/plugins.json``: the plugins recorded before, then those loaded in this
+    process (a plugin loaded again replaces its record; if its file changed, a warning, and
+    the old sha256 values stay in ``earlier_sha256``)."""
     records = {r["module"]: r for r in recorded_plugins(out)}
     for record in loaded_plugins():
         before = records.pop(record["module"], None)
+        earlier = list(before.get("earlier_sha256", [])) if before is not None else []
         if before is not None and before.get("sha256") != record["sha256"]:
             warnings.warn(f"plugin {record['spec']} changed since {out}'s runs began (sha256 "
                           f"{str(before.get('sha256'))[:12]} -> {str(record['sha256'])[:12]})", stacklevel=2)
-        records[record["module"]] = record
+            earlier.append(before.get("sha256"))
+        records[record["module"]] = {**record, **({"earlier_sha256": earlier} if earlier else {})}
     if records:
         (out / PLUGINS_FILE).write_text(json.dumps({"plugins": list(records.values())}, indent=2))
     return list(records.values())

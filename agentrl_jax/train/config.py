@@ -104,7 +104,8 @@ class TrainConfig:
     valid_vocab_size: int | None = None
     # the most sampled (response) tokens a row can hold, e.g. T_max x max response tokens per
     # turn: DAPO's overlong L_max and Dr. GRPO's constant (an algorithm's aggregation_constant
-    # None) are this length; None when no such setting is used
+    # None) are this length; None when no such setting is used. The constant is filled in on
+    # construction: a dataclasses.replace of this field later keeps the one filled in first.
     max_response_length: int | None = None
     # process rewards (§8): weight of the per-step scores added to the outcome reward
     process_reward_coef: float = 0.0

@@ -4,13 +4,17 @@ DAPO (Yu et al. 2025, arXiv:2503.14476, §3.2; verl's ``recipe/dapo``) trains on
 whose rewards are not all equal (:func:`~agentrl_jax.algorithms.dynamic_sampling_keep`): a
 group where every trajectory succeeded, or every one failed, has zero group-relative
 advantage and would only dilute a token-mean loss. It keeps rolling out further task batches
-until the batch is full of such groups, then cuts it to the usual size.
+until the batch is full of such groups, then cuts it to the usual size. The filter reads
+episode rewards only: for episode-level group estimators (``grpo``, ``dr_grpo``, ``rloo``)
+the dropped groups are exactly those with zero advantage; under GiGPO's step groups or GAE
+an all-equal group can still carry a step-level signal, which the filter discards too.
 
 The loop (:mod:`agentrl_jax.train.loop`) draws up to ``max_rollout_batches`` rollout
 batches per update, each with its own key and the next data position, and stops as soon as
 the kept groups fill the batch; :func:`assemble` then builds the batch the step trains on:
 
-* the first kept groups, whole, in the order they were drawn, up to the batch's ``N`` rows;
+* the first kept groups, whole, in the order they were drawn, up to the batch's ``N`` rows
+  (:func:`pack`; a group that does not fit the rows left is passed over);
 * if too few were kept (after ``max_rollout_batches`` draws), the remaining rows are filler:
   rows of the first batch with ``row_mask`` False, so they take no part in the loss, the
   advantages or any denominator (verl raises or keeps sampling; here the update always
@@ -29,7 +33,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from agentrl_jax.trajectory import Trajectory, concatenate_rows
+from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory, concatenate_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +58,23 @@ def kept_groups(draw: Draw) -> list[np.ndarray]:
     return [np.flatnonzero(keep & (groups == g)) for g in order]
 
 
-def kept_rows(draws: list[Draw]) -> int:
-    """Rows of the kept groups over ``draws`` (the loop stops drawing once this reaches N)."""
-    return int(sum(np.asarray(d.keep, bool).sum() for d in draws))
+def pack(draws: list[Draw], rows: int) -> tuple[list[int], list[int]]:
+    """``(chosen, group_of)``: the kept groups that go into a batch of ``rows`` rows, whole, in
+    draw order (a group that no longer fits is passed over): their row indices into the
+    draws' rows one after another, and each chosen row's new group number."""
+    offsets = np.cumsum([0] + [d.trajectory.row_mask.shape[0] for d in draws])
+    chosen, group_of = [], []
+    for draw, offset in zip(draws, offsets):
+        for members in kept_groups(draw):
+            if len(chosen) + len(members) <= rows:
+                group_of += [len(set(group_of))] * len(members)
+                chosen += [int(i) for i in offset + members]
+    return chosen, group_of
+
+
+def packed_rows(draws: list[Draw], rows: int) -> int:
+    """Rows :func:`assemble` fills with kept groups (the loop stops drawing once it is ``rows``)."""
+    return len(pack(draws, rows)[0])
 
 
 def assemble(draws: list[Draw]) -> tuple[Trajectory, np.ndarray | None, dict[str, float]]:
@@ -69,16 +87,9 @@ def assemble(draws: list[Draw]) -> tuple[Trajectory, np.ndarray | None, dict[str
     """
     first = draws[0]
     rows = first.trajectory.row_mask.shape[0]
-    offsets = np.cumsum([0] + [d.trajectory.row_mask.shape[0] for d in draws])
-    chosen, group_of, groups_seen = [], [], 0
-    for draw, offset in zip(draws, offsets):
-        real = np.asarray(draw.trajectory.row_mask, bool)
-        groups_seen += len(np.unique(np.asarray(draw.trajectory.group_id)[real]))
-        for members in kept_groups(draw):
-            if len(chosen) + len(members) > rows:
-                continue
-            group_of += [len(set(group_of))] * len(members)
-            chosen += list(offset + members)
+    chosen, group_of = pack(draws, rows)
+    groups_seen = sum(len(np.unique(np.asarray(d.trajectory.group_id)[np.asarray(d.trajectory.row_mask, bool)]))
+                      for d in draws)
     kept = len(set(group_of))
     filler = rows - len(chosen)
     # filler: rows of the first draw not chosen, masked out (any rows would do: they are not real)
@@ -87,6 +98,10 @@ def assemble(draws: list[Draw]) -> tuple[Trajectory, np.ndarray | None, dict[str
     index = np.asarray(chosen + unused, np.int64)
     merged = concatenate_rows([d.trajectory for d in draws])
     picked = jax.tree.map(lambda x: np.take(x, index, axis=0), merged)
+    # as wide as the draws rows were taken from (the first gives the filler), not wider
+    sizes = np.cumsum([d.trajectory.row_mask.shape[0] for d in draws])
+    width = max(draws[int(np.searchsorted(sizes, i, side="right"))].trajectory.tokens.shape[1] for i in index)
+    picked = picked.replace(**{f: getattr(picked, f)[:, :width] for f in TOKEN_FIELDS})
     row_mask = np.arange(rows) < len(chosen)
     group_id = np.concatenate([np.asarray(group_of, np.int32), kept + np.arange(filler, dtype=np.int32)])
     trajectory = picked.replace(row_mask=row_mask & np.asarray(picked.row_mask, bool), group_id=group_id)

@@ -53,7 +53,7 @@ from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.logprobs import check_loss_positions
 from agentrl_jax.train.state import TrainState
 from agentrl_jax.algorithms import dynamic_sampling_keep
-from agentrl_jax.train.dynamic_sampling import Draw, assemble, kept_rows
+from agentrl_jax.train.dynamic_sampling import Draw, assemble, packed_rows
 from agentrl_jax.train.step import TrainBatch, check_full_history, shaped_rewards
 from agentrl_jax.trajectory import Trajectory, concatenate_rows
 
@@ -301,7 +301,7 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
         episode, _ = shaped_rewards(TrainBatch(trajectory, step_scores), config)
         keep = dynamic_sampling_keep(episode, trajectory.group_id, trajectory.row_mask.astype(bool))
         draws.append(Draw(trajectory, np.asarray(keep), None if step_scores is None else np.asarray(step_scores)))
-        if kept_rows(draws) >= trajectory.row_mask.shape[0]:
+        if packed_rows(draws, draws[0].trajectory.row_mask.shape[0]) == draws[0].trajectory.row_mask.shape[0]:
             break
     extra = {}
     if algorithm.dynamic_sampling:
@@ -323,7 +323,8 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
     metrics["time/rollout_s"] = rolling
     metrics["time/score_s"] = scoring
     metrics["time/update_s"] = updated - before_update
-    metrics["train_tokens_per_s"] = float(jnp.sum(trajectory.token_mask)) / max(updated - before_update, 1e-9)
+    real_tokens = np.asarray(trajectory.token_mask, bool) & np.asarray(trajectory.row_mask, bool)[:, None]
+    metrics["train_tokens_per_s"] = float(real_tokens.sum()) / max(updated - before_update, 1e-9)
     return state, metrics
 
 

@@ -253,13 +253,13 @@ def overlong_rewards(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
     """DAPO's soft overlong punishment of each row, ``float32 [N]`` (<= 0; all 0 when the
     algorithm's ``overlong_buffer`` is 0): :func:`~agentrl_jax.algorithms.overlong_penalty` of
     the row's sampled tokens, with ``L_max = config.max_response_length`` and
-    ``L_cache = max(1, round(overlong_buffer x L_max))``."""
+    ``L_cache = max(1, floor(overlong_buffer x L_max + 1/2))``."""
     algorithm = config.algorithm
     if algorithm.overlong_buffer == 0:
         return jnp.zeros(trajectory.row_mask.shape, jnp.float32)
     length = config.max_response_length
     return overlong_penalty(jnp.sum(batch_loss_mask(trajectory), axis=-1), max_length=length,
-                            cache_length=max(1, round(algorithm.overlong_buffer * length)),
+                            cache_length=max(1, int(algorithm.overlong_buffer * length + 0.5)),
                             penalty=algorithm.overlong_penalty)
 
 
@@ -269,7 +269,8 @@ def shaped_rewards(batch: TrainBatch, config: TrainConfig) -> tuple[jax.Array, j
     The outcome reward plus the overlong penalty (:func:`overlong_rewards`), shaped by the
     batch's process scores (:func:`~agentrl_jax.process_rewards.shape_rewards`; the penalty
     lands on the row's last turn, like the outcome). DAPO's dynamic sampling compares these
-    episode rewards within groups, so it drops exactly the groups whose advantages would be 0.
+    episode rewards within groups: the groups it drops are those whose episode-level group
+    advantages (GRPO, Dr. GRPO, RLOO) would be 0.
     """
     traj = batch.trajectory
     turn_mask = traj.turn_mask.astype(bool) & traj.row_mask.astype(bool)[:, None]
