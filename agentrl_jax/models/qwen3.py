@@ -44,7 +44,9 @@ whole real sequence. With ``positions = positions_from_mask(attention_mask, cach
 the RoPE position of a token is its slot index. The caller keeps ``lengths + new real tokens <=
 max_len``: writes past the end are dropped (never wrapped onto earlier slots) while ``lengths``
 still counts them. Resetting a row is ``lengths.at[b].set(0)``; stale slots past ``lengths``
-are never read.
+are never read. A :class:`~agentrl_jax.models.paged_cache.PagedKVCache` (pages from a shared
+pool, attention over the used pages only) is accepted in its place with the same meaning; the
+caller allocates its pages before the call (:func:`~agentrl_jax.models.paged_cache.allocate`).
 
 Jitting: ``graphdef, state = nnx.split(model)`` once, then ``jax.jit(lambda state, *a:
 nnx.merge(graphdef, state)(*a))``. Layers are stacked along a leading axis and run by one
@@ -69,7 +71,9 @@ from flax import nnx, struct
 
 from agentrl_jax.models.attention import _xla_attention as xla_attention
 from agentrl_jax.models.attention import attention as attention_fn
+from agentrl_jax.models import paged_cache
 from agentrl_jax.models.config import Qwen3Config
+from agentrl_jax.models.paged_cache import PagedKVCache
 
 
 # Stacked per-layer parameter names (Hugging Face leaf names), in checkpoint order.
@@ -318,7 +322,7 @@ class Qwen3ForCausalLM(nnx.Module):
                         else nnx.Param(_normal_init(rngs.params(), shape, param_dtype)))
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                 cache: KVCache | None = None, **options) -> tuple[jax.Array, KVCache | None]:
+                 cache: KVCache | PagedKVCache | None = None, **options) -> tuple[jax.Array, KVCache | None]:
         hidden, cache = self.hidden_states(tokens, positions, attention_mask, cache, **options)
         return self.logits(hidden), cache
 
@@ -345,7 +349,7 @@ class Qwen3ForCausalLM(nnx.Module):
                 for i in range(self.config.num_hidden_layers)]
 
     def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                      cache: KVCache | None = None, *, remat: bool | str | None = None,
+                      cache: KVCache | PagedKVCache | None = None, *, remat: bool | str | None = None,
                       constrain: Constrain | None = None, attention: str = "xla",
                       few_rows: bool = False, layers: Sequence[dict[str, jax.Array]] | None = None
                       ) -> tuple[jax.Array, KVCache | None]:
@@ -384,19 +388,33 @@ class Qwen3ForCausalLM(nnx.Module):
             x, _ = jax.lax.scan(remat_layer(body, policy), x, layer_params)
         else:
             filled = cache.lengths[:, None] + jnp.cumsum(valid.astype(jnp.int32), axis=1)  # [B, L]
-            mask = jnp.arange(cache.max_len)[None, None, :] < filled[:, :, None]  # [B, L, T]
             slots = jnp.where(valid, filled - 1, cache.max_len)  # padding -> out of range: dropped
-            rows = jnp.arange(tokens.shape[0])[:, None]
+            if isinstance(cache, PagedKVCache):  # rows' pages; attention reads only used ones
+                page, offset = paged_cache.physical_slots(cache, slots)
+
+                def store_and_attend(q, k, v, k_all, v_all, layer):
+                    k_all = paged_cache.write(k_all, layer, page, offset, k)
+                    v_all = paged_cache.write(v_all, layer, page, offset, v)
+                    attended = paged_cache.paged_attention(q, k_all, v_all, layer, cache.page_table,
+                                                           filled, cache.block_pages)
+                    return attended, k_all, v_all
+            else:
+                mask = jnp.arange(cache.max_len)[None, None, :] < filled[:, :, None]  # [B, L, T]
+                rows = jnp.arange(tokens.shape[0])[:, None]
+
+                def store_and_attend(q, k, v, k_all, v_all, layer):
+                    k_all = k_all.at[layer, rows, slots].set(k.astype(k_all.dtype), mode="drop")
+                    v_all = v_all.at[layer, rows, slots].set(v.astype(v_all.dtype), mode="drop")
+                    attended = grouped_query_attention(
+                        q, k_all[layer].astype(dtype), v_all[layer].astype(dtype), mask)
+                    return attended, k_all, v_all
 
             def body(carry, xs):
                 x, k_all, v_all = carry
                 p, layer = xs
                 p = cast(p)
                 q, k, v = attention_inputs(p, x, cos, sin, config, few_rows)
-                k_all = k_all.at[layer, rows, slots].set(k.astype(k_all.dtype), mode="drop")
-                v_all = v_all.at[layer, rows, slots].set(v.astype(v_all.dtype), mode="drop")
-                attended = grouped_query_attention(
-                    q, k_all[layer].astype(dtype), v_all[layer].astype(dtype), mask)
+                attended, k_all, v_all = store_and_attend(q, k, v, k_all, v_all, layer)
                 out = layer_output(p, x, attended, config, few_rows)
                 return (constrain(out), k_all, v_all), None
 
@@ -408,5 +426,5 @@ class Qwen3ForCausalLM(nnx.Module):
                 for index, p in enumerate(layers):
                     carry, _ = body(carry, (p, index))
             x, k_all, v_all = carry
-            cache = KVCache(k=k_all, v=v_all, lengths=filled[:, -1])
+            cache = cache.replace(k=k_all, v=v_all, lengths=filled[:, -1])
         return constrain(rms_norm(x, self.norm[...], config.rms_norm_eps)), cache
