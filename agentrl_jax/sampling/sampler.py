@@ -62,6 +62,7 @@ keys each step's sampling runs on each device's own rows (:func:`rows_local_samp
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 from typing import Any, Callable, Sequence
 
@@ -71,11 +72,14 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from agentrl_jax.models import paged_cache
 from agentrl_jax.models.config import Qwen3Config
+from agentrl_jax.models.paged_cache import PagedKVCache
 from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM, positions_from_mask
 from agentrl_jax.sampling.filters import SamplingConfig, model_log_probs, sample
 from agentrl_jax.sharding import (BATCH_AXES, KV_CACHE_RULES, QWEN3_PARAM_RULES, PartitionRule,
                                   tree_shardings)
+from agentrl_jax.validation import integer, optional, validate
 
 GENERATION_LAYOUTS = ("auto", "replicated", "training")
 
@@ -89,11 +93,30 @@ class StopReason(enum.IntEnum):
     CONTEXT_FULL = 3  # no cache slot left for the next token; the row is now ``overflowed``
 
 
+@dataclasses.dataclass(frozen=True)
+class Paging:
+    """A paged KV cache (:mod:`agentrl_jax.models.paged_cache`) instead of a static one.
+
+    ``page_size`` tokens per page; ``num_pages`` in the shared pool (None: enough for every row
+    at ``max_len``, i.e. the static cache's memory; fewer bounds the memory by the tokens
+    cached at once, and a row that finds no free page stops as if its context were full);
+    ``block_pages`` pages read per step of the attention loop.
+    """
+
+    page_size: int = 64
+    num_pages: int | None = None
+    block_pages: int = 8
+
+    def __post_init__(self) -> None:
+        validate("paging", self, {"page_size": integer(1), "num_pages": optional(integer(1)),
+                                  "block_pages": integer(1)})
+
+
 @struct.dataclass
 class SamplerState:
     """Everything a row needs to continue: its cache and its pending next-token state."""
 
-    cache: KVCache
+    cache: KVCache | PagedKVCache
     hidden: jax.Array      # [B, hidden_size] final hidden state of each row's last cached token
     overflowed: jax.Array  # [B] bool, sticky: a chunk or a sampled token did not fit
 
@@ -121,12 +144,21 @@ class SampleOutput:
 
 # ---------------------------------------------------------------------------- pure functions
 def init_state(config: Qwen3Config, batch_size: int, max_len: int,
-               dtype: Any = jnp.float32, hidden_dtype: Any = None) -> SamplerState:
-    """An empty state: ``batch_size`` rows of ``max_len`` cache slots in ``dtype``; the pending
-    hidden states in ``hidden_dtype`` (default ``dtype``; the Sampler uses the compute dtype)."""
+               dtype: Any = jnp.float32, hidden_dtype: Any = None,
+               paging: Paging | None = None) -> SamplerState:
+    """An empty state: ``batch_size`` rows of ``max_len`` cache slots in ``dtype`` (a static
+    cache, or pages when ``paging`` is given; ``max_len`` then rounds up to whole pages); the
+    pending hidden states in ``hidden_dtype`` (default ``dtype``; the Sampler uses the compute
+    dtype)."""
     if batch_size < 1 or max_len < 1:
         raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
-    return SamplerState(cache=KVCache.empty(config, batch_size, max_len, dtype),
+    if paging is None:
+        cache = KVCache.empty(config, batch_size, max_len, dtype)
+    else:
+        cache = PagedKVCache.empty(config, batch_size, max_len, page_size=paging.page_size,
+                                   num_pages=paging.num_pages, block_pages=paging.block_pages,
+                                   dtype=dtype)
+    return SamplerState(cache=cache,
                         hidden=jnp.zeros((batch_size, config.hidden_size), hidden_dtype or dtype),
                         overflowed=jnp.zeros((batch_size,), bool))
 
@@ -147,9 +179,14 @@ def append(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.Array, mask
     lengths = state.cache.lengths
     count = jnp.sum(mask, axis=1, dtype=jnp.int32)
     fits = lengths + count <= state.cache.max_len
+    cache = state.cache
+    if isinstance(cache, PagedKVCache):  # pages for the new tokens first; none left: no fit
+        writes = fits & ~state.overflowed
+        cache, got = paged_cache.allocate(cache, jnp.where(writes, lengths + count, lengths))
+        fits = fits & got
     mask = mask & (fits & ~state.overflowed)[:, None]
     positions = positions_from_mask(mask, lengths)
-    hidden, cache = model.hidden_states(tokens.astype(jnp.int32), positions, mask, state.cache)
+    hidden, cache = model.hidden_states(tokens.astype(jnp.int32), positions, mask, cache)
     last = mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)  # each row's last real token
     last_hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
     wrote = jnp.any(mask, axis=1)
@@ -175,7 +212,13 @@ def append_in_chunks(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.A
     mask = mask.astype(bool)
     batch, width = mask.shape
     count = jnp.sum(mask, axis=1, dtype=jnp.int32)
-    fits = state.cache.lengths + count <= state.cache.max_len
+    lengths = state.cache.lengths
+    fits = lengths + count <= state.cache.max_len
+    if isinstance(state.cache, PagedKVCache):  # the whole chunk's pages, before any piece
+        writes = fits & ~state.overflowed
+        cache, got = paged_cache.allocate(state.cache,
+                                          jnp.where(writes, lengths + count, lengths))
+        state, fits = state.replace(cache=cache), fits & got
     mask = mask & (fits & ~state.overflowed)[:, None]
     pieces = -(-width // chunk)
     pad = ((0, 0), (0, pieces * chunk - width))
@@ -186,6 +229,19 @@ def append_in_chunks(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.A
 
     state, _ = jax.lax.scan(piece, state, (split(tokens.astype(jnp.int32)), split(mask)))
     return constrain(state.replace(overflowed=state.overflowed | ~fits))
+
+
+def release_rows(state: SamplerState, rows: jax.Array) -> SamplerState:
+    """``state`` with the rows where ``rows [B]`` is True emptied: nothing cached, not
+    overflowed (a paged cache returns their pages to the pool)."""
+    rows = rows.astype(bool)
+    cache = state.cache
+    if isinstance(cache, PagedKVCache):
+        cache = paged_cache.release(cache, rows)
+    else:
+        cache = cache.replace(lengths=jnp.where(rows, 0, cache.lengths))
+    return SamplerState(cache=cache, hidden=jnp.where(rows[:, None], 0, state.hidden).astype(
+        state.hidden.dtype), overflowed=state.overflowed & ~rows)
 
 
 def step_keys(key: jax.Array, t: jax.Array) -> jax.Array:
@@ -242,6 +298,10 @@ def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget:
         t, state, running, out = carry
         logits = model.logits(state.hidden, few_rows=True)  # [B, V] float32
         no_room = running & (state.cache.lengths >= max_len)
+        if isinstance(state.cache, PagedKVCache):  # a page for the token if it starts one
+            cache, got = paged_cache.allocate(
+                state.cache, state.cache.lengths + (running & ~no_room))
+            state, no_room = state.replace(cache=cache), no_room | (running & ~got)
         running = running & ~no_room
         tokens, sampling_lp = sample_fn(step_keys(key, t), logits, sampling)
 
@@ -352,7 +412,9 @@ class Sampler:
     Without: everything is committed to ``device`` (default ``jax.devices()[0]``; put
     ``params`` there too, :func:`generation_params`). ``prefill_chunk``: appends wider than it
     run in chunks of that width (:func:`append_in_chunks`; None: never).
-    ``trace_counts`` counts traces per function, for tests and logs (a trace is a compilation
+    ``paging``: states from :meth:`init` hold a paged KV cache (:class:`Paging`; one device
+    only): attention reads only the pages rows use, and :meth:`release` returns a finished
+    row's pages to the pool. ``trace_counts`` counts traces per function, for tests and logs (a trace is a compilation
     as long as the placement of the inputs stays the same). ``unroll_layers`` (default: on
     CPU only) decodes with unrolled layers from per-layer copies of the weights made once per
     decode call (:meth:`Qwen3ForCausalLM.split_layers`).
@@ -361,7 +423,8 @@ class Sampler:
     def __init__(self, model: Qwen3ForCausalLM, *, max_new_tokens: int,
                  stop_token_ids: Sequence[int] | None = None, pad_token_id: int = 0,
                  mesh: Mesh | None = None, unroll_layers: bool | None = None,
-                 prefill_chunk: int | None = None, device: Any = None):
+                 prefill_chunk: int | None = None, device: Any = None,
+                 paging: Paging | None = None):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or
@@ -381,10 +444,15 @@ class Sampler:
         self.mesh = mesh
         self.device = None if mesh is not None else (device or jax.devices()[0])
         self.prefill_chunk = prefill_chunk
+        if paging is not None and mesh is not None:
+            raise NotImplementedError("a paged KV cache runs on one device; on a mesh use the "
+                                      "static cache (paging=None)")
+        self.paging = paging
         self.unroll_layers = (jax.default_backend() == "cpu" if unroll_layers is None
                               else unroll_layers)
         self.trace_counts: collections.Counter[str] = collections.Counter()
-        self._init = jax.jit(self._init_impl, static_argnums=(0, 1, 2))
+        self._init = jax.jit(self._init_impl, static_argnums=(0, 1, 2, 3))
+        self._release = jax.jit(self._release_impl, donate_argnums=0)
         self._append = jax.jit(self._append_impl, donate_argnums=1)
         self._decode = jax.jit(self._decode_impl, static_argnames="sampling", donate_argnums=1)
 
@@ -437,11 +505,17 @@ class Sampler:
     def init(self, batch_size: int, max_len: int, dtype: Any = None) -> SamplerState:
         """An empty state, cache in ``dtype`` (default: the model's compute dtype; e.g.
         bfloat16 halves a float32 model's cache), pending hidden states in the compute dtype;
-        one compiled program per (batch_size, max_len, dtype)."""
+        paged when the Sampler was made with ``paging``; one compiled program per
+        (batch_size, max_len, dtype)."""
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
-        state = self._init(batch_size, max_len, jnp.dtype(dtype or self.dtype))
+        state = self._init(batch_size, max_len, jnp.dtype(dtype or self.dtype), self.paging)
         return jax.device_put(state, self.state_shardings(state))  # committed: see the module doc
+
+    def release(self, state: SamplerState, rows: Any) -> SamplerState:
+        """Empty the rows where ``rows [B]`` is True (a paged cache's pages go back to the
+        pool; a static cache's rows are reset); consumes ``state``."""
+        return self._release(state, self._batch_put(rows, bool))
 
     def append(self, params: nnx.State, state: SamplerState, tokens: Any,
                mask: Any) -> SamplerState:
@@ -483,9 +557,14 @@ class Sampler:
         return (params, state, self._key_put(key, batch), self._batch_put(budget, jnp.int32),
                 self._batch_put(active, bool))
 
-    def _init_impl(self, batch_size, max_len, dtype):
+    def _init_impl(self, batch_size, max_len, dtype, paging):
         self.trace_counts["init"] += 1
-        return self._constrain(init_state(self.config, batch_size, max_len, dtype, self.dtype))
+        return self._constrain(init_state(self.config, batch_size, max_len, dtype, self.dtype,
+                                          paging))
+
+    def _release_impl(self, state, rows):
+        self.trace_counts["release"] += 1
+        return self._constrain(release_rows(state, rows))
 
     def _append_impl(self, params, state, tokens, mask):
         self.trace_counts["append"] += 1

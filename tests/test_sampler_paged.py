@@ -1,0 +1,138 @@
+"""The sampler over a paged KV cache: the same tokens as the static-cache sampler (the
+reference) and as transformers' generate, log-probs equal to teacher forcing, a pool that runs
+out stops rows cleanly, released rows refill, and nothing recompiles per turn or per refill."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import torch
+from compile_counter import count_backend_compiles
+from flax import nnx
+from hf_qwen3 import save_random_hf_qwen3
+from test_sampler import conversation_inputs, random_rows, run_conversation
+
+from agentrl_jax.models import load_qwen3
+from agentrl_jax.sampling import Paging, Sampler, SamplingConfig, StopReason, pad_rows
+
+GREEDY = SamplingConfig(temperature=0)
+PAGING = Paging(page_size=4, block_pages=2)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    hf = save_random_hf_qwen3(path, seed=0)
+    model = load_qwen3(path)
+    return hf, model, nnx.state(model)
+
+
+def test_greedy_equals_transformers_generate_and_the_static_sampler(tiny):
+    hf, model, params = tiny
+    rows = random_rows(np.random.default_rng(0), (7, 2, 11, 5))
+    tokens, mask = pad_rows(rows, 11)
+    new = 16
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor(tokens, dtype=torch.long),
+                               attention_mask=torch.tensor(mask, dtype=torch.long),
+                               do_sample=False, max_new_tokens=new, eos_token_id=None,
+                               pad_token_id=0)[:, tokens.shape[1]:].numpy()
+    outs = {}
+    for name, paging in (("static", None), ("paged", PAGING)):
+        sampler = Sampler(model, max_new_tokens=new, stop_token_ids=(), paging=paging)
+        state = sampler.append(params, sampler.init(4, 11 + new), tokens, mask)
+        _, outs[name] = sampler.decode(params, state, jax.random.key(0), GREEDY)
+    np.testing.assert_array_equal(outs["paged"].tokens, expected)
+    np.testing.assert_array_equal(outs["paged"].tokens, outs["static"].tokens)
+    np.testing.assert_allclose(outs["paged"].log_probs, outs["static"].log_probs, atol=1e-5)
+
+
+def test_multi_turn_sampling_equals_the_static_sampler_token_for_token(tiny):
+    """Four turns at temperature 0.8 / top-p / top-k with the same per-turn keys: the paged
+    engine draws the same tokens, with the same log-probs (to 1e-5), as the reference."""
+    _, model, params = tiny
+    sampling = SamplingConfig(temperature=0.8, top_p=0.9, top_k=60)
+    prompts, observations, budgets = conversation_inputs(1, batch=3, turns=4)
+    keys = jax.random.split(jax.random.key(5), 4)
+    results = {}
+    for name, paging in (("static", None), ("paged", PAGING)):
+        sampler = Sampler(model, max_new_tokens=8, stop_token_ids=(7, 11), paging=paging)
+        results[name] = run_conversation(sampler, params, prompts, observations, budgets, keys,
+                                         sampling, max_len=96)
+    (static_history, static_out), (paged_history, paged_out) = results["static"], results["paged"]
+    assert paged_history == static_history
+    assert sum(int(o.lengths.sum()) for o in paged_out) >= 30
+    for ours, theirs in zip(paged_out, static_out):
+        np.testing.assert_array_equal(ours.tokens, theirs.tokens)
+        np.testing.assert_allclose(ours.log_probs, theirs.log_probs, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(ours.sampling_log_probs, theirs.sampling_log_probs, atol=1e-5)
+
+
+def test_a_pool_that_runs_out_stops_rows_as_full_contexts_and_spares_the_others(tiny):
+    _, model, params = tiny
+    # 3 rows of up to 24 tokens but 9 pages of 4 tokens (36 tokens) between them
+    sampler = Sampler(model, max_new_tokens=16, stop_token_ids=(),
+                      paging=Paging(page_size=4, num_pages=9, block_pages=2))
+    reference = Sampler(model, max_new_tokens=16, stop_token_ids=())
+    rows = [[1] * 8, [2] * 8, [3] * 4]  # 2 + 2 + 1 pages
+    state = sampler.append(params, sampler.init(3, 24), *pad_rows(rows, 8))
+    assert int(state.cache.pages_used) == 5
+    state, out = sampler.decode(params, state, jax.random.key(0), GREEDY, budget=[16, 2, 16])
+    ref_state = reference.append(params, reference.init(3, 24), *pad_rows(rows, 8))
+    _, ref = reference.decode(params, ref_state, jax.random.key(0), GREEDY, budget=[16, 2, 16])
+    # 4 pages free; rows take them in row order as they cross page boundaries: the first
+    # token of each row takes one (1 left), row 0 takes the last at 12 tokens, so row 2 stops
+    # at 8 (4 sampled) and row 0 at 16 (8 sampled); row 1 spends its budget of 2
+    lengths = np.asarray(out.lengths)
+    assert lengths.tolist() == [8, 2, 4]
+    assert out.stop_reason.tolist() == [StopReason.CONTEXT_FULL, StopReason.BUDGET,
+                                        StopReason.CONTEXT_FULL]
+    assert int(state.cache.pages_used) == 9
+    assert np.asarray(state.overflowed).tolist() == [True, False, True]
+    for b in range(3):  # what was sampled is what the unbounded reference samples
+        np.testing.assert_array_equal(out.tokens[b, :lengths[b]], ref.tokens[b, :lengths[b]])
+    # releasing row 0 lets row 1 grow again
+    state = sampler.release(state, [True, False, False])
+    assert int(state.cache.pages_used) == 9 - 4
+    state, out = sampler.decode(params, state, jax.random.key(1), GREEDY, budget=[16, 6, 16])
+    assert int(out.lengths[1]) == 6 and int(out.stop_reason[0]) == StopReason.NOT_RUN
+    assert int(state.lengths[1]) == 16
+
+
+def test_released_rows_refill_and_nothing_recompiles_per_turn_or_refill(tiny):
+    """A rollout in which finished rows are released and new prompts take their slots (the
+    continuous-batching pattern): each refilled row samples what a fresh sampler samples for
+    its prompt alone, and a second such rollout compiles nothing."""
+    _, model, params = tiny
+    sampler = Sampler(model, max_new_tokens=6, stop_token_ids=(), paging=PAGING)
+    fresh = Sampler(model, max_new_tokens=6, stop_token_ids=(), paging=PAGING)
+    rng = np.random.default_rng(3)
+    keys = list(jax.random.split(jax.random.key(0), 20))
+    with count_backend_compiles() as compiles:
+        per_rollout = []
+        for rollout in range(2):
+            before = len(compiles)
+            state = sampler.init(4, 64)
+            state = sampler.append(params, state, *pad_rows(random_rows(rng, [5, 9, 3, 7]),
+                                                              (16,)))
+            for turn in range(6):
+                state, out = sampler.decode(params, state, keys[10 * rollout + turn], GREEDY)
+                done = np.zeros(4, bool)
+                done[turn % 4] = True  # one row's episode ends each turn
+                state = sampler.release(state, done)
+                prompt = random_rows(rng, [int(rng.integers(2, 12))])[0]
+                chunk = [prompt if d else [] for d in done]
+                state = sampler.append(params, state, *pad_rows(chunk, (16,)))
+                if rollout == 0 and turn == 2:  # the refilled row equals a fresh one
+                    key = keys[10 * rollout + turn + 1]
+                    _, refilled = sampler.decode(params, jax.tree.map(np.copy, state), key,
+                                                 GREEDY)
+                    alone = fresh.append(params, fresh.init(4, 64), *pad_rows(chunk, (16,)))
+                    _, alone = fresh.decode(params, alone, key, GREEDY,
+                                            active=done)
+                    np.testing.assert_array_equal(refilled.tokens[done], alone.tokens[done])
+            jax.block_until_ready(state)
+            per_rollout.append(len(compiles) - before)
+    assert per_rollout[1] == 0, per_rollout
+    assert sampler.trace_counts == {"init": 1, "decode": 1, "append": 1, "release": 1}
