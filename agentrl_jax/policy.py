@@ -48,9 +48,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentrl_jax.models import paged_cache
+from agentrl_jax.models.paged_cache import PagedKVCache
 from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM
-from agentrl_jax.sampling import (Sampler, SamplerState, SamplingConfig, generation_params, pad_rows,
-                                  resolve_layout)
+from agentrl_jax.sampling import (Paging, Sampler, SamplerState, SamplingConfig, generation_params,
+                                  pad_rows, resolve_layout)
 from agentrl_jax.sampling.sampler import batch_shards
 
 
@@ -144,8 +146,19 @@ class TokenMap:
 
 # ---------------------------------------------------------------------------- sampler policy
 def take_rows(state: SamplerState, index: jax.Array) -> SamplerState:
-    """The rows ``index`` (``int[B']``) of a sampler state, in that order."""
+    """The rows ``index`` (``int[B']``) of a sampler state, in that order. With a paged
+    cache ``index < 0`` gives an empty row, a row's first copy keeps its pages and rows not
+    taken free theirs (:func:`agentrl_jax.models.paged_cache.take_rows`)."""
     cache = state.cache
+    if isinstance(cache, PagedKVCache):  # a copy the pool has no room for: overflowed
+        valid = index >= 0
+        source = jnp.where(valid, index, 0)
+        taken = paged_cache.take_rows(cache, index)
+        lost = taken.lengths != jnp.where(valid, cache.lengths[source], 0)
+        return SamplerState(
+            cache=taken,
+            hidden=jnp.where(valid[:, None], state.hidden[source], 0).astype(state.hidden.dtype),
+            overflowed=valid & (state.overflowed[source] | lost))
     return SamplerState(
         cache=KVCache(k=cache.k[:, index], v=cache.v[:, index], lengths=cache.lengths[index]),
         hidden=state.hidden[index], overflowed=state.overflowed[index])
@@ -226,15 +239,19 @@ class SamplerPolicy:
     this run in chunks of this width (None: never). ``reuse_cache=False`` is the naive
     baseline: every turn prefills each live row's whole history again. ``share_prefixes``:
     rows that start from the same context (the ``G`` rows of a task group) prefill it once
-    and copy its cache (:meth:`start`; False: every row prefills its own). ``trace_counts``
-    counts traces (= compilations) per function.
+    and copy its cache (:meth:`start`; False: every row prefills its own). ``paging``: a paged
+    KV cache (:class:`~agentrl_jax.sampling.Paging`; one device only): attention reads only the
+    pages rows use, and a row that is not live at :meth:`respond` (its episode is over) releases
+    its pages at once and can no longer be extended. ``trace_counts`` counts traces
+    (= compilations) per function.
     """
 
     def __init__(self, model: Qwen3ForCausalLM, params: Any = None, *,
                  token_map: TokenMap | None = None, compact: bool = True, min_rows: int = 8,
                  row_multiple: int | None = None, reuse_cache: bool = True, mesh=None,
                  cache_dtype: Any = None, prefill_chunk: int | None = None,
-                 generation_layout: str = "auto", device: Any = None, share_prefixes: bool = True):
+                 generation_layout: str = "auto", device: Any = None, share_prefixes: bool = True,
+                 paging: Paging | None = None):
         given = nnx.state(model) if params is None else params
         mesh = params_mesh(given) if mesh is None else mesh
         if row_multiple is None:
@@ -253,6 +270,10 @@ class SamplerPolicy:
         self.compact, self.min_rows, self.row_multiple = compact, min_rows, row_multiple
         self.reuse_cache = reuse_cache
         self.share_prefixes = bool(share_prefixes)
+        if paging is not None and mesh is not None:
+            raise NotImplementedError("SamplerPolicy: a paged KV cache runs on one device; on a "
+                                      "mesh leave paging=None")
+        self.paging = paging
         self.mesh = mesh
         self.device = None if mesh is not None else (device or jax.devices()[0])
         self.cache_dtype = None if cache_dtype is None else jnp.dtype(cache_dtype)
@@ -311,7 +332,8 @@ class SamplerPolicy:
         if key not in self._samplers:
             self._samplers[key] = Sampler(self.model, max_new_tokens=settings.max_response_tokens,
                                           stop_token_ids=stop, mesh=self.mesh,
-                                          prefill_chunk=self.prefill_chunk, device=self.device)
+                                          prefill_chunk=self.prefill_chunk, device=self.device,
+                                          paging=self.paging)
         return self._samplers[key]
 
     def _to_model(self, ids: Sequence[int]) -> np.ndarray:
@@ -344,7 +366,8 @@ class SamplerPolicy:
         # each distinct context once (an empty one too, for rows without a context), then
         # every row takes a copy of its context's cache: one gather instead of G prefills
         unique, index = shared
-        state = sampler.init(size, settings.max_context, self.cache_dtype)
+        # (a paged cache's pool is sized for all the rows, which the copies will fill)
+        state = sampler.init(size, settings.max_context, self.cache_dtype, pool_rows=len(rows))
         state = self._append(sampler, state, unique + [()] * (size - len(unique)))
         self.shapes_used.add(("take_rows", len(rows), size))
         state = self._take(state, jax.device_put(index, sampler.replicated))
@@ -383,8 +406,11 @@ class SamplerPolicy:
             state = sampler.init(len(self._rows), settings.max_context, self.cache_dtype)
             self._state = self._append(sampler, state, [
                 self._contexts[r] if r >= 0 and live[r] else [] for r in self._rows])
-        elif self.compact:
-            self._compact_to(np.flatnonzero(live), len(live))
+        else:
+            if self.paging is not None:
+                self._release_finished(live)
+            if self.compact:
+                self._compact_to(np.flatnonzero(live), len(live))
         rows = self._rows
         valid = rows >= 0
         active = np.zeros(len(rows), bool)
@@ -418,13 +444,24 @@ class SamplerPolicy:
         padded[: len(rows)] = rows
         return padded
 
+    def _release_finished(self, live: np.ndarray) -> None:
+        """Return the pages of cached rows that are no longer live; they become padding."""
+        cached = self._rows >= 0
+        done = cached.copy()
+        done[cached] = ~live[self._rows[cached]]
+        if done.any():
+            sampler = self._sampler(self._settings)
+            self._state = sampler.release(self._state, done)
+            self._rows = np.where(done, -1, self._rows)
+
     def _compact_to(self, live_rows: np.ndarray, total: int) -> None:
         """Shrink the cache to the live rows once they fit a smaller bucket."""
         size = self._bucket(len(live_rows), total)
         if size >= len(self._rows):
             return
         where = {int(r): i for i, r in enumerate(self._rows) if r >= 0}
-        index = np.zeros(size, np.int32)  # padding slots copy slot 0; they are never active
+        # padding slots copy slot 0 (never active); with pages they are empty rows instead
+        index = np.full(size, -1 if self.paging is not None else 0, np.int32)
         index[: len(live_rows)] = [where[int(r)] for r in live_rows]
         self.shapes_used.add(("take_rows", size, len(self._rows)))
         sampler = self._sampler(self._settings)

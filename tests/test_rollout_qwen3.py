@@ -19,6 +19,7 @@ from agentrl_jax.bench.rollout import frozenlake_token_map, tiny_policy_model
 from agentrl_jax.models import positions_from_mask
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.policy import SamplerPolicy
+from agentrl_jax.sampling import Paging
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
@@ -268,3 +269,36 @@ def test_chunked_prefill_and_a_bfloat16_cache_in_a_rollout(tiny_policy, shared_p
     assert jax.tree.map(np.shape, bf16) == jax.tree.map(np.shape, whole)
     assert (bf16.turns_used >= 1).all() and bf16.logprobs[bf16.loss_mask].max() <= 0
     assert bf16_policy._state.cache.k.dtype == jnp.bfloat16
+
+
+def test_the_paged_engine_plays_the_static_engines_conversations(tiny_policy, shared_policy,
+                                                                 tokenizer):
+    """``SamplerPolicy(paging=...)``: the same rollout as the static cache (the reference) --
+    same tokens, log-probs to 1e-5 -- with finished rows releasing their pages each turn,
+    prefix sharing copying pages, compaction moving page tables; compilations once per shape."""
+    env, _, token_map, model = tiny_policy
+    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=4, max_response_tokens=4,
+                                                            max_context=SMALL_CONTEXT))
+    tasks, key = np.array([3, 8, 12, 5]), jax.random.key(11)
+    static = jax.device_get(runner(shared_policy.using(shared_policy.params), tasks, key))
+    paged_policy = SamplerPolicy(model, token_map=token_map, min_rows=1,
+                                 paging=Paging(page_size=16, block_pages=4))
+    with count_backend_compiles():
+        paged = jax.device_get(runner(paged_policy, tasks, key))
+    a, b = static.trajectory, paged.trajectory
+    assert len(set(a.budget.tolist())) > 1 and len(set(a.turns_used.tolist())) > 1
+    for field in dataclasses.fields(a):
+        got, want = getattr(b, field.name), getattr(a, field.name)
+        if field.name in ("logprobs", "sampling_logprobs"):
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=field.name)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=field.name)
+    assert paged.responses == static.responses
+    traces = paged_policy.trace_counts
+    kinds = lambda kind: {s for s in paged_policy.shapes_used if s[0] == kind}  # noqa: E731
+    assert traces["decode"] == len(kinds("decode")) and traces["append"] == len(kinds("append"))
+    assert traces["release"] == len(kinds("decode"))  # at most once per batch size
+    # every episode ended: rows were released as they finished, so no page is held at the end
+    state = paged_policy._state
+    assert state is None or int(state.cache.pages_used) <= int(
+        np.ceil(np.asarray(state.cache.lengths) / 16).sum())

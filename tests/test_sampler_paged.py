@@ -136,3 +136,15 @@ def test_released_rows_refill_and_nothing_recompiles_per_turn_or_refill(tiny):
             per_rollout.append(len(compiles) - before)
     assert per_rollout[1] == 0, per_rollout
     assert sampler.trace_counts == {"init": 1, "decode": 1, "append": 1, "release": 1}
+
+
+def test_copies_the_pool_cannot_hold_are_flagged_overflowed_not_silently_empty(tiny):
+    from agentrl_jax.policy import take_rows
+    _, model, params = tiny
+    sampler = Sampler(model, max_new_tokens=4, stop_token_ids=(),
+                      paging=Paging(page_size=4, num_pages=7, block_pages=2))
+    state = sampler.append(params, sampler.init(2, 16), *pad_rows([[1] * 6, [2] * 3], 6))
+    out = take_rows(state, jax.numpy.array([0, 0, 0, 1, -1]))  # 2 pages per copy of row 0
+    # pages: row 0 holds 2, row 1 holds 1, 4 free: the 1st copy fits, the 2nd does not
+    assert np.asarray(out.lengths).tolist() == [6, 6, 0, 3, 0]
+    assert np.asarray(out.overflowed).tolist() == [False, False, True, False, False]

@@ -502,14 +502,21 @@ class Sampler:
         return self._batch_put(data, np.uint32)
 
     # -- calls
-    def init(self, batch_size: int, max_len: int, dtype: Any = None) -> SamplerState:
+    def init(self, batch_size: int, max_len: int, dtype: Any = None,
+             pool_rows: int | None = None) -> SamplerState:
         """An empty state, cache in ``dtype`` (default: the model's compute dtype; e.g.
         bfloat16 halves a float32 model's cache), pending hidden states in the compute dtype;
-        paged when the Sampler was made with ``paging``; one compiled program per
-        (batch_size, max_len, dtype)."""
+        paged when the Sampler was made with ``paging`` (a pool of ``paging.num_pages``, or by
+        default enough pages for ``pool_rows`` rows at ``max_len``, ``pool_rows`` defaulting to
+        ``batch_size``: a state that will be copied to more rows needs the larger pool); one
+        compiled program per (batch_size, max_len, dtype, pool size)."""
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
-        state = self._init(batch_size, max_len, jnp.dtype(dtype or self.dtype), self.paging)
+        paging = self.paging
+        if paging is not None and paging.num_pages is None:
+            rows = batch_size if pool_rows is None else max(pool_rows, 1)
+            paging = dataclasses.replace(paging, num_pages=rows * -(-max_len // paging.page_size))
+        state = self._init(batch_size, max_len, jnp.dtype(dtype or self.dtype), paging)
         return jax.device_put(state, self.state_shardings(state))  # committed: see the module doc
 
     def release(self, state: SamplerState, rows: Any) -> SamplerState:
