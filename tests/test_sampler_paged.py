@@ -142,9 +142,9 @@ def test_copies_the_pool_cannot_hold_are_flagged_overflowed_not_silently_empty(t
     from agentrl_jax.policy import take_rows
     _, model, params = tiny
     sampler = Sampler(model, max_new_tokens=4, stop_token_ids=(),
-                      paging=Paging(page_size=4, num_pages=7, block_pages=2))
+                      paging=Paging(page_size=4, num_pages=6, block_pages=2))
     state = sampler.append(params, sampler.init(2, 16), *pad_rows([[1] * 6, [2] * 3], 6))
     out = take_rows(state, jax.numpy.array([0, 0, 0, 1, -1]))  # 2 pages per copy of row 0
-    # pages: row 0 holds 2, row 1 holds 1, 4 free: the 1st copy fits, the 2nd does not
+    # pages: row 0 holds 2, row 1 holds 1, 3 free: the 1st copy fits, the 2nd does not
     assert np.asarray(out.lengths).tolist() == [6, 6, 0, 3, 0]
     assert np.asarray(out.overflowed).tolist() == [False, False, True, False, False]
