@@ -18,7 +18,13 @@ Results (each pair measured in the same run, same maps, policy and settings):
    (``SamplerPolicy(reuse_cache=False)``). Re-encoding costs ``O(rows x context^2)`` attention
    per turn and a ``rows x context^2`` score buffer, too much for the whole batch on a CPU,
    hence the smaller batch (both sides on the same one);
-3. the first turn's prefill of one task group (``G`` rows, one shared first prompt) with prefix
+3. the same whole batch through the paged engine (``SamplerPolicy(paging=Paging())``: pages
+   released as rows finish, attention over the used pages only) against the static engine
+   (one ``max_context`` cache per row, attention over all of it): turns/s, same run;
+4. the paged engine's decode step (``decode_rows`` rows, 4,096-token rows, prefill excluded,
+   ms per step of an 8-token decode, median of 5) with the cache a quarter filled against
+   full; the static engine's two figures are in the settings;
+5. the first turn's prefill of one task group (``G`` rows, one shared first prompt) with prefix
    sharing (the prompt prefilled once, its cache copied to the ``G`` rows) against every row
    prefilling its own copy (``SamplerPolicy(share_prefixes=False)``): seconds of
    ``policy.start``, median of at least 5 timed calls after a compiling one.
@@ -31,6 +37,7 @@ import time
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -39,12 +46,16 @@ from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.policy import SamplerPolicy, TokenMap
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, RolloutResult
+from agentrl_jax.sampling import Paging, Sampler, SamplingConfig
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 from envs.frozenlake.text import render
 
 PER_GROUP = "same rollouts one task group (G rows) at a time"
+STATIC = "same rollout through the static-cache engine (one max_context cache per row)"
+FULL_CACHE = "the same engine's decode step at a full cache"
+DECODE_LEN, DECODE_STEPS = 4096, 8
 REENCODE = "same rollout re-encoding each row's whole history every turn (no KV reuse)"
 UNSHARED = "the same group's rows each prefilling their own copy of the prompt"
 TINY_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -111,16 +122,41 @@ def _start_seconds(policy: SamplerPolicy, contexts, settings, repeats: int) -> f
     return float(np.median(times))
 
 
+def decode_step_ms(model: Qwen3ForCausalLM, paging: Paging | None, rows: int, fill: int,
+                   repeats: int = 5, cache_len: int = DECODE_LEN) -> float:
+    """Milliseconds per decode step of ``rows`` rows holding ``fill`` random tokens each in
+    ``cache_len``-token caches: median of ``repeats`` timed decodes of
+    :data:`DECODE_STEPS` tokens (each from a copy of the prefilled state), after one that
+    compiles."""
+    sampler = Sampler(model, max_new_tokens=DECODE_STEPS, stop_token_ids=(), prefill_chunk=512,
+                      paging=paging)
+    params = nnx.state(model)
+    tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, (rows, fill))
+    state = sampler.append(params, sampler.init(rows, cache_len), tokens.astype(np.int32),
+                           np.ones(tokens.shape, bool))
+    times = []
+    for r in range(repeats + 1):
+        copy = jax.block_until_ready(jax.tree.map(jnp.copy, state))
+        begin = time.perf_counter()
+        _, out = sampler.decode(params, copy, jax.random.key(r), SamplingConfig(temperature=1.0))
+        jax.block_until_ready(out.tokens)
+        times.append(time.perf_counter() - begin)
+    return float(np.median(times[1:])) / DECODE_STEPS * 1e3
+
+
 def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: int = 4,
         max_response_tokens: int = 8, max_context: int = 1536, compare_tasks: int = 4,
-        repeats: int = 1, seed: int = 0) -> list[BenchResult]:
+        repeats: int = 1, seed: int = 0, decode_rows: int = 32,
+        decode_len: int = DECODE_LEN) -> list[BenchResult]:
     """The measurements of the module docstring."""
-    if min(num_tasks, group_size, budget, max_response_tokens, repeats, compare_tasks) < 1 \
-            or map_size < 2 or compare_tasks > num_tasks:
-        raise ValueError("num_tasks, group_size, budget, max_response_tokens, repeats and "
-                         "compare_tasks (<= num_tasks) must be >= 1 and map_size >= 2; got "
-                         f"{num_tasks}, {group_size}, {budget}, {max_response_tokens}, {repeats}, "
-                         f"{compare_tasks}, {map_size}")
+    if min(num_tasks, group_size, budget, max_response_tokens, repeats, compare_tasks,
+           decode_rows) < 1 or map_size < 2 or compare_tasks > num_tasks \
+            or decode_len < 4 * DECODE_STEPS:
+        raise ValueError("num_tasks, group_size, budget, max_response_tokens, repeats, "
+                         "decode_rows and compare_tasks (<= num_tasks) must be >= 1, map_size "
+                         f">= 2 and decode_len >= {4 * DECODE_STEPS}; got {num_tasks}, "
+                         f"{group_size}, {budget}, {max_response_tokens}, {repeats}, "
+                         f"{decode_rows}, {compare_tasks}, {map_size}, {decode_len}")
     key_maps, key_run = jax.random.split(jax.random.key(seed))
     env = FrozenLakeTextEnv(fl_maps.generate(key_maps, num_tasks, size=map_size),
                             FrozenLakeTextConfig(t_max=budget))
@@ -134,6 +170,10 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
 
     batched = _measure(lambda: [runner(policy, tasks, key_run)], repeats)
     compilations = {"policy": dict(policy.trace_counts), "env": dict(env.trace_counts)}
+    paged_policy = SamplerPolicy(model, token_map=token_map, paging=Paging())
+    paged = _measure(lambda: [runner(paged_policy, tasks, key_run)], repeats)
+    same_rollout = bool(np.array_equal(np.asarray(paged.result.trajectory.tokens),
+                                       np.asarray(batched.result.trajectory.tokens)))
 
     def one_group(k: int) -> RolloutResult:
         return runner(policy, tasks[k:k + 1], jax.random.fold_in(key_run, k))
@@ -151,6 +191,14 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
     prefill_shared = _start_seconds(policy, group, runner.settings, repeats)
     prefill_unshared = _start_seconds(SamplerPolicy(model, token_map=token_map, share_prefixes=False),
                                       group, runner.settings, repeats)
+
+    # decode step at a quarter-filled and a full 4,096-token cache (room left for the tokens)
+    decode_model = tiny_policy_model(1000, seed)
+    quarter, whole = decode_len // 4, decode_len - DECODE_STEPS
+    decode = {(name, fill): decode_step_ms(decode_model, paging, decode_rows, fill,
+                                           max(repeats, 5), decode_len)
+              for name, paging in (("paged", Paging()), ("static", None))
+              for fill in (quarter, whole)}
 
     stats = batched.result.stats
     shares = {"model": stats.policy_s / stats.total_s, "env": stats.env_s / stats.total_s,
@@ -173,11 +221,27 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
              "seconds": {"ours": cached.seconds, "baseline": reencoded.seconds}}
     prefill = {**settings, "rows": group_size, "tasks": 1, "prompt_tokens": len(first),
                "seconds": {"ours": prefill_shared, "baseline": prefill_unshared}}
+    paged_settings = {**settings, "rows": num_tasks * group_size, "paging": dataclasses.asdict(Paging()),
+                      "same_tokens_as_static": same_rollout,
+                      "seconds": {"ours": paged.seconds, "baseline": batched.seconds}}
+    decode_settings = {"backend": jax.default_backend(), "rows": decode_rows,
+                       "cache_tokens": decode_len, "filled": {"quarter": quarter, "full": whole},
+                       "decode_tokens": DECODE_STEPS, "vocab_size": 1000, **TINY_DIMS,
+                       "paging": dataclasses.asdict(Paging()),
+                       "ms_per_step": {f"{name} {'quarter' if fill == quarter else 'full'}": ms
+                                       for (name, fill), ms in decode.items()},
+                       "statistic": "median of 5 decodes"}
     return [
         BenchResult(label, "turns/s", batched.turns / batched.seconds,
                     per_group.turns / per_group.seconds, PER_GROUP, full),
         BenchResult(label, "tokens/s", batched.tokens / batched.seconds,
                     per_group.tokens / per_group.seconds, PER_GROUP, full),
+        BenchResult(f"rollout FrozenLake {map_size}x{map_size}, {num_tasks} tasks x G={group_size}, "
+                    f"B={budget}, paged engine", "turns/s", paged.turns / paged.seconds,
+                    batched.turns / batched.seconds, STATIC, paged_settings),
+        BenchResult(f"decode step, paged engine, {decode_rows} rows of {decode_len} tokens a "
+                    "quarter filled", "ms", decode[("paged", quarter)], decode[("paged", whole)],
+                    FULL_CACHE, decode_settings),
         BenchResult(f"rollout FrozenLake {map_size}x{map_size}, {compare_tasks} tasks x "
                     f"G={group_size}, B={budget}, KV cache continued", "turns/s",
                     cached.turns / cached.seconds, reencoded.turns / reencoded.seconds,

@@ -59,7 +59,7 @@ class PagedKVCache:
     block_pages: int = struct.field(pytree_node=False, default=8)
 
     @classmethod
-    def empty(cls, config: Qwen3Config, batch_size: int, max_len: int, *, page_size: int = 64,
+    def empty(cls, config: Qwen3Config, batch_size: int, max_len: int, *, page_size: int = 32,
               num_pages: int | None = None, block_pages: int = 8,
               dtype: jnp.dtype = jnp.bfloat16) -> "PagedKVCache":
         """``batch_size`` empty rows of up to ``max_len`` tokens (rounded up to whole pages)
