@@ -7,9 +7,13 @@ nothing to do gets an empty token list, or is not ``live``)::
     policy.start(contexts, settings)              # (re)start rows from whole contexts (prefill)
     out = policy.respond(live, max_tokens, keys)  # one response for each live row
     policy.extend(chunks)                         # tokens to add after each row's response
+    policy.restart(contexts, which)               # optional: (re)start only the rows `which`
 
 ``start`` is called once at the first turn, and again whenever the rollout rebuilds the
-contexts (a history window, see :mod:`agentrl_jax.rollout`); ``extend`` follows a response
+contexts (a history window, see :mod:`agentrl_jax.rollout`); ``restart`` (a policy may lack
+it: the rollout then calls ``start`` with every row's context) starts some rows afresh and
+leaves the others as they are (a finished row's seat taken by a new row under continuous
+batching, one row's window sliding); ``extend`` follows a response
 with the tokens that close it and open the next turn. Rows never exceed
 ``settings.max_context`` tokens (the rollout checks before calling) and a response never
 exceeds its row's ``max_tokens``. ``keys`` are ``[N]`` PRNG keys, one per row (typed, or raw
@@ -395,6 +399,63 @@ class SamplerPolicy:
         batch_chunks = [chunks[r] if r >= 0 else [] for r in self._rows]
         self._state = self._append(self._sampler(self._settings), self._state, batch_chunks)
 
+    def restart(self, contexts: Sequence[Sequence[int]], which: np.ndarray) -> None:
+        """Start the rows where ``which [N]`` is True afresh from ``contexts`` (prefill); the
+        other rows keep their caches. With ``share_prefixes`` and a paged cache, rows restarted
+        with the same context prefill it once and copy its pages."""
+        which = np.asarray(which, bool)
+        if not self.reuse_cache:
+            for r in np.flatnonzero(which):
+                self._contexts[r] = list(contexts[r])
+            return
+        targets = np.flatnonzero(which)
+        if not len(targets):
+            return
+        sampler = self._sampler(self._settings)
+        position = {int(r): i for i, r in enumerate(self._rows) if r >= 0}
+        spare = [i for i, r in enumerate(self._rows) if r < 0]
+        if len([t for t in targets if int(t) not in position]) > len(spare):  # regrow to N rows
+            kept = [r for r in self._rows if r >= 0]
+            index = np.full(self._num_rows, -1 if self.paging is not None else 0, np.int32)
+            index[:len(kept)] = [position[int(r)] for r in kept]
+            self.shapes_used.add(("take_rows", self._num_rows, len(self._rows)))
+            state = self._take(self._state, jax.device_put(index, sampler.replicated))
+            self._state = jax.device_put(state, sampler.state_shardings(state))
+            self._rows = np.full(self._num_rows, -1, np.int64)
+            self._rows[:len(kept)] = kept
+            position = {int(r): i for i, r in enumerate(self._rows) if r >= 0}
+            spare = [i for i, r in enumerate(self._rows) if r < 0]
+        slots = []
+        for t in targets:
+            slots.append(position[int(t)] if int(t) in position else spare.pop(0))
+            self._rows[slots[-1]] = t
+        cleared = np.zeros(len(self._rows), bool)
+        cleared[slots] = True
+        self.shapes_used.add(("release", len(self._rows), 0))
+        self._state = sampler.release(self._state, cleared)
+        rows = [() for _ in self._rows]
+        copies = {}
+        if self.share_prefixes and self.paging is not None:  # one prefill per distinct context
+            first: dict[tuple[int, ...], int] = {}
+            for slot, t in zip(slots, targets):
+                context = tuple(contexts[t])
+                if context in first and len(context):
+                    copies[slot] = first[context]
+                else:
+                    first[context] = slot
+                    rows[slot] = context
+        else:
+            for slot, t in zip(slots, targets):
+                rows[slot] = tuple(contexts[t])
+        self._state = self._append(sampler, self._state, rows)
+        if copies:
+            index = np.arange(len(self._rows), dtype=np.int32)
+            for slot, source in copies.items():
+                index[slot] = source
+            self.shapes_used.add(("take_rows", len(self._rows), len(self._rows)))
+            state = self._take(self._state, jax.device_put(index, sampler.replicated))
+            self._state = jax.device_put(state, sampler.state_shardings(state))
+
     def respond(self, live: np.ndarray, max_tokens: np.ndarray, key: jax.Array) -> Responses:
         """``key``: ``[N]`` keys, one per row (or one key for the batch)."""
         settings = self._settings
@@ -500,6 +561,10 @@ class ScriptedPolicy:
         for n, chunk in enumerate(chunks):
             if len(chunk):
                 self._texts[n] += self._decode(chunk)
+
+    def restart(self, contexts: Sequence[Sequence[int]], which: np.ndarray) -> None:
+        for n in np.flatnonzero(np.asarray(which, bool)):
+            self._texts[n] = self._decode(contexts[n])
 
     def respond(self, live: np.ndarray, max_tokens: np.ndarray, key: jax.Array) -> Responses:
         live = np.asarray(live, bool)

@@ -110,6 +110,10 @@ class RolloutConfig:
     max_rows_per_call: the most rows one policy holds at once (a multiple of ``group_size``);
       a larger batch is played in parts of whole groups, one after another (see the module
       docstring); None plays every row at once.
+    refill: with ``max_rows_per_call``, continuous batching instead of parts: the policy holds
+      ``max_rows_per_call`` seats, and a seat whose row's episode ended takes the next row
+      waiting (its first prompt prefilled at once, :meth:`Policy.restart` where the policy has
+      it), so rows at different turns sample together and no seat idles while rows wait.
     enable_thinking: Qwen3's thinking switch in the chat template.
     prompt: the budget-aware wording (§6).
     """
@@ -126,6 +130,7 @@ class RolloutConfig:
     enable_thinking: bool = False
     prompt: BudgetPrompt = BudgetPrompt()
     max_rows_per_call: int | None = None
+    refill: bool = False
 
     def __post_init__(self):
         def positive(name: str, optional: bool = False):
@@ -147,7 +152,7 @@ class RolloutConfig:
         if self.record_tokens is not None and self.record_tokens < self.max_context:
             raise ValueError(f"RolloutConfig.record_tokens ({self.record_tokens}) must be >= "
                              f"max_context ({self.max_context})")
-        for name in ("end_on_invalid", "enable_thinking"):
+        for name in ("end_on_invalid", "enable_thinking", "refill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RolloutConfig.{name} must be a bool, "
                                  f"got {getattr(self, name)!r}")
@@ -204,38 +209,70 @@ def row_parts(groups: int, group_size: int, max_rows: int | None) -> list[np.nda
 
 
 @jax.jit
-def row_keys(key: jax.Array, turn: int, rows: Any) -> jax.Array:
-    """The sampling keys of ``rows`` (global row indices ``int[R]``) at ``turn``:
-    ``fold_in(fold_in(key, turn), row)``, a function of the row only, not of the part."""
-    turn_key = jax.random.fold_in(key, turn)
-    return jax.vmap(lambda row: jax.random.fold_in(turn_key, row))(jnp.asarray(rows, jnp.int32))
+def row_keys(key: jax.Array, turn: Any, rows: Any) -> jax.Array:
+    """The sampling keys of ``rows`` (global row indices ``int[R]``) at ``turn`` (one turn, or
+    each row's own ``int[R]``): ``fold_in(fold_in(key, turn), row)``, a function of the row
+    and its turn only, not of the part or the seat."""
+    turns = jnp.broadcast_to(jnp.asarray(turn, jnp.int32), jnp.shape(rows))
+    return jax.vmap(lambda t, row: jax.random.fold_in(jax.random.fold_in(key, t), row))(
+        turns, jnp.asarray(rows, jnp.int32))
 
 
-class _PartPolicy:
-    """A policy seen through the rows ``rows`` of an ``n``-row rollout: it is called with the
-    part's rows only; responses come back as ``n`` rows (empty outside the part)."""
+class _Seats:
+    """The policy's rows ("seats") and the rollout rows sitting in them: the policy is called
+    with its seats only; responses come back as the rollout's ``n`` rows (empty for rows not
+    seated). A row keeps its seat from its first prompt to its last turn."""
 
-    def __init__(self, policy: Policy, rows: np.ndarray, n: int):
-        self.policy, self.rows, self.n = policy, rows, n
+    def __init__(self, policy: Policy, seats: int, n: int, settings: PolicySettings):
+        self.policy, self.n, self.settings = policy, n, settings
+        self.row = np.full(seats, -1, np.int64)  # the row in each seat, -1: empty
 
-    def start(self, contexts: Sequence[Sequence[int]], settings: PolicySettings) -> None:
-        self.policy.start([contexts[r] for r in self.rows], settings)
+    def seat(self, rows: np.ndarray, contexts: Callable[[int], Sequence[int]],
+             fresh: bool) -> None:
+        """Seat ``rows`` in empty seats and prefill their ``contexts(row)``: a fresh ``start``
+        of every seat (``fresh``, or a policy without ``restart``: the seated rows' current
+        contexts again), else ``restart`` of the new seats only."""
+        empty = np.flatnonzero(self.row < 0)[:len(rows)]
+        self.row[empty] = rows
+        restart = getattr(self.policy, "restart", None)
+        if fresh or restart is None:
+            self.policy.start([contexts(r) if r >= 0 else () for r in self.row], self.settings)
+        else:
+            which = np.zeros(len(self.row), bool)
+            which[empty] = True
+            restart([contexts(r) if w else () for r, w in zip(self.row, which)], which)
+
+    def restart(self, rows: np.ndarray, contexts: Callable[[int], Sequence[int]]) -> bool:
+        """Prefill seated ``rows`` afresh from ``contexts(row)`` (a sliding history window).
+        A policy without ``restart`` gets a ``start`` of every seat instead (``contexts`` must
+        then give every seated row's whole context); returns whether that happened."""
+        restart = getattr(self.policy, "restart", None)
+        if restart is None:
+            self.policy.start([contexts(r) if r >= 0 else () for r in self.row], self.settings)
+            return True
+        which = np.isin(self.row, rows) & (self.row >= 0)
+        restart([contexts(r) if w else () for r, w in zip(self.row, which)], which)
+        return False
+
+    def vacate(self, rows: np.ndarray) -> None:
+        self.row[np.isin(self.row, rows)] = -1
 
     def extend(self, chunks: Sequence[Sequence[int]]) -> None:
-        self.policy.extend([chunks[r] for r in self.rows])
+        self.policy.extend([chunks[r] if r >= 0 else () for r in self.row])
 
     def respond(self, live: np.ndarray, max_tokens: np.ndarray, keys: jax.Array) -> Responses:
-        """``live``, ``max_tokens``: ``[n]``; ``keys``: one per row of the part."""
-        out = self.policy.respond(live[self.rows], max_tokens[self.rows], keys)
-        if len(self.rows) == self.n:
-            return out
+        """``live``, ``max_tokens``: ``[n]``; ``keys``: one per seat."""
+        seated = self.row >= 0
+        row = np.where(seated, self.row, 0)
+        out = self.policy.respond(seated & live[row], np.where(seated, max_tokens[row], 0), keys)
         full = Responses(np.zeros((self.n,) + out.tokens.shape[1:], out.tokens.dtype),
                          np.zeros(self.n, out.lengths.dtype),
                          np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype),
                          np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype))
-        full.tokens[self.rows], full.lengths[self.rows] = out.tokens, out.lengths
-        full.logprobs[self.rows] = out.logprobs
-        full.sampling_logprobs[self.rows] = out.behaviour_logprobs
+        rows = self.row[seated]
+        full.tokens[rows], full.lengths[rows] = out.tokens[seated], out.lengths[seated]
+        full.logprobs[rows] = out.logprobs[seated]
+        full.sampling_logprobs[rows] = out.behaviour_logprobs[seated]
         return full
 
 
@@ -253,10 +290,12 @@ class _Play:
     live_rows: list[int] = dataclasses.field(default_factory=list)  # per turn, over all parts
     sampled: int = 0
 
-    def count_live(self, turn: int, count: int) -> None:
-        if turn == len(self.live_rows):
-            self.live_rows.append(0)
-        self.live_rows[turn] += count
+    def count_live(self, turns: np.ndarray) -> None:
+        """Count rows sampling at their turns ``turns`` (one entry per live row)."""
+        counts = np.bincount(turns, minlength=len(self.live_rows))
+        self.live_rows.extend([0] * (len(counts) - len(self.live_rows)))
+        for turn in np.flatnonzero(counts):
+            self.live_rows[turn] += int(counts[turn])
 
 
 class _Timer:
@@ -298,14 +337,15 @@ class _Record:
         self.tokens[row, start:start + len(ids)] = ids
         self.length[row] += len(ids)
 
-    def write_responses(self, out: Responses, turn: int) -> None:
-        """Every row's response (empty for rows that did not sample) at its write position."""
+    def write_responses(self, out: Responses, turn: np.ndarray) -> None:
+        """Every row's response (empty for rows that did not sample) at its write position;
+        ``turn [rows]``: each row's turn."""
         width = out.tokens.shape[1]
         rows, offsets = np.nonzero(np.arange(width)[None, :] < out.lengths[:, None])
         slots = self.length[rows] + offsets
         self.tokens[rows, slots] = out.tokens[rows, offsets]
         self.loss_mask[rows, slots] = True
-        self.token_turn[rows, slots] = turn
+        self.token_turn[rows, slots] = turn[rows]
         self.logprobs[rows, slots] = out.logprobs[rows, offsets]
         self.sampling_logprobs[rows, slots] = out.behaviour_logprobs[rows, offsets]
         self.length += out.lengths
@@ -407,12 +447,13 @@ class MultiTurnRollout:
             rec.prefix_len[r] = rec.turn_start[r, 0] = first[r][1]
         play = _Play(rec, budget, context_len, overflow=~fits, success=np.zeros(rows, bool),
                      turns_used=np.zeros(rows, np.int32), texts=[[] for _ in range(rows)])
-        for part in row_parts(groups, size, cfg.max_rows_per_call):
-            in_part = np.zeros(rows, bool)
-            in_part[part] = True
-            env_state = self._play_part(_PartPolicy(policy, part, rows), play, fits & in_part,
-                                        [first[r][0] for r in range(rows)], env_state,
-                                        key_policy, timer)
+        parts = [part[fits[part]] for part in row_parts(groups, size, cfg.max_rows_per_call)]
+        if cfg.refill:  # one queue of every row, seats as many as the largest part
+            parts = [np.concatenate(parts)]
+        seats = _Seats(policy, max(len(p) for p in row_parts(groups, size, cfg.max_rows_per_call)),
+                       rows, self.settings)
+        env_state = self._play(seats, play, parts, [first[r][0] for r in range(rows)],
+                               env_state, key_policy, timer)
         total = time.perf_counter() - began
         stats = RolloutStats(
             turns=len(play.live_rows), live_rows=tuple(play.live_rows),
@@ -423,27 +464,42 @@ class MultiTurnRollout:
                                       play.overflow)
         return RolloutResult(trajectory, play.texts, env_seed, stats)
 
-    def _play_part(self, policy: "_PartPolicy", play: "_Play", live: np.ndarray,
-                   prompts: list[tuple[int, ...]], env_state: Any, key_policy: jax.Array,
-                   timer: "_Timer") -> Any:
-        """Play the rows ``live`` (those of one part whose prompt fits) to their ends; the
-        other rows are not live, so the environment leaves them as they are. Returns the
-        environment's state."""
+    def _play(self, seats: _Seats, play: _Play, queues: list[np.ndarray],
+              prompts: list[tuple[int, ...]], env_state: Any, key_policy: jax.Array,
+              timer: _Timer) -> Any:
+        """Play every row of ``queues`` to its end; returns the environment's state.
+
+        Each iteration plays one turn of every live row, each at its own turn. Rows take seats
+        from the first queue with rows left: without ``refill`` (one queue per part) only once
+        every seat is empty, a fresh ``start`` per part; with ``refill`` (one queue) whenever a
+        seat is empty. Rows not seated are not live, so the environment leaves them as they are.
+        """
         cfg, window, rec = self.config, self.config.history_window, play.rec
-        rows, length = len(live), cfg.record_length
-        with timer("policy"):
-            policy.start([prompts[r] if live[r] else () for r in range(rows)], self.settings)
-        for turn in range(self.num_turns):
+        rows, length = seats.n, cfg.record_length
+        turn = np.zeros(rows, np.int64)  # each row's current turn
+        live = np.zeros(rows, bool)
+        waiting = [list(q) for q in queues if len(q)]
+        while True:
+            empty = int(np.sum(seats.row < 0))
+            if waiting and empty and (cfg.refill or not live.any()):
+                take = np.asarray(waiting[0][:empty], np.int64)
+                del waiting[0][:empty]
+                with timer("policy"):
+                    seats.seat(take, lambda r: prompts[r], fresh=not live.any())
+                live[take] = True
+                waiting = [q for q in waiting if q]
             if not live.any():
                 break
-            play.count_live(turn, int(live.sum()))
-            kept_from = (rec.turn_start[:, max(0, turn - window)] if window is not None
-                         else rec.prefix_len)
-            rec.context_start[live, turn] = kept_from[live]
+            play.count_live(turn[live])
+            kept_from = (rec.turn_start[np.arange(rows), np.maximum(0, turn - window)]
+                         if window is not None else rec.prefix_len)
+            rec.context_start[live, turn[live]] = kept_from[live]
             room = np.minimum(cfg.max_context - play.context_len, length - rec.length)
             max_tokens = np.where(live, np.minimum(cfg.max_response_tokens, room), 0)
+            seat_rows = np.maximum(seats.row, 0)
             with timer("policy"):
-                out = policy.respond(live, max_tokens, row_keys(key_policy, turn, policy.rows))
+                out = seats.respond(live, max_tokens,
+                                    row_keys(key_policy, turn[seat_rows], seat_rows))
             self._check(out, live, max_tokens)
             rec.write_responses(out, turn)
             play.context_len += out.lengths
@@ -469,9 +525,12 @@ class MultiTurnRollout:
                      | (cfg.end_on_invalid & invalid))
             play.overflow |= cut
             going = live & ~ended
-            live, play.context_len, play.overflow = self._next_turn(
-                policy, rec, turn, going, out, result, play.budget, play.context_len,
+            next_live, play.context_len, play.overflow = self._next_turn(
+                seats, rec, turn, going, out, result, play.budget, play.context_len,
                 play.overflow, timer)
+            seats.vacate(np.flatnonzero(live & ~next_live))
+            turn = np.where(next_live, turn + 1, turn)
+            live = next_live
         return env_state
 
     def _check(self, out: Responses, live: np.ndarray, max_tokens: np.ndarray) -> None:
@@ -486,54 +545,62 @@ class MultiTurnRollout:
             raise ValueError("policy returned a response longer than its max_tokens, or one for "
                              "a row that was not live")
 
-    def _record_turn(self, rec: _Record, turn: int, live: np.ndarray, playing: np.ndarray,
-                     result: TurnResult) -> None:
-        """Write turn ``turn`` of the ``live`` rows only (other rows keep what they hold: rows
-        of another part, or the record's defaults)."""
-        rec.turn_mask[live, turn] = True
+    def _record_turn(self, rec: _Record, turn: np.ndarray, live: np.ndarray,
+                     playing: np.ndarray, result: TurnResult) -> None:
+        """Write each ``live`` row's turn ``turn[row]`` (other rows keep what they hold: rows
+        not seated, or the record's defaults)."""
+        at = (live, turn[live])
+        rec.turn_mask[at] = True
         valid = playing & np.asarray(result.action_valid, bool)
-        rec.action_valid[live, turn] = valid[live]
-        rec.action[live, turn] = np.where(valid, result.action, -1)[live]
+        rec.action_valid[at] = valid[live]
+        rec.action[at] = np.where(valid, result.action, -1)[live]
         penalty = np.where(playing & ~valid, self.config.invalid_penalty, 0.0)
-        rec.reward[live, turn] = (np.where(playing, result.reward, 0.0) + penalty)[live]
-        rec.anchor_key[live, turn] = np.asarray(result.anchor_key)[live]
+        rec.reward[at] = (np.where(playing, result.reward, 0.0) + penalty)[live]
+        rec.anchor_key[at] = np.asarray(result.anchor_key)[live]
         pos = result.info.get("pos")
-        rec.env_pos[live, turn] = np.asarray(pos)[live] if pos is not None else -1
+        rec.env_pos[at] = np.asarray(pos)[live] if pos is not None else -1
 
-    def _next_turn(self, policy: Policy, rec: _Record, turn: int, going: np.ndarray,
+    def _next_turn(self, seats: _Seats, rec: _Record, turn: np.ndarray, going: np.ndarray,
                    out: Responses, result: TurnResult, budget: np.ndarray,
                    context_len: np.ndarray, overflow: np.ndarray, timer: _Timer):
         """Append the next user message to rows going on, or end them with ``overflow``:
-        ``(live, context_len, overflow)`` for the next turn."""
+        ``(live, context_len, overflow)`` for the next turn. ``turn [rows]``: each row's turn."""
         cfg, window = self.config, self.config.history_window
         rows = len(going)
         chunks: list[tuple[int, ...]] = [()] * rows
         closing = np.zeros(rows, np.int64)
         for r in np.flatnonzero(going):
             close = tuple(self.chat.close_response(out.tokens[r, :out.lengths[r]].tolist()))
-            user = cfg.prompt.turn_text(result.observations[r], int(budget[r]), turn + 1)
+            user = cfg.prompt.turn_text(result.observations[r], int(budget[r]), int(turn[r]) + 1)
             chunks[r] = close + self._next_prompt(user)
             closing[r] = len(close)
         chunk_len = np.array([len(c) for c in chunks], np.int64)
-        slides = window is not None and turn + 1 > window
-        if slides:  # the new context: header + turns turn+1-window .. turn + the new message
-            kept_from = rec.turn_start[:, turn + 1 - window]
-            new_context = rec.prefix_len + rec.length + chunk_len - kept_from
-        else:
-            new_context = context_len + chunk_len
+        # rows whose window slides get a new context: header + turns t+1-window .. t + message
+        slides = (turn + 1 > window) if window is not None else np.zeros(rows, bool)
+        kept_from = rec.turn_start[np.arange(rows), np.maximum(turn + 1 - (window or 0), 0)]
+        new_context = np.where(slides, rec.prefix_len + rec.length + chunk_len - kept_from,
+                               context_len + chunk_len)
         fits = (new_context <= cfg.max_context) & (rec.length + chunk_len <= cfg.record_length)
         overflow = overflow | (going & ~fits)
         live = going & fits
         for r in np.flatnonzero(live):
-            rec.turn_start[r, turn + 1] = rec.length[r] + closing[r]
+            rec.turn_start[r, turn[r] + 1] = rec.length[r] + closing[r]
             rec.write(r, chunks[r])
         with timer("policy"):
-            if slides:
-                policy.start([rec.context(r, turn + 1, window) if live[r] else ()
-                              for r in range(rows)], self.settings)
-            else:
-                policy.extend([chunks[r] if live[r] else () for r in range(rows)])
+            restarted = (live & slides).any() and seats.restart(
+                np.flatnonzero(live & slides),
+                lambda r: self._context(rec, r, int(turn[r]) + 1) if live[r] else ())
+            if not restarted:
+                seats.extend([chunks[r] if live[r] and not slides[r] else ()
+                              for r in range(rows)])
         return live, np.where(live, new_context, context_len), overflow
+
+    def _context(self, rec: _Record, row: int, turn: int) -> list[int]:
+        """What row ``row`` sees at ``turn``: its whole record, or header + window."""
+        window = self.config.history_window
+        if window is None or turn <= window:
+            return rec.tokens[row, :rec.length[row]].tolist()
+        return rec.context(row, turn, window)
 
     def _trajectory(self, rec: _Record, group, row_task, budget, turns_used, success,
                     overflow) -> Trajectory:

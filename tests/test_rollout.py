@@ -4,6 +4,7 @@ prompts, masks, malformed responses, overflow, history windows, a Python environ
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -88,8 +89,12 @@ def runner_for(env, tokenizer, **overrides):
 
 
 # ---------------------------------------------------------------------------- exact replay
-def test_qstar_greedy_agent_reproduces_play_greedy_exactly(slippery_env, tokenizer):
-    runner = runner_for(slippery_env, tokenizer)  # BudgetMix: budgets 1..10
+@pytest.mark.parametrize("seats", [{}, {"max_rows_per_call": 8, "refill": True}],
+                         ids=["all_rows", "continuous_8_seats"])
+def test_qstar_greedy_agent_reproduces_play_greedy_exactly(slippery_env, tokenizer, seats):
+    """Also under continuous batching: 64 rows through 8 seats, each ended row's seat taken
+    by the next row, rows at different turns stepping together."""
+    runner = runner_for(slippery_env, tokenizer, **seats)  # BudgetMix: budgets 1..10
     tasks = np.arange(16)
     result = runner(ScriptedPolicy(tokenizer, QStarAgent(10, True, 0.8)), tasks, jax.random.key(0))
     traj = jax.device_get(result.trajectory)
@@ -301,6 +306,44 @@ def test_history_window_keeps_the_header_and_the_last_turns(lake, tokenizer):
     # the record keeps the whole conversation
     shown = [int(m[1]) for m in TURN.findall(tokenizer.decode(tokens[traj.token_mask[0]]))]
     assert shown == list(range(6))
+
+
+def test_continuous_batching_with_a_sliding_window_plays_the_whole_batchs_conversations(
+        slippery_env, tokenizer):
+    """A policy whose reply is a function of the context it sees (so any seat gives the
+    same reply): 5 groups of 2 with BudgetMix budgets through 4 seats, refilled as rows end,
+    a history window of 2 sliding per row; the record equals the whole batch played at once,
+    and every context the policy saw at a turn is the one the whole batch saw."""
+    import hashlib
+
+    words = ["<answer>Left</answer>", "<answer>Down</answer>", "<answer>Right</answer>",
+             "<answer>Up</answer>", "hmm"]
+    seen: list[set[str]] = [set(), set()]
+
+    def script(which):
+        def reply(contexts, live):
+            out = []
+            for context, on in zip(contexts, live):
+                if on:
+                    seen[which].add(context)
+                digest = hashlib.sha256(context.encode()).digest()[0]
+                out.append(words[digest % len(words)])
+            return out
+        return reply
+
+    overrides = dict(group_size=2, history_window=2, record_tokens=4096)
+    tasks, key = np.array([0, 3, 1, 4, 2]), jax.random.key(4)
+    whole = runner_for(slippery_env, tokenizer, **overrides)(
+        ScriptedPolicy(tokenizer, script(0)), tasks, key)
+    seated = runner_for(slippery_env, tokenizer, max_rows_per_call=4, refill=True, **overrides)(
+        ScriptedPolicy(tokenizer, script(1)), tasks, key)
+    a, b = jax.device_get(whole.trajectory), jax.device_get(seated.trajectory)
+    assert len(set(a.turns_used.tolist())) > 1 and a.turns_used.max() > 3  # windows slide
+    for field in dataclasses.fields(a):
+        np.testing.assert_array_equal(getattr(b, field.name), getattr(a, field.name),
+                                      err_msg=field.name)
+    assert seated.responses == whole.responses and seen[0] == seen[1]
+    assert seated.stats.live_rows == whole.stats.live_rows
 
 
 # ---------------------------------------------------------------------------- a Python env

@@ -302,3 +302,43 @@ def test_the_paged_engine_plays_the_static_engines_conversations(tiny_policy, sh
     state = paged_policy._state
     assert state is None or int(state.cache.pages_used) <= int(
         np.ceil(np.asarray(state.cache.lengths) / 16).sum())
+
+
+@pytest.mark.parametrize("paging", [None, Paging(page_size=16, block_pages=4)],
+                         ids=["static", "paged"])
+def test_continuous_batching_plays_the_whole_batchs_conversations(tiny_policy, shared_policy,
+                                                                  tokenizer, paging):
+    """``refill``: 6 groups of 2 (BudgetMix budgets, so rows end at different turns) through 4
+    seats; each ended row's seat takes the next waiting row (its first prompt prefilled into
+    that seat alone, the pair of a group sharing one prefill on pages), so rows at different
+    turns decode together. The Trajectory is the whole batch's, token for token (log-probs to
+    1e-5); no policy call held more than 4 rows; compilations once per shape."""
+    env, _, token_map, model = tiny_policy
+    config = RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT)
+    tasks, key = np.array([4, 9, 2, 7, 11, 5]), jax.random.key(6)
+    whole = MultiTurnRollout(env, tokenizer, config)(shared_policy.using(shared_policy.params),
+                                                     tasks, key)
+    policy = SamplerPolicy(model, token_map=token_map, min_rows=1, paging=paging)
+    restarts = []
+    original = policy.restart
+    policy.restart = lambda contexts, which: (restarts.append(np.flatnonzero(which).tolist()),
+                                              original(contexts, which))
+    seated = MultiTurnRollout(env, tokenizer, dataclasses.replace(
+        config, max_rows_per_call=4, refill=True))(policy, tasks, key)
+    a, b = jax.device_get(whole.trajectory), jax.device_get(seated.trajectory)
+    assert len(set(a.budget.tolist())) > 1 and len(set(a.turns_used.tolist())) > 1
+    for field in dataclasses.fields(a):
+        got, want = getattr(b, field.name), getattr(a, field.name)
+        if field.name in ("logprobs", "sampling_logprobs"):
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=field.name)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=field.name)
+    assert seated.responses == whole.responses
+    assert seated.stats.live_rows == whole.stats.live_rows
+    # rows took seats while others played on (when every seated row ends at once, the next
+    # rows start afresh instead); the first 4 took theirs at the start
+    assert restarts and sum(len(r) for r in restarts) <= 12 - 4
+    assert max(s[1] for s in policy.shapes_used) <= 4
+    traces = policy.trace_counts
+    kinds = lambda kind: {s for s in policy.shapes_used if s[0] == kind}  # noqa: E731
+    assert traces["decode"] == len(kinds("decode")) and traces["append"] == len(kinds("append"))
