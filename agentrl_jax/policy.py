@@ -433,28 +433,45 @@ class SamplerPolicy:
         cleared[slots] = True
         self.shapes_used.add(("release", len(self._rows), 0))
         self._state = sampler.release(self._state, cleared)
-        rows = [() for _ in self._rows]
-        copies = {}
-        if self.share_prefixes and self.paging is not None:  # one prefill per distinct context
-            first: dict[tuple[int, ...], int] = {}
-            for slot, t in zip(slots, targets):
-                context = tuple(contexts[t])
-                if context in first and len(context):
-                    copies[slot] = first[context]
-                else:
-                    first[context] = slot
-                    rows[slot] = context
-        else:
+        if self.paging is None:  # a static cache: an append over every row, the others empty
+            rows = [() for _ in self._rows]
             for slot, t in zip(slots, targets):
                 rows[slot] = tuple(contexts[t])
-        self._state = self._append(sampler, self._state, rows)
+            self._state = self._append(sampler, self._state, rows)
+            return
+        # pages: prefill only the new rows (each distinct context once), copy the rest
+        first: dict[tuple[int, ...], int] = {}
+        prefill, copies = [], []
+        for slot, t in zip(slots, targets):
+            context = tuple(contexts[t])
+            if not context:
+                continue
+            if self.share_prefixes and context in first:
+                copies.append((slot, first[context]))
+            else:
+                first[context] = slot
+                prefill.append((slot, context))
+        if prefill:
+            size = self._sub_batch(len(prefill))
+            tokens, mask = pad_rows([self._to_model(c) for _, c in prefill]
+                                    + [[]] * (size - len(prefill)),
+                                    width_buckets(self._settings.max_context))
+            index = np.full(size, -1, np.int32)
+            index[:len(prefill)] = [slot for slot, _ in prefill]
+            self.shapes_used.add(("append_rows", size, tokens.shape[1]))
+            self._state = sampler.append_rows(self.params, self._state, index, tokens, mask)
         if copies:
-            index = np.arange(len(self._rows), dtype=np.int32)
-            for slot, source in copies.items():
-                index[slot] = source
-            self.shapes_used.add(("take_rows", len(self._rows), len(self._rows)))
-            state = self._take(self._state, jax.device_put(index, sampler.replicated))
-            self._state = jax.device_put(state, sampler.state_shardings(state))
+            size = self._sub_batch(len(copies))
+            dst, src = np.full(size, -1, np.int32), np.zeros(size, np.int32)
+            dst[:len(copies)], src[:len(copies)] = zip(*copies)
+            self.shapes_used.add(("copy_rows", size, 0))
+            self._state = sampler.copy_rows(self._state, dst, src)
+        self._state = jax.block_until_ready(self._state)
+
+    def _sub_batch(self, count: int) -> int:
+        """Rows of a call on part of the batch: ``count`` rounded up to a power of two (at
+        most the batch), so such calls compile a few times, not once per count."""
+        return min(1 << max(count - 1, 0).bit_length(), len(self._rows))
 
     def respond(self, live: np.ndarray, max_tokens: np.ndarray, key: jax.Array) -> Responses:
         """``key``: ``[N]`` keys, one per row (or one key for the batch)."""

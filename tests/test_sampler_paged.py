@@ -148,3 +148,29 @@ def test_copies_the_pool_cannot_hold_are_flagged_overflowed_not_silently_empty(t
     # pages: row 0 holds 2, row 1 holds 1, 3 free: the 1st copy fits, the 2nd does not
     assert np.asarray(out.lengths).tolist() == [6, 6, 0, 3, 0]
     assert np.asarray(out.overflowed).tolist() == [False, False, True, False, False]
+
+
+def test_append_rows_and_copy_rows_work_on_part_of_the_batch(tiny):
+    """Seating new rows mid-rollout: ``append_rows`` prefills rows 1 and 3 only (a padding
+    entry writes nothing), ``copy_rows`` copies row 1 into the empty row 2; then every row
+    decodes what a batch prefilled in one ``append`` decodes, and rows 0 and 4 never changed."""
+    _, model, params = tiny
+    sampler = Sampler(model, max_new_tokens=6, stop_token_ids=(), paging=PAGING)
+    rng = np.random.default_rng(9)
+    first = random_rows(rng, [5, 0, 0, 0, 7])
+    new = random_rows(rng, [9, 4])
+    state = sampler.append(params, sampler.init(5, 48), *pad_rows(first, (16,)))
+    before = np.asarray(state.cache.page_table)[[0, 4]].copy()
+    tokens, mask = pad_rows(new + [[]], (16,))
+    state = sampler.append_rows(params, state, [1, 3, -1], tokens, mask)
+    state = sampler.copy_rows(state, [2, -1], [1, 0])
+    assert np.asarray(state.lengths).tolist() == [5, 9, 9, 4, 7]
+    np.testing.assert_array_equal(np.asarray(state.cache.page_table)[[0, 4]], before)
+    key = jax.random.key(3)
+    _, ours = sampler.decode(params, state, key, GREEDY)
+    reference = Sampler(model, max_new_tokens=6, stop_token_ids=())
+    full = [first[0], new[0], new[0], new[1], first[4]]
+    ref_state = reference.append(params, reference.init(5, 48), *pad_rows(full, (16,)))
+    _, theirs = reference.decode(params, ref_state, key, GREEDY)
+    np.testing.assert_array_equal(ours.tokens, theirs.tokens)
+    np.testing.assert_allclose(ours.log_probs, theirs.log_probs, atol=1e-5)

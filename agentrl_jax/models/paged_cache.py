@@ -26,6 +26,7 @@ Pure functions
 * :func:`release` returns rows' pages to the pool (a finished row; its slot is then empty);
 * :func:`take_rows` reorders, drops and duplicates rows: a row's first copy keeps its pages (no
   data moves), later copies get fresh pages and a copy of the data, dropped rows' pages are freed;
+  :func:`copy_rows` copies a few rows into empty ones (a task group's shared prompt);
 * :func:`write` stores one layer's new keys/values at the rows' next slots;
 * :func:`paged_attention` is grouped-query attention of queries against each row's pages: a
   ``lax.while_loop`` over blocks of ``block_pages`` pages that stops after the last block any
@@ -179,6 +180,34 @@ def take_rows(cache: PagedKVCache, index: jax.Array) -> PagedKVCache:
     return release(out, copies & ~ok)
 
 
+def copy_rows(cache: PagedKVCache, dst: jax.Array, src: jax.Array) -> tuple[PagedKVCache,
+                                                                             jax.Array]:
+    """Row ``dst[i]`` becomes a copy of row ``src[i]``: fresh pages holding a copy of the
+    data, one pair at a time (``dst`` distinct, empty rows, not among ``src``; ``dst < 0``:
+    no pair). Returns ``(cache, copied [k] bool)``: a copy the pool has no room for leaves its
+    row empty."""
+    batch = cache.lengths.shape[0]
+    valid = dst >= 0
+    target = jnp.where(valid, dst, batch)
+    source = jnp.where(valid, src, 0)
+    lengths = jnp.where(valid, cache.lengths[source], 0)
+    cache, ok = allocate(cache, cache.lengths.at[target].set(lengths, mode="drop"))
+    copied = valid & ok[jnp.where(valid, dst, 0)]
+    src_table = cache.page_table[source]
+
+    def copy_pair(i, kv):
+        k, v = kv
+        row = jnp.where(copied[i], target[i], 0)
+        held = (cache.page_table[row] < cache.num_pages) & copied[i]
+        to = jnp.where(held, cache.page_table[row], cache.num_pages)
+        start = jnp.clip(src_table[i], 0, cache.num_pages - 1)
+        return k.at[:, to].set(k[:, start], mode="drop"), v.at[:, to].set(v[:, start], mode="drop")
+
+    k, v = jax.lax.fori_loop(0, dst.shape[0], copy_pair, (cache.k, cache.v))
+    landed = jnp.where(copied, target, batch)
+    return cache.replace(k=k, v=v, lengths=cache.lengths.at[landed].set(lengths, mode="drop")), copied
+
+
 def physical_slots(cache: PagedKVCache, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(page, offset)`` of logical ``slots [B, L]`` (``>= max_len``: out of range, dropped)."""
     size = cache.page_size
@@ -244,5 +273,5 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
     return out.astype(q.dtype)
 
 
-__all__ = ["PagedKVCache", "allocate", "paged_attention", "physical_slots", "release",
-           "take_rows", "write"]
+__all__ = ["PagedKVCache", "allocate", "copy_rows", "paged_attention", "physical_slots",
+           "release", "take_rows", "write"]

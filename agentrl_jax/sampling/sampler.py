@@ -231,6 +231,48 @@ def append_in_chunks(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.A
     return constrain(state.replace(overflowed=state.overflowed | ~fits))
 
 
+def append_rows(model: Qwen3ForCausalLM, state: SamplerState, rows: jax.Array,
+                tokens: jax.Array, mask: jax.Array, constrain: Callable[[Any], Any] = lambda x: x,
+                chunk: int | None = None) -> SamplerState:
+    """:func:`append` to the rows ``rows int[k]`` only (distinct; ``-1``: padding, writes
+    nothing); ``tokens``, ``mask`` ``[k, L]``. Paged caches only: the rows' page tables are
+    taken out, appended to over the shared pool, and put back, so the work is that of ``k``
+    rows however many the state holds (a prefill of newly seated rows)."""
+    cache = state.cache
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError("append_rows needs a paged KV cache")
+    batch = cache.lengths.shape[0]
+    valid = rows >= 0
+    index = jnp.where(valid, rows, 0)
+    sub = SamplerState(
+        cache=cache.replace(page_table=jnp.where(valid[:, None], cache.page_table[index],
+                                                 cache.num_pages),
+                            lengths=jnp.where(valid, cache.lengths[index], 0)),
+        hidden=state.hidden[index], overflowed=~valid | state.overflowed[index])
+    sub = append(model, sub, tokens, mask.astype(bool) & valid[:, None], chunk=chunk)
+    put = jnp.where(valid, rows, batch)  # padding rows: dropped
+    cache = sub.cache.replace(
+        page_table=cache.page_table.at[put].set(sub.cache.page_table, mode="drop"),
+        lengths=cache.lengths.at[put].set(sub.cache.lengths, mode="drop"))
+    return constrain(SamplerState(
+        cache=cache, hidden=state.hidden.at[put].set(sub.hidden, mode="drop"),
+        overflowed=state.overflowed.at[put].set(sub.overflowed, mode="drop")))
+
+
+def copy_rows(state: SamplerState, dst: jax.Array, src: jax.Array) -> SamplerState:
+    """Row ``dst[i]`` of a paged state becomes a copy of row ``src[i]`` (its pages copied;
+    see :func:`agentrl_jax.models.paged_cache.copy_rows`); a copy without room in the pool is
+    an empty, overflowed row."""
+    cache, copied = paged_cache.copy_rows(state.cache, dst, src)
+    batch = cache.lengths.shape[0]
+    put = jnp.where(dst >= 0, dst, batch)
+    source = jnp.where(dst >= 0, src, 0)
+    return SamplerState(cache=cache,
+                        hidden=state.hidden.at[put].set(state.hidden[source], mode="drop"),
+                        overflowed=state.overflowed.at[put].set(
+                            state.overflowed[source] | ~copied, mode="drop"))
+
+
 def release_rows(state: SamplerState, rows: jax.Array) -> SamplerState:
     """``state`` with the rows where ``rows [B]`` is True emptied: nothing cached, not
     overflowed (a paged cache returns their pages to the pool)."""
@@ -453,6 +495,8 @@ class Sampler:
         self.trace_counts: collections.Counter[str] = collections.Counter()
         self._init = jax.jit(self._init_impl, static_argnums=(0, 1, 2, 3))
         self._release = jax.jit(self._release_impl, donate_argnums=0)
+        self._append_rows = jax.jit(self._append_rows_impl, donate_argnums=1)
+        self._copy_rows = jax.jit(self._copy_rows_impl, donate_argnums=0)
         self._append = jax.jit(self._append_impl, donate_argnums=1)
         self._decode = jax.jit(self._decode_impl, static_argnames="sampling", donate_argnums=1)
 
@@ -519,6 +563,22 @@ class Sampler:
         state = self._init(batch_size, max_len, jnp.dtype(dtype or self.dtype), paging)
         return jax.device_put(state, self.state_shardings(state))  # committed: see the module doc
 
+    def append_rows(self, params: nnx.State, state: SamplerState, rows: Any, tokens: Any,
+                    mask: Any) -> SamplerState:
+        """Jitted :func:`append_rows` (paged states): ``rows int[k]`` (``-1`` padding),
+        tokens and mask ``[k, L]``; one program per ``(k, L)``."""
+        rows = np.asarray(rows)
+        if rows.ndim != 1 or np.shape(tokens) != np.shape(mask) or np.shape(tokens)[:1] != rows.shape:
+            raise ValueError(f"append_rows: rows {rows.shape}, tokens {np.shape(tokens)} and mask "
+                             f"{np.shape(mask)} must be [k] and [k, L]")
+        return self._append_rows(params, state, self._batch_put(rows, jnp.int32),
+                                 self._batch_put(tokens, jnp.int32), self._batch_put(mask, bool))
+
+    def copy_rows(self, state: SamplerState, dst: Any, src: Any) -> SamplerState:
+        """Jitted :func:`copy_rows` (paged states): ``dst``, ``src`` ``int[k]``."""
+        return self._copy_rows(state, self._batch_put(dst, jnp.int32),
+                               self._batch_put(src, jnp.int32))
+
     def release(self, state: SamplerState, rows: Any) -> SamplerState:
         """Empty the rows where ``rows [B]`` is True (a paged cache's pages go back to the
         pool; a static cache's rows are reset); consumes ``state``."""
@@ -568,6 +628,15 @@ class Sampler:
         self.trace_counts["init"] += 1
         return self._constrain(init_state(self.config, batch_size, max_len, dtype, self.dtype,
                                           paging))
+
+    def _append_rows_impl(self, params, state, rows, tokens, mask):
+        self.trace_counts["append_rows"] += 1
+        return append_rows(nnx.merge(self.graphdef, params), state, rows, tokens, mask,
+                           self._constrain, self.prefill_chunk)
+
+    def _copy_rows_impl(self, state, dst, src):
+        self.trace_counts["copy_rows"] += 1
+        return self._constrain(copy_rows(state, dst, src))
 
     def _release_impl(self, state, rows):
         self.trace_counts["release"] += 1
