@@ -63,11 +63,20 @@ most ``R`` rows (as even as possible, :func:`row_parts`), one part after another
 outside the playing part are not live, so it leaves them untouched) and one record collects
 them, so the result is one Trajectory of the whole batch.
 
+Continuous batching (``refill``): the policy holds ``max_rows_per_call`` seats and rows wait in
+one queue; every loop iteration plays one turn of every seated row, each at its own turn, and
+a row whose episode ended gives its seat to the next waiting row at once (its first prompt
+prefilled into that seat alone, :meth:`~agentrl_jax.policy.SamplerPolicy.restart`). Parts are
+the same loop with a queue per part, seated only when every seat is empty. A task group's rows
+are seated together in order, and the Trajectory comes out whole at the end, so GRPO/GiGPO
+groups are never split.
+
 Randomness: budgets, the environment's seed and the policy's key come from ``key``; the
 policy gets one key per row per turn, ``fold_in(fold_in(key_policy, turn), row)``
 (:func:`row_keys`), and the environment keys its rows by their index in the whole batch. So a
-row's conversation does not depend on which rows share its call: splitting a batch into parts
-(or a policy compacting its cache) gives every row the same tokens for the same ``key`` (up to
+row's conversation does not depend on which rows share its call: splitting a batch into parts,
+continuous batching (or a policy compacting its cache) gives every row the same tokens for the
+same ``key`` (up to
 the float rounding of differently sized batches, which could only flip a draw that lands
 exactly on a boundary; the log-probs agree to ~1e-6).
 """

@@ -10,10 +10,11 @@ from agentrl_jax.bench import rollout as bench_rollout
 def test_run_reports_ours_and_both_baselines():
     results = bench_rollout.run(num_tasks=2, group_size=2, budget=3, max_response_tokens=4,
                                 max_context=512, compare_tasks=1, repeats=1, decode_rows=2,
-                                decode_len=128)
+                                decode_len=128, seats=2)
     assert [(r.unit, r.baseline_name) for r in results] == [
         ("turns/s", bench_rollout.PER_GROUP), ("tokens/s", bench_rollout.PER_GROUP),
-        ("turns/s", bench_rollout.STATIC), ("ms", bench_rollout.FULL_CACHE),
+        ("turns/s", bench_rollout.STATIC), ("turns/s", bench_rollout.STATIC),
+        ("ms", bench_rollout.FULL_CACHE),
         ("turns/s", bench_rollout.REENCODE), ("prefills/s", bench_rollout.UNSHARED)]
     for r in results:
         assert r.ours > 0 and r.baseline > 0 and r.ratio > 0
@@ -26,11 +27,12 @@ def test_run_reports_ours_and_both_baselines():
     assert settings["compilations"]["env"] == {"reset": 1, "step": 1}
     assert "model" in results[0].name and "env" in results[0].name
     assert results[2].settings["rows"] == 4 and results[2].settings["same_tokens_as_static"]
-    assert set(results[3].settings["ms_per_step"]) == {"paged quarter", "paged full",
+    assert results[3].settings["seats"] == 2 and results[3].settings["same_tokens_as_static"]
+    assert set(results[4].settings["ms_per_step"]) == {"paged quarter", "paged full",
                                                        "static quarter", "static full"}
-    assert results[3].settings["filled"] == {"quarter": 32, "full": 120}
-    assert results[4].settings["rows"] == 2
-    assert results[5].settings["rows"] == 2 and results[5].settings["prompt_tokens"] > 50
+    assert results[4].settings["filled"] == {"quarter": 32, "full": 120}
+    assert results[5].settings["rows"] == 2
+    assert results[6].settings["rows"] == 2 and results[6].settings["prompt_tokens"] > 50
 
 
 def test_run_rejects_bad_sizes():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from compile_counter import count_backend_compiles, count_backend_compiles_by_name
 
+from agentrl_jax.errors import ConfigError
 from agentrl_jax.reproduce import training
 from agentrl_jax.reproduce.config import RLSettings, load_config
 from agentrl_jax.reproduce.pipeline import make_tasks
@@ -78,6 +79,13 @@ def test_the_rollout_memory_settings_reach_the_rollout_and_the_policy():
         np.dtype("bfloat16"), 64, "training")
     default = training.sampler_policy(model, RLSettings())
     assert (default.cache_dtype, default.prefill_chunk, default.row_multiple) == (None, None, 1)
+    assert default.paging is None
+    paged = RLSettings(group_size=4, max_rows_per_call=8, kv_page_size=16, refill=True)
+    assert training.sampler_policy(model, paged).paging.page_size == 16
+    assert training.rollout_config(spec, paged, t_max=4, max_response_tokens=8, max_context=256,
+                                   valid_vocab_size=None).refill
+    with pytest.raises(ConfigError, match="rl.refill: continuous batching needs"):
+        RLSettings(refill=True)
 
 
 # ---------------------------------------------------------------------------- placement

@@ -19,8 +19,9 @@ Results (each pair measured in the same run, same maps, policy and settings):
    per turn and a ``rows x context^2`` score buffer, too much for the whole batch on a CPU,
    hence the smaller batch (both sides on the same one);
 3. the same whole batch through the paged engine (``SamplerPolicy(paging=Paging())``: pages
-   released as rows finish, attention over the used pages only) against the static engine
-   (one ``max_context`` cache per row, attention over all of it): turns/s, same run;
+   released as rows finish, attention over the used pages only), all rows at once and with
+   continuous batching in ``seats`` seats (``RolloutConfig(refill=True)``), against the static
+   engine (one ``max_context`` cache per row, attention over all of it): turns/s, same run;
 4. the paged engine's decode step (``decode_rows`` rows, 4,096-token rows, prefill excluded,
    ms per step of an 8-token decode, median of 5) with the cache a quarter filled against
    full; the static engine's two figures are in the settings;
@@ -146,13 +147,13 @@ def decode_step_ms(model: Qwen3ForCausalLM, paging: Paging | None, rows: int, fi
 
 def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: int = 4,
         max_response_tokens: int = 8, max_context: int = 1536, compare_tasks: int = 4,
-        repeats: int = 1, seed: int = 0, decode_rows: int = 32,
-        decode_len: int = DECODE_LEN) -> list[BenchResult]:
+        repeats: int = 1, seed: int = 0, decode_rows: int = 64,
+        decode_len: int = DECODE_LEN, seats: int = 256) -> list[BenchResult]:
     """The measurements of the module docstring."""
     if min(num_tasks, group_size, budget, max_response_tokens, repeats, compare_tasks,
-           decode_rows) < 1 or map_size < 2 or compare_tasks > num_tasks \
+           decode_rows, seats) < 1 or map_size < 2 or compare_tasks > num_tasks \
             or decode_len < 4 * DECODE_STEPS:
-        raise ValueError("num_tasks, group_size, budget, max_response_tokens, repeats, "
+        raise ValueError("num_tasks, group_size, budget, max_response_tokens, repeats, seats, "
                          "decode_rows and compare_tasks (<= num_tasks) must be >= 1, map_size "
                          f">= 2 and decode_len >= {4 * DECODE_STEPS}; got {num_tasks}, "
                          f"{group_size}, {budget}, {max_response_tokens}, {repeats}, "
@@ -172,8 +173,14 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
     compilations = {"policy": dict(policy.trace_counts), "env": dict(env.trace_counts)}
     paged_policy = SamplerPolicy(model, token_map=token_map, paging=Paging())
     paged = _measure(lambda: [runner(paged_policy, tasks, key_run)], repeats)
-    same_rollout = bool(np.array_equal(np.asarray(paged.result.trajectory.tokens),
-                                       np.asarray(batched.result.trajectory.tokens)))
+    seats = min(seats, num_tasks * group_size)
+    seated_runner = MultiTurnRollout(env, runner.tokenizer, dataclasses.replace(
+        config, max_rows_per_call=seats, refill=True))
+    seated_policy = SamplerPolicy(model, token_map=token_map, paging=Paging())
+    seated = _measure(lambda: [seated_runner(seated_policy, tasks, key_run)], repeats)
+    same_rollout = {name: bool(np.array_equal(np.asarray(m.result.trajectory.tokens),
+                                              np.asarray(batched.result.trajectory.tokens)))
+                    for name, m in (("paged", paged), ("continuous", seated))}
 
     def one_group(k: int) -> RolloutResult:
         return runner(policy, tasks[k:k + 1], jax.random.fold_in(key_run, k))
@@ -222,8 +229,11 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
     prefill = {**settings, "rows": group_size, "tasks": 1, "prompt_tokens": len(first),
                "seconds": {"ours": prefill_shared, "baseline": prefill_unshared}}
     paged_settings = {**settings, "rows": num_tasks * group_size, "paging": dataclasses.asdict(Paging()),
-                      "same_tokens_as_static": same_rollout,
+                      "same_tokens_as_static": same_rollout["paged"],
                       "seconds": {"ours": paged.seconds, "baseline": batched.seconds}}
+    seated_settings = {**paged_settings, "seats": seats,
+                       "same_tokens_as_static": same_rollout["continuous"],
+                       "seconds": {"ours": seated.seconds, "baseline": batched.seconds}}
     decode_settings = {"backend": jax.default_backend(), "rows": decode_rows,
                        "cache_tokens": decode_len, "filled": {"quarter": quarter, "full": whole},
                        "decode_tokens": DECODE_STEPS, "vocab_size": 1000, **TINY_DIMS,
@@ -239,6 +249,10 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
         BenchResult(f"rollout FrozenLake {map_size}x{map_size}, {num_tasks} tasks x G={group_size}, "
                     f"B={budget}, paged engine", "turns/s", paged.turns / paged.seconds,
                     batched.turns / batched.seconds, STATIC, paged_settings),
+        BenchResult(f"rollout FrozenLake {map_size}x{map_size}, {num_tasks} tasks x G={group_size}, "
+                    f"B={budget}, paged engine, continuous batching in {seats} seats", "turns/s",
+                    seated.turns / seated.seconds, batched.turns / batched.seconds, STATIC,
+                    seated_settings),
         BenchResult(f"decode step, paged engine, {decode_rows} rows of {decode_len} tokens a "
                     "quarter filled", "ms", decode[("paged", quarter)], decode[("paged", whole)],
                     FULL_CACHE, decode_settings),

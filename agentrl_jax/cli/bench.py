@@ -112,7 +112,8 @@ def bench_rollout(
     max_context: int = typer.Option(1536, help="Context (KV cache) tokens per row."),
     compare_tasks: int = typer.Option(4, help="Tasks of the KV-cache vs re-encoding comparison."),
     repeats: int = typer.Option(1, help="Timed runs after a warm-up (median)."),
-    decode_rows: int = typer.Option(32, help="Rows of the decode-step comparison."),
+    decode_rows: int = typer.Option(64, help="Rows of the decode-step comparison."),
+    seats: int = typer.Option(256, help="Seats (rows in flight) of the continuous-batching run."),
     decode_len: int = typer.Option(4096, help="Cache tokens per row of the decode-step comparison."),
 ) -> None:
     """Multi-turn FrozenLake rollouts of a tiny random Qwen3: turns/s and tokens/s and the time
@@ -124,4 +125,4 @@ def bench_rollout(
     emit(rollout.run(num_tasks=tasks, group_size=group_size, budget=budget, map_size=map_size,
                      max_response_tokens=response_tokens, max_context=max_context,
                      compare_tasks=compare_tasks, repeats=repeats, decode_rows=decode_rows,
-                     decode_len=decode_len), json_out)
+                     decode_len=decode_len, seats=seats), json_out)

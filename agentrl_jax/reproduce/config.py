@@ -186,7 +186,12 @@ class RLSettings:
     the tokens do not depend on it); ``prefill_chunk`` feeds prompts to the KV cache this many
     tokens at a time (null: whole); ``generation_layout`` is where the sampler reads the
     weights from: ``auto`` (replicated over ``fsdp`` when the mesh has ``fsdp`` > 1, so decode
-    all-gathers no weights), ``replicated`` or ``training`` (the train step's FSDP layout).
+    all-gathers no weights), ``replicated`` or ``training`` (the train step's FSDP layout);
+    ``kv_page_size`` (null: one static cache of the whole context per row) runs rollouts on the
+    paged KV cache with pages of that many tokens (one device only): attention reads only the
+    pages in use and finished rows free theirs; ``refill`` (with ``max_rows_per_call``) is
+    continuous batching: a row that ends gives its place to the next waiting row instead of
+    parts played one after another (the tokens do not depend on either).
 
     Update memory (:class:`~agentrl_jax.train.TrainConfig`'s fields of the same names; none
     changes the numbers): ``remat`` (null: none, or ``full``, ``dots``, ``offload``: what
@@ -224,6 +229,8 @@ class RLSettings:
     max_rows_per_call: int | None = None
     prefill_chunk: int | None = None
     generation_layout: str = "auto"
+    kv_page_size: int | None = None
+    refill: bool = False
     remat: str | None = None
     attention: str = "xla"
     logits_chunk: int = 512
@@ -251,6 +258,7 @@ class RLSettings:
             "kv_cache_dtype": one_of(DTYPES, nullable=True),
             "max_rows_per_call": _optional(_int(1)), "prefill_chunk": _optional(_int(1)),
             "generation_layout": one_of(GENERATION_LAYOUTS),
+            "kv_page_size": _optional(_int(1)), "refill": BOOL,
             "remat": one_of(REMAT_POLICIES, nullable=True),
             "attention": one_of(ATTENTION_IMPLEMENTATIONS),
             "logits_chunk": _int(1)})
@@ -267,6 +275,9 @@ class RLSettings:
             raise ConfigError(f"rl.max_rows_per_call: must be a multiple of group_size "
                               f"({self.group_size}), so task groups stay whole, got "
                               f"{self.max_rows_per_call}")
+        if self.refill and self.max_rows_per_call is None:
+            raise ConfigError("rl.refill: continuous batching needs rl.max_rows_per_call (the "
+                              "rows in flight), got refill: true with max_rows_per_call: null")
         self.resolved_runs()  # every run's algorithm builds (errors name rl.runs[i])
 
     def resolved_runs(self) -> tuple[RunSettings, ...]:

@@ -45,6 +45,7 @@ from agentrl_jax.evaluation.states import (StatePool, StateStarts, inject_errors
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.policy import Policy, SamplerPolicy
+from agentrl_jax.sampling import Paging
 from agentrl_jax.reproduce import report, results
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.reproduce.results import ANALYSES, raw_path, slug, table1_from_results
@@ -83,6 +84,7 @@ _CHECKS: dict[str, Check] = {
     "kv_cache_dtype": (lambda v: v is None or one_of(("float32", "bfloat16"))[0](v),
                        "null, float32 or bfloat16"),
     "attention": one_of(ATTENTION_IMPLEMENTATIONS),
+    "kv_page_size": optional(_COUNT),
 }
 
 
@@ -117,6 +119,7 @@ class EvalSettings:
     prefill_chunk: int | None = None  # memory: prompts enter the KV cache this many tokens at a time
     kv_cache_dtype: str | None = None  # memory: the KV cache's dtype (null: the compute dtype)
     attention: str = "xla"            # memory: the likelihood forward's attention ("blocked": no [L, L] scores)
+    kv_page_size: int | None = None   # an int: rollouts on the paged KV cache (pages of that many tokens)
     seed: int = 0
 
     def __post_init__(self):
@@ -233,8 +236,10 @@ class _Run:
 
     @functools.cached_property
     def policies(self) -> dict[str, Policy]:
+        paging = (None if self.settings.kv_page_size is None
+                  else Paging(page_size=self.settings.kv_page_size))
         return _samplers(self.models, prefill_chunk=self.settings.prefill_chunk,
-                         cache_dtype=self.settings.kv_cache_dtype)
+                         cache_dtype=self.settings.kv_cache_dtype, paging=paging)
 
     @functools.cached_property
     def config(self) -> RolloutConfig:

@@ -34,11 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentrl_jax.errors import ConfigError
 from agentrl_jax.policy import SamplerPolicy
 from agentrl_jax.process_rewards import FrozenLakeQStar
 from agentrl_jax.reproduce.config import RLSettings
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
-from agentrl_jax.sampling import SamplingConfig
+from agentrl_jax.sampling import Paging, SamplingConfig
 from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory
 from agentrl_jax.train import (Checkpointer, MetricsLogger, TrainConfig, init_train_state,
                                make_train_step, train)
@@ -121,14 +122,21 @@ def rollout_config(spec: RunSpec, rl: RLSettings, *, t_max: int, max_response_to
         max_response_tokens=max_response_tokens, max_context=max_context,
         sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p,
                                 valid_vocab_size=valid_vocab_size),
-        max_rows_per_call=rl.max_rows_per_call)
+        max_rows_per_call=rl.max_rows_per_call, refill=rl.refill)
 
 
 def sampler_policy(model: nnx.Module, rl: RLSettings, mesh=None) -> SamplerPolicy:
     """The rollouts' policy with ``rl``'s memory settings; on a mesh its compacted batches are
     multiples of the batch shards (``data`` x ``fsdp``), so rows always split evenly."""
+    paging = None
+    if rl.kv_page_size is not None:
+        if mesh is not None and mesh.size > 1:
+            raise ConfigError(f"rl.kv_page_size: the paged KV cache runs on one device, this run's "
+                              f"mesh has {mesh.size}; set it to null")
+        paging, mesh = Paging(page_size=rl.kv_page_size), None
     return SamplerPolicy(model, mesh=mesh, cache_dtype=rl.kv_cache_dtype,
-                         prefill_chunk=rl.prefill_chunk, generation_layout=rl.generation_layout)
+                         prefill_chunk=rl.prefill_chunk, generation_layout=rl.generation_layout,
+                         paging=paging)
 
 
 def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSettings, *,
