@@ -174,3 +174,33 @@ def test_append_rows_and_copy_rows_work_on_part_of_the_batch(tiny):
     _, theirs = reference.decode(params, ref_state, key, GREEDY)
     np.testing.assert_array_equal(ours.tokens, theirs.tokens)
     np.testing.assert_allclose(ours.log_probs, theirs.log_probs, atol=1e-5)
+
+
+@pytest.mark.parametrize("paging", [None, PAGING], ids=["static", "paged"])
+def test_restart_after_compaction_regrows_the_cache_and_keeps_the_other_rows(tiny, paging):
+    """``SamplerPolicy.restart`` when the cache was compacted below the rows it must seat: the
+    cache grows back (kept rows keep their caches), the restarted rows sample what a fresh
+    policy samples for their contexts, and the row that played on samples what it would have."""
+    from agentrl_jax.policy import PolicySettings, SamplerPolicy
+    _, model, _ = tiny
+    settings = PolicySettings(max_context=64, max_response_tokens=5, stop_token_ids=(),
+                              sampling=GREEDY)
+    rng = np.random.default_rng(4)
+    contexts = random_rows(rng, [6, 3, 8, 5])
+    new = random_rows(rng, [0, 7, 4, 0])
+    keys = jax.random.split(jax.random.key(1), 4)
+    budget = np.full(4, 5)
+    policy = SamplerPolicy(model, min_rows=1, paging=paging, share_prefixes=False)
+    policy.start(contexts, settings)
+    first = policy.respond(np.array([True, False, False, False]), budget, keys)
+    assert ("take_rows", 1, 4) in policy.shapes_used  # compacted to the one live row
+    policy.extend([[5, 6], [], [], []])
+    policy.restart(new, np.array([False, True, True, False]))
+    live = np.array([True, True, True, False])
+    out = policy.respond(live, budget, keys)
+    assert ("take_rows", 4, 1) in policy.shapes_used  # grown back
+    fresh = SamplerPolicy(model, min_rows=1, paging=paging)
+    fresh.start([contexts[0] + first.tokens[0, :5].tolist() + [5, 6]] + new[1:], settings)
+    expected = fresh.respond(live, budget, keys)
+    np.testing.assert_array_equal(out.tokens[live], expected.tokens[live])
+    np.testing.assert_array_equal(out.lengths, expected.lengths)
