@@ -237,15 +237,18 @@ class _Seats:
         self.row = np.full(seats, -1, np.int64)  # the row in each seat, -1: empty
 
     def seat(self, rows: np.ndarray, contexts: Callable[[int], Sequence[int]],
-             fresh: bool) -> None:
+             current: Callable[[int], Sequence[int]], fresh: bool) -> None:
         """Seat ``rows`` in empty seats and prefill their ``contexts(row)``: a fresh ``start``
-        of every seat (``fresh``, or a policy without ``restart``: the seated rows' current
-        contexts again), else ``restart`` of the new seats only."""
+        of every seat (``fresh``; or, for a policy without ``restart``, a ``start`` with the
+        rows already seated at their ``current(row)`` contexts), else ``restart`` of the new
+        seats only."""
         empty = np.flatnonzero(self.row < 0)[:len(rows)]
+        seated_before = self.row >= 0
         self.row[empty] = rows
         restart = getattr(self.policy, "restart", None)
         if fresh or restart is None:
-            self.policy.start([contexts(r) if r >= 0 else () for r in self.row], self.settings)
+            self.policy.start([() if r < 0 else current(r) if was else contexts(r)
+                               for r, was in zip(self.row, seated_before)], self.settings)
         else:
             which = np.zeros(len(self.row), bool)
             which[empty] = True
@@ -494,7 +497,8 @@ class MultiTurnRollout:
                 take = np.asarray(waiting[0][:empty], np.int64)
                 del waiting[0][:empty]
                 with timer("policy"):
-                    seats.seat(take, lambda r: prompts[r], fresh=not live.any())
+                    seats.seat(take, lambda r: prompts[r], fresh=not live.any(),
+                               current=lambda r: self._context(rec, r, int(turn[r])))
                 live[take] = True
                 waiting = [q for q in waiting if q]
             if not live.any():

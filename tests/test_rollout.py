@@ -345,6 +345,19 @@ def test_continuous_batching_with_a_sliding_window_plays_the_whole_batchs_conver
     assert seated.responses == whole.responses and seen[0] == seen[1]
     assert seated.stats.live_rows == whole.stats.live_rows
 
+    class StartOnly:  # a policy without restart: seating re-starts every seat, same record
+        def __init__(self, inner):
+            self.inner = inner
+            self.start, self.extend, self.respond = inner.start, inner.extend, inner.respond
+
+    seen.append(set())
+    fallback = runner_for(slippery_env, tokenizer, max_rows_per_call=4, refill=True, **overrides)(
+        StartOnly(ScriptedPolicy(tokenizer, script(2))), tasks, key)
+    c = jax.device_get(fallback.trajectory)
+    for field in dataclasses.fields(a):
+        np.testing.assert_array_equal(getattr(c, field.name), getattr(a, field.name),
+                                      err_msg=field.name)
+
 
 # ---------------------------------------------------------------------------- a Python env
 def test_a_python_environment_plays_through_the_same_loop(tokenizer):
