@@ -1,4 +1,4 @@
-"""Batched, jitted prefill / decode / continuation over a static-shape KV cache.
+"""Batched, jitted prefill / decode / continuation over a static-shape or paged KV cache.
 
 A multi-turn rollout is a sequence of calls on one :class:`SamplerState`::
 
@@ -32,6 +32,12 @@ chunk runs as successive appends of ``prefill_chunk`` columns (one ``lax.scan``)
 one wide append (appends are compact: a row's real tokens go after its cached ones wherever
 they sit in the chunk; equal up to the rounding of differently shaped matrix products) but
 bounds the attention temporaries to ``[B, heads, chunk, max_len]``.
+
+Paged (``Sampler(paging=Paging(...))``, one device): the state holds a
+:class:`~agentrl_jax.models.paged_cache.PagedKVCache` instead; every write first allocates the
+pages it needs (a row that finds none left is treated as a full context), attention reads only
+the pages in use, :meth:`Sampler.release` frees finished rows and :meth:`Sampler.append_rows`
+prefills a few rows without touching the others (seating new rows in continuous batching).
 
 Rows never overflow silently: a chunk that does not fit in a row's free slots is not written at
 all, and a row with no free slot for its next sampled token stops with
