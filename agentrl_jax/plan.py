@@ -253,7 +253,7 @@ def plan_sampler(prefix: str, model: nnx.Module, mesh, *, rows: int, max_len: in
 
     out = []
     if init and wanted(f"{prefix}:init"):
-        compiled = sampler._init.lower(rows, max_len, cache_dtype).compile()
+        compiled = sampler._init.lower(rows, max_len, cache_dtype, sampler.paging).compile()
         out.append(analyse(f"{prefix}:init", compiled, memory_bytes, headroom, conservative))
     if wanted(f"{prefix}:append"):
         compiled = sampler._append.lower(params, state, rows_of((rows, max_len), jnp.int32),
