@@ -9,13 +9,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentrl_jax.models import PagedKVCache, Qwen3Config, Qwen3ForCausalLM, positions_from_mask
-from agentrl_jax.models import paged_cache
-from agentrl_jax.models.attention import _xla_attention, visibility
+from test_qwen3_cache import CONFIG, _chunk, model  # noqa: F401  (model: the shared fixture)
 
-CONFIG = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                     num_attention_heads=8, num_key_value_heads=2, head_dim=16,
-                     rope_theta=1e4)
+from agentrl_jax.models import PagedKVCache, paged_cache, positions_from_mask
+from agentrl_jax.models.attention import _xla_attention, visibility
 
 
 def _empty(batch=3, max_len=16, page_size=4, num_pages=None, block_pages=2):
@@ -114,24 +111,6 @@ def test_paged_attention_equals_full_score_attention_on_ragged_rows(length):
 
 
 # ------------------------------------------------------------------------------ the model
-@pytest.fixture(scope="module")
-def model():
-    model = Qwen3ForCausalLM(CONFIG, rngs=nnx.Rngs(0))
-    # larger weights than the 0.02 init: attention far from uniform, a misplaced key shows
-    state = nnx.state(model, nnx.Param)
-    nnx.update(model, jax.tree.map(lambda w: w * 5.0 if w.ndim > 2 else w, state))
-    return model
-
-
-def _chunk(rows, width, left):
-    tokens = np.full((len(rows), width), -1, np.int32)
-    mask = np.zeros((len(rows), width), bool)
-    for b, row in enumerate(rows):
-        where = slice(width - len(row), width) if left else slice(0, len(row))
-        tokens[b, where], mask[b, where] = row, True
-    return tokens, mask
-
-
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_model_through_pages_equals_full_forward_and_never_retraces(model, scan_layers):
     """Ragged prefill, decode steps, observations (one row idle), more decode; rows finish and

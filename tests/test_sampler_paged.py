@@ -9,23 +9,12 @@ import numpy as np
 import pytest
 import torch
 from compile_counter import count_backend_compiles
-from flax import nnx
-from hf_qwen3 import save_random_hf_qwen3
-from test_sampler import conversation_inputs, random_rows, run_conversation
+from test_sampler import conversation_inputs, random_rows, run_conversation, tiny  # noqa: F401
 
-from agentrl_jax.models import load_qwen3
 from agentrl_jax.sampling import Paging, Sampler, SamplingConfig, StopReason, pad_rows
 
 GREEDY = SamplingConfig(temperature=0)
 PAGING = Paging(page_size=4, block_pages=2)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    hf = save_random_hf_qwen3(path, seed=0)
-    model = load_qwen3(path)
-    return hf, model, nnx.state(model)
 
 
 def test_greedy_equals_transformers_generate_and_the_static_sampler(tiny):
@@ -204,3 +193,15 @@ def test_restart_after_compaction_regrows_the_cache_and_keeps_the_other_rows(tin
     expected = fresh.respond(live, budget, keys)
     np.testing.assert_array_equal(out.tokens[live], expected.tokens[live])
     np.testing.assert_array_equal(out.lengths, expected.lengths)
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"page_size": 0}, "paging.page_size: must be an int >= 1, got 0"),
+    ({"num_pages": -3}, "paging.num_pages: must be null or an int >= 1, got -3"),
+    ({"block_pages": 2.5}, "paging.block_pages: must be an int >= 1, got 2.5"),
+    ({"page_size": True}, "paging.page_size"),
+])
+def test_bad_paging_settings_are_rejected_with_their_names(fields, match):
+    from agentrl_jax.errors import ConfigError
+    with pytest.raises(ConfigError, match=match.replace(".", r"\.")):
+        Paging(**fields)
