@@ -459,12 +459,12 @@ class MultiTurnRollout:
             rec.prefix_len[r] = rec.turn_start[r, 0] = first[r][1]
         play = _Play(rec, budget, context_len, overflow=~fits, success=np.zeros(rows, bool),
                      turns_used=np.zeros(rows, np.int32), texts=[[] for _ in range(rows)])
-        parts = [part[fits[part]] for part in row_parts(groups, size, cfg.max_rows_per_call)]
+        parts = row_parts(groups, size, cfg.max_rows_per_call)
+        seats = _Seats(policy, max(len(p) for p in parts), rows, self.settings)
+        queues = [part[fits[part]] for part in parts]
         if cfg.refill:  # one queue of every row, seats as many as the largest part
-            parts = [np.concatenate(parts)]
-        seats = _Seats(policy, max(len(p) for p in row_parts(groups, size, cfg.max_rows_per_call)),
-                       rows, self.settings)
-        env_state = self._play(seats, play, parts, [first[r][0] for r in range(rows)],
+            queues = [np.concatenate(queues)]
+        env_state = self._play(seats, play, queues, [first[r][0] for r in range(rows)],
                                env_state, key_policy, timer)
         total = time.perf_counter() - began
         stats = RolloutStats(

@@ -169,6 +169,18 @@ def init_state(config: Qwen3Config, batch_size: int, max_len: int,
                         overflowed=jnp.zeros((batch_size,), bool))
 
 
+def _reserve(state: SamplerState, count: jax.Array, fits: jax.Array
+             ) -> tuple[SamplerState, jax.Array]:
+    """A paged cache's pages for ``count [B]`` new tokens of the rows that ``fits`` and are not
+    overflowed; a row that finds none left no longer fits. A static cache: unchanged."""
+    if not isinstance(state.cache, PagedKVCache):
+        return state, fits
+    lengths = state.cache.lengths
+    writes = fits & ~state.overflowed
+    cache, got = paged_cache.allocate(state.cache, jnp.where(writes, lengths + count, lengths))
+    return state.replace(cache=cache), fits & got
+
+
 def append(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.Array, mask: jax.Array,
            constrain: Callable[[Any], Any] = lambda x: x, chunk: int | None = None
            ) -> SamplerState:
@@ -185,14 +197,10 @@ def append(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.Array, mask
     lengths = state.cache.lengths
     count = jnp.sum(mask, axis=1, dtype=jnp.int32)
     fits = lengths + count <= state.cache.max_len
-    cache = state.cache
-    if isinstance(cache, PagedKVCache):  # pages for the new tokens first; none left: no fit
-        writes = fits & ~state.overflowed
-        cache, got = paged_cache.allocate(cache, jnp.where(writes, lengths + count, lengths))
-        fits = fits & got
+    state, fits = _reserve(state, count, fits)
     mask = mask & (fits & ~state.overflowed)[:, None]
     positions = positions_from_mask(mask, lengths)
-    hidden, cache = model.hidden_states(tokens.astype(jnp.int32), positions, mask, cache)
+    hidden, cache = model.hidden_states(tokens.astype(jnp.int32), positions, mask, state.cache)
     last = mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)  # each row's last real token
     last_hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
     wrote = jnp.any(mask, axis=1)
@@ -218,13 +226,8 @@ def append_in_chunks(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.A
     mask = mask.astype(bool)
     batch, width = mask.shape
     count = jnp.sum(mask, axis=1, dtype=jnp.int32)
-    lengths = state.cache.lengths
-    fits = lengths + count <= state.cache.max_len
-    if isinstance(state.cache, PagedKVCache):  # the whole chunk's pages, before any piece
-        writes = fits & ~state.overflowed
-        cache, got = paged_cache.allocate(state.cache,
-                                          jnp.where(writes, lengths + count, lengths))
-        state, fits = state.replace(cache=cache), fits & got
+    fits = state.cache.lengths + count <= state.cache.max_len
+    state, fits = _reserve(state, count, fits)  # the whole chunk's pages, before any piece
     mask = mask & (fits & ~state.overflowed)[:, None]
     pieces = -(-width // chunk)
     pad = ((0, 0), (0, pieces * chunk - width))
