@@ -9,7 +9,10 @@ reads the compiler's per-device memory analysis:
                         critic passes are inside it), at the config's rows per micro-batch and
                         ``task.max_context`` tokens;
 * ``rollout:init``, ``rollout:append``, ``rollout:decode``   the sampler's programs at the
-                        rollout's rows per call, cache length and prefill chunk;
+                        rollout's rows per call, cache length and prefill chunk; with
+                        ``rl.kv_page_size`` on the paged cache (a pool for every row in
+                        flight at ``task.max_context``), and with ``rl.refill`` also
+                        ``rollout:append_rows`` (seating new rows);
 * ``eval:append``, ``eval:decode``   the evaluation sampler's;
 * ``eval:likelihood``   the teacher-forced forward of the likelihood analysis (§7.4) at
                         ``eval.likelihood_rows_per_batch`` rows of ``eval.max_context`` tokens.
@@ -47,7 +50,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentrl_jax.models.checkpoints import abstract_qwen3
 from agentrl_jax.models.config import Qwen3Config
-from agentrl_jax.sampling import SamplingConfig
+from agentrl_jax.sampling import Paging, SamplingConfig
 from agentrl_jax.sampling.sampler import Sampler, batch_shards, generation_rules, init_state, resolve_layout
 from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, build_mesh, describe_mesh, tree_shardings
 from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_train_step, state_shardings
@@ -234,18 +237,23 @@ def plan_train_step(name: str, model: nnx.Module, config: TrainConfig, mesh, *, 
 def plan_sampler(prefix: str, model: nnx.Module, mesh, *, rows: int, max_len: int, max_new_tokens: int,
                  prefill_chunk: int | None, cache_dtype: Any, layout: str, sampling: SamplingConfig,
                  memory_bytes: float, headroom: float, wanted=lambda name: True, init: bool = True,
-                 conservative: bool = False
+                 conservative: bool = False, paging: Paging | None = None, refill: bool = False
                  ) -> list[ProgramPlan]:
     """Compile the sampler's init, widest append (``max_len`` columns, fed in chunks of
-    ``prefill_chunk``) and decode for ``rows`` rows, parameters in the generation ``layout``."""
-    sampler = Sampler(model, max_new_tokens=max_new_tokens, mesh=mesh, prefill_chunk=prefill_chunk)
+    ``prefill_chunk``) and decode for ``rows`` rows, parameters in the generation ``layout``;
+    with ``paging`` on its paged KV cache (a pool for every row at ``max_len``), and with
+    ``refill`` also the widest ``append_rows`` (seating new rows: all ``rows`` at once)."""
+    sampler = Sampler(model, max_new_tokens=max_new_tokens, mesh=mesh, prefill_chunk=prefill_chunk,
+                      paging=paging)
     params = nnx.state(model)
     if resolve_layout(layout, mesh) == "replicated":  # a copy in the compute dtype (generation_params)
         params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, model.dtype), params)
         params = _abstract(params, tree_shardings(params, mesh, generation_rules()))
     else:
         params = _abstract(params, tree_shardings(params, mesh, QWEN3_PARAM_RULES))
-    state = jax.eval_shape(lambda: init_state(model.config, rows, max_len, cache_dtype, model.dtype))
+    pool = sampler.pool(rows, max_len)
+    state = jax.eval_shape(lambda: init_state(model.config, rows, max_len, cache_dtype, model.dtype,
+                                              pool))
     state = _abstract(state, sampler.state_shardings(state))
 
     def rows_of(shape, dtype):
@@ -253,12 +261,17 @@ def plan_sampler(prefix: str, model: nnx.Module, mesh, *, rows: int, max_len: in
 
     out = []
     if init and wanted(f"{prefix}:init"):
-        compiled = sampler._init.lower(rows, max_len, cache_dtype, sampler.paging).compile()
+        compiled = sampler._init.lower(rows, max_len, cache_dtype, pool).compile()
         out.append(analyse(f"{prefix}:init", compiled, memory_bytes, headroom, conservative))
     if wanted(f"{prefix}:append"):
         compiled = sampler._append.lower(params, state, rows_of((rows, max_len), jnp.int32),
                                          rows_of((rows, max_len), jnp.bool_)).compile()
         out.append(analyse(f"{prefix}:append", compiled, memory_bytes, headroom, conservative))
+    if refill and wanted(f"{prefix}:append_rows"):
+        compiled = sampler._append_rows.lower(params, state, rows_of((rows,), jnp.int32),
+                                              rows_of((rows, max_len), jnp.int32),
+                                              rows_of((rows, max_len), jnp.bool_)).compile()
+        out.append(analyse(f"{prefix}:append_rows", compiled, memory_bytes, headroom, conservative))
     if wanted(f"{prefix}:decode"):
         compiled = sampler._decode.lower(params, state, rows_of((rows, 2), jnp.uint32),
                                          rows_of((rows,), jnp.int32), rows_of((rows,), jnp.bool_),
@@ -326,7 +339,8 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
         "rollout", model, mesh, rows=rollout_rows, max_len=task.max_context,
         max_new_tokens=task.max_response_tokens, prefill_chunk=rl.prefill_chunk, cache_dtype=cache_dtype,
         layout=rl.generation_layout, sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p),
-        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, conservative=target.conservative)
+        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, conservative=target.conservative,
+        paging=None if rl.kv_page_size is None else Paging(page_size=rl.kv_page_size), refill=rl.refill)
     ev = config.eval
     results += plan_sampler(
         "eval", model, mesh, rows=eval_rows(ev, task.eval_maps), max_len=ev.max_context,
@@ -334,7 +348,8 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
         cache_dtype=jnp.dtype(ev.kv_cache_dtype or config.model.dtype), layout=rl.generation_layout,
         sampling=SamplingConfig(temperature=ev.temperature, top_p=ev.top_p),
         memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, init=False,
-        conservative=target.conservative)
+        conservative=target.conservative,
+        paging=None if ev.kv_page_size is None else Paging(page_size=ev.kv_page_size))
     if wanted("eval:likelihood"):
         results.append(plan_likelihood(
             "eval:likelihood", model, mesh, rows=ev.likelihood_rows_per_batch, length=ev.max_context,

@@ -244,10 +244,12 @@ class SamplerPolicy:
     baseline: every turn prefills each live row's whole history again. ``share_prefixes``:
     rows that start from the same context (the ``G`` rows of a task group) prefill it once
     and copy its cache (:meth:`start`; False: every row prefills its own). ``paging``: a paged
-    KV cache (:class:`~agentrl_jax.sampling.Paging`; one device only): attention reads only the
-    pages rows use, and a row that is not live at :meth:`respond` (its episode is over) releases
-    its pages at once and can no longer be extended. ``trace_counts`` counts traces
-    (= compilations) per function.
+    KV cache (:class:`~agentrl_jax.sampling.Paging`): attention reads only the pages rows use,
+    and a row that is not live at :meth:`respond` (its episode is over) releases its pages at
+    once and can no longer be extended. On a mesh (``tensor`` = 1) each batch shard holds its
+    rows' pages: the batch is then never compacted (rows stay on their shard) and a shared
+    context is prefilled once per shard that has rows starting from it. ``trace_counts``
+    counts traces (= compilations) per function.
     """
 
     def __init__(self, model: Qwen3ForCausalLM, params: Any = None, *,
@@ -274,10 +276,12 @@ class SamplerPolicy:
         self.compact, self.min_rows, self.row_multiple = compact, min_rows, row_multiple
         self.reuse_cache = reuse_cache
         self.share_prefixes = bool(share_prefixes)
-        if paging is not None and mesh is not None:
-            raise NotImplementedError("SamplerPolicy: a paged KV cache runs on one device; on a "
-                                      "mesh leave paging=None")
         self.paging = paging
+        # on a mesh each batch shard pages its own rows: rows never move between shards, so
+        # finished rows free their pages but the batch is not compacted
+        self.sharded_pages = paging is not None and mesh is not None
+        if self.sharded_pages:
+            self.compact = False
         self.mesh = mesh
         self.device = None if mesh is not None else (device or jax.devices()[0])
         self.cache_dtype = None if cache_dtype is None else jnp.dtype(cache_dtype)
@@ -355,10 +359,18 @@ class SamplerPolicy:
         if not self.reuse_cache:
             self._contexts = [list(c) for c in contexts]
             return
+        sampler = self._sampler(settings)
+        if self.sharded_pages:  # every row seated on its shard, then prefilled there
+            shards = batch_shards(self.mesh)
+            size = -(-self._num_rows // shards) * shards
+            self._rows = np.full(size, -1, np.int64)
+            self._rows[:self._num_rows] = np.arange(self._num_rows)
+            self._state = sampler.init(size, settings.max_context, self.cache_dtype)
+            self._seat(sampler, list(range(self._num_rows)), range(self._num_rows), contexts)
+            return
         present = np.array([i for i, c in enumerate(contexts) if len(c)], np.int64)
         self._rows = (self._pad_rows(present, self._num_rows) if self.compact
                       else np.arange(self._num_rows))
-        sampler = self._sampler(settings)
         rows = [tuple(contexts[r]) if r >= 0 else () for r in self._rows]
         shared = shared_contexts(rows) if self.share_prefixes else None
         size = None if shared is None else min(
@@ -439,17 +451,25 @@ class SamplerPolicy:
                 rows[slot] = tuple(contexts[t])
             self._state = self._append(sampler, self._state, rows)
             return
-        # pages: prefill only the new rows (each distinct context once), copy the rest
-        first: dict[tuple[int, ...], int] = {}
+        self._seat(sampler, slots, targets, contexts)
+
+    def _seat(self, sampler: Sampler, slots: Sequence[int], targets: Sequence[int],
+              contexts: Sequence[Sequence[int]]) -> None:
+        """Prefill the empty cache rows ``slots`` with ``contexts[targets]`` (a paged cache):
+        each distinct context once (once per batch shard on a mesh), copied to the others."""
+        shards = batch_shards(self.mesh) if self.sharded_pages else 1
+        per_shard = len(self._rows) // shards
+        first: dict[tuple[int, tuple[int, ...]], int] = {}
         prefill, copies = [], []
         for slot, t in zip(slots, targets):
             context = tuple(contexts[t])
             if not context:
                 continue
-            if self.share_prefixes and context in first:
-                copies.append((slot, first[context]))
+            where = (slot // per_shard, context)
+            if self.share_prefixes and where in first:
+                copies.append((slot, first[where]))
             else:
-                first[context] = slot
+                first[where] = slot
                 prefill.append((slot, context))
         if prefill:
             size = self._sub_batch(len(prefill))

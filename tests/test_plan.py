@@ -87,3 +87,16 @@ def test_plan_for_gpus_with_the_tpu_compiler_standing_in():
     code, report = _plan("--gpus", "8", "--gpu-memory-gib", "80", "--gpu-stand-in", "tpu")
     assert code == 0 and report["fits"] and report["estimate"] and report["stand_in"] == "tpu"
     assert "8 x GPU 80 GiB" in report["target"] and {p["name"] for p in report["programs"]} == PROGRAMS
+
+
+def test_plan_compiles_the_paged_engine_on_the_mesh():
+    """``rl.kv_page_size`` + ``rl.refill``: the paged programs (seating rows too), each shard's
+    pages of the pool on its own device."""
+    code, report = _plan("--gpus", "8", "--program", "rollout", "--set", "rl.kv_page_size=16",
+                         "--set", "rl.refill=true", "--set", "rl.max_rows_per_call=16")
+    assert code == 0 and report["fits"]
+    programs = {p["name"]: p for p in report["programs"]}
+    assert set(programs) == {"rollout:init", "rollout:append", "rollout:append_rows", "rollout:decode"}
+    # the pool [layers, pages, 16, kv heads, head dim]: 16 rows x 16 pages split over 8 devices
+    shape, _ = programs["rollout:init"]["largest"][0]
+    assert shape.split("[")[1].split(",")[1:3] == ["32", "16"], shape

@@ -188,7 +188,8 @@ class RLSettings:
     weights from: ``auto`` (replicated over ``fsdp`` when the mesh has ``fsdp`` > 1, so decode
     all-gathers no weights), ``replicated`` or ``training`` (the train step's FSDP layout);
     ``kv_page_size`` (null: one static cache of the whole context per row) runs rollouts on the
-    paged KV cache with pages of that many tokens (one device only): attention reads only the
+    paged KV cache with pages of that many tokens (on a mesh with ``tensor`` = 1 each batch
+    shard pages its own rows): attention reads only the
     pages in use and finished rows free theirs; ``refill`` (with ``max_rows_per_call``) is
     continuous batching: a row that ends gives its place to the next waiting row instead of
     parts played one after another (the tokens do not depend on either).

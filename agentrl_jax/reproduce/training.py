@@ -130,10 +130,11 @@ def sampler_policy(model: nnx.Module, rl: RLSettings, mesh=None) -> SamplerPolic
     multiples of the batch shards (``data`` x ``fsdp``), so rows always split evenly."""
     paging = None
     if rl.kv_page_size is not None:
-        if mesh is not None and mesh.size > 1:
-            raise ConfigError(f"rl.kv_page_size: the paged KV cache runs on one device, this run's "
-                              f"mesh has {mesh.size}; set it to null")
-        paging, mesh = Paging(page_size=rl.kv_page_size), None
+        if mesh is not None and mesh.shape["tensor"] > 1:
+            raise ConfigError(f"rl.kv_page_size: the paged KV cache splits rows over the batch "
+                              f"axes only, this run's mesh has tensor={mesh.shape['tensor']}; "
+                              "set it to null or use tensor: 1")
+        paging = Paging(page_size=rl.kv_page_size)
     return SamplerPolicy(model, mesh=mesh, cache_dtype=rl.kv_cache_dtype,
                          prefill_chunk=rl.prefill_chunk, generation_layout=rl.generation_layout,
                          paging=paging)

@@ -33,11 +33,15 @@ one wide append (appends are compact: a row's real tokens go after its cached on
 they sit in the chunk; equal up to the rounding of differently shaped matrix products) but
 bounds the attention temporaries to ``[B, heads, chunk, max_len]``.
 
-Paged (``Sampler(paging=Paging(...))``, one device): the state holds a
+Paged (``Sampler(paging=Paging(...))``): the state holds a
 :class:`~agentrl_jax.models.paged_cache.PagedKVCache` instead; every write first allocates the
 pages it needs (a row that finds none left is treated as a full context), attention reads only
 the pages in use, :meth:`Sampler.release` frees finished rows and :meth:`Sampler.append_rows`
 prefills a few rows without touching the others (seating new rows in continuous batching).
+On a mesh (``tensor`` = 1) each batch shard is a whole one-device engine: its rows, and an
+equal share of the pool's pages, live on its device (:func:`paged_state_specs`) and every
+paged program runs per shard (``shard_map``; parameters replicated), so no page ever crosses
+devices; a row can be copied only within its shard, and decode needs per-row keys.
 
 Rows never overflow silently: a chunk that does not fit in a row's free slots is not written at
 all, and a row with no free slot for its next sampled token stops with
@@ -70,6 +74,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -440,6 +445,21 @@ def generation_params(params: Any, mesh: Mesh | None = None, layout: str = "auto
     return jax.device_put(params, tree_shardings(params, mesh, generation_rules(rules)))
 
 
+def paged_state_specs(state: SamplerState) -> SamplerState:
+    """The ``PartitionSpec`` of each leaf of a paged state on a mesh: rows, and the pool's
+    pages, split over ``BATCH_AXES``. Each batch shard is then a whole one-device engine: its
+    rows' page tables name pages of its own part of the pool (local ids), so the sampler runs
+    every paged program per shard (``shard_map``) and no page ever crosses devices."""
+    rows = P(BATCH_AXES)
+    cache = state.cache.replace(k=P(None, BATCH_AXES), v=P(None, BATCH_AXES), page_table=rows,
+                                lengths=rows, free=rows)
+    return SamplerState(cache=cache, hidden=rows, overflowed=rows)
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, P)
+
+
 def batch_shards(mesh: Mesh) -> int:
     """How many ways a mesh splits a batch (``data`` x ``fsdp``)."""
     return int(np.prod([mesh.shape[axis] for axis in BATCH_AXES]))
@@ -463,8 +483,8 @@ class Sampler:
     Without: everything is committed to ``device`` (default ``jax.devices()[0]``; put
     ``params`` there too, :func:`generation_params`). ``prefill_chunk``: appends wider than it
     run in chunks of that width (:func:`append_in_chunks`; None: never).
-    ``paging``: states from :meth:`init` hold a paged KV cache (:class:`Paging`; one device
-    only): attention reads only the pages rows use, and :meth:`release` returns a finished
+    ``paging``: states from :meth:`init` hold a paged KV cache (:class:`Paging`; on a mesh
+    per batch shard, see the module docstring): attention reads only the pages rows use, and :meth:`release` returns a finished
     row's pages to the pool. ``trace_counts`` counts traces per function, for tests and logs (a trace is a compilation
     as long as the placement of the inputs stays the same). ``unroll_layers`` (default: on
     CPU only) decodes with unrolled layers from per-layer copies of the weights made once per
@@ -495,10 +515,13 @@ class Sampler:
         self.mesh = mesh
         self.device = None if mesh is not None else (device or jax.devices()[0])
         self.prefill_chunk = prefill_chunk
-        if paging is not None and mesh is not None:
-            raise NotImplementedError("a paged KV cache runs on one device; on a mesh use the "
-                                      "static cache (paging=None)")
+        if paging is not None and mesh is not None and mesh.shape["tensor"] > 1:
+            raise NotImplementedError(
+                f"a paged KV cache on a mesh splits rows and pages over {BATCH_AXES} only; this "
+                f"mesh has tensor={mesh.shape['tensor']}: use tensor=1 or the static cache "
+                "(paging=None)")
         self.paging = paging
+        self.sharded_pages = paging is not None and mesh is not None
         self.unroll_layers = (jax.default_backend() == "cpu" if unroll_layers is None
                               else unroll_layers)
         self.trace_counts: collections.Counter[str] = collections.Counter()
@@ -516,9 +539,13 @@ class Sampler:
         return jax.lax.with_sharding_constraint(tree, self.state_shardings(tree))
 
     def state_shardings(self, state: SamplerState) -> SamplerState:
-        """The layout of a state (on a mesh: cache by KV_CACHE_RULES, the rest by batch)."""
+        """The layout of a state (on a mesh: cache by KV_CACHE_RULES, the rest by batch; a
+        paged state by :func:`paged_state_specs`)."""
         if self.mesh is None:
             return jax.tree.map(lambda _: self.replicated, state)
+        if isinstance(state.cache, PagedKVCache):
+            return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec),
+                                paged_state_specs(state), is_leaf=_is_spec)
         batch = NamedSharding(self.mesh, P(BATCH_AXES))
         return SamplerState(cache=tree_shardings(state.cache, self.mesh, KV_CACHE_RULES),
                             hidden=NamedSharding(self.mesh, P(BATCH_AXES, None)),
@@ -561,16 +588,32 @@ class Sampler:
         bfloat16 halves a float32 model's cache), pending hidden states in the compute dtype;
         paged when the Sampler was made with ``paging`` (a pool of ``paging.num_pages``, or by
         default enough pages for ``pool_rows`` rows at ``max_len``, ``pool_rows`` defaulting to
-        ``batch_size``: a state that will be copied to more rows needs the larger pool); one
+        ``batch_size``: a state that will be copied to more rows needs the larger pool; on a
+        mesh each batch shard holds an equal share of the rows and of the pages); one
         compiled program per (batch_size, max_len, dtype, pool size)."""
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
-        paging = self.paging
-        if paging is not None and paging.num_pages is None:
-            rows = batch_size if pool_rows is None else max(pool_rows, 1)
-            paging = dataclasses.replace(paging, num_pages=rows * -(-max_len // paging.page_size))
-        state = self._init(batch_size, max_len, jnp.dtype(dtype or self.dtype), paging)
+        state = self._init(batch_size, max_len, jnp.dtype(dtype or self.dtype),
+                           self.pool(batch_size, max_len, pool_rows))
         return jax.device_put(state, self.state_shardings(state))  # committed: see the module doc
+
+    def pool(self, batch_size: int, max_len: int, pool_rows: int | None = None
+             ) -> Paging | None:
+        """The paging of a state from ``init(batch_size, max_len, pool_rows=...)``, its
+        ``num_pages`` resolved (None for a static cache)."""
+        paging = self.paging
+        if paging is None:
+            return None
+        shards = batch_shards(self.mesh) if self.sharded_pages else 1
+        if paging.num_pages is None:
+            rows = batch_size if pool_rows is None else max(pool_rows, 1)
+            pages = -(-rows * -(-max_len // paging.page_size) // shards) * shards
+            paging = dataclasses.replace(paging, num_pages=pages)
+        if batch_size % shards or paging.num_pages % shards:
+            raise ValueError(f"a paged state on this mesh needs batch_size and paging.num_pages "
+                             f"divisible by its {shards} batch shards (each holds its share of "
+                             f"rows and pages), got {batch_size} and {paging.num_pages}")
+        return paging
 
     def append_rows(self, params: nnx.State, state: SamplerState, rows: Any, tokens: Any,
                     mask: Any) -> SamplerState:
@@ -580,13 +623,47 @@ class Sampler:
         if rows.ndim != 1 or np.shape(tokens) != np.shape(mask) or np.shape(tokens)[:1] != rows.shape:
             raise ValueError(f"append_rows: rows {rows.shape}, tokens {np.shape(tokens)} and mask "
                              f"{np.shape(mask)} must be [k] and [k, L]")
+        if self.sharded_pages:
+            rows, (tokens, mask) = self._by_shard(state, rows, np.asarray(tokens), np.asarray(mask))
         return self._append_rows(params, state, self._batch_put(rows, jnp.int32),
                                  self._batch_put(tokens, jnp.int32), self._batch_put(mask, bool))
 
     def copy_rows(self, state: SamplerState, dst: Any, src: Any) -> SamplerState:
-        """Jitted :func:`copy_rows` (paged states): ``dst``, ``src`` ``int[k]``."""
+        """Jitted :func:`copy_rows` (paged states): ``dst``, ``src`` ``int[k]``. On a mesh a
+        row can only be copied within its batch shard (pages never cross devices)."""
+        dst, src = np.asarray(dst), np.asarray(src)
+        if self.sharded_pages:
+            local = state.hidden.shape[0] // batch_shards(self.mesh)
+            crossing = (dst >= 0) & (dst // local != src // local)
+            if crossing.any():
+                i = int(np.flatnonzero(crossing)[0])
+                raise ValueError(f"copy_rows: row {src[i]} cannot be copied to row {dst[i]}: "
+                                 f"they are on different batch shards ({local} rows each)")
+            dst, (src,) = self._by_shard(state, dst, src)
+            src = np.where(dst >= 0, src % local, 0)
         return self._copy_rows(state, self._batch_put(dst, jnp.int32),
                                self._batch_put(src, jnp.int32))
+
+    def _by_shard(self, state: SamplerState, rows: np.ndarray, *columns: np.ndarray
+                  ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Rows ``int[k]`` (``-1``: padding) of a paged state on a mesh, regrouped so that each
+        batch shard's block of ``k'`` entries (``k'``: the most rows any shard gets, rounded up
+        to a power of two) names that shard's rows by their local index; ``columns`` (``[k,
+        ...]``) follow their rows, padding entries zero."""
+        shards = batch_shards(self.mesh)
+        local = state.hidden.shape[0] // shards
+        shard = np.where(rows >= 0, rows // local, -1)
+        most = int(np.bincount(shard[shard >= 0], minlength=shards).max(initial=0))
+        width = 1 << max(most - 1, 0).bit_length()
+        out = np.full(shards * width, -1, np.int32)
+        outs = [np.zeros((shards * width,) + c.shape[1:], c.dtype) for c in columns]
+        for s in range(shards):
+            picked = np.flatnonzero(shard == s)
+            at = s * width + np.arange(len(picked))
+            out[at] = rows[picked] - s * local
+            for o, c in zip(outs, columns):
+                o[at] = c[picked]
+        return out, outs
 
     def release(self, state: SamplerState, rows: Any) -> SamplerState:
         """Empty the rows where ``rows [B]`` is True (a paged cache's pages go back to the
@@ -633,38 +710,84 @@ class Sampler:
         return (params, state, self._key_put(key, batch), self._batch_put(budget, jnp.int32),
                 self._batch_put(active, bool))
 
+    def _per_shard(self, fn: Callable, params: Any, state: SamplerState, *rows: Any,
+                   outputs: str = "state") -> Any:
+        """``fn(params, state, *rows)`` (no ``params`` when None) run by each batch shard on its
+        own rows and pages (a paged state on a mesh, :func:`paged_state_specs`): parameters
+        replicated, ``rows`` batch-major; ``outputs``: ``"state"`` or ``"state, rows"``."""
+        state_specs = paged_state_specs(state)
+        specs = (state_specs,) + (P(BATCH_AXES),) * len(rows)
+        inputs = (state, *rows)
+        if params is not None:
+            specs, inputs = (P(),) + specs, (params,) + inputs
+        out_specs = state_specs if outputs == "state" else (state_specs, P(BATCH_AXES))
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=specs, out_specs=out_specs,
+                             check_vma=False)(*inputs)
+
     def _init_impl(self, batch_size, max_len, dtype, paging):
         self.trace_counts["init"] += 1
+        if self.sharded_pages:  # each batch shard: its rows over its own share of the pages
+            shards = batch_shards(self.mesh)
+            local = dataclasses.replace(paging, num_pages=paging.num_pages // shards)
+            make = lambda: init_state(self.config, batch_size // shards, max_len, dtype,  # noqa: E731
+                                      self.dtype, local)
+            return jax.shard_map(make, mesh=self.mesh, in_specs=(),
+                                 out_specs=paged_state_specs(jax.eval_shape(make)),
+                                 check_vma=False)()
         return self._constrain(init_state(self.config, batch_size, max_len, dtype, self.dtype,
                                           paging))
 
     def _append_rows_impl(self, params, state, rows, tokens, mask):
         self.trace_counts["append_rows"] += 1
+        if self.sharded_pages:
+            return self._per_shard(lambda p, *a: append_rows(
+                nnx.merge(self.graphdef, p), *a, chunk=self.prefill_chunk),
+                params, state, rows, tokens, mask)
         return append_rows(nnx.merge(self.graphdef, params), state, rows, tokens, mask,
                            self._constrain, self.prefill_chunk)
 
     def _copy_rows_impl(self, state, dst, src):
         self.trace_counts["copy_rows"] += 1
+        if self.sharded_pages:
+            return self._per_shard(copy_rows, None, state, dst, src)
         return self._constrain(copy_rows(state, dst, src))
 
     def _release_impl(self, state, rows):
         self.trace_counts["release"] += 1
+        if self.sharded_pages:
+            return self._per_shard(release_rows, None, state, rows)
         return self._constrain(release_rows(state, rows))
 
     def _append_impl(self, params, state, tokens, mask):
         self.trace_counts["append"] += 1
+        if self.sharded_pages:
+            return self._per_shard(lambda p, *a: append(
+                nnx.merge(self.graphdef, p), *a, chunk=self.prefill_chunk),
+                params, state, tokens, mask)
         return append(nnx.merge(self.graphdef, params), state, tokens, mask, self._constrain,
                       self.prefill_chunk)
 
     def _decode_impl(self, params, state, key, budget, active, *, sampling):
         self.trace_counts["decode"] += 1
+        run = functools.partial(
+            self._decode_local, sampling=sampling, unroll_layers=self.unroll_layers)
+        if self.sharded_pages:
+            if key.ndim != 2:
+                raise ValueError("decode: a paged KV cache on a mesh samples each row with its "
+                                 "own key: pass [B] keys (one key would be split per shard)")
+            return self._per_shard(run, params, state, key, budget, active,
+                                   outputs="state, rows")
         sample_fn = sample
+        if key.ndim == 2 and self.mesh is not None and key.shape[0] % batch_shards(self.mesh) == 0:
+            sample_fn = rows_local_sample(self.mesh)
+        return run(params, state, key, budget, active, constrain=self._constrain,
+                   sample_fn=sample_fn)
+
+    def _decode_local(self, params, state, key, budget, active, *, sampling, unroll_layers,
+                      constrain=lambda x: x, sample_fn=sample):
         if key.ndim == 2:  # per-row key data
             key = jax.random.wrap_key_data(key)
-            if self.mesh is not None and key.shape[0] % batch_shards(self.mesh) == 0:
-                sample_fn = rows_local_sample(self.mesh)
         return decode(nnx.merge(self.graphdef, params), state, key, budget, active,
                       sampling=sampling, max_new_tokens=self.max_new_tokens,
                       stop_token_ids=self.stop_token_ids, pad_token_id=self.pad_token_id,
-                      unroll_layers=self.unroll_layers, constrain=self._constrain,
-                      sample_fn=sample_fn)
+                      unroll_layers=unroll_layers, constrain=constrain, sample_fn=sample_fn)
