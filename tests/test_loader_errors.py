@@ -567,8 +567,8 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
      "checkpoint_every, clip_high, clip_low, critic_learning_rate, epochs, gae_gamma, gae_lambda, "
      "generation_layout, gigpo_gamma, gigpo_omega, group_size, kl_coef, kv_cache_dtype, kv_page_size, "
      "learning_rate, logits_chunk, max_grad_norm, max_rows_per_call, mini_batches, num_micro_batches, "
-     "prefill_chunk, refill, remat, runs, scoring, seed, steps, tasks_per_step, temperature, top_p, "
-     "value_clip, weight_decay"),
+     "prefill_chunk, refill, remat, runs, scoring, seed, steps, tasks_per_step, temperature, "
+     "tensorboard, top_p, value_clip, wandb_project, weight_decay"),
     ("rl:\n  steps: 3\n", ["rll.steps=3"],
      f"config {{path}} with override 'rll.steps=3': unknown section 'rll'; known: {SECTIONS}"),
     ("task:\n  t_max: 8\n", ["rl.steps=4", "rl.num_micro_batches=3"],

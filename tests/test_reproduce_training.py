@@ -3,6 +3,9 @@ and a short run whose programs compile once per shape."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import sys
+import types
 from pathlib import Path
 
 import jax
@@ -15,6 +18,7 @@ from agentrl_jax.reproduce import training
 from agentrl_jax.reproduce.config import RLSettings, load_config
 from agentrl_jax.reproduce.pipeline import make_tasks
 from agentrl_jax.reproduce.policy_init import build_frozenlake_tokenizer, random_qwen3
+from agentrl_jax.train import read_metrics
 from agentrl_jax.trajectory import Trajectory
 
 
@@ -88,18 +92,54 @@ def test_the_rollout_memory_settings_reach_the_rollout_and_the_policy():
         RLSettings(refill=True)
 
 
+def test_live_metric_sinks_that_cannot_work_are_refused_before_any_work(monkeypatch):
+    import agentrl_jax.train.loop as loop
+    monkeypatch.setattr(loop, "tensorboard_available", lambda: False)
+    monkeypatch.setattr(training, "tensorboard_available", lambda: False)
+    with pytest.raises(ConfigError, match="rl.tensorboard: true needs tensorboardX"):
+        RLSettings(tensorboard=True)
+    assert not training._tensorboard(RLSettings())  # auto: nothing to write with, no error
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not importable
+    with pytest.raises(ConfigError, match="rl.wandb_project: logging to W&B project 'x' needs"):
+        RLSettings(wandb_project="x")
+    with pytest.raises(ConfigError, match="rl.tensorboard: must be one of"):
+        RLSettings(tensorboard="yes")
+
+
 # ---------------------------------------------------------------------------- placement
 CI_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "frozenlake_ci.yaml"
 
 
-def test_six_updates_compile_each_program_once_per_shape(tmp_path, monkeypatch):
+LIVE_METRICS = ("R_multi", "R_single", "loss", "loss/policy_clip", "loss/kl", "approx_kl", "ratio_mean",
+                "policy_clip/clip_fraction", "entropy_estimate", "grad_norm", "update_skipped",
+                "skipped_updates", "rollout_tokens_per_s", "rollout_turns_per_s", "time/rollout_s",
+                "time/score_s", "time/update_s")
+
+
+def test_six_updates_compile_once_per_shape_and_log_every_metric_live(tmp_path, monkeypatch):
     """A 6-update BudgetMix GRPO run at CI size (16 rows, no warm start): the train step and every
     sampler program (init, append per width, decode, take_rows) compile exactly once per
     distinct input shape, i.e. no update compiles a program again because its inputs were
     placed differently (uncommitted counters and keys in the first update, committed ones
-    returned by the train step after it)."""
+    returned by the train step after it). Its metrics reach TensorBoard (read back with
+    TensorBoard's own ``EventAccumulator``) and a W&B run (a stand-in ``wandb`` module) at
+    every step, each equal to the ``metrics.jsonl`` record."""
+    logged = []
+
+    class FakeRun:
+        def log(self, values, step):
+            logged.append((step, values))
+
+        def finish(self):
+            logged.append("finished")
+
+    fake_wandb = types.ModuleType("wandb")
+    fake_wandb.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    fake_wandb.init = lambda **kwargs: (logged.append(kwargs), FakeRun())[1]
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
     config = load_config(CI_CONFIG, ["warm_start.enabled=false", "rl.steps=6", "rl.runs=[budgetmix]",
-                                     "rl.tasks_per_step=4", "rl.checkpoint_every=3"])
+                                     "rl.tasks_per_step=4", "rl.checkpoint_every=3",
+                                     "rl.tensorboard=true", "rl.wandb_project=agentrl-test"])
     t, m = config.task, config.model
     tasks = make_tasks(config)
     tokenizer = build_frozenlake_tokenizer(tasks.train.instructions(), tasks.train.maps, t.t_max,
@@ -143,3 +183,18 @@ def test_six_updates_compile_each_program_once_per_shape(tmp_path, monkeypatch):
     assert min(traces[kind] for kind in ("init", "append", "decode", "take_rows")) >= 1
     for kind, name in programs.items():
         assert compiles[name] == traces[kind], (kind, dict(compiles), dict(traces))
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    for name in LIVE_METRICS:
+        scalars = events.Scalars(name)
+        assert [e.step for e in scalars] == list(range(1, 7)), name
+        np.testing.assert_allclose([e.value for e in scalars], [r[name] for r in records],
+                                   rtol=1e-6, err_msg=name)
+    assert logged[0]["project"] == "agentrl-test" and logged[0]["name"] == spec.name
+    assert [step for step, _ in logged[1:-1]] == list(range(1, 7)) and logged[-1] == "finished"
+    for (_, values), record in zip(logged[1:-1], records):
+        assert {name: values[name] for name in LIVE_METRICS} == pytest.approx(
+            {name: record[name] for name in LIVE_METRICS})

@@ -148,3 +148,25 @@ def test_without_tensorboard_only_jsonl_is_written(tmp_path, monkeypatch):
         logger = MetricsLogger(tmp_path / "m.jsonl", tensorboard_dir=tmp_path / "tb")
     logger.log(1, {"R_multi": 0.25})
     assert read_metrics(tmp_path / "m.jsonl") == [{"step": 1, "R_multi": 0.25}]
+
+
+def test_rollout_metrics_estimate_the_entropy_from_the_sampled_tokens_log_probs():
+    """``entropy_estimate`` = mean ``-log pi`` over sampled tokens of real rows (padding rows
+    and prompt tokens left out), by hand on 2 real rows of 3."""
+    from agentrl_jax.train.loop import rollout_metrics
+    traj = random_trajectory(0, rows=3, tokens=4, turns=1, group_size=1)
+    loss_mask = np.array([[0, 1, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1]], bool)
+    logprobs = np.array([[-9.0, -1.0, -2.0, -9.0], [-9.0, -9.0, -0.5, -9.0], [-7.0] * 4], np.float32)
+    traj = traj.replace(loss_mask=jnp.asarray(loss_mask), logprobs=jnp.asarray(logprobs),
+                        row_mask=jnp.asarray([True, True, False]))
+    assert rollout_metrics(traj, None)["entropy_estimate"] == pytest.approx((1.0 + 2.0 + 0.5) / 3)
+
+
+def test_the_loop_logs_rollout_throughput_and_the_entropy_estimate(tmp_path):
+    config = TrainConfig(learning_rate=1e-2, total_steps=2)
+    state, step, rollout = _setup(config)
+    logger = MetricsLogger(tmp_path / "m.jsonl")
+    train(state, step, rollout, task_batches(NUM_TASKS, 2), config, logger=logger, progress=False)
+    for record in read_metrics(tmp_path / "m.jsonl"):
+        assert record["rollout_tokens_per_s"] > 0 and record["rollout_turns_per_s"] > 0
+        assert record["entropy_estimate"] > 0

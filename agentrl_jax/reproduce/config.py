@@ -23,6 +23,7 @@ helper :func:`agentrl_jax.validation.validate`.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -43,6 +44,7 @@ from agentrl_jax.validation import (BOOL, Check, integer, is_int, is_real, one_o
 # ---------------------------------------------------------------- checks
 
 _int, _real, _optional, _BOOL = integer, real, optional, BOOL
+TENSORBOARD = ("auto", True, False)
 # Table 1's 25% level, (25 T_max) // 100, must be a budget of at least one turn.
 _T_MAX = (lambda v: is_int(v, 4), "an int >= 4 (the 25% budget level must be >= 1 turn)")
 
@@ -194,6 +196,12 @@ class RLSettings:
     continuous batching: a row that ends gives its place to the next waiting row instead of
     parts played one after another (the tokens do not depend on either).
 
+    Live metrics (``metrics.jsonl`` in each run's folder is the record of truth, always
+    written): ``tensorboard`` writes every step's metrics as TensorBoard scalars to
+    ``runs/<run>/tensorboard`` (``auto``: when ``tensorboardX`` or ``tensorboard`` is installed,
+    the ``tensorboard`` extra; ``true``: required; ``false``: never); ``wandb_project`` also logs them to
+    Weights & Biases in that project (needs the ``wandb`` package; null: not).
+
     Update memory (:class:`~agentrl_jax.train.TrainConfig`'s fields of the same names; none
     changes the numbers): ``remat`` (null: none, or ``full``, ``dots``, ``offload``: what
     each layer keeps for the backward pass), ``attention`` (``xla``, ``blocked``, ``cudnn``,
@@ -235,6 +243,8 @@ class RLSettings:
     remat: str | None = None
     attention: str = "xla"
     logits_chunk: int = 512
+    tensorboard: str | bool = "auto"
+    wandb_project: str | None = None
 
     def __post_init__(self):
         if isinstance(self.runs, str) or not isinstance(self.runs, Sequence) or not self.runs:
@@ -262,7 +272,9 @@ class RLSettings:
             "kv_page_size": _optional(_int(1)), "refill": BOOL,
             "remat": one_of(REMAT_POLICIES, nullable=True),
             "attention": one_of(ATTENTION_IMPLEMENTATIONS),
-            "logits_chunk": _int(1)})
+            "logits_chunk": _int(1), "tensorboard": one_of(TENSORBOARD),
+            "wandb_project": (lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+                              "null or a W&B project name")})
         rows = self.tasks_per_step * self.group_size
         if rows % self.mini_batches:
             raise ConfigError(f"rl.mini_batches: must divide tasks_per_step x group_size "
@@ -276,6 +288,13 @@ class RLSettings:
             raise ConfigError(f"rl.max_rows_per_call: must be a multiple of group_size "
                               f"({self.group_size}), so task groups stay whole, got "
                               f"{self.max_rows_per_call}")
+        from agentrl_jax.train.loop import tensorboard_available  # noqa: PLC0415 (jax, lazily)
+        if self.tensorboard is True and not tensorboard_available():
+            raise ConfigError("rl.tensorboard: true needs tensorboardX (pip install -e '.[tensorboard]') "
+                              "or tensorboard with torch; neither is installed ('auto' skips it)")
+        if self.wandb_project is not None and importlib.util.find_spec("wandb") is None:
+            raise ConfigError(f"rl.wandb_project: logging to W&B project {self.wandb_project!r} needs "
+                              "the wandb package (pip install wandb); it is not installed")
         if self.refill and self.max_rows_per_call is None:
             raise ConfigError("rl.refill: continuous batching needs rl.max_rows_per_call (the "
                               "rows in flight), got refill: true with max_rows_per_call: null")

@@ -44,6 +44,7 @@ from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory
 from agentrl_jax.train import (Checkpointer, MetricsLogger, TrainConfig, init_train_state,
                                make_train_step, train)
 from agentrl_jax.train.inputs import step_inputs
+from agentrl_jax.train.loop import WandbSink, tensorboard_available
 from agentrl_jax.train.state import place_state
 
 STEP_QUALITY_GAMMA = 0.95  # paper §7: Q* with gamma 0.95
@@ -140,6 +141,11 @@ def sampler_policy(model: nnx.Module, rl: RLSettings, mesh=None) -> SamplerPolic
                          paging=paging)
 
 
+def _tensorboard(rl: RLSettings) -> bool:
+    """Whether ``rl.tensorboard`` writes event files (``auto``: when a writer is installed)."""
+    return rl.tensorboard is True or (rl.tensorboard == "auto" and tensorboard_available())
+
+
 def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSettings, *,
                  run_dir: Path, t_max: int, max_response_tokens: int, max_context: int,
                  metadata: dict[str, Any], mesh=None,
@@ -173,7 +179,10 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
                               state_template=state if mesh is not None else None)
     scorer = FrozenLakeQStar(env.maps, gamma=STEP_QUALITY_GAMMA, is_slippery=env.config.is_slippery,
                              success_rate=env.config.success_rate)
-    logger = MetricsLogger(run_dir / "metrics.jsonl", resume_step=int(state.step))
+    logger = MetricsLogger(run_dir / "metrics.jsonl", resume_step=int(state.step),
+                           tensorboard_dir=run_dir / "tensorboard" if _tensorboard(rl) else None,
+                           sinks=[] if rl.wandb_project is None else [WandbSink(
+                               rl.wandb_project, name=spec.name, directory=run_dir, config=metadata)])
     callback = None if on_step is None else (lambda s, m: on_step(int(s.step), m))
     try:
         play = runner.for_training(policy)

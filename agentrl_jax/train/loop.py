@@ -23,7 +23,9 @@ Each iteration of :func:`train`:
 Metrics added by the loop: ``R_multi`` (trajectory success rate over real rows of every rollout
 batch of the step, §7.5),
 ``R_single`` (mean step quality from the quality scorer: Q* on FrozenLake), mean turns,
-rollout/scoring/update seconds, trained tokens per second, and with dynamic sampling
+the policy's entropy estimate (``entropy_estimate``, see :func:`rollout_metrics`),
+rollout/scoring/update seconds, sampled tokens and played turns per rollout second
+(``rollout_tokens_per_s``, ``rollout_turns_per_s``), trained tokens per second, and with dynamic sampling
 ``dynamic_sampling/{rollout_batches,kept_groups,dropped_groups,filler_rows}``. A skipped (non-finite) update is logged
 (``update_skipped`` counts them per step, and a line on the progress bar) and the run continues.
 
@@ -33,6 +35,8 @@ and the train step.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -40,7 +44,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +66,40 @@ TrainStep = Callable[[TrainState, TrainBatch], tuple[TrainState, Mapping[str, ja
 
 
 # ------------------------------------------------------------------------- metrics sink
+
+
+def tensorboard_available() -> bool:
+    """Whether :func:`tensorboard_writer` can make a writer (without importing anything)."""
+    found = lambda name: importlib.util.find_spec(name) is not None  # noqa: E731
+    return found("tensorboardX") or (found("torch") and found("tensorboard"))
+
+
+class WandbSink:
+    """Each step's record to a Weights & Biases run in ``project`` (``wandb.log(record,
+    step=step)``; a metric with one value per update is logged as their mean). The run is
+    named ``name`` and resumes (``resume="allow"``) under an id derived from ``directory``,
+    where W&B keeps its files; steps a resumed run logs again are ignored by W&B (its steps
+    only grow), so ``metrics.jsonl`` stays the record of truth."""
+
+    def __init__(self, project: str, *, name: str, directory: str | Path,
+                 config: Mapping[str, Any] | None = None):
+        import wandb  # optional: only when asked for
+        directory = Path(directory)
+        run_id = hashlib.sha1(str(directory.resolve()).encode()).hexdigest()[:16]
+        self.run = wandb.init(project=project, name=name, dir=str(directory), id=run_id,
+                              resume="allow", config=dict(config or {}))
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        values = {}
+        for name, value in metrics.items():
+            number = _json_number(float(np.mean(value))) if isinstance(value, (list, tuple)) \
+                else _json_number(value)
+            if number is not None:
+                values[name] = number
+        self.run.log(values, step=int(step))
+
+    def close(self) -> None:
+        self.run.finish()
 
 
 def tensorboard_writer(logdir: str | Path):
@@ -90,12 +128,15 @@ class MetricsLogger:
     rewrite leaves the old file or the new one, never a truncated one), and not touched at all
     when nothing follows ``resume_step``. ``superseded`` counts the lines moved. ``writer`` is
     any object with ``add_scalar(tag, value, step)`` (and optionally ``flush``/``close``);
-    by default one is made in ``tensorboard_dir`` if TensorBoard is installed.
+    by default one is made in ``tensorboard_dir`` if TensorBoard is installed. ``sinks``:
+    objects with ``log(step, metrics)`` and ``close()`` getting every record too (e.g.
+    :class:`WandbSink`).
     """
 
     def __init__(self, path: str | Path | None, *, tensorboard_dir: str | Path | None = None,
-                 resume_step: int | None = None, writer: Any = None):
+                 resume_step: int | None = None, writer: Any = None, sinks: Sequence[Any] = ()):
         self.path = None if path is None else Path(path)
+        self.sinks = tuple(sinks)
         self.superseded = 0
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,10 +166,14 @@ class MetricsLogger:
                     self.writer.add_scalar(name, float(value), int(step))
             if hasattr(self.writer, "flush"):
                 self.writer.flush()
+        for sink in self.sinks:
+            sink.log(int(step), metrics)
 
     def close(self) -> None:
         if self.writer is not None and hasattr(self.writer, "close"):
             self.writer.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 def _json_number(v: Any) -> float | None:
@@ -203,13 +248,22 @@ def _supersede_after(path: Path, step: int) -> int:
 
 
 def rollout_metrics(trajectory: Trajectory, quality: StepScores | None) -> dict[str, float]:
-    """R_multi (success rate of real rows), mean turns, overflow rate, and R_single if scored."""
+    """R_multi (success rate of real rows), mean turns, overflow rate, the policy's entropy
+    estimate, and R_single if scored.
+
+    ``entropy_estimate``: the mean of ``-log pi(token)`` over the sampled tokens of real rows,
+    ``log pi`` the model's own (temperature 1, untruncated) as the rollout recorded it. With
+    rollouts sampled at temperature 1 and no truncation (the paper's training setting) it is
+    an unbiased Monte-Carlo estimate of the policy's per-token entropy, at no cost; at other
+    sampling settings it is the cross-entropy of the sampling distribution to the policy."""
     rows = trajectory.row_mask.astype(jnp.float32)
     count = jnp.maximum(jnp.sum(rows), 1.0)
+    sampled = trajectory.loss_mask.astype(jnp.float32) * rows[:, None]
     out = {
         "R_multi": jnp.sum(trajectory.success.astype(jnp.float32) * rows) / count,
         "turns_mean": jnp.sum(trajectory.turns_used.astype(jnp.float32) * rows) / count,
         "overflow_rate": jnp.sum(trajectory.overflow.astype(jnp.float32) * rows) / count,
+        "entropy_estimate": -jnp.sum(trajectory.logprobs * sampled) / jnp.maximum(jnp.sum(sampled), 1.0),
     }
     if quality is not None:
         out["R_single"] = mean_step_score(quality)
@@ -318,8 +372,14 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
     updated = time.perf_counter()
 
     # rollout metrics over every row rolled out in this step (all draws), not only those trained on
-    metrics.update(rollout_metrics(*_all_draws(draws, qualities)))
+    rolled_out, quality = _all_draws(draws, qualities)
+    metrics.update(rollout_metrics(rolled_out, quality))
     metrics.update(extra)
+    real_rows = np.asarray(rolled_out.row_mask, bool)
+    sampled = float((np.asarray(rolled_out.loss_mask, bool) & real_rows[:, None]).sum())
+    played = float((np.asarray(rolled_out.turn_mask, bool) & real_rows[:, None]).sum())
+    metrics["rollout_tokens_per_s"] = sampled / max(rolling, 1e-9)
+    metrics["rollout_turns_per_s"] = played / max(rolling, 1e-9)
     metrics["time/rollout_s"] = rolling
     metrics["time/score_s"] = scoring
     metrics["time/update_s"] = updated - before_update
