@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import typer
+import os
 
-from agentrl_jax.cli import bench, eval_envs, plan, reproduce, solve
-from agentrl_jax.cli import eval as eval_cli  # the module name would shadow the builtin
+# transformers prints "PyTorch was not found..." (an advisory warning) when it is imported
+# without torch; nothing the commands run needs torch, so the advice is noise here.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import typer  # noqa: E402
+
+from agentrl_jax.cli import bench, eval_envs, plan, reproduce, solve  # noqa: E402
+from agentrl_jax.cli import eval as eval_cli  # noqa: E402 (the module name would shadow the builtin)
 
 app = typer.Typer(
     name="agentrl-jax",

@@ -125,7 +125,10 @@ def _setup(options: dict[str, Any]) -> Setup:
     from envs.frozenlake import maps as fl_maps
     from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
+    from agentrl_jax.cli.paths import output_folder
+
     o = dict(options)
+    output_folder(o["out"])
     if o["split"] not in ("test", "train", "any"):
         raise typer.BadParameter(f"--split must be test, train or any, got {o['split']!r}")
     try:

@@ -45,8 +45,11 @@ def frozenlake(
     """Base policy (SFT on imperfect Q* demonstrations), full-budget GRPO and BudgetMix GRPO
     from it, then Table 1, Pass@K, Pass@T, step quality, error states, likelihood and training
     dynamics, written to a results folder with report.md."""
+    from agentrl_jax.cli.paths import output_folder
     from agentrl_jax.plugins import load_plugins
     from agentrl_jax.reproduce.config import load_config
+
+    output_folder(out)
     from agentrl_jax.reproduce.pipeline import ReproduceError, plugins_hint, reproduce
 
     try:
@@ -54,7 +57,8 @@ def frozenlake(
         settings = load_config(config, set_ or ())
     except ValueError as error:
         raise typer.BadParameter(f"{error}{plugins_hint(out)}") from None
-    typer.echo(f"Reproducing FrozenLake into {out} (config: {config or 'built-in default'})")
+    overrides = f" with --set {', '.join(set_)}" if set_ else ""
+    typer.echo(f"Reproducing FrozenLake into {out} (config: {config or 'built-in default'}{overrides})")
     try:
         report = reproduce(settings, out, fresh=fresh, progress=progress, until=until)
     except ReproduceError as error:

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import typer
 
+from agentrl_jax.cli.paths import output_file
+
 app = typer.Typer(help="Solve environments exactly and show the optimal play.", no_args_is_help=True)
+
+SHOWCASE_EPISODES = 64  # episodes played per shown map; the first success is shown
 
 
 @app.command("frozenlake")
@@ -30,6 +34,8 @@ def frozenlake(
     probability (finite-horizon DP, gamma = 1) and the success rate of Q*-greedy episodes
     played in the JAX environment, which must agree with the DP within its interval.
     """
+    if out is not None:
+        output_file(out)
     import jax
     import numpy as np
 
@@ -79,17 +85,26 @@ def frozenlake(
                    f"{ci.mean:>8.3f} [{ci.low:.3f}, {ci.high:.3f}]{'':>12}  "
                    f"{row['greedy_mean_turns']:>10.1f}")
 
+    showcase = jax.jit(jax.vmap(optimal.play_greedy, in_axes=(0, None, None, None, None, None)),
+                       static_argnums=5)
     for i in range(min(show, maps)):
-        key = jax.random.fold_in(key_play, 10_000 + i)
-        success, turns, positions, actions = jax.jit(optimal.play_greedy, static_argnums=5)(
-            key, tiles[i], q[i], t_max, params, t_max)
-        moves = _run_lengths([grid.ACTION_NAMES[a] for a in np.asarray(actions)[: int(turns)]])
+        # the first of SHOWCASE_EPISODES episodes that reaches the goal, if any does
+        keys = jax.random.split(jax.random.fold_in(key_play, 10_000 + i), SHOWCASE_EPISODES)
+        success, turns, positions, actions = jax.device_get(
+            showcase(keys, tiles[i], q[i], t_max, params, t_max))
+        wins = np.flatnonzero(success)
+        pick = int(wins[0]) if len(wins) else 0
+        steps = int(turns[pick])
+        moves = _run_lengths([grid.ACTION_NAMES[a] for a in actions[pick][:steps]])
         typer.echo(f"\nMap {i} (shortest path {int(shortest[i])} moves), start:")
-        typer.echo(text.render(tiles[i], positions[0]))
-        typer.echo(f"Q*-greedy play with budget {t_max}: {moves or '(none)'}")
-        typer.echo(f"{'reached the goal' if bool(success) else 'did not reach the goal'} "
-                   f"after {int(turns)} moves; final state:")
-        typer.echo(text.render(tiles[i], positions[int(turns)]))
+        typer.echo(text.render(tiles[i], positions[pick][0]))
+        which = (f"the first to reach the goal, as {len(wins)} of them did" if len(wins)
+                 else "none of them reached the goal")
+        typer.echo(f"Q*-greedy play with budget {t_max}, episode {pick + 1} of "
+                   f"{SHOWCASE_EPISODES} ({which}): {moves or '(none)'}")
+        typer.echo(f"{'reached the goal' if bool(success[pick]) else 'did not reach the goal'} "
+                   f"after {steps} moves; final state:")
+        typer.echo(text.render(tiles[i], positions[pick][steps]))
     typer.echo("\nSymbols: P player, _ ice, O hole, G goal, X player in a hole, W player on the goal.")
 
     if out is not None:
