@@ -15,8 +15,9 @@ the exact config; rerunning on a folder made with a different config is refused 
 with ``fresh=True`` or another folder) so a report never mixes settings. ``out/plugins.json``
 records the user plugins (:mod:`agentrl_jax.plugins`: files and their sha256) the runs were
 made with; they also go into each checkpoint's metadata and the report, and an error loading
-the folder's config names them. One progress bar
-counts work units over all phases (rollouts, SFT and RL steps) with the phase name and ETA.
+the folder's config names them. One progress bar counts the predicted seconds of every phase
+(its work units, e.g. trajectory-turns, at ``PHASE_COST``), with the phase name, the update
+count while training, and the ETA.
 """
 
 from __future__ import annotations
@@ -183,6 +184,23 @@ def check_until(config: ReproduceConfig, until: str | None) -> None:
         raise ReproduceError(f"--until: unknown phase {until!r}; phases: {', '.join(names)}")
 
 
+# Seconds per work unit of each kind of phase on this 2-core CPU, measured on the stored default
+# run (notebooks/results_cpu_default/phases.json; units: Reproduction._units). The progress bar
+# counts predicted seconds, so its ETA (the rest at the rate so far) holds across phases whose
+# cost per unit differs ~10x (counting units, a 1-unit setup of 1.7 s made the first ETA 285 h).
+# Only the ratios matter: a faster or slower machine scales them all.
+PHASE_COST = {"setup": 1.7, "demos": 2.5e-4, "warm_start": 2.0e-3, "train": 1.7e-3,
+              "eval:table": 1.0e-3, "eval:passk": 1.0e-3, "eval:steps": 2.0e-3,
+              "eval:errors": 8.2e-4, "eval:likelihood": 1.8e-3, "eval:dynamics": 0.5,
+              "report": 0.05}
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
+
+
+def phase_cost(phase: str) -> float:
+    """Predicted seconds per unit of ``phase`` (``train:<run>`` as ``train``)."""
+    return PHASE_COST.get(phase, PHASE_COST.get(phase.split(":")[0], 1e-3))
+
+
 class Reproduction:
     """Runs the phases of one config into one folder (see the module docstring)."""
 
@@ -198,8 +216,9 @@ class Reproduction:
             max_response_length=task.t_max * task.max_response_tokens)
         self.log = log
         self.mesh = self._mesh()
-        self.bar = tqdm(total=self.total_units(), disable=not progress, dynamic_ncols=True,
-                        unit=" turns", unit_scale=True, desc="reproduce")
+        self._cost = 1.0  # seconds per unit of the phase running (PHASE_COST)
+        self.bar = tqdm(total=self.total_work(), disable=not progress, dynamic_ncols=True,
+                        desc="reproduce", bar_format=BAR_FORMAT)
 
     # -- layout
     def model_dir(self, name: str) -> Path:
@@ -267,6 +286,17 @@ class Reproduction:
     def total_units(self) -> int:
         return sum(self._units(p) for p in self.phase_names())
 
+    def _work(self, phase: str) -> float:
+        """A phase's predicted seconds: its units at :func:`phase_cost`."""
+        return self._units(phase) * phase_cost(phase)
+
+    def total_work(self) -> float:
+        return sum(self._work(p) for p in self.phase_names())
+
+    def _advance(self, units: float) -> None:
+        """The bar forward by ``units`` of the running phase (at its cost per unit)."""
+        self.bar.update(units * self._cost)
+
     def policy_names(self) -> list[str]:
         return [BASE] + [r.label for r in self.runs]
 
@@ -281,13 +311,15 @@ class Reproduction:
         try:
             for phase in names:
                 if phase in self.phases.done:
-                    self.bar.update(self._units(phase))
+                    self.bar.update(self._work(phase))
                     continue
                 self.bar.set_description(phase)
+                self.bar.set_postfix_str("")  # the last phase's values leave the bar
+                self._cost = phase_cost(phase)
                 began = time.perf_counter()
-                units_before = self.bar.n
+                work_before = self.bar.n
                 info = self._run_phase(phase) or {}
-                self.bar.update(self._units(phase) - (self.bar.n - units_before))
+                self.bar.update(self._work(phase) - (self.bar.n - work_before))
                 self.phases.finish(phase, time.perf_counter() - began, **info)
         finally:
             self.bar.close()
@@ -341,7 +373,7 @@ class Reproduction:
             env, self.tokenizer, demonstrator, np.arange(self.demo_tasks),
             jax.random.key(ws.seed), demos_per_task=ws.demos_per_task,
             max_response_tokens=t.max_response_tokens, max_context=t.max_context,
-            tasks_per_call=DEMO_TASKS_PER_CALL, on_call=lambda: self.bar.update(self.demo_call_units))
+            tasks_per_call=DEMO_TASKS_PER_CALL, on_call=lambda: self._advance(self.demo_call_units))
         overflow = float(np.mean(demos.overflow))
         if overflow == 1.0:
             raise ReproduceError(f"every demonstration overflowed task.max_context={t.max_context} "
@@ -365,9 +397,11 @@ class Reproduction:
         model = self.load_model(self.init_dir)
         log_path = self.out / "warm_start" / "history.jsonl"
 
+        steps = sft.num_sft_steps(self.demo_tasks * ws.demos_per_task, ws.batch_size, ws.epochs)
+
         def on_step(step: int, record: dict) -> None:
-            self.bar.update(self.sft_step_units)
-            self.bar.set_postfix(nll=f"{record['nll']:.3f}")
+            self._advance(self.sft_step_units)
+            self.bar.set_postfix_str(f"step {step}/{steps}, nll {record['nll']:.3f}")
 
         params, history = sft.warm_start(model, demos, batch_size=ws.batch_size, epochs=ws.epochs,
                                          learning_rate=ws.learning_rate,
@@ -384,11 +418,12 @@ class Reproduction:
         run_dir = self.out / "runs" / spec.name
 
         def on_step(step: int, metrics: dict) -> None:
-            self.bar.update(self.rl_step_units)
-            self.bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("R_multi", "R_single") if k in metrics})
+            self._advance(self.rl_step_units)
+            self.bar.set_postfix_str(", ".join([f"update {step}/{self.config.rl.steps}"] + [
+                f"{k} {metrics[k]:.3f}" for k in ("R_multi", "R_single") if k in metrics]))
 
         already = _checkpointed_steps(run_dir)
-        self.bar.update(already * self.rl_step_units)
+        self._advance(already * self.rl_step_units)
         params = training.run_training(
             spec, model, self.tasks.train, self.tokenizer, self.config.rl, run_dir=run_dir,
             t_max=t.t_max, max_response_tokens=t.max_response_tokens, max_context=t.max_context,
@@ -414,7 +449,7 @@ class Reproduction:
         evaluate.run_analysis(analysis, self.out, env, np.arange(env.num_tasks()), self.tokenizer,
                               self.eval_models if analysis != "dynamics"  # reads the logs only
                               else dict.fromkeys(self.policy_names()),
-                              self.config.eval, training_logs=logs, progress=self.bar.update)
+                              self.config.eval, training_logs=logs, progress=self._advance)
         return {}
 
     def report(self) -> dict[str, Any]:
