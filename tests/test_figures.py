@@ -230,7 +230,8 @@ def test_report_renders_and_links_existing_files(tmp_path):
         json.loads(json_file.read_text(), parse_constant=reject_constant)
     dyn = json.loads((tmp_path / "training_dynamics.json").read_text())
     assert dyn["step"] == [0, 1, 2, 3, 4]
-    assert dyn["change_first_to_last"]["R_multi"] == pytest.approx(0.4)
+    # the means of the first and last 2 of the 5 steps: 0.05 -> 0.35
+    assert dyn["change_start_to_end"]["R_multi"]["change"]["mean"] == pytest.approx(0.3)
     rows = list(csv.DictReader((tmp_path / "pass_at_k.csv").read_text().splitlines()))
     assert [int(r["k"]) for r in rows] == list(range(1, 17))  # k > n = 16 dropped
     n_base, c_base = counts["base"]
@@ -269,3 +270,91 @@ def test_to_jsonable():
     ) == {"a": [0, 1], "ci": {"mean": 0.5, "low": None, "high": None, "n": 3}, "1": 2.5, "b": True}
     with pytest.raises(TypeError, match="object"):
         report.to_jsonable(object())
+
+
+def test_the_training_dynamics_text_figure_and_table_state_one_change(tmp_path, monkeypatch):
+    """A noisy 40-step log: the section's text, the figure's panel titles, the JSON and the
+    reproduction's start-to-end table all give the change of the start and end means (one
+    ``start_to_end`` result), and the figure names its run. (The figure and text used to say
+    last-minus-first step, the table the means: -0.016 in one, +0.203 in the other.)"""
+    from agentrl_jax.evaluation.dynamics import start_to_end
+    from agentrl_jax.reproduce.report import dynamics_markdown
+    rng = np.random.default_rng(0)
+    r_multi = np.clip(0.3 + 0.2 * rng.standard_normal(40), 0, 1)
+    r_multi[0], r_multi[-1] = 0.0, 0.9  # first and last steps far from their windows' means
+    r_single = 0.5 - 0.002 * np.arange(40) + 0.05 * rng.standard_normal(40)
+    log = tmp_path / "runs" / "grpo" / "metrics.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(json.dumps({"step": s + 1, "R_multi": m, "R_single": q}) + "\n"
+                           for s, (m, q) in enumerate(zip(r_multi, r_single))))
+    drawn = []
+    original = figures.save_figure
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: (drawn.append(fig), original(fig, path))[1])
+    section = report.write_training_dynamics(tmp_path, log, run="GRPO")
+    expected = {"R_multi": start_to_end(r_multi), "R_single": start_to_end(r_single)}
+    titles = [ax.get_title() for ax in drawn[0].axes]
+    assert drawn[0].get_suptitle() == "Training dynamics: GRPO" and section.title.endswith("GRPO")
+    data = json.loads((tmp_path / "training_dynamics.json").read_text())["change_start_to_end"]
+    record = report.to_jsonable({"runs": {"GRPO": {"step": list(range(40)), "change": expected}}})
+    table = dynamics_markdown(json.loads(json.dumps(record)))
+    assert expected["R_multi"]["window"] == 4
+    assert abs(expected["R_multi"]["change"].mean - (r_multi[-1] - r_multi[0])) > 0.1
+    for (name, change), title in zip(expected.items(), titles):
+        delta = f"{change['change'].mean:+.3f}"
+        assert f"{change['start']:.3f} -> {change['end']:.3f}" in title and delta in title
+        assert f"{name}: {change['start']:.3f} -> {change['end']:.3f}: {delta}" in section.text
+        assert data[name]["change"]["mean"] == pytest.approx(change["change"].mean)
+        assert f"{change['start']:.3f} -> {change['end']:.3f}: {delta}" in table
+
+
+def _drawn(monkeypatch):
+    """The figures saved from now on (their Figure objects)."""
+    drawn, original = [], figures.save_figure
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: (drawn.append(fig), original(fig, path))[1])
+    return drawn
+
+
+def test_matched_and_error_state_figures_have_their_own_titles(tmp_path, monkeypatch):
+    drawn = _drawn(monkeypatch)
+    rng = np.random.default_rng(1)
+    pools = {"all": (rng.random(12), rng.random(12))}
+    titles = ("Step-level action quality on matched states: GRPO vs base",
+              "Step-level action quality at error states: GRPO vs base")
+    sections = [report.write_step_quality(tmp_path, pools, name=f"q{i}", title=title)
+                for i, title in enumerate(titles)]
+    assert [fig.get_suptitle() for fig in drawn] == list(titles)
+    assert [s.title for s in sections] == list(titles)
+
+
+def test_continuation_values_sit_inside_the_frame(tmp_path, monkeypatch):
+    """Each rate's value label lies inside the axes (above its whisker), and states the rate."""
+    drawn = _drawn(monkeypatch)
+    rates = {"base": stats.MeanCI(0.108, 0.093, 0.125, 1584),
+             "GRPO": stats.MeanCI(0.605, 0.58, 0.63, 1584)}
+    figures.plot_rates_with_ci(rates, tmp_path / "continuation")
+    fig = drawn[0]
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    labels = [t for t in ax.texts]
+    assert [t.get_text() for t in labels] == ["0.108", "0.605"]
+    for text in labels:
+        box = text.get_window_extent(renderer)
+        assert frame.y0 <= box.y0 and box.y1 <= frame.y1, (text.get_text(), box, frame)
+
+
+def test_the_llr_figure_marks_the_reports_final_values(tmp_path, monkeypatch):
+    """The legend's per-outcome final LLR is ``llr_by_outcome``'s (the report's), drawn as its
+    own marker, not next to the running-mean curve as if it were that curve's end."""
+    drawn = _drawn(monkeypatch)
+    logp_rl, logp_base, mask, success = tiny_llr_set(np.random.default_rng(3), n=12, t=8)
+    cum = stats.cumulative_llr(logp_rl, logp_base, mask)
+    figures.plot_cumulative_llr({"RL trajectories": (cum, mask, success)}, tmp_path / "llr")
+    by_outcome = stats.llr_by_outcome(cum, mask, success)
+    ax = drawn[0].axes[0]
+    markers = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if line.get_marker() == "D"}
+    for outcome in ("success", "failure"):
+        final = by_outcome[outcome]["final"].mean
+        label = f"{outcome}: mean at each one's last turn {final:+.1f}"
+        assert markers[label] == pytest.approx(final)
+        assert label in [t.get_text() for t in ax.get_legend().get_texts()]

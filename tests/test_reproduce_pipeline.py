@@ -132,6 +132,15 @@ def test_report_renders_with_table1_and_valid_figures(finished):
     assert headings[1] == "Table 1: Pass@2 by budget level"  # Table 1 first, then the analyses
     assert any(h.startswith("Paper findings vs this run") for h in headings)
     assert sum(t.type == "table_open" for t in tokens) >= 2  # Table 1 and training dynamics
+    # the base's continuation rate is measured once per comparison, on that pair's states: said
+    text = report.read_text()
+    assert text.count("so base's rate differs from one comparison to the next") == 2
+    # every figure names its analysis and its run
+    for run in ("GRPO", "BudgetMix GRPO"):
+        for title in (f"Training dynamics: {run}",
+                      f"Step-level action quality on matched states: {run} vs base",
+                      f"Step-level action quality at error states: {run} vs base"):
+            assert title in headings, title
 
     images, links = [], []
     for token in tokens:

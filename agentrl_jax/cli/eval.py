@@ -325,7 +325,8 @@ def steps_command(setup: Setup, *, bins: int = typer.Option(10, help="Depth bins
     result = diagnostics.step_quality(_starts(setup, pool, group_size, states_per_call), values,
                                       base, rl, setup.key("steps"), names=NAMES, invalid=invalid)
     section = report.write_step_quality(setup.out, result.pools(), name="step_quality",
-                                        policy_names=NAMES)
+                                        policy_names=NAMES,
+                                        title="Step-level action quality on matched states")
     details = report.write_json(setup.out / "step_quality_details.json", result.summary())
     states_csv = report.write_csv(setup.out / "step_quality_states.csv", {
         **pool.to_columns(), **{f"q_{n}": result.quality[n] for n in NAMES},
@@ -361,7 +362,8 @@ def errors_command(setup: Setup, *, states: int, group_size: int, source_samples
         _starts(setup, errors.states, group_size, states_per_call), errors, values, base, rl,
         setup.key("errors"), names=NAMES, invalid=invalid)
     quality = report.write_step_quality(setup.out, result.quality.pools(), name="error_step_quality",
-                                        policy_names=NAMES)
+                                        policy_names=NAMES,
+                                        title="Step-level action quality at error states")
     details = report.write_json(setup.out / "error_states_details.json", result.summary())
     states_csv = report.write_csv(setup.out / "error_states.csv", {
         **errors.states.to_columns(), "injected_action": errors.action,

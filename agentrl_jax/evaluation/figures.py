@@ -299,7 +299,13 @@ def plot_rates_with_ci(
     yerr = np.nan_to_num(np.stack([means - lows, highs - means]), nan=0.0)
     x = np.arange(len(rates))
     bars = ax.bar(x, means, yerr=yerr, capsize=4, color=[f"C{i}" for i in range(len(rates))])
-    ax.bar_label(bars, labels=[f"{m:.3f}" for m in means], fontsize=8, padding=6)
+    # each value above its whisker, with room under the frame for it
+    tops = np.nan_to_num(np.maximum(highs, means), nan=0.0)
+    top = float(max(tops.max(initial=0.0), 1e-9))
+    for bar, y, mean in zip(bars, tops, means):
+        ax.annotate(f"{mean:.3f}", (bar.get_x() + bar.get_width() / 2, y), xytext=(0, 3),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, top * 1.2)
     ax.set_xticks(x, list(rates))
     ax.set(ylabel=ylabel, title=title)
     return save_figure(fig, out_path)
@@ -417,8 +423,15 @@ def plot_cumulative_llr(
                     curve.mean,
                     color=color,
                     linewidth=2,
-                    label=f"{outcome} (n={int(sel.sum())}, final {final.mean:+.1f})",
+                    label=f"{outcome} (n={int(sel.sum())}): mean of those still playing",
                 )
+                # the report's "final" is each trajectory's own last value, averaged: drawn
+                # at their mean last turn (the curve's end holds only the longest ones)
+                last = np.where(mask[sel].any(axis=1), mask[sel].shape[1] - np.argmax(
+                    mask[sel][:, ::-1], axis=1), 0)
+                ax.plot([last[last > 0].mean()], [final.mean], marker="D", markersize=7,
+                        color=color, markeredgecolor="black", linestyle="none",
+                        label=f"{outcome}: mean at each one's last turn {final.mean:+.1f}")
                 ax.fill_between(
                     curve.turn, curve.low, curve.high, color=color, alpha=0.25, linewidth=0
                 )
@@ -439,6 +452,7 @@ def plot_training_dynamics(
     out_path: str | Path,
     *,
     title: str = "Training dynamics",
+    changes: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[Path, Path]:
     """One panel per logged series against the training step (Figure 8 style).
 
@@ -446,7 +460,13 @@ def plot_training_dynamics(
       steps: ``[S]`` training steps.
       series: ``{name: [S] values}``, e.g. ``{"R_multi": ..., "R_single": ...}``; NaN entries
         (steps where a value was not logged) are skipped.
+      changes: ``{name: start_to_end(values)}`` (:mod:`agentrl_jax.evaluation.dynamics`; the
+        default computes it): each panel's title states it and the start and end means are
+        drawn over the first and last ``window`` logged steps, so the figure says what the
+        report's text and tables say.
     """
+    from agentrl_jax.evaluation.dynamics import start_to_end
+
     _nonempty("plot_training_dynamics", series)
     x = np.asarray(steps, dtype=np.float64)
     fig, axes = _new_figure(nrows=len(series), width=6.0, height=2.6)
@@ -454,9 +474,14 @@ def plot_training_dynamics(
         _, y = _xy(name, (x, values))
         keep = np.isfinite(y)
         ax.plot(x[keep], y[keep], marker=".", markersize=3)
-        if keep.sum() >= 2:
-            first, last = y[keep][0], y[keep][-1]
-            ax.set_title(f"{name}: {first:.3f} -> {last:.3f} ({last - first:+.3f})", fontsize=9)
+        change = (changes or {}).get(name) or start_to_end(y)
+        if change["change"] is not None:
+            w, xs = change["window"], x[keep]
+            for span, level in ((xs[:w], change["start"]), (xs[-w:], change["end"])):
+                ax.hlines(level, span[0], span[-1], colors="C1", linewidth=2)
+            ax.set_title(f"{name}: {change['start']:.3f} -> {change['end']:.3f} "
+                         f"({change['change'].mean:+.3f}; means of the first and last {w})",
+                         fontsize=9)
         ax.set(ylabel=name)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("training step")

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from agentrl_jax.evaluation import figures, passk, stats
+from agentrl_jax.evaluation.dynamics import start_to_end
 
 FIGURES_DIR = "figures"
 REPORT_NAME = "report.md"
@@ -301,11 +302,14 @@ def write_step_quality(
     name: str = "step_quality",
     policy_names: tuple[str, str] = ("base", "RL"),
     method: str = "normal",
+    title: str = "Step-level action quality",
 ) -> Section:
     """Per-state action quality of RL vs base on state pools (matched states, error states).
 
     Args:
       pools: ``{pool: (q_base [S], q_rl [S])}``, per-state mean quality over G actions.
+      title: the section's and the figure's title (name the states and the policies: the
+        matched-state and error-state figures must not look alike).
     """
     folder = Path(folder)
     comparisons = {
@@ -325,14 +329,15 @@ def write_step_quality(
             },
         )
         files.append(_rel(folder, csv_path))
-    png, _ = figures.plot_step_quality(pools, _figure_path(folder, name), policy_names=policy_names)
+    png, _ = figures.plot_step_quality(pools, _figure_path(folder, name), policy_names=policy_names,
+                                       title=title)
     text = "; ".join(
         f"{pool}: {rl_name} better on {100 * c.share_rl_better:.1f}% of {c.n} states "
         f"(ties {100 * c.share_tie:.1f}%), mean diff {c.mean_diff.mean:+.4f} "
         f"[{c.mean_diff.low:+.4f}, {c.mean_diff.high:+.4f}]"
         for pool, c in comparisons.items()
     )
-    return Section("Step-level action quality", text, (_rel(folder, png),), tuple(files))
+    return Section(title, text, (_rel(folder, png),), tuple(files))
 
 
 def write_continuation(
@@ -341,6 +346,7 @@ def write_continuation(
     *,
     name: str = "continuation",
     method: str = "wilson",
+    title: str = "Continuation from error states",
 ) -> Section:
     """Success rate of each policy continuing from the same error states.
 
@@ -365,12 +371,12 @@ def write_continuation(
             "n": [r.n for r in rates.values()],
         },
     )
-    png, _ = figures.plot_rates_with_ci(rates, _figure_path(folder, name))
+    png, _ = figures.plot_rates_with_ci(rates, _figure_path(folder, name), title=title)
     text = "; ".join(
         f"{p}: {r.mean:.3f} [{r.low:.3f}, {r.high:.3f}] (n={r.n})" for p, r in rates.items()
     )
     return Section(
-        "Continuation success from error states",
+        title,
         text,
         (_rel(folder, png),),
         (_rel(folder, json_path), _rel(folder, csv_path)),
@@ -510,34 +516,48 @@ def write_likelihood(
     )
 
 
+def change_text(change: Mapping[str, Any]) -> str:
+    """A :func:`~agentrl_jax.evaluation.dynamics.start_to_end` result as text: ``0.293 ->
+    0.277: -0.016 [-0.08, +0.05] (means of the first and last 4 logged steps)``."""
+    if change["change"] is None:
+        return "n/a" if change["start"] is None else f"{change['start']:.3f} (one logged step)"
+    ci = change["change"]
+    interval = "" if not np.isfinite(ci.low) else f" [{ci.low:+.3f}, {ci.high:+.3f}]"
+    w = change["window"]
+    return (f"{change['start']:.3f} -> {change['end']:.3f}: {ci.mean:+.3f}{interval} "
+            f"(means of the first and last {w} logged step{'s' if w > 1 else ''})")
+
+
 def write_training_dynamics(
     folder: str | Path,
     log_path: str | Path,
     keys: Sequence[str] = ("R_multi", "R_single"),
     step_key: str = "step",
     name: str = "training_dynamics",
+    run: str | None = None,
 ) -> Section:
-    """R_multi and R_single (or any logged keys) over training, from the trainer's JSONL log."""
+    """R_multi and R_single (or any logged keys) over training, from the trainer's JSONL log,
+    with each curve's start-to-end change (:func:`~agentrl_jax.evaluation.dynamics.
+    start_to_end`: one computation for the text, the figure and the JSON). ``run`` names the
+    run in the figure's title and the section (default: the log's folder)."""
     folder = Path(folder)
+    run = run or Path(log_path).parent.name or str(log_path)
     steps, series = read_training_log(log_path, keys, step_key)
-    change = {}
-    for k, v in series.items():
-        finite = v[np.isfinite(v)]
-        change[k] = float(finite[-1] - finite[0]) if finite.size >= 2 else None
+    change = {k: start_to_end(v) for k, v in series.items()}
     json_path = write_json(
         folder / f"{name}.json",
-        {"log": str(log_path), "step": steps, "series": series, "change_first_to_last": change},
+        {"log": str(log_path), "run": run, "step": steps, "series": series,
+         "change_start_to_end": change},
     )
     csv_path = write_csv(
         folder / f"{name}.csv",
         {step_key: steps.tolist(), **{k: v.tolist() for k, v in series.items()}},
     )
-    png, _ = figures.plot_training_dynamics(steps, series, _figure_path(folder, name))
-    text = "; ".join(
-        f"{k}: {'n/a' if c is None else f'{c:+.3f}'} first to last" for k, c in change.items()
-    )
+    png, _ = figures.plot_training_dynamics(steps, series, _figure_path(folder, name),
+                                            title=f"Training dynamics: {run}", changes=change)
+    text = "; ".join(f"{k}: {change_text(c)}" for k, c in change.items())
     return Section(
-        "Training dynamics",
+        f"Training dynamics: {run}",
         text,
         (_rel(folder, png),),
         (_rel(folder, json_path), _rel(folder, csv_path)),

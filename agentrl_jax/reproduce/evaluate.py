@@ -342,6 +342,11 @@ def _visits(run: _Run) -> dict[str, StatePool]:
             for name in run.names}
 
 
+POOL_NOTE = ("The {states} error states come from this comparison's own pool (§7.1: states "
+             "visited by {base} and by {other}, half each), so {base}'s rate differs from one "
+             "comparison to the next: each is measured on its own states.")
+
+
 def _pool(run: _Run, visits: Mapping[str, StatePool], other: str) -> StatePool:
     """§7.1's matched pool of (base, other): half visited by each."""
     return matched_pool(visits[run.base], visits[other], size=run.settings.states,
@@ -365,11 +370,11 @@ def _steps(run: _Run) -> list[Section]:
                                           names=(run.base, other), invalid=s.invalid)
         run.progress(2 * _rollout_units(s.states, s.group_size, 1))
         name = slug(other)
-        quality = eval_report.write_step_quality(run.out, result.pools(), name=f"step_quality_{name}",
-                                                 policy_names=(run.base, other))
+        quality = eval_report.write_step_quality(
+            run.out, result.pools(), name=f"step_quality_{name}", policy_names=(run.base, other),
+            title=f"Step-level action quality on matched states: {other} vs {run.base}")
         shares = ", ".join(f"{n} {100 * v:.1f}%" for n, v in result.invalid_share().items())
-        sections.append(_with(quality, f"Step-level action quality on matched states: {other} vs "
-                                       f"{run.base}", f"Invalid responses ({s.invalid}-scored): {shares}."))
+        sections.append(_with(quality, quality.title, f"Invalid responses ({s.invalid}-scored): {shares}."))
         depth, curves = diagnostics.quality_by_depth(result, run.t_max)
         sections.append(_with(eval_report.write_quality_vs_depth(
             run.out, depth, curves, bins=s.depth_bins, seed=s.seed, name=f"quality_vs_depth_{name}"),
@@ -395,19 +400,20 @@ def _errors(run: _Run) -> list[Section]:
             run.key("errors"), names=(run.base, other), invalid=s.invalid)
         run.progress(2 * _rollout_units(s.states, s.group_size, run.t_max))
         name = slug(other)
-        quality = eval_report.write_step_quality(run.out, result.quality.pools(),
-                                                 name=f"error_step_quality_{name}",
-                                                 policy_names=(run.base, other))
-        sections.append(_with(quality, f"Step-level action quality at error states: {other} vs "
-                                       f"{run.base}", f"{len(errors.states)} error states."))
+        quality = eval_report.write_step_quality(
+            run.out, result.quality.pools(), name=f"error_step_quality_{name}",
+            policy_names=(run.base, other),
+            title=f"Step-level action quality at error states: {other} vs {run.base}")
+        sections.append(_with(quality, quality.title, f"{len(errors.states)} error states."))
         paired = result.paired_success().mean_diff
-        continuation = eval_report.write_continuation(run.out, result.success,
-                                                      name=f"continuation_{name}")
-        sections.append(_with(continuation, f"Continuation success from error states: {other} vs "
-                                            f"{run.base}",
+        continuation = eval_report.write_continuation(
+            run.out, result.success, name=f"continuation_{name}",
+            title=f"Continuation success from error states: {other} vs {run.base}")
+        sections.append(_with(continuation, continuation.title,
                               f"Paired per-state difference {other} - {run.base}: "
                               f"{100 * paired.mean:+.1f} pt [{100 * paired.low:+.1f}, "
-                              f"{100 * paired.high:+.1f}]."))
+                              f"{100 * paired.high:+.1f}]. " + POOL_NOTE.format(
+                                  states=len(errors.states), base=run.base, other=other)))
         pairs[other] = {"states": _state_columns(run, errors.states, other),
                         "origin": errors.origin, "injected_action": errors.action,
                         "action_values": values.action_values, "noop_value": values.noop_value,
@@ -454,9 +460,8 @@ def _dynamics(run: _Run, training_logs: Mapping[str, Path]) -> list[Section]:
     for name, log in training_logs.items():
         if not Path(log).is_file():
             raise ValueError(f"dynamics: the metrics log of run {name!r}, {log}, is not a file")
-        section = eval_report.write_training_dynamics(run.out, log,
-                                                      name=f"training_dynamics_{slug(name)}")
-        sections.append(_with(section, f"Training dynamics: {name}"))
+        sections.append(eval_report.write_training_dynamics(
+            run.out, log, name=f"training_dynamics_{slug(name)}", run=name))
         steps, series = eval_report.read_training_log(log)
         runs[name] = {"log": str(log), "step": steps, "series": series,
                       "change": {k: results.start_to_end(v) for k, v in series.items()}}
