@@ -17,9 +17,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _one_line_error(result) -> str:
+    """The error's text without rich's box and line breaks (it may wrap inside a long path):
+    compare with :func:`_squeezed` text."""
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
-    return " ".join(result.output.replace("│", " ").split())  # rich's error box, unwrapped
+    return _squeezed(result.output.replace("│", ""))
+
+
+def _squeezed(text: str) -> str:
+    return "".join(text.split())
 
 
 @pytest.mark.parametrize("command", [["reproduce", "frozenlake"],
@@ -28,25 +34,25 @@ def test_an_out_folder_that_is_a_file_is_refused_before_any_work(tmp_path, comma
     taken = tmp_path / "results"
     taken.write_text("")
     result = CliRunner().invoke(app, command + ["--out", str(taken)])
-    assert f"--out {taken}: is a file, not a folder" in _one_line_error(result)
+    assert _squeezed(f"--out {taken}: is a file, not a folder") in _one_line_error(result)
 
 
 def test_solve_refuses_its_out_file_before_computing_anything(tmp_path):
     result = CliRunner().invoke(app, ["solve", "frozenlake", "--maps", "2", "--out", str(tmp_path)])
     message = _one_line_error(result)
-    assert f"--out {tmp_path}: is a folder, not a file" in message
+    assert _squeezed(f"--out {tmp_path}: is a folder, not a file") in message
     assert "FrozenLake" not in message  # nothing was solved first
     below_a_file = tmp_path / "file"
     below_a_file.write_text("")
     result = CliRunner().invoke(app, ["solve", "frozenlake", "--out", str(below_a_file / "x.json")])
-    assert "is a file, so no folder can be made there" in _one_line_error(result)
+    assert _squeezed("is a file, so no folder can be made there") in _one_line_error(result)
 
 
 def test_an_unwritable_out_is_refused(tmp_path, monkeypatch):
     import agentrl_jax.cli.paths as paths
     monkeypatch.setattr(paths.os, "access", lambda path, mode: False)  # as on a read-only mount
     result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(tmp_path / "new")])
-    assert f"{tmp_path} is not writable" in _one_line_error(result)
+    assert _squeezed(f"{tmp_path} is not writable") in _one_line_error(result)
 
 
 def test_the_header_names_the_overrides(tmp_path, monkeypatch):

@@ -1,6 +1,8 @@
 """Every figure renders to a valid PNG and PDF at tiny scale; the report links real files."""
 
+import base64
 import csv
+import html.parser
 import json
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from agentrl_jax.evaluation import figures, passk, report, stats
+from agentrl_jax.evaluation.html import anchor
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -358,3 +361,43 @@ def test_the_llr_figure_marks_the_reports_final_values(tmp_path, monkeypatch):
         label = f"{outcome}: mean at each one's last turn {final:+.1f}"
         assert markers[label] == pytest.approx(final)
         assert label in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+class _Page(html.parser.HTMLParser):
+    """The images, links and section ids of an HTML page."""
+
+    def __init__(self):
+        super().__init__()
+        self.images, self.links, self.ids = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.images.append(attrs["src"])
+        if tag == "a":
+            self.links.append(attrs["href"])
+        if tag == "section":
+            self.ids.append(attrs["id"])
+
+
+def read_page(path):
+    page = _Page()
+    page.feed(path.read_text())
+    return page
+
+
+def test_the_html_report_holds_every_figure_inline_and_links_existing_files(tmp_path):
+    path, _ = write_tiny_results(tmp_path)
+    page = read_page(tmp_path / "report.html")
+    pngs = sorted((tmp_path / "figures").glob("*.png"))
+    assert len(page.images) == len(pngs) == 9
+    embedded = sorted(base64.b64decode(src.split(",", 1)[1]) for src in page.images)
+    assert all(src.startswith("data:image/png;base64,") for src in page.images)
+    assert embedded == sorted(p.read_bytes() for p in pngs)  # each figure, byte for byte
+    for href in page.links:
+        if href.startswith("#"):
+            assert href[1:] in page.ids, href
+        else:
+            assert (tmp_path / href).is_file(), href
+    markdown_titles = [line[3:] for line in path.read_text().splitlines() if line.startswith("## ")]
+    assert page.ids == [anchor(t) for t in markdown_titles]

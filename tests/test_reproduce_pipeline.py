@@ -135,6 +135,13 @@ def test_report_renders_with_table1_and_valid_figures(finished):
     # the base's continuation rate is measured once per comparison, on that pair's states: said
     text = report.read_text()
     assert text.count("so base's rate differs from one comparison to the next") == 2
+    # report.html: the findings first, each verdict linking to the section it was checked on
+    from test_figures import read_page
+    page = read_page(finished / "report.html")
+    assert page.ids[0] == "paper-findings-vs-this-run" and len(page.ids) == len(headings) - 1
+    verdicts = [h for h in page.links if h.startswith("#")][len(page.ids):]  # after the contents
+    assert len(verdicts) >= 6 and all(h[1:] in page.ids for h in verdicts), verdicts
+    assert "#continuation-success-from-error-states-grpo-vs-base" in verdicts
     # every figure names its analysis and its run
     for run in ("GRPO", "BudgetMix GRPO"):
         for title in (f"Training dynamics: {run}",
@@ -158,10 +165,15 @@ def test_report_renders_with_table1_and_valid_figures(finished):
         assert data[12:16] == b"IHDR"
         width, height = struct.unpack(">II", data[16:24])
         assert width > 100 and height > 100, image
-    # Every local link (data files, PDFs, config.yaml) points at a file in the folder.
+    # Every local link (data files, PDFs, config.yaml) points at a file in the folder, every
+    # in-page link (a verdict's) at a heading (GitHub's anchors).
+    from agentrl_jax.evaluation.html import anchor
     assert "config.yaml" in links and "raw/table.json" in links
     for link in links:
-        assert (finished / link).is_file(), link
+        if link.startswith("#"):
+            assert link[1:] in {anchor(h) for h in headings}, link
+        else:
+            assert (finished / link).is_file(), link
 
 
 def markdown_table1(path: Path) -> tuple[list[str], dict[str, list[str]]]:

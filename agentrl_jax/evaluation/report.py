@@ -25,6 +25,7 @@ import numpy as np
 
 from agentrl_jax.evaluation import figures, passk, stats
 from agentrl_jax.evaluation.dynamics import start_to_end
+from agentrl_jax.evaluation.html import write_html
 
 FIGURES_DIR = "figures"
 REPORT_NAME = "report.md"
@@ -572,8 +573,11 @@ def write_report(
     sections: Iterable[Section],
     title: str = "Evaluation report",
     preamble: str = "",
+    first: str | None = None,
 ) -> Path:
-    """Write ``report.md`` embedding each section's PNGs and linking its PDFs and data files.
+    """Write ``report.md`` embedding each section's PNGs and linking its PDFs and data files,
+    and ``report.html`` beside it, the same sections as one page (:mod:`agentrl_jax.evaluation.
+    html`; ``first``: the title of the section it shows first).
 
     ``preamble``: Markdown inserted verbatim between the title and the first section (e.g. a
     description of the run).
@@ -583,6 +587,7 @@ def write_report(
         never carries a broken link.
     """
     folder = Path(folder)
+    sections = list(sections)
     lines = [f"# {title}", ""]
     if preamble.strip():
         lines += [preamble.strip("\n"), ""]
@@ -613,4 +618,5 @@ def write_report(
     path = folder / REPORT_NAME
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
+    write_html(folder, sections, title, preamble, first=first)
     return path

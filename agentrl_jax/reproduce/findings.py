@@ -264,24 +264,46 @@ def check_findings(out: str | Path, analyses: Sequence[str] = ANALYSES) -> list[
     return found + dynamics
 
 
-def findings_markdown(found: Sequence[Finding]) -> str:
+# The report section each headline is checked on (a title prefix; a section naming the finding's
+# subject is preferred), so each verdict links to the numbers behind it.
+SOURCES = {PASS_AT_K: "Pass@K", LEAD_GROWS: "Table 1", BUDGETMIX_SMALL: "Table 1",
+           ERROR_RECOVERY: "Continuation success from error states",
+           FULL_BUDGET_DYNAMICS: "Training dynamics", BUDGETMIX_DYNAMICS: "Training dynamics"}
+
+
+def source_anchor(finding: Finding, titles: Sequence[str]) -> str | None:
+    """The anchor (:func:`~agentrl_jax.evaluation.html.anchor`) of the section among ``titles``
+    a finding was checked on, None if the report has none."""
+    from agentrl_jax.evaluation.html import anchor
+    prefix = SOURCES.get(finding.headline)
+    candidates = [t for t in titles if prefix is not None and t.startswith(prefix)]
+    named = [t for t in candidates if finding.subject and finding.subject.split(" vs ")[0] in t]
+    return anchor((named or candidates)[0]) if candidates else None
+
+
+def findings_markdown(found: Sequence[Finding], titles: Sequence[str] = ()) -> str:
+    """The findings table; with the report's section ``titles`` each verdict links to the
+    section it was checked on."""
     lines = ["| Paper headline | Checked on | Paper | This run | Verdict |", "|---|---|---|---|---|"]
     for f in found:
-        cells = [f.headline, f.subject or "-", f.paper, f.observed, f"**{f.verdict}**"]
+        target = source_anchor(f, titles)
+        verdict = f"**{f.verdict}**" if target is None else f"[**{f.verdict}**](#{target})"
+        cells = [f.headline, f.subject or "-", f.paper, f.observed, verdict]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def write_findings(out: str | Path, found: Sequence[Finding]) -> Section:
-    """``findings.json`` and the report's section with the findings table."""
+def write_findings(out: str | Path, found: Sequence[Finding], titles: Sequence[str] = ()) -> Section:
+    """``findings.json`` and the report's section with the findings table (its verdicts
+    linking to the sections among ``titles`` they were checked on)."""
     out = Path(out)
     path = eval_report.write_json(out / FINDINGS_JSON, [dataclasses.asdict(f) for f in found])
     text = ("Each §9 / §7.5 headline checked in kind on this run's raw results. shows: the "
             "effect goes the paper's way and its 95% CI excludes no effect; inconclusive: it goes "
             "the paper's way but the CI includes no effect (or is undefined); does not show: it "
             "goes the other way; not measured: the analysis was not run. Differences are paired "
-            "per task (Pass@k) or per state (continuation); training changes compare the mean "
-            "of the first and last logged steps. A small model on a few tasks can miss effects "
+            "per task (Pass@k) or per state (continuation); training changes compare the means "
+            "of the first and last tenth of the logged steps. A small model on a few tasks can miss effects "
             "the paper measured at scale: a verdict describes this run only.")
     return Section(FINDINGS_TITLE, text, files=(path.relative_to(out).as_posix(),),
-                   markdown=findings_markdown(found))
+                   markdown=findings_markdown(found, titles))

@@ -150,5 +150,7 @@ def write_report(out: str | Path, *, header_markdown: str = "",
     table1 = [s for s in ordered if s.title.startswith(TABLE1_PREFIX)]
     rest = [s for s in ordered if not s.title.startswith(TABLE1_PREFIX)]
     checked = findings.check_findings(out, [a for a in analyses if a in by_analysis])
-    return eval_report.write_report(out, table1 + rest + [findings.write_findings(out, checked)],
-                                    title=title, preamble=header_markdown)
+    sections = table1 + rest
+    found = findings.write_findings(out, checked, [s.title for s in sections])
+    return eval_report.write_report(out, sections + [found], title=title,
+                                    preamble=header_markdown, first=findings.FINDINGS_TITLE)
