@@ -1,16 +1,22 @@
 """The paper's headline results (PAPER.md §9, §7.5) checked against this run's raw results.
 
 Each check reads the raw records of :mod:`.results` (never a report section), recomputes
-its numbers, and returns a :class:`Finding` per policy (or run) it applies to, with a verdict:
+its numbers, and returns a :class:`Finding` per policy (or run) it applies to. A headline is
+one or more tested effects (:class:`Effect`: a 95% CI, the paper's direction and, where the
+paper gives it, the paper's size), each judged by one rule (:func:`judge`):
 
-* ``shows``: the effect goes the paper's way and its 95% CI excludes "no effect";
-* ``inconclusive``: it goes the paper's way but the CI includes no effect (or there are too
-  few values for a CI): this run cannot tell it from noise;
-* ``does not show``: it does not go the paper's way;
-* ``not measured``: the analyses it needs were not run (or do not apply).
+* ``shows``: the CI excludes "no effect" on the paper's side;
+* ``refuted``: the CI excludes "no effect" on the other side;
+* ``does not show``: the CI includes "no effect", and the run could have detected an effect of
+  the paper's size (its smallest detectable effect, :func:`detectable`, is at most that size);
+* ``underpowered``: the CI includes "no effect" and the run could not have detected an effect
+  of the paper's size (or the paper gives no size, or there is no CI): it says nothing.
 
-CIs are normal 95% intervals of paired per-task (or per-state) differences
-(:func:`results.paired_difference`), or of a difference of two means for training curves.
+A headline's verdict is its weakest effect's (refuted < does not show < underpowered <
+shows); ``not measured``: the analyses it needs were not run (or do not apply). A "keeps"
+headline (BudgetMix keeps R_single) tests non-inferiority: "no effect" is then a fall as large
+as the paper's full-budget one. CIs are normal 95% intervals of paired per-task (or per-state)
+differences (:func:`results.paired_difference`), or of a difference of two means.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -28,8 +35,11 @@ from agentrl_jax.evaluation.report import Section
 from agentrl_jax.reproduce import results
 from agentrl_jax.reproduce.results import ANALYSES
 
-SHOWS, INCONCLUSIVE, NOT_SHOWN, NOT_MEASURED = ("shows", "inconclusive", "does not show",
-                                                "not measured")
+SHOWS, UNDERPOWERED, NOT_SHOWN, REFUTED, NOT_MEASURED = (
+    "shows", "underpowered", "does not show", "refuted", "not measured")
+VERDICT_ORDER = (REFUTED, NOT_SHOWN, UNDERPOWERED, SHOWS)  # weakest first
+Z95 = NormalDist().inv_cdf(0.975)
+POWER_Z = Z95 + NormalDist().inv_cdf(0.80)  # 80% power at a two-sided 5% level: 2.80 SE
 FINDINGS_JSON = "findings.json"
 FINDINGS_TITLE = "Paper findings vs this run"
 
@@ -52,6 +62,12 @@ PAPER = {
 }
 
 
+# The paper's effect sizes the verdicts measure power against (PAPER's numbers).
+BUDGETMIX_SMALL_SIZES = (0.075, 0.053)  # BudgetMix - full budget at 25%, 50% of T_max
+ERROR_RECOVERY_GAIN = 0.513 - 0.386   # continuation from error states, RL - base
+FULL_BUDGET_R_MULTI, FULL_BUDGET_R_SINGLE = 0.568, 0.091  # |change| over training
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
     """One headline checked on one policy (or run, or pair): the claim, the paper's numbers,
@@ -65,16 +81,72 @@ class Finding:
     numbers: dict = dataclasses.field(default_factory=dict)
 
 
-def _verdict(holds: bool, significant: bool) -> str:
-    return NOT_SHOWN if not holds else SHOWS if significant else INCONCLUSIVE
+@dataclasses.dataclass(frozen=True)
+class Effect:
+    """One tested effect of a headline: its 95% CI, the paper's direction (+1: up, -1: down)
+    and the paper's size in the CI's units (None where the paper gives none); ``margin``: a
+    non-inferiority test (the paper says "keeps"), "no effect" being a change of ``-margin``
+    (in the paper's direction); ``points``: a difference of rates, shown in points."""
+
+    name: str
+    ci: stats.MeanCI
+    direction: int = 1
+    size: float | None = None
+    margin: float = 0.0
+    points: bool = True
 
 
-def _above(ci: stats.MeanCI) -> bool:
-    return math.isfinite(ci.low) and ci.low > 0
+def detectable(ci: stats.MeanCI) -> float:
+    """The smallest true effect this CI's run would detect with 80% power at the 5% level:
+    2.80 standard errors (the SE read off the 95% interval); NaN without a CI."""
+    if not (math.isfinite(ci.low) and math.isfinite(ci.high)):
+        return math.nan
+    return POWER_Z * (ci.high - ci.low) / (2 * Z95)
 
 
-def _below(ci: stats.MeanCI) -> bool:
-    return math.isfinite(ci.high) and ci.high < 0
+def judge(effect: Effect) -> str:
+    """The verdict on one effect (see the module docstring)."""
+    ci, d = effect.ci, effect.direction
+    if not (math.isfinite(ci.low) and math.isfinite(ci.high)):
+        return UNDERPOWERED
+    low, high = sorted((d * ci.low, d * ci.high))  # in the paper's direction
+    if high < 0:
+        return REFUTED
+    if low > -effect.margin:
+        return SHOWS
+    reference = effect.size if effect.margin == 0 else effect.margin
+    if reference is None or detectable(ci) > reference:
+        return UNDERPOWERED
+    return NOT_SHOWN
+
+
+def _verdict(*effects: Effect) -> str:
+    """The weakest of the effects' verdicts."""
+    return min((judge(e) for e in effects), key=VERDICT_ORDER.index)
+
+
+def _power(*effects: Effect) -> str:
+    """``; smallest detectable: ...`` for the observed text (points for rates)."""
+    parts = []
+    for e in effects:
+        mde = detectable(e.ci)
+        if math.isfinite(mde):
+            parts.append(f"{e.name} {100 * mde:.1f} pt" if e.points else f"{e.name} {mde:.3f}")
+    return f"; smallest detectable: {', '.join(parts)}" if parts else ""
+
+
+def _effects_json(*effects: Effect) -> dict[str, Any]:
+    return {e.name: {"verdict": judge(e), "detectable": detectable(e.ci), "paper_size": e.size,
+                     "margin": e.margin} for e in effects}
+
+
+def _difference(a: stats.MeanCI, b: stats.MeanCI) -> stats.MeanCI:
+    """``a - b`` of two independent estimates with their normal CIs combined."""
+    diff = a.mean - b.mean
+    if not all(math.isfinite(x) for x in (a.low, a.high, b.low, b.high)):
+        return stats.MeanCI(diff, math.nan, math.nan, a.n + b.n)
+    half = math.hypot((a.high - a.low) / 2, (b.high - b.low) / 2)
+    return stats.MeanCI(diff, diff - half, diff + half, a.n + b.n)
 
 
 def _pt(ci: stats.MeanCI) -> str:
@@ -111,10 +183,11 @@ def check_pass_at_k(record: Mapping[str, Any]) -> list[Finding]:
         observed = (f"pass@1 {curve[policy][0]:.3f} vs {base} {curve[base][0]:.3f}; "
                     f"pass@{ks[-1]} {curve[policy][-1]:.3f} vs {curve[base][-1]:.3f}; ahead at "
                     f"{ahead} of {ks.size} k; smallest lead at k = {ks[weakest]}: {_pt(ci)}")
-        out.append(Finding(PASS_AT_K, policy, PAPER[PASS_AT_K], observed,
-                           _verdict(ahead == ks.size, _above(ci)),
+        effect = Effect(f"lead at k = {ks[weakest]}", ci)
+        out.append(Finding(PASS_AT_K, policy, PAPER[PASS_AT_K], observed + _power(effect),
+                           _verdict(effect),
                            {"k": ks, "lead": lead, "weakest_k": int(ks[weakest]),
-                            "weakest_lead": ci}))
+                            "weakest_lead": ci, "effects": _effects_json(effect)}))
     return out
 
 
@@ -139,9 +212,11 @@ def check_lead_grows(record: Mapping[str, Any]) -> list[Finding]:
         observed = (f"lead at 25/50/75/100%: {', '.join(f'{100 * v:+.1f}' for v in leads)} pt "
                     f"({'increasing' if monotone else 'not monotone'}); at 25% it {small}; "
                     f"lead at 100% minus lead at 25%: {_pt(growth)}")
-        out.append(Finding(LEAD_GROWS, policy, PAPER[LEAD_GROWS], observed,
-                           _verdict(growth.mean > 0, _above(growth)),
-                           {"levels": record["levels"], "lead": leads, "growth": growth}))
+        effect = Effect("lead growth", growth)
+        out.append(Finding(LEAD_GROWS, policy, PAPER[LEAD_GROWS], observed + _power(effect),
+                           _verdict(effect),
+                           {"levels": record["levels"], "lead": leads, "growth": growth,
+                            "effects": _effects_json(effect)}))
     return out
 
 
@@ -155,11 +230,13 @@ def check_budgetmix_small(record: Mapping[str, Any]) -> list[Finding]:
     out = []
     for mix, full in pairs.items():
         deltas = [stats.mean_ci_normal(d) for d in _level_differences(record, mix, full)]
-        small = deltas[:2]
+        effects = [Effect(f"{p}%", d, size=size) for p, d, size in
+                   zip(record["percents"][:2], deltas[:2], BUDGETMIX_SMALL_SIZES)]
         observed = "; ".join(f"{p}%: {_pt(d)}" for p, d in zip(record["percents"], deltas))
-        out.append(Finding(BUDGETMIX_SMALL, f"{mix} vs {full}", PAPER[BUDGETMIX_SMALL], observed,
-                           _verdict(all(d.mean > 0 for d in small), all(_above(d) for d in small)),
-                           {"levels": record["levels"], "difference": deltas}))
+        out.append(Finding(BUDGETMIX_SMALL, f"{mix} vs {full}", PAPER[BUDGETMIX_SMALL],
+                           observed + _power(*effects), _verdict(*effects),
+                           {"levels": record["levels"], "difference": deltas,
+                            "effects": _effects_json(*effects)}))
     return out
 
 
@@ -187,11 +264,16 @@ def check_error_recovery(steps: Mapping[str, Any], errors: Mapping[str, Any]) ->
                     f"diff {_num(matched.mean_diff)}) vs {100 * at_errors.share_rl_better:.1f}% of "
                     f"error states ({_num(at_errors.mean_diff)}); continuation "
                     f"{100 * rates[policy]:.1f}% vs {base} {100 * rates[base]:.1f}%: {_pt(gain)}")
-        holds = gain.mean > 0 and at_errors.share_rl_better > matched.share_rl_better
-        out.append(Finding(ERROR_RECOVERY, policy, PAPER[ERROR_RECOVERY], observed,
-                           _verdict(holds, _above(gain)),
+        advantage = _difference(at_errors.mean_diff, matched.mean_diff)
+        effects = (Effect("continuation gain", gain, size=ERROR_RECOVERY_GAIN),
+                   Effect("error-state minus matched-state quality gain", advantage, points=False))
+        observed += f"; error-state minus matched-state quality gain {_num(advantage)}"
+        out.append(Finding(ERROR_RECOVERY, policy, PAPER[ERROR_RECOVERY],
+                           observed + _power(*effects), _verdict(*effects),
                            {"matched": matched, "error_states": at_errors,
-                            "continuation": rates, "continuation_gain": gain}))
+                            "continuation": rates, "continuation_gain": gain,
+                            "quality_gain_difference": advantage,
+                            "effects": _effects_json(*effects)}))
     return out
 
 
@@ -219,20 +301,23 @@ def check_dynamics(record: Mapping[str, Any]) -> list[Finding]:
             full = record.get("counterparts", {}).get(run)
             versus = (f"; {full}: {_num(changes[full]['R_single'])}"
                       if full and changes[full]["R_single"] is not None else "")
-            verdict = (SHOWS if single.mean >= 0 else
-                       NOT_SHOWN if _below(single) else INCONCLUSIVE)
+            kept = Effect("R_single", single, margin=FULL_BUDGET_R_SINGLE, points=False)
             out.append(Finding(BUDGETMIX_DYNAMICS, run, PAPER[BUDGETMIX_DYNAMICS],
-                               f"R_single {_num(single)}{versus}", verdict, {"R_single": single}))
+                               f"R_single {_num(single)}{versus}{_power(kept)}", _verdict(kept),
+                               {"R_single": single, "effects": _effects_json(kept)}))
             continue
         if multi is None or single is None:
             out.append(_absent(FULL_BUDGET_DYNAMICS, f"{run}: R_multi and R_single need two "
                                                      "logged values each"))
             continue
+        effects = (Effect("R_multi", multi, size=FULL_BUDGET_R_MULTI, points=False),
+                   Effect("R_single", single, direction=-1, size=FULL_BUDGET_R_SINGLE,
+                          points=False))
         out.append(Finding(FULL_BUDGET_DYNAMICS, run, PAPER[FULL_BUDGET_DYNAMICS],
-                           f"R_multi {_num(multi)}, R_single {_num(single)}",
-                           _verdict(multi.mean > 0 and single.mean < 0,
-                                    _above(multi) and _below(single)),
-                           {"R_multi": multi, "R_single": single}))
+                           f"R_multi {_num(multi)}, R_single {_num(single)}{_power(*effects)}",
+                           _verdict(*effects),
+                           {"R_multi": multi, "R_single": single,
+                            "effects": _effects_json(*effects)}))
     return out
 
 
@@ -298,10 +383,15 @@ def write_findings(out: str | Path, found: Sequence[Finding], titles: Sequence[s
     linking to the sections among ``titles`` they were checked on)."""
     out = Path(out)
     path = eval_report.write_json(out / FINDINGS_JSON, [dataclasses.asdict(f) for f in found])
-    text = ("Each §9 / §7.5 headline checked in kind on this run's raw results. shows: the "
-            "effect goes the paper's way and its 95% CI excludes no effect; inconclusive: it goes "
-            "the paper's way but the CI includes no effect (or is undefined); does not show: it "
-            "goes the other way; not measured: the analysis was not run. Differences are paired "
+    text = ("Each §9 / §7.5 headline checked in kind on this run's raw results, each of its "
+            "effects by one rule. shows: the 95% CI excludes no effect on the paper's side; "
+            "refuted: it excludes no effect on the other side; does not show: the CI includes no "
+            "effect although the run could have detected an effect of the paper's size (its "
+            "smallest detectable effect, 80% power at the 5% level, is at most that size); "
+            "underpowered: the CI includes no effect and the run could not have detected the "
+            "paper's size (or the paper gives none): it says nothing. A headline takes its "
+            "weakest effect's verdict; BudgetMix keeping R_single is tested against a fall as "
+            "large as full-budget RL's; not measured: the analysis was not run. Differences are paired "
             "per task (Pass@k) or per state (continuation); training changes compare the means "
             "of the first and last tenth of the logged steps. A small model on a few tasks can miss effects "
             "the paper measured at scale: a verdict describes this run only.")
