@@ -340,7 +340,9 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
         max_new_tokens=task.max_response_tokens, prefill_chunk=rl.prefill_chunk, cache_dtype=cache_dtype,
         layout=rl.generation_layout, sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p),
         memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, conservative=target.conservative,
-        paging=None if rl.kv_page_size is None else Paging(page_size=rl.kv_page_size), refill=rl.refill)
+        paging=None if rl.kv_page_size is None else Paging(page_size=rl.kv_page_size,
+                                                           num_pages=rl.kv_pages),
+        refill=rl.refill)
     ev = config.eval
     results += plan_sampler(
         "eval", model, mesh, rows=eval_rows(ev, task.eval_maps), max_len=ev.max_context,

@@ -55,8 +55,8 @@ from flax import nnx
 from agentrl_jax.models import paged_cache
 from agentrl_jax.models.paged_cache import PagedKVCache
 from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM
-from agentrl_jax.sampling import (Paging, Sampler, SamplerState, SamplingConfig, generation_params,
-                                  pad_rows, resolve_layout)
+from agentrl_jax.sampling import (Paging, Sampler, SamplerState, SamplingConfig, StopReason,
+                                  generation_params, pad_rows, resolve_layout)
 from agentrl_jax.sampling.sampler import batch_shards
 
 
@@ -80,13 +80,17 @@ class Responses:
     (temperature 1, no truncation), 0 on padding;
     sampling_logprobs: ``float32[N, R]`` under the distribution the token was drawn from
     (temperature, top-k/top-p, valid vocabulary), 0 on padding; None: the same as
-    ``logprobs`` (a policy that samples from its model distribution, e.g. a script).
+    ``logprobs`` (a policy that samples from its model distribution, e.g. a script);
+    preempted: ``bool[N]``, rows the policy could not play this turn for want of memory (a
+    paged KV cache whose pool ran out): their responses are empty and their caches gone, the
+    caller restarts them from their contexts later and asks again (None: none).
     """
 
     tokens: np.ndarray
     lengths: np.ndarray
     logprobs: np.ndarray
     sampling_logprobs: np.ndarray | None = None
+    preempted: np.ndarray | None = None
 
     @property
     def behaviour_logprobs(self) -> np.ndarray:
@@ -515,12 +519,16 @@ class SamplerPolicy:
         active[valid] = live[rows[valid]]
         budget = np.zeros(len(rows), np.int32)
         budget[valid] = max_tokens[rows[valid]]
+        stuck = np.zeros(len(rows), bool)
+        if self.paging is not None and self.reuse_cache:  # a prefill or observation found no page
+            stuck = active & np.asarray(jax.device_get(self._state.overflowed))
+            active = active & ~stuck
         self.shapes_used.add(("decode", len(rows), 0))
         self._state, out = sampler.decode(self.params, self._state,
                                           cache_row_keys(key, rows, len(live)),
                                           settings.sampling, budget=budget, active=active)
-        tokens, lengths, logprobs, sampling_lp = jax.device_get(
-            (out.tokens, out.lengths, out.log_probs, out.sampling_log_probs))
+        tokens, lengths, logprobs, sampling_lp, reason = jax.device_get(
+            (out.tokens, out.lengths, out.log_probs, out.sampling_log_probs, out.stop_reason))
         n, width = len(live), settings.max_response_tokens
         result = Responses(np.zeros((n, width), np.int32), np.zeros(n, np.int32),
                            np.zeros((n, width), np.float32), np.zeros((n, width), np.float32))
@@ -534,7 +542,23 @@ class SamplerPolicy:
         if not self.reuse_cache:
             for r in np.flatnonzero(live):
                 self._contexts[r].extend(result.tokens[r, : result.lengths[r]].tolist())
+        elif self.paging is not None:
+            result = self._preempt(result, valid & (stuck | (reason == StopReason.NO_PAGE)))
         return result
+
+    def _preempt(self, result: Responses, slots: np.ndarray) -> Responses:
+        """Cache rows ``slots`` ran out of pages this turn: their responses are dropped and
+        their pages released (they become padding), and ``result`` says so (``preempted``)."""
+        if not slots.any():
+            return result
+        lost = self._rows[slots]
+        for field in (result.tokens, result.lengths, result.logprobs, result.sampling_logprobs):
+            field[lost] = 0
+        preempted = np.zeros(len(result.lengths), bool)
+        preempted[lost] = True
+        self._state = self._sampler(self._settings).release(self._state, slots)
+        self._rows = np.where(slots, -1, self._rows)
+        return dataclasses.replace(result, preempted=preempted)
 
     def _pad_rows(self, rows: np.ndarray, total: int) -> np.ndarray:
         size = self._bucket(len(rows), total) if self.compact else len(rows)

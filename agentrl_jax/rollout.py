@@ -285,7 +285,11 @@ class _Seats:
         full.tokens[rows], full.lengths[rows] = out.tokens[seated], out.lengths[seated]
         full.logprobs[rows] = out.logprobs[seated]
         full.sampling_logprobs[rows] = out.behaviour_logprobs[seated]
-        return full
+        if out.preempted is None:
+            return full
+        preempted = np.zeros(self.n, bool)
+        preempted[rows] = np.asarray(out.preempted, bool)[seated]
+        return dataclasses.replace(full, preempted=preempted)
 
 
 @dataclasses.dataclass
@@ -464,8 +468,7 @@ class MultiTurnRollout:
         queues = [part[fits[part]] for part in parts]
         if cfg.refill:  # one queue of every row, seats as many as the largest part
             queues = [np.concatenate(queues)]
-        env_state = self._play(seats, play, queues, [first[r][0] for r in range(rows)],
-                               env_state, key_policy, timer)
+        env_state = self._play(seats, play, queues, env_state, key_policy, timer)
         total = time.perf_counter() - began
         stats = RolloutStats(
             turns=len(play.live_rows), live_rows=tuple(play.live_rows),
@@ -476,34 +479,38 @@ class MultiTurnRollout:
                                       play.overflow)
         return RolloutResult(trajectory, play.texts, env_seed, stats)
 
-    def _play(self, seats: _Seats, play: _Play, queues: list[np.ndarray],
-              prompts: list[tuple[int, ...]], env_state: Any, key_policy: jax.Array,
-              timer: _Timer) -> Any:
+    def _play(self, seats: _Seats, play: _Play, queues: list[np.ndarray], env_state: Any,
+              key_policy: jax.Array, timer: _Timer) -> Any:
         """Play every row of ``queues`` to its end; returns the environment's state.
 
         Each iteration plays one turn of every live row, each at its own turn. Rows take seats
         from the first queue with rows left: without ``refill`` (one queue per part) only once
         every seat is empty, a fresh ``start`` per part; with ``refill`` (one queue) whenever a
         seat is empty. Rows not seated are not live, so the environment leaves them as they are.
+        A row the policy preempts (``Responses.preempted``: its paged cache ran out of pages)
+        did not play its turn: it leaves its seat for the front of the queue and, seated again,
+        restarts from its context and plays that turn again (the same key, so the same draws).
+        When every live row was preempted, one row alone takes a seat next (it always fits).
         """
         cfg, window, rec = self.config, self.config.history_window, play.rec
         rows, length = seats.n, cfg.record_length
         turn = np.zeros(rows, np.int64)  # each row's current turn
         live = np.zeros(rows, bool)
         waiting = [list(q) for q in queues if len(q)]
+        alone = False
         while True:
             empty = int(np.sum(seats.row < 0))
             if waiting and empty and (cfg.refill or not live.any()):
-                take = np.asarray(waiting[0][:empty], np.int64)
-                del waiting[0][:empty]
-                with timer("policy"):
-                    seats.seat(take, lambda r: prompts[r], fresh=not live.any(),
-                               current=lambda r: self._context(rec, r, int(turn[r])))
+                count = 1 if alone else empty
+                take = np.asarray(waiting[0][:count], np.int64)
+                del waiting[0][:count]
+                with timer("policy"):  # a row's context so far: its first prompt, or more
+                    context = lambda r: self._context(rec, r, int(turn[r]))  # noqa: E731
+                    seats.seat(take, context, fresh=not live.any(), current=context)
                 live[take] = True
                 waiting = [q for q in waiting if q]
             if not live.any():
                 break
-            play.count_live(turn[live])
             kept_from = (rec.turn_start[np.arange(rows), np.maximum(0, turn - window)]
                          if window is not None else rec.prefix_len)
             rec.context_start[live, turn[live]] = kept_from[live]
@@ -514,6 +521,15 @@ class MultiTurnRollout:
                 out = seats.respond(live, max_tokens,
                                     row_keys(key_policy, turn[seat_rows], seat_rows))
             self._check(out, live, max_tokens)
+            preempted = live & (False if out.preempted is None else out.preempted)
+            alone = bool(preempted.any()) and not (live & ~preempted).any()
+            if preempted.any():  # back to the front of the queue, to replay this turn
+                seats.vacate(np.flatnonzero(preempted))
+                waiting.insert(0, np.flatnonzero(preempted).tolist())
+                live = live & ~preempted
+                if not live.any():
+                    continue
+            play.count_live(turn[live])
             rec.write_responses(out, turn)
             play.context_len += out.lengths
             play.sampled += int(out.lengths.sum())

@@ -566,6 +566,7 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
      "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: algorithm, attention, "
      "checkpoint_every, clip_high, clip_low, critic_learning_rate, epochs, gae_gamma, gae_lambda, "
      "generation_layout, gigpo_gamma, gigpo_omega, group_size, kl_coef, kv_cache_dtype, kv_page_size, "
+     "kv_pages, "
      "learning_rate, logits_chunk, max_grad_norm, max_rows_per_call, mini_batches, num_micro_batches, "
      "prefill_chunk, refill, remat, runs, scoring, seed, steps, tasks_per_step, temperature, "
      "tensorboard, top_p, value_clip, wandb_project, weight_decay"),

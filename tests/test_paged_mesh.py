@@ -3,8 +3,9 @@ are one device's.
 
 Sampler: a conversation with a release, a refill of two rows (``append_rows``) and copies
 within shards, on three meshes, against the one-device paged sampler. Rollout: continuous
-batching in 16 seats and a whole batch of 24 rows, each against the one-device static engine
-(the reference). Runs in a subprocess: the device count is fixed when JAX starts.
+batching in 16 seats (with a pool that holds them all, and with one that makes rows preempt
+and replay their turns) and a whole batch of 24 rows, each against the one-device static
+engine (the reference). Runs in a subprocess: the device count is fixed when JAX starts.
 """
 
 from __future__ import annotations
@@ -103,16 +104,22 @@ SCRIPT = textwrap.dedent("""
     tasks, key = np.array([4, 9, 2, 7, 11, 5]), jax.random.key(6)
     reference = jax.device_get(MultiTurnRollout(env, tokenizer, config)(
         SamplerPolicy(model, token_map=token_map, min_rows=1), tasks, key))
-    for shape, seats in (((2, 4, 1), None), ((8, 1, 1), 16)):
+    # the last: a pool of 60 pages per shard, room for ~1.25 of its 2 rows: preemption
+    for name, shape, seats, pages in (("whole", (2, 4, 1), None, None), ("seats", (8, 1, 1), 16, None),
+                                      ("small pool", (8, 1, 1), 16, 8 * 60)):
         policy = SamplerPolicy(model, token_map=token_map, mesh=build_mesh(MeshConfig(*shape)),
-                               paging=Paging(page_size=16, block_pages=4))
+                               paging=Paging(page_size=16, num_pages=pages, block_pages=4))
+        preempted, respond = [], policy.respond
+        policy.respond = lambda *a, respond=respond: (lambda out: (
+            preempted.append(0 if out.preempted is None else int(out.preempted.sum())), out)[1])(
+            respond(*a))
         played = dataclasses.replace(config, max_rows_per_call=seats, refill=seats is not None)
         got = jax.device_get(MultiTurnRollout(env, tokenizer, played)(policy, tasks, key))
         assert_same_trajectory(got.trajectory, reference.trajectory)
         assert got.responses == reference.responses
-        report[f"rollout{shape}"] = {
+        report[f"rollout {name}"] = {
             "turns": sorted(set(reference.trajectory.turns_used.tolist())),
-            "most_rows": max(s[1] for s in policy.shapes_used),
+            "most_rows": max(s[1] for s in policy.shapes_used), "preempted": sum(preempted),
             "pool": describe(policy._state.cache)["k"]}
     print("REPORT" + json.dumps(report))
 """)
@@ -138,6 +145,7 @@ def test_paged_engine_on_a_mesh_gives_one_devices_tokens():
         assert "different batch shards" in cross and "[B] keys" in one_key, r["errors"]
     assert "tensor=2" in report["tensor_error"]
     # the rollouts matched the reference inside the child (assert_same_trajectory)
-    assert len(report["rollout(2, 4, 1)"]["turns"]) > 1
-    assert report["rollout(8, 1, 1)"]["most_rows"] <= 16
-    assert report["rollout(8, 1, 1)"]["pool"] == "P(None, 'data')"
+    assert len(report["rollout whole"]["turns"]) > 1
+    assert report["rollout seats"]["most_rows"] <= 16
+    assert report["rollout seats"]["pool"] == "P(None, 'data')"
+    assert report["rollout seats"]["preempted"] == 0 < report["rollout small pool"]["preempted"]

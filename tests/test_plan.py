@@ -100,3 +100,16 @@ def test_plan_compiles_the_paged_engine_on_the_mesh():
     # the pool [layers, pages, 16, kv heads, head dim]: 16 rows x 16 pages split over 8 devices
     shape, _ = programs["rollout:init"]["largest"][0]
     assert shape.split("[")[1].split(",")[1:3] == ["32", "16"], shape
+
+
+def test_plan_refuses_a_pool_that_cannot_hold_one_row_per_device():
+    """``rl.kv_pages`` shares the pool among the 8 devices: 64 pages are 8 per device, fewer
+    than one 256-token row's 16; the plan says so before compiling anything."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    child = subprocess.run([sys.executable, "-m", "agentrl_jax.cli", "plan", *CI, "--gpus", "8",
+                            "--program", "rollout", "--set", "rl.kv_page_size=16", "--set",
+                            "rl.kv_pages=64"], env=env, capture_output=True, text=True, timeout=900,
+                           cwd=ROOT)
+    assert child.returncode == 2  # a one-line usage error, no traceback
+    squeezed = "".join((child.stdout + child.stderr).replace("│", "").split())
+    assert "num_pages=64(8shard(s))cannotholdonerowofmax_len=256" in squeezed

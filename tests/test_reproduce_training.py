@@ -18,6 +18,7 @@ from agentrl_jax.reproduce import training
 from agentrl_jax.reproduce.config import RLSettings, load_config
 from agentrl_jax.reproduce.pipeline import make_tasks
 from agentrl_jax.reproduce.policy_init import build_frozenlake_tokenizer, random_qwen3
+from agentrl_jax.sampling import Paging
 from agentrl_jax.train import read_metrics
 from agentrl_jax.trajectory import Trajectory
 
@@ -84,8 +85,10 @@ def test_the_rollout_memory_settings_reach_the_rollout_and_the_policy():
     default = training.sampler_policy(model, RLSettings())
     assert (default.cache_dtype, default.prefill_chunk, default.row_multiple) == (None, None, 1)
     assert default.paging is None
-    paged = RLSettings(group_size=4, max_rows_per_call=8, kv_page_size=16, refill=True)
-    assert training.sampler_policy(model, paged).paging.page_size == 16
+    paged = RLSettings(group_size=4, max_rows_per_call=8, kv_page_size=16, kv_pages=40, refill=True)
+    assert training.sampler_policy(model, paged).paging == Paging(page_size=16, num_pages=40)
+    with pytest.raises(ConfigError, match="rl.kv_pages: a pool of 40 pages needs the paged KV"):
+        RLSettings(kv_pages=40)
     assert training.rollout_config(spec, paged, t_max=4, max_response_tokens=8, max_context=256,
                                    valid_vocab_size=None).refill
     with pytest.raises(ConfigError, match="rl.refill: continuous batching needs"):

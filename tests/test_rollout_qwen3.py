@@ -331,3 +331,40 @@ def test_continuous_batching_plays_the_whole_batchs_conversations(tiny_policy, s
     traces = policy.trace_counts
     kinds = lambda kind: {s for s in policy.shapes_used if s[0] == kind}  # noqa: E731
     assert traces["decode"] == len(kinds("decode")) and traces["append"] == len(kinds("append"))
+
+
+@pytest.mark.parametrize("refill", [True, False], ids=["refill", "parts"])
+def test_a_pool_smaller_than_the_rows_preempts_and_replays_the_same_conversations(
+        tiny_policy, shared_policy, tokenizer, refill):
+    """4 seats whose rows grow to ~760 tokens over a pool of 60 pages of 16 tokens (room for
+    ~1.25 such rows): rows that find no page are preempted (their turn dropped, their pages
+    released), wait at the front of the queue and replay the turn with the same key. The
+    Trajectory is the unbounded engine's, token for token (log-probs to 1e-5)."""
+    env, _, token_map, model = tiny_policy
+    config = RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT)
+    tasks, key = np.array([4, 9, 2, 7, 11, 5]), jax.random.key(6)
+    whole = MultiTurnRollout(env, tokenizer, config)(shared_policy.using(shared_policy.params),
+                                                     tasks, key)
+    policy = SamplerPolicy(model, token_map=token_map, min_rows=1,
+                           paging=Paging(page_size=16, num_pages=60, block_pages=4))
+    preempted, original = [], policy.respond
+    policy.respond = lambda *args: (lambda out: (preempted.append(out.preempted), out)[1])(
+        original(*args))
+    played = MultiTurnRollout(env, tokenizer, dataclasses.replace(
+        config, max_rows_per_call=4, refill=refill))(policy, tasks, key)
+    a, b = jax.device_get(whole.trajectory), jax.device_get(played.trajectory)
+    assert int(np.asarray(a.token_mask).sum(axis=1).max()) > 60 * 16 // 2  # rows outgrow the pool
+    assert_same_trajectory(b, a)
+    assert played.responses == whole.responses
+    assert played.stats.live_rows == whole.stats.live_rows  # a replayed turn counts once
+    assert sum(int(p.sum()) for p in preempted if p is not None) > 0
+
+
+def test_a_pool_that_cannot_hold_one_row_is_refused(tiny_policy, tokenizer):
+    env, _, token_map, model = tiny_policy
+    policy = SamplerPolicy(model, token_map=token_map,
+                           paging=Paging(page_size=16, num_pages=47, block_pages=4))
+    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=2, max_response_tokens=4,
+                                                            max_context=SMALL_CONTEXT))
+    with pytest.raises(ValueError, match=r"num_pages=47 \(1 shard\(s\)\) cannot hold one row of max_len=768"):
+        runner(policy, np.array([1]), jax.random.key(0))

@@ -58,7 +58,7 @@ def test_multi_turn_sampling_equals_the_static_sampler_token_for_token(tiny):
         np.testing.assert_allclose(ours.sampling_log_probs, theirs.sampling_log_probs, atol=1e-5)
 
 
-def test_a_pool_that_runs_out_stops_rows_as_full_contexts_and_spares_the_others(tiny):
+def test_a_pool_that_runs_out_stops_rows_for_want_of_a_page_and_spares_the_others(tiny):
     _, model, params = tiny
     # 3 rows of up to 24 tokens but 9 pages of 4 tokens (36 tokens) between them
     sampler = Sampler(model, max_new_tokens=16, stop_token_ids=(),
@@ -75,8 +75,8 @@ def test_a_pool_that_runs_out_stops_rows_as_full_contexts_and_spares_the_others(
     # at 8 (4 sampled) and row 0 at 16 (8 sampled); row 1 spends its budget of 2
     lengths = np.asarray(out.lengths)
     assert lengths.tolist() == [8, 2, 4]
-    assert out.stop_reason.tolist() == [StopReason.CONTEXT_FULL, StopReason.BUDGET,
-                                        StopReason.CONTEXT_FULL]
+    assert out.stop_reason.tolist() == [StopReason.NO_PAGE, StopReason.BUDGET,
+                                        StopReason.NO_PAGE]
     assert int(state.cache.pages_used) == 9
     assert np.asarray(state.overflowed).tolist() == [True, False, True]
     for b in range(3):  # what was sampled is what the unbounded reference samples

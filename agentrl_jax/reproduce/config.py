@@ -192,7 +192,10 @@ class RLSettings:
     ``kv_page_size`` (null: one static cache of the whole context per row) runs rollouts on the
     paged KV cache with pages of that many tokens (on a mesh with ``tensor`` = 1 each batch
     shard pages its own rows): attention reads only the
-    pages in use and finished rows free theirs; ``refill`` (with ``max_rows_per_call``) is
+    pages in use and finished rows free theirs; ``kv_pages`` bounds the pool (null: room for
+    every row in flight at ``task.max_context``, the static cache's memory; fewer: the memory
+    of the tokens actually cached, a row that finds no page being preempted and its turn
+    replayed, with the same tokens, once pages are free); ``refill`` (with ``max_rows_per_call``) is
     continuous batching: a row that ends gives its place to the next waiting row instead of
     parts played one after another (the tokens do not depend on either).
 
@@ -239,6 +242,7 @@ class RLSettings:
     prefill_chunk: int | None = None
     generation_layout: str = "auto"
     kv_page_size: int | None = None
+    kv_pages: int | None = None
     refill: bool = False
     remat: str | None = None
     attention: str = "xla"
@@ -269,7 +273,7 @@ class RLSettings:
             "kv_cache_dtype": one_of(DTYPES, nullable=True),
             "max_rows_per_call": _optional(_int(1)), "prefill_chunk": _optional(_int(1)),
             "generation_layout": one_of(GENERATION_LAYOUTS),
-            "kv_page_size": _optional(_int(1)), "refill": BOOL,
+            "kv_page_size": _optional(_int(1)), "kv_pages": _optional(_int(1)), "refill": BOOL,
             "remat": one_of(REMAT_POLICIES, nullable=True),
             "attention": one_of(ATTENTION_IMPLEMENTATIONS),
             "logits_chunk": _int(1), "tensorboard": one_of(TENSORBOARD),
@@ -295,6 +299,9 @@ class RLSettings:
         if self.wandb_project is not None and importlib.util.find_spec("wandb") is None:
             raise ConfigError(f"rl.wandb_project: logging to W&B project {self.wandb_project!r} needs "
                               "the wandb package (pip install wandb); it is not installed")
+        if self.kv_pages is not None and self.kv_page_size is None:
+            raise ConfigError(f"rl.kv_pages: a pool of {self.kv_pages} pages needs the paged KV "
+                              "cache (rl.kv_page_size), got kv_page_size: null")
         if self.refill and self.max_rows_per_call is None:
             raise ConfigError("rl.refill: continuous batching needs rl.max_rows_per_call (the "
                               "rows in flight), got refill: true with max_rows_per_call: null")

@@ -135,7 +135,7 @@ def sampler_policy(model: nnx.Module, rl: RLSettings, mesh=None) -> SamplerPolic
             raise ConfigError(f"rl.kv_page_size: the paged KV cache splits rows over the batch "
                               f"axes only, this run's mesh has tensor={mesh.shape['tensor']}; "
                               "set it to null or use tensor: 1")
-        paging = Paging(page_size=rl.kv_page_size)
+        paging = Paging(page_size=rl.kv_page_size, num_pages=rl.kv_pages)
     return SamplerPolicy(model, mesh=mesh, cache_dtype=rl.kv_cache_dtype,
                          prefill_chunk=rl.prefill_chunk, generation_layout=rl.generation_layout,
                          paging=paging)

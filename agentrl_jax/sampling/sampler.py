@@ -35,7 +35,8 @@ bounds the attention temporaries to ``[B, heads, chunk, max_len]``.
 
 Paged (``Sampler(paging=Paging(...))``): the state holds a
 :class:`~agentrl_jax.models.paged_cache.PagedKVCache` instead; every write first allocates the
-pages it needs (a row that finds none left is treated as a full context), attention reads only
+pages it needs (a row that finds none left is flagged ``overflowed``, in decode with
+``StopReason.NO_PAGE``: a policy can release it and replay it later), attention reads only
 the pages in use, :meth:`Sampler.release` frees finished rows and :meth:`Sampler.append_rows`
 prefills a few rows without touching the others (seating new rows in continuous batching).
 On a mesh (``tensor`` = 1) each batch shard is a whole one-device engine: its rows, and an
@@ -102,6 +103,8 @@ class StopReason(enum.IntEnum):
     STOP_TOKEN = 1    # sampled a stop token (it is the row's last output token)
     BUDGET = 2        # produced its budget of tokens
     CONTEXT_FULL = 3  # no cache slot left for the next token; the row is now ``overflowed``
+    NO_PAGE = 4       # a paged cache had no free page for the next token (the row's context had
+                      # room); the row is now ``overflowed`` (a caller may release and replay it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +113,8 @@ class Paging:
 
     ``page_size`` tokens per page; ``num_pages`` in the shared pool (None: enough for every row
     at ``max_len``, i.e. the static cache's memory; fewer bounds the memory by the tokens
-    cached at once, and a row that finds no free page stops as if its context were full);
+    cached at once, and a row that finds no free page stops with ``StopReason.NO_PAGE``;
+    :class:`~agentrl_jax.policy.SamplerPolicy` then preempts it: released, replayed later);
     ``block_pages`` pages read per step of the attention loop.
     """
 
@@ -354,11 +358,12 @@ def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget:
         t, state, running, out = carry
         logits = model.logits(state.hidden, few_rows=True)  # [B, V] float32
         no_room = running & (state.cache.lengths >= max_len)
+        no_page = jnp.zeros_like(no_room)
         if isinstance(state.cache, PagedKVCache):  # a page for the token if it starts one
             cache, got = paged_cache.allocate(
                 state.cache, state.cache.lengths + (running & ~no_room))
-            state, no_room = state.replace(cache=cache), no_room | (running & ~got)
-        running = running & ~no_room
+            state, no_page = state.replace(cache=cache), running & ~no_room & ~got
+        running = running & ~no_room & ~no_page
         tokens, sampling_lp = sample_fn(step_keys(key, t), logits, sampling)
 
         def column(buffer, values):
@@ -372,9 +377,9 @@ def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget:
         lengths = out.lengths + running
         hit_stop = running & jnp.isin(tokens, stop_ids)
         spent = running & ~hit_stop & (lengths >= budget)
-        reason = jnp.select([no_room, hit_stop, spent],
-                            [StopReason.CONTEXT_FULL, StopReason.STOP_TOKEN, StopReason.BUDGET],
-                            out.stop_reason)
+        reason = jnp.select([no_room, no_page, hit_stop, spent],
+                            [StopReason.CONTEXT_FULL, StopReason.NO_PAGE, StopReason.STOP_TOKEN,
+                             StopReason.BUDGET], out.stop_reason)
         out = SampleOutput(tokens=column(out.tokens, tokens),
                            log_probs=column(out.log_probs, model_log_probs(logits, tokens)),
                            sampling_log_probs=column(out.sampling_log_probs, sampling_lp),
@@ -382,7 +387,7 @@ def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget:
         state = constrain(SamplerState(
             cache=cache,
             hidden=jnp.where(running[:, None], hidden.astype(state.hidden.dtype), state.hidden),
-            overflowed=state.overflowed | no_room))
+            overflowed=state.overflowed | no_room | no_page))
         return t + 1, state, running & ~hit_stop & ~spent, out
 
     def not_done(carry):
@@ -600,7 +605,8 @@ class Sampler:
     def pool(self, batch_size: int, max_len: int, pool_rows: int | None = None
              ) -> Paging | None:
         """The paging of a state from ``init(batch_size, max_len, pool_rows=...)``, its
-        ``num_pages`` resolved (None for a static cache)."""
+        ``num_pages`` resolved (None for a static cache). A pool must hold one row of
+        ``max_len`` tokens (per batch shard): a row alone can always play."""
         paging = self.paging
         if paging is None:
             return None
@@ -613,6 +619,11 @@ class Sampler:
             raise ValueError(f"a paged state on this mesh needs batch_size and paging.num_pages "
                              f"divisible by its {shards} batch shards (each holds its share of "
                              f"rows and pages), got {batch_size} and {paging.num_pages}")
+        need = -(-max_len // paging.page_size)
+        if paging.num_pages // shards < need:  # a row alone must fit, so preemption can end
+            raise ValueError(f"paging.num_pages={paging.num_pages} ({shards} shard(s)) cannot hold "
+                             f"one row of max_len={max_len} tokens: it needs {need} pages of "
+                             f"{paging.page_size} per shard")
         return paging
 
     def append_rows(self, params: nnx.State, state: SamplerState, rows: Any, tokens: Any,
