@@ -83,3 +83,41 @@ def test_solve_shows_an_episode_that_reaches_the_goal():
     assert result.exit_code == 0, result.output
     assert "the first to reach the goal" in result.output
     assert "\nreached the goal after" in result.output
+
+
+def test_seeds_run_the_study_once_per_seed_and_tabulate_each_finding(tmp_path, monkeypatch):
+    """``--seeds 0 --seeds 7``: one run per seed into ``seed_<s>/`` with every seed of the
+    config set to it, then ``seeds.md`` / ``seeds.json``: each finding's verdict per seed."""
+    import json
+
+    import agentrl_jax.reproduce.pipeline as pipeline
+    from agentrl_jax.reproduce import findings
+
+    seen = []
+
+    def fake_reproduce(settings, out, **kwargs):  # writes the findings a run would
+        seed = settings.rl.seed
+        seen.append((out.name, settings.task.map_seed, settings.model.seed,
+                     settings.warm_start.seed, settings.eval.seed, seed, settings.rl.steps))
+        out.mkdir(parents=True)
+        verdict = findings.SHOWS if seed == 0 else findings.REFUTED
+        rows = [{"headline": findings.PASS_AT_K, "subject": "GRPO", "paper": "", "numbers": {},
+                 "observed": f"lead {seed}", "verdict": verdict}]
+        (out / findings.FINDINGS_JSON).write_text(json.dumps(rows))
+        (out / "report.md").write_text("")
+        return out / "report.md"
+
+    monkeypatch.setattr(pipeline, "reproduce", fake_reproduce)
+    result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(tmp_path),
+                                      "--set", "rl.steps=3", "--seeds", "0", "--seeds", "7"])
+    assert result.exit_code == 0, result.output
+    assert seen == [("seed_0", 0, 0, 0, 0, 0, 3), ("seed_7", 7, 7, 7, 7, 7, 3)]
+    summary = json.loads((tmp_path / "seeds.json").read_text())
+    (row,) = summary["findings"]
+    assert row["verdicts"] == {"0": "shows", "7": "refuted"} and row["shows"] == [0]
+    table = (tmp_path / "seeds.md").read_text()
+    assert f"| {findings.PASS_AT_K} | GRPO | **shows** | **refuted** | 1 of 2 |" in table
+    assert "seed 0: lead 0; seed 7: lead 7" in table
+    result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(tmp_path / "x"),
+                                      "--seeds", "3", "--seeds", "3"])
+    assert _squeezed("--seeds: each seed once") in _one_line_error(result)

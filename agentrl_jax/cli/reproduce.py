@@ -3,6 +3,7 @@
     agentrl-jax reproduce frozenlake                                   # built-in CPU default
     agentrl-jax reproduce frozenlake --config configs/frozenlake_qwen3_4b_gpu.yaml --out runs/4b
     agentrl-jax reproduce frozenlake --set rl.steps=10 --set eval.samples=4
+    agentrl-jax reproduce frozenlake --seeds 0 --seeds 7 --seeds 13      # each finding at 3 seeds
     agentrl-jax reproduce frozenlake --set rl.runs=[gigpo,dapo] --set rl.epochs=2 --set rl.mini_batches=4
     agentrl-jax reproduce frozenlake --plugin my_loss.py --set 'rl.runs=[{name: mine, algorithm:
         {loss_terms: [policy_clip, {name: my_term, coef: 0.01}]}}]'
@@ -37,6 +38,9 @@ def frozenlake(
     progress: bool = typer.Option(True, help="Show the progress bar."),
     until: Optional[str] = typer.Option(None, help="Stop after this phase (e.g. warm_start, "
                                                    "train:grpo, eval:table); rerun to go on."),
+    seeds: Optional[List[int]] = typer.Option(None, "--seeds", help="Run the whole study at each "
+                                              "of these seeds (repeatable) into OUT/seed_<s>/, "
+                                              "then OUT/seeds.md: each finding across them."),
     plugin: Optional[List[str]] = typer.Option(None, "--plugin", help="A Python file or module to import "
                                                "first (repeatable; also AGENTRL_JAX_PLUGINS): its "
                                                "registered loss terms, estimators and run presets "
@@ -48,20 +52,28 @@ def frozenlake(
     from agentrl_jax.cli.paths import output_folder
     from agentrl_jax.plugins import load_plugins
     from agentrl_jax.reproduce.config import load_config
+    from agentrl_jax.reproduce.pipeline import ReproduceError, plugins_hint, reproduce
+    from agentrl_jax.reproduce.seeds import seed_folder, seed_overrides, write_across_seeds
 
     output_folder(out)
-    from agentrl_jax.reproduce.pipeline import ReproduceError, plugins_hint, reproduce
-
+    if seeds and len(set(seeds)) != len(seeds):
+        raise typer.BadParameter(f"--seeds: each seed once, got {seeds}")
+    runs = [(None, out, list(set_ or ()))] if not seeds else [
+        (seed, seed_folder(out, seed), list(set_ or ()) + seed_overrides(seed)) for seed in seeds]
     try:
         load_plugins(plugin or ())
-        settings = load_config(config, set_ or ())
+        settings = [load_config(config, overrides) for _, _, overrides in runs]  # all checked first
     except ValueError as error:
         raise typer.BadParameter(f"{error}{plugins_hint(out)}") from None
-    overrides = f" with --set {', '.join(set_)}" if set_ else ""
-    typer.echo(f"Reproducing FrozenLake into {out} (config: {config or 'built-in default'}{overrides})")
-    try:
-        report = reproduce(settings, out, fresh=fresh, progress=progress, until=until)
-    except ReproduceError as error:
-        raise typer.BadParameter(str(error)) from None
-    typer.echo(f"Report: {report}" if report.exists() else f"Stopped after {until}; rerun "
-               "without --until to go on")
+    for (seed, folder, overrides), setting in zip(runs, settings):
+        shown = f" with --set {', '.join(overrides)}" if overrides else ""
+        typer.echo(f"Reproducing FrozenLake into {folder} (config: {config or 'built-in default'}"
+                   f"{shown})")
+        try:
+            report = reproduce(setting, folder, fresh=fresh, progress=progress, until=until)
+        except ReproduceError as error:
+            raise typer.BadParameter(str(error)) from None
+        typer.echo(f"Report: {report}" if report.exists() else f"Stopped after {until}; rerun "
+                   "without --until to go on")
+    if seeds and until is None:
+        typer.echo(f"Findings across seeds: {write_across_seeds(out, seeds)}")
