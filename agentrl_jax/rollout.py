@@ -119,6 +119,10 @@ class RolloutConfig:
     max_rows_per_call: the most rows one policy holds at once (a multiple of ``group_size``);
       a larger batch is played in parts of whole groups, one after another (see the module
       docstring); None plays every row at once.
+    adaptive_budgets: with ``budget=None``, BudgetMix draws only budgets each task can meet: none
+      below its structural bound (the environment's ``structural_bounds(task_ids)``, e.g.
+      FrozenLake's shortest path), ``T_max`` where none is left
+      (:func:`~agentrl_jax.algorithms.budgetmix.sample_budgets`).
     refill: with ``max_rows_per_call``, continuous batching instead of parts: the policy holds
       ``max_rows_per_call`` seats, and a seat whose row's episode ended takes the next row
       waiting (its first prompt prefilled at once, :meth:`Policy.restart` where the policy has
@@ -140,6 +144,7 @@ class RolloutConfig:
     prompt: BudgetPrompt = BudgetPrompt()
     max_rows_per_call: int | None = None
     refill: bool = False
+    adaptive_budgets: bool = False
 
     def __post_init__(self):
         def positive(name: str, optional: bool = False):
@@ -161,7 +166,7 @@ class RolloutConfig:
         if self.record_tokens is not None and self.record_tokens < self.max_context:
             raise ValueError(f"RolloutConfig.record_tokens ({self.record_tokens}) must be >= "
                              f"max_context ({self.max_context})")
-        for name in ("end_on_invalid", "enable_thinking", "refill"):
+        for name in ("end_on_invalid", "enable_thinking", "refill", "adaptive_budgets"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RolloutConfig.{name} must be a bool, "
                                  f"got {getattr(self, name)!r}")
@@ -380,6 +385,9 @@ class MultiTurnRollout:
         if config.budget is not None and config.budget > env.t_max:
             raise ValueError(f"RolloutConfig.budget={config.budget} exceeds the environment's "
                              f"t_max={env.t_max}")
+        if config.adaptive_budgets and not callable(getattr(env, "structural_bounds", None)):
+            raise ValueError(f"RolloutConfig.adaptive_budgets needs an environment with "
+                             f"structural_bounds(task_ids); {type(env).__name__} has none")
         self.env, self.tokenizer, self.config = env, tokenizer, config
         self.chat = ChatTokens(tokenizer, enable_thinking=config.enable_thinking)
         self.instructions = env.instructions()
@@ -419,7 +427,8 @@ class MultiTurnRollout:
                              f"{self.env.num_tasks()}), got {task_ids!r}")
         return tasks.astype(np.int64)
 
-    def _group_budgets(self, key: jax.Array, groups: int, budgets: Any) -> np.ndarray:
+    def _group_budgets(self, key: jax.Array, tasks: np.ndarray, budgets: Any) -> np.ndarray:
+        groups = len(tasks)
         if budgets is not None:
             out = np.asarray(budgets)
             if out.shape != (groups,) or not np.issubdtype(out.dtype, np.integer):
@@ -427,7 +436,8 @@ class MultiTurnRollout:
         elif self.config.budget is not None:
             out = np.full(groups, self.config.budget)
         else:
-            out = np.asarray(sample_budgets(key, jnp.full((groups,), self.env.t_max)).budgets)
+            bound = (self.env.structural_bounds(tasks) if self.config.adaptive_budgets else None)
+            out = np.asarray(sample_budgets(key, jnp.full((groups,), self.env.t_max), bound).budgets)
         if out.min() < 1 or out.max() > self.num_turns:
             raise ValueError(f"budgets must be in [1, {self.num_turns}], got {out}")
         return out.astype(np.int64)
@@ -448,7 +458,7 @@ class MultiTurnRollout:
         row_task = np.repeat(tasks, size)
         group = np.repeat(np.arange(groups), size)
         key_budget, key_env, key_policy = jax.random.split(key, 3)
-        budget = self._group_budgets(key_budget, groups, budgets)[group]
+        budget = self._group_budgets(key_budget, tasks, budgets)[group]
         env_seed = int(jax.random.randint(key_env, (), 0, np.iinfo(np.int32).max))
         with timer("env"):
             env_state, observations = self.env.reset(row_task, env_seed)

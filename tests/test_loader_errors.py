@@ -525,11 +525,11 @@ YAML_CASES = {
     "a list for a string": ("model:\n  dtype: [float32]\n", "model.dtype: must be one of "
                             "('float32', 'bfloat16'), got ('float32',)"),
     "a number for the runs": ("rl:\n  runs: 3\n", "rl.runs: must be a non-empty list of runs, each a preset "
-                              "name (grpo, budgetmix, gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, "
+                              "name (grpo, budgetmix, budgetmix-adaptive, gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, "
                               "dapo-budgetmix, dr-grpo, rloo, gspo) or a mapping {name, preset, label, budget_mix, "
                               "algorithm}, got 3"),
     "a list in the runs": ("rl:\n  runs: [[grpo]]\n", "rl.runs[0]: must be a preset name (grpo, budgetmix, "
-                           "gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, dapo-budgetmix, dr-grpo, rloo, gspo) "
+                           "budgetmix-adaptive, gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, dapo-budgetmix, dr-grpo, rloo, gspo) "
                            "or a mapping {name, preset, label, budget_mix, algorithm}, got ['grpo']"),
     "a huge int for a number": ("eval:\n  gamma: " + "9" * 400 + "\n",
                                 "eval.gamma: must be a number in [0, 1], got " + "9" * 197 + "..."),

@@ -6,16 +6,19 @@ TrainConfigs and rollout settings."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fake_devices import fake_devices_env
 import yaml
 
 from agentrl_jax.algorithms import AlgorithmConfig
+from agentrl_jax.errors import ConfigError
 from agentrl_jax.reproduce import training
 from agentrl_jax.reproduce.config import (RUN_PRESETS, ReproduceConfig, RLSettings, apply_overrides,
                                           config_from_dict, dump_config, load_config)
@@ -102,7 +105,7 @@ def test_round_trip_of_non_default_values():
     ({"rl.runs": [{"name": "../x"}]}, "rl.runs[0].name: must be a folder name"),
     ({"rl.runs": [{"name": "base"}]}, "rl.runs[0].name: must be a folder name"),
     ({"rl.runs": [{"name": "x", "preset": "nope"}]}, "rl.runs[0].preset: must be one of grpo, budgetmix"),
-    ({"rl.runs": [{"name": "x", "budget_mix": 1}]}, "rl.runs[0].budget_mix: must be true or false"),
+    ({"rl.runs": [{"name": "x", "budget_mix": 1}]}, "rl.runs[0].budget_mix: must be true, false or adaptive"),
     ({"rl.runs": [{"name": "x", "stuff": 1}]}, "rl.runs[0]: unknown field 'stuff'"),
     ({"rl.runs": ["grpo", {"name": "x", "label": "GRPO"}]}, "rl.runs: two runs have the label 'GRPO'"),
     ({"rl.runs": [{"name": "x", "algorithm": {"loss_terms": ["value_clip"]}}]},
@@ -461,3 +464,38 @@ def test_nested_overrides_do_not_touch_their_input():
     assert out["rl"]["algorithm"] == {"advantage": "grpo", "aggregation": "token-mean",
                                       "advantage_params": {"eps": 0.1}}
     assert data == {"rl": {"algorithm": {"advantage": "grpo"}}}
+
+
+def test_the_adaptive_budgetmix_preset_draws_only_budgets_each_task_can_meet():
+    """``budgetmix-adaptive``: BudgetMix whose draws skip budgets below a task's shortest path
+    (the rollout asks the environment's ``structural_bounds``); T_max where none is left."""
+    import jax
+    from agentrl_jax.algorithms.budgetmix import budget_set
+    from agentrl_jax.models.tokenizer import load_tokenizer
+    from agentrl_jax.reproduce import training
+    from agentrl_jax.rollout import MultiTurnRollout
+    from envs.frozenlake import maps as fl_maps
+    from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
+
+    rl = RLSettings(runs=("budgetmix", "budgetmix-adaptive"))
+    specs = {s.name: s for s in training.run_specs(rl)}
+    assert specs["budgetmix-adaptive"].budget_mix == "adaptive"
+    config = training.rollout_config(specs["budgetmix-adaptive"], rl, t_max=20, max_response_tokens=8,
+                                     max_context=512, valid_vocab_size=None)
+    assert config.budget is None and config.adaptive_budgets
+    assert not training.rollout_config(specs["budgetmix"], rl, t_max=20, max_response_tokens=8,
+                                       max_context=512, valid_vocab_size=None).adaptive_budgets
+    env = FrozenLakeTextEnv(fl_maps.generate(jax.random.key(2), 40, size=6, p=0.8),
+                            FrozenLakeTextConfig(t_max=20))
+    bounds = env.structural_bounds(np.arange(40))
+    assert bounds.min() >= 2 and bounds.max() <= 20  # 6x6 solvable maps: between 2 and 20 moves
+    runner = MultiTurnRollout(env, load_tokenizer(), config)
+    drawn = [runner._group_budgets(jax.random.key(k), np.arange(40), None) for k in range(5)]
+    for budgets in drawn:
+        assert set(budgets) <= set(budget_set(20))
+        assert (budgets >= bounds).all()  # never a budget the task cannot meet
+    plain = MultiTurnRollout(env, load_tokenizer(), dataclasses.replace(config, adaptive_budgets=False))
+    assert any((plain._group_budgets(jax.random.key(k), np.arange(40), None) < bounds).any()
+               for k in range(5))  # plain BudgetMix does draw them
+    with pytest.raises(ConfigError, match="budget_mix: must be true, false or adaptive"):
+        RLSettings(runs=({"name": "x", "preset": "grpo", "budget_mix": "sometimes"},))

@@ -158,7 +158,7 @@ class RLSettings:
     """The RL runs, all from the same base with the same number of updates and rollouts.
 
     ``runs`` lists the runs: names of presets (:data:`~agentrl_jax.reproduce.presets.RUN_PRESETS`:
-    ``grpo``, ``budgetmix``, ``gigpo``, ``gigpo-budgetmix``, ``ppo``, ``ppo-budgetmix``, ``dapo``,
+    ``grpo``, ``budgetmix``, ``budgetmix-adaptive``, ``gigpo``, ``gigpo-budgetmix``, ``ppo``, ``ppo-budgetmix``, ``dapo``,
     ``dr-grpo``, ...) or mappings ``{name, preset, label, budget_mix, algorithm}`` composing any registered
     advantage estimator and loss terms (:mod:`agentrl_jax.reproduce.presets`). ``algorithm``
     holds :class:`~agentrl_jax.algorithms.AlgorithmConfig` fields applied to every run over its

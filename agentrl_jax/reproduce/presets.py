@@ -41,13 +41,17 @@ from agentrl_jax.validation import short_repr
 AlgorithmBuilder = Callable[[Any], Mapping[str, Any]]  # rl settings -> AlgorithmConfig.from_dict data
 
 
+BUDGET_MIX = (False, True, "adaptive")
+
+
 class RunPreset(NamedTuple):
     """A named run: its ``label`` in tables, its ``algorithm`` (``rl -> AlgorithmConfig`` data)
-    and whether it draws BudgetMix budgets (paper §5)."""
+    and whether it draws BudgetMix budgets (paper §5): False, True, or ``"adaptive"``: only
+    budgets each task can meet (none below its structural bound; the paper's discussion)."""
 
     label: str
     algorithm: AlgorithmBuilder
-    budget_mix: bool = False
+    budget_mix: bool | str = False
 
 
 # ---------------------------------------------------------------- the presets' algorithms
@@ -110,6 +114,7 @@ def gspo_algorithm(rl: Any) -> dict[str, Any]:
 RUN_PRESETS: dict[str, RunPreset] = {
     "grpo": RunPreset("GRPO", grpo_algorithm),
     "budgetmix": RunPreset("BudgetMix GRPO", grpo_algorithm, True),
+    "budgetmix-adaptive": RunPreset("Adaptive BudgetMix GRPO", grpo_algorithm, "adaptive"),
     "gigpo": RunPreset("GiGPO", gigpo_algorithm),
     "gigpo-budgetmix": RunPreset("BudgetMix GiGPO", gigpo_algorithm, True),
     "ppo": RunPreset("PPO", ppo_algorithm),
@@ -123,7 +128,7 @@ RUN_PRESETS: dict[str, RunPreset] = {
 
 
 def register_run_preset(name: str, *, label: str, algorithm: AlgorithmBuilder,
-                        budget_mix: bool = False) -> RunPreset:
+                        budget_mix: bool | str = False) -> RunPreset:
     """Adds a preset to :data:`RUN_PRESETS` (``rl.runs`` can then name it); refuses a taken name."""
     if not (isinstance(name, str) and RUN_NAME.fullmatch(name)) or name in RESERVED_NAMES:
         raise ValueError(f"run preset name: must match {RUN_NAME.pattern} and not be one of "
@@ -132,7 +137,10 @@ def register_run_preset(name: str, *, label: str, algorithm: AlgorithmBuilder,
         raise ValueError(f"run preset {name!r} is already registered")
     if not callable(algorithm):
         raise ValueError(f"run preset {name!r}: algorithm must be a function of the rl settings")
-    RUN_PRESETS[name] = RunPreset(label, algorithm, bool(budget_mix))
+    if budget_mix not in BUDGET_MIX:
+        raise ValueError(f"run preset {name!r}: budget_mix must be true, false or 'adaptive', "
+                         f"got {budget_mix!r}")
+    RUN_PRESETS[name] = RunPreset(label, algorithm, budget_mix)
     return RUN_PRESETS[name]
 
 
@@ -151,7 +159,7 @@ class RunSettings:
 
     name: str
     label: str
-    budget_mix: bool
+    budget_mix: bool | str  # False, True or "adaptive"
     algorithm: AlgorithmConfig
 
 
@@ -232,8 +240,9 @@ def resolve_run(where: str, entry: Any, rl: Any) -> RunSettings:
     if not (isinstance(label, str) and label.strip()):
         raise ConfigError(f"{where}.label: must be a non-empty string, got {short_repr(label)}")
     budget_mix = fields.get("budget_mix", preset.budget_mix if preset else False)
-    if not isinstance(budget_mix, bool):
-        raise ConfigError(f"{where}.budget_mix: must be true or false, got {short_repr(budget_mix)}")
+    if not (isinstance(budget_mix, bool) or budget_mix == "adaptive"):
+        raise ConfigError(f"{where}.budget_mix: must be true, false or adaptive, got "
+                          f"{short_repr(budget_mix)}")
     data = dict(preset.algorithm(rl)) if preset else {}
     for override in (rl.algorithm, check_algorithm_overrides(f"{where}.algorithm", fields.get("algorithm", {}))):
         data = merge_algorithm(data, override)

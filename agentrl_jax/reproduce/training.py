@@ -57,7 +57,7 @@ class RunSpec:
     name: str
     label: str
     train_config: TrainConfig
-    budget_mix: bool
+    budget_mix: bool | str  # False, True (BudgetMix) or "adaptive" (budgets each task can meet)
 
 
 def loss_position_bound(t_max: int, max_response_tokens: int, max_context: int) -> int | None:
@@ -79,7 +79,7 @@ def run_specs(rl: RLSettings, loss_positions: int | None = None,
             weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm,
             critic_learning_rate=rl.critic_learning_rate, epochs=rl.epochs, mini_batches=rl.mini_batches,
             num_micro_batches=rl.num_micro_batches,
-            budget_anchors=run.budget_mix and "anchor_keys" in step_inputs(run.algorithm).advantage,
+            budget_anchors=bool(run.budget_mix) and "anchor_keys" in step_inputs(run.algorithm).advantage,
             total_steps=rl.steps, checkpoint_every=rl.checkpoint_every, checkpoint_keep=2, seed=rl.seed,
             remat=rl.remat, attention=rl.attention, logits_chunk=rl.logits_chunk,
             loss_positions=loss_positions, max_response_length=max_response_length, scoring=rl.scoring, sampling_temperature=rl.temperature,
@@ -120,6 +120,7 @@ def rollout_config(spec: RunSpec, rl: RLSettings, *, t_max: int, max_response_to
                    max_context: int, valid_vocab_size: int | None) -> RolloutConfig:
     return RolloutConfig(
         group_size=rl.group_size, budget=None if spec.budget_mix else t_max,
+        adaptive_budgets=spec.budget_mix == "adaptive",
         max_response_tokens=max_response_tokens, max_context=max_context,
         sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p,
                                 valid_vocab_size=valid_vocab_size),

@@ -40,6 +40,7 @@ import numpy as np
 from flax import struct
 
 from envs.frozenlake import env as fl_env
+from envs.frozenlake import qstar as fl_qstar
 from envs.frozenlake import text as fl_text
 from envs.protocol import TurnResult
 
@@ -155,6 +156,16 @@ class FrozenLakeTextEnv:
 
     def num_tasks(self) -> int:
         return self.maps.shape[0]
+
+    @functools.cached_property
+    def _shortest_paths(self) -> np.ndarray:
+        return np.asarray(fl_qstar.shortest_path_length(self.maps))
+
+    def structural_bounds(self, task_ids: Any) -> np.ndarray:
+        """``int[K]``: the fewest moves from start to goal of each task's map (§2): a budget
+        below it cannot succeed (adaptive BudgetMix draws none; unreachable goals are a large
+        number, above any budget)."""
+        return self._shortest_paths[np.asarray(task_ids)]
 
     def _render_uncached(self, task_id: int, pos: int) -> str:
         return fl_text.render(self.maps[task_id], pos)
