@@ -142,6 +142,16 @@ def test_report_renders_with_table1_and_valid_figures(finished):
     verdicts = [h for h in page.links if h.startswith("#")][len(page.ids):]  # after the contents
     assert len(verdicts) >= 6 and all(h[1:] in page.ids for h in verdicts), verdicts
     assert "#continuation-success-from-error-states-grpo-vs-base" in verdicts
+    # each policy's budget robustness, recomputed from the raw counts
+    from agentrl_jax.evaluation.robustness import robustness_from_counts
+    from agentrl_jax.reproduce.results import budget_counts, load_raw
+    assert "Budget robustness" in headings
+    raw = load_raw(finished, "table")
+    scores = json.loads((finished / "budget_robustness.json").read_text())["scores"]
+    assert list(scores) == raw["policies"]
+    for policy, score in scores.items():
+        again = robustness_from_counts(budget_counts(raw, policy), raw["k"], raw["shortest_paths"])
+        assert score["mean"] == pytest.approx(again.mean) and f"| {policy} | {again.mean:.3f}" in text
     # every figure names its analysis and its run
     for run in ("GRPO", "BudgetMix GRPO"):
         for title in (f"Training dynamics: {run}",

@@ -314,8 +314,9 @@ def _table(run: _Run) -> list[Section]:
                   f"{len(run.task_ids)} tasks x {s.samples} samples per budget. Dashed: the "
                   f"structural bound, the share of tasks whose shortest path fits in T ({bound}).",
                   (raw,))
-    table = report.write_table1(run.out, results.load_raw(run.out, "table"), table)
-    return [table, curve]
+    saved = results.load_raw(run.out, "table")
+    table = report.write_table1(run.out, saved, table)
+    return [table, curve, report.write_robustness(run.out, saved)]
 
 
 def _passk(run: _Run) -> list[Section]:

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 from agentrl_jax.evaluation import figures, stats
 from agentrl_jax.evaluation import report as eval_report
 from agentrl_jax.evaluation.report import Section
+from agentrl_jax.evaluation.robustness import robustness_from_counts
 from agentrl_jax.reproduce import findings, results
 from agentrl_jax.reproduce.results import ANALYSES
 
@@ -98,6 +99,29 @@ def write_table1(out: str | Path, record: Mapping[str, Any], section: Section) -
         section, title=f"{TABLE1_PREFIX}: Pass@{record['k']} by budget level", text=text,
         markdown=table1_markdown(record),
         files=section.files + (results.RAW_DIR + "/table.json", csv_path.relative_to(out).as_posix()))
+
+
+ROBUSTNESS_JSON = "budget_robustness.json"
+
+
+def write_robustness(out: str | Path, record: Mapping[str, Any]) -> Section:
+    """Each policy's budget-robustness score (:mod:`agentrl_jax.evaluation.robustness`) over
+    the raw ``table`` record's budgets, with its CI: ``budget_robustness.json`` and a section."""
+    out = Path(out)
+    k, budgets = int(record["k"]), [int(b) for b in record["budgets"]]
+    scores = {p: robustness_from_counts(results.budget_counts(record, p), k, record["shortest_paths"])
+              for p in record["policies"]}
+    path = eval_report.write_json(out / ROBUSTNESS_JSON, {"k": k, "budgets": budgets,
+                                                          "scores": scores})
+    rows = ["| policy | robustness [95% CI] |", "|---|---|"]
+    rows += [f"| {p.replace('|', chr(92) + '|')} | {s.mean:.3f} "
+             f"[{s.low:.3f}, {s.high:.3f}] |" for p, s in scores.items()]
+    text = (f"Area under each policy's Pass@{k} curve over the budgets T = {budgets[0]}.."
+            f"{budgets[-1]} ({len(budgets)} budgets) divided by the structural bound's area (the "
+            "share of tasks whose shortest path fits in T): 1 solves every task whenever its "
+            "budget allows. 95% CI: delta method over tasks (a ratio of two means).")
+    return Section("Budget robustness", text, files=(path.relative_to(out).as_posix(),),
+                   markdown="\n".join(rows) + "\n")
 
 
 # ---------------------------------------------------------------- training dynamics
