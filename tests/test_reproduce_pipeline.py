@@ -401,3 +401,24 @@ def test_the_eta_of_the_stored_default_run_holds_within_2x_after_its_first_minut
     assert checked >= 6
     first = run._units(names[0]) / run.total_units()  # the unit count's view after setup
     assert (1 - first) / first * seconds[0] > 24 * 3600
+
+
+def test_readme_table1_is_the_stored_default_runs():
+    """README's Table 1 is notebooks/results_cpu_default/table1.csv, rounded as shown."""
+    import csv
+    stored = {row["row"]: row for row in csv.DictReader(
+        (ROOT / "notebooks/results_cpu_default/table1.csv").read_text().splitlines())}
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| Pass@8 (%) | 25% (T=3)"):].split("\n\n")[0].splitlines()
+    levels = ["25% (T=3)", "50% (T=6)", "75% (T=9)", "100% (T=12)"]
+    assert table[0] == "| Pass@8 (%) | " + " | ".join(levels) + " |"
+    for line in table[2:]:
+        label, *cells = [c.strip() for c in line.strip("|").split("|")]
+        row = stored[label if label in stored else f"{label} (pt)"]
+        for level, cell in zip(levels, cells):
+            value = float(row[level])
+            if label in stored:
+                assert cell == f"{value:.1f}", (label, level)
+            else:
+                low, high = float(row[f"{level} ci_low"]), float(row[f"{level} ci_high"])
+                assert cell == f"{value:+.1f} [{low:+.1f}, {high:+.1f}]", (label, level)

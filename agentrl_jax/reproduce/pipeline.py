@@ -184,8 +184,9 @@ def check_until(config: ReproduceConfig, until: str | None) -> None:
         raise ReproduceError(f"--until: unknown phase {until!r}; phases: {', '.join(names)}")
 
 
-# Seconds per work unit of each kind of phase on this 2-core CPU, measured on the stored default
-# run (notebooks/results_cpu_default/phases.json; units: Reproduction._units). The progress bar
+# Seconds per work unit of each kind of phase on this 2-core CPU, fit on the default run of
+# 2026-12-01 (units: Reproduction._units); the stored run, notebooks/results_cpu_default/
+# phases.json (2026-12-03), checks them in the tests. The progress bar
 # counts predicted seconds, so its ETA (the rest at the rate so far) holds across phases whose
 # cost per unit differs ~10x (counting units, a 1-unit setup of 1.7 s made the first ETA 285 h).
 # Only the ratios matter: a faster or slower machine scales them all.
@@ -193,7 +194,7 @@ PHASE_COST = {"setup": 1.7, "demos": 2.5e-4, "warm_start": 2.0e-3, "train": 1.7e
               "eval:table": 1.0e-3, "eval:passk": 1.0e-3, "eval:steps": 2.0e-3,
               "eval:errors": 8.2e-4, "eval:likelihood": 1.8e-3, "eval:dynamics": 0.5,
               "report": 0.05}
-BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
+BAR_FORMAT = "{desc}{percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
 
 
 def phase_cost(phase: str) -> float:
@@ -217,8 +218,10 @@ class Reproduction:
         self.log = log
         self.mesh = self._mesh()
         self._cost = 1.0  # seconds per unit of the phase running (PHASE_COST)
+        # smoothing=0: the rate is all the work so far over all the time so far, so a stall
+        # (the first update of a run compiles for ~20 s) does not make the ETA leap
         self.bar = tqdm(total=self.total_work(), disable=not progress, dynamic_ncols=True,
-                        desc="reproduce", bar_format=BAR_FORMAT)
+                        desc="reproduce", bar_format=BAR_FORMAT, smoothing=0)
 
     # -- layout
     def model_dir(self, name: str) -> Path:
