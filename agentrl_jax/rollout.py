@@ -242,18 +242,16 @@ class _Seats:
         self.row = np.full(seats, -1, np.int64)  # the row in each seat, -1: empty
 
     def seat(self, rows: np.ndarray, contexts: Callable[[int], Sequence[int]],
-             current: Callable[[int], Sequence[int]], fresh: bool) -> None:
-        """Seat ``rows`` in empty seats and prefill their ``contexts(row)``: a fresh ``start``
-        of every seat (``fresh``; or, for a policy without ``restart``, a ``start`` with the
-        rows already seated at their ``current(row)`` contexts), else ``restart`` of the new
-        seats only."""
+             fresh: bool) -> None:
+        """Seat ``rows`` in empty seats and prefill their ``contexts(row)`` (each row's context
+        so far): a fresh ``start`` of every seat (``fresh``, or a policy without ``restart``:
+        the rows already seated start again from theirs), else ``restart`` of the new seats
+        only."""
         empty = np.flatnonzero(self.row < 0)[:len(rows)]
-        seated_before = self.row >= 0
         self.row[empty] = rows
         restart = getattr(self.policy, "restart", None)
         if fresh or restart is None:
-            self.policy.start([() if r < 0 else current(r) if was else contexts(r)
-                               for r, was in zip(self.row, seated_before)], self.settings)
+            self.policy.start([() if r < 0 else contexts(r) for r in self.row], self.settings)
         else:
             which = np.zeros(len(self.row), bool)
             which[empty] = True
@@ -516,7 +514,7 @@ class MultiTurnRollout:
                 del waiting[0][:count]
                 with timer("policy"):  # a row's context so far: its first prompt, or more
                     context = lambda r: self._context(rec, r, int(turn[r]))  # noqa: E731
-                    seats.seat(take, context, fresh=not live.any(), current=context)
+                    seats.seat(take, context, fresh=not live.any())
                 live[take] = True
                 waiting = [q for q in waiting if q]
             if not live.any():

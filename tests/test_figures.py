@@ -290,9 +290,7 @@ def test_the_training_dynamics_text_figure_and_table_state_one_change(tmp_path, 
     log.parent.mkdir(parents=True)
     log.write_text("".join(json.dumps({"step": s + 1, "R_multi": m, "R_single": q}) + "\n"
                            for s, (m, q) in enumerate(zip(r_multi, r_single))))
-    drawn = []
-    original = figures.save_figure
-    monkeypatch.setattr(figures, "save_figure", lambda fig, path: (drawn.append(fig), original(fig, path))[1])
+    drawn = _drawn(monkeypatch)
     section = report.write_training_dynamics(tmp_path, log, run="GRPO")
     expected = {"R_multi": start_to_end(r_multi), "R_single": start_to_end(r_single)}
     titles = [ax.get_title() for ax in drawn[0].axes]

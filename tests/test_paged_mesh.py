@@ -24,17 +24,13 @@ SCRIPT = textwrap.dedent("""
     from flax import nnx
     sys.path.insert(0, sys.argv[1])
     from hf_qwen3 import save_random_hf_qwen3
-    from test_rollout_qwen3 import assert_same_trajectory
-    from agentrl_jax.algorithms.budgetmix import budget_set
-    from agentrl_jax.bench.rollout import frozenlake_token_map, tiny_policy_model
+    from test_rollout_qwen3 import assert_same_trajectory, count_preemptions, make_tiny_policy
     from agentrl_jax.models import load_qwen3
     from agentrl_jax.models.tokenizer import load_tokenizer
     from agentrl_jax.policy import SamplerPolicy
     from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
     from agentrl_jax.sampling import Paging, Sampler, SamplingConfig, pad_rows
     from agentrl_jax.sharding import MeshConfig, build_mesh, describe
-    from envs.frozenlake import maps as fl_maps
-    from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
     assert jax.device_count() == 8, jax.devices()
     report = {}
 
@@ -93,13 +89,7 @@ SCRIPT = textwrap.dedent("""
 
     # -- the rollout: the one-device static engine vs paged on the mesh
     tokenizer = load_tokenizer()
-    maps = fl_maps.generate(jax.random.key(1), 64, size=4, p=0.8)
-    env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=20))
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=16, budget=20,
-                                                            max_response_tokens=4, max_context=1536))
-    token_map = frozenlake_token_map(runner, budget_set(20))
-    model = tiny_policy_model(len(token_map), hidden_size=16, intermediate_size=32,
-                              num_hidden_layers=1, num_attention_heads=1)
+    env, _, token_map, model = make_tiny_policy(tokenizer)
     config = RolloutConfig(group_size=4, max_response_tokens=4, max_context=768)
     tasks, key = np.array([4, 9, 2, 7, 11, 5]), jax.random.key(6)
     reference = jax.device_get(MultiTurnRollout(env, tokenizer, config)(
@@ -109,10 +99,7 @@ SCRIPT = textwrap.dedent("""
                                       ("small pool", (8, 1, 1), 16, 8 * 60)):
         policy = SamplerPolicy(model, token_map=token_map, mesh=build_mesh(MeshConfig(*shape)),
                                paging=Paging(page_size=16, num_pages=pages, block_pages=4))
-        preempted, respond = [], policy.respond
-        policy.respond = lambda *a, respond=respond: (lambda out: (
-            preempted.append(0 if out.preempted is None else int(out.preempted.sum())), out)[1])(
-            respond(*a))
+        preempted = count_preemptions(policy)
         played = dataclasses.replace(config, max_rows_per_call=seats, refill=seats is not None)
         got = jax.device_get(MultiTurnRollout(env, tokenizer, played)(policy, tasks, key))
         assert_same_trajectory(got.trajectory, reference.trajectory)

@@ -59,6 +59,18 @@ def teacher_forced_logprobs(model, token_map, rows, width):
     return [np.concatenate([[0.0], logp[i, :len(row) - 1]]) for i, row in enumerate(rows)]
 
 
+def count_preemptions(policy) -> list[int]:
+    """The rows ``policy`` preempts at each ``respond`` from now on (the list fills as it plays)."""
+    counts, respond = [], policy.respond
+
+    def counted(*args):
+        out = respond(*args)
+        counts.append(0 if out.preempted is None else int(out.preempted.sum()))
+        return out
+    policy.respond = counted
+    return counts
+
+
 def assert_same_trajectory(got, want):
     """Every field equal; log-probs to 1e-5 (the same tokens, from batches of other shapes)."""
     for field in dataclasses.fields(want):
@@ -78,6 +90,12 @@ def _teacher_forced(graphdef, state, ids, mask):
 
 @pytest.fixture(scope="module")
 def tiny_policy(tokenizer):
+    return make_tiny_policy(tokenizer)
+
+
+def make_tiny_policy(tokenizer):
+    """``(env, runner, token_map, model)``: 64 FrozenLake 4x4 maps, the 64 x 16 runner, the
+    token map of what it can meet, a tiny random Qwen3 over it (also used by child processes)."""
     maps = fl_maps.generate(jax.random.key(1), 64, size=4, p=0.8)
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=20))
     runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=16, budget=20,
@@ -347,9 +365,7 @@ def test_a_pool_smaller_than_the_rows_preempts_and_replays_the_same_conversation
                                                      tasks, key)
     policy = SamplerPolicy(model, token_map=token_map, min_rows=1,
                            paging=Paging(page_size=16, num_pages=60, block_pages=4))
-    preempted, original = [], policy.respond
-    policy.respond = lambda *args: (lambda out: (preempted.append(out.preempted), out)[1])(
-        original(*args))
+    preempted = count_preemptions(policy)
     played = MultiTurnRollout(env, tokenizer, dataclasses.replace(
         config, max_rows_per_call=4, refill=refill))(policy, tasks, key)
     a, b = jax.device_get(whole.trajectory), jax.device_get(played.trajectory)
@@ -357,7 +373,7 @@ def test_a_pool_smaller_than_the_rows_preempts_and_replays_the_same_conversation
     assert_same_trajectory(b, a)
     assert played.responses == whole.responses
     assert played.stats.live_rows == whole.stats.live_rows  # a replayed turn counts once
-    assert sum(int(p.sum()) for p in preempted if p is not None) > 0
+    assert sum(preempted) > 0
 
 
 def test_a_pool_that_cannot_hold_one_row_is_refused(tiny_policy, tokenizer):

@@ -722,16 +722,17 @@ class Sampler:
                 self._batch_put(active, bool))
 
     def _per_shard(self, fn: Callable, params: Any, state: SamplerState, *rows: Any,
-                   outputs: str = "state") -> Any:
+                   with_output: bool = False) -> Any:
         """``fn(params, state, *rows)`` (no ``params`` when None) run by each batch shard on its
         own rows and pages (a paged state on a mesh, :func:`paged_state_specs`): parameters
-        replicated, ``rows`` batch-major; ``outputs``: ``"state"`` or ``"state, rows"``."""
+        replicated, ``rows`` batch-major. Returns the state, or ``(state, batch-major output)``
+        with ``with_output``."""
         state_specs = paged_state_specs(state)
         specs = (state_specs,) + (P(BATCH_AXES),) * len(rows)
         inputs = (state, *rows)
         if params is not None:
             specs, inputs = (P(),) + specs, (params,) + inputs
-        out_specs = state_specs if outputs == "state" else (state_specs, P(BATCH_AXES))
+        out_specs = (state_specs, P(BATCH_AXES)) if with_output else state_specs
         return jax.shard_map(fn, mesh=self.mesh, in_specs=specs, out_specs=out_specs,
                              check_vma=False)(*inputs)
 
@@ -780,25 +781,23 @@ class Sampler:
 
     def _decode_impl(self, params, state, key, budget, active, *, sampling):
         self.trace_counts["decode"] += 1
-        run = functools.partial(
-            self._decode_local, sampling=sampling, unroll_layers=self.unroll_layers)
+        run = functools.partial(self._decode_local, sampling=sampling)
         if self.sharded_pages:
             if key.ndim != 2:
                 raise ValueError("decode: a paged KV cache on a mesh samples each row with its "
                                  "own key: pass [B] keys (one key would be split per shard)")
-            return self._per_shard(run, params, state, key, budget, active,
-                                   outputs="state, rows")
+            return self._per_shard(run, params, state, key, budget, active, with_output=True)
         sample_fn = sample
         if key.ndim == 2 and self.mesh is not None and key.shape[0] % batch_shards(self.mesh) == 0:
             sample_fn = rows_local_sample(self.mesh)
         return run(params, state, key, budget, active, constrain=self._constrain,
                    sample_fn=sample_fn)
 
-    def _decode_local(self, params, state, key, budget, active, *, sampling, unroll_layers,
+    def _decode_local(self, params, state, key, budget, active, *, sampling,
                       constrain=lambda x: x, sample_fn=sample):
         if key.ndim == 2:  # per-row key data
             key = jax.random.wrap_key_data(key)
         return decode(nnx.merge(self.graphdef, params), state, key, budget, active,
                       sampling=sampling, max_new_tokens=self.max_new_tokens,
                       stop_token_ids=self.stop_token_ids, pad_token_id=self.pad_token_id,
-                      unroll_layers=unroll_layers, constrain=constrain, sample_fn=sample_fn)
+                      unroll_layers=self.unroll_layers, constrain=constrain, sample_fn=sample_fn)
