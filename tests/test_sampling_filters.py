@@ -89,6 +89,25 @@ def test_top_p_prefilter_stages_are_exact_whichever_one_the_batch_needs():
                                    ours[np.arange(len(rows)), np.asarray(tokens)], rtol=1e-5)
 
 
+def test_a_rows_draw_with_its_own_key_does_not_depend_on_the_other_rows():
+    # Rows 0, 1, 3 fit the first prefilter, row 4 the second, row 2 (nearly flat) only the
+    # whole-vocabulary search, whose candidates come in another order. Each row keeps its draws
+    # in every batch: a finished row's or a neighbour's flat distribution once switched the
+    # whole batch to the other order, and so changed every row's token for the same key (the
+    # paged engine zeroes finished rows, the static one keeps them: different tokens).
+    scales = np.array([8.0, 8.0, 0.15, 8.0, 3.0, 2.5], np.float32)[:, None]
+    logits = random_logits(1, batch=6, vocab=400, scale=1.0) * scales
+    config = SamplingConfig(temperature=1.0, top_p=0.9, first_prefilter_k=8, prefilter_k=32)
+    draw = jax.jit(filters.sample, static_argnums=2)
+    for seed in range(20):
+        keys = jax.random.split(jax.random.key(seed), 6)
+        alone = [np.asarray(draw(keys[r:r + 1], jnp.asarray(logits[r:r + 1]), config)[0])[0]
+                 for r in range(6)]
+        for rows in ([0, 1, 3, 4], [0, 1, 2, 3, 4, 5], [2, 0, 4]):
+            tokens, _ = draw(keys[np.array(rows)], jnp.asarray(logits[rows]), config)
+            assert np.asarray(tokens).tolist() == [alone[r] for r in rows], (seed, rows)
+
+
 def test_prefilter_stages_are_ascending_and_capped_by_the_vocabulary():
     config = SamplingConfig(top_p=0.9, first_prefilter_k=32, prefilter_k=256)
     assert config.prefilter_stages(151_936) == (32, 256)

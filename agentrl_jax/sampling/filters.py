@@ -27,8 +27,10 @@ is the one that runs. :func:`top_k` takes large vocabularies in two levels (bloc
 largest maxima, then the top ``k`` inside them): 0.28 ms instead of 1.9 ms for 32 of 151,936
 at batch 8.
 
-When a row misses even the last stage (a very flat distribution), the whole batch switches
-to an exact search over the whole vocabulary with no sort: the
+When a row misses even the last stage (a very flat distribution), that row switches to an
+exact search over the whole vocabulary with no sort (computed for the batch when any row needs
+it, used only by the rows that do: a row's draw depends on its own logits and key, never on
+which other rows share its batch, e.g. a finished row's or a seat's neighbours): the
 nucleus is ``{logit >= t}`` for the smallest ``t`` such that the tokens with logits above
 ``t`` hold less than ``top_p``, found by a 32-step bisection over the float32 bit patterns
 (32 masked sums over ``[B, V]``; ~25 ms per step at batch 8 x 151,936 on CPU). The only
@@ -245,7 +247,8 @@ def nucleus_by_threshold(scaled: jax.Array, top_p: float) -> jax.Array:
 
 def _over_candidates(scaled: jax.Array, config: SamplingConfig,
                      use: Callable[[jax.Array | None, jax.Array], jax.Array | tuple]):
-    """``use(ids, log_probs)`` over the filtered candidates, exact for every row.
+    """``use(ids, log_probs)`` over the filtered candidates, exact for every row, and each row's
+    result a function of its own row only.
 
     ``ids [B, K]`` maps candidate to token id (None: candidate ``i`` is id ``i``, K = V); ids
     ``>= V`` are padding, with log-probability -inf. With top-p and no top-k, ranks
@@ -275,9 +278,13 @@ def _over_candidates(scaled: jax.Array, config: SamplingConfig,
     if stages[-1] == vocab:
         return use(ids, log_probs)
 
-    def whole_vocabulary(_):  # every prefilter missed: no sort
+    def whole_vocabulary(_):  # some row's nucleus is wider than every prefilter: no sort
         kept = jnp.where(nucleus_by_threshold(scaled, config.top_p), scaled, -jnp.inf)
-        return use(None, jax.nn.log_softmax(kept, axis=-1))
+        whole = use(None, jax.nn.log_softmax(kept, axis=-1))
+        # only the rows that need it take the whole-vocabulary result (its order of candidates
+        # differs, so a draw from it differs): every row's result is its own
+        return jax.tree.map(lambda a, b: jnp.where(exact.reshape(exact.shape + (1,) * (a.ndim - 1)),
+                                                   a, b), use(ids, log_probs), whole)
 
     return jax.lax.cond(jnp.all(exact), lambda _: use(ids, log_probs), whole_vocabulary, None)
 
