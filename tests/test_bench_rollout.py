@@ -42,3 +42,15 @@ def test_run_rejects_bad_sizes():
         bench_rollout.run(num_tasks=2, compare_tasks=3)
     with pytest.raises(ValueError, match="decode_len"):
         bench_rollout.run(num_tasks=2, decode_len=16)
+
+
+def test_keys_read_ratio_counts_whole_blocks_up_to_the_longest_live_row():
+    from types import SimpleNamespace
+
+    import numpy as np
+    turns = np.full((2, 64), -1)
+    turns[0, 8:10], turns[1, 9:12], turns[0, 28:31] = 0, 0, 1  # turn 0 ends at 10 and 12
+    live = np.array([[True, True], [True, False]])
+    trajectory = SimpleNamespace(token_turn=turns, turn_mask=live)
+    # both turns hold the 2 rows: static 2 x 64 keys each; paged 16 (12 -> one block) then 32
+    assert bench_rollout.keys_read_ratio(trajectory, 64, 16) == (2 * 16 + 2 * 32) / (2 * 2 * 64)

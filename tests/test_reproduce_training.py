@@ -84,11 +84,12 @@ def test_the_rollout_memory_settings_reach_the_rollout_and_the_policy():
         np.dtype("bfloat16"), 64, "training")
     default = training.sampler_policy(model, RLSettings())
     assert (default.cache_dtype, default.prefill_chunk, default.row_multiple) == (None, None, 1)
-    assert default.paging is None
+    assert default.paging == Paging(page_size=16)  # the paged engine is the default
+    assert training.sampler_policy(model, RLSettings(kv_page_size=None)).paging is None
     paged = RLSettings(group_size=4, max_rows_per_call=8, kv_page_size=16, kv_pages=40, refill=True)
     assert training.sampler_policy(model, paged).paging == Paging(page_size=16, num_pages=40)
     with pytest.raises(ConfigError, match="rl.kv_pages: a pool of 40 pages needs the paged KV"):
-        RLSettings(kv_pages=40)
+        RLSettings(kv_pages=40, kv_page_size=None)
     assert training.rollout_config(spec, paged, t_max=4, max_response_tokens=8, max_context=256,
                                    valid_vocab_size=None).refill
     with pytest.raises(ConfigError, match="rl.refill: continuous batching needs"):

@@ -45,7 +45,7 @@ from flax import nnx
 from agentrl_jax.bench.report import BenchResult
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.policy import SamplerPolicy, TokenMap
+from agentrl_jax.policy import SamplerPolicy, TokenMap, row_buckets
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, RolloutResult
 from agentrl_jax.sampling import Paging, Sampler, SamplingConfig
 from envs.frozenlake import grid
@@ -121,6 +121,28 @@ def _start_seconds(policy: SamplerPolicy, contexts, settings, repeats: int) -> f
         policy.start(contexts, settings)
         times.append(time.perf_counter() - begin)
     return float(np.median(times))
+
+
+def keys_read_ratio(trajectory, max_context: int, block: int) -> float:
+    """Keys the paged engine's decode attention reads over those the static engine's reads, in
+    this rollout: each turn both hold the same rows (the live rows' bucket); the static one reads
+    ``max_context`` keys per row, the paged one whole ``block``-token blocks up to the longest
+    live row's context at that turn's response. An upper bound of the paged engine's speed-up
+    where attention is all the cost."""
+    turns = np.asarray(trajectory.token_turn)
+    live = np.asarray(trajectory.turn_mask)
+    buckets = row_buckets(live.shape[0], 8, 1)  # SamplerPolicy's defaults
+    static = paged = 0
+    for t in range(live.shape[1]):
+        rows = np.flatnonzero(live[:, t])
+        if not rows.size:
+            break
+        ends = [np.flatnonzero(turns[r] == t) for r in rows]
+        longest = max((int(e[-1]) + 1 for e in ends if e.size), default=0)
+        held = min(b for b in buckets if b >= rows.size)
+        static += held * max_context
+        paged += held * min(-(-longest // block) * block, max_context)
+    return paged / max(static, 1)
 
 
 def decode_step_ms(model: Qwen3ForCausalLM, paging: Paging | None, rows: int, fill: int,
@@ -228,7 +250,10 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
              "seconds": {"ours": cached.seconds, "baseline": reencoded.seconds}}
     prefill = {**settings, "rows": group_size, "tasks": 1, "prompt_tokens": len(first),
                "seconds": {"ours": prefill_shared, "baseline": prefill_unshared}}
-    paged_settings = {**settings, "rows": num_tasks * group_size, "paging": dataclasses.asdict(Paging()),
+    paging = Paging()
+    paged_settings = {**settings, "rows": num_tasks * group_size, "paging": dataclasses.asdict(paging),
+                      "keys_read_vs_static": keys_read_ratio(batched.result.trajectory, max_context,
+                                                             paging.page_size * paging.block_pages),
                       "same_tokens_as_static": same_rollout["paged"],
                       "seconds": {"ours": paged.seconds, "baseline": batched.seconds}}
     seated_settings = {**paged_settings, "seats": seats,

@@ -80,6 +80,9 @@ _COMMON = (
     ("seed", int, typer.Option(0, help="Seed of the sampling and the environment's randomness.")),
     ("tasks_per_call", Optional[int], typer.Option(None, help="Tasks per rollout call (bounds "
                                                               "memory).", min=1)),
+    ("kv_page_size", int, typer.Option(16, help="Tokens per page of the paged KV cache (0: the "
+                                                "static cache, the reference engine; same tokens).",
+                                       min=0)),
 )
 
 
@@ -93,6 +96,7 @@ class Setup:
     config: RolloutConfig
     seed: int
     tasks_per_call: int | None
+    kv_page_size: int
     base: LoadedPolicy
     rl: LoadedPolicy | None
     settings: dict[str, Any]
@@ -107,9 +111,11 @@ class Setup:
         allow)."""
         from agentrl_jax.evaluation.policies import sampler_policies
         from agentrl_jax.policy import SamplerPolicy
+        from agentrl_jax.sampling import Paging
+        paging = Paging(page_size=self.kv_page_size) if self.kv_page_size else None
         if self.rl is None:
-            return {NAMES[0]: SamplerPolicy(self.base.model)}
-        return dict(zip(NAMES, sampler_policies(self.base, self.rl)))
+            return {NAMES[0]: SamplerPolicy(self.base.model, paging=paging)}
+        return dict(zip(NAMES, sampler_policies(self.base, self.rl, paging=paging)))
 
     def require_rl(self, analysis: str) -> None:
         if self.rl is None:
@@ -155,7 +161,7 @@ def _setup(options: dict[str, Any]) -> Setup:
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in o.items()}
     settings["policies"] = {NAMES[0]: base.describe(), **({NAMES[1]: rl.describe()} if rl else {})}
     return Setup(o["out"], env, np.arange(o["maps"]), config, o["seed"], o["tasks_per_call"],
-                 base, rl, settings)
+                 o["kv_page_size"], base, rl, settings)
 
 
 def _analysis(name: str):

@@ -119,7 +119,7 @@ class EvalSettings:
     prefill_chunk: int | None = None  # memory: prompts enter the KV cache this many tokens at a time
     kv_cache_dtype: str | None = None  # memory: the KV cache's dtype (null: the compute dtype)
     attention: str = "xla"            # memory: the likelihood forward's attention ("blocked": no [L, L] scores)
-    kv_page_size: int | None = None   # an int: rollouts on the paged KV cache (pages of that many tokens)
+    kv_page_size: int | None = 16     # rollouts on the paged KV cache, pages of that many tokens (null: the static cache)
     seed: int = 0
 
     def __post_init__(self):
