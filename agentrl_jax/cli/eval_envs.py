@@ -198,7 +198,7 @@ def _titled(section: Section, label: str) -> Section:
 
 # The policy, decoding and output options are FrozenLake's (agentrl_jax.cli.eval).
 _SHARED = ("base", "base_model_dir", "rl_model_dir", "out", "temperature", "top_p", "thinking",
-           "seed", "tasks_per_call")
+           "seed", "tasks_per_call", "kv_page_size")
 _OPTIONS = (
     ("env", EnvName, typer.Option(..., help="The environment: sql (InterCode-SQL), code "
                                             "(DeepCoder-MT) or bfcl (BFCL v3 multi-turn).")),
@@ -288,7 +288,7 @@ def _setup(options: dict[str, Any]) -> EnvSetup:
     settings["policies"] = {eval_cli.NAMES[0]: base.describe(),
                             **({eval_cli.NAMES[1]: rl.describe()} if rl else {})}
     common = eval_cli.Setup(o["out"], tasks.env, np.arange(tasks.env.num_tasks()), config,
-                            o["seed"], o["tasks_per_call"], base, rl, settings)
+                            o["seed"], o["tasks_per_call"], o["kv_page_size"], base, rl, settings)
     return EnvSetup(common, tasks, defaults)
 
 
