@@ -536,6 +536,15 @@ YAML_CASES = {
     "a bad mesh": ("mesh:\n  data: 0\n", "mesh: MeshConfig.data must be a positive int or -1, got 0"),
     "budgets past t_max": ("eval:\n  budgets: [13]\n", "eval.budgets: must be <= task.t_max (12), "
                                                        "got [13]"),
+    "pages on a tensor mesh": ("mesh:\n  tensor: 2\n", "rl.kv_page_size: the paged KV cache "
+                               "splits rows over the data and fsdp axes only, and mesh.tensor is "
+                               "2; set rl.kv_page_size and eval.kv_page_size to null (the static "
+                               "cache) or tensor to 1"),
+    "eval pages on a tensor mesh": ("mesh:\n  tensor: 2\nrl:\n  kv_page_size: null\n",
+                                    "eval.kv_page_size: the paged KV cache splits rows over the "
+                                    "data and fsdp axes only, and mesh.tensor is 2; set "
+                                    "rl.kv_page_size and eval.kv_page_size to null (the static "
+                                    "cache) or tensor to 1"),
 }
 
 

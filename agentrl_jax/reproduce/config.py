@@ -345,6 +345,12 @@ class ReproduceConfig:
         if self.eval.budgets is not None and max(self.eval.budgets) > self.task.t_max:
             raise ConfigError(f"eval.budgets: must be <= task.t_max ({self.task.t_max}), "
                               f"got {list(self.eval.budgets)}")
+        for section in ("rl", "eval"):  # the Sampler refuses it later, after loading models
+            if self.mesh.tensor > 1 and getattr(self, section).kv_page_size is not None:
+                raise ConfigError(f"{section}.kv_page_size: the paged KV cache splits rows over "
+                                  f"the data and fsdp axes only, and mesh.tensor is "
+                                  f"{self.mesh.tensor}; set rl.kv_page_size and "
+                                  "eval.kv_page_size to null (the static cache) or tensor to 1")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (YAML/JSON); ``config_from_dict(c.to_dict()) == c``."""
