@@ -152,3 +152,10 @@ def test_cli_errors_name_the_problem(policies, tmp_path):
     assert "--invalid must be one of" in _fails("eval", "errors", "--base", str(base_dir), "--rl",
                                                 str(run_dir), *out, "--invalid", "nan")
     assert "holds no analysis" in _fails("eval", "report", "--out", str(tmp_path))
+
+
+def test_the_cli_page_size_default_is_the_reproductions():
+    from agentrl_jax.cli import eval as eval_cli
+    from agentrl_jax.reproduce.evaluate import KV_PAGE_SIZE
+    option = {name: default for name, _, default in eval_cli._COMMON}["kv_page_size"]
+    assert option.default == KV_PAGE_SIZE

@@ -80,6 +80,7 @@ _COMMON = (
     ("seed", int, typer.Option(0, help="Seed of the sampling and the environment's randomness.")),
     ("tasks_per_call", Optional[int], typer.Option(None, help="Tasks per rollout call (bounds "
                                                               "memory).", min=1)),
+    # 16: reproduce.evaluate.KV_PAGE_SIZE, repeated to keep jax out of the CLI's start-up
     ("kv_page_size", int, typer.Option(16, help="Tokens per page of the paged KV cache (0: the "
                                                 "static cache, the reference engine; same tokens).",
                                        min=0)),

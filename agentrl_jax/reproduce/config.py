@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from agentrl_jax.errors import ConfigError
-from agentrl_jax.reproduce.evaluate import EvalSettings
+from agentrl_jax.reproduce.evaluate import KV_PAGE_SIZE, EvalSettings
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
 from agentrl_jax.reproduce.presets import RUN_PRESETS, RunSettings, check_algorithm_overrides, resolve_runs
@@ -243,7 +243,7 @@ class RLSettings:
     max_rows_per_call: int | None = None
     prefill_chunk: int | None = None
     generation_layout: str = "auto"
-    kv_page_size: int | None = 16
+    kv_page_size: int | None = KV_PAGE_SIZE
     kv_pages: int | None = None
     refill: bool = False
     remat: str | None = None

@@ -88,6 +88,11 @@ _CHECKS: dict[str, Check] = {
 }
 
 
+# The page size of the paged KV cache the reproduction and evaluation use by default (rl too;
+# `agentrl-jax eval --kv-page-size` repeats it, to keep jax out of the CLI's start-up).
+KV_PAGE_SIZE = 16
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """How the policies are evaluated (validated on construction; paper values in comments).
@@ -119,7 +124,7 @@ class EvalSettings:
     prefill_chunk: int | None = None  # memory: prompts enter the KV cache this many tokens at a time
     kv_cache_dtype: str | None = None  # memory: the KV cache's dtype (null: the compute dtype)
     attention: str = "xla"            # memory: the likelihood forward's attention ("blocked": no [L, L] scores)
-    kv_page_size: int | None = 16     # rollouts on the paged KV cache, pages of that many tokens (null: the static cache)
+    kv_page_size: int | None = KV_PAGE_SIZE  # rollouts on the paged KV cache, pages of that many tokens (null: the static cache)
     seed: int = 0
 
     def __post_init__(self):

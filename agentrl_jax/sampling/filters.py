@@ -278,15 +278,17 @@ def _over_candidates(scaled: jax.Array, config: SamplingConfig,
     if stages[-1] == vocab:
         return use(ids, log_probs)
 
+    prefiltered = use(ids, log_probs)
+
     def whole_vocabulary(_):  # some row's nucleus is wider than every prefilter: no sort
         kept = jnp.where(nucleus_by_threshold(scaled, config.top_p), scaled, -jnp.inf)
         whole = use(None, jax.nn.log_softmax(kept, axis=-1))
         # only the rows that need it take the whole-vocabulary result (its order of candidates
         # differs, so a draw from it differs): every row's result is its own
         return jax.tree.map(lambda a, b: jnp.where(exact.reshape(exact.shape + (1,) * (a.ndim - 1)),
-                                                   a, b), use(ids, log_probs), whole)
+                                                   a, b), prefiltered, whole)
 
-    return jax.lax.cond(jnp.all(exact), lambda _: use(ids, log_probs), whole_vocabulary, None)
+    return jax.lax.cond(jnp.all(exact), lambda _: prefiltered, whole_vocabulary, None)
 
 
 # ---------------------------------------------------------------------------- public API
