@@ -99,6 +99,10 @@ class Responses:
 
 
 class Policy(Protocol):
+    """What the rollout calls. Optional: ``restart(contexts, which)`` (prefill some rows
+    afresh; else the rollout starts every row again) and ``fork()`` (the same policy with a
+    cache of its own, for a rollout's ``lanes``)."""
+
     def start(self, contexts: Sequence[Sequence[int]], settings: PolicySettings) -> None: ...
 
     def respond(self, live: np.ndarray, max_tokens: np.ndarray, key: jax.Array) -> Responses: ...
@@ -324,6 +328,15 @@ class SamplerPolicy:
         other = copy.copy(self)
         other._given, other._placed = params, None
         other.shapes_used = set()
+        other._clear()
+        return other
+
+    def fork(self) -> "SamplerPolicy":
+        """This policy with a cache of its own (no rows yet): the same placed parameters,
+        compiled functions, ``trace_counts`` and ``shapes_used``. A rollout's lanes
+        (:class:`~agentrl_jax.rollout.RolloutConfig` ``lanes``) each hold one."""
+        self.params  # placed once, here, so the fork shares them  # noqa: B018
+        other = copy.copy(self)
         other._clear()
         return other
 
@@ -613,6 +626,10 @@ class ScriptedPolicy:
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def fork(self) -> "ScriptedPolicy":
+        """The same script with rows of its own (a rollout lane)."""
+        return ScriptedPolicy(self.tokenizer, self.script)
 
     def start(self, contexts: Sequence[Sequence[int]], settings: PolicySettings) -> None:
         self._settings = settings

@@ -83,6 +83,7 @@ exactly on a boundary; the log-probs agree to ~1e-6).
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import contextlib
 import dataclasses
 import functools
@@ -129,6 +130,12 @@ class RolloutConfig:
       it), so rows at different turns sample together and no seat idles while rows wait.
     enable_thinking: Qwen3's thinking switch in the chat template.
     prompt: the budget-aware wording (§6).
+    lanes: the seats split into this many lanes, each a cache of its own (the policy and its
+      ``fork()``s); while one lane's environment step runs (on a thread of its own), the next
+      lane samples, so slow environment steps (Python environments: queries, tests, sandboxes)
+      overlap decoding. Each lane's calls hold fewer rows, so it pays where steps are slow
+      against sampling, not for FrozenLake's jitted step. A paged cache's ``num_pages`` is
+      per lane. Trajectories are the same as with one lane.
     """
 
     group_size: int = 16
@@ -145,6 +152,7 @@ class RolloutConfig:
     max_rows_per_call: int | None = None
     refill: bool = False
     adaptive_budgets: bool = False
+    lanes: int = 1
 
     def __post_init__(self):
         def positive(name: str, optional: bool = False):
@@ -157,6 +165,7 @@ class RolloutConfig:
 
         for name in ("group_size", "max_response_tokens", "max_context"):
             positive(name)
+        positive("lanes")
         for name in ("budget", "record_tokens", "history_window", "max_rows_per_call"):
             positive(name, optional=True)
         if self.max_rows_per_call is not None and self.max_rows_per_call % self.group_size:
@@ -197,6 +206,8 @@ class RolloutStats:
     env_s: float                   # reset and steps (parsing included)
     host_s: float                  # the rest: templates, tokenizing, decoding, bookkeeping
     total_s: float
+    env_step_s: float = 0.0        # steps, wherever they ran: with lanes, more than the
+    #                                part of env_s they add (the rest overlapped sampling)
 
     @property
     def turns_played(self) -> int:
@@ -272,6 +283,12 @@ class _Seats:
     def vacate(self, rows: np.ndarray) -> None:
         self.row[np.isin(self.row, rows)] = -1
 
+    def holds(self) -> np.ndarray:
+        """``bool[n]``: the rows seated here."""
+        seated = np.zeros(self.n, bool)
+        seated[self.row[self.row >= 0]] = True
+        return seated
+
     def extend(self, chunks: Sequence[Sequence[int]]) -> None:
         self.policy.extend([chunks[r] if r >= 0 else () for r in self.row])
 
@@ -328,6 +345,49 @@ class _Timer:
             yield
         finally:
             self.seconds[name] += time.perf_counter() - start
+
+
+@dataclasses.dataclass(frozen=True)
+class _Turn:
+    """One lane's turn between its responses and the environment's answer (``[n]`` arrays:
+    rows that sampled, rows whose response is played, rows whose response was cut)."""
+
+    out: Responses
+    live: np.ndarray
+    playing: np.ndarray
+    cut: np.ndarray
+    step: futures.Future  # -> TurnResult
+
+
+class _EnvSteps:
+    """The environment's steps in the order they are submitted, each from the state the one
+    before left: at once, or (``background``) on one thread of their own, so that a lane's
+    step runs while the other lanes sample. ``busy``: seconds spent stepping."""
+
+    def __init__(self, env: TextEnv, state: Any, background: bool):
+        self.env, self.state, self.busy = env, state, 0.0
+        self._thread = (futures.ThreadPoolExecutor(1, thread_name_prefix="env-steps")
+                        if background else None)
+
+    def _step(self, replies: list[str], playing: np.ndarray) -> TurnResult:
+        begin = time.perf_counter()
+        self.state, result = self.env.step(self.state, replies, playing)
+        self.busy += time.perf_counter() - begin
+        return result
+
+    def submit(self, replies: list[str], playing: np.ndarray) -> futures.Future:
+        if self._thread is not None:
+            return self._thread.submit(self._step, replies, playing)
+        done: futures.Future = futures.Future()
+        done.set_result(self._step(replies, playing))
+        return done
+
+    def __enter__(self) -> "_EnvSteps":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:  # a step in flight finishes first (it owns the state)
+            self._thread.shutdown(wait=True, cancel_futures=True)
 
 
 class _Record:
@@ -472,103 +532,144 @@ class MultiTurnRollout:
         play = _Play(rec, budget, context_len, overflow=~fits, success=np.zeros(rows, bool),
                      turns_used=np.zeros(rows, np.int32), texts=[[] for _ in range(rows)])
         parts = row_parts(groups, size, cfg.max_rows_per_call)
-        seats = _Seats(policy, max(len(p) for p in parts), rows, self.settings)
+        lanes = self._lanes(policy, max(len(p) for p in parts), rows)
         queues = [part[fits[part]] for part in parts]
         if cfg.refill:  # one queue of every row, seats as many as the largest part
             queues = [np.concatenate(queues)]
-        env_state = self._play(seats, play, queues, env_state, key_policy, timer)
+        with _EnvSteps(self.env, env_state, background=len(lanes) > 1) as env:
+            self._play(lanes, play, queues, env, key_policy, timer)
         total = time.perf_counter() - began
         stats = RolloutStats(
             turns=len(play.live_rows), live_rows=tuple(play.live_rows),
             sampled_tokens=play.sampled, policy_s=timer.seconds["policy"],
             env_s=timer.seconds["env"],
-            host_s=total - timer.seconds["policy"] - timer.seconds["env"], total_s=total)
+            host_s=total - timer.seconds["policy"] - timer.seconds["env"], total_s=total,
+            env_step_s=env.busy)
         trajectory = self._trajectory(rec, group, row_task, budget, play.turns_used, play.success,
                                       play.overflow)
         return RolloutResult(trajectory, play.texts, env_seed, stats)
 
-    def _play(self, seats: _Seats, play: _Play, queues: list[np.ndarray], env_state: Any,
-              key_policy: jax.Array, timer: _Timer) -> Any:
-        """Play every row of ``queues`` to its end; returns the environment's state.
+    def _lanes(self, policy: Policy, seats: int, rows: int) -> list[_Seats]:
+        """``config.lanes`` lanes sharing ``seats`` seats as evenly as they can: the policy and
+        its forks (:meth:`~agentrl_jax.policy.SamplerPolicy.fork`), each a cache of its own."""
+        count = min(self.config.lanes, seats)
+        if count > 1 and not callable(getattr(policy, "fork", None)):
+            raise ValueError(f"RolloutConfig.lanes={self.config.lanes} needs a policy with "
+                             f"fork() (a second cache); {type(policy).__name__} has none")
+        policies = [policy] + [policy.fork() for _ in range(count - 1)]
+        return [_Seats(p, len(share), rows, self.settings)
+                for p, share in zip(policies, np.array_split(np.arange(seats), count))]
 
-        Each iteration plays one turn of every live row, each at its own turn. Rows take seats
-        from the first queue with rows left: without ``refill`` (one queue per part) only once
-        every seat is empty, a fresh ``start`` per part; with ``refill`` (one queue) whenever a
-        seat is empty. Rows not seated are not live, so the environment leaves them as they are.
-        A row the policy preempts (``Responses.preempted``: its paged cache ran out of pages)
-        did not play its turn: it leaves its seat for the front of the queue and, seated again,
-        restarts from its context and plays that turn again (the same key, so the same draws).
-        When every live row was preempted, one row alone takes a seat next (it always fits).
+    def _play(self, lanes: list[_Seats], play: _Play, queues: list[np.ndarray], env: _EnvSteps,
+              key_policy: jax.Array, timer: _Timer) -> None:
+        """Play every row of ``queues`` to its end.
+
+        Each pass of the loop visits every lane: it takes the environment's answer to the
+        lane's last turn (recording it and appending the next user message), seats waiting
+        rows, and samples one turn of every live row of the lane, each at its own turn, whose
+        environment step then runs while the other lanes sample (one lane: at once). Rows take
+        seats from the first queue with rows left: without ``refill`` (one queue per part) only
+        once every seat of the lane is empty, a fresh ``start``; with ``refill`` (one queue)
+        whenever a seat is empty. Rows not seated are not live, so the environment leaves them
+        as they are. A row the policy preempts (``Responses.preempted``: its paged cache ran
+        out of pages) did not play its turn: it leaves its seat for the front of the queue and,
+        seated again, restarts from its context and plays that turn again (the same key, so
+        the same draws). When every live row of a lane was preempted, one row alone takes a
+        seat of that lane next (it always fits).
         """
-        cfg, window, rec = self.config, self.config.history_window, play.rec
-        rows, length = seats.n, cfg.record_length
+        rows = play.rec.tokens.shape[0]
         turn = np.zeros(rows, np.int64)  # each row's current turn
-        live = np.zeros(rows, bool)
+        live = np.zeros(rows, bool)      # rows seated and playing, in any lane
         waiting = [list(q) for q in queues if len(q)]
-        alone = False
-        while True:
-            empty = int(np.sum(seats.row < 0))
-            if waiting and empty and (cfg.refill or not live.any()):
-                count = 1 if alone else empty
-                take = np.asarray(waiting[0][:count], np.int64)
-                del waiting[0][:count]
-                with timer("policy"):  # a row's context so far: its first prompt, or more
-                    context = lambda r: self._context(rec, r, int(turn[r]))  # noqa: E731
-                    seats.seat(take, context, fresh=not live.any())
-                live[take] = True
-                waiting = [q for q in waiting if q]
-            if not live.any():
-                break
-            kept_from = (rec.turn_start[np.arange(rows), np.maximum(0, turn - window)]
-                         if window is not None else rec.prefix_len)
-            rec.context_start[live, turn[live]] = kept_from[live]
-            room = np.minimum(cfg.max_context - play.context_len, length - rec.length)
-            max_tokens = np.where(live, np.minimum(cfg.max_response_tokens, room), 0)
-            seat_rows = np.maximum(seats.row, 0)
-            with timer("policy"):
-                out = seats.respond(live, max_tokens,
-                                    row_keys(key_policy, turn[seat_rows], seat_rows))
-            self._check(out, live, max_tokens)
-            preempted = live & (False if out.preempted is None else out.preempted)
-            alone = bool(preempted.any()) and not (live & ~preempted).any()
-            if preempted.any():  # back to the front of the queue, to replay this turn
-                seats.vacate(np.flatnonzero(preempted))
-                waiting.insert(0, np.flatnonzero(preempted).tolist())
-                live = live & ~preempted
-                if not live.any():
+        pending: list[_Turn | None] = [None] * len(lanes)
+        alone = [False] * len(lanes)
+        while live.any() or waiting:
+            for i, seats in enumerate(lanes):
+                if pending[i] is not None:
+                    live &= ~pending[i].live
+                    live |= self._finish(seats, play, pending[i], turn, timer)
+                    pending[i] = None
+                mine = live & seats.holds()
+                empty = int(np.sum(seats.row < 0))
+                if waiting and empty and (self.config.refill or not mine.any()):
+                    count = 1 if alone[i] else empty
+                    take = np.asarray(waiting[0][:count], np.int64)
+                    del waiting[0][:count]
+                    with timer("policy"):  # a row's context so far: its first prompt, or more
+                        context = lambda r: self._context(play.rec, r, int(turn[r]))  # noqa: E731
+                        seats.seat(take, context, fresh=not mine.any())
+                    live[take] = mine[take] = True
+                    waiting = [q for q in waiting if q]
+                if not mine.any():
                     continue
-            play.count_live(turn[live])
-            rec.write_responses(out, turn)
-            play.context_len += out.lengths
-            play.sampled += int(out.lengths.sum())
-            last = out.tokens[np.arange(rows), np.maximum(out.lengths - 1, 0)]
-            stopped = (out.lengths > 0) & np.isin(last, self._stop_ids)
-            cut = live & ~stopped & (out.lengths >= room) & (room < cfg.max_response_tokens)
-            playing = live & ~cut
-            replies = [""] * rows
-            decoded = self.tokenizer.batch_decode(
-                [out.tokens[r, :out.lengths[r]].tolist() for r in np.flatnonzero(live)],
-                skip_special_tokens=True)
-            for r, text in zip(np.flatnonzero(live), decoded):
-                play.texts[r].append(text)
-                replies[r] = text if playing[r] else ""
-            with timer("env"):
-                env_state, result = self.env.step(env_state, replies, playing)
-            self._record_turn(rec, turn, live, playing, result)
-            play.turns_used += live
-            play.success |= playing & np.asarray(result.success, bool)
-            invalid = playing & ~np.asarray(result.action_valid, bool)
-            ended = (~playing | np.asarray(result.done, bool) | (turn + 1 >= play.budget)
-                     | (cfg.end_on_invalid & invalid))
-            play.overflow |= cut
-            going = live & ~ended
-            next_live, play.context_len, play.overflow = self._next_turn(
-                seats, rec, turn, going, out, result, play.budget, play.context_len,
-                play.overflow, timer)
-            seats.vacate(np.flatnonzero(live & ~next_live))
-            turn = np.where(next_live, turn + 1, turn)
-            live = next_live
-        return env_state
+                pending[i], preempted = self._respond(seats, play, mine, turn, key_policy, env,
+                                                      timer)
+                alone[i] = pending[i] is None
+                if preempted.any():  # back to the front of the queue, to replay this turn
+                    seats.vacate(np.flatnonzero(preempted))
+                    waiting.insert(0, np.flatnonzero(preempted).tolist())
+                    live &= ~preempted
+
+    def _respond(self, seats: _Seats, play: _Play, live: np.ndarray, turn: np.ndarray,
+                 key_policy: jax.Array, env: _EnvSteps, timer: _Timer):
+        """Sample one turn of the ``live`` rows (all seated in ``seats``), record the responses
+        and hand them to the environment: ``(turn in flight or None, preempted rows)``."""
+        cfg, window, rec = self.config, self.config.history_window, play.rec
+        rows, length = len(live), cfg.record_length
+        kept_from = (rec.turn_start[np.arange(rows), np.maximum(0, turn - window)]
+                     if window is not None else rec.prefix_len)
+        rec.context_start[live, turn[live]] = kept_from[live]
+        room = np.minimum(cfg.max_context - play.context_len, length - rec.length)
+        max_tokens = np.where(live, np.minimum(cfg.max_response_tokens, room), 0)
+        seat_rows = np.maximum(seats.row, 0)
+        with timer("policy"):
+            out = seats.respond(live, max_tokens, row_keys(key_policy, turn[seat_rows], seat_rows))
+        self._check(out, live, max_tokens)
+        preempted = live & (False if out.preempted is None else out.preempted)
+        live = live & ~preempted
+        if not live.any():
+            return None, preempted
+        play.count_live(turn[live])
+        rec.write_responses(out, turn)
+        play.context_len += out.lengths
+        play.sampled += int(out.lengths.sum())
+        last = out.tokens[np.arange(rows), np.maximum(out.lengths - 1, 0)]
+        stopped = (out.lengths > 0) & np.isin(last, self._stop_ids)
+        cut = live & ~stopped & (out.lengths >= room) & (room < cfg.max_response_tokens)
+        playing = live & ~cut
+        replies = [""] * rows
+        decoded = self.tokenizer.batch_decode(
+            [out.tokens[r, :out.lengths[r]].tolist() for r in np.flatnonzero(live)],
+            skip_special_tokens=True)
+        for r, text in zip(np.flatnonzero(live), decoded):
+            play.texts[r].append(text)
+            replies[r] = text if playing[r] else ""
+        with timer("env"):
+            step = env.submit(replies, playing)
+        return _Turn(out, live, playing, cut, step), preempted
+
+    def _finish(self, seats: _Seats, play: _Play, done: _Turn, turn: np.ndarray,
+                timer: _Timer) -> np.ndarray:
+        """Take the environment's answer to turn ``done``: record it, end rows or append their
+        next user message, free the seats of ended rows and advance ``turn`` in place; returns
+        the rows of ``done`` that play on."""
+        cfg, rec = self.config, play.rec
+        with timer("env"):
+            result = done.step.result()
+        live, playing = done.live, done.playing
+        self._record_turn(rec, turn, live, playing, result)
+        play.turns_used += live
+        play.success |= playing & np.asarray(result.success, bool)
+        invalid = playing & ~np.asarray(result.action_valid, bool)
+        ended = (~playing | np.asarray(result.done, bool) | (turn + 1 >= play.budget)
+                 | (cfg.end_on_invalid & invalid))
+        play.overflow |= done.cut
+        next_live, play.context_len, play.overflow = self._next_turn(
+            seats, rec, turn, live & ~ended, done.out, result, play.budget, play.context_len,
+            play.overflow, timer)
+        seats.vacate(np.flatnonzero(live & ~next_live))
+        turn += next_live
+        return next_live
 
     def _check(self, out: Responses, live: np.ndarray, max_tokens: np.ndarray) -> None:
         """The policy kept its contract (a broken one would corrupt the record silently)."""

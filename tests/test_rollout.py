@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from envs.frozenlake import grid, optimal, qstar
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text import parse_action, render
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
+from envs.protocol import Feedback, PythonEnv, PythonTextEnv, text_key
 
 TURN = re.compile(r"\[MAX TURNS\] (\d+) \[CURRENT TURN\] (\d+) \[REMAINING TURNS\] (\d+)\n(.*?)<\|im_end\|>",
                   re.S)
@@ -89,11 +91,13 @@ def runner_for(env, tokenizer, **overrides):
 
 
 # ---------------------------------------------------------------------------- exact replay
-@pytest.mark.parametrize("seats", [{}, {"max_rows_per_call": 8, "refill": True}],
-                         ids=["all_rows", "continuous_8_seats"])
+@pytest.mark.parametrize("seats", [{}, {"max_rows_per_call": 8, "refill": True}, {"lanes": 2},
+                                   {"max_rows_per_call": 8, "refill": True, "lanes": 3}],
+                         ids=["all_rows", "continuous_8_seats", "2_lanes", "8_seats_in_3_lanes"])
 def test_qstar_greedy_agent_reproduces_play_greedy_exactly(slippery_env, tokenizer, seats):
     """Also under continuous batching: 64 rows through 8 seats, each ended row's seat taken
-    by the next row, rows at different turns stepping together."""
+    by the next row, rows at different turns stepping together; and in lanes, whose
+    environment steps run on a thread of their own while the next lane samples."""
     runner = runner_for(slippery_env, tokenizer, **seats)  # BudgetMix: budgets 1..10
     tasks = np.arange(16)
     result = runner(ScriptedPolicy(tokenizer, QStarAgent(10, True, 0.8)), tasks, jax.random.key(0))
@@ -350,9 +354,18 @@ def test_continuous_batching_with_a_sliding_window_plays_the_whole_batchs_conver
             self.inner = inner
             self.start, self.extend, self.respond = inner.start, inner.extend, inner.respond
 
+    seen.append(set())  # in 2 lanes of 2 seats: the same record, the same contexts seen
+    laned = runner_for(slippery_env, tokenizer, max_rows_per_call=4, refill=True, lanes=2,
+                       **overrides)(ScriptedPolicy(tokenizer, script(2)), tasks, key)
+    c = jax.device_get(laned.trajectory)
+    for field in dataclasses.fields(a):
+        np.testing.assert_array_equal(getattr(c, field.name), getattr(a, field.name),
+                                      err_msg=field.name)
+    assert laned.responses == whole.responses and seen[2] == seen[0]
+
     seen.append(set())
     fallback = runner_for(slippery_env, tokenizer, max_rows_per_call=4, refill=True, **overrides)(
-        StartOnly(ScriptedPolicy(tokenizer, script(2))), tasks, key)
+        StartOnly(ScriptedPolicy(tokenizer, script(3))), tasks, key)
     c = jax.device_get(fallback.trajectory)
     for field in dataclasses.fields(a):
         np.testing.assert_array_equal(getattr(c, field.name), getattr(a, field.name),
@@ -384,13 +397,104 @@ def test_a_python_environment_plays_through_the_same_loop(tokenizer):
         env.close()
 
 
+class SlowCounter(PythonEnv):
+    """A Python environment whose steps take ``seconds`` (a stand-in for a query, a test run,
+    a sandbox): the row must say the number of its task plus its turn; a wrong number is an
+    invalid action; three right ones end the episode with success. Records when it stepped."""
+
+    name, t_max = "slow-counter", 6
+
+    def __init__(self, seconds: float):
+        self.seconds, self.steps = seconds, []
+
+    def instructions(self):
+        return "Say the next number."
+
+    def num_tasks(self):
+        return 8
+
+    def reset_task(self, task_id, seed):
+        return (task_id, 0, 0), f"Start at {task_id}."
+
+    def step_task(self, row_state, response):
+        begin = time.perf_counter()
+        time.sleep(self.seconds)
+        task, turn, right = row_state
+        valid = response.strip() == str(task + turn)
+        right += valid
+        self.steps.append((begin, time.perf_counter()))
+        return (task, turn + 1, right), Feedback(f"Turn {turn + 1}.", reward=float(valid),
+                                                 done=right == 3, success=right == 3,
+                                                 action_valid=valid)
+
+    def state_key(self, row_state):
+        return text_key(*row_state)
+
+
+def test_lanes_overlap_environment_steps_with_sampling_and_play_the_same_conversations(
+        tokenizer):
+    """8 groups of 2 rows; each row answers right or wrong by a hash of its context. With 2
+    lanes, a lane samples while the other lane's environment step (20 ms) runs: some
+    ``respond`` begins and ends inside a step. With 1 lane none can. Both give the same
+    Trajectory, and the stats count the steps' time wherever they ran."""
+    import hashlib
+
+    def script(calls):
+        def reply(contexts, live):
+            begin = time.perf_counter()
+            out = []
+            for context in contexts:
+                task = int(re.search(r"Start at (\d+)", context).group(1)) if "Start" in context else 0
+                turn = context.count("Turn ")
+                wrong = hashlib.sha256(context.encode()).digest()[0] % 3 == 0
+                out.append(str(task + turn + wrong))
+            calls.append((begin, time.perf_counter()))
+            return out
+        return reply
+
+    results, inside = [], []
+    for lanes in (1, 2):
+        env, calls = SlowCounter(0.02), []
+        text_env = PythonTextEnv(env, workers=2)
+        try:
+            runner = MultiTurnRollout(text_env, tokenizer, RolloutConfig(
+                group_size=2, budget=6, max_response_tokens=8, max_context=1024, lanes=lanes))
+            results.append(runner(ScriptedPolicy(tokenizer, script(calls)), np.arange(8),
+                                  jax.random.key(3)))
+        finally:
+            text_env.close()
+        inside.append(sum(any(a <= b0 and b1 <= b for a, b in env.steps) for b0, b1 in calls))
+    one, two = results
+    a, b = jax.device_get(one.trajectory), jax.device_get(two.trajectory)
+    assert a.success.any() and not a.success.all() and a.action_valid[a.turn_mask].mean() < 1
+    for field in dataclasses.fields(a):
+        np.testing.assert_array_equal(getattr(b, field.name), getattr(a, field.name),
+                                      err_msg=field.name)
+    assert two.responses == one.responses and two.stats.live_rows == one.stats.live_rows
+    assert inside[0] == 0 and inside[1] > 0
+    steps = sum(one.stats.live_rows)  # every turn of a row stepped once; 2 workers per step
+    for stats in (one.stats, two.stats):
+        assert stats.env_step_s >= 0.02 * steps / 2
+
+
+def test_lanes_need_a_policy_that_forks(lake, tokenizer):
+    class NoFork:
+        def __init__(self, inner):
+            self.start, self.extend, self.respond = inner.start, inner.extend, inner.respond
+
+    runner = runner_for(lake, tokenizer, budget=2, lanes=2)
+    with pytest.raises(ValueError, match="lanes=2 needs a policy with fork"):
+        runner(NoFork(ScriptedPolicy(tokenizer, constant("Up"))), np.array([0]), jax.random.key(0))
+
+
 # ---------------------------------------------------------------------------- config
 @pytest.mark.parametrize("kwargs, match", [
     ({"group_size": 0}, "group_size"), ({"budget": 0}, "budget"),
     ({"max_response_tokens": 1.5}, "max_response_tokens"), ({"history_window": 0}, "history_window"),
     ({"record_tokens": 10, "max_context": 20}, "record_tokens"), ({"invalid_penalty": 1.0}, "invalid_penalty"),
     ({"end_on_invalid": 1}, "end_on_invalid"), ({"sampling": None}, "sampling"), ({"prompt": "x"}, "prompt"),
-    ({"max_rows_per_call": 0}, "max_rows_per_call"),
+    ({"max_rows_per_call": 0}, "max_rows_per_call"), ({"lanes": 0}, "lanes"),
+    ({"lanes": True}, "lanes"),
     ({"group_size": 4, "max_rows_per_call": 6}, "max_rows_per_call must be a multiple of group_size"),
 ])
 def test_config_errors_name_the_field(kwargs, match):

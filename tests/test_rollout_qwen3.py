@@ -351,6 +351,35 @@ def test_continuous_batching_plays_the_whole_batchs_conversations(tiny_policy, s
     assert traces["decode"] == len(kinds("decode")) and traces["append"] == len(kinds("append"))
 
 
+@pytest.mark.parametrize("paging, seats", [
+    (None, {}), (Paging(page_size=16, block_pages=4), {"max_rows_per_call": 4, "refill": True})],
+    ids=["static_all_rows", "paged_4_seats"])
+def test_lanes_play_the_whole_batchs_conversations(tiny_policy, shared_policy, tokenizer, paging,
+                                                   seats):
+    """``lanes=2``: the rows in two caches (the policy and its fork), the environment of one
+    lane stepping while the other samples. The Trajectory is one lane's, token for token
+    (log-probs to 1e-5); the fork shares the placed parameters and the compiled programs, and
+    a second rollout compiles nothing (none per turn, none per refill)."""
+    env, _, token_map, model = tiny_policy
+    config = RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT)
+    tasks, key = np.array([4, 9, 2, 7, 11, 5]), jax.random.key(6)
+    whole = MultiTurnRollout(env, tokenizer, config)(shared_policy.using(shared_policy.params),
+                                                     tasks, key)
+    policy = SamplerPolicy(model, token_map=token_map, min_rows=1, paging=paging)
+    assert policy.fork().params is policy.params
+    laned = MultiTurnRollout(env, tokenizer, dataclasses.replace(config, lanes=2, **seats))(
+        policy, tasks, key)
+    a, b = jax.device_get(whole.trajectory), jax.device_get(laned.trajectory)
+    assert len(set(a.budget.tolist())) > 1 and len(set(a.turns_used.tolist())) > 1
+    assert_same_trajectory(b, a)
+    assert laned.responses == whole.responses and laned.stats.live_rows == whole.stats.live_rows
+    assert max(s[1] for s in policy.shapes_used) <= (2 if seats else 6)
+    traces = dict(policy.trace_counts)
+    MultiTurnRollout(env, tokenizer, dataclasses.replace(config, lanes=2, **seats))(
+        policy, tasks, key)
+    assert dict(policy.trace_counts) == traces
+
+
 @pytest.mark.parametrize("refill", [True, False], ids=["refill", "parts"])
 def test_a_pool_smaller_than_the_rows_preempts_and_replays_the_same_conversations(
         tiny_policy, shared_policy, tokenizer, refill):

@@ -28,7 +28,11 @@ Results (each pair measured in the same run, same maps, policy and settings):
 5. the first turn's prefill of one task group (``G`` rows, one shared first prompt) with prefix
    sharing (the prompt prefilled once, its cache copied to the ``G`` rows) against every row
    prefilling its own copy (``SamplerPolicy(share_prefixes=False)``): seconds of
-   ``policy.start``, median of at least 5 timed calls after a compiling one.
+   ``policy.start``, median of at least 5 timed calls after a compiling one;
+6. environment steps overlapping decoding: ``overlap_tasks x G`` rows on the paged engine,
+   whose environment also waits ``step_ms`` per live row and step, over 8 workers
+   (:class:`SlowSteps`: a stand-in for a Python environment's query or test run, which runs
+   off the device that decodes), in ``RolloutConfig(lanes=2)`` against one lane: turns/s.
 """
 
 from __future__ import annotations
@@ -59,8 +63,27 @@ FULL_CACHE = "the same engine's decode step at a full cache"
 DECODE_LEN, DECODE_STEPS = 4096, 8
 REENCODE = "same rollout re-encoding each row's whole history every turn (no KV reuse)"
 UNSHARED = "the same group's rows each prefilling their own copy of the prompt"
+ONE_LANE = "the same rollout in one lane (each environment step after the decode it answers)"
 TINY_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+
+
+class SlowSteps:
+    """``env`` (a :class:`~envs.protocol.TextEnv`) whose every step also waits ``row_ms`` per
+    live row, the rows spread over ``workers`` workers: the time a Python environment's step
+    takes in its worker pool (a query, a test run in a sandbox), spent off the device that
+    decodes. Everything else is ``env``'s."""
+
+    def __init__(self, env, row_ms: float, workers: int = 8):
+        self.env, self.row_ms, self.workers = env, row_ms, workers
+
+    def __getattr__(self, name: str):
+        return getattr(self.env, name)
+
+    def step(self, state, responses, live):
+        out = self.env.step(state, responses, live)
+        time.sleep(self.row_ms / 1e3 * -(-int(np.sum(live)) // self.workers))
+        return out
 
 
 def frozenlake_token_map(runner: MultiTurnRollout, budgets: Sequence[int]) -> TokenMap:
@@ -170,16 +193,19 @@ def decode_step_ms(model: Qwen3ForCausalLM, paging: Paging | None, rows: int, fi
 def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: int = 4,
         max_response_tokens: int = 8, max_context: int = 1536, compare_tasks: int = 4,
         repeats: int = 1, seed: int = 0, decode_rows: int = 64,
-        decode_len: int = DECODE_LEN, seats: int = 256) -> list[BenchResult]:
+        decode_len: int = DECODE_LEN, seats: int = 256, overlap_tasks: int = 8,
+        step_ms: float = 20.0) -> list[BenchResult]:
     """The measurements of the module docstring."""
     if min(num_tasks, group_size, budget, max_response_tokens, repeats, compare_tasks,
-           decode_rows, seats) < 1 or map_size < 2 or compare_tasks > num_tasks \
-            or decode_len < 4 * DECODE_STEPS:
+           decode_rows, seats, overlap_tasks) < 1 or map_size < 2 or \
+            max(compare_tasks, overlap_tasks) > num_tasks or decode_len < 4 * DECODE_STEPS or \
+            not step_ms >= 0:
         raise ValueError("num_tasks, group_size, budget, max_response_tokens, repeats, seats, "
-                         "decode_rows and compare_tasks (<= num_tasks) must be >= 1, map_size "
-                         f">= 2 and decode_len >= {4 * DECODE_STEPS}; got {num_tasks}, "
-                         f"{group_size}, {budget}, {max_response_tokens}, {repeats}, "
-                         f"{decode_rows}, {compare_tasks}, {map_size}, {decode_len}")
+                         "decode_rows, compare_tasks and overlap_tasks (both <= num_tasks) must "
+                         f"be >= 1, map_size >= 2, decode_len >= {4 * DECODE_STEPS} and step_ms "
+                         f">= 0; got {num_tasks}, {group_size}, {budget}, {max_response_tokens}, "
+                         f"{repeats}, {seats}, {decode_rows}, {compare_tasks}, {overlap_tasks}, "
+                         f"{map_size}, {decode_len}, {step_ms}")
     key_maps, key_run = jax.random.split(jax.random.key(seed))
     env = FrozenLakeTextEnv(fl_maps.generate(key_maps, num_tasks, size=map_size),
                             FrozenLakeTextConfig(t_max=budget))
@@ -203,6 +229,15 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
     same_rollout = {name: bool(np.array_equal(np.asarray(m.result.trajectory.tokens),
                                               np.asarray(batched.result.trajectory.tokens)))
                     for name, m in (("paged", paged), ("continuous", seated))}
+
+    # environment steps that take time, in 2 lanes against 1 (both on the paged engine)
+    slow = {lanes: MultiTurnRollout(SlowSteps(env, step_ms), runner.tokenizer,
+                                    dataclasses.replace(config, lanes=lanes))
+            for lanes in (1, 2)}
+    overlap_policy = SamplerPolicy(model, token_map=token_map, paging=Paging())
+    overlap_subset = tasks[:overlap_tasks]
+    lanes = {n: _measure(lambda n=n: [slow[n](overlap_policy, overlap_subset, key_run)], repeats)
+             for n in (1, 2)}
 
     def one_group(k: int) -> RolloutResult:
         return runner(policy, tasks[k:k + 1], jax.random.fold_in(key_run, k))
@@ -266,6 +301,17 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
                        "ms_per_step": {f"{name} {'quarter' if fill == quarter else 'full'}": ms
                                        for (name, fill), ms in decode.items()},
                        "statistic": "median of 5 decodes"}
+    one_lane = lanes[1].result.stats
+    overlap_settings = {
+        **settings, "rows": overlap_tasks * group_size, "tasks": overlap_tasks,
+        "step_ms_per_row": step_ms, "step_workers": 8, "paging": dataclasses.asdict(Paging()),
+        "env_share_one_lane": one_lane.env_s / one_lane.total_s,
+        "same_tokens_as_one_lane": bool(np.array_equal(
+            np.asarray(lanes[2].result.trajectory.tokens),
+            np.asarray(lanes[1].result.trajectory.tokens))),
+        "seconds": {"ours": lanes[2].seconds, "baseline": lanes[1].seconds,
+                    "env_steps_ours": lanes[2].result.stats.env_step_s,
+                    "env_waited_ours": lanes[2].result.stats.env_s}}
     return [
         BenchResult(label, "turns/s", batched.turns / batched.seconds,
                     per_group.turns / per_group.seconds, PER_GROUP, full),
@@ -288,4 +334,9 @@ def run(num_tasks: int = 64, group_size: int = 16, budget: int = 20, map_size: i
         BenchResult(f"first-turn prefill of one group, G={group_size} rows, {len(first)}-token shared "
                     "prompt, prefix shared", "prefills/s", 1 / prefill_shared, 1 / prefill_unshared,
                     UNSHARED, prefill),
+        BenchResult(f"rollout FrozenLake {map_size}x{map_size}, {overlap_tasks} tasks x "
+                    f"G={group_size}, B={budget}, environment steps of {step_ms:g} ms per row "
+                    "(8 workers) overlapping decoding in 2 lanes", "turns/s",
+                    lanes[2].turns / lanes[2].seconds, lanes[1].turns / lanes[1].seconds,
+                    ONE_LANE, overlap_settings),
     ]

@@ -115,14 +115,20 @@ def bench_rollout(
     decode_rows: int = typer.Option(64, help="Rows of the decode-step comparison."),
     seats: int = typer.Option(256, help="Seats (rows in flight) of the continuous-batching run."),
     decode_len: int = typer.Option(4096, help="Cache tokens per row of the decode-step comparison."),
+    overlap_tasks: int = typer.Option(8, help="Tasks of the lanes comparison (environment steps "
+                                      "overlapping decoding)."),
+    step_ms: float = typer.Option(20.0, help="Milliseconds per row of each environment step in "
+                                  "the lanes comparison (8 workers)."),
 ) -> None:
     """Multi-turn FrozenLake rollouts of a tiny random Qwen3: turns/s and tokens/s and the time
     in model vs environment, vs one task group at a time; the paged engine vs the static one;
     the paged decode step at a quarter-filled vs a full cache; KV-cache continuation vs
-    re-encoding the history every turn; a group's first prefill with and without sharing."""
+    re-encoding the history every turn; a group's first prefill with and without sharing;
+    slow environment steps overlapping decoding in 2 lanes vs 1."""
     from agentrl_jax.bench import rollout
 
     emit(rollout.run(num_tasks=tasks, group_size=group_size, budget=budget, map_size=map_size,
                      max_response_tokens=response_tokens, max_context=max_context,
                      compare_tasks=compare_tasks, repeats=repeats, decode_rows=decode_rows,
-                     decode_len=decode_len, seats=seats), json_out)
+                     decode_len=decode_len, seats=seats, overlap_tasks=overlap_tasks,
+                     step_ms=step_ms), json_out)

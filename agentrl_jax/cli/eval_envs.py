@@ -222,6 +222,9 @@ _OPTIONS = (
         None, help="Tokens of context per trajectory (default: sql 8192, code 16384, bfcl 16384).",
         min=1)),
     ("workers", int, typer.Option(8, help="Threads stepping the environment's rows.", min=1)),
+    ("lanes", int, typer.Option(2, help="Rollout lanes: the rows in this many caches, one "
+                                        "lane's environment step running while the next lane "
+                                        "samples (the same trajectories as 1).", min=1)),
     ("step_timeout", float, typer.Option(60.0, help="Seconds one environment step may take "
                                                     "before its row ends.", min=0.001)),
     ("code_isolation", str, typer.Option("strict", help="The code sandbox's isolation with --env "
@@ -280,7 +283,7 @@ def _setup(options: dict[str, Any]) -> EnvSetup:
     config = passt.eval_rollout_config(
         max_response_tokens=o["max_response_tokens"] or defaults.max_response_tokens,
         max_context=o["max_context"] or defaults.max_context, sampling=sampling,
-        enable_thinking=o["thinking"])
+        enable_thinking=o["thinking"], lanes=o["lanes"])
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in o.items()}
     settings.update(env=env_name.value, t_max=tasks.env.t_max,
                     max_response_tokens=config.max_response_tokens,
