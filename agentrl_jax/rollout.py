@@ -71,12 +71,21 @@ the same loop with a queue per part, seated only when every seat is empty. A tas
 are seated together in order, and the Trajectory comes out whole at the end, so GRPO/GiGPO
 groups are never split.
 
+Lanes (``lanes = n``): the seats are split into ``n`` lanes, each a cache of its own (the
+policy and its ``fork()``s). The loop visits the lanes in turn; a lane's environment step is
+handed to one background thread (steps run one at a time, in order, each from the state the
+one before left) and the next lane samples meanwhile; the lane takes the answer on its next
+visit. So an environment whose steps take real time (a Python environment's queries, test runs
+or sandboxes, off the device that decodes) costs at most what decoding does not already
+hide. Each lane's calls hold fewer rows, so a jitted environment like FrozenLake's gains
+nothing from it.
+
 Randomness: budgets, the environment's seed and the policy's key come from ``key``; the
 policy gets one key per row per turn, ``fold_in(fold_in(key_policy, turn), row)``
 (:func:`row_keys`), and the environment keys its rows by their index in the whole batch. So a
 row's conversation does not depend on which rows share its call: splitting a batch into parts,
 continuous batching (or a policy compacting its cache) gives every row the same tokens for the
-same ``key`` (up to
+same ``key`` (so do lanes) (up to
 the float rounding of differently sized batches, which could only flip a draw that lands
 exactly on a boundary; the log-probs agree to ~1e-6).
 """
