@@ -84,8 +84,8 @@ Randomness: budgets, the environment's seed and the policy's key come from ``key
 policy gets one key per row per turn, ``fold_in(fold_in(key_policy, turn), row)``
 (:func:`row_keys`), and the environment keys its rows by their index in the whole batch. So a
 row's conversation does not depend on which rows share its call: splitting a batch into parts,
-continuous batching (or a policy compacting its cache) gives every row the same tokens for the
-same ``key`` (so do lanes) (up to
+continuous batching, lanes (or a policy compacting its cache) give every row the same tokens
+for the same ``key`` (up to
 the float rounding of differently sized batches, which could only flip a draw that lands
 exactly on a boundary; the log-probs agree to ~1e-6).
 """
