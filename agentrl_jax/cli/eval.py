@@ -206,6 +206,7 @@ def passk_command(setup: Setup, samples: int = typer.Option(
         128, help="Trajectories per task at the full budget (k = 1..samples).", min=1)) -> None:
     """Pass@K at the full budget T_max, k = 1..128 (paper §3)."""
     from agentrl_jax.evaluation import passt, report
+    from agentrl_jax.evaluation.analyses import pass_at_k
     counts = {}
     for name, policy in setup.policies.items():
         typer.echo(f"Pass@K: {name}, {len(setup.task_ids)} tasks x {samples} samples at T={setup.env.t_max}")
@@ -213,7 +214,7 @@ def passk_command(setup: Setup, samples: int = typer.Option(
                                           setup.key("passk"), samples=samples, config=setup.config,
                                           tasks_per_call=setup.tasks_per_call)
         counts[name] = results[setup.env.t_max]
-    section = report.write_pass_at_k(setup.out, counts)
+    section = pass_at_k.section(setup.out, pass_at_k.compute(counts))
     raw = report.write_json(setup.out / "pass_at_k_counts.json",
                             {name: {"n": n, "c": c} for name, (n, c) in counts.items()})
     section = dataclasses.replace(section, files=section.files + (raw.relative_to(setup.out).as_posix(),))
@@ -241,7 +242,8 @@ def passt_command(setup: Setup,
                       None, help="Comma-separated budgets T (default: every 10% of T_max and "
                                  "the 25/50/75/100% levels).")) -> None:
     """Pass@(k, T) against the budget, each T sampled afresh with T in the prompt; Table 1."""
-    from agentrl_jax.evaluation import passk, passt, report
+    from agentrl_jax.evaluation import passk, passt
+    from agentrl_jax.evaluation.analyses import pass_at_t
     if k > samples:
         raise typer.BadParameter(f"--k {k} needs at least as many --samples (got {samples})")
     chosen = _budgets(budgets, setup.env.t_max)
@@ -256,9 +258,9 @@ def passt_command(setup: Setup,
     with_table = set(levels) <= set(chosen)
     if not with_table:
         typer.echo(f"(no Table 1: the budgets do not include all of {list(levels)})")
-    sections = report.write_pass_at_t(
-        setup.out, results, k=k, t_max=setup.env.t_max if with_table else None,
-        shortest_paths=passt.shortest_paths(setup.env.maps[setup.task_ids]))
+    sections = pass_at_t.section(setup.out, pass_at_t.compute(
+        results, k=k, t_max=setup.env.t_max if with_table else None,
+        shortest_paths=passt.shortest_paths(setup.env.maps[setup.task_ids])))
     _save_sections(setup, "passt", sections)
 
 
@@ -323,6 +325,7 @@ def steps_command(setup: Setup, *, bins: int = typer.Option(10, help="Depth bins
                   gamma: float, invalid: str, states_per_call: Optional[int]) -> None:
     """Step-level action quality on matched states (§7.1) and against depth t / T_max (§7.3)."""
     from agentrl_jax.evaluation import diagnostics, report
+    from agentrl_jax.evaluation.analyses import depth, step_quality
     setup.require_rl("steps")
     _check_invalid(invalid)
     pool = _matched_pool(setup, states, source_samples, budget)
@@ -331,9 +334,9 @@ def steps_command(setup: Setup, *, bins: int = typer.Option(10, help="Depth bins
     base, rl = setup.policies.values()
     result = diagnostics.step_quality(_starts(setup, pool, group_size, states_per_call), values,
                                       base, rl, setup.key("steps"), names=NAMES, invalid=invalid)
-    section = report.write_step_quality(setup.out, result.pools(), name="step_quality",
-                                        policy_names=NAMES,
-                                        title="Step-level action quality on matched states")
+    section = step_quality.section(setup.out, step_quality.compute(result.pools()),
+                                   name="step_quality", policy_names=NAMES,
+                                   title="Step-level action quality on matched states")
     details = report.write_json(setup.out / "step_quality_details.json", result.summary())
     states_csv = report.write_csv(setup.out / "step_quality_states.csv", {
         **pool.to_columns(), **{f"q_{n}": result.quality[n] for n in NAMES},
@@ -342,8 +345,8 @@ def steps_command(setup: Setup, *, bins: int = typer.Option(10, help="Depth bins
     section = dataclasses.replace(
         section, text=f"{section.text}. Invalid responses ({invalid}-scored): {shares}.",
         files=section.files + tuple(p.relative_to(setup.out).as_posix() for p in (details, states_csv)))
-    depth, curves = diagnostics.quality_by_depth(result, setup.env.t_max)
-    depth_section = report.write_quality_vs_depth(setup.out, depth, curves, bins=bins, seed=setup.seed)
+    depth_section = depth.section(setup.out, depth.compute(
+        *diagnostics.quality_by_depth(result, setup.env.t_max), bins=bins, seed=setup.seed))
     _save_sections(setup, "steps", [section, depth_section])
 
 
@@ -354,6 +357,7 @@ def errors_command(setup: Setup, *, states: int, group_size: int, source_samples
                    states_per_call: Optional[int]) -> None:
     """Error states (§7.2): action quality after an injected mistake and continuation success."""
     from agentrl_jax.evaluation import diagnostics, report
+    from agentrl_jax.evaluation.analyses import continuation, step_quality
     from agentrl_jax.evaluation.states import inject_errors
     setup.require_rl("errors")
     _check_invalid(invalid)
@@ -368,9 +372,9 @@ def errors_command(setup: Setup, *, states: int, group_size: int, source_samples
     result = diagnostics.error_state_analysis(
         _starts(setup, errors.states, group_size, states_per_call), errors, values, base, rl,
         setup.key("errors"), names=NAMES, invalid=invalid)
-    quality = report.write_step_quality(setup.out, result.quality.pools(), name="error_step_quality",
-                                        policy_names=NAMES,
-                                        title="Step-level action quality at error states")
+    quality = step_quality.section(setup.out, step_quality.compute(result.quality.pools()),
+                                   name="error_step_quality", policy_names=NAMES,
+                                   title="Step-level action quality at error states")
     details = report.write_json(setup.out / "error_states_details.json", result.summary())
     states_csv = report.write_csv(setup.out / "error_states.csv", {
         **errors.states.to_columns(), "injected_action": errors.action,
@@ -379,8 +383,8 @@ def errors_command(setup: Setup, *, states: int, group_size: int, source_samples
     quality = dataclasses.replace(
         quality, title="Step-level action quality at error states",
         files=quality.files + tuple(p.relative_to(setup.out).as_posix() for p in (details, states_csv)))
-    continuation = report.write_continuation(setup.out, result.success)
-    _save_sections(setup, "errors", [quality, continuation])
+    rates = continuation.section(setup.out, continuation.compute(result.success))
+    _save_sections(setup, "errors", [quality, rates])
 
 
 # ---------------------------------------------------------------- likelihood
@@ -399,7 +403,8 @@ def likelihood_command(
         rows_per_batch: int = typer.Option(16, help="Trajectories per teacher-forced forward pass.", min=1),
 ) -> None:
     """ActionNLL under the base policy and cumulative LLR split by success (§7.4)."""
-    from agentrl_jax.evaluation import likelihood, passt, report
+    from agentrl_jax.evaluation import likelihood, passt
+    from agentrl_jax.evaluation.analyses import likelihood as analysis
     setup.require_rl("likelihood")
     budget = setup.env.t_max if budget is None else budget
     trajectories = {}
@@ -415,7 +420,8 @@ def likelihood_command(
     empty = [k for k, v in nll.items() if v.size == 0]
     if empty:
         raise typer.BadParameter(f"no responses to score for {empty} (try without --valid-only)")
-    section = report.write_likelihood(setup.out, nll, data.llr_sets(), match_length=match_length)
+    section = analysis.section(setup.out, analysis.compute(nll, data.llr_sets(),
+                                                           match_length=match_length))
     _save_sections(setup, "likelihood", [section])
 
 
@@ -445,6 +451,7 @@ def report_command(
 ) -> None:
     """Assemble report.md from the analyses in the results folder."""
     from agentrl_jax.evaluation import report
+    from agentrl_jax.evaluation.analyses import dynamics
     if not out.is_dir():
         raise typer.BadParameter(f"--out {out} is not a folder")
     sections = read_sections(out)
@@ -452,7 +459,7 @@ def report_command(
         if not training_log.is_file():
             raise typer.BadParameter(f"--training-log {training_log}: no such file")
         try:
-            sections.append(report.write_training_dynamics(out, training_log))
+            sections.append(dynamics.section(out, dynamics.from_log(training_log)))
         except ValueError as error:
             raise typer.BadParameter(str(error)) from None
     if not sections:

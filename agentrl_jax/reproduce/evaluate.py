@@ -39,6 +39,9 @@ from flax import nnx
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.evaluation import diagnostics, likelihood, passk, passt
 from agentrl_jax.evaluation import report as eval_report
+from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, pass_at_k, pass_at_t,
+                                             step_quality)
+from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
 from agentrl_jax.evaluation.report import Section
 from agentrl_jax.evaluation.states import (StatePool, StateStarts, inject_errors, matched_pool,
                                            visited_states)
@@ -311,8 +314,8 @@ def _table(run: _Run) -> list[Section]:
               "counts": {p: {b: {"n": n, "c": c} for b, (n, c) in by_budget.items()}
                          for p, by_budget in counts.items()}}
     raw = run.write_raw("table", record)
-    curve, table = eval_report.write_pass_at_t(run.out, counts, k=s.k, t_max=run.t_max,
-                                               shortest_paths=shortest)
+    curve, table = pass_at_t.section(run.out, pass_at_t.compute(counts, k=s.k, t_max=run.t_max,
+                                                                shortest_paths=shortest))
     bound = ("a necessary condition only on slippery maps" if run.env.config.is_slippery
              else "exact for a Q*-optimal policy on these deterministic maps")
     curve = _with(curve, f"Pass@T at k = {s.k}",
@@ -334,7 +337,7 @@ def _passk(run: _Run) -> list[Section]:
         run.progress(_rollout_units(len(run.task_ids), s.pass_k_samples, run.t_max))
     raw = run.write_raw("passk", {"samples": s.pass_k_samples,
                                   "counts": {p: {"n": n, "c": c} for p, (n, c) in counts.items()}})
-    section = eval_report.write_pass_at_k(run.out, counts, ks=range(1, s.pass_k_samples + 1))
+    section = pass_at_k.section(run.out, pass_at_k.compute(counts, ks=range(1, s.pass_k_samples + 1)))
     return [_with(section, f"Pass@K at T_max = {run.t_max}",
                   f"{len(run.task_ids)} tasks x {s.pass_k_samples} samples per policy.", (raw,))]
 
@@ -376,14 +379,15 @@ def _steps(run: _Run) -> list[Section]:
                                           names=(run.base, other), invalid=s.invalid)
         run.progress(2 * _rollout_units(s.states, s.group_size, 1))
         name = slug(other)
-        quality = eval_report.write_step_quality(
-            run.out, result.pools(), name=f"step_quality_{name}", policy_names=(run.base, other),
+        quality = step_quality.section(
+            run.out, step_quality.compute(result.pools()), name=f"step_quality_{name}",
+            policy_names=(run.base, other),
             title=f"Step-level action quality on matched states: {other} vs {run.base}")
         shares = ", ".join(f"{n} {100 * v:.1f}%" for n, v in result.invalid_share().items())
         sections.append(_with(quality, quality.title, f"Invalid responses ({s.invalid}-scored): {shares}."))
-        depth, curves = diagnostics.quality_by_depth(result, run.t_max)
-        sections.append(_with(eval_report.write_quality_vs_depth(
-            run.out, depth, curves, bins=s.depth_bins, seed=s.seed, name=f"quality_vs_depth_{name}"),
+        sections.append(_with(depth.section(
+            run.out, depth.compute(*diagnostics.quality_by_depth(result, run.t_max),
+                                   bins=s.depth_bins, seed=s.seed), name=f"quality_vs_depth_{name}"),
             f"Action quality vs normalised depth: {other} vs {run.base}"))
         pairs[other] = {"states": _state_columns(run, pool, other),
                         "action_values": values.action_values, "noop_value": values.noop_value,
@@ -406,16 +410,16 @@ def _errors(run: _Run) -> list[Section]:
             run.key("errors"), names=(run.base, other), invalid=s.invalid)
         run.progress(2 * _rollout_units(s.states, s.group_size, run.t_max))
         name = slug(other)
-        quality = eval_report.write_step_quality(
-            run.out, result.quality.pools(), name=f"error_step_quality_{name}",
+        quality = step_quality.section(
+            run.out, step_quality.compute(result.quality.pools()), name=f"error_step_quality_{name}",
             policy_names=(run.base, other),
             title=f"Step-level action quality at error states: {other} vs {run.base}")
         sections.append(_with(quality, quality.title, f"{len(errors.states)} error states."))
         paired = result.paired_success().mean_diff
-        continuation = eval_report.write_continuation(
-            run.out, result.success, name=f"continuation_{name}",
+        rates = continuation.section(
+            run.out, continuation.compute(result.success), name=f"continuation_{name}",
             title=f"Continuation success from error states: {other} vs {run.base}")
-        sections.append(_with(continuation, continuation.title,
+        sections.append(_with(rates, rates.title,
                               f"Paired per-state difference {other} - {run.base}: "
                               f"{100 * paired.mean:+.1f} pt [{100 * paired.low:+.1f}, "
                               f"{100 * paired.high:+.1f}]. " + POOL_NOTE.format(
@@ -446,8 +450,9 @@ def _likelihood(run: _Run) -> list[Section]:
                                           {n: trajectories[n] for n in (run.base, other)},
                                           rows_per_batch=s.likelihood_rows_per_batch, attention=s.attention)
         run.progress(2 * _rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max))
-        section = eval_report.write_likelihood(run.out, data.action_nll(), data.llr_sets(),
-                                               name=f"likelihood_{slug(other)}")
+        section = likelihood_analysis.section(
+            run.out, likelihood_analysis.compute(data.action_nll(), data.llr_sets()),
+            name=f"likelihood_{slug(other)}")
         sections.append(_with(section, f"Likelihood: {other} vs {run.base} (ActionNLL under "
                                        f"{run.base}, cumulative LLR)"))
         pairs[other] = {field: getattr(data, field) for field in (
@@ -466,11 +471,10 @@ def _dynamics(run: _Run, training_logs: Mapping[str, Path]) -> list[Section]:
     for name, log in training_logs.items():
         if not Path(log).is_file():
             raise ValueError(f"dynamics: the metrics log of run {name!r}, {log}, is not a file")
-        sections.append(eval_report.write_training_dynamics(
-            run.out, log, name=f"training_dynamics_{slug(name)}", run=name))
-        steps, series = eval_report.read_training_log(log)
-        runs[name] = {"log": str(log), "step": steps, "series": series,
-                      "change": {k: results.start_to_end(v) for k, v in series.items()}}
+        curves = dynamics.from_log(log, run=name)
+        sections.append(dynamics.section(run.out, curves, name=f"training_dynamics_{slug(name)}"))
+        runs[name] = {"log": curves.log, "step": curves.step, "series": curves.series,
+                      "change": curves.change}
     record = {"analysis": "dynamics", "runs": runs,
               "counterparts": results.budgetmix_counterparts(list(training_logs))}
     path = eval_report.write_json(raw_path(run.out, "dynamics"), record)

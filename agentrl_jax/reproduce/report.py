@@ -13,10 +13,11 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from agentrl_jax.evaluation import figures, stats
 from agentrl_jax.evaluation import report as eval_report
+from agentrl_jax.evaluation import stats
+from agentrl_jax.evaluation.analyses import robustness
+from agentrl_jax.evaluation.analyses.pass_at_t import budget_level_labels
 from agentrl_jax.evaluation.report import Section
-from agentrl_jax.evaluation.robustness import robustness_from_counts
 from agentrl_jax.reproduce import findings, results
 from agentrl_jax.reproduce.results import ANALYSES
 
@@ -65,7 +66,7 @@ def table1_rows(record: Mapping[str, Any]) -> dict[str, dict[int, stats.MeanCI]]
 def table1_markdown(record: Mapping[str, Any]) -> str:
     """Table 1 as Markdown: Pass@k in % per policy and budget level, then the differences in
     points with their 95% CIs."""
-    labels = figures.budget_level_labels(int(record["t_max"]))
+    labels = budget_level_labels(int(record["t_max"]))
     levels = [int(t) for t in record["levels"]]
     header = [f"Pass@{record['k']} (%)"] + [labels[t] for t in levels]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -78,10 +79,10 @@ def table1_markdown(record: Mapping[str, Any]) -> str:
 
 def write_table1(out: str | Path, record: Mapping[str, Any], section: Section) -> Section:
     """``table1.csv`` (wide: one row per policy and difference, a value and CI bounds in %
-    per level) and ``section`` (Table 1 of :func:`report.write_pass_at_t`) with the Markdown
+    per level) and ``section`` (Table 1 of :func:`agentrl_jax.evaluation.analyses.pass_at_t.section`) with the Markdown
     of :func:`table1_markdown`."""
     out = Path(out)
-    labels = figures.budget_level_labels(int(record["t_max"]))
+    labels = budget_level_labels(int(record["t_max"]))
     rows = table1_rows(record)
     columns: dict[str, list] = {"row": list(rows),
                                 "kind": ["difference" if r.endswith(" (pt)") else "policy" for r in rows]}
@@ -101,27 +102,13 @@ def write_table1(out: str | Path, record: Mapping[str, Any], section: Section) -
         files=section.files + (results.RAW_DIR + "/table.json", csv_path.relative_to(out).as_posix()))
 
 
-ROBUSTNESS_JSON = "budget_robustness.json"
-
-
 def write_robustness(out: str | Path, record: Mapping[str, Any]) -> Section:
-    """Each policy's budget-robustness score (:mod:`agentrl_jax.evaluation.robustness`) over
-    the raw ``table`` record's budgets, with its CI: ``budget_robustness.json`` and a section."""
-    out = Path(out)
-    k, budgets = int(record["k"]), [int(b) for b in record["budgets"]]
-    scores = {p: robustness_from_counts(results.budget_counts(record, p), k, record["shortest_paths"])
-              for p in record["policies"]}
-    path = eval_report.write_json(out / ROBUSTNESS_JSON, {"k": k, "budgets": budgets,
-                                                          "scores": scores})
-    rows = ["| policy | robustness [95% CI] |", "|---|---|"]
-    rows += [f"| {p.replace('|', chr(92) + '|')} | {s.mean:.3f} "
-             f"[{s.low:.3f}, {s.high:.3f}] |" for p, s in scores.items()]
-    text = (f"Area under each policy's Pass@{k} curve over the budgets T = {budgets[0]}.."
-            f"{budgets[-1]} ({len(budgets)} budgets) divided by the structural bound's area (the "
-            "share of tasks whose shortest path fits in T): 1 solves every task whenever its "
-            "budget allows. 95% CI: delta method over tasks (a ratio of two means).")
-    return Section("Budget robustness", text, files=(path.relative_to(out).as_posix(),),
-                   markdown="\n".join(rows) + "\n")
+    """Each policy's budget-robustness score (:mod:`agentrl_jax.evaluation.analyses.robustness`)
+    over the raw ``table`` record's budgets, with its CI: ``budget_robustness.json`` and a
+    section."""
+    counts = {p: results.budget_counts(record, p) for p in record["policies"]}
+    return robustness.section(out, robustness.compute(counts, int(record["k"]),
+                                                      record["shortest_paths"]))
 
 
 # ---------------------------------------------------------------- training dynamics

@@ -24,8 +24,6 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from agentrl_jax.evaluation import passk, stats
-# training curves: one computation for the report, its figures and the findings (re-exported)
-from agentrl_jax.evaluation.dynamics import change_window, difference_of_means, start_to_end  # noqa: F401
 
 ANALYSES = ("table", "passk", "steps", "errors", "likelihood", "dynamics")
 """The analyses, in report order."""
