@@ -15,13 +15,11 @@ named policies, the first being the base: the reproduction pipeline calls
 * ``likelihood``: ActionNLL under the base model and the cumulative LLR (§7.4), pairwise.
 * ``dynamics``: R_multi and R_single over training from each run's metrics log (§7.5).
 
-Each analysis writes ``raw/<analysis>.json`` (everything needed to recompute its numbers:
-:mod:`.results`), its CSVs and figures through :mod:`agentrl_jax.evaluation.report`, and its
-report sections to ``sections/<analysis>.json``.
-
-Randomness: every analysis draws from its own stream of ``settings.seed`` (the ones of
-``agentrl-jax eval``) and plays every policy with the same key, so policies meet the same
-environment randomness, and ``steps`` and ``errors`` build the same state pools.
+Each analysis samples its data through the drivers ``agentrl-jax eval`` uses
+(:mod:`agentrl_jax.evaluation.drivers`: same seed and settings, same samples), writes
+``raw/<analysis>.json`` (everything needed to recompute its numbers: :mod:`.results`), its
+CSVs and figures through the analysis' ``section`` (:mod:`agentrl_jax.evaluation.analyses`),
+and its report sections to ``sections/<analysis>.json``.
 """
 
 from __future__ import annotations
@@ -37,14 +35,14 @@ import numpy as np
 from flax import nnx
 
 from agentrl_jax.errors import ConfigError
-from agentrl_jax.evaluation import diagnostics, likelihood, passk, passt
+from agentrl_jax.evaluation import diagnostics, drivers, likelihood, passk, passt
 from agentrl_jax.evaluation import report as eval_report
 from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, pass_at_k, pass_at_t,
                                              step_quality)
 from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
 from agentrl_jax.evaluation.report import Section
-from agentrl_jax.evaluation.states import (StatePool, StateStarts, inject_errors, matched_pool,
-                                           visited_states)
+from agentrl_jax.evaluation.drivers import rollout_units
+from agentrl_jax.evaluation.states import StatePool, inject_errors, matched_pool
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.policy import Policy, SamplerPolicy
@@ -61,8 +59,6 @@ from envs.frozenlake.text_env import FrozenLakeTextEnv
 __all__ = ["ANALYSES", "EvalSettings", "analysis_units", "run_analysis", "table1_from_results",
            "write_report"]  # the last two re-exported: the pipeline's whole interface is here
 
-# The streams of randomness, as in agentrl_jax.cli.eval (same seed: same samples).
-_STREAMS = {"passk": 1, "table": 2, "sources": 3, "steps": 4, "errors": 5, "likelihood": 6}
 _PAIRWISE = ("steps", "errors", "likelihood")
 
 
@@ -161,11 +157,6 @@ class EvalSettings:
 # ---------------------------------------------------------------- work units (progress)
 
 
-def _rollout_units(tasks: int, samples: int, budget: int) -> int:
-    """Work of a rollout, in trajectory-turns (an upper bound: episodes may end early)."""
-    return tasks * samples * budget
-
-
 def _policy_count(policies: int | Sequence[str]) -> int:
     return policies if isinstance(policies, numbers.Integral) else len(policies)
 
@@ -176,15 +167,15 @@ def analysis_units(name: str, settings: EvalSettings, num_tasks: int,
     ``likelihood``, score), ``1`` for ``dynamics``. :func:`run_analysis` reports exactly this
     many through ``progress``, in steps as its rollouts finish."""
     p, s = _policy_count(policies), settings
-    sources = p * _rollout_units(num_tasks, s.source_samples, t_max)
+    sources = p * rollout_units(num_tasks, s.source_samples, t_max)
     pairs = p - 1
     units = {
-        "table": lambda: p * sum(_rollout_units(num_tasks, s.samples, b)
+        "table": lambda: p * sum(rollout_units(num_tasks, s.samples, b)
                                  for b in s.table_budgets(t_max)),
-        "passk": lambda: p * _rollout_units(num_tasks, s.pass_k_samples, t_max),
-        "steps": lambda: sources + pairs * 2 * _rollout_units(s.states, s.group_size, 1),
-        "errors": lambda: sources + pairs * 2 * _rollout_units(s.states, s.group_size, t_max),
-        "likelihood": lambda: (p + pairs * 2) * _rollout_units(num_tasks, s.likelihood_samples,
+        "passk": lambda: p * rollout_units(num_tasks, s.pass_k_samples, t_max),
+        "steps": lambda: sources + pairs * 2 * rollout_units(s.states, s.group_size, 1),
+        "errors": lambda: sources + pairs * 2 * rollout_units(s.states, s.group_size, t_max),
+        "likelihood": lambda: (p + pairs * 2) * rollout_units(num_tasks, s.likelihood_samples,
                                                                t_max),
         "dynamics": lambda: 1,
     }
@@ -258,16 +249,20 @@ class _Run:
         # Embedding rows past the tokenizer (Qwen3: 151,936 vs 151,669) are never sampled.
         return self.settings.rollout_config(known if vocab and known < min(vocab) else None)
 
-    def key(self, stream: str) -> jax.Array:
-        return jax.random.fold_in(jax.random.key(self.settings.seed), _STREAMS[stream])
+    @functools.cached_property
+    def play(self) -> drivers.Play:
+        return drivers.Play(self.env, self.tokenizer, self.task_ids, self.config,
+                            tasks_per_call=self.settings.tasks_per_call,
+                            states_per_call=self.settings.states_per_call, progress=self.progress)
 
-    def rollout(self, name: str, stream: str, samples: int, budget: int):
-        """``samples`` trajectories of every task by policy ``name`` at ``budget``."""
-        traj = passt.rollout_tasks(self.env, self.tokenizer, self.policies[name], self.task_ids,
-                                   self.key(stream), budget=budget, samples=samples,
-                                   config=self.config, tasks_per_call=self.settings.tasks_per_call)
-        self.progress(_rollout_units(len(self.task_ids), samples, budget))
-        return traj
+    def key(self, stream: str) -> jax.Array:
+        return drivers.stream_key(self.settings.seed, stream)
+
+    @property
+    def pair(self) -> dict[str, Any]:
+        """The settings every pairwise state analysis shares."""
+        s = self.settings
+        return {"group_size": s.group_size, "gamma": s.gamma, "invalid": s.invalid}
 
     def header(self, analysis: str) -> dict[str, Any]:
         """The common fields of a raw record."""
@@ -278,11 +273,6 @@ class _Run:
     def write_raw(self, analysis: str, record: Mapping[str, Any]) -> str:
         path = eval_report.write_json(raw_path(self.out, analysis), {**self.header(analysis), **record})
         return path.relative_to(self.out).as_posix()
-
-    def starts(self, pool: StatePool) -> StateStarts:
-        config = dataclasses.replace(self.config, group_size=self.settings.group_size)
-        return StateStarts(self.env, self.tokenizer, pool, config,
-                           states_per_call=self.settings.states_per_call)
 
 
 def _with(section: Section, title: str | None = None, text: str = "", files: Sequence[str] = ()) -> Section:
@@ -299,14 +289,8 @@ def _with(section: Section, title: str | None = None, text: str = "", files: Seq
 def _table(run: _Run) -> list[Section]:
     s = run.settings
     budgets = s.table_budgets(run.t_max)
-    counts: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-    for name, policy in run.policies.items():
-        counts[name] = {}
-        for budget in budgets:  # one call per budget: the same samples as all at once (passt)
-            counts[name].update(passt.pass_at_t_results(
-                run.env, run.tokenizer, policy, run.task_ids, run.key("table"), budgets=[budget],
-                samples=s.samples, config=run.config, tasks_per_call=s.tasks_per_call))
-            run.progress(_rollout_units(len(run.task_ids), s.samples, budget))
+    counts = drivers.pass_at_t_counts(run.play, run.policies, run.key("passt"), budgets=budgets,
+                                      samples=s.samples)
     shortest = passt.shortest_paths(run.env.maps[run.task_ids])
     record = {"k": s.k, "samples": s.samples, "budgets": budgets,
               "levels": passk.budget_levels(run.t_max), "percents": passk.BUDGET_PERCENTS,
@@ -329,12 +313,8 @@ def _table(run: _Run) -> list[Section]:
 
 def _passk(run: _Run) -> list[Section]:
     s = run.settings
-    counts = {}
-    for name, policy in run.policies.items():
-        counts[name] = passt.pass_at_k_results(
-            run.env, run.tokenizer, policy, run.task_ids, run.key("passk"),
-            samples=s.pass_k_samples, config=run.config, tasks_per_call=s.tasks_per_call)[run.t_max]
-        run.progress(_rollout_units(len(run.task_ids), s.pass_k_samples, run.t_max))
+    counts = drivers.pass_at_k_counts(run.play, run.policies, run.key("passk"),
+                                      samples=s.pass_k_samples)
     raw = run.write_raw("passk", {"samples": s.pass_k_samples,
                                   "counts": {p: {"n": n, "c": c} for p, (n, c) in counts.items()}})
     section = pass_at_k.section(run.out, pass_at_k.compute(counts, ks=range(1, s.pass_k_samples + 1)))
@@ -347,8 +327,8 @@ def _passk(run: _Run) -> list[Section]:
 
 def _visits(run: _Run) -> dict[str, StatePool]:
     """The states each policy's trajectories act from at ``T_max``."""
-    return {name: visited_states(run.rollout(name, "sources", run.settings.source_samples, run.t_max))
-            for name in run.names}
+    return drivers.visits(run.play, run.policies, run.key("sources"),
+                          samples=run.settings.source_samples, budget=run.t_max)
 
 
 POOL_NOTE = ("The {states} error states come from this comparison's own pool (§7.1: states "
@@ -373,11 +353,10 @@ def _steps(run: _Run) -> list[Section]:
     sections, pairs = [], {}
     for other in run.names[1:]:
         pool = _pool(run, visits, other)
-        values = diagnostics.state_values(run.env, pool, gamma=s.gamma)
-        result = diagnostics.step_quality(run.starts(pool), values, run.policies[run.base],
-                                          run.policies[other], run.key("steps"),
-                                          names=(run.base, other), invalid=s.invalid)
-        run.progress(2 * _rollout_units(s.states, s.group_size, 1))
+        values, result = drivers.step_quality(run.play, pool, run.policies[run.base],
+                                              run.policies[other], run.key("steps"),
+                                              names=(run.base, other), **run.pair)
+        run.progress(2 * rollout_units(s.states, s.group_size, 1))
         name = slug(other)
         quality = step_quality.section(
             run.out, step_quality.compute(result.pools()), name=f"step_quality_{name}",
@@ -404,11 +383,10 @@ def _errors(run: _Run) -> list[Section]:
         if len(errors.states) == 0:
             raise ValueError(f"errors: no state of the ({run.base}, {other}) pool admits an error "
                              "move with a turn left")
-        values = diagnostics.state_values(run.env, errors.states, gamma=s.gamma)
-        result = diagnostics.error_state_analysis(
-            run.starts(errors.states), errors, values, run.policies[run.base], run.policies[other],
-            run.key("errors"), names=(run.base, other), invalid=s.invalid)
-        run.progress(2 * _rollout_units(s.states, s.group_size, run.t_max))
+        values, result = drivers.error_states(run.play, errors, run.policies[run.base],
+                                              run.policies[other], run.key("errors"),
+                                              names=(run.base, other), **run.pair)
+        run.progress(2 * rollout_units(s.states, s.group_size, run.t_max))
         name = slug(other)
         quality = step_quality.section(
             run.out, step_quality.compute(result.quality.pools()), name=f"error_step_quality_{name}",
@@ -442,14 +420,14 @@ def _likelihood(run: _Run) -> list[Section]:
     if not_models:
         raise ValueError(f"likelihood: needs a Qwen3 model for every policy (teacher-forced "
                          f"log-probs); {not_models} are not")
-    trajectories = {name: run.rollout(name, "likelihood", s.likelihood_samples, run.t_max)
-                    for name in run.names}
+    trajectories = drivers.likelihood_rollouts(run.play, run.policies, run.key("likelihood"),
+                                               samples=s.likelihood_samples, budget=run.t_max)
     sections, pairs = [], {}
     for other in run.names[1:]:
         data = likelihood.likelihood_data(run.models[run.base], run.models[other],
                                           {n: trajectories[n] for n in (run.base, other)},
                                           rows_per_batch=s.likelihood_rows_per_batch, attention=s.attention)
-        run.progress(2 * _rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max))
+        run.progress(2 * rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max))
         section = likelihood_analysis.section(
             run.out, likelihood_analysis.compute(data.action_nll(), data.llr_sets()),
             name=f"likelihood_{slug(other)}")
