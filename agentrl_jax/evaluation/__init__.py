@@ -10,6 +10,7 @@
 * :mod:`report`   - the one writer: JSON, CSV, report sections, report.md and report.html.
 * :mod:`passt`, :mod:`states`, :mod:`diagnostics`, :mod:`likelihood` - the data: rollouts,
   state pools, step qualities, teacher-forced log-probs.
+* :mod:`drivers`  - what feeds each analysis, for ``agentrl-jax eval`` and the reproduction.
 
 ``passk``, ``stats``, ``result`` and every ``compute`` are pure NumPy; only ``section``,
 ``plot_*``, ``figures`` and ``report`` write files.

@@ -1,5 +1,6 @@
 """The reproduction's raw results: where each analysis saves them, and the numbers computed
-from them alone (Table 1 with its deltas, paired per-task differences, start-to-end changes).
+from them alone (Table 1 with its deltas, paired per-task differences; a training curve's
+start-to-end change is :func:`agentrl_jax.evaluation.analyses.dynamics.start_to_end`).
 
 Every analysis of :mod:`.evaluate` saves everything needed to recompute its numbers as
 ``<out>/raw/<analysis>.json`` (counts ``n``, ``c`` per task and budget, per-state qualities,

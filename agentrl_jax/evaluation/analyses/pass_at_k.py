@@ -44,7 +44,7 @@ def compute(counts_by_policy: Mapping[str, tuple[Any, Any]],
         usable = [k for k in ks if k <= n_min]
         if not usable:
             raise ValueError(
-                f"write_pass_at_k: policy {policy!r} has n={n_min} samples, fewer than every k"
+                f"pass_at_k: policy {policy!r} has n={n_min} samples, fewer than every k"
             )
         dropped[policy] = tuple(k for k in ks if k > n_min)
         curves[policy] = Curve(np.asarray(usable), passk.pass_at_k_curve(n, c, usable))
