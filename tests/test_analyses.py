@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, likelihood, pass_at_k,
-                                             pass_at_t, robustness, step_quality)
+                                             pass_at_t, robustness, step_quality, table1)
 from agentrl_jax.evaluation.result import Result, same
 
 Z95 = 1.959963984540054
@@ -65,6 +65,27 @@ def test_robustness_by_hand():
     assert (score.mean, score.n) == (1.0, 2)
     assert (score.low, score.high) == pytest.approx((1 - Z95 / 2, 1 + Z95 / 2))
     assert res.budgets == (1, 2, 3, 4) and res.k == 1
+    round_trip(res)
+
+
+def test_table1_with_a_difference_row_by_hand():
+    other = {1: ([2, 2], [1, 1]), 2: ([2, 2], [1, 1]), 3: ([2, 2], [2, 2]), 4: ([2, 2], [2, 2])}
+    res = table1.compute({"a": COUNTS, "b": other}, k=1, t_max=4, levels=(1, 2, 3, 4),
+                         pairs=[("b", "a")])
+    assert list(res.rows) == ["a", "b", "b - a (pt)"]
+    # T = 1: a's per-task pass@1 (0, 1/2): mean 1/4, sd (ddof 1) sqrt(2 * 0.25^2) = 0.3536,
+    # half = z * 0.3536 / sqrt(2) = z / 4; b - a per task (1/2, 0): the same mean and CI
+    half = Z95 / 4
+    for label in ("a", "b - a (pt)"):
+        ci = res.rows[label][1]
+        assert (ci.mean, ci.low, ci.high, ci.n) == pytest.approx((0.25, 0.25 - half, 0.25 + half, 2))
+    # T = 3: both solve every task every time: 100% each, a difference of exactly 0
+    assert res.rows["b"][3].mean == 1.0 and res.rows["b - a (pt)"][3].mean == 0.0
+    # shown in points: 25 -/+ 100 * z / 4 = 25 -/+ 49.0 -> "+25.0 [-24.0, +74.0]"
+    lines = table1.markdown(res).splitlines()
+    assert lines[0] == "| Pass@1 (%) | 25% (T=1) | 50% (T=2) | 75% (T=3) | 100% (T=4) |"
+    assert lines[2] == "| a | 25.0 | 75.0 | 100.0 | 100.0 |"
+    assert lines[4].startswith("| b - a (pt) | +25.0 [-24.0, +74.0] | -25.0 [")
     round_trip(res)
 
 

@@ -225,6 +225,12 @@ def paired_comparison(
     )
 
 
+def paired_difference(a, b, confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
+    """Mean over units (tasks, states) of ``a - b`` (both ``[N]``, the same units in the same
+    order, so the difference is paired) with a normal CI: :func:`paired_comparison`'s."""
+    return paired_comparison(a, b, confidence=confidence).mean_diff
+
+
 # ---------------------------------------------------------------- curves over depth
 
 

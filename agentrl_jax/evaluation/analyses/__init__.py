@@ -8,6 +8,7 @@ section:
 
 * :mod:`.pass_at_k`    - Pass@K at the full budget (§3);
 * :mod:`.pass_at_t`    - Pass@T with the structural bound, Table 1 at 25/50/75/100% (§2, §3);
+* :mod:`.table1`       - Table 1 with CIs and paired differences between policies (§3, §9);
 * :mod:`.robustness`   - budget robustness, Pass@T's area over the bound's;
 * :mod:`.step_quality` - action quality on matched states and at error states (§7.1, §7.2);
 * :mod:`.continuation` - success continuing from error states (§7.2);
