@@ -162,19 +162,19 @@ def test_cumulative_llr_by_hand():
     logp_rl = np.array([[-1.0, -2.0, -3.0], [-0.5, 0.0, 0.0]])
     logp_base = np.array([[-2.0, -2.0, -1.0], [-1.5, np.nan, -np.inf]])  # padding may be junk
     mask = np.array([[1, 1, 1], [1, 0, 0]], dtype=bool)
-    cum = stats.cumulative_llr(logp_rl, logp_base, mask)
+    cum = likelihood.cumulative_llr(logp_rl, logp_base, mask)
     np.testing.assert_allclose(cum, [[1.0, 1.0, -1.0], [1.0, 1.0, 1.0]])
-    np.testing.assert_array_equal(stats.trajectory_lengths(mask), [3, 1])
+    np.testing.assert_array_equal(likelihood.trajectory_lengths(mask), [3, 1])
     with pytest.raises(ValueError, match="prefix"):
-        stats.cumulative_llr(logp_rl, logp_base, np.array([[1, 0, 1], [1, 0, 0]], dtype=bool))
+        likelihood.cumulative_llr(logp_rl, logp_base, np.array([[1, 0, 1], [1, 0, 0]], dtype=bool))
     with pytest.raises(ValueError, match="non-finite"):
-        stats.cumulative_llr(logp_rl, logp_base, np.ones((2, 3), dtype=bool))
+        likelihood.cumulative_llr(logp_rl, logp_base, np.ones((2, 3), dtype=bool))
 
 
 def test_sum_token_logprobs():
     lp = np.array([[[-1.0, -2.0, -9.0], [-0.5, -9.0, -9.0]]])
     m = np.array([[[1, 1, 0], [1, 0, 0]]], dtype=bool)
-    np.testing.assert_allclose(stats.sum_token_logprobs(lp, m), [[-3.0, -0.5]])
+    np.testing.assert_allclose(likelihood.sum_token_logprobs(lp, m), [[-3.0, -0.5]])
 
 
 def test_llr_by_outcome_and_turn_curve():

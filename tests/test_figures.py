@@ -339,7 +339,7 @@ def test_the_llr_figure_marks_the_reports_final_values(tmp_path, monkeypatch):
     res = likelihood.compute({"base": [1.0]}, {"RL trajectories": (logp_rl, logp_base, mask,
                                                                    success)})
     likelihood.plot_cumulative_llr(res.llr, tmp_path / "llr")
-    by_outcome = likelihood.llr_by_outcome(stats.cumulative_llr(logp_rl, logp_base, mask), mask,
+    by_outcome = likelihood.llr_by_outcome(likelihood.cumulative_llr(logp_rl, logp_base, mask), mask,
                                            success)
     ax = drawn[0].axes[0]
     markers = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if line.get_marker() == "D"}

@@ -21,6 +21,7 @@ Conventions
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 import numpy as np
@@ -231,6 +232,23 @@ def paired_difference(a, b, confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
     return paired_comparison(a, b, confidence=confidence).mean_diff
 
 
+def difference_of_means(before: np.ndarray, after: np.ndarray,
+                        confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
+    """``mean(after) - mean(before)`` of two independent samples with a normal (Welch) CI,
+    ``z * sqrt(var_a / n_a + var_b / n_b)``; NaN bounds when either has fewer than 2 values.
+    ``n`` is the total number of values."""
+    a = np.asarray(before, np.float64).reshape(-1)
+    b = np.asarray(after, np.float64).reshape(-1)
+    if a.size == 0 or b.size == 0:
+        raise ValueError("difference_of_means: both samples need values")
+    diff = float(b.mean() - a.mean())
+    if a.size < 2 or b.size < 2:
+        return MeanCI(diff, math.nan, math.nan, int(a.size + b.size))
+    z = _z(confidence)
+    half = z * math.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
+    return MeanCI(diff, diff - half, diff + half, int(a.size + b.size))
+
+
 # ---------------------------------------------------------------- curves over depth
 
 
@@ -332,42 +350,6 @@ def turn_arrays(name: str, values, turn_mask) -> tuple[np.ndarray, np.ndarray]:
     if not np.all(np.isfinite(v[m])):
         raise ValueError(f"`{name}` holds non-finite values on valid turns")
     return v, m
-
-
-def sum_token_logprobs(token_logprobs, token_mask) -> np.ndarray:
-    """Response log-prob per turn, the sum of its tokens': ``[N, T, L], [N, T, L] -> [N, T]``."""
-    lp = np.asarray(token_logprobs, dtype=np.float64)
-    m = np.asarray(token_mask, dtype=bool)
-    if lp.shape != m.shape or lp.ndim != 3:
-        raise ValueError(
-            f"sum_token_logprobs: expected matching [N, T, L] arrays, got {lp.shape} and {m.shape}"
-        )
-    return np.where(m, lp, 0.0).sum(axis=-1)
-
-
-def cumulative_llr(logp_rl, logp_base, turn_mask) -> np.ndarray:
-    """Cumulative log-likelihood ratio of each trajectory (§7.4)::
-
-        LLR_{1:t} = sum_{i<=t} [log pi_RL(r_i | h_i) - log pi_B(r_i | h_i)]
-
-    Args:
-      logp_rl: ``[N, T]`` log-prob of each turn's whole response under the RL policy.
-      logp_base: ``[N, T]`` the same responses under the base policy (teacher-forced).
-      turn_mask: ``[N, T]`` bool prefix mask of turns that happened.
-
-    Returns:
-      ``[N, T]`` float64; column t holds LLR_{1:t+1}. Padding turns carry the final value
-      forward, so ``[:, -1]`` is every trajectory's total.
-    """
-    rl, m = turn_arrays("logp_rl", logp_rl, turn_mask)
-    base, _ = turn_arrays("logp_base", logp_base, turn_mask)
-    # Mask before subtracting: padding may hold -inf/NaN from the model side.
-    return np.cumsum(np.where(m, rl, 0.0) - np.where(m, base, 0.0), axis=1)
-
-
-def trajectory_lengths(turn_mask) -> np.ndarray:
-    """Turns per trajectory from a prefix mask: ``[N, T] -> [N]`` int64."""
-    return prefix_mask(turn_mask).sum(axis=1).astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True)

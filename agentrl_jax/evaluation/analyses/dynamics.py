@@ -4,7 +4,7 @@ training, from the trainer's JSONL metrics log, and how each curve changed.
 One computation, :func:`start_to_end`, serves every place the change is shown (the training
 dynamics section and its figure, the reproduction's start-to-end table, the findings): the
 mean of the last ``w`` logged values minus the mean of the first ``w`` (``w``:
-:func:`change_window`), with a normal CI (:func:`difference_of_means`).
+:func:`change_window`), with a normal CI (:func:`stats.difference_of_means`).
 
 ``compute`` -> :class:`Dynamics` (:func:`from_log` reads the log first);
 :func:`plot_training_dynamics` draws it; :func:`section` writes its files and report section.
@@ -13,9 +13,7 @@ mean of the last ``w`` logged values minus the mean of the first ``w`` (``w``:
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from statistics import NormalDist
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -24,23 +22,6 @@ from matplotlib.ticker import MaxNLocator
 from agentrl_jax.evaluation import figures, stats
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
-
-
-def difference_of_means(before: np.ndarray, after: np.ndarray,
-                        confidence: float = stats.DEFAULT_CONFIDENCE) -> stats.MeanCI:
-    """``mean(after) - mean(before)`` of two independent samples with a normal (Welch) CI,
-    ``z * sqrt(var_a / n_a + var_b / n_b)``; NaN bounds when either has fewer than 2 values.
-    ``n`` is the total number of values."""
-    a = np.asarray(before, np.float64).reshape(-1)
-    b = np.asarray(after, np.float64).reshape(-1)
-    if a.size == 0 or b.size == 0:
-        raise ValueError("difference_of_means: both samples need values")
-    diff = float(b.mean() - a.mean())
-    if a.size < 2 or b.size < 2:
-        return stats.MeanCI(diff, math.nan, math.nan, int(a.size + b.size))
-    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
-    half = z * math.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
-    return stats.MeanCI(diff, diff - half, diff + half, int(a.size + b.size))
 
 
 def change_window(count: int) -> int:
@@ -66,14 +47,14 @@ class Change(Result):
 def start_to_end(values: np.ndarray) -> Change:
     """Change of a training curve from its start to its end: the mean of the last ``w``
     logged (finite) values minus the mean of the first ``w`` (:func:`change_window`), with the
-    CI of :func:`difference_of_means`. Averaging a few steps at each end keeps one noisy batch
+    CI of :func:`stats.difference_of_means`. Averaging a few steps at each end keeps one noisy batch
     from deciding the sign."""
     v = np.asarray(values, np.float64)
     v = v[np.isfinite(v)]
     if v.size == 0:
         return Change(0, None, None, None)
     w = change_window(v.size)
-    change = difference_of_means(v[:w], v[-w:]) if v.size >= 2 else None
+    change = stats.difference_of_means(v[:w], v[-w:]) if v.size >= 2 else None
     return Change(w, float(v[:w].mean()), float(v[-w:].mean()), change)
 
 

@@ -4,7 +4,7 @@ log-likelihood ratio of trajectories, split by success.
 * ``ActionNLL_B(r) = -log pi_B(r | h)`` of each response (base's own and RL's): a summary per
   source and the overlap of their histograms;
 * ``LLR_{1:t} = sum_{i <= t} [log pi_RL(r_i | h_i) - log pi_B(r_i | h_i)]`` along each trajectory
-  (:func:`stats.cumulative_llr`): mean curves and final values by outcome, and the
+  (:func:`cumulative_llr`): mean curves and final values by outcome, and the
   length-matched comparison.
 
 The per-turn log-probs come from :mod:`agentrl_jax.evaluation.likelihood` (teacher-forced
@@ -32,6 +32,42 @@ _OUTCOME_COLORS = {"success": "tab:green", "failure": "tab:red"}
 # ---------------------------------------------------------------- statistics
 
 
+def sum_token_logprobs(token_logprobs, token_mask) -> np.ndarray:
+    """Response log-prob per turn, the sum of its tokens': ``[N, T, L], [N, T, L] -> [N, T]``."""
+    lp = np.asarray(token_logprobs, dtype=np.float64)
+    m = np.asarray(token_mask, dtype=bool)
+    if lp.shape != m.shape or lp.ndim != 3:
+        raise ValueError(
+            f"sum_token_logprobs: expected matching [N, T, L] arrays, got {lp.shape} and {m.shape}"
+        )
+    return np.where(m, lp, 0.0).sum(axis=-1)
+
+
+def cumulative_llr(logp_rl, logp_base, turn_mask) -> np.ndarray:
+    """Cumulative log-likelihood ratio of each trajectory (§7.4)::
+
+        LLR_{1:t} = sum_{i<=t} [log pi_RL(r_i | h_i) - log pi_B(r_i | h_i)]
+
+    Args:
+      logp_rl: ``[N, T]`` log-prob of each turn's whole response under the RL policy.
+      logp_base: ``[N, T]`` the same responses under the base policy (teacher-forced).
+      turn_mask: ``[N, T]`` bool prefix mask of turns that happened.
+
+    Returns:
+      ``[N, T]`` float64; column t holds LLR_{1:t+1}. Padding turns carry the final value
+      forward, so ``[:, -1]`` is every trajectory's total.
+    """
+    rl, m = stats.turn_arrays("logp_rl", logp_rl, turn_mask)
+    base, _ = stats.turn_arrays("logp_base", logp_base, turn_mask)
+    # Mask before subtracting: padding may hold -inf/NaN from the model side.
+    return np.cumsum(np.where(m, rl, 0.0) - np.where(m, base, 0.0), axis=1)
+
+
+def trajectory_lengths(turn_mask) -> np.ndarray:
+    """Turns per trajectory from a prefix mask: ``[N, T] -> [N]`` int64."""
+    return stats.prefix_mask(turn_mask).sum(axis=1).astype(np.int64)
+
+
 @result
 class OutcomeLLR(Result):
     """``curve``: mean LLR_{1:t} over the trajectories of one outcome still running at turn t;
@@ -44,7 +80,7 @@ class OutcomeLLR(Result):
 def llr_by_outcome(cum_llr, turn_mask, success,
                    confidence: float = DEFAULT_CONFIDENCE) -> dict[str, OutcomeLLR]:
     """``{"success": OutcomeLLR, "failure": OutcomeLLR}`` of ``cum_llr`` ``[N, T]``
-    (:func:`stats.cumulative_llr`) with its ``[N, T]`` prefix mask and ``success`` ``[N]``."""
+    (:func:`cumulative_llr`) with its ``[N, T]`` prefix mask and ``success`` ``[N]``."""
     v, m = stats.turn_arrays("cum_llr", cum_llr, turn_mask)
     ok = np.asarray(success, dtype=bool).reshape(-1)
     if ok.size != v.shape[0]:
@@ -76,7 +112,7 @@ def length_matched_llr(cum_llr, turn_mask, groups: Mapping[str, np.ndarray],
     lengths (floored, at least 1), so every group keeps about half its trajectories or more.
 
     Args:
-      cum_llr: ``[N, T]`` from :func:`stats.cumulative_llr`.
+      cum_llr: ``[N, T]`` from :func:`cumulative_llr`.
       turn_mask: ``[N, T]`` prefix mask.
       groups: ``{name: [N] bool}`` e.g. ``{"success": s, "failure": ~s}``.
       length: L, or None for the default above.
@@ -190,7 +226,7 @@ def compute(action_nll: Mapping[str, Any], llr_sets: Mapping[str, tuple[Any, Any
     overlap = histogram_overlap(nll[labels[0]], nll[labels[1]]) if len(labels) == 2 else None
     sets = {}
     for label, (logp_rl, logp_base, mask, success) in llr_sets.items():
-        cum = stats.cumulative_llr(logp_rl, logp_base, mask)
+        cum = cumulative_llr(logp_rl, logp_base, mask)
         ok, m = np.asarray(success, dtype=bool), np.asarray(mask, dtype=bool)
         sets[label] = LLRSet(cum, m, ok, llr_by_outcome(cum, m, ok),
                              length_matched_llr(cum, m, {"success": ok, "failure": ~ok},
