@@ -351,10 +351,9 @@ def errors_command(setup: Setup, *, states: int, group_size: int, source_samples
         raise typer.BadParameter("no state of the pool admits an error move with a turn left")
     typer.echo(f"Error states: {len(errors.states)} of {len(pool)} states, G={group_size} "
                "continuations per policy")
-    values, result = drivers.error_states(setup.play(states_per_call), errors,
-                                          *setup.policies.values(), setup.key("errors"),
-                                          names=NAMES, group_size=group_size, gamma=gamma,
-                                          invalid=invalid)
+    _, result = drivers.error_states(setup.play(states_per_call), errors,
+                                     *setup.policies.values(), setup.key("errors"), names=NAMES,
+                                     group_size=group_size, gamma=gamma, invalid=invalid)
     quality = step_quality.section(setup.out, step_quality.compute(result.quality.pools()),
                                    name="error_step_quality", policy_names=NAMES,
                                    title="Step-level action quality at error states")
