@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from agentrl_jax.evaluation import diagnostics, report, stats
+from agentrl_jax.evaluation import diagnostics, stats
+from agentrl_jax.evaluation.analyses import continuation
 from agentrl_jax.evaluation.passt import eval_rollout_config
 from agentrl_jax.evaluation.states import (
     StatePool,
@@ -307,5 +308,6 @@ def test_continuation_rates_at_zero_and_one_plot(tmp_path):
         for p in (0.0, 1.0):
             ci = stats.proportion_ci_wilson(np.full(n, p))
             assert ci.low <= ci.mean == p <= ci.high
-    section = report.write_continuation(tmp_path, {"base": np.zeros((5, 2)), "RL": np.ones((5, 2))})
+    section = continuation.section(tmp_path, continuation.compute(
+        {"base": np.zeros((5, 2)), "RL": np.ones((5, 2))}))
     assert (tmp_path / section.figures[0]).read_bytes()[:4] == b"\x89PNG"

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax.evaluation import stats
+from agentrl_jax.evaluation.analyses import likelihood
 
 Z95 = 1.959963984540054
 
@@ -161,27 +162,27 @@ def test_cumulative_llr_by_hand():
     logp_rl = np.array([[-1.0, -2.0, -3.0], [-0.5, 0.0, 0.0]])
     logp_base = np.array([[-2.0, -2.0, -1.0], [-1.5, np.nan, -np.inf]])  # padding may be junk
     mask = np.array([[1, 1, 1], [1, 0, 0]], dtype=bool)
-    cum = stats.cumulative_llr(logp_rl, logp_base, mask)
+    cum = likelihood.cumulative_llr(logp_rl, logp_base, mask)
     np.testing.assert_allclose(cum, [[1.0, 1.0, -1.0], [1.0, 1.0, 1.0]])
-    np.testing.assert_array_equal(stats.trajectory_lengths(mask), [3, 1])
+    np.testing.assert_array_equal(likelihood.trajectory_lengths(mask), [3, 1])
     with pytest.raises(ValueError, match="prefix"):
-        stats.cumulative_llr(logp_rl, logp_base, np.array([[1, 0, 1], [1, 0, 0]], dtype=bool))
+        likelihood.cumulative_llr(logp_rl, logp_base, np.array([[1, 0, 1], [1, 0, 0]], dtype=bool))
     with pytest.raises(ValueError, match="non-finite"):
-        stats.cumulative_llr(logp_rl, logp_base, np.ones((2, 3), dtype=bool))
+        likelihood.cumulative_llr(logp_rl, logp_base, np.ones((2, 3), dtype=bool))
 
 
 def test_sum_token_logprobs():
     lp = np.array([[[-1.0, -2.0, -9.0], [-0.5, -9.0, -9.0]]])
     m = np.array([[[1, 1, 0], [1, 0, 0]]], dtype=bool)
-    np.testing.assert_allclose(stats.sum_token_logprobs(lp, m), [[-3.0, -0.5]])
+    np.testing.assert_allclose(likelihood.sum_token_logprobs(lp, m), [[-3.0, -0.5]])
 
 
 def test_llr_by_outcome_and_turn_curve():
     cum = np.array([[1.0, 1.0, -1.0], [1.0, 1.0, 1.0], [2.0, 4.0, 4.0], [0.0, 0.0, 0.0]])
     mask = np.array([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=bool)
     success = np.array([True, False, True, False])
-    out = stats.llr_by_outcome(cum, mask, success)
-    ok = out["success"]["curve"]
+    out = likelihood.llr_by_outcome(cum, mask, success)
+    ok = out["success"].curve
     np.testing.assert_array_equal(ok.turn, [1, 2, 3])
     np.testing.assert_array_equal(ok.count, [2, 2, 1])
     np.testing.assert_allclose(ok.mean, [1.5, 2.5, -1.0])
@@ -189,11 +190,11 @@ def test_llr_by_outcome_and_turn_curve():
     col = stats.mean_ci_normal([1.0, 4.0])
     assert (ok.low[1], ok.high[1]) == pytest.approx((col.low, col.high))
     assert math.isnan(ok.low[2])  # one trajectory: no interval
-    assert out["success"]["final"].mean == pytest.approx((-1.0 + 4.0) / 2)
-    bad = out["failure"]["curve"]
+    assert out["success"].final.mean == pytest.approx((-1.0 + 4.0) / 2)
+    bad = out["failure"].curve
     np.testing.assert_array_equal(bad.count, [2, 1, 1])
     np.testing.assert_allclose(bad.mean, [0.5, 0.0, 0.0])
-    assert out["failure"]["final"].mean == pytest.approx(0.5)
+    assert out["failure"].final.mean == pytest.approx(0.5)
 
 
 def test_length_matched_llr_by_hand():
@@ -211,30 +212,30 @@ def test_length_matched_llr_by_hand():
     success = np.array([True, True, False, False, False])
     groups = {"success": success, "failure": ~success}
     # Medians: success 3.5, failure 2 -> L = 2.
-    out = stats.length_matched_llr(cum, mask, groups)
-    assert out["length"] == 2
-    assert out["groups"]["success"].mean == pytest.approx((2.0 + 4.0) / 2)
-    assert out["groups"]["failure"].mean == pytest.approx((-2.0 + 1.0) / 2)  # length-1 one left out
-    assert out["groups"]["failure"].n == 2
-    at3 = stats.length_matched_llr(cum, mask, groups, length=3)
-    assert at3["groups"]["success"].mean == pytest.approx(4.5)
-    assert at3["groups"]["failure"].mean == 1.0 and at3["groups"]["failure"].n == 1
-    empty = stats.length_matched_llr(cum, mask, groups, length=4)
-    assert empty["groups"]["success"].n == 1
+    out = likelihood.length_matched_llr(cum, mask, groups)
+    assert out.length == 2
+    assert out.groups["success"].mean == pytest.approx((2.0 + 4.0) / 2)
+    assert out.groups["failure"].mean == pytest.approx((-2.0 + 1.0) / 2)  # length-1 one left out
+    assert out.groups["failure"].n == 2
+    at3 = likelihood.length_matched_llr(cum, mask, groups, length=3)
+    assert at3.groups["success"].mean == pytest.approx(4.5)
+    assert at3.groups["failure"].mean == 1.0 and at3.groups["failure"].n == 1
+    empty = likelihood.length_matched_llr(cum, mask, groups, length=4)
+    assert empty.groups["success"].n == 1
     with pytest.raises(ValueError, match="length"):
-        stats.length_matched_llr(cum, mask, groups, length=5)
+        likelihood.length_matched_llr(cum, mask, groups, length=5)
 
 
 def test_action_nll_summary_and_overlap():
     nll = np.array([[10.0, 12.0, 99.0], [14.0, 16.0, 99.0]])
     mask = np.array([[1, 1, 0], [1, 1, 0]], dtype=bool)
-    s = stats.action_nll_summary(nll, mask)
+    s = likelihood.action_nll_summary(nll, mask)
     valid = np.array([10.0, 12.0, 14.0, 16.0])
     assert s.n == 4 and s.mean.mean == 13.0 and s.median == 13.0
     assert s.std == pytest.approx(valid.std(ddof=1))
     assert (s.q05, s.q95) == pytest.approx(tuple(np.quantile(valid, [0.05, 0.95])))
     a = np.array([1.0, 2.0, 3.0, 4.0])
-    assert stats.histogram_overlap(a, a, bins=4) == pytest.approx(1.0)
-    assert stats.histogram_overlap([0.0, 0.1], [9.9, 10.0], bins=10) == 0.0
+    assert likelihood.histogram_overlap(a, a, bins=4) == pytest.approx(1.0)
+    assert likelihood.histogram_overlap([0.0, 0.1], [9.9, 10.0], bins=10) == 0.0
     # Half of b's mass in a's bins, half outside.
-    assert stats.histogram_overlap([0.0, 0.0], [0.0, 10.0], bins=2) == pytest.approx(0.5)
+    assert likelihood.histogram_overlap([0.0, 0.0], [0.0, 10.0], bins=2) == pytest.approx(0.5)

@@ -12,6 +12,8 @@ import pytest
 from markdown_it import MarkdownIt
 
 from agentrl_jax.evaluation import figures, passk, report, stats
+from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, likelihood, pass_at_k,
+                                             pass_at_t, step_quality)
 from agentrl_jax.evaluation.html import anchor
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -44,15 +46,15 @@ def test_plot_pass_at_k(tmp_path):
         "RL": (ks, passk.pass_at_k_curve([8, 8], [3, 2], ks)),
     }
     bands = {"RL": (curves["RL"][1] - 0.05, curves["RL"][1] + 0.05)}
-    assert_valid_figure(figures.plot_pass_at_k(curves, tmp_path / "pk.png", bands=bands))
+    assert_valid_figure(pass_at_k.plot_pass_at_k(curves, tmp_path / "pk.png", bands=bands))
     with pytest.raises(ValueError, match="nothing to plot"):
-        figures.plot_pass_at_k({}, tmp_path / "empty")
+        pass_at_k.plot_pass_at_k({}, tmp_path / "empty")
 
 
 def test_plot_pass_at_t_with_bound(tmp_path):
     budgets = np.array([2, 5, 7, 10])
     bound = (np.arange(1, 11), passk.structural_upper_bound([3, 4, 8, np.inf], np.arange(1, 11)))
-    out = figures.plot_pass_at_t(
+    out = pass_at_t.plot_pass_at_t(
         {"base": (budgets, [0.1, 0.3, 0.4, 0.5]), "RL": (budgets, [0.1, 0.35, 0.5, 0.7])},
         tmp_path / "pt",
         bound=bound,
@@ -67,15 +69,15 @@ def test_budget_table_figure_markdown_and_csv(tmp_path):
         "base": {17: 0.303, 35: 0.5, 52: 0.6, 70: 0.7},
         "GRPO": {17: 0.287, 35: 0.55, 52: 0.7, 70: 0.8},
     }
-    labels = figures.budget_level_labels(70)
+    labels = pass_at_t.budget_level_labels(70)
     assert labels == {17: "25% (T=17)", 35: "50% (T=35)", 52: "75% (T=52)", 70: "100% (T=70)"}
-    assert_valid_figure(figures.plot_budget_table(table, tmp_path / "t1", labels=labels))
-    md = figures.budget_table_markdown(table, labels=labels)
+    assert_valid_figure(pass_at_t.plot_budget_table(table, tmp_path / "t1", labels=labels))
+    md = pass_at_t.budget_table_markdown(table, labels=labels)
     lines = md.strip().splitlines()
     assert lines[0] == "| policy (Pass@8, %) | 25% (T=17) | 50% (T=35) | 75% (T=52) | 100% (T=70) |"
     assert lines[2] == "| base | 30.3 | 50.0 | 60.0 | 70.0 |"
     assert lines[3] == "| GRPO | 28.7 | 55.0 | 70.0 | 80.0 |"
-    rows = list(csv.DictReader(figures.budget_table_csv(table, labels=labels).splitlines()))
+    rows = list(csv.DictReader(pass_at_t.budget_table_csv(table, labels=labels).splitlines()))
     assert len(rows) == 8
     assert rows[0] == {
         "policy": "base",
@@ -84,9 +86,9 @@ def test_budget_table_figure_markdown_and_csv(tmp_path):
         "pass_at_k": "0.303",
     }
     assert rows[7] == {"policy": "GRPO", "budget": "70", "level": "100% (T=70)", "pass_at_k": "0.8"}
-    assert figures.budget_table_markdown(table).startswith("| policy (Pass@8, %) | T=17 | T=35 |")
+    assert pass_at_t.budget_table_markdown(table).startswith("| policy (Pass@8, %) | T=17 | T=35 |")
     with pytest.raises(ValueError, match="'GRPO' lacks budgets \\[70\\]"):
-        figures.budget_table_markdown({"base": {17: 0.1, 70: 0.2}, "GRPO": {17: 0.1}})
+        pass_at_t.budget_table_markdown({"base": {17: 0.1, 70: 0.2}, "GRPO": {17: 0.1}})
 
 
 def test_plot_step_quality_and_rates(tmp_path):
@@ -95,48 +97,44 @@ def test_plot_step_quality_and_rates(tmp_path):
         "matched": (rng.uniform(size=12), rng.uniform(size=12)),
         "error": (rng.uniform(size=8), rng.uniform(size=8)),
     }
-    assert_valid_figure(figures.plot_step_quality(pools, tmp_path / "sq"))
+    assert_valid_figure(step_quality.plot_step_quality(pools, tmp_path / "sq"))
     rates = {
         "base": stats.mean_ci_normal([1, 0, 0, 1, 0]),
         "RL": {"mean": 0.6, "low": 0.4, "high": 0.8},
     }
-    assert_valid_figure(figures.plot_rates_with_ci(rates, tmp_path / "cont"))
+    assert_valid_figure(continuation.plot_rates_with_ci(rates, tmp_path / "cont"))
 
 
 def test_plot_quality_vs_depth(tmp_path):
     rng = np.random.default_rng(1)
-    depth = rng.uniform(size=40)
+    at = rng.uniform(size=40)
     curves = {
-        "base": stats.binned_curve(depth, rng.uniform(size=40), bins=4, n_resamples=50),
-        "RL": stats.binned_curve(depth, rng.uniform(size=40), bins=4, n_resamples=50).to_dict(),
+        "base": stats.binned_curve(at, rng.uniform(size=40), bins=4, n_resamples=50),
+        "RL": stats.binned_curve(at, rng.uniform(size=40), bins=4, n_resamples=50).to_dict(),
     }
-    assert_valid_figure(figures.plot_quality_vs_depth(curves, tmp_path / "depth"))
+    assert_valid_figure(depth.plot_quality_vs_depth(curves, tmp_path / "depth"))
 
 
 def test_plot_action_nll_hist(tmp_path):
     rng = np.random.default_rng(2)
-    out = figures.plot_action_nll_hist(
+    out = likelihood.plot_action_nll_hist(
         {"base": rng.normal(12, 2, 30), "RL": rng.normal(10, 2, 30)}, tmp_path / "nll", bins=8
     )
     assert_valid_figure(out)
     with pytest.raises(ValueError, match="RL"):
-        figures.plot_action_nll_hist({"RL": []}, tmp_path / "bad")
+        likelihood.plot_action_nll_hist({"RL": []}, tmp_path / "bad")
 
 
 def test_plot_cumulative_llr(tmp_path):
     rng = np.random.default_rng(3)
-    sets = {}
-    for name in ("RL trajectories", "base trajectories"):
-        logp_rl, logp_base, mask, success = tiny_llr_set(rng)
-        sets[name] = (stats.cumulative_llr(logp_rl, logp_base, mask), mask, success)
-    assert_valid_figure(figures.plot_cumulative_llr(sets, tmp_path / "llr"))
+    sets = {name: tiny_llr_set(rng) for name in ("RL trajectories", "base trajectories")}
+    res = likelihood.compute({"base": [1.0, 2.0]}, sets)
+    assert_valid_figure(likelihood.plot_cumulative_llr(res.llr, tmp_path / "llr"))
     # All trajectories of one outcome is fine (the other has nothing to draw).
-    cum, mask, success = sets["RL trajectories"]
-    assert_valid_figure(
-        figures.plot_cumulative_llr(
-            {"all ok": (cum, mask, np.ones_like(success))}, tmp_path / "llr_ok"
-        )
-    )
+    logp_rl, logp_base, mask, success = sets["RL trajectories"]
+    all_ok = likelihood.compute({"base": [1.0]}, {"all ok": (logp_rl, logp_base, mask,
+                                                             np.ones_like(success))})
+    assert_valid_figure(likelihood.plot_cumulative_llr(all_ok.llr, tmp_path / "llr_ok"))
 
 
 def test_plot_training_dynamics(tmp_path):
@@ -145,7 +143,7 @@ def test_plot_training_dynamics(tmp_path):
         "R_multi": np.linspace(0.2, 0.7, 10),
         "R_single": np.r_[np.linspace(0.5, 0.4, 9), np.nan],
     }
-    assert_valid_figure(figures.plot_training_dynamics(steps, series, tmp_path / "dyn"))
+    assert_valid_figure(dynamics.plot_training_dynamics(steps, series, tmp_path / "dyn"))
 
 
 def write_tiny_results(folder: Path):
@@ -156,45 +154,34 @@ def write_tiny_results(folder: Path):
         "base": (np.full(tasks, 16), rng.integers(0, 17, tasks)),
         "RL": (np.full(tasks, 16), rng.integers(0, 17, tasks)),
     }
-    sections = [report.write_pass_at_k(folder, counts, ks=range(1, 33))]
+    sections = [pass_at_k.section(folder, pass_at_k.compute(counts, ks=range(1, 33)))]
     t_max = 10
     results = {
         p: {b: (np.full(tasks, 8), rng.integers(0, 9, tasks)) for b in (2, 5, 7, 10)}
         for p in counts
     }
-    sections += report.write_pass_at_t(
-        folder, results, t_max=t_max, shortest_paths=rng.integers(2, 12, tasks)
-    )
+    sections += pass_at_t.section(folder, pass_at_t.compute(
+        results, t_max=t_max, shortest_paths=rng.integers(2, 12, tasks)))
     pools = {
         "matched": (rng.uniform(size=10), rng.uniform(size=10)),
         "error": (rng.uniform(size=10), rng.uniform(size=10)),
     }
-    sections.append(report.write_step_quality(folder, pools))
-    sections.append(
-        report.write_continuation(
-            folder, {"base": rng.uniform(size=10) < 0.4, "RL": rng.uniform(size=10) < 0.5}
-        )
-    )
-    depth = stats.normalised_depth(rng.integers(0, t_max + 1, 30), t_max)
-    sections.append(
-        report.write_quality_vs_depth(
-            folder, depth, {"base": rng.uniform(size=30), "RL": rng.uniform(size=30)}, bins=4
-        )
-    )
-    sections.append(
-        report.write_likelihood(
-            folder,
-            {"base": rng.normal(12, 2, 20), "RL": rng.normal(10, 2, 20)},
-            {"RL trajectories": tiny_llr_set(rng), "base trajectories": tiny_llr_set(rng)},
-        )
-    )
+    sections.append(step_quality.section(folder, step_quality.compute(pools)))
+    sections.append(continuation.section(folder, continuation.compute(
+        {"base": rng.uniform(size=10) < 0.4, "RL": rng.uniform(size=10) < 0.5})))
+    at = stats.normalised_depth(rng.integers(0, t_max + 1, 30), t_max)
+    sections.append(depth.section(folder, depth.compute(
+        at, {"base": rng.uniform(size=30), "RL": rng.uniform(size=30)}, bins=4)))
+    sections.append(likelihood.section(folder, likelihood.compute(
+        {"base": rng.normal(12, 2, 20), "RL": rng.normal(10, 2, 20)},
+        {"RL trajectories": tiny_llr_set(rng), "base trajectories": tiny_llr_set(rng)})))
     log = folder / "train.jsonl"
     lines = [
         json.dumps({"step": s, "R_multi": 0.1 * s, "R_single": 0.5 - 0.01 * s}) for s in range(5)
     ]
     lines.insert(2, json.dumps({"event": "checkpoint"}))  # other records share the log
     log.write_text("\n".join(lines) + "\n")
-    sections.append(report.write_training_dynamics(folder, log))
+    sections.append(dynamics.section(folder, dynamics.from_log(log)))
     return report.write_report(folder, sections, title="Tiny report"), counts
 
 
@@ -253,15 +240,15 @@ def test_read_training_log_errors_name_the_line(tmp_path):
     log = tmp_path / "log.jsonl"
     log.write_text('{"step": 0, "R_multi": 0.1}\n{not json\n')
     with pytest.raises(ValueError, match="log.jsonl:2"):
-        report.read_training_log(log)
+        dynamics.read_training_log(log)
     log.write_text('{"step": 0, "R_multi": 0.1}\n{"step": 1, "R_multi": "high"}\n')
     with pytest.raises(ValueError, match="log.jsonl:2.*not a number"):
-        report.read_training_log(log)
+        dynamics.read_training_log(log)
     log.write_text('{"step": 0, "loss": 1.0}\n')
     with pytest.raises(ValueError, match="no line"):
-        report.read_training_log(log)
+        dynamics.read_training_log(log)
     log.write_text('{"step": 0, "R_multi": 0.1}\n\n{"step": 1, "R_single": 0.2}\n')
-    steps, series = report.read_training_log(log)
+    steps, series = dynamics.read_training_log(log)
     np.testing.assert_array_equal(steps, [0, 1])
     np.testing.assert_array_equal(np.isnan(series["R_single"]), [True, False])
 
@@ -280,7 +267,7 @@ def test_the_training_dynamics_text_figure_and_table_state_one_change(tmp_path, 
     reproduction's start-to-end table all give the change of the start and end means (one
     ``start_to_end`` result), and the figure names its run. (The figure and text used to say
     last-minus-first step, the table the means: -0.016 in one, +0.203 in the other.)"""
-    from agentrl_jax.evaluation.dynamics import start_to_end
+    from agentrl_jax.evaluation.analyses.dynamics import start_to_end
     from agentrl_jax.reproduce.report import dynamics_markdown
     rng = np.random.default_rng(0)
     r_multi = np.clip(0.3 + 0.2 * rng.standard_normal(40), 0, 1)
@@ -291,21 +278,21 @@ def test_the_training_dynamics_text_figure_and_table_state_one_change(tmp_path, 
     log.write_text("".join(json.dumps({"step": s + 1, "R_multi": m, "R_single": q}) + "\n"
                            for s, (m, q) in enumerate(zip(r_multi, r_single))))
     drawn = _drawn(monkeypatch)
-    section = report.write_training_dynamics(tmp_path, log, run="GRPO")
+    section = dynamics.section(tmp_path, dynamics.from_log(log, run="GRPO"))
     expected = {"R_multi": start_to_end(r_multi), "R_single": start_to_end(r_single)}
     titles = [ax.get_title() for ax in drawn[0].axes]
     assert drawn[0].get_suptitle() == "Training dynamics: GRPO" and section.title.endswith("GRPO")
     data = json.loads((tmp_path / "training_dynamics.json").read_text())["change_start_to_end"]
     record = report.to_jsonable({"runs": {"GRPO": {"step": list(range(40)), "change": expected}}})
     table = dynamics_markdown(json.loads(json.dumps(record)))
-    assert expected["R_multi"]["window"] == 4
-    assert abs(expected["R_multi"]["change"].mean - (r_multi[-1] - r_multi[0])) > 0.1
+    assert expected["R_multi"].window == 4
+    assert abs(expected["R_multi"].change.mean - (r_multi[-1] - r_multi[0])) > 0.1
     for (name, change), title in zip(expected.items(), titles):
-        delta = f"{change['change'].mean:+.3f}"
-        assert f"{change['start']:.3f} -> {change['end']:.3f}" in title and delta in title
-        assert f"{name}: {change['start']:.3f} -> {change['end']:.3f}: {delta}" in section.text
-        assert data[name]["change"]["mean"] == pytest.approx(change["change"].mean)
-        assert f"{change['start']:.3f} -> {change['end']:.3f}: {delta}" in table
+        delta = f"{change.change.mean:+.3f}"
+        assert f"{change.start:.3f} -> {change.end:.3f}" in title and delta in title
+        assert f"{name}: {change.start:.3f} -> {change.end:.3f}: {delta}" in section.text
+        assert data[name]["change"]["mean"] == pytest.approx(change.change.mean)
+        assert f"{change.start:.3f} -> {change.end:.3f}: {delta}" in table
 
 
 def _drawn(monkeypatch):
@@ -321,8 +308,8 @@ def test_matched_and_error_state_figures_have_their_own_titles(tmp_path, monkeyp
     pools = {"all": (rng.random(12), rng.random(12))}
     titles = ("Step-level action quality on matched states: GRPO vs base",
               "Step-level action quality at error states: GRPO vs base")
-    sections = [report.write_step_quality(tmp_path, pools, name=f"q{i}", title=title)
-                for i, title in enumerate(titles)]
+    sections = [step_quality.section(tmp_path, step_quality.compute(pools), name=f"q{i}",
+                                     title=title) for i, title in enumerate(titles)]
     assert [fig.get_suptitle() for fig in drawn] == list(titles)
     assert [s.title for s in sections] == list(titles)
 
@@ -332,7 +319,7 @@ def test_continuation_values_sit_inside_the_frame(tmp_path, monkeypatch):
     drawn = _drawn(monkeypatch)
     rates = {"base": stats.MeanCI(0.108, 0.093, 0.125, 1584),
              "GRPO": stats.MeanCI(0.605, 0.58, 0.63, 1584)}
-    figures.plot_rates_with_ci(rates, tmp_path / "continuation")
+    continuation.plot_rates_with_ci(rates, tmp_path / "continuation")
     fig = drawn[0]
     ax = fig.axes[0]
     renderer = fig.canvas.get_renderer()
@@ -349,13 +336,15 @@ def test_the_llr_figure_marks_the_reports_final_values(tmp_path, monkeypatch):
     own marker, not next to the running-mean curve as if it were that curve's end."""
     drawn = _drawn(monkeypatch)
     logp_rl, logp_base, mask, success = tiny_llr_set(np.random.default_rng(3), n=12, t=8)
-    cum = stats.cumulative_llr(logp_rl, logp_base, mask)
-    figures.plot_cumulative_llr({"RL trajectories": (cum, mask, success)}, tmp_path / "llr")
-    by_outcome = stats.llr_by_outcome(cum, mask, success)
+    res = likelihood.compute({"base": [1.0]}, {"RL trajectories": (logp_rl, logp_base, mask,
+                                                                   success)})
+    likelihood.plot_cumulative_llr(res.llr, tmp_path / "llr")
+    by_outcome = likelihood.llr_by_outcome(likelihood.cumulative_llr(logp_rl, logp_base, mask), mask,
+                                           success)
     ax = drawn[0].axes[0]
     markers = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if line.get_marker() == "D"}
     for outcome in ("success", "failure"):
-        final = by_outcome[outcome]["final"].mean
+        final = by_outcome[outcome].final.mean
         label = f"{outcome}: mean at each one's last turn {final:+.1f}"
         assert markers[label] == pytest.approx(final)
         assert label in [t.get_text() for t in ax.get_legend().get_texts()]

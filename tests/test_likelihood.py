@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentrl_jax.evaluation import likelihood, stats
+from agentrl_jax.evaluation import likelihood
+from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
 from agentrl_jax.evaluation.passt import EVAL_SAMPLING, eval_rollout_config
 from agentrl_jax.evaluation.policies import load_policy, sampler_policies
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
@@ -105,7 +106,7 @@ def test_action_nll_and_llr_are_the_teacher_forced_differences(setup):
         mask = np.asarray(traj.turn_mask)
         np.testing.assert_allclose(nll[f"{name} responses"], -ref_base[mask], atol=1e-5, rtol=0)
         logp_rl, logp_base, turn_mask, success = sets[f"{name} trajectories"]
-        cum = stats.cumulative_llr(logp_rl, logp_base, turn_mask)
+        cum = likelihood_analysis.cumulative_llr(logp_rl, logp_base, turn_mask)
         np.testing.assert_allclose(cum, np.cumsum(np.where(mask, ref_rl - ref_base, 0), axis=1),
                                    atol=1e-5, rtol=0)
         np.testing.assert_array_equal(success, traj.success)

@@ -143,7 +143,7 @@ def test_report_renders_with_table1_and_valid_figures(finished):
     assert len(verdicts) >= 6 and all(h[1:] in page.ids for h in verdicts), verdicts
     assert "#continuation-success-from-error-states-grpo-vs-base" in verdicts
     # each policy's budget robustness, recomputed from the raw counts
-    from agentrl_jax.evaluation.robustness import robustness_from_counts
+    from agentrl_jax.evaluation.analyses.robustness import robustness_from_counts
     from agentrl_jax.reproduce.results import budget_counts, load_raw
     assert "Budget robustness" in headings
     raw = load_raw(finished, "table")

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from agentrl_jax.evaluation.robustness import robustness_from_counts, robustness_score
+from agentrl_jax.evaluation.analyses.robustness import robustness_from_counts, robustness_score
 
 
 def test_the_score_is_the_ratio_of_the_two_areas_with_a_delta_method_ci():

@@ -41,9 +41,8 @@ app = typer.Typer(help="Evaluate a base policy and its RL descendant: Pass@(K, T
 
 NAMES = ("base", "RL")
 SETTINGS_DIR = "settings"
-# Order of the analyses in the report, and the stream of randomness each one draws from.
+# Order of the analyses in the report (the streams of randomness: evaluation.drivers.STREAMS).
 ORDER = ("passk", "passt", "steps", "errors", "likelihood", "training")
-_KEY_STREAM = {"passk": 1, "passt": 2, "sources": 3, "steps": 4, "errors": 5, "likelihood": 6}
 
 
 # Options every analysis takes: (name, type, typer.Option).
@@ -103,8 +102,16 @@ class Setup:
     settings: dict[str, Any]
 
     def key(self, stream: str):
-        import jax
-        return jax.random.fold_in(jax.random.key(self.seed), _KEY_STREAM[stream])
+        from agentrl_jax.evaluation.drivers import stream_key
+        return stream_key(self.seed, stream)
+
+    def play(self, states_per_call: int | None = None):
+        """Where the policies play (:class:`~agentrl_jax.evaluation.drivers.Play`), saying what
+        it samples."""
+        from agentrl_jax.evaluation.drivers import Play
+        return Play(self.env, self.base.tokenizer, self.task_ids, self.config,
+                    tasks_per_call=self.tasks_per_call, states_per_call=states_per_call,
+                    echo=typer.echo)
 
     @functools.cached_property
     def policies(self) -> dict[str, Any]:
@@ -205,15 +212,11 @@ def _save_sections(setup: Setup, analysis: str, sections: list) -> None:
 def passk_command(setup: Setup, samples: int = typer.Option(
         128, help="Trajectories per task at the full budget (k = 1..samples).", min=1)) -> None:
     """Pass@K at the full budget T_max, k = 1..128 (paper §3)."""
-    from agentrl_jax.evaluation import passt, report
-    counts = {}
-    for name, policy in setup.policies.items():
-        typer.echo(f"Pass@K: {name}, {len(setup.task_ids)} tasks x {samples} samples at T={setup.env.t_max}")
-        results = passt.pass_at_k_results(setup.env, setup.base.tokenizer, policy, setup.task_ids,
-                                          setup.key("passk"), samples=samples, config=setup.config,
-                                          tasks_per_call=setup.tasks_per_call)
-        counts[name] = results[setup.env.t_max]
-    section = report.write_pass_at_k(setup.out, counts)
+    from agentrl_jax.evaluation import drivers, report
+    from agentrl_jax.evaluation.analyses import pass_at_k
+    counts = drivers.pass_at_k_counts(setup.play(), setup.policies, setup.key("passk"),
+                                      samples=samples)
+    section = pass_at_k.section(setup.out, pass_at_k.compute(counts))
     raw = report.write_json(setup.out / "pass_at_k_counts.json",
                             {name: {"n": n, "c": c} for name, (n, c) in counts.items()})
     section = dataclasses.replace(section, files=section.files + (raw.relative_to(setup.out).as_posix(),))
@@ -241,24 +244,20 @@ def passt_command(setup: Setup,
                       None, help="Comma-separated budgets T (default: every 10% of T_max and "
                                  "the 25/50/75/100% levels).")) -> None:
     """Pass@(k, T) against the budget, each T sampled afresh with T in the prompt; Table 1."""
-    from agentrl_jax.evaluation import passk, passt, report
+    from agentrl_jax.evaluation import drivers, passk, passt
+    from agentrl_jax.evaluation.analyses import pass_at_t
     if k > samples:
         raise typer.BadParameter(f"--k {k} needs at least as many --samples (got {samples})")
     chosen = _budgets(budgets, setup.env.t_max)
-    results = {}
-    for name, policy in setup.policies.items():
-        typer.echo(f"Pass@T: {name}, budgets {list(chosen)}, {samples} samples per task")
-        results[name] = passt.pass_at_t_results(setup.env, setup.base.tokenizer, policy,
-                                                setup.task_ids, setup.key("passt"), budgets=chosen,
-                                                samples=samples, config=setup.config,
-                                                tasks_per_call=setup.tasks_per_call)
+    results = drivers.pass_at_t_counts(setup.play(), setup.policies, setup.key("passt"),
+                                       budgets=chosen, samples=samples)
     levels = passk.budget_levels(setup.env.t_max)
     with_table = set(levels) <= set(chosen)
     if not with_table:
         typer.echo(f"(no Table 1: the budgets do not include all of {list(levels)})")
-    sections = report.write_pass_at_t(
-        setup.out, results, k=k, t_max=setup.env.t_max if with_table else None,
-        shortest_paths=passt.shortest_paths(setup.env.maps[setup.task_ids]))
+    sections = pass_at_t.section(setup.out, pass_at_t.compute(
+        results, k=k, t_max=setup.env.t_max if with_table else None,
+        shortest_paths=passt.shortest_paths(setup.env.maps[setup.task_ids])))
     _save_sections(setup, "passt", sections)
 
 
@@ -267,17 +266,12 @@ def passt_command(setup: Setup,
 
 def _matched_pool(setup: Setup, states: int, source_samples: int, budget: int | None):
     """The §7.1 pool: states visited by each policy's trajectories at ``budget``."""
-    from agentrl_jax.evaluation import passt, states as st
+    from agentrl_jax.evaluation import drivers
+    from agentrl_jax.evaluation.states import matched_pool
     budget = setup.env.t_max if budget is None else budget
-    visits = []
-    for code, (name, policy) in enumerate(setup.policies.items()):
-        typer.echo(f"Source trajectories: {name}, {len(setup.task_ids)} tasks x "
-                   f"{source_samples} at T={budget}")
-        traj = passt.rollout_tasks(setup.env, setup.base.tokenizer, policy, setup.task_ids,
-                                   setup.key("sources"), budget=budget, samples=source_samples,
-                                   config=setup.config, tasks_per_call=setup.tasks_per_call)
-        visits.append(st.visited_states(traj, source=code))
-    return st.matched_pool(*visits, size=states, seed=setup.seed)
+    visits = drivers.visits(setup.play(), setup.policies, setup.key("sources"),
+                            samples=source_samples, budget=budget)
+    return matched_pool(*visits.values(), size=states, seed=setup.seed)
 
 
 def _state_options(fn):
@@ -309,31 +303,24 @@ def _check_invalid(invalid: str) -> None:
         raise typer.BadParameter(f"--invalid must be one of {INVALID_SCORES}, got {invalid!r}")
 
 
-def _starts(setup: Setup, pool, group_size: int, states_per_call: int | None):
-    from agentrl_jax.evaluation.states import StateStarts
-    return StateStarts(setup.env, setup.base.tokenizer, pool,
-                       dataclasses.replace(setup.config, group_size=group_size),
-                       states_per_call=states_per_call)
-
-
 @_analysis("steps")
 @_state_options
 def steps_command(setup: Setup, *, bins: int = typer.Option(10, help="Depth bins.", min=1),
                   states: int, group_size: int, source_samples: int, budget: Optional[int],
                   gamma: float, invalid: str, states_per_call: Optional[int]) -> None:
     """Step-level action quality on matched states (§7.1) and against depth t / T_max (§7.3)."""
-    from agentrl_jax.evaluation import diagnostics, report
+    from agentrl_jax.evaluation import diagnostics, drivers, report
+    from agentrl_jax.evaluation.analyses import depth, step_quality
     setup.require_rl("steps")
     _check_invalid(invalid)
     pool = _matched_pool(setup, states, source_samples, budget)
     typer.echo(f"Step quality: {len(pool)} states x G={group_size} actions per policy")
-    values = diagnostics.state_values(setup.env, pool, gamma=gamma)
-    base, rl = setup.policies.values()
-    result = diagnostics.step_quality(_starts(setup, pool, group_size, states_per_call), values,
-                                      base, rl, setup.key("steps"), names=NAMES, invalid=invalid)
-    section = report.write_step_quality(setup.out, result.pools(), name="step_quality",
-                                        policy_names=NAMES,
-                                        title="Step-level action quality on matched states")
+    values, result = drivers.step_quality(setup.play(states_per_call), pool,
+                                          *setup.policies.values(), setup.key("steps"), names=NAMES,
+                                          group_size=group_size, gamma=gamma, invalid=invalid)
+    section = step_quality.section(setup.out, step_quality.compute(result.pools()),
+                                   name="step_quality", policy_names=NAMES,
+                                   title="Step-level action quality on matched states")
     details = report.write_json(setup.out / "step_quality_details.json", result.summary())
     states_csv = report.write_csv(setup.out / "step_quality_states.csv", {
         **pool.to_columns(), **{f"q_{n}": result.quality[n] for n in NAMES},
@@ -342,8 +329,8 @@ def steps_command(setup: Setup, *, bins: int = typer.Option(10, help="Depth bins
     section = dataclasses.replace(
         section, text=f"{section.text}. Invalid responses ({invalid}-scored): {shares}.",
         files=section.files + tuple(p.relative_to(setup.out).as_posix() for p in (details, states_csv)))
-    depth, curves = diagnostics.quality_by_depth(result, setup.env.t_max)
-    depth_section = report.write_quality_vs_depth(setup.out, depth, curves, bins=bins, seed=setup.seed)
+    depth_section = depth.section(setup.out, depth.compute(
+        *diagnostics.quality_by_depth(result, setup.env.t_max), bins=bins, seed=setup.seed))
     _save_sections(setup, "steps", [section, depth_section])
 
 
@@ -353,7 +340,8 @@ def errors_command(setup: Setup, *, states: int, group_size: int, source_samples
                    budget: Optional[int], gamma: float, invalid: str,
                    states_per_call: Optional[int]) -> None:
     """Error states (§7.2): action quality after an injected mistake and continuation success."""
-    from agentrl_jax.evaluation import diagnostics, report
+    from agentrl_jax.evaluation import drivers, report
+    from agentrl_jax.evaluation.analyses import continuation, step_quality
     from agentrl_jax.evaluation.states import inject_errors
     setup.require_rl("errors")
     _check_invalid(invalid)
@@ -363,14 +351,12 @@ def errors_command(setup: Setup, *, states: int, group_size: int, source_samples
         raise typer.BadParameter("no state of the pool admits an error move with a turn left")
     typer.echo(f"Error states: {len(errors.states)} of {len(pool)} states, G={group_size} "
                "continuations per policy")
-    values = diagnostics.state_values(setup.env, errors.states, gamma=gamma)
-    base, rl = setup.policies.values()
-    result = diagnostics.error_state_analysis(
-        _starts(setup, errors.states, group_size, states_per_call), errors, values, base, rl,
-        setup.key("errors"), names=NAMES, invalid=invalid)
-    quality = report.write_step_quality(setup.out, result.quality.pools(), name="error_step_quality",
-                                        policy_names=NAMES,
-                                        title="Step-level action quality at error states")
+    _, result = drivers.error_states(setup.play(states_per_call), errors,
+                                     *setup.policies.values(), setup.key("errors"), names=NAMES,
+                                     group_size=group_size, gamma=gamma, invalid=invalid)
+    quality = step_quality.section(setup.out, step_quality.compute(result.quality.pools()),
+                                   name="error_step_quality", policy_names=NAMES,
+                                   title="Step-level action quality at error states")
     details = report.write_json(setup.out / "error_states_details.json", result.summary())
     states_csv = report.write_csv(setup.out / "error_states.csv", {
         **errors.states.to_columns(), "injected_action": errors.action,
@@ -379,8 +365,8 @@ def errors_command(setup: Setup, *, states: int, group_size: int, source_samples
     quality = dataclasses.replace(
         quality, title="Step-level action quality at error states",
         files=quality.files + tuple(p.relative_to(setup.out).as_posix() for p in (details, states_csv)))
-    continuation = report.write_continuation(setup.out, result.success)
-    _save_sections(setup, "errors", [quality, continuation])
+    rates = continuation.section(setup.out, continuation.compute(result.success))
+    _save_sections(setup, "errors", [quality, rates])
 
 
 # ---------------------------------------------------------------- likelihood
@@ -399,23 +385,20 @@ def likelihood_command(
         rows_per_batch: int = typer.Option(16, help="Trajectories per teacher-forced forward pass.", min=1),
 ) -> None:
     """ActionNLL under the base policy and cumulative LLR split by success (§7.4)."""
-    from agentrl_jax.evaluation import likelihood, passt, report
+    from agentrl_jax.evaluation import drivers, likelihood
+    from agentrl_jax.evaluation.analyses import likelihood as analysis
     setup.require_rl("likelihood")
     budget = setup.env.t_max if budget is None else budget
-    trajectories = {}
-    for name, policy in setup.policies.items():
-        typer.echo(f"Likelihood: {name}, {len(setup.task_ids)} tasks x {samples} trajectories at T={budget}")
-        trajectories[name] = passt.rollout_tasks(setup.env, setup.base.tokenizer, policy,
-                                                 setup.task_ids, setup.key("likelihood"),
-                                                 budget=budget, samples=samples, config=setup.config,
-                                                 tasks_per_call=setup.tasks_per_call)
+    trajectories = drivers.likelihood_rollouts(setup.play(), setup.policies, setup.key("likelihood"),
+                                               samples=samples, budget=budget)
     data = likelihood.likelihood_data(setup.base.model, setup.rl.model, trajectories,
                                       rows_per_batch=rows_per_batch)
     nll = data.action_nll(valid_only=valid_only)
     empty = [k for k, v in nll.items() if v.size == 0]
     if empty:
         raise typer.BadParameter(f"no responses to score for {empty} (try without --valid-only)")
-    section = report.write_likelihood(setup.out, nll, data.llr_sets(), match_length=match_length)
+    section = analysis.section(setup.out, analysis.compute(nll, data.llr_sets(),
+                                                           match_length=match_length))
     _save_sections(setup, "likelihood", [section])
 
 
@@ -445,6 +428,7 @@ def report_command(
 ) -> None:
     """Assemble report.md from the analyses in the results folder."""
     from agentrl_jax.evaluation import report
+    from agentrl_jax.evaluation.analyses import dynamics
     if not out.is_dir():
         raise typer.BadParameter(f"--out {out} is not a folder")
     sections = read_sections(out)
@@ -452,7 +436,7 @@ def report_command(
         if not training_log.is_file():
             raise typer.BadParameter(f"--training-log {training_log}: no such file")
         try:
-            sections.append(report.write_training_dynamics(out, training_log))
+            sections.append(dynamics.section(out, dynamics.from_log(training_log)))
         except ValueError as error:
             raise typer.BadParameter(str(error)) from None
     if not sections:

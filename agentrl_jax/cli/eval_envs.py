@@ -140,15 +140,12 @@ def pass_at_k(out: Path, tasks: EvalTasks, tokenizer, policies: Mapping[str, Any
               tasks_per_call: int | None = None, label: str = "") -> list[Section]:
     """Pass@K at the full budget ``T_max``, ``samples`` trajectories per task and policy:
     writes the curves (JSON, CSV, figure) and the per-task counts; returns the section."""
-    from agentrl_jax.evaluation import passt, report
-    env = tasks.env
-    counts = {}
-    for name, policy in policies.items():
-        typer.echo(f"Pass@K: {name}, {len(task_ids)} tasks x {samples} samples at T={env.t_max}")
-        counts[name] = passt.pass_at_k_results(env, tokenizer, policy, task_ids, key,
-                                               samples=samples, config=config,
-                                               tasks_per_call=tasks_per_call)[env.t_max]
-    section = report.write_pass_at_k(out, counts)
+    from agentrl_jax.evaluation import drivers, report
+    from agentrl_jax.evaluation.analyses import pass_at_k as analysis
+    play = drivers.Play(tasks.env, tokenizer, task_ids, config, tasks_per_call=tasks_per_call,
+                        echo=typer.echo)
+    counts = drivers.pass_at_k_counts(play, policies, key, samples=samples)
+    section = analysis.section(out, analysis.compute(counts))
     raw = report.write_json(out / "pass_at_k_counts.json",
                             {name: {"n": n, "c": c} for name, (n, c) in counts.items()})
     return [_titled(dataclasses.replace(section, files=section.files + (_rel(out, raw),)), label)]
@@ -160,21 +157,19 @@ def pass_at_t(out: Path, tasks: EvalTasks, tokenizer, policies: Mapping[str, Any
               label: str = "") -> list[Section]:
     """Pass@(k, T) at each of ``budgets``, each sampled afresh, and Table 1 when the budgets
     include its four levels: writes the curves, the table and the per-task counts."""
-    from agentrl_jax.evaluation import passk, passt, report
+    from agentrl_jax.evaluation import drivers, passk, report
+    from agentrl_jax.evaluation.analyses import pass_at_t as analysis
     env = tasks.env
-    results = {}
-    for name, policy in policies.items():
-        typer.echo(f"Pass@T: {name}, budgets {list(budgets)}, {samples} samples per task")
-        results[name] = passt.pass_at_t_results(env, tokenizer, policy, task_ids, key,
-                                                budgets=budgets, samples=samples, config=config,
-                                                tasks_per_call=tasks_per_call)
+    play = drivers.Play(env, tokenizer, task_ids, config, tasks_per_call=tasks_per_call,
+                        echo=typer.echo)
+    results = drivers.pass_at_t_counts(play, policies, key, budgets=budgets, samples=samples)
     levels = passk.budget_levels(env.t_max)
     with_table = set(levels) <= set(budgets)
     if not with_table:
         typer.echo(f"(no Table 1: the budgets do not include all of {list(levels)})")
     min_turns = None if tasks.min_turns is None else tasks.min_turns[task_ids]
-    sections = report.write_pass_at_t(out, results, k=k, t_max=env.t_max if with_table else None,
-                                      shortest_paths=min_turns)
+    sections = analysis.section(out, analysis.compute(
+        results, k=k, t_max=env.t_max if with_table else None, shortest_paths=min_turns))
     raw = report.write_json(out / "pass_at_t_counts.json", {
         name: {str(b): {"n": n, "c": c} for b, (n, c) in by_budget.items()}
         for name, by_budget in results.items()})

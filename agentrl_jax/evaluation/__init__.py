@@ -1,11 +1,19 @@
 """Evaluation: Pass@(K, T) metrics, the paper's diagnostics, figures and reports (PAPER.md §3, §7).
 
-* :mod:`passk`   - unbiased pass@k, Pass@K / Pass@T curves, budget levels, structural bound.
-* :mod:`stats`   - CIs, paired comparisons, depth curves, log-likelihood ratios, ActionNLL.
-* :mod:`figures` - one matplotlib figure per analysis (PNG + PDF), Table 1 as Markdown/CSV.
-* :mod:`report`  - results folders (JSON, CSV, figures) and the Markdown report.
+* :mod:`analyses` - one module per analysis of the paper: ``compute(...) -> Result``, its
+  figure and its report section.
+* :mod:`passk`    - unbiased pass@k, Pass@K / Pass@T curves, budget levels, structural bound.
+* :mod:`stats`    - generic CIs (normal, bootstrap, Wilson), paired comparisons, binned and
+  per-turn curves.
+* :mod:`result`   - the analyses' results: frozen dataclasses with one JSON round trip.
+* :mod:`figures`  - what every figure shares (an Agg figure, PNG + PDF).
+* :mod:`report`   - the one writer: JSON, CSV, report sections, report.md and report.html.
+* :mod:`passt`, :mod:`states`, :mod:`diagnostics`, :mod:`likelihood` - the data: rollouts,
+  state pools, step qualities, teacher-forced log-probs.
+* :mod:`drivers`  - what feeds each analysis, for ``agentrl-jax eval`` and the reproduction.
 
-``passk`` and ``stats`` are pure NumPy; only ``figures`` and ``report`` write files.
+``passk``, ``stats``, ``result`` and every ``compute`` are pure NumPy; only ``section``,
+``plot_*``, ``figures`` and ``report`` write files.
 """
 
 from agentrl_jax.evaluation.passk import (

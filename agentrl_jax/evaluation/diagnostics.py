@@ -118,8 +118,9 @@ class StepQuality:
         return stats.paired_comparison(self.quality[rl][keep], self.quality[base][keep])
 
     def pools(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """``{pool: (q_base [S'], q_rl [S'])}`` for :func:`report.write_step_quality`: all states
-        and, if some states are ties by construction, those where the actions differ."""
+        """``{pool: (q_base [S'], q_rl [S'])}`` for :mod:`~agentrl_jax.evaluation.analyses.
+        step_quality`: all states and, if some states are ties by construction, those where the
+        actions differ."""
         base, rl = self.names
         out = {"all": (self.quality[base], self.quality[rl])}
         keep = self.informative
@@ -227,7 +228,7 @@ def error_state_analysis(starts: StateStarts, errors: ErrorStates, values: State
 
 
 def quality_by_depth(result: StepQuality, t_max: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """``(depth [S], {label: [S]})`` for :func:`report.write_quality_vs_depth`: each policy's
+    """``(depth [S], {label: [S]})`` for :mod:`~agentrl_jax.evaluation.analyses.depth`: each policy's
     per-state quality and the difference ``RL - base`` against ``d_t = t / T_max``."""
     base, rl = result.names
     depth = stats.normalised_depth(result.pool.turn, t_max)

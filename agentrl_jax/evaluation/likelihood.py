@@ -5,7 +5,8 @@ base policy, and how far RL trajectories drift from it.
   over its tokens) under the base model, for the base policy's own responses and for the RL
   policy's;
 * ``LLR_{1:t}(tau) = sum_{i <= t} [log pi_RL(r_i | h_i) - log pi_B(r_i | h_i)]`` along each
-  trajectory (:func:`stats.cumulative_llr`), split by success, and length-matched.
+  trajectory, split by success, and length-matched
+  (the statistics and figures: :mod:`agentrl_jax.evaluation.analyses.likelihood`).
 
 Every log-prob here is teacher-forced: the model reads the recorded conversation (prompt,
 responses, observations; :mod:`agentrl_jax.trajectory`) in one forward pass and
@@ -170,7 +171,7 @@ class LikelihoodData:
 
     def llr_sets(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """``{"<set> trajectories": (logp_rl, logp_base, turn_mask, success)}`` for
-        :func:`report.write_likelihood`."""
+        :func:`agentrl_jax.evaluation.analyses.likelihood.compute`."""
         return {f"{name} trajectories": (self.logp_rl[name], self.logp_base[name],
                                          self.turn_mask[name], self.success[name])
                 for name in self.logp_base}

@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 import jax
 import numpy as np
 
+from agentrl_jax.algorithms.budgetmix import budget_set
 from agentrl_jax.evaluation import passk
 from agentrl_jax.policy import Policy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
@@ -119,10 +120,12 @@ def rollout_tasks(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *, b
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
 
-def sample_budgets(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *,
-                   budgets: Iterable[int], samples: int, config: RolloutConfig | None = None,
-                   tasks_per_call: int | None = None) -> dict[int, np.ndarray]:
-    """``{T: [tasks, samples] success}``: one fresh rollout per budget (see the module doc)."""
+def successes_by_budget(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *,
+                        budgets: Iterable[int], samples: int, config: RolloutConfig | None = None,
+                        tasks_per_call: int | None = None) -> dict[int, np.ndarray]:
+    """``{T: [tasks, samples] success}``: one fresh rollout per budget (see the module doc),
+    the successes :func:`counts_by_budget` counts. (Not BudgetMix's
+    :func:`~agentrl_jax.algorithms.budgetmix.sample_budgets`, which draws training budgets.)"""
     budgets = sorted({int(b) for b in budgets})
     if not budgets or budgets[0] < 1 or budgets[-1] > env.t_max:
         raise ValueError(f"budgets must be non-empty, in [1, t_max={env.t_max}], got {budgets}")
@@ -143,9 +146,9 @@ def pass_at_k_results(env, tokenizer, policy: Policy, task_ids, key: jax.Array, 
                       tasks_per_call: int | None = None) -> passk.BudgetResults:
     """Pass@K data: ``{T: (n, c)}`` at the one budget ``T`` (default the full ``T_max``)."""
     budget = env.t_max if budget is None else budget
-    return counts_by_budget(sample_budgets(env, tokenizer, policy, task_ids, key, budgets=[budget],
-                                           samples=samples, config=config,
-                                           tasks_per_call=tasks_per_call))
+    return counts_by_budget(successes_by_budget(env, tokenizer, policy, task_ids, key,
+                                                budgets=[budget], samples=samples, config=config,
+                                                tasks_per_call=tasks_per_call))
 
 
 def pass_at_t_results(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *,
@@ -154,16 +157,16 @@ def pass_at_t_results(env, tokenizer, policy: Policy, task_ids, key: jax.Array, 
                       tasks_per_call: int | None = None) -> passk.BudgetResults:
     """Pass@T data: ``{T: (n, c)}`` for every budget (default :func:`default_budgets`)."""
     budgets = default_budgets(env.t_max) if budgets is None else budgets
-    return counts_by_budget(sample_budgets(env, tokenizer, policy, task_ids, key, budgets=budgets,
-                                           samples=samples, config=config,
-                                           tasks_per_call=tasks_per_call))
+    return counts_by_budget(successes_by_budget(env, tokenizer, policy, task_ids, key,
+                                                budgets=budgets, samples=samples, config=config,
+                                                tasks_per_call=tasks_per_call))
 
 
 def default_budgets(t_max: int) -> tuple[int, ...]:
-    """The Pass@T sweep: every 10% of ``T_max`` (BudgetMix's set, §5) and the four table
-    levels 25/50/75/100% (§3), ascending. FrozenLake's 70 gives 7, 14, 17, 21, 28, 35, ..."""
-    tenths = [(k * t_max) // 10 for k in range(1, 11)]
-    return tuple(sorted({b for b in tenths if b >= 1} | set(passk.budget_levels(t_max))))
+    """The Pass@T sweep: BudgetMix's budget set (every 10% of ``T_max``, §5:
+    :func:`~agentrl_jax.algorithms.budgetmix.budget_set`) and the four table levels
+    25/50/75/100% (§3), ascending. FrozenLake's 70 gives 7, 14, 17, 21, 28, 35, ..."""
+    return tuple(sorted(set(budget_set(t_max)) | set(passk.budget_levels(t_max))))
 
 
 # ---------------------------------------------------------------- structural bound (§2)

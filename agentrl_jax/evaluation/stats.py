@@ -1,4 +1,6 @@
-"""Statistics behind the paper's diagnostics (PAPER.md §7), as pure NumPy functions.
+"""Generic statistics behind the analyses (PAPER.md §7), as pure NumPy functions: confidence
+intervals (normal, bootstrap, Wilson), paired comparisons, binned curves, per-turn curves.
+What belongs to one analysis lives with it (:mod:`agentrl_jax.evaluation.analyses`).
 
 Array in, small frozen result records out; no files, no plotting. Randomness (bootstrap)
 comes only from an explicit ``seed`` so every number in a report is reproducible.
@@ -19,8 +21,8 @@ Conventions
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
-from typing import Mapping
 
 import numpy as np
 
@@ -47,7 +49,8 @@ def _z(confidence: float) -> float:
     return statistics.NormalDist().inv_cdf(0.5 + confidence / 2.0)
 
 
-def _finite_1d(x, name: str) -> np.ndarray:
+def finite_1d(x, name: str) -> np.ndarray:
+    """``x`` flattened to float64 ``[N]``; ``ValueError`` naming ``name`` if any is not finite."""
     arr = np.asarray(x, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(arr)):
         raise ValueError(
@@ -59,7 +62,7 @@ def _finite_1d(x, name: str) -> np.ndarray:
 def mean_ci_normal(x, confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
     """Mean of ``x`` (any shape, flattened) with a normal-approximation CI."""
     z = _z(confidence)
-    v = _finite_1d(x, "x")
+    v = finite_1d(x, "x")
     if v.size == 0:
         return MeanCI(float("nan"), float("nan"), float("nan"), 0)
     mean = float(v.mean())
@@ -71,7 +74,7 @@ def mean_ci_normal(x, confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
 
 def bootstrap_means(x, *, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> np.ndarray:
     """Means of ``n_resamples`` bootstrap resamples of ``x``: ``[n_resamples]`` float64."""
-    v = _finite_1d(x, "x")
+    v = finite_1d(x, "x")
     if v.size == 0:
         raise ValueError("bootstrap_means: `x` is empty")
     if n_resamples < 1:
@@ -96,7 +99,7 @@ def mean_ci_bootstrap(
 ) -> MeanCI:
     """Mean of ``x`` with a percentile-bootstrap CI (NaN bounds when ``x`` is empty)."""
     _z(confidence)
-    v = _finite_1d(x, "x")
+    v = finite_1d(x, "x")
     if v.size == 0:
         return MeanCI(float("nan"), float("nan"), float("nan"), 0)
     means = bootstrap_means(v, n_resamples=n_resamples, seed=seed)
@@ -112,7 +115,7 @@ def proportion_ci_wilson(successes, confidence: float = DEFAULT_CONFIDENCE) -> M
     inside [0, 1] and does not collapse to a point at 0% or 100%.
     """
     z = _z(confidence)
-    v = _finite_1d(successes, "successes")
+    v = finite_1d(successes, "successes")
     if not np.all((v == 0) | (v == 1)):
         raise ValueError("proportion_ci_wilson: `successes` must be 0/1 outcomes")
     n = v.size
@@ -199,8 +202,8 @@ def paired_comparison(
         float rounding only; Q* values from the same DP are compared exactly.
       method: CI of the mean difference, ``"normal"`` or ``"bootstrap"``.
     """
-    rl = _finite_1d(q_rl, "q_rl")
-    base = _finite_1d(q_base, "q_base")
+    rl = finite_1d(q_rl, "q_rl")
+    base = finite_1d(q_base, "q_base")
     if rl.shape != base.shape:
         raise ValueError(
             f"paired_comparison: `q_rl` has {rl.size} states but `q_base` has {base.size}"
@@ -221,6 +224,29 @@ def paired_comparison(
         win_rate=better + tie / 2.0,
         mean_diff=mean_ci(diff, confidence, method=method, seed=seed),
     )
+
+
+def paired_difference(a, b, confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
+    """Mean over units (tasks, states) of ``a - b`` (both ``[N]``, the same units in the same
+    order, so the difference is paired) with a normal CI: :func:`paired_comparison`'s."""
+    return paired_comparison(a, b, confidence=confidence).mean_diff
+
+
+def difference_of_means(before: np.ndarray, after: np.ndarray,
+                        confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
+    """``mean(after) - mean(before)`` of two independent samples with a normal (Welch) CI,
+    ``z * sqrt(var_a / n_a + var_b / n_b)``; NaN bounds when either has fewer than 2 values.
+    ``n`` is the total number of values."""
+    a = np.asarray(before, np.float64).reshape(-1)
+    b = np.asarray(after, np.float64).reshape(-1)
+    if a.size == 0 or b.size == 0:
+        raise ValueError("difference_of_means: both samples need values")
+    diff = float(b.mean() - a.mean())
+    if a.size < 2 or b.size < 2:
+        return MeanCI(diff, math.nan, math.nan, int(a.size + b.size))
+    z = _z(confidence)
+    half = z * math.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
+    return MeanCI(diff, diff - half, diff + half, int(a.size + b.size))
 
 
 # ---------------------------------------------------------------- curves over depth
@@ -272,8 +298,8 @@ def binned_curve(
         (so depth 1.0 = the last turn lands in the last bin). Points outside are an error.
       seed: each bin uses ``seed + bin index``, so bands do not depend on other bins.
     """
-    xv = _finite_1d(x, "x")
-    yv = _finite_1d(y, "y")
+    xv = finite_1d(x, "x")
+    yv = finite_1d(y, "y")
     if xv.shape != yv.shape:
         raise ValueError(f"binned_curve: `x` has {xv.size} points but `y` has {yv.size}")
     if np.isscalar(bins):
@@ -299,10 +325,11 @@ def binned_curve(
     return BinnedCurve(edges, (edges[:-1] + edges[1:]) / 2.0, mean, low, high, count)
 
 
-# ---------------------------------------------------------------- likelihood (§7.4)
+# ---------------------------------------------------------------- per-turn arrays (§7.4)
 
 
-def _prefix_mask(turn_mask) -> np.ndarray:
+def prefix_mask(turn_mask) -> np.ndarray:
+    """``turn_mask`` ``[N, T]`` as bool, checked to be a prefix mask (turns 0..L-1 valid)."""
     m = np.asarray(turn_mask, dtype=bool)
     if m.ndim != 2:
         raise ValueError(f"`turn_mask` must be [trajectories, turns], got shape {m.shape}")
@@ -311,9 +338,11 @@ def _prefix_mask(turn_mask) -> np.ndarray:
     return m
 
 
-def _turn_arrays(name: str, values, turn_mask) -> tuple[np.ndarray, np.ndarray]:
+def turn_arrays(name: str, values, turn_mask) -> tuple[np.ndarray, np.ndarray]:
+    """``(values [N, T] float64, turn_mask [N, T] bool)``, checked: same shape, a prefix mask,
+    finite values on valid turns."""
     v = np.asarray(values, dtype=np.float64)
-    m = _prefix_mask(turn_mask)
+    m = prefix_mask(turn_mask)
     if v.shape != m.shape:
         raise ValueError(
             f"`{name}` must be [trajectories, turns] like `turn_mask`; got {v.shape} vs {m.shape}"
@@ -321,42 +350,6 @@ def _turn_arrays(name: str, values, turn_mask) -> tuple[np.ndarray, np.ndarray]:
     if not np.all(np.isfinite(v[m])):
         raise ValueError(f"`{name}` holds non-finite values on valid turns")
     return v, m
-
-
-def sum_token_logprobs(token_logprobs, token_mask) -> np.ndarray:
-    """Response log-prob per turn, the sum of its tokens': ``[N, T, L], [N, T, L] -> [N, T]``."""
-    lp = np.asarray(token_logprobs, dtype=np.float64)
-    m = np.asarray(token_mask, dtype=bool)
-    if lp.shape != m.shape or lp.ndim != 3:
-        raise ValueError(
-            f"sum_token_logprobs: expected matching [N, T, L] arrays, got {lp.shape} and {m.shape}"
-        )
-    return np.where(m, lp, 0.0).sum(axis=-1)
-
-
-def cumulative_llr(logp_rl, logp_base, turn_mask) -> np.ndarray:
-    """Cumulative log-likelihood ratio of each trajectory (§7.4)::
-
-        LLR_{1:t} = sum_{i<=t} [log pi_RL(r_i | h_i) - log pi_B(r_i | h_i)]
-
-    Args:
-      logp_rl: ``[N, T]`` log-prob of each turn's whole response under the RL policy.
-      logp_base: ``[N, T]`` the same responses under the base policy (teacher-forced).
-      turn_mask: ``[N, T]`` bool prefix mask of turns that happened.
-
-    Returns:
-      ``[N, T]`` float64; column t holds LLR_{1:t+1}. Padding turns carry the final value
-      forward, so ``[:, -1]`` is every trajectory's total.
-    """
-    rl, m = _turn_arrays("logp_rl", logp_rl, turn_mask)
-    base, _ = _turn_arrays("logp_base", logp_base, turn_mask)
-    # Mask before subtracting: padding may hold -inf/NaN from the model side.
-    return np.cumsum(np.where(m, rl, 0.0) - np.where(m, base, 0.0), axis=1)
-
-
-def trajectory_lengths(turn_mask) -> np.ndarray:
-    """Turns per trajectory from a prefix mask: ``[N, T] -> [N]`` int64."""
-    return _prefix_mask(turn_mask).sum(axis=1).astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,7 +376,7 @@ def turn_curve(
       turn_mask: ``[N, T]`` prefix mask.
       select: optional ``[N]`` bool, the trajectories to include (e.g. ``success``).
     """
-    v, m = _turn_arrays("per_turn", per_turn, turn_mask)
+    v, m = turn_arrays("per_turn", per_turn, turn_mask)
     if select is not None:
         sel = np.asarray(select, dtype=bool).reshape(-1)
         if sel.size != v.shape[0]:
@@ -400,146 +393,3 @@ def turn_curve(
     half = np.where(count >= 2, half, np.nan)
     mean = np.where(count >= 1, mean, np.nan)
     return TurnCurve(np.arange(1, v.shape[1] + 1), mean, mean - half, mean + half, count)
-
-
-def llr_by_outcome(cum_llr, turn_mask, success, confidence: float = DEFAULT_CONFIDENCE) -> dict:
-    """Cumulative-LLR curves and final LLR split by success (§7.4).
-
-    Args:
-      cum_llr: ``[N, T]`` from :func:`cumulative_llr`.
-      turn_mask: ``[N, T]`` prefix mask.
-      success: ``[N]`` bool.
-
-    Returns:
-      ``{"success": {...}, "failure": {...}}`` each with ``"curve"`` (:class:`TurnCurve`,
-      mean LLR_{1:t} over trajectories of that outcome still running at turn t) and
-      ``"final"`` (:class:`MeanCI` of each trajectory's total LLR).
-    """
-    v, m = _turn_arrays("cum_llr", cum_llr, turn_mask)
-    ok = np.asarray(success, dtype=bool).reshape(-1)
-    if ok.size != v.shape[0]:
-        raise ValueError(
-            f"llr_by_outcome: `success` has {ok.size} entries for {v.shape[0]} trajectories"
-        )
-    out = {}
-    for label, sel in (("success", ok), ("failure", ~ok)):
-        out[label] = {
-            "curve": turn_curve(v, m, sel, confidence),
-            "final": mean_ci_normal(v[sel, -1], confidence),
-        }
-    return out
-
-
-def length_matched_llr(
-    cum_llr,
-    turn_mask,
-    groups: Mapping[str, np.ndarray],
-    length: int | None = None,
-    confidence: float = DEFAULT_CONFIDENCE,
-) -> dict:
-    """Length-matched cumulative LLR: every group compared after the same number of turns.
-
-    Definition: pick a common length L; for each group take ``LLR_{1:L}`` of its
-    trajectories that ran at least L turns (shorter ones are left out) and report the mean
-    with CI. Total LLR grows with length, so comparing totals of, say, long successful and
-    short failed trajectories mixes "more turns" with "more RL-like turns"; truncating all
-    to L removes the length effect. By default L is the smallest of the groups' median
-    lengths (floored, at least 1), so every group keeps about half its trajectories or more.
-
-    Args:
-      cum_llr: ``[N, T]`` from :func:`cumulative_llr`.
-      turn_mask: ``[N, T]`` prefix mask.
-      groups: ``{name: [N] bool}`` e.g. ``{"success": s, "failure": ~s}``.
-      length: L, or None for the default above.
-
-    Returns:
-      ``{"length": L, "groups": {name: MeanCI}}``; a group with no trajectory of length
-      >= L gets a MeanCI with n = 0 and NaN values.
-    """
-    v, m = _turn_arrays("cum_llr", cum_llr, turn_mask)
-    lengths = m.sum(axis=1)
-    selections = {}
-    for name, sel in groups.items():
-        s = np.asarray(sel, dtype=bool).reshape(-1)
-        if s.size != v.shape[0]:
-            raise ValueError(
-                f"length_matched_llr: group {name!r} has {s.size} entries "
-                f"for {v.shape[0]} trajectories"
-            )
-        selections[name] = s
-    if length is None:
-        medians = [np.median(lengths[s]) for s in selections.values() if s.any()]
-        if not medians:
-            raise ValueError("length_matched_llr: every group is empty")
-        length = max(1, int(np.floor(min(medians))))
-    if not 1 <= length <= v.shape[1]:
-        raise ValueError(
-            f"length_matched_llr: `length` must lie in [1, {v.shape[1]}], got {length}"
-        )
-    result = {}
-    for name, s in selections.items():
-        keep = s & (lengths >= length)
-        result[name] = mean_ci_normal(v[keep, length - 1], confidence)
-    return {"length": int(length), "groups": result}
-
-
-@dataclasses.dataclass(frozen=True)
-class NLLSummary:
-    """Distribution summary of per-response negative log-likelihoods (nats)."""
-
-    n: int
-    mean: MeanCI
-    std: float
-    median: float
-    q05: float
-    q95: float
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["mean"] = self.mean.to_dict()
-        return d
-
-
-def action_nll_summary(nll, mask=None, confidence: float = DEFAULT_CONFIDENCE) -> NLLSummary:
-    """Summary of ActionNLL_B = -log pi_B(r | h) values (§7.4).
-
-    Args:
-      nll: any shape, e.g. ``[N, T]`` per-turn response NLL under the base policy.
-      mask: optional bool of the same shape, True on real responses.
-    """
-    v = np.asarray(nll, dtype=np.float64)
-    if mask is not None:
-        m = np.asarray(mask, dtype=bool)
-        if m.shape != v.shape:
-            raise ValueError(f"action_nll_summary: `mask` shape {m.shape} != `nll` shape {v.shape}")
-        v = v[m]
-    v = _finite_1d(v, "nll")
-    if v.size == 0:
-        raise ValueError("action_nll_summary: no values")
-    q05, median, q95 = np.quantile(v, [0.05, 0.5, 0.95])
-    return NLLSummary(
-        n=int(v.size),
-        mean=mean_ci_normal(v, confidence),
-        std=float(v.std(ddof=1)) if v.size > 1 else float("nan"),
-        median=float(median),
-        q05=float(q05),
-        q95=float(q95),
-    )
-
-
-def histogram_overlap(a, b, bins: int = 50) -> float:
-    """Overlap coefficient ``sum_bins min(p_a, p_b)`` of two samples on shared bins, in [0, 1].
-
-    1 means identical histograms, 0 disjoint support; quantifies "heavily overlapping"
-    ActionNLL distributions (§7.4).
-    """
-    av, bv = _finite_1d(a, "a"), _finite_1d(b, "b")
-    if av.size == 0 or bv.size == 0:
-        raise ValueError("histogram_overlap: both samples need values")
-    lo, hi = min(av.min(), bv.min()), max(av.max(), bv.max())
-    if lo == hi:
-        return 1.0
-    edges = np.linspace(lo, hi, bins + 1)
-    pa = np.histogram(av, edges)[0] / av.size
-    pb = np.histogram(bv, edges)[0] / bv.size
-    return float(np.minimum(pa, pb).sum())

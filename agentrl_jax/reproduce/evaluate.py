@@ -15,20 +15,17 @@ named policies, the first being the base: the reproduction pipeline calls
 * ``likelihood``: ActionNLL under the base model and the cumulative LLR (§7.4), pairwise.
 * ``dynamics``: R_multi and R_single over training from each run's metrics log (§7.5).
 
-Each analysis writes ``raw/<analysis>.json`` (everything needed to recompute its numbers:
-:mod:`.results`), its CSVs and figures through :mod:`agentrl_jax.evaluation.report`, and its
-report sections to ``sections/<analysis>.json``.
-
-Randomness: every analysis draws from its own stream of ``settings.seed`` (the ones of
-``agentrl-jax eval``) and plays every policy with the same key, so policies meet the same
-environment randomness, and ``steps`` and ``errors`` build the same state pools.
+Each analysis samples its data through the drivers ``agentrl-jax eval`` uses
+(:mod:`agentrl_jax.evaluation.drivers`: same seed and settings, same samples), writes
+``raw/<analysis>.json`` (everything needed to recompute its numbers: :mod:`.results`), its
+CSVs and figures through the analysis' ``section`` (:mod:`agentrl_jax.evaluation.analyses`),
+and its report sections to ``sections/<analysis>.json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -36,158 +33,29 @@ import jax
 import numpy as np
 from flax import nnx
 
-from agentrl_jax.errors import ConfigError
-from agentrl_jax.evaluation import diagnostics, likelihood, passk, passt
+from agentrl_jax.evaluation import diagnostics, drivers, likelihood, passk, passt
 from agentrl_jax.evaluation import report as eval_report
+from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, pass_at_k, pass_at_t,
+                                             step_quality)
+from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
+from agentrl_jax.evaluation.drivers import rollout_units
 from agentrl_jax.evaluation.report import Section
-from agentrl_jax.evaluation.states import (StatePool, StateStarts, inject_errors, matched_pool,
-                                           visited_states)
-from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from agentrl_jax.evaluation.states import StatePool, inject_errors, matched_pool
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.policy import Policy, SamplerPolicy
-from agentrl_jax.sampling import Paging
 from agentrl_jax.reproduce import report, results
+# the settings and their work units, re-exported: the pipeline's whole interface is here
+from agentrl_jax.reproduce.eval_settings import KV_PAGE_SIZE, EvalSettings, analysis_units  # noqa: F401
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.reproduce.results import ANALYSES, raw_path, slug, table1_from_results
 from agentrl_jax.rollout import RolloutConfig
-from agentrl_jax.sampling import SamplingConfig
-from agentrl_jax.validation import (BOOL, Check, integer, is_int, is_real, one_of, optional,
-                                    short_repr, validate)
+from agentrl_jax.sampling import Paging
 from envs.frozenlake.text_env import FrozenLakeTextEnv
 
 __all__ = ["ANALYSES", "EvalSettings", "analysis_units", "run_analysis", "table1_from_results",
            "write_report"]  # the last two re-exported: the pipeline's whole interface is here
 
-# The streams of randomness, as in agentrl_jax.cli.eval (same seed: same samples).
-_STREAMS = {"passk": 1, "table": 2, "sources": 3, "steps": 4, "errors": 5, "likelihood": 6}
 _PAIRWISE = ("steps", "errors", "likelihood")
-
-
-def _in_range(lo: float, hi: float | None = None, lo_open: bool = False) -> Callable[[Any], bool]:
-    return lambda v: (is_real(v) and (v > lo if lo_open else v >= lo)
-                      and (hi is None or v <= hi))
-
-
-_COUNT = integer(1)
-_CHECKS: dict[str, Check] = {
-    **{name: _COUNT for name in (
-        "samples", "k", "pass_k_samples", "group_size", "source_samples", "depth_bins",
-        "likelihood_samples", "likelihood_rows_per_batch", "max_response_tokens", "max_context")},
-    "states": integer(2), "seed": integer(0),
-    "gamma": (_in_range(0.0, 1.0), "a number in [0, 1]"),
-    "temperature": (_in_range(0.0), "a number >= 0"),
-    "top_p": (_in_range(0.0, 1.0, lo_open=True), "a number in (0, 1]"),
-    "invalid": one_of(diagnostics.INVALID_SCORES),
-    "enable_thinking": BOOL,
-    "tasks_per_call": optional(_COUNT), "states_per_call": optional(_COUNT),
-    "prefill_chunk": optional(_COUNT),
-    "kv_cache_dtype": (lambda v: v is None or one_of(("float32", "bfloat16"))[0](v),
-                       "null, float32 or bfloat16"),
-    "attention": one_of(ATTENTION_IMPLEMENTATIONS),
-    "kv_page_size": optional(_COUNT),
-}
-
-
-# The page size of the paged KV cache the reproduction and evaluation use by default (rl too;
-# `agentrl-jax eval --kv-page-size` repeats it, to keep jax out of the CLI's start-up).
-KV_PAGE_SIZE = 16
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSettings:
-    """How the policies are evaluated (validated on construction; paper values in comments).
-
-    ``budgets``: the Pass@T budgets (None: every budget 1..T_max); the Table 1 levels
-    (25/50/75/100% of ``T_max``) are always added. ``invalid``: how an unparsable response is
-    scored in the step diagnostics (:data:`diagnostics.INVALID_SCORES`).
-    """
-
-    samples: int = 8                  # trajectories per task and budget (Pass@T, Table 1)
-    k: int = 8                        # k of Pass@(k, T) (paper: 8)
-    budgets: tuple[int, ...] | None = None
-    pass_k_samples: int = 32          # per task at T_max for the Pass@K curve (paper: 128)
-    states: int = 256                 # matched state pool per pair (paper: 512)
-    group_size: int = 8               # actions per state and policy (paper: 16)
-    source_samples: int = 4           # trajectories per task the states are drawn from
-    gamma: float = 0.95               # discount of Q* (paper §7)
-    invalid: str = "noop"
-    depth_bins: int = 10
-    likelihood_samples: int = 4       # trajectories per task and policy for §7.4
-    likelihood_rows_per_batch: int = 16
-    temperature: float = 0.6          # evaluation decoding (paper §3)
-    top_p: float = 0.9
-    max_response_tokens: int = 256
-    max_context: int = 4096
-    enable_thinking: bool = False
-    tasks_per_call: int | None = None
-    states_per_call: int | None = None
-    prefill_chunk: int | None = None  # memory: prompts enter the KV cache this many tokens at a time
-    kv_cache_dtype: str | None = None  # memory: the KV cache's dtype (null: the compute dtype)
-    attention: str = "xla"            # memory: the likelihood forward's attention ("blocked": no [L, L] scores)
-    kv_page_size: int | None = KV_PAGE_SIZE  # rollouts on the paged KV cache, pages of that many tokens (null: the static cache)
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.budgets is not None:
-            if isinstance(self.budgets, (str, bytes)) or not isinstance(self.budgets, Sequence) \
-                    or not self.budgets or not all(is_int(b, 1) for b in self.budgets):
-                raise ConfigError(f"eval.budgets: must be null or a non-empty list of ints >= 1, "
-                                  f"got {short_repr(self.budgets)}")
-            object.__setattr__(self, "budgets", tuple(sorted({int(b) for b in self.budgets})))
-        validate("eval", self, _CHECKS)
-        if self.k > self.samples:
-            raise ConfigError(f"eval.k: must be <= eval.samples ({self.samples}), got {self.k}")
-
-    def table_budgets(self, t_max: int) -> tuple[int, ...]:
-        """The Pass@T budgets at ``T_max``: :attr:`budgets` (default 1..T_max) and the levels."""
-        chosen = range(1, t_max + 1) if self.budgets is None else self.budgets
-        if max(chosen) > t_max:
-            raise ValueError(f"eval.budgets: must be <= T_max ({t_max}), got {list(chosen)}")
-        return tuple(sorted(set(chosen) | set(passk.budget_levels(t_max))))
-
-    def rollout_config(self, valid_vocab_size: int | None = None) -> RolloutConfig:
-        """Evaluation rollouts: the paper's decoding, these lengths (group size and budget are
-        set per call)."""
-        sampling = SamplingConfig(temperature=self.temperature, top_p=self.top_p,
-                                  valid_vocab_size=valid_vocab_size)
-        return passt.eval_rollout_config(max_response_tokens=self.max_response_tokens,
-                                         max_context=self.max_context, sampling=sampling,
-                                         enable_thinking=self.enable_thinking)
-
-
-# ---------------------------------------------------------------- work units (progress)
-
-
-def _rollout_units(tasks: int, samples: int, budget: int) -> int:
-    """Work of a rollout, in trajectory-turns (an upper bound: episodes may end early)."""
-    return tasks * samples * budget
-
-
-def _policy_count(policies: int | Sequence[str]) -> int:
-    return policies if isinstance(policies, numbers.Integral) else len(policies)
-
-
-def analysis_units(name: str, settings: EvalSettings, num_tasks: int,
-                   policies: int | Sequence[str], t_max: int) -> int:
-    """Work units of one analysis for a progress bar: trajectory-turns it may play (and, for
-    ``likelihood``, score), ``1`` for ``dynamics``. :func:`run_analysis` reports exactly this
-    many through ``progress``, in steps as its rollouts finish."""
-    p, s = _policy_count(policies), settings
-    sources = p * _rollout_units(num_tasks, s.source_samples, t_max)
-    pairs = p - 1
-    units = {
-        "table": lambda: p * sum(_rollout_units(num_tasks, s.samples, b)
-                                 for b in s.table_budgets(t_max)),
-        "passk": lambda: p * _rollout_units(num_tasks, s.pass_k_samples, t_max),
-        "steps": lambda: sources + pairs * 2 * _rollout_units(s.states, s.group_size, 1),
-        "errors": lambda: sources + pairs * 2 * _rollout_units(s.states, s.group_size, t_max),
-        "likelihood": lambda: (p + pairs * 2) * _rollout_units(num_tasks, s.likelihood_samples,
-                                                               t_max),
-        "dynamics": lambda: 1,
-    }
-    if name not in units:
-        raise ValueError(f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}")
-    return units[name]()
 
 
 # ---------------------------------------------------------------- the evaluation context
@@ -255,16 +123,20 @@ class _Run:
         # Embedding rows past the tokenizer (Qwen3: 151,936 vs 151,669) are never sampled.
         return self.settings.rollout_config(known if vocab and known < min(vocab) else None)
 
-    def key(self, stream: str) -> jax.Array:
-        return jax.random.fold_in(jax.random.key(self.settings.seed), _STREAMS[stream])
+    @functools.cached_property
+    def play(self) -> drivers.Play:
+        return drivers.Play(self.env, self.tokenizer, self.task_ids, self.config,
+                            tasks_per_call=self.settings.tasks_per_call,
+                            states_per_call=self.settings.states_per_call, progress=self.progress)
 
-    def rollout(self, name: str, stream: str, samples: int, budget: int):
-        """``samples`` trajectories of every task by policy ``name`` at ``budget``."""
-        traj = passt.rollout_tasks(self.env, self.tokenizer, self.policies[name], self.task_ids,
-                                   self.key(stream), budget=budget, samples=samples,
-                                   config=self.config, tasks_per_call=self.settings.tasks_per_call)
-        self.progress(_rollout_units(len(self.task_ids), samples, budget))
-        return traj
+    def key(self, stream: str) -> jax.Array:
+        return drivers.stream_key(self.settings.seed, stream)
+
+    @property
+    def pair(self) -> dict[str, Any]:
+        """The settings every pairwise state analysis shares."""
+        s = self.settings
+        return {"group_size": s.group_size, "gamma": s.gamma, "invalid": s.invalid}
 
     def header(self, analysis: str) -> dict[str, Any]:
         """The common fields of a raw record."""
@@ -275,11 +147,6 @@ class _Run:
     def write_raw(self, analysis: str, record: Mapping[str, Any]) -> str:
         path = eval_report.write_json(raw_path(self.out, analysis), {**self.header(analysis), **record})
         return path.relative_to(self.out).as_posix()
-
-    def starts(self, pool: StatePool) -> StateStarts:
-        config = dataclasses.replace(self.config, group_size=self.settings.group_size)
-        return StateStarts(self.env, self.tokenizer, pool, config,
-                           states_per_call=self.settings.states_per_call)
 
 
 def _with(section: Section, title: str | None = None, text: str = "", files: Sequence[str] = ()) -> Section:
@@ -296,14 +163,8 @@ def _with(section: Section, title: str | None = None, text: str = "", files: Seq
 def _table(run: _Run) -> list[Section]:
     s = run.settings
     budgets = s.table_budgets(run.t_max)
-    counts: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-    for name, policy in run.policies.items():
-        counts[name] = {}
-        for budget in budgets:  # one call per budget: the same samples as all at once (passt)
-            counts[name].update(passt.pass_at_t_results(
-                run.env, run.tokenizer, policy, run.task_ids, run.key("table"), budgets=[budget],
-                samples=s.samples, config=run.config, tasks_per_call=s.tasks_per_call))
-            run.progress(_rollout_units(len(run.task_ids), s.samples, budget))
+    counts = drivers.pass_at_t_counts(run.play, run.policies, run.key("passt"), budgets=budgets,
+                                      samples=s.samples)
     shortest = passt.shortest_paths(run.env.maps[run.task_ids])
     record = {"k": s.k, "samples": s.samples, "budgets": budgets,
               "levels": passk.budget_levels(run.t_max), "percents": passk.BUDGET_PERCENTS,
@@ -311,8 +172,8 @@ def _table(run: _Run) -> list[Section]:
               "counts": {p: {b: {"n": n, "c": c} for b, (n, c) in by_budget.items()}
                          for p, by_budget in counts.items()}}
     raw = run.write_raw("table", record)
-    curve, table = eval_report.write_pass_at_t(run.out, counts, k=s.k, t_max=run.t_max,
-                                               shortest_paths=shortest)
+    curve, table = pass_at_t.section(run.out, pass_at_t.compute(counts, k=s.k, t_max=run.t_max,
+                                                                shortest_paths=shortest))
     bound = ("a necessary condition only on slippery maps" if run.env.config.is_slippery
              else "exact for a Q*-optimal policy on these deterministic maps")
     curve = _with(curve, f"Pass@T at k = {s.k}",
@@ -326,15 +187,11 @@ def _table(run: _Run) -> list[Section]:
 
 def _passk(run: _Run) -> list[Section]:
     s = run.settings
-    counts = {}
-    for name, policy in run.policies.items():
-        counts[name] = passt.pass_at_k_results(
-            run.env, run.tokenizer, policy, run.task_ids, run.key("passk"),
-            samples=s.pass_k_samples, config=run.config, tasks_per_call=s.tasks_per_call)[run.t_max]
-        run.progress(_rollout_units(len(run.task_ids), s.pass_k_samples, run.t_max))
+    counts = drivers.pass_at_k_counts(run.play, run.policies, run.key("passk"),
+                                      samples=s.pass_k_samples)
     raw = run.write_raw("passk", {"samples": s.pass_k_samples,
                                   "counts": {p: {"n": n, "c": c} for p, (n, c) in counts.items()}})
-    section = eval_report.write_pass_at_k(run.out, counts, ks=range(1, s.pass_k_samples + 1))
+    section = pass_at_k.section(run.out, pass_at_k.compute(counts, ks=range(1, s.pass_k_samples + 1)))
     return [_with(section, f"Pass@K at T_max = {run.t_max}",
                   f"{len(run.task_ids)} tasks x {s.pass_k_samples} samples per policy.", (raw,))]
 
@@ -344,8 +201,8 @@ def _passk(run: _Run) -> list[Section]:
 
 def _visits(run: _Run) -> dict[str, StatePool]:
     """The states each policy's trajectories act from at ``T_max``."""
-    return {name: visited_states(run.rollout(name, "sources", run.settings.source_samples, run.t_max))
-            for name in run.names}
+    return drivers.visits(run.play, run.policies, run.key("sources"),
+                          samples=run.settings.source_samples, budget=run.t_max)
 
 
 POOL_NOTE = ("The {states} error states come from this comparison's own pool (§7.1: states "
@@ -370,20 +227,20 @@ def _steps(run: _Run) -> list[Section]:
     sections, pairs = [], {}
     for other in run.names[1:]:
         pool = _pool(run, visits, other)
-        values = diagnostics.state_values(run.env, pool, gamma=s.gamma)
-        result = diagnostics.step_quality(run.starts(pool), values, run.policies[run.base],
-                                          run.policies[other], run.key("steps"),
-                                          names=(run.base, other), invalid=s.invalid)
-        run.progress(2 * _rollout_units(s.states, s.group_size, 1))
+        values, result = drivers.step_quality(run.play, pool, run.policies[run.base],
+                                              run.policies[other], run.key("steps"),
+                                              names=(run.base, other), **run.pair)
+        run.progress(2 * rollout_units(s.states, s.group_size, 1))
         name = slug(other)
-        quality = eval_report.write_step_quality(
-            run.out, result.pools(), name=f"step_quality_{name}", policy_names=(run.base, other),
+        quality = step_quality.section(
+            run.out, step_quality.compute(result.pools()), name=f"step_quality_{name}",
+            policy_names=(run.base, other),
             title=f"Step-level action quality on matched states: {other} vs {run.base}")
         shares = ", ".join(f"{n} {100 * v:.1f}%" for n, v in result.invalid_share().items())
         sections.append(_with(quality, quality.title, f"Invalid responses ({s.invalid}-scored): {shares}."))
-        depth, curves = diagnostics.quality_by_depth(result, run.t_max)
-        sections.append(_with(eval_report.write_quality_vs_depth(
-            run.out, depth, curves, bins=s.depth_bins, seed=s.seed, name=f"quality_vs_depth_{name}"),
+        sections.append(_with(depth.section(
+            run.out, depth.compute(*diagnostics.quality_by_depth(result, run.t_max),
+                                   bins=s.depth_bins, seed=s.seed), name=f"quality_vs_depth_{name}"),
             f"Action quality vs normalised depth: {other} vs {run.base}"))
         pairs[other] = {"states": _state_columns(run, pool, other),
                         "action_values": values.action_values, "noop_value": values.noop_value,
@@ -400,22 +257,21 @@ def _errors(run: _Run) -> list[Section]:
         if len(errors.states) == 0:
             raise ValueError(f"errors: no state of the ({run.base}, {other}) pool admits an error "
                              "move with a turn left")
-        values = diagnostics.state_values(run.env, errors.states, gamma=s.gamma)
-        result = diagnostics.error_state_analysis(
-            run.starts(errors.states), errors, values, run.policies[run.base], run.policies[other],
-            run.key("errors"), names=(run.base, other), invalid=s.invalid)
-        run.progress(2 * _rollout_units(s.states, s.group_size, run.t_max))
+        values, result = drivers.error_states(run.play, errors, run.policies[run.base],
+                                              run.policies[other], run.key("errors"),
+                                              names=(run.base, other), **run.pair)
+        run.progress(2 * rollout_units(s.states, s.group_size, run.t_max))
         name = slug(other)
-        quality = eval_report.write_step_quality(
-            run.out, result.quality.pools(), name=f"error_step_quality_{name}",
+        quality = step_quality.section(
+            run.out, step_quality.compute(result.quality.pools()), name=f"error_step_quality_{name}",
             policy_names=(run.base, other),
             title=f"Step-level action quality at error states: {other} vs {run.base}")
         sections.append(_with(quality, quality.title, f"{len(errors.states)} error states."))
         paired = result.paired_success().mean_diff
-        continuation = eval_report.write_continuation(
-            run.out, result.success, name=f"continuation_{name}",
+        rates = continuation.section(
+            run.out, continuation.compute(result.success), name=f"continuation_{name}",
             title=f"Continuation success from error states: {other} vs {run.base}")
-        sections.append(_with(continuation, continuation.title,
+        sections.append(_with(rates, rates.title,
                               f"Paired per-state difference {other} - {run.base}: "
                               f"{100 * paired.mean:+.1f} pt [{100 * paired.low:+.1f}, "
                               f"{100 * paired.high:+.1f}]. " + POOL_NOTE.format(
@@ -438,16 +294,17 @@ def _likelihood(run: _Run) -> list[Section]:
     if not_models:
         raise ValueError(f"likelihood: needs a Qwen3 model for every policy (teacher-forced "
                          f"log-probs); {not_models} are not")
-    trajectories = {name: run.rollout(name, "likelihood", s.likelihood_samples, run.t_max)
-                    for name in run.names}
+    trajectories = drivers.likelihood_rollouts(run.play, run.policies, run.key("likelihood"),
+                                               samples=s.likelihood_samples, budget=run.t_max)
     sections, pairs = [], {}
     for other in run.names[1:]:
         data = likelihood.likelihood_data(run.models[run.base], run.models[other],
                                           {n: trajectories[n] for n in (run.base, other)},
                                           rows_per_batch=s.likelihood_rows_per_batch, attention=s.attention)
-        run.progress(2 * _rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max))
-        section = eval_report.write_likelihood(run.out, data.action_nll(), data.llr_sets(),
-                                               name=f"likelihood_{slug(other)}")
+        run.progress(2 * rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max))
+        section = likelihood_analysis.section(
+            run.out, likelihood_analysis.compute(data.action_nll(), data.llr_sets()),
+            name=f"likelihood_{slug(other)}")
         sections.append(_with(section, f"Likelihood: {other} vs {run.base} (ActionNLL under "
                                        f"{run.base}, cumulative LLR)"))
         pairs[other] = {field: getattr(data, field) for field in (
@@ -466,11 +323,10 @@ def _dynamics(run: _Run, training_logs: Mapping[str, Path]) -> list[Section]:
     for name, log in training_logs.items():
         if not Path(log).is_file():
             raise ValueError(f"dynamics: the metrics log of run {name!r}, {log}, is not a file")
-        sections.append(eval_report.write_training_dynamics(
-            run.out, log, name=f"training_dynamics_{slug(name)}", run=name))
-        steps, series = eval_report.read_training_log(log)
-        runs[name] = {"log": str(log), "step": steps, "series": series,
-                      "change": {k: results.start_to_end(v) for k, v in series.items()}}
+        curves = dynamics.from_log(log, run=name)
+        sections.append(dynamics.section(run.out, curves, name=f"training_dynamics_{slug(name)}"))
+        runs[name] = {"log": curves.log, "step": curves.step, "series": curves.series,
+                      "change": curves.change}
     record = {"analysis": "dynamics", "runs": runs,
               "counterparts": results.budgetmix_counterparts(list(training_logs))}
     path = eval_report.write_json(raw_path(run.out, "dynamics"), record)

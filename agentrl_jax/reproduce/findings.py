@@ -16,7 +16,7 @@ A headline's verdict is its weakest effect's (refuted < does not show < underpow
 shows); ``not measured``: the analyses it needs were not run (or do not apply). A "keeps"
 headline (BudgetMix keeps R_single) tests non-inferiority: "no effect" is then a fall as large
 as the paper's full-budget one. CIs are normal 95% intervals of paired per-task (or per-state)
-differences (:func:`results.paired_difference`), or of a difference of two means.
+differences (:func:`stats.paired_difference`), or of a difference of two means.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def check_pass_at_k(record: Mapping[str, Any]) -> list[Finding]:
     for policy in record["policies"][1:]:
         lead = per_task[policy].mean(axis=0) - per_task[base].mean(axis=0)
         weakest = int(np.argmin(lead))
-        ci = results.paired_difference(per_task[policy][:, weakest], per_task[base][:, weakest])
+        ci = stats.paired_difference(per_task[policy][:, weakest], per_task[base][:, weakest])
         ahead = int((lead > 0).sum())
         curve = {p: per_task[p].mean(axis=0) for p in (base, policy)}
         observed = (f"pass@1 {curve[policy][0]:.3f} vs {base} {curve[base][0]:.3f}; "
@@ -205,7 +205,7 @@ def check_lead_grows(record: Mapping[str, Any]) -> list[Finding]:
     for policy in subjects:
         diffs = _level_differences(record, policy, base)
         leads = [float(d.mean()) for d in diffs]
-        growth = results.paired_difference(diffs[-1], diffs[0])
+        growth = stats.paired_difference(diffs[-1], diffs[0])
         monotone = all(x < y for x, y in zip(leads, leads[1:]))
         small = ("reverses (<= 0)" if leads[0] <= 0 else
                  "shrinks" if leads[0] < leads[-1] else "does not shrink")
@@ -258,7 +258,7 @@ def check_error_recovery(steps: Mapping[str, Any], errors: Mapping[str, Any]) ->
         pair = errors["pairs"][policy]
         at_errors = _comparison(pair, base, policy)
         success = {p: np.asarray(pair["success"][p], np.float64) for p in (base, policy)}
-        gain = results.paired_difference(success[policy].mean(axis=1), success[base].mean(axis=1))
+        gain = stats.paired_difference(success[policy].mean(axis=1), success[base].mean(axis=1))
         rates = {p: float(s.mean()) for p, s in success.items()}
         observed = (f"better on {100 * matched.share_rl_better:.1f}% of matched states (mean Q* "
                     f"diff {_num(matched.mean_diff)}) vs {100 * at_errors.share_rl_better:.1f}% of "

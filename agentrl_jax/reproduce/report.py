@@ -8,21 +8,18 @@ and the findings of :mod:`.findings`, all computed from the raw results under ``
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from agentrl_jax.evaluation import figures, stats
 from agentrl_jax.evaluation import report as eval_report
+from agentrl_jax.evaluation.analyses import robustness, table1
 from agentrl_jax.evaluation.report import Section
-from agentrl_jax.evaluation.robustness import robustness_from_counts
 from agentrl_jax.reproduce import findings, results
 from agentrl_jax.reproduce.results import ANALYSES
 
 SECTIONS_DIR = eval_report.SECTIONS_DIR
-TABLE1_CSV = "table1.csv"
-TABLE1_PREFIX = "Table 1"
+TABLE1_CSV, TABLE1_PREFIX = table1.TABLE1_CSV, table1.TABLE1_PREFIX
 
 
 # ---------------------------------------------------------------- sections of each analysis
@@ -39,89 +36,28 @@ def read_sections(out: str | Path, analyses: Sequence[str] = ANALYSES) -> dict[s
     return {a: eval_report.read_sections(path)[1] for a, path in paths.items() if path.is_file()}
 
 
-# ---------------------------------------------------------------- Table 1
-
-
-def _points(ci: stats.MeanCI, signed: bool) -> str:
-    value = f"{100 * ci.mean:+.1f}" if signed else f"{100 * ci.mean:.1f}"
-    if not signed or not (math.isfinite(ci.low) and math.isfinite(ci.high)):
-        return value
-    return f"{value} [{100 * ci.low:+.1f}, {100 * ci.high:+.1f}]"
-
-
-def table1_rows(record: Mapping[str, Any]) -> dict[str, dict[int, stats.MeanCI]]:
-    """``{row label: {T: MeanCI}}`` of Table 1, fractions: each policy's Pass@(k, T) (the mean
-    over tasks of the unbiased per-task pass@k, normal 95% CI over tasks), then the difference
-    rows of :func:`results.table1_deltas` (labels ending in `` (pt)``)."""
-    levels = [int(t) for t in record["levels"]]
-    rows: dict[str, dict[int, stats.MeanCI]] = {
-        policy: {t: stats.mean_ci_normal(results.per_task_pass(record, policy, t)) for t in levels}
-        for policy in record["policies"]}
-    for label, by_level in results.table1_deltas(record).items():
-        rows[f"{label} (pt)"] = by_level
-    return rows
-
-
-def table1_markdown(record: Mapping[str, Any]) -> str:
-    """Table 1 as Markdown: Pass@k in % per policy and budget level, then the differences in
-    points with their 95% CIs."""
-    labels = figures.budget_level_labels(int(record["t_max"]))
-    levels = [int(t) for t in record["levels"]]
-    header = [f"Pass@{record['k']} (%)"] + [labels[t] for t in levels]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label, by_level in table1_rows(record).items():
-        signed = label.endswith(" (pt)")
-        cells = [label.replace("|", "\\|")] + [_points(by_level[t], signed) for t in levels]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+# ---------------------------------------------------------------- Table 1 and robustness
 
 
 def write_table1(out: str | Path, record: Mapping[str, Any], section: Section) -> Section:
-    """``table1.csv`` (wide: one row per policy and difference, a value and CI bounds in %
-    per level) and ``section`` (Table 1 of :func:`report.write_pass_at_t`) with the Markdown
-    of :func:`table1_markdown`."""
-    out = Path(out)
-    labels = figures.budget_level_labels(int(record["t_max"]))
-    rows = table1_rows(record)
-    columns: dict[str, list] = {"row": list(rows),
-                                "kind": ["difference" if r.endswith(" (pt)") else "policy" for r in rows]}
-    for t in (int(t) for t in record["levels"]):
-        for field in ("mean", "low", "high"):
-            name = labels[t] if field == "mean" else f"{labels[t]} ci_{field}"
-            columns[name] = [100 * getattr(by_level[t], field) for by_level in rows.values()]
-    csv_path = eval_report.write_csv(out / TABLE1_CSV, columns)
-    tasks, samples = len(record["task_ids"]), record["samples"]
-    text = (f"Pass@{record['k']} at 25/50/75/100% of T_max = {record['t_max']} (budgets "
-            f"(p * T_max) // 100), {tasks} tasks x {samples} samples per budget, each budget sampled "
-            "afresh with it in the prompt. Rows ending in (pt): mean per-task difference in "
-            "points with a 95% normal CI over tasks (paired: the same tasks).")
-    return dataclasses.replace(
-        section, title=f"{TABLE1_PREFIX}: Pass@{record['k']} by budget level", text=text,
-        markdown=table1_markdown(record),
-        files=section.files + (results.RAW_DIR + "/table.json", csv_path.relative_to(out).as_posix()))
-
-
-ROBUSTNESS_JSON = "budget_robustness.json"
+    """Table 1 of the raw ``table`` record (:mod:`agentrl_jax.evaluation.analyses.table1`: each
+    policy, then every policy after the base minus the base and every BudgetMix policy minus
+    its counterpart): ``table1.csv`` and ``section`` (Pass@T's Table 1) with its Markdown."""
+    policies = list(record["policies"])
+    pairs = [(p, policies[0]) for p in policies[1:]] + list(results.budgetmix_counterparts(policies).items())
+    res = table1.compute({p: results.budget_counts(record, p) for p in policies}, k=int(record["k"]),
+                         t_max=int(record["t_max"]), levels=record["levels"], pairs=pairs)
+    return table1.section(out, res, section, tasks=len(record["task_ids"]), samples=record["samples"],
+                          files=(results.RAW_DIR + "/table.json",))
 
 
 def write_robustness(out: str | Path, record: Mapping[str, Any]) -> Section:
-    """Each policy's budget-robustness score (:mod:`agentrl_jax.evaluation.robustness`) over
-    the raw ``table`` record's budgets, with its CI: ``budget_robustness.json`` and a section."""
-    out = Path(out)
-    k, budgets = int(record["k"]), [int(b) for b in record["budgets"]]
-    scores = {p: robustness_from_counts(results.budget_counts(record, p), k, record["shortest_paths"])
-              for p in record["policies"]}
-    path = eval_report.write_json(out / ROBUSTNESS_JSON, {"k": k, "budgets": budgets,
-                                                          "scores": scores})
-    rows = ["| policy | robustness [95% CI] |", "|---|---|"]
-    rows += [f"| {p.replace('|', chr(92) + '|')} | {s.mean:.3f} "
-             f"[{s.low:.3f}, {s.high:.3f}] |" for p, s in scores.items()]
-    text = (f"Area under each policy's Pass@{k} curve over the budgets T = {budgets[0]}.."
-            f"{budgets[-1]} ({len(budgets)} budgets) divided by the structural bound's area (the "
-            "share of tasks whose shortest path fits in T): 1 solves every task whenever its "
-            "budget allows. 95% CI: delta method over tasks (a ratio of two means).")
-    return Section("Budget robustness", text, files=(path.relative_to(out).as_posix(),),
-                   markdown="\n".join(rows) + "\n")
+    """Each policy's budget-robustness score (:mod:`agentrl_jax.evaluation.analyses.robustness`)
+    over the raw ``table`` record's budgets, with its CI: ``budget_robustness.json`` and a
+    section."""
+    counts = {p: results.budget_counts(record, p) for p in record["policies"]}
+    return robustness.section(out, robustness.compute(counts, int(record["k"]),
+                                                      record["shortest_paths"]))
 
 
 # ---------------------------------------------------------------- training dynamics

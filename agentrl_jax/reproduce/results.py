@@ -1,5 +1,7 @@
-"""The reproduction's raw results: where each analysis saves them, and the numbers computed
-from them alone (Table 1 with its deltas, paired per-task differences, start-to-end changes).
+"""The reproduction's raw results: where each analysis saves them, and how to read them back
+(per-task counts and pass@k, Table 1's values, CIs written as JSON). The numbers made from
+them are the analyses' (:mod:`agentrl_jax.evaluation.analyses`: Table 1 with its differences,
+budget robustness, training curves' changes) and the findings' (:mod:`.findings`).
 
 Every analysis of :mod:`.evaluate` saves everything needed to recompute its numbers as
 ``<out>/raw/<analysis>.json`` (counts ``n``, ``c`` per task and budget, per-state qualities,
@@ -24,8 +26,6 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from agentrl_jax.evaluation import passk, stats
-# training curves: one computation for the report, its figures and the findings (re-exported)
-from agentrl_jax.evaluation.dynamics import change_window, difference_of_means, start_to_end  # noqa: F401
 
 ANALYSES = ("table", "passk", "steps", "errors", "likelihood", "dynamics")
 """The analyses, in report order."""
@@ -124,22 +124,3 @@ def per_task_pass(record: Mapping[str, Any], policy: str, budget: int) -> np.nda
 def mean_ci_from_json(value: Mapping[str, Any]) -> stats.MeanCI:
     """A :class:`stats.MeanCI` read back from JSON (where NaN was written as null)."""
     return stats.MeanCI(**{k: math.nan if v is None else v for k, v in value.items()})
-
-
-def paired_difference(a: np.ndarray, b: np.ndarray) -> stats.MeanCI:
-    """Mean over tasks (or states) of ``a - b`` with a normal 95% CI: the two arrays are the
-    same units in the same order, so the difference is paired."""
-    return stats.paired_comparison(a, b).mean_diff
-
-
-def table1_deltas(record: Mapping[str, Any]) -> dict[str, dict[int, stats.MeanCI]]:
-    """The rows under Table 1: ``{label: {T: paired difference}}`` in pass@k (fraction), with
-    ``"<RL> - <base>"`` for every policy after the base and ``"<BudgetMix> - <counterpart>"``
-    for every BudgetMix policy whose counterpart was evaluated."""
-    policies = list(record["policies"])
-    base, levels = policies[0], [int(t) for t in record["levels"]]
-    pairs = [(p, base) for p in policies[1:]]
-    pairs += list(budgetmix_counterparts(policies).items())
-    return {f"{a} - {b}": {t: paired_difference(per_task_pass(record, a, t),
-                                                per_task_pass(record, b, t)) for t in levels}
-            for a, b in pairs}

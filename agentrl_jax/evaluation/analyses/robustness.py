@@ -11,17 +11,25 @@ pass_i(T)`` and ``d_i = sum_T bound_i(T)``. 1 is a policy that solves every task
 its budget allows (on deterministic maps, exactly the Q*-optimal policy); a policy that only
 succeeds with slack scores low at small budgets and so overall. The 95% CI is the delta
 method's for a ratio of means over tasks (``var(a_i - R d_i) / (n mean(d)^2)``).
+
+``compute`` -> :class:`Robustness` (every policy's score over the same budgets);
+:func:`section` writes ``budget_robustness.json`` and the report section (a table, no figure).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from statistics import NormalDist
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from agentrl_jax.evaluation import passk, stats
+from agentrl_jax.evaluation.report import Section, rel, write_json
+from agentrl_jax.evaluation.result import Result, result
+
+ROBUSTNESS_JSON = "budget_robustness.json"
 
 
 def robustness_score(pass_by_budget: Mapping[int, np.ndarray], shortest_paths: Sequence[int],
@@ -53,3 +61,38 @@ def robustness_from_counts(counts: Mapping[int, tuple[np.ndarray, np.ndarray]], 
     """:func:`robustness_score` of ``{T: (n [tasks], c [tasks])}`` success counts at pass@``k``."""
     return robustness_score({int(b): passk.pass_at_k(n, c, k) for b, (n, c) in counts.items()},
                             shortest_paths)
+
+
+@result
+class Robustness(Result):
+    """``scores``: ``{policy: MeanCI}`` of :func:`robustness_score` at pass@``k`` over ``budgets``."""
+
+    k: int
+    budgets: tuple[int, ...]
+    scores: dict[str, stats.MeanCI]
+
+
+def compute(counts_by_policy: Mapping[str, passk.BudgetResults], k: int,
+            shortest_paths: Sequence[int]) -> Robustness:
+    """Each policy's score from ``{policy: {T: (n [tasks], c [tasks])}}`` (all at the same
+    budgets) and the tasks' ``[tasks]`` shortest paths."""
+    scores = {p: robustness_from_counts(counts, k, shortest_paths)
+              for p, counts in counts_by_policy.items()}
+    budgets = sorted({int(b) for counts in counts_by_policy.values() for b in counts})
+    return Robustness(int(k), tuple(budgets), scores)
+
+
+def section(folder: str | Path, res: Robustness) -> Section:
+    """``budget_robustness.json`` (the result) and the section "Budget robustness"."""
+    folder = Path(folder)
+    path = write_json(folder / ROBUSTNESS_JSON, res)
+    rows = ["| policy | robustness [95% CI] |", "|---|---|"]
+    rows += [f"| {p.replace('|', chr(92) + '|')} | {s.mean:.3f} "
+             f"[{s.low:.3f}, {s.high:.3f}] |" for p, s in res.scores.items()]
+    budgets = res.budgets
+    text = (f"Area under each policy's Pass@{res.k} curve over the budgets T = {budgets[0]}.."
+            f"{budgets[-1]} ({len(budgets)} budgets) divided by the structural bound's area (the "
+            "share of tasks whose shortest path fits in T): 1 solves every task whenever its "
+            "budget allows. 95% CI: delta method over tasks (a ratio of two means).")
+    return Section("Budget robustness", text, files=(rel(folder, path),),
+                   markdown="\n".join(rows) + "\n")

@@ -1,0 +1,121 @@
+"""Step-level action quality, RL vs base on the same states (PAPER.md §7.1 matched states,
+§7.2 error states; Figures 3-4): per state, each policy's mean quality (Q*) over its G sampled
+actions; per pool of states, the share of states where RL is better, tied or worse and the mean
+difference with its CI (:func:`stats.paired_comparison`).
+
+``compute`` -> :class:`StepQuality`; :func:`plot_step_quality` draws it; :func:`section`
+writes its files and returns its report section.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from agentrl_jax.evaluation import figures, stats
+from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
+from agentrl_jax.evaluation.result import Result, result
+
+
+@result
+class Pool(Result):
+    """Per-state quality on one pool: ``q_base [S]``, ``q_rl [S]`` float64, the same states."""
+
+    q_base: np.ndarray
+    q_rl: np.ndarray
+
+
+@result
+class StepQuality(Result):
+    """``pools``: the qualities compared; ``comparisons``: ``{pool: PairedComparison}`` of RL
+    vs base on that pool."""
+
+    pools: dict[str, Pool]
+    comparisons: dict[str, stats.PairedComparison]
+
+
+def compute(pools: Mapping[str, tuple[Any, Any]], *, method: str = "normal") -> StepQuality:
+    """Compare ``{pool: (q_base [S], q_rl [S])}`` state by state (``method``: the CI of the mean
+    difference, ``"normal"`` or ``"bootstrap"``)."""
+    arrays = {pool: Pool(np.asarray(q_base, np.float64), np.asarray(q_rl, np.float64))
+              for pool, (q_base, q_rl) in pools.items()}
+    return StepQuality(arrays, {pool: stats.paired_comparison(p.q_rl, p.q_base, method=method)
+                                for pool, p in arrays.items()})
+
+
+def plot_step_quality(
+    pools: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    out_path: str | Path,
+    *,
+    policy_names: tuple[str, str] = ("base", "RL"),
+    title: str = "Step-level action quality",
+) -> tuple[Path, Path]:
+    """Per-state quality of base vs RL on state pools (Figures 3-4 style).
+
+    One scatter panel per pool (x = base, y = RL; points above the diagonal are states
+    where RL is better) and a bar panel with the share of states where RL is better / tied
+    / worse, as computed by :func:`stats.paired_comparison`.
+
+    Args:
+      pools: ``{pool name: (q_base [S], q_rl [S])}``, e.g. ``{"matched": ..., "error": ...}``.
+    """
+    figures.nonempty("plot_step_quality", pools)
+    base_name, rl_name = policy_names
+    fig, axes = figures.new_figure(ncols=len(pools) + 1, width=3.8, height=3.6)
+    shares = {}
+    for ax, (pool, (q_base, q_rl)) in zip(axes[0], pools.items()):
+        comparison = stats.paired_comparison(q_rl, q_base)
+        shares[pool] = comparison
+        qb, qr = np.asarray(q_base, dtype=np.float64), np.asarray(q_rl, dtype=np.float64)
+        ax.scatter(qb, qr, s=6, alpha=0.5)
+        lo, hi = float(min(qb.min(), qr.min())), float(max(qb.max(), qr.max()))
+        pad = 0.02 * (hi - lo or 1.0)
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="black", linewidth=0.8)
+        ax.set(
+            xlabel=f"{base_name} quality",
+            ylabel=f"{rl_name} quality",
+            title=f"{pool}: mean diff {comparison.mean_diff.mean:+.3f}",
+        )
+        ax.set_aspect("equal", adjustable="datalim")
+    ax = axes[0, -1]
+    x = np.arange(len(shares))
+    better = np.array([c.share_rl_better for c in shares.values()])
+    tie = np.array([c.share_tie for c in shares.values()])
+    worse = np.array([c.share_base_better for c in shares.values()])
+    ax.bar(x, better, color="tab:blue", label=f"{rl_name} better")
+    ax.bar(x, tie, bottom=better, color="lightgrey", label="tie")
+    ax.bar(x, worse, bottom=better + tie, color="tab:orange", label=f"{base_name} better")
+    ax.axhline(0.5, color="black", linewidth=0.8, linestyle=":")
+    ax.set_xticks(x, list(shares))
+    ax.set(ylabel="share of states", ylim=(0, 1), title="who is better")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncols=3)
+    fig.suptitle(title)
+    return figures.save_figure(fig, out_path)
+
+
+def section(folder: str | Path, res: StepQuality, *, name: str = "step_quality",
+            policy_names: tuple[str, str] = ("base", "RL"),
+            title: str = "Step-level action quality") -> Section:
+    """Write ``<name>.json`` (the comparisons), ``<name>_<pool>.csv`` (per-state qualities) and
+    the figure; ``title`` names the section and the figure (name the states and the policies:
+    the matched-state and error-state figures must not look alike)."""
+    folder = Path(folder)
+    json_path = write_json(folder / f"{name}.json", res.comparisons)
+    files = [rel(folder, json_path)]
+    base_name, rl_name = policy_names
+    for pool, p in res.pools.items():
+        csv_path = write_csv(folder / f"{name}_{pool}.csv", {
+            "state": list(range(len(p.q_base))), f"q_{base_name}": list(p.q_base),
+            f"q_{rl_name}": list(p.q_rl)})
+        files.append(rel(folder, csv_path))
+    png, _ = plot_step_quality({pool: (p.q_base, p.q_rl) for pool, p in res.pools.items()},
+                               figure_path(folder, name), policy_names=policy_names, title=title)
+    text = "; ".join(
+        f"{pool}: {rl_name} better on {100 * c.share_rl_better:.1f}% of {c.n} states "
+        f"(ties {100 * c.share_tie:.1f}%), mean diff {c.mean_diff.mean:+.4f} "
+        f"[{c.mean_diff.low:+.4f}, {c.mean_diff.high:+.4f}]"
+        for pool, c in res.comparisons.items()
+    )
+    return Section(title, text, (rel(folder, png),), tuple(files))

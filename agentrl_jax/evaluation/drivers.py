@@ -1,0 +1,163 @@
+"""What feeds each analysis: the rollouts and state plays behind Pass@K, Pass@T, step quality,
+error states and likelihood, shared by ``agentrl-jax eval`` (:mod:`agentrl_jax.cli.eval`,
+:mod:`agentrl_jax.cli.eval_envs`) and the reproduction (:mod:`agentrl_jax.reproduce.evaluate`),
+so both sample the same data for the same seed and settings; each then hands it to the
+analysis' ``compute`` and ``section`` (:mod:`agentrl_jax.evaluation.analyses`).
+
+Randomness: every analysis draws from its own stream of the seed (:func:`stream_key`,
+:data:`STREAMS`) and plays every policy with the same key, so policies meet the same
+environment randomness, and step quality and error states build the same state pools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from agentrl_jax.evaluation import diagnostics, passt
+from agentrl_jax.evaluation.states import ErrorStates, StatePool, StateStarts, visited_states
+from agentrl_jax.policy import Policy
+from agentrl_jax.rollout import RolloutConfig
+from agentrl_jax.trajectory import Trajectory
+
+STREAMS = {"passk": 1, "passt": 2, "sources": 3, "steps": 4, "errors": 5, "likelihood": 6}
+"""The stream of randomness each analysis draws from (``sources``: the trajectories the state
+pools are drawn from)."""
+
+
+def stream_key(seed: int, stream: str) -> jax.Array:
+    """The key of ``stream`` (:data:`STREAMS`) under ``seed``."""
+    return jax.random.fold_in(jax.random.key(seed), STREAMS[stream])
+
+
+def rollout_units(tasks: int, samples: int, budget: int) -> int:
+    """Work of a rollout, in trajectory-turns (an upper bound: episodes may end early)."""
+    return tasks * samples * budget
+
+
+@dataclasses.dataclass(frozen=True)
+class Play:
+    """Where the policies play: an environment (its ``t_max`` the full budget), the tasks
+    ``task_ids [tasks]``, the tokenizer and the evaluation rollout settings. ``progress`` is
+    called with the trajectory-turns (:func:`rollout_units`) of every task rollout as it
+    finishes; ``echo`` with a line saying what is about to be sampled."""
+
+    env: Any
+    tokenizer: Any
+    task_ids: np.ndarray
+    config: RolloutConfig
+    tasks_per_call: int | None = None
+    states_per_call: int | None = None
+    progress: Callable[[int], None] = lambda units: None
+    echo: Callable[[str], None] = lambda line: None
+
+    @property
+    def tasks(self) -> int:
+        return len(self.task_ids)
+
+    def rollout(self, policy: Policy, key: jax.Array, *, samples: int, budget: int) -> Trajectory:
+        """``samples`` trajectories of every task at ``budget`` (:func:`passt.rollout_tasks`)."""
+        traj = passt.rollout_tasks(self.env, self.tokenizer, policy, self.task_ids, key,
+                                   budget=budget, samples=samples, config=self.config,
+                                   tasks_per_call=self.tasks_per_call)
+        self.progress(rollout_units(self.tasks, samples, budget))
+        return traj
+
+    def starts(self, pool: StatePool, group_size: int) -> StateStarts:
+        """Plays from the states of ``pool``, ``group_size`` per state."""
+        return StateStarts(self.env, self.tokenizer, pool,
+                           dataclasses.replace(self.config, group_size=group_size),
+                           states_per_call=self.states_per_call)
+
+
+# ---------------------------------------------------------------- Pass@K and Pass@T
+
+
+def pass_at_k_counts(play: Play, policies: Mapping[str, Policy], key: jax.Array, *,
+                     samples: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{policy: (n [tasks], c [tasks])}``: ``samples`` trajectories of every task at the full
+    budget, for :mod:`~agentrl_jax.evaluation.analyses.pass_at_k`."""
+    t_max, counts = play.env.t_max, {}
+    for name, policy in policies.items():
+        play.echo(f"Pass@K: {name}, {play.tasks} tasks x {samples} samples at T={t_max}")
+        counts[name] = passt.pass_at_k_results(
+            play.env, play.tokenizer, policy, play.task_ids, key, samples=samples,
+            config=play.config, tasks_per_call=play.tasks_per_call)[t_max]
+        play.progress(rollout_units(play.tasks, samples, t_max))
+    return counts
+
+
+def pass_at_t_counts(play: Play, policies: Mapping[str, Policy], key: jax.Array, *,
+                     budgets: Sequence[int], samples: int) -> dict[str, dict[int, tuple]]:
+    """``{policy: {T: (n [tasks], c [tasks])}}``: ``samples`` trajectories of every task at each
+    of ``budgets``, each sampled afresh, for :mod:`~agentrl_jax.evaluation.analyses.pass_at_t`,
+    in increasing ``T``. One rollout per budget (the same samples as all budgets at once,
+    :mod:`passt`), so ``progress`` follows the budgets."""
+    counts: dict[str, dict[int, tuple]] = {}
+    for name, policy in policies.items():
+        play.echo(f"Pass@T: {name}, budgets {list(budgets)}, {samples} samples per task")
+        counts[name] = {}
+        for budget in sorted({int(b) for b in budgets}):
+            counts[name].update(passt.pass_at_t_results(
+                play.env, play.tokenizer, policy, play.task_ids, key, budgets=[budget],
+                samples=samples, config=play.config, tasks_per_call=play.tasks_per_call))
+            play.progress(rollout_units(play.tasks, samples, budget))
+    return counts
+
+
+# ---------------------------------------------------------------- states (§7.1-7.3)
+
+
+def visits(play: Play, policies: Mapping[str, Policy], key: jax.Array, *, samples: int,
+           budget: int) -> dict[str, StatePool]:
+    """``{policy: the states its trajectories act from}``: ``samples`` per task at ``budget``,
+    what §7.1's matched pools are drawn from (:func:`~agentrl_jax.evaluation.states.
+    matched_pool`)."""
+    out = {}
+    for name, policy in policies.items():
+        play.echo(f"Source trajectories: {name}, {play.tasks} tasks x {samples} at T={budget}")
+        out[name] = visited_states(play.rollout(policy, key, samples=samples, budget=budget))
+    return out
+
+
+def step_quality(play: Play, pool: StatePool, base: Policy, rl: Policy, key: jax.Array, *,
+                 names: tuple[str, str], group_size: int, gamma: float,
+                 invalid: str) -> tuple[diagnostics.StateValues, diagnostics.StepQuality]:
+    """Q* of every action at the states of ``pool`` and each policy's ``group_size`` actions
+    there, scored (:func:`diagnostics.step_quality`; ``result.pools()`` feeds
+    :mod:`~agentrl_jax.evaluation.analyses.step_quality`, :func:`diagnostics.quality_by_depth`
+    :mod:`~agentrl_jax.evaluation.analyses.depth`)."""
+    values = diagnostics.state_values(play.env, pool, gamma=gamma)
+    result = diagnostics.step_quality(play.starts(pool, group_size), values, base, rl, key,
+                                      names=names, invalid=invalid)
+    return values, result
+
+
+def error_states(play: Play, errors: ErrorStates, base: Policy, rl: Policy, key: jax.Array, *,
+                 names: tuple[str, str], group_size: int, gamma: float,
+                 invalid: str) -> tuple[diagnostics.StateValues, diagnostics.ErrorStateResult]:
+    """Action quality and ``group_size`` continuations of each policy from injected error
+    states (:func:`diagnostics.error_state_analysis`; ``result.quality.pools()`` feeds
+    :mod:`~agentrl_jax.evaluation.analyses.step_quality`, ``result.success``
+    :mod:`~agentrl_jax.evaluation.analyses.continuation`)."""
+    values = diagnostics.state_values(play.env, errors.states, gamma=gamma)
+    result = diagnostics.error_state_analysis(play.starts(errors.states, group_size), errors,
+                                              values, base, rl, key, names=names, invalid=invalid)
+    return values, result
+
+
+# ---------------------------------------------------------------- likelihood (§7.4)
+
+
+def likelihood_rollouts(play: Play, policies: Mapping[str, Policy], key: jax.Array, *,
+                        samples: int, budget: int) -> dict[str, Trajectory]:
+    """``{policy: Trajectory}``: ``samples`` per task at ``budget``, whose responses
+    :func:`~agentrl_jax.evaluation.likelihood.likelihood_data` scores under both models."""
+    out = {}
+    for name, policy in policies.items():
+        play.echo(f"Likelihood: {name}, {play.tasks} tasks x {samples} trajectories at T={budget}")
+        out[name] = play.rollout(policy, key, samples=samples, budget=budget)
+    return out
