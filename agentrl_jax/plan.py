@@ -251,7 +251,7 @@ def plan_sampler(prefix: str, model: nnx.Module, mesh, *, rows: int, max_len: in
         params = _abstract(params, tree_shardings(params, mesh, generation_rules()))
     else:
         params = _abstract(params, tree_shardings(params, mesh, QWEN3_PARAM_RULES))
-    pool = sampler.pool(rows, max_len)
+    pool = sampler.pool(rows, max_len, dtype=cache_dtype)
     state = jax.eval_shape(lambda: init_state(model.config, rows, max_len, cache_dtype, model.dtype,
                                               pool))
     state = _abstract(state, sampler.state_shardings(state))

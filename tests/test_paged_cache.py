@@ -76,8 +76,10 @@ def test_take_rows_moves_first_copies_copies_later_ones_and_frees_dropped_rows()
     assert table[3] == [8, 8, 8, 8]
     copy = table[2][:2]
     assert not set(copy) & set(table[0][:2] + table[1][:2])
-    np.testing.assert_array_equal(np.asarray(out.k)[:, copy], np.asarray(before.k)[:, table[1][:2]])
-    np.testing.assert_array_equal(np.asarray(out.v)[:, copy], np.asarray(before.v)[:, table[1][:2]])
+    np.testing.assert_array_equal(np.asarray(out.k)[:, :, copy],
+                                  np.asarray(before.k)[:, :, table[1][:2]])
+    np.testing.assert_array_equal(np.asarray(out.v)[:, :, copy],
+                                  np.asarray(before.v)[:, :, table[1][:2]])
     held = {p for row in table for p in row if p < 8}
     assert np.asarray(out.free).tolist() == [p not in held for p in range(8)]
 
@@ -88,8 +90,8 @@ def test_paged_attention_equals_full_score_attention_on_ragged_rows(length):
     rng = np.random.default_rng(length)
     batch, size, per_row, layers, pool = 3, 4, 6, 2, 20
     kv_heads, heads, hd = 2, 8, 16
-    k_pool = jnp.asarray(rng.normal(size=(layers, pool, size, kv_heads, hd)), jnp.float32)
-    v_pool = jnp.asarray(rng.normal(size=(layers, pool, size, kv_heads, hd)), jnp.float32)
+    k_pool = jnp.asarray(rng.normal(size=(kv_heads, layers, pool, size, hd)), jnp.float32)
+    v_pool = jnp.asarray(rng.normal(size=(kv_heads, layers, pool, size, hd)), jnp.float32)
     table = np.full((batch, per_row), pool, np.int32)
     perm = rng.permutation(pool)
     fill = [5, 17, 9]  # keys cached per row (before the limits below)
@@ -103,8 +105,10 @@ def test_paged_attention_equals_full_score_attention_on_ragged_rows(length):
     out = paged_cache.paged_attention(q, k_pool, v_pool, 1, jnp.asarray(table),
                                       jnp.asarray(limits), block_pages=2)
     # the same keys laid out contiguously per row
-    keys = np.asarray(k_pool)[1][np.clip(table, 0, pool - 1)].reshape(batch, -1, kv_heads, hd)
-    values = np.asarray(v_pool)[1][np.clip(table, 0, pool - 1)].reshape(batch, -1, kv_heads, hd)
+    def contiguous(pool_):  # [KV, B, R, S, hd] -> [B, R * S, KV, hd]
+        rows = np.asarray(pool_)[:, 1][:, np.clip(table, 0, pool - 1)]
+        return np.moveaxis(rows.reshape(kv_heads, batch, -1, hd), 0, 2)
+    keys, values = contiguous(k_pool), contiguous(v_pool)
     want = _xla_attention(q, jnp.asarray(keys), jnp.asarray(values),
                           visibility(jnp.asarray(limits), None, length, keys.shape[1]))
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=1e-5, rtol=0)
@@ -165,3 +169,39 @@ def test_model_through_pages_equals_full_forward_and_never_retraces(model, scan_
         mask = jnp.ones(tokens.shape, bool)
         full, _ = model(tokens, positions_from_mask(mask), mask)
         np.testing.assert_allclose(np.stack(outputs[b]), np.asarray(full)[0], atol=1e-5, rtol=0)
+
+
+WRITE_IN_PLACE = """
+import jax, jax.numpy as jnp
+from jax.experimental import topologies
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from agentrl_jax.models import paged_cache
+device = topologies.get_topology_desc("v5p:2x2x2", "tpu").devices[:1]
+one = NamedSharding(Mesh(device, ("x",)), PartitionSpec())
+pool = (8, 36, 512, 128, 128)  # Qwen3-4B's kv heads, layers; 512 pages of 128: 4.5 GiB
+
+def decode_writes(k, page, offset, values):  # one token per row into every layer
+    return jax.lax.fori_loop(0, pool[1], lambda layer, k: paged_cache.write(
+        k, layer, page, offset, values * layer), k)
+
+spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=one)
+compiled = jax.jit(decode_writes, donate_argnums=0).lower(
+    spec(pool, jnp.bfloat16), spec((64, 1), jnp.int32), spec((64, 1), jnp.int32),
+    spec((64, 1, 8, 128), jnp.bfloat16)).compile()
+print(compiled.memory_analysis().temp_size_in_bytes, compiled.memory_analysis().argument_size_in_bytes)
+"""
+
+
+def test_the_pool_write_stays_in_place_when_compiled_for_a_tpu():
+    """The per-token scatter into the heads-first pool, compiled for a v5p chip: its
+    temporaries are a few MiB, not a second pool (``pool.at[:, layer, page, offset]`` made
+    the TPU compiler copy all of it; XLA:CPU does not, so the check needs the TPU compiler)."""
+    pytest.importorskip("libtpu")
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", WRITE_IN_PLACE], capture_output=True, text=True,
+                           timeout=600)
+    assert child.returncode == 0, child.stderr[-3000:]
+    temp, pool = map(int, child.stdout.split()[-2:])
+    assert pool > 4 * 2**30 and temp < 2**26

@@ -122,9 +122,9 @@ def test_paged_engine_on_a_mesh_gives_one_devices_tokens():
         r = report[f"sampler{shape}"]
         assert r["same_tokens"] and r["same_lengths"], (shape, r)
         assert r["log_prob_diff"] < 1e-5 and r["sampled"] > 60, (shape, r)
-        # rows, and the pool's pages, split over the batch axes: each shard a whole engine
+        # rows, and the pool's pages ([KV, layers, P, S, hd]), split over the batch axes: each shard a whole engine
         axes = {"(8, 1, 1)": "'data'", "(2, 4, 1)": "('data', 'fsdp')", "(1, 8, 1)": "'fsdp'"}[shape]
-        assert r["layout"]["k"] == f"P(None, {axes})" and r["layout"]["page_table"] == f"P({axes},)"
+        assert r["layout"]["k"] == f"P(None, None, {axes})" and r["layout"]["page_table"] == f"P({axes},)"
         # decode traced twice: once more for the one-key call, refused while tracing
         assert r["traces"] == {"init": 1, "append": 2, "decode": 2, "release": 1, "append_rows": 1,
                                "copy_rows": 1}, (shape, r)
@@ -134,5 +134,5 @@ def test_paged_engine_on_a_mesh_gives_one_devices_tokens():
     # the rollouts matched the reference inside the child (assert_same_trajectory)
     assert len(report["rollout whole"]["turns"]) > 1
     assert report["rollout seats"]["most_rows"] <= 16
-    assert report["rollout seats"]["pool"] == "P(None, 'data')"
+    assert report["rollout seats"]["pool"] == "P(None, None, 'data')"
     assert report["rollout seats"]["preempted"] == 0 < report["rollout small pool"]["preempted"]

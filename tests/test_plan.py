@@ -97,9 +97,9 @@ def test_plan_compiles_the_paged_engine_on_the_mesh():
     assert code == 0 and report["fits"]
     programs = {p["name"]: p for p in report["programs"]}
     assert set(programs) == {"rollout:init", "rollout:append", "rollout:append_rows", "rollout:decode"}
-    # the pool [layers, pages, 16, kv heads, head dim]: 16 rows x 16 pages split over 8 devices
+    # the pool [kv heads, layers, pages, 16, head dim]: 16 rows x 16 pages split over 8 devices
     shape, _ = programs["rollout:init"]["largest"][0]
-    assert shape.split("[")[1].split(",")[1:3] == ["32", "16"], shape
+    assert shape.split("[")[1].split(",")[2:4] == ["32", "16"], shape
 
 
 def test_plan_refuses_a_pool_that_cannot_hold_one_row_per_device():

@@ -5,7 +5,10 @@ Layout
 ------
 ``PagedKVCache`` holds
 
-* ``k``, ``v``    ``[num_layers, num_pages, page_size, kv_heads, head_dim]``: the pool;
+* ``k``, ``v``    ``[kv_heads, num_layers, num_pages, page_size, head_dim]``: the pool, heads
+  first: jax's Pallas paged-attention kernels (TPU and GPU) read one head's pages as
+  ``[pages, page_size, head_dim]``, and with the layers flattened into the page axis (a free
+  reshape) they read the whole pool in place (:mod:`agentrl_jax.models.paged_kernels`);
 * ``page_table``  ``[B, pages_per_row]`` int32: row ``b``'s logical page ``p`` (slots
   ``p * page_size ..``) lives in physical page ``page_table[b, p]``; ``num_pages`` (one past
   the last page) marks an unassigned entry. A row's assigned pages are always its first
@@ -52,17 +55,21 @@ _MASKED_SCORE = -1e30
 class PagedKVCache:
     """Pages of keys/values plus each row's page table and fill level (module docstring)."""
 
-    k: jax.Array           # [num_layers, num_pages, page_size, kv_heads, head_dim]
-    v: jax.Array           # [num_layers, num_pages, page_size, kv_heads, head_dim]
+    k: jax.Array           # [kv_heads, num_layers, num_pages, page_size, head_dim]
+    v: jax.Array           # [kv_heads, num_layers, num_pages, page_size, head_dim]
     page_table: jax.Array  # [B, pages_per_row] int32, num_pages = unassigned
     lengths: jax.Array     # [B] int32
     free: jax.Array        # [num_pages] bool
     block_pages: int = struct.field(pytree_node=False, default=8)
+    # the decode step's attention: "xla" (paged_attention), "pallas_tpu" or "pallas_gpu"
+    # (paged_kernels); interpret: a Pallas kernel run by its interpreter (tests on a CPU)
+    kernel: str = struct.field(pytree_node=False, default="xla")
+    interpret: bool = struct.field(pytree_node=False, default=False)
 
     @classmethod
     def empty(cls, config: Qwen3Config, batch_size: int, max_len: int, *, page_size: int = 32,
-              num_pages: int | None = None, block_pages: int = 8,
-              dtype: jnp.dtype = jnp.bfloat16) -> "PagedKVCache":
+              num_pages: int | None = None, block_pages: int = 8, kernel: str = "xla",
+              interpret: bool = False, dtype: jnp.dtype = jnp.bfloat16) -> "PagedKVCache":
         """``batch_size`` empty rows of up to ``max_len`` tokens (rounded up to whole pages)
         over a pool of ``num_pages`` pages (default: enough for every row to be full)."""
         if page_size < 1 or block_pages < 1:
@@ -72,20 +79,21 @@ class PagedKVCache:
         num_pages = batch_size * pages_per_row if num_pages is None else num_pages
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
-        shape = (config.num_hidden_layers, num_pages, page_size, config.num_key_value_heads,
+        shape = (config.num_key_value_heads, config.num_hidden_layers, num_pages, page_size,
                  config.head_dim)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                    page_table=jnp.full((batch_size, pages_per_row), num_pages, jnp.int32),
                    lengths=jnp.zeros((batch_size,), jnp.int32),
-                   free=jnp.ones((num_pages,), bool), block_pages=min(block_pages, pages_per_row))
+                   free=jnp.ones((num_pages,), bool), block_pages=min(block_pages, pages_per_row),
+                   kernel=kernel, interpret=interpret)
 
     @property
     def num_pages(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[2]
 
     @property
     def page_size(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     @property
     def pages_per_row(self) -> int:
@@ -173,7 +181,8 @@ def take_rows(cache: PagedKVCache, index: jax.Array) -> PagedKVCache:
         held = out.page_table[i] < out.num_pages
         dst = jnp.where(held & copied[i], out.page_table[i], out.num_pages)
         src = jnp.clip(src_table[i], 0, out.num_pages - 1)
-        return (k.at[:, dst].set(k[:, src], mode="drop"), v.at[:, dst].set(v[:, src], mode="drop"))
+        return (k.at[:, :, dst].set(k[:, :, src], mode="drop"),
+                v.at[:, :, dst].set(v[:, :, src], mode="drop"))
 
     k, v = jax.lax.fori_loop(0, count, copy_row, (out.k, out.v))
     out = out.replace(k=k, v=v, lengths=jnp.where(first | copied, lengths, 0))
@@ -201,7 +210,8 @@ def copy_rows(cache: PagedKVCache, dst: jax.Array, src: jax.Array) -> tuple[Page
         held = (cache.page_table[row] < cache.num_pages) & copied[i]
         to = jnp.where(held, cache.page_table[row], cache.num_pages)
         start = jnp.clip(src_table[i], 0, cache.num_pages - 1)
-        return k.at[:, to].set(k[:, start], mode="drop"), v.at[:, to].set(v[:, start], mode="drop")
+        return (k.at[:, :, to].set(k[:, :, start], mode="drop"),
+                v.at[:, :, to].set(v[:, :, start], mode="drop"))
 
     k, v = jax.lax.fori_loop(0, dst.shape[0], copy_pair, (cache.k, cache.v))
     landed = jnp.where(copied, target, batch)
@@ -219,24 +229,30 @@ def physical_slots(cache: PagedKVCache, slots: jax.Array) -> tuple[jax.Array, ja
 
 def write(pool: jax.Array, layer: int | jax.Array, page: jax.Array, offset: jax.Array,
           values: jax.Array) -> jax.Array:
-    """``pool [layers, P, S, KV, hd]`` with ``values [B, L, KV, hd]`` stored at layer ``layer``,
-    ``(page, offset) [B, L]`` (a page of ``P`` is dropped)."""
-    return pool.at[layer, page, offset].set(values.astype(pool.dtype), mode="drop")
+    """``pool [KV, layers, P, S, hd]`` with ``values [B, L, KV, hd]`` stored at layer ``layer``,
+    ``(page, offset) [B, L]`` (a page of ``P`` is dropped).
+
+    Every index is explicit, heads included: XLA keeps a scatter of this form in place, while
+    ``pool.at[:, layer, page, offset]`` (a slice before the indexed axes) made the TPU compiler
+    copy the whole pool (``plan`` on v5p; a test checks the compiled temporaries)."""
+    heads = jnp.arange(pool.shape[0])
+    return pool.at[heads, layer, page[..., None], offset[..., None]].set(
+        values.astype(pool.dtype), mode="drop")
 
 
 def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: int | jax.Array,
                     page_table: jax.Array, key_limit: jax.Array, block_pages: int) -> jax.Array:
     """Grouped-query attention of ``q [B, L, H, hd]`` against each row's pages.
 
-    ``k_pool, v_pool [layers, P, S, KV, hd]`` at ``layer``; ``page_table [B, R]``; query
+    ``k_pool, v_pool [KV, layers, P, S, hd]`` at ``layer``; ``page_table [B, R]``; query
     ``(b, i)`` sees the row's logical slots ``< key_limit[b, i]``. Blocks of ``block_pages``
     pages are read until the last one any row's limit reaches (a ``lax.while_loop``: the trip
     count is a value, not a shape). Scores and the online softmax are float32; returns
     ``[B, L, H, hd]`` in ``q.dtype``. A query with no visible slot gets zeros.
     """
     batch, length, heads, head_dim = q.shape
-    kv_heads, size = k_pool.shape[3], k_pool.shape[2]
-    num_pages, per_row = k_pool.shape[1], page_table.shape[1]
+    kv_heads, size = k_pool.shape[0], k_pool.shape[3]
+    num_pages, per_row = k_pool.shape[2], page_table.shape[1]
     groups = heads // kv_heads
     block = block_pages * size
     blocks = -(-per_row // block_pages)
@@ -250,9 +266,9 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
         i, best, total, acc = carry
         pages = jnp.clip(jax.lax.dynamic_slice_in_dim(table, i * block_pages, block_pages, 1),
                          0, num_pages - 1)                               # [B, block_pages]
-        keys = k_pool[layer, pages].reshape(batch, block, kv_heads, head_dim)
-        values = v_pool[layer, pages].reshape(batch, block, kv_heads, head_dim)
-        scores = jnp.einsum("blkgd,bskd->bkgls", grouped, keys.astype(jnp.float32))
+        keys = k_pool[:, layer, pages].reshape(kv_heads, batch, block, head_dim)
+        values = v_pool[:, layer, pages].reshape(kv_heads, batch, block, head_dim)
+        scores = jnp.einsum("blkgd,kbsd->bkgls", grouped, keys.astype(jnp.float32))
         slot = i * block + jnp.arange(block)
         visible = (slot[None, None, :] < key_limit[:, :, None])[:, None, None]  # [B,1,1,L,s]
         scores = jnp.where(visible, scores, _MASKED_SCORE)
@@ -260,7 +276,7 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
         probs = jnp.where(visible, jnp.exp(scores - new_best[..., None]), 0.0)
         scale = jnp.exp(best - new_best)
         total = total * scale + jnp.sum(probs, axis=-1)
-        acc = acc * scale[..., None] + jnp.einsum("bkgls,bskd->bkgld", probs,
+        acc = acc * scale[..., None] + jnp.einsum("bkgls,kbsd->bkgld", probs,
                                                    values.astype(jnp.float32))
         return i + 1, new_best, total, acc
 

@@ -71,7 +71,7 @@ from flax import nnx, struct
 
 from agentrl_jax.models.attention import _xla_attention as xla_attention
 from agentrl_jax.models.attention import attention as attention_fn
-from agentrl_jax.models import paged_cache
+from agentrl_jax.models import paged_cache, paged_kernels
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.models.paged_cache import PagedKVCache
 
@@ -392,11 +392,18 @@ class Qwen3ForCausalLM(nnx.Module):
             if isinstance(cache, PagedKVCache):  # rows' pages; attention reads only used ones
                 page, offset = paged_cache.physical_slots(cache, slots)
 
+                kernel = cache.kernel if tokens.shape[1] == 1 else "xla"  # Pallas: decode only
+
                 def store_and_attend(q, k, v, k_all, v_all, layer):
                     k_all = paged_cache.write(k_all, layer, page, offset, k)
                     v_all = paged_cache.write(v_all, layer, page, offset, v)
-                    attended = paged_cache.paged_attention(q, k_all, v_all, layer, cache.page_table,
-                                                           filled, cache.block_pages)
+                    if kernel == "xla":
+                        attended = paged_cache.paged_attention(
+                            q, k_all, v_all, layer, cache.page_table, filled, cache.block_pages)
+                    else:
+                        attended = paged_kernels.decode_attention(
+                            kernel, q[:, 0], k_all, v_all, layer, cache.page_table, filled[:, 0],
+                            cache.block_pages, cache.interpret)[:, None]
                     return attended, k_all, v_all
             else:
                 mask = jnp.arange(cache.max_len)[None, None, :] < filled[:, :, None]  # [B, L, T]

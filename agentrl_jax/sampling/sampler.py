@@ -84,14 +84,15 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from agentrl_jax.models import paged_cache
+from agentrl_jax.models import paged_cache, paged_kernels
+from agentrl_jax.models.paged_kernels import select_kernel
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.models.paged_cache import PagedKVCache
 from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM, positions_from_mask
 from agentrl_jax.sampling.filters import SamplingConfig, model_log_probs, sample
 from agentrl_jax.sharding import (BATCH_AXES, KV_CACHE_RULES, QWEN3_PARAM_RULES, PartitionRule,
                                   tree_shardings)
-from agentrl_jax.validation import integer, optional, validate
+from agentrl_jax.validation import integer, one_of, optional, validate
 
 GENERATION_LAYOUTS = ("auto", "replicated", "training")
 
@@ -115,16 +116,24 @@ class Paging:
     at ``max_len``, i.e. the static cache's memory; fewer bounds the memory by the tokens
     cached at once, and a row that finds no free page stops with ``StopReason.NO_PAGE``;
     :class:`~agentrl_jax.policy.SamplerPolicy` then preempts it: released, replayed later);
-    ``block_pages`` pages read per step of the attention loop.
+    ``block_pages`` pages read per step of the attention loop. ``kernel``: the decode step's
+    attention, ``auto`` (the device platform's Pallas kernel where its constraints hold,
+    :func:`~agentrl_jax.models.paged_kernels.select_kernel`, else the XLA version), ``xla``,
+    ``pallas_tpu`` or ``pallas_gpu``; ``interpret`` runs a Pallas kernel by its interpreter
+    (any backend: tests).
     """
 
     page_size: int = 32
     num_pages: int | None = None
     block_pages: int = 8  # 256-token blocks: fastest of 64-1024 on this CPU (decode, 64 rows)
+    kernel: str = "auto"
+    interpret: bool = False
 
     def __post_init__(self) -> None:
         validate("paging", self, {"page_size": integer(1), "num_pages": optional(integer(1)),
-                                  "block_pages": integer(1)})
+                                  "block_pages": integer(1),
+                                  "kernel": one_of(("auto",) + paged_kernels.KERNELS),
+                                  "interpret": one_of((False, True))})
 
 
 @struct.dataclass
@@ -172,7 +181,8 @@ def init_state(config: Qwen3Config, batch_size: int, max_len: int,
     else:
         cache = PagedKVCache.empty(config, batch_size, max_len, page_size=paging.page_size,
                                    num_pages=paging.num_pages, block_pages=paging.block_pages,
-                                   dtype=dtype)
+                                   kernel="xla" if paging.kernel == "auto" else paging.kernel,
+                                   interpret=paging.interpret, dtype=dtype)
     return SamplerState(cache=cache,
                         hidden=jnp.zeros((batch_size, config.hidden_size), hidden_dtype or dtype),
                         overflowed=jnp.zeros((batch_size,), bool))
@@ -456,7 +466,8 @@ def paged_state_specs(state: SamplerState) -> SamplerState:
     rows' page tables name pages of its own part of the pool (local ids), so the sampler runs
     every paged program per shard (``shard_map``) and no page ever crosses devices."""
     rows = P(BATCH_AXES)
-    cache = state.cache.replace(k=P(None, BATCH_AXES), v=P(None, BATCH_AXES), page_table=rows,
+    pages = P(None, None, BATCH_AXES)  # [KV, layers, P, S, hd]
+    cache = state.cache.replace(k=pages, v=pages, page_table=rows,
                                 lengths=rows, free=rows)
     return SamplerState(cache=cache, hidden=rows, overflowed=rows)
 
@@ -526,6 +537,7 @@ class Sampler:
                 f"mesh has tensor={mesh.shape['tensor']}: use tensor=1 or the static cache "
                 "(paging=None)")
         self.paging = paging
+        self.platform = (mesh.devices.flat[0] if mesh is not None else self.device).platform
         self.sharded_pages = paging is not None and mesh is not None
         self.unroll_layers = (jax.default_backend() == "cpu" if unroll_layers is None
                               else unroll_layers)
@@ -598,18 +610,23 @@ class Sampler:
         compiled program per (batch_size, max_len, dtype, pool size)."""
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
-        state = self._init(batch_size, max_len, jnp.dtype(dtype or self.dtype),
-                           self.pool(batch_size, max_len, pool_rows))
+        dtype = jnp.dtype(dtype or self.dtype)
+        state = self._init(batch_size, max_len, dtype, self.pool(batch_size, max_len, pool_rows,
+                                                                 dtype))
         return jax.device_put(state, self.state_shardings(state))  # committed: see the module doc
 
-    def pool(self, batch_size: int, max_len: int, pool_rows: int | None = None
-             ) -> Paging | None:
-        """The paging of a state from ``init(batch_size, max_len, pool_rows=...)``, its
-        ``num_pages`` resolved (None for a static cache). A pool must hold one row of
-        ``max_len`` tokens (per batch shard): a row alone can always play."""
+    def pool(self, batch_size: int, max_len: int, pool_rows: int | None = None,
+             dtype: Any = None) -> Paging | None:
+        """The paging of a state from ``init(batch_size, max_len, dtype, pool_rows=...)``, its
+        ``num_pages`` and ``kernel`` resolved (None for a static cache). A pool must hold one
+        row of ``max_len`` tokens (per batch shard): a row alone can always play."""
         paging = self.paging
         if paging is None:
             return None
+        if paging.kernel == "auto":
+            paging = dataclasses.replace(paging, kernel=select_kernel(
+                self.platform, page_size=paging.page_size, head_dim=self.config.head_dim,
+                dtype=jnp.dtype(dtype or self.dtype)))
         shards = batch_shards(self.mesh) if self.sharded_pages else 1
         if paging.num_pages is None:
             rows = batch_size if pool_rows is None else max(pool_rows, 1)
