@@ -33,7 +33,8 @@ from typer.testing import CliRunner
 from agentrl_jax.cli import app
 from agentrl_jax.reproduce import pipeline, sft
 from agentrl_jax.reproduce.config import dump_config, load_config
-from agentrl_jax.reproduce.pipeline import ResultsFolderError, reproduce
+from agentrl_jax.reproduce.folder import ResultsFolderError
+from agentrl_jax.reproduce.pipeline import reproduce
 from agentrl_jax.reproduce.results import ANALYSES, table1_from_results
 
 pytestmark = pytest.mark.slow

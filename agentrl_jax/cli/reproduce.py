@@ -52,7 +52,8 @@ def frozenlake(
     from agentrl_jax.cli.paths import output_folder
     from agentrl_jax.plugins import load_plugins
     from agentrl_jax.reproduce.config import load_config
-    from agentrl_jax.reproduce.pipeline import ReproduceError, plugins_hint, reproduce
+    from agentrl_jax.reproduce.folder import ReproduceError, plugins_hint
+    from agentrl_jax.reproduce.pipeline import reproduce
     from agentrl_jax.reproduce.seeds import seed_folder, seed_overrides, write_across_seeds
 
     output_folder(out)

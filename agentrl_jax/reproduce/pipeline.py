@@ -9,7 +9,7 @@ Phases, in order (each writes only under ``out/``)::
     eval:<analysis> raw/, figures, sections/     Table 1, Pass@K, diagnostics, dynamics
     report          report.md, findings.json
 
-``out/phases.json`` records each finished phase (seconds, outputs); a rerun skips them, and an
+The folder's files are :mod:`.folder`'s: ``out/phases.json`` records each finished phase (seconds, outputs); a rerun skips them, and an
 unfinished training phase resumes from its newest Orbax checkpoint. ``out/config.yaml`` is
 the exact config; rerunning on a folder made with a different config is refused (start afresh
 with ``fresh=True`` or another folder) so a report never mixes settings. ``out/plugins.json``
@@ -26,9 +26,7 @@ import dataclasses
 import functools
 import json
 import platform
-import shutil
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,10 +37,10 @@ from tqdm.auto import tqdm
 
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.plugins import loaded_plugins
 from agentrl_jax.reproduce import demos as demo_lib
 from agentrl_jax.reproduce import evaluate, sft, training
-from agentrl_jax.reproduce.config import ReproduceConfig, dump_config, load_config
+from agentrl_jax.reproduce.config import ReproduceConfig
+from agentrl_jax.reproduce.folder import Phases, ReproduceError, prepare_folder, recorded_plugins
 from agentrl_jax.reproduce.policy_init import build_frozenlake_tokenizer, random_qwen3, save_policy
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.sharding import build_mesh
@@ -51,16 +49,7 @@ from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
 BASE = "base"
-PHASES_FILE, CONFIG_FILE, PLUGINS_FILE = "phases.json", "config.yaml", "plugins.json"
 DEMO_TASKS_PER_CALL = 32
-
-
-class ReproduceError(ValueError):
-    """A request the pipeline refuses (the message says why and what to do)."""
-
-
-class ResultsFolderError(ReproduceError):
-    """The results folder cannot be used (e.g. it holds a run of another config)."""
 
 
 # ---------------------------------------------------------------- tasks
@@ -84,85 +73,6 @@ def make_tasks(config: ReproduceConfig) -> Tasks:
     dynamics = FrozenLakeTextConfig(t_max=t.t_max, is_slippery=t.slippery, success_rate=t.success_rate)
     return Tasks(FrozenLakeTextEnv(maps("train", t.train_maps, 0), dynamics),
                  FrozenLakeTextEnv(maps("test", t.eval_maps, 1), dynamics))
-
-
-# ---------------------------------------------------------------- the phase record
-
-
-class Phases:
-    """``out/phases.json``: finished phases and what they recorded."""
-
-    def __init__(self, out: Path):
-        self.path = out / PHASES_FILE
-        self.done: dict[str, dict[str, Any]] = (json.loads(self.path.read_text())
-                                                if self.path.exists() else {})
-
-    def finish(self, name: str, seconds: float, **info: Any) -> None:
-        self.done[name] = {"seconds": round(seconds, 2), **info}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.done, indent=2))
-        tmp.replace(self.path)  # atomic: a kill never leaves half a record
-
-
-def recorded_plugins(out: Path) -> list[dict[str, Any]]:
-    """The plugins ``out/plugins.json`` records ([] if none or unreadable)."""
-    try:
-        records = json.loads((Path(out) / PLUGINS_FILE).read_text())["plugins"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    return [r for r in records if isinstance(r, dict) and isinstance(r.get("module"), str)]
-
-
-def plugins_hint(out: Path) -> str:
-    """``""``, or a sentence naming the plugins ``out``'s runs were made with (for an error)."""
-    records = recorded_plugins(out)
-    if not records:
-        return ""
-    return (f"; {out} was made with the plugins {', '.join(str(r.get('spec')) for r in records)}: "
-            "pass them again with --plugin (or AGENTRL_JAX_PLUGINS)")
-
-
-def record_plugins(out: Path) -> list[dict[str, Any]]:
-    """Writes ``out/plugins.json``: the plugins recorded before, then those loaded in this
-    process (a plugin loaded again replaces its record; if its file changed, a warning, and
-    the old sha256 values stay in ``earlier_sha256``)."""
-    records = {r["module"]: r for r in recorded_plugins(out)}
-    for record in loaded_plugins():
-        before = records.pop(record["module"], None)
-        earlier = list(before.get("earlier_sha256", [])) if before is not None else []
-        if before is not None and before.get("sha256") != record["sha256"]:
-            warnings.warn(f"plugin {record['spec']} changed since {out}'s runs began (sha256 "
-                          f"{str(before.get('sha256'))[:12]} -> {str(record['sha256'])[:12]})", stacklevel=2)
-            earlier.append(before.get("sha256"))
-        records[record["module"]] = {**record, **({"earlier_sha256": earlier} if earlier else {})}
-    if records:
-        (out / PLUGINS_FILE).write_text(json.dumps({"plugins": list(records.values())}, indent=2))
-    return list(records.values())
-
-
-def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
-    """Create ``out`` (or check that it holds this config), and write ``config.yaml`` (and
-    ``plugins.json``)."""
-    if fresh and out.exists():
-        shutil.rmtree(out)
-    saved = out / CONFIG_FILE
-    if saved.exists():
-        try:
-            previous = load_config(saved)
-        except ValueError as error:  # ConfigError, naming the file and the field
-            raise ResultsFolderError(f"{error}{plugins_hint(out)}; use --fresh or another --out") from None
-        if previous != config:
-            before = previous.to_dict()
-            changed = [f"{s}.{k}" for s, fields in config.to_dict().items()
-                       for k, v in fields.items() if before[s][k] != v]
-            raise ResultsFolderError(f"{out} holds a run of another config (differs in "
-                                     f"{', '.join(changed)}); use --fresh to start over or "
-                                     "another --out")
-    elif out.exists() and any(out.iterdir()):
-        raise ResultsFolderError(f"{out} is not empty and holds no {CONFIG_FILE}; choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    saved.write_text(dump_config(config))
-    record_plugins(out)
 
 
 # ---------------------------------------------------------------- the run
