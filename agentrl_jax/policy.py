@@ -337,6 +337,8 @@ class SamplerPolicy:
         (:class:`~agentrl_jax.rollout.RolloutConfig` ``lanes``) each hold one."""
         self.params  # placed once, here, so the fork shares them  # noqa: B018
         other = copy.copy(self)
+        for name in [n for n in vars(other) if callable(getattr(type(self), n, None))]:
+            delattr(other, name)  # a method replaced on this instance (a spy) stays with it
         other._clear()
         return other
 
@@ -629,7 +631,7 @@ class ScriptedPolicy:
 
     def fork(self) -> "ScriptedPolicy":
         """The same script with rows of its own (a rollout lane)."""
-        return ScriptedPolicy(self.tokenizer, self.script)
+        return type(self)(self.tokenizer, self.script)
 
     def start(self, contexts: Sequence[Sequence[int]], settings: PolicySettings) -> None:
         self._settings = settings

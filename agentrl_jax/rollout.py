@@ -50,7 +50,7 @@ Budgets (§6): the system prompt states ``B``; turn ``t``'s user message states 
 invalid action.
 
 Throughput: the model work is batched over live rows every turn and the environment steps the
-whole batch in one call; the policy drops finished rows from its cache once at most half are
+whole batch in one call (one per lane with ``lanes``); the policy drops finished rows from its cache once at most half are
 live (see :class:`~agentrl_jax.policy.SamplerPolicy`). Shapes are fixed by the config, so no
 turn recompiles. The loop itself is host Python: templating, tokenizing and decoding are per
 row and cached where texts repeat.
@@ -72,13 +72,19 @@ are seated together in order, and the Trajectory comes out whole at the end, so 
 groups are never split.
 
 Lanes (``lanes = n``): the seats are split into ``n`` lanes, each a cache of its own (the
-policy and its ``fork()``s). The loop visits the lanes in turn; a lane's environment step is
+policy and its ``fork()``s; whole task groups of seats where the seats allow, so a group's
+first prompt is still prefilled once). Each lane seats rows by the rules above on its own
+seats, so with parts a lane whose seats are empty starts on the next part while another still
+plays the last one, and preemption's "one row alone" applies per lane. The loop visits the
+lanes in turn; a lane's environment step is
 handed to one background thread (steps run one at a time, in order, each from the state the
 one before left) and the next lane samples meanwhile; the lane takes the answer on its next
 visit. So an environment whose steps take real time (a Python environment's queries, test runs
 or sandboxes, off the device that decodes) costs at most what decoding does not already
-hide. Each lane's calls hold fewer rows, so a jitted environment like FrozenLake's gains
-nothing from it.
+hide. Each lane's calls hold fewer rows (smaller decode batches, maybe more compiled
+shapes), so a jitted environment like FrozenLake's gains nothing from it; and on an
+accelerator in bfloat16 a smaller batch can round differently, so lanes give the one-lane
+tokens only up to the float rounding discussed below.
 
 Randomness: budgets, the environment's seed and the policy's key come from ``key``; the
 policy gets one key per row per turn, ``fold_in(fold_in(key_policy, turn), row)``
@@ -212,7 +218,7 @@ class RolloutStats:
     live_rows: tuple[int, ...]     # rows that sampled at each turn
     sampled_tokens: int
     policy_s: float                # prefill, decode, cache compaction (blocking)
-    env_s: float                   # reset and steps (parsing included)
+    env_s: float                   # reset, and waiting for steps (parsing included)
     host_s: float                  # the rest: templates, tokenizing, decoding, bookkeeping
     total_s: float
     env_step_s: float = 0.0        # steps, wherever they ran: with lanes, more than the
@@ -240,6 +246,16 @@ def row_parts(groups: int, group_size: int, max_rows: int | None) -> list[np.nda
     count = -(-groups // (max_rows // group_size))
     return [rows[g[0] * group_size:(g[-1] + 1) * group_size]
             for g in np.array_split(np.arange(groups), count)]
+
+
+def lane_seats(seats: int, group_size: int, lanes: int) -> list[int]:
+    """The seats of each of ``lanes`` lanes (``lanes <= seats``), as even as they can be: in
+    whole task groups when there are at least as many groups as lanes (so a group seated at
+    once shares one prefill of its prompt), else seat by seat."""
+    groups = seats // group_size
+    if seats % group_size == 0 and groups >= lanes:
+        return [len(share) * group_size for share in np.array_split(np.arange(groups), lanes)]
+    return [len(share) for share in np.array_split(np.arange(seats), lanes)]
 
 
 @jax.jit
@@ -566,8 +582,8 @@ class MultiTurnRollout:
             raise ValueError(f"RolloutConfig.lanes={self.config.lanes} needs a policy with "
                              f"fork() (a second cache); {type(policy).__name__} has none")
         policies = [policy] + [policy.fork() for _ in range(count - 1)]
-        return [_Seats(p, len(share), rows, self.settings)
-                for p, share in zip(policies, np.array_split(np.arange(seats), count))]
+        return [_Seats(p, n, rows, self.settings)
+                for p, n in zip(policies, lane_seats(seats, self.config.group_size, count))]
 
     def _play(self, lanes: list[_Seats], play: _Play, queues: list[np.ndarray], env: _EnvSteps,
               key_policy: jax.Array, timer: _Timer) -> None:

@@ -168,7 +168,9 @@ def sql_policies(tmp_path_factory):
 def test_sql_counts_are_those_of_the_rollouts(sql_policies, tmp_path):
     base_dir, rl_dir = sql_policies
     out = tmp_path / "results"
-    common = ["--env", "sql", "--base", base_dir, "--rl", rl_dir, "--out", out, *_tiny(EnvName.sql)]
+    # 2 lanes (sql's default is 1): the counts are still those of the one-lane replays below
+    common = ["--env", "sql", "--base", base_dir, "--rl", rl_dir, "--out", out, *_tiny(EnvName.sql),
+              "--lanes", 2]
     # Three samples in both commands: the replays below then compile one set of shapes.
     printed = _run("eval", "env-passk", *common, "--samples", 3)
     _run("eval", "env-passt", *common, "--samples", 3, "--k", 2, "--budgets", "1,3")
@@ -201,6 +203,7 @@ def test_sql_counts_are_those_of_the_rollouts(sql_policies, tmp_path):
     loaded.env.close()
     assert (settings["env"], settings["t_max"], settings["command"]) == ("sql", 10, "env-passt")
     assert settings["task_names"] == list(loaded.names) and settings["budgets"] == "1,3"
+    assert settings["lanes"] == 2
     assert set(settings["policies"]) == {"base", "RL"}
     report = (out / "report.md").read_text()
     assert "## InterCode-SQL: Pass@K (full budget)" in report
@@ -219,6 +222,7 @@ def test_code_env_passk(tmp_path):
     assert counts["base"]["c"] == counts["RL"]["c"] == [0, 0]  # random text is no program
     settings = json.loads((out / "settings" / "passk.json").read_text())
     assert settings["task_names"] == ["HumanEval/0", "HumanEval/1"] and settings["t_max"] == 10
+    assert settings["lanes"] == 2  # code's default: its steps run tests in the sandbox
     sections = json.loads((out / "sections" / "passk.json").read_text())["sections"]
     assert sections[0]["title"] == "DeepCoder-MT: Pass@K (full budget)"
 

@@ -54,6 +54,23 @@ def test_each_platform_gets_its_kernel_only_where_its_constraints_hold():
         Paging(kernel="triton")
 
 
+@pytest.mark.parametrize("kernel, page_size, dtype, why", [
+    ("pallas_tpu", 16, jnp.float32, "computes on bfloat16 pages, and this pool is float32"),
+    ("pallas_tpu", 16, jnp.bfloat16, "head_dim a multiple of 128"),  # head_dim 16
+    ("pallas_gpu", 8, jnp.float32, "multiples of 16, got 16 and 8"),
+])
+def test_a_kernel_chosen_by_name_that_cannot_serve_the_cache_is_refused(kernel, page_size, dtype,
+                                                                        why):
+    """``auto`` falls back to the XLA version; a kernel named explicitly for a cache it cannot
+    serve (rounding a float32 pool, shapes off its tiles) is a one-line error at ``init``."""
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    sampler = Sampler(Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)), max_new_tokens=1,
+                      paging=Paging(page_size=page_size, kernel=kernel, interpret=True))
+    with pytest.raises(ValueError, match=f"paging.kernel='{kernel}' cannot serve this cache: .*{why}"):
+        sampler.init(1, 32, dtype)
+
+
 def test_decode_through_the_gpu_kernel_gives_the_xla_engines_tokens():
     """A Sampler on ``Paging(kernel="pallas_gpu", interpret=True)``: the same greedy tokens
     and log-probs as the XLA paged engine (appends stay XLA; every decode step runs the kernel

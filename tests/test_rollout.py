@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from agentrl_jax.algorithms.budgetmix import budget_set
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.policy import ScriptedPolicy
-from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, row_parts
+from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, lane_seats, row_parts
 from envs.frozenlake import grid, optimal, qstar
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text import parse_action, render
@@ -92,8 +92,10 @@ def runner_for(env, tokenizer, **overrides):
 
 # ---------------------------------------------------------------------------- exact replay
 @pytest.mark.parametrize("seats", [{}, {"max_rows_per_call": 8, "refill": True}, {"lanes": 2},
-                                   {"max_rows_per_call": 8, "refill": True, "lanes": 3}],
-                         ids=["all_rows", "continuous_8_seats", "2_lanes", "8_seats_in_3_lanes"])
+                                   {"max_rows_per_call": 8, "refill": True, "lanes": 3},
+                                   {"max_rows_per_call": 8, "lanes": 2}],
+                         ids=["all_rows", "continuous_8_seats", "2_lanes", "8_seats_in_3_lanes",
+                              "parts_of_8_in_2_lanes"])
 def test_qstar_greedy_agent_reproduces_play_greedy_exactly(slippery_env, tokenizer, seats):
     """Also under continuous batching: 64 rows through 8 seats, each ended row's seat taken
     by the next row, rows at different turns stepping together; and in lanes, whose
@@ -475,6 +477,37 @@ def test_lanes_overlap_environment_steps_with_sampling_and_play_the_same_convers
     steps = sum(one.stats.live_rows)  # every turn of a row stepped once; 2 workers per step
     for stats in (one.stats, two.stats):
         assert stats.env_step_s >= 0.02 * steps / 2
+
+
+def test_an_environment_error_in_a_lanes_background_step_reaches_the_caller(lake, tokenizer):
+    """The second step raises on the background thread: the rollout raises that error (it does
+    not hang or swallow it), after the step threads have finished."""
+    class Failing:
+        def __init__(self, env):
+            self.env, self.calls = env, 0
+
+        def __getattr__(self, name):
+            return getattr(self.env, name)
+
+        def step(self, state, responses, live):
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("the environment broke")
+            return self.env.step(state, responses, live)
+
+    runner = MultiTurnRollout(Failing(lake), tokenizer, RolloutConfig(
+        group_size=4, budget=5, max_response_tokens=16, max_context=2048, lanes=2))
+    with pytest.raises(RuntimeError, match="the environment broke"):
+        runner(ScriptedPolicy(tokenizer, constant("<answer>Up</answer>")), np.array([0]),
+               jax.random.key(0))
+
+
+@pytest.mark.parametrize("seats, group_size, lanes, want", [
+    (16, 4, 2, [8, 8]), (12, 4, 2, [8, 4]), (10, 2, 3, [4, 4, 2]),  # whole groups
+    (4, 4, 2, [2, 2]), (6, 2, 4, [2, 2, 1, 1]),  # fewer groups than lanes: seat by seat
+])
+def test_lane_seats_are_whole_groups_where_they_can_be(seats, group_size, lanes, want):
+    assert lane_seats(seats, group_size, lanes) == want
 
 
 def test_lanes_need_a_policy_that_forks(lake, tokenizer):

@@ -60,14 +60,20 @@ def teacher_forced_logprobs(model, token_map, rows, width):
 
 
 def count_preemptions(policy) -> list[int]:
-    """The rows ``policy`` preempts at each ``respond`` from now on (the list fills as it plays)."""
-    counts, respond = [], policy.respond
+    """The rows ``policy`` and its forks preempt at each ``respond`` from now on (the list
+    fills as they play)."""
+    counts = []
 
-    def counted(*args):
-        out = respond(*args)
-        counts.append(0 if out.preempted is None else int(out.preempted.sum()))
-        return out
-    policy.respond = counted
+    def watch(p):
+        respond, fork = p.respond, p.fork
+
+        def counted(*args):
+            out = respond(*args)
+            counts.append(0 if out.preempted is None else int(out.preempted.sum()))
+            return out
+        p.respond, p.fork = counted, lambda: watch(fork())
+        return p
+    watch(policy)
     return counts
 
 
@@ -367,6 +373,9 @@ def test_lanes_play_the_whole_batchs_conversations(tiny_policy, shared_policy, t
                                                      tasks, key)
     policy = SamplerPolicy(model, token_map=token_map, min_rows=1, paging=paging)
     assert policy.fork().params is policy.params
+    spied = SamplerPolicy(model, token_map=token_map, min_rows=1)
+    spied.respond = lambda *args: None
+    assert spied.fork().respond.__func__ is SamplerPolicy.respond  # a spy stays with its policy
     laned = MultiTurnRollout(env, tokenizer, dataclasses.replace(config, lanes=2, **seats))(
         policy, tasks, key)
     a, b = jax.device_get(whole.trajectory), jax.device_get(laned.trajectory)
@@ -380,9 +389,10 @@ def test_lanes_play_the_whole_batchs_conversations(tiny_policy, shared_policy, t
     assert dict(policy.trace_counts) == traces
 
 
-@pytest.mark.parametrize("refill", [True, False], ids=["refill", "parts"])
+@pytest.mark.parametrize("refill, lanes", [(True, 1), (False, 1), (True, 2), (False, 2)],
+                         ids=["refill", "parts", "refill_2_lanes", "parts_2_lanes"])
 def test_a_pool_smaller_than_the_rows_preempts_and_replays_the_same_conversations(
-        tiny_policy, shared_policy, tokenizer, refill):
+        tiny_policy, shared_policy, tokenizer, refill, lanes):
     """4 seats whose rows grow to ~760 tokens over a pool of 60 pages of 16 tokens (room for
     ~1.25 such rows): rows that find no page are preempted (their turn dropped, their pages
     released), wait at the front of the queue and replay the turn with the same key. The
@@ -396,7 +406,7 @@ def test_a_pool_smaller_than_the_rows_preempts_and_replays_the_same_conversation
                            paging=Paging(page_size=16, num_pages=60, block_pages=4))
     preempted = count_preemptions(policy)
     played = MultiTurnRollout(env, tokenizer, dataclasses.replace(
-        config, max_rows_per_call=4, refill=refill))(policy, tasks, key)
+        config, max_rows_per_call=4, refill=refill, lanes=lanes))(policy, tasks, key)
     a, b = jax.device_get(whole.trajectory), jax.device_get(played.trajectory)
     assert int(np.asarray(a.token_mask).sum(axis=1).max()) > 60 * 16 // 2  # rows outgrow the pool
     assert_same_trajectory(b, a)

@@ -53,18 +53,22 @@ class EnvName(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class EnvDefaults:
-    """What differs between the environments besides their tasks: the name in reports and
-    the token limits their texts need (a DeepCoder-MT turn is a whole program; BFCL's first
-    message lists every function as JSON). Pass ``--tasks-per-call`` to bound the memory."""
+    """What differs between the environments besides their tasks: the name in reports, the
+    token limits their texts need (a DeepCoder-MT turn is a whole program; BFCL's first
+    message lists every function as JSON) and the rollout lanes (2 where steps run tests in a
+    sandbox, long enough to hide behind decoding; 1 where a step is a query or a function call,
+    so decode batches stay whole). Pass ``--tasks-per-call`` to bound the memory."""
 
     label: str
     max_response_tokens: int
     max_context: int
+    lanes: int = 1
 
 
 DEFAULTS = {
     EnvName.sql: EnvDefaults("InterCode-SQL", max_response_tokens=512, max_context=8192),
-    EnvName.code: EnvDefaults("DeepCoder-MT", max_response_tokens=1024, max_context=16384),
+    EnvName.code: EnvDefaults("DeepCoder-MT", max_response_tokens=1024, max_context=16384,
+                              lanes=2),
     EnvName.bfcl: EnvDefaults("BFCL v3 multi-turn", max_response_tokens=512, max_context=16384),
 }
 
@@ -217,9 +221,10 @@ _OPTIONS = (
         None, help="Tokens of context per trajectory (default: sql 8192, code 16384, bfcl 16384).",
         min=1)),
     ("workers", int, typer.Option(8, help="Threads stepping the environment's rows.", min=1)),
-    ("lanes", int, typer.Option(2, help="Rollout lanes: the rows in this many caches, one "
-                                        "lane's environment step running while the next lane "
-                                        "samples (the same trajectories as 1).", min=1)),
+    ("lanes", Optional[int], typer.Option(
+        None, help="Rollout lanes: the rows in this many caches, one lane's environment step "
+                   "running while the next lane samples, the same trajectories as 1 up to float "
+                   "rounding (default: code 2, sql 1, bfcl 1).", min=1)),
     ("step_timeout", float, typer.Option(60.0, help="Seconds one environment step may take "
                                                     "before its row ends.", min=0.001)),
     ("code_isolation", str, typer.Option("strict", help="The code sandbox's isolation with --env "
@@ -278,11 +283,12 @@ def _setup(options: dict[str, Any]) -> EnvSetup:
     config = passt.eval_rollout_config(
         max_response_tokens=o["max_response_tokens"] or defaults.max_response_tokens,
         max_context=o["max_context"] or defaults.max_context, sampling=sampling,
-        enable_thinking=o["thinking"], lanes=o["lanes"])
+        enable_thinking=o["thinking"], lanes=o["lanes"] or defaults.lanes)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in o.items()}
     settings.update(env=env_name.value, t_max=tasks.env.t_max,
                     max_response_tokens=config.max_response_tokens,
-                    max_context=config.max_context, task_names=list(tasks.names))
+                    max_context=config.max_context, lanes=config.lanes,
+                    task_names=list(tasks.names))
     settings["policies"] = {eval_cli.NAMES[0]: base.describe(),
                             **({eval_cli.NAMES[1]: rl.describe()} if rl else {})}
     common = eval_cli.Setup(o["out"], tasks.env, np.arange(tasks.env.num_tasks()), config,

@@ -1,7 +1,7 @@
 """What every analysis' figure shares (the figures themselves, in the spirit of the paper's
 Figures 2-8, live with their analysis in :mod:`agentrl_jax.evaluation.analyses`).
 
-Each ``plot_*`` function takes plain arrays / dicts and an output path, writes
+Each analysis' ``plot_*`` function takes plain arrays / dicts and an output path, writes
 ``<stem>.png`` and ``<stem>.pdf`` (any ``.png``/``.pdf`` suffix on the path is replaced,
 :func:`save_figure`), and returns ``(png_path, pdf_path)``. Figures are built on
 ``matplotlib.figure.Figure`` with an explicit Agg canvas (:func:`new_figure`): no pyplot, no

@@ -35,19 +35,31 @@ KERNELS = ("xla", "pallas_tpu", "pallas_gpu")
 _SPLITS = (16, 8, 4, 2, 1)
 
 
+def unmet(kernel: str, *, page_size: int, head_dim: int, dtype) -> str | None:
+    """Why ``kernel`` cannot serve a pool of ``page_size``-token pages, ``head_dim`` and
+    ``dtype`` (None: it can). TPU: a bfloat16 pool (the kernel computes in bfloat16),
+    ``head_dim`` a multiple of 128 and ``page_size`` of 16 (its memory tiles). GPU: ``head_dim``
+    and ``page_size`` multiples of 16 (Triton's matrix tiles)."""
+    if kernel == "pallas_tpu":
+        if jnp.dtype(dtype) != jnp.bfloat16:
+            return (f"it computes on bfloat16 pages, and this pool is {jnp.dtype(dtype)} (its "
+                    "keys would be rounded)")
+        if head_dim % 128 or page_size % 16:
+            return (f"it needs head_dim a multiple of 128 and pages a multiple of 16 tokens, "
+                    f"got {head_dim} and {page_size}")
+    if kernel == "pallas_gpu" and (head_dim % 16 or page_size % 16):
+        return (f"it needs head_dim and pages multiples of 16, got {head_dim} and {page_size}")
+    return None
+
+
 def select_kernel(platform: str, *, page_size: int, head_dim: int, dtype) -> str:
     """The decode attention for ``platform`` (``jax.Device.platform``: "tpu", "gpu" or
-    "cuda", "cpu", ...): the platform's Pallas kernel when its constraints hold, else "xla".
-
-    TPU: bfloat16 pool (the kernel computes in bfloat16), ``head_dim`` a multiple of 128 and
-    ``page_size`` of 16 (its memory tiles). GPU: ``head_dim`` and ``page_size`` multiples of
-    16 (Triton's matrix tiles)."""
-    if platform == "tpu" and jnp.dtype(dtype) == jnp.bfloat16 and head_dim % 128 == 0 \
-            and page_size % 16 == 0:
-        return "pallas_tpu"
-    if platform in ("gpu", "cuda", "rocm") and head_dim % 16 == 0 and page_size % 16 == 0:
-        return "pallas_gpu"
-    return "xla"
+    "cuda", "cpu", ...): the platform's Pallas kernel where :func:`unmet` finds nothing
+    against it, else "xla"."""
+    kernel = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu",
+              "rocm": "pallas_gpu"}.get(platform, "xla")
+    fits = unmet(kernel, page_size=page_size, head_dim=head_dim, dtype=dtype) is None
+    return kernel if fits else "xla"
 
 
 def _divisor(n: int, at_most: int) -> int:

@@ -623,10 +623,13 @@ class Sampler:
         paging = self.paging
         if paging is None:
             return None
+        shape = dict(page_size=paging.page_size, head_dim=self.config.head_dim,
+                     dtype=jnp.dtype(dtype or self.dtype))
         if paging.kernel == "auto":
-            paging = dataclasses.replace(paging, kernel=select_kernel(
-                self.platform, page_size=paging.page_size, head_dim=self.config.head_dim,
-                dtype=jnp.dtype(dtype or self.dtype)))
+            paging = dataclasses.replace(paging, kernel=select_kernel(self.platform, **shape))
+        elif (why := paged_kernels.unmet(paging.kernel, **shape)) is not None:
+            raise ValueError(f"paging.kernel={paging.kernel!r} cannot serve this cache: {why}; "
+                             "use kernel='auto' (the XLA version where no kernel fits)")
         shards = batch_shards(self.mesh) if self.sharded_pages else 1
         if paging.num_pages is None:
             rows = batch_size if pool_rows is None else max(pool_rows, 1)
