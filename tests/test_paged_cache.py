@@ -197,10 +197,15 @@ def test_the_pool_write_stays_in_place_when_compiled_for_a_tpu():
     temporaries are a few MiB, not a second pool (``pool.at[:, layer, page, offset]`` made
     the TPU compiler copy all of it; XLA:CPU does not, so the check needs the TPU compiler)."""
     pytest.importorskip("libtpu")
+    import os
     import subprocess
     import sys
 
-    child = subprocess.run([sys.executable, "-c", WRITE_IN_PLACE], capture_output=True, text=True,
+    # compile-only TPU devices: the child may load libtpu while this process holds it too
+    child_env = {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+    child = subprocess.run([sys.executable, "-c", WRITE_IN_PLACE], env=child_env,
+                           capture_output=True, text=True,
                            timeout=600)
     assert child.returncode == 0, child.stderr[-3000:]
     temp, pool = map(int, child.stdout.split()[-2:])

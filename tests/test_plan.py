@@ -26,7 +26,9 @@ PROGRAMS = {"train:grpo", "rollout:init", "rollout:append", "rollout:decode", "e
 
 
 def _plan(*args: str) -> tuple[int, dict]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    # compile-only TPU devices: the child may load libtpu while this process holds it too
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+           "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     child = subprocess.run([sys.executable, "-m", "agentrl_jax.cli", "plan", *CI, *args, "--json"],
                            env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert child.returncode in (0, 1), child.stderr[-3000:]
