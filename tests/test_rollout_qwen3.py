@@ -77,6 +77,16 @@ def count_preemptions(policy) -> list[int]:
     return counts
 
 
+def six_groups_of_two(env, tokenizer, reference):
+    """``(config, tasks, key, whole)``: 6 groups of 2 rows (BudgetMix budgets, so rows end at
+    different turns) played all at once by ``reference`` (the static engine), the rollout the
+    seated, laned and preempting variants must reproduce."""
+    config = RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT)
+    tasks, key = np.array([4, 9, 2, 7, 11, 5]), jax.random.key(6)
+    whole = MultiTurnRollout(env, tokenizer, config)(reference.using(reference.params), tasks, key)
+    return config, tasks, key, whole
+
+
 def assert_same_trajectory(got, want):
     """Every field equal; log-probs to 1e-5 (the same tokens, from batches of other shapes)."""
     for field in dataclasses.fields(want):
@@ -332,10 +342,7 @@ def test_continuous_batching_plays_the_whole_batchs_conversations(tiny_policy, s
     turns decode together. The Trajectory is the whole batch's, token for token (log-probs to
     1e-5); no policy call held more than 4 rows; compilations once per shape."""
     env, _, token_map, model = tiny_policy
-    config = RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT)
-    tasks, key = np.array([4, 9, 2, 7, 11, 5]), jax.random.key(6)
-    whole = MultiTurnRollout(env, tokenizer, config)(shared_policy.using(shared_policy.params),
-                                                     tasks, key)
+    config, tasks, key, whole = six_groups_of_two(env, tokenizer, shared_policy)
     policy = SamplerPolicy(model, token_map=token_map, min_rows=1, paging=paging)
     restarts = []
     original = policy.restart
@@ -367,10 +374,7 @@ def test_lanes_play_the_whole_batchs_conversations(tiny_policy, shared_policy, t
     (log-probs to 1e-5); the fork shares the placed parameters and the compiled programs, and
     a second rollout compiles nothing (none per turn, none per refill)."""
     env, _, token_map, model = tiny_policy
-    config = RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT)
-    tasks, key = np.array([4, 9, 2, 7, 11, 5]), jax.random.key(6)
-    whole = MultiTurnRollout(env, tokenizer, config)(shared_policy.using(shared_policy.params),
-                                                     tasks, key)
+    config, tasks, key, whole = six_groups_of_two(env, tokenizer, shared_policy)
     policy = SamplerPolicy(model, token_map=token_map, min_rows=1, paging=paging)
     assert policy.fork().params is policy.params
     spied = SamplerPolicy(model, token_map=token_map, min_rows=1)
@@ -398,10 +402,7 @@ def test_a_pool_smaller_than_the_rows_preempts_and_replays_the_same_conversation
     released), wait at the front of the queue and replay the turn with the same key. The
     Trajectory is the unbounded engine's, token for token (log-probs to 1e-5)."""
     env, _, token_map, model = tiny_policy
-    config = RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT)
-    tasks, key = np.array([4, 9, 2, 7, 11, 5]), jax.random.key(6)
-    whole = MultiTurnRollout(env, tokenizer, config)(shared_policy.using(shared_policy.params),
-                                                     tasks, key)
+    config, tasks, key, whole = six_groups_of_two(env, tokenizer, shared_policy)
     policy = SamplerPolicy(model, token_map=token_map, min_rows=1,
                            paging=Paging(page_size=16, num_pages=60, block_pages=4))
     preempted = count_preemptions(policy)
