@@ -152,7 +152,7 @@ def pass_at_k(out: Path, tasks: EvalTasks, tokenizer, policies: Mapping[str, Any
     section = analysis.section(out, analysis.compute(counts))
     raw = report.write_json(out / "pass_at_k_counts.json",
                             {name: {"n": n, "c": c} for name, (n, c) in counts.items()})
-    return [_titled(dataclasses.replace(section, files=section.files + (_rel(out, raw),)), label)]
+    return [_titled(dataclasses.replace(section, files=section.files + (report.rel(out, raw),)), label)]
 
 
 def pass_at_t(out: Path, tasks: EvalTasks, tokenizer, policies: Mapping[str, Any],
@@ -177,16 +177,12 @@ def pass_at_t(out: Path, tasks: EvalTasks, tokenizer, policies: Mapping[str, Any
     raw = report.write_json(out / "pass_at_t_counts.json", {
         name: {str(b): {"n": n, "c": c} for b, (n, c) in by_budget.items()}
         for name, by_budget in results.items()})
-    sections[0] = dataclasses.replace(sections[0], files=sections[0].files + (_rel(out, raw),))
+    sections[0] = dataclasses.replace(sections[0], files=sections[0].files + (report.rel(out, raw),))
     if min_turns is not None:
         sections[0] = dataclasses.replace(
             sections[0], text=f"{sections[0].text} Structural bound: the share of tasks whose "
                               "annotated trajectory fits in T turns.")
     return [_titled(s, label) for s in sections]
-
-
-def _rel(out: Path, path: Path) -> str:
-    return path.relative_to(out).as_posix()
 
 
 def _titled(section: Section, label: str) -> Section:
