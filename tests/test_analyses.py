@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, likelihood, pass_at_k,
-                                             pass_at_t, robustness, step_quality, table1)
+from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, error_recovery,
+                                             likelihood, pass_at_k, pass_at_t, robustness,
+                                             step_quality, table1)
 from agentrl_jax.evaluation.result import Result, same
 
 Z95 = 1.959963984540054
@@ -114,6 +115,39 @@ def test_continuation_by_hand():
     b = res.rates["b"]
     assert (b.mean, b.low) == (0.0, 0.0) and b.high == pytest.approx(0.4899, abs=1e-4)
     round_trip(res)
+
+
+def test_error_recovery_suite_by_hand(tmp_path):
+    record = {"policies": ["base", "RL", "other"], "pairs": {"RL": {
+        # 3 error states: RL better on the first, tied on the second, worse on the third
+        "quality": {"base": [0.5, 0.2, 0.9], "RL": [0.7, 0.2, 0.6]},
+        # 2 continuations per state
+        "success": {"base": [[0, 0], [1, 0], [0, 0]], "RL": [[1, 1], [1, 0], [0, 1]]}}}}
+    res = error_recovery.compute(record)
+    assert res.suite == error_recovery.SUITE and res.base == "base"
+    assert list(res.rows) == ["RL"]  # "other" has no pair in the record: no row
+    row = res.rows["RL"]
+    assert row.states == 3
+    assert (row.better_share, row.tie_share) == pytest.approx((1 / 3, 1 / 3))
+    # quality differences +0.2, 0, -0.3: mean -0.1/3, sd sqrt(((0.2 + 1/30)^2 + (1/30)^2
+    # + (0.3 - 1/30)^2) / 2) = 0.2517, half width 1.96 * 0.2517 / sqrt(3) = 0.2848
+    assert row.quality_diff.mean == pytest.approx(-1 / 30)
+    assert row.quality_diff.high - row.quality_diff.mean == pytest.approx(0.2848, abs=1e-4)
+    # continuations: RL 4 of 6, base 1 of 6 (Wilson intervals); per-state gains 1, 0, 0.5:
+    # mean 0.5, sd 0.5, half width 1.96 * 0.5 / sqrt(3) = 0.5658
+    assert (row.continuation.mean, row.continuation.n) == (pytest.approx(4 / 6), 6)
+    assert row.base_continuation.mean == pytest.approx(1 / 6)
+    assert 0 < row.continuation.low < 4 / 6 < row.continuation.high < 1
+    assert row.continuation_gain.mean == pytest.approx(0.5)
+    assert row.continuation_gain.low == pytest.approx(0.5 - 0.5658, abs=1e-4)
+    round_trip(res)
+    section = error_recovery.section(tmp_path, res)
+    assert "| RL | 3 | 33.3% (33.3%) | -0.033 [" in section.markdown
+    assert "| 66.7 [" in section.markdown and "+50.0 [-6.6, +106.6]" in section.markdown
+    lines = (tmp_path / error_recovery.ERROR_RECOVERY_CSV).read_text().splitlines()
+    assert lines[0].startswith("policy,states,quality_diff_mean") and lines[1].startswith("RL,3,")
+    with pytest.raises(ValueError, match=r"successes must be \[E, G\]"):
+        error_recovery.recovery([0.1], [0.2], [[1, 0]], [[1]])
 
 
 def test_depth_by_hand():

@@ -12,6 +12,7 @@ likelihood wiring against the log-probs the sampler recorded."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import struct
@@ -24,6 +25,7 @@ from flax import nnx
 from markdown_it import MarkdownIt
 
 from agentrl_jax.evaluation import passt
+from agentrl_jax.evaluation.analyses import error_recovery
 from agentrl_jax.evaluation import report as eval_report
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
@@ -118,6 +120,13 @@ def test_budgetmix_counterparts_and_file_names():
     assert results.budgetmix_counterparts(names) == {"BudgetMix GRPO": "GRPO",
                                                      "BudgetMix-GiGPO": "GiGPO"}
     assert results.budgetmix_counterparts(["base", "GRPO", "BudgetMix"]) == {"BudgetMix": "GRPO"}
+    # a qualifier before "BudgetMix" names a variant of the same full-budget run
+    assert results.budgetmix_counterparts(
+        ["base", "GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO", "Adaptive GRPO"]) == {
+        "BudgetMix GRPO": "GRPO", "Adaptive BudgetMix GRPO": "Adaptive GRPO"}
+    assert results.budgetmix_counterparts(
+        ["base", "GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO"]) == {
+        "BudgetMix GRPO": "GRPO", "Adaptive BudgetMix GRPO": "GRPO"}
     assert results.slug("BudgetMix GRPO") == "budgetmix_grpo"
     with pytest.raises(ValueError, match="share file names"):
         run_analysis("passk", "unused", None, np.arange(1), None,
@@ -174,6 +183,32 @@ def test_every_analysis_writes_its_files_and_reports_its_units(scripted):
                       "Action quality vs normalised depth: GRPO vs base",
                       "Step-level action quality on matched states: BudgetMix GRPO vs base",
                       "Action quality vs normalised depth: BudgetMix GRPO vs base"]
+
+
+def test_the_error_recovery_suite_tables_every_policy_from_the_raw_errors(scripted):
+    out, _ = scripted
+    suite = report.read_sections(out, ["errors"])["errors"][-1]
+    assert suite.title == "Error-recovery suite"
+    saved = json.loads((out / error_recovery.ERROR_RECOVERY_JSON).read_text())
+    assert saved["suite"] == error_recovery.SUITE and list(saved["rows"]) == list(NAMES[1:])
+    assert error_recovery.ErrorRecovery.from_json(saved) == error_recovery.compute(
+        results.load_raw(out, "errors"))
+    assert list(first_table(suite.markdown)[1]) == list(NAMES[1:])
+
+
+def test_diagnostic_tasks_cap_every_analysis_but_the_table(tmp_path, tokenizer, env):
+    settings = dataclasses.replace(SETTINGS, diagnostic_tasks=2)
+    models = {"base": ScriptedPolicy(tokenizer, QStarAgent(T_MAX, epsilon=0.5, seed=1, is_slippery=False)),
+              "GRPO": ScriptedPolicy(tokenizer, QStarAgent(T_MAX, is_slippery=False))}
+    assert list(settings.analysis_tasks("table", np.arange(TASKS))) == list(range(TASKS))
+    for name, tasks in (("table", TASKS), ("passk", 2)):
+        done = []
+        run_analysis(name, tmp_path, env, np.arange(TASKS), tokenizer, models, settings,
+                     progress=done.append)
+        assert results.load_raw(tmp_path, name)["task_ids"] == list(range(tasks))
+        assert sum(done) == analysis_units(name, settings, TASKS, 2, T_MAX)
+    assert analysis_units("passk", settings, TASKS, 2, T_MAX) == analysis_units(
+        "passk", SETTINGS, 2, 2, T_MAX)
 
 
 def test_an_optimal_policy_meets_the_structural_bound_exactly(scripted, env):

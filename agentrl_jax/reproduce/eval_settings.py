@@ -38,6 +38,7 @@ _CHECKS: dict[str, Check] = {
     "invalid": one_of(diagnostics.INVALID_SCORES),
     "enable_thinking": BOOL,
     "tasks_per_call": optional(_COUNT), "states_per_call": optional(_COUNT),
+    "diagnostic_tasks": optional(_COUNT),
     "prefill_chunk": optional(_COUNT),
     "kv_cache_dtype": (lambda v: v is None or one_of(("float32", "bfloat16"))[0](v),
                        "null, float32 or bfloat16"),
@@ -63,6 +64,7 @@ class EvalSettings:
     samples: int = 8                  # trajectories per task and budget (Pass@T, Table 1)
     k: int = 8                        # k of Pass@(k, T) (paper: 8)
     budgets: tuple[int, ...] | None = None
+    diagnostic_tasks: int | None = None  # the first N tasks for every analysis but Table 1 / Pass@T (null: all)
     pass_k_samples: int = 32          # per task at T_max for the Pass@K curve (paper: 128)
     states: int = 256                 # matched state pool per pair (paper: 512)
     group_size: int = 8               # actions per state and policy (paper: 16)
@@ -96,6 +98,15 @@ class EvalSettings:
         if self.k > self.samples:
             raise ConfigError(f"eval.k: must be <= eval.samples ({self.samples}), got {self.k}")
 
+    def analysis_tasks(self, name: str, task_ids: Sequence[int]) -> Sequence[int]:
+        """The tasks analysis ``name`` plays: all of ``task_ids`` for ``table`` (Table 1 and
+        Pass@T, whose intervals need every task), the first :attr:`diagnostic_tasks` for the
+        others (the Pass@K curve, the state pools, the likelihood), whose sample sizes are
+        their own settings."""
+        if name == "table" or self.diagnostic_tasks is None:
+            return task_ids
+        return task_ids[:self.diagnostic_tasks]
+
     def table_budgets(self, t_max: int) -> tuple[int, ...]:
         """The Pass@T budgets at ``T_max``: :attr:`budgets` (default 1..T_max) and the levels."""
         chosen = range(1, t_max + 1) if self.budgets is None else self.budgets
@@ -126,6 +137,7 @@ def analysis_units(name: str, settings: EvalSettings, num_tasks: int,
     ``likelihood``, score), ``1`` for ``dynamics``. :func:`run_analysis` reports exactly this
     many through ``progress``, in steps as its rollouts finish."""
     p, s = _policy_count(policies), settings
+    num_tasks = len(s.analysis_tasks(name, range(num_tasks)))
     sources = p * rollout_units(num_tasks, s.source_samples, t_max)
     pairs = p - 1
     units = {

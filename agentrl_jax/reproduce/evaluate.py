@@ -11,7 +11,8 @@ named policies, the first being the base: the reproduction pipeline calls
 * ``passk``: the Pass@K curve, k = 1..``pass_k_samples``, at ``T_max``.
 * ``steps``: step quality on matched states and against depth (§7.1, §7.3), base vs each
   other policy; a pair's pool is half base-visited, half other-visited states.
-* ``errors``: step quality at injected error states and continuation success (§7.2), pairwise.
+* ``errors``: step quality at injected error states and continuation success (§7.2), pairwise,
+  and the error-recovery suite's table of every policy (:mod:`~agentrl_jax.evaluation.analyses.error_recovery`).
 * ``likelihood``: ActionNLL under the base model and the cumulative LLR (§7.4), pairwise.
 * ``dynamics``: R_multi and R_single over training from each run's metrics log (§7.5).
 
@@ -35,8 +36,8 @@ from flax import nnx
 
 from agentrl_jax.evaluation import diagnostics, drivers, likelihood, passk, passt
 from agentrl_jax.evaluation import report as eval_report
-from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, pass_at_k, pass_at_t,
-                                             step_quality)
+from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, error_recovery,
+                                             pass_at_k, pass_at_t, step_quality)
 from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
 from agentrl_jax.evaluation.drivers import rollout_units
 from agentrl_jax.evaluation.report import Section
@@ -282,7 +283,8 @@ def _errors(run: _Run) -> list[Section]:
                         "actions": result.quality.actions, "quality": result.quality.quality,
                         "success": result.success, "overflow": result.overflow}
     raw = run.write_raw("errors", {"gamma": s.gamma, "invalid": s.invalid, "pairs": pairs})
-    return [_with(sections[0], files=(raw,))] + sections[1:]
+    suite = error_recovery.section(run.out, error_recovery.compute(results.load_raw(run.out, "errors")))
+    return [_with(sections[0], files=(raw,))] + sections[1:] + [suite]
 
 
 # ---------------------------------------------------------------- likelihood (§7.4)
@@ -373,7 +375,8 @@ def run_analysis(name: str, out: str | Path, env: FrozenLakeTextEnv, task_ids: n
       name: the analysis.
       out: the results folder.
       env: the evaluation environment (its maps are the tasks, its ``t_max`` the full budget).
-      task_ids: ``[tasks]`` indices of the maps to evaluate on.
+      task_ids: ``[tasks]`` indices of the maps to evaluate on (analyses other than ``table``
+        take the first ``settings.diagnostic_tasks`` of them, :meth:`EvalSettings.analysis_tasks`).
       tokenizer: the policies' common tokenizer (with a chat template).
       models: ``{policy name: model}`` in report order, the first the base policy. A value is
         a :class:`Qwen3ForCausalLM` or any :class:`~agentrl_jax.policy.Policy` (e.g. a
@@ -392,7 +395,8 @@ def run_analysis(name: str, out: str | Path, env: FrozenLakeTextEnv, task_ids: n
     if not isinstance(settings, EvalSettings):
         raise ValueError(f"settings: must be an EvalSettings, got {type(settings).__name__}")
     _check_models(models, name)
-    run = _Run(Path(out), env, np.asarray(task_ids), tokenizer, models, settings,
+    task_ids = np.asarray(settings.analysis_tasks(name, np.asarray(task_ids)))
+    run = _Run(Path(out), env, task_ids, tokenizer, models, settings,
                progress or (lambda units: None))
     if name == "dynamics":
         sections = _dynamics(run, dict(training_logs or {}))

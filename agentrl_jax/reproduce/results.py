@@ -12,7 +12,8 @@ recomputed after the fact, without any model.
 Policies are named; the first is the base policy. A BudgetMix policy is compared with its
 full-budget *counterpart*: the policy whose name is its own without the word ``BudgetMix``
 (``"BudgetMix GRPO"`` -> ``"GRPO"``, ``"BudgetMix GiGPO"`` -> ``"GiGPO"``), or ``"GRPO"`` for a
-policy named just ``"BudgetMix"`` (:func:`budgetmix_counterparts`).
+policy named just ``"BudgetMix"``; words before ``BudgetMix`` qualify the variant and are
+dropped too (``"Adaptive BudgetMix GRPO"`` -> ``"GRPO"``) (:func:`budgetmix_counterparts`).
 """
 
 from __future__ import annotations
@@ -78,11 +79,15 @@ def budgetmix_counterparts(names: Sequence[str]) -> dict[str, str]:
     for name in names:
         if not is_budgetmix(name):
             continue
-        rest = re.sub(BUDGETMIX, " ", name, flags=re.IGNORECASE)
-        rest = re.sub(r"[\s_\-+/]+", " ", rest).strip() or DEFAULT_FULL_BUDGET
-        match = [n for n in names if n != name and n.lower() == rest.lower()]
-        if match:
-            out[name] = match[0]
+        whole = re.sub(BUDGETMIX, " ", name, flags=re.IGNORECASE)
+        after = re.split(BUDGETMIX, name, maxsplit=1, flags=re.IGNORECASE)[1]
+        for rest in (whole, after):  # "Adaptive BudgetMix GRPO": "Adaptive GRPO", then "GRPO"
+            rest = re.sub(r"[\s_\-+/]+", " ", rest).strip() or DEFAULT_FULL_BUDGET
+            match = [n for n in names if n != name and not is_budgetmix(n)
+                     and n.lower() == rest.lower()]
+            if match:
+                out[name] = match[0]
+                break
     return out
 
 

@@ -12,6 +12,8 @@ section:
 * :mod:`.robustness`   - budget robustness, Pass@T's area over the bound's;
 * :mod:`.step_quality` - action quality on matched states and at error states (§7.1, §7.2);
 * :mod:`.continuation` - success continuing from error states (§7.2);
+* :mod:`.error_recovery` - the named error-recovery suite: every policy's figures at error
+  states in one table (§7.2);
 * :mod:`.depth`        - action quality against normalised depth (§7.3);
 * :mod:`.likelihood`   - ActionNLL and the cumulative LLR (§7.4);
 * :mod:`.dynamics`     - R_multi and R_single over training (§7.5).
