@@ -445,17 +445,31 @@ def test_a_preset_registered_from_outside_is_accepted_by_name():
 
     name = "test-grpo-seq-mean"
     try:
-        register_run_preset(name, label="GRPO, sequence mean",
-                            algorithm=lambda rl: {**grpo_algorithm(rl), "aggregation": "seq-mean-token-mean"})
+        register_run_preset(name, label="GRPO, token mean",
+                            algorithm=lambda rl: {**grpo_algorithm(rl), "aggregation": "token-mean"})
         with pytest.raises(ValueError, match="already registered"):
             register_run_preset(name, label="again", algorithm=grpo_algorithm)
         (spec,) = training.run_specs(load_config(CONFIGS / "frozenlake_ci.yaml", [f"rl.runs=[{name}]"]).rl)
-        assert spec.label == "GRPO, sequence mean"
-        assert spec.train_config.algorithm.aggregation == "seq-mean-token-mean"
+        assert spec.label == "GRPO, token mean"
+        assert spec.train_config.algorithm.aggregation == "token-mean"
     finally:
         TABLE.pop(name, None)
     with pytest.raises(ValueError, match="run preset name"):
         register_run_preset("init", label="x", algorithm=grpo_algorithm)
+
+
+def test_rl_aggregation_reaches_the_paper_presets_and_no_other():
+    def aggregations(rl: RLSettings) -> dict[str, str]:
+        return {s.name: s.train_config.algorithm.aggregation
+                for s in training.run_specs(rl, max_response_length=96)}
+    presets = ("grpo", "budgetmix", "budgetmix-adaptive", "gigpo", "ppo", "rloo", "dapo", "dr-grpo")
+    default = aggregations(RLSettings(runs=presets))
+    assert default == {**{p: "seq-mean-token-mean" for p in presets[:6]},
+                       "dapo": "token-mean", "dr-grpo": "seq-mean-token-sum"}
+    assert aggregations(RLSettings(runs=presets, aggregation="token-mean")) == {
+        **default, **{p: "token-mean" for p in presets[:6]}}
+    with pytest.raises(ValueError, match=r"^rl\.aggregation: "):
+        RLSettings(aggregation="mean")
 
 
 def test_nested_overrides_do_not_touch_their_input():

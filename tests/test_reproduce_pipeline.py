@@ -110,7 +110,8 @@ def test_phases_json_records_every_phase_in_order(finished, config):
     assert phases["demos"]["trajectories"] == demos
     assert 0.0 <= phases["demos"]["mistake_share"] <= 1.0 and phases["demos"]["overflow_rate"] == 0.0
     assert phases["warm_start"]["steps"] == sft.num_sft_steps(demos, ws.batch_size, ws.epochs)
-    for run, label in (("grpo", "GRPO"), ("budgetmix", "BudgetMix GRPO")):
+    for run, label in (("grpo", "GRPO"), ("budgetmix", "BudgetMix GRPO"),
+                       ("budgetmix-adaptive", "Adaptive BudgetMix GRPO")):
         assert phases[f"train:{run}"]["resumed_from_step"] == 0
         assert phases[f"train:{run}"]["label"] == label
     # The folder holds the exact config, and every run logged each step once.
@@ -124,7 +125,7 @@ def markdown_tokens(path: Path):
     return MarkdownIt("commonmark").enable("table").parse(path.read_text())
 
 
-def test_report_renders_with_table1_and_valid_figures(finished):
+def test_report_renders_with_table1_and_valid_figures(finished, config):
     report = finished / "report.md"
     tokens = markdown_tokens(report)
     headings = [t.content for i, t in enumerate(tokens)
@@ -135,7 +136,9 @@ def test_report_renders_with_table1_and_valid_figures(finished):
     assert sum(t.type == "table_open" for t in tokens) >= 2  # Table 1 and training dynamics
     # the base's continuation rate is measured once per comparison, on that pair's states: said
     text = report.read_text()
-    assert text.count("so base's rate differs from one comparison to the next") == 2
+    assert text.count("so base's rate differs from one comparison to the next") == len(config.rl.runs)
+    # and the error-recovery suite tables every policy against the base
+    assert "Error-recovery suite" in headings and "frozenlake-error-recovery/v1" in text
     # report.html: the findings first, each verdict linking to the section it was checked on
     from test_figures import read_page
     page = read_page(finished / "report.html")
@@ -154,7 +157,7 @@ def test_report_renders_with_table1_and_valid_figures(finished):
         again = robustness_from_counts(budget_counts(raw, policy), raw["k"], raw["shortest_paths"])
         assert score["mean"] == pytest.approx(again.mean) and f"| {policy} | {again.mean:.3f}" in text
     # every figure names its analysis and its run
-    for run in ("GRPO", "BudgetMix GRPO"):
+    for run in ("GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO"):
         for title in (f"Training dynamics: {run}",
                       f"Step-level action quality on matched states: {run} vs base",
                       f"Step-level action quality at error states: {run} vs base"):
@@ -194,7 +197,7 @@ def markdown_table1(path: Path) -> tuple[list[str], dict[str, list[str]]]:
 
 def test_table1_is_recomputed_from_the_saved_counts(finished, config):
     record = json.loads((finished / "raw" / "table.json").read_text())
-    policies = ["base", "GRPO", "BudgetMix GRPO"]
+    policies = ["base", "GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO"]
     assert record["policies"] == policies
     levels = [(p * config.task.t_max) // 100 for p in (25, 50, 75, 100)]
     assert record["levels"] == levels and record["k"] == config.eval.k

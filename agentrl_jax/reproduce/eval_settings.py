@@ -63,8 +63,8 @@ class EvalSettings:
 
     samples: int = 8                  # trajectories per task and budget (Pass@T, Table 1)
     k: int = 8                        # k of Pass@(k, T) (paper: 8)
-    budgets: tuple[int, ...] | None = None
-    diagnostic_tasks: int | None = None  # the first N tasks for every analysis but Table 1 / Pass@T (null: all)
+    budgets: tuple[int, ...] | None = (1, 2)  # Pass@T budgets besides the Table 1 levels (null: 1..T_max)
+    diagnostic_tasks: int | None = 32  # the first N tasks for every analysis but Table 1 / Pass@T (null: all)
     pass_k_samples: int = 32          # per task at T_max for the Pass@K curve (paper: 128)
     states: int = 256                 # matched state pool per pair (paper: 512)
     group_size: int = 8               # actions per state and policy (paper: 16)

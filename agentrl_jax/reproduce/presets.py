@@ -65,20 +65,20 @@ def paper_policy_terms(rl: Any) -> list[dict[str, Any]]:
 
 
 def grpo_algorithm(rl: Any) -> dict[str, Any]:
-    """GRPO (paper §4): group-relative advantages, clipped ratio, KL."""
-    return {"advantage": "grpo", "loss_terms": paper_policy_terms(rl)}
+    """GRPO (paper §4): group-relative advantages, clipped ratio, KL (``rl.aggregation``)."""
+    return {"advantage": "grpo", "aggregation": rl.aggregation, "loss_terms": paper_policy_terms(rl)}
 
 
 def gigpo_algorithm(rl: Any) -> dict[str, Any]:
     """GiGPO (paper §4): episode plus anchor-state step advantages (omega, gamma)."""
     return {"advantage": "gigpo", "advantage_params": {"omega": rl.gigpo_omega, "gamma": rl.gigpo_gamma},
-            "loss_terms": paper_policy_terms(rl)}
+            "aggregation": rl.aggregation, "loss_terms": paper_policy_terms(rl)}
 
 
 def ppo_algorithm(rl: Any) -> dict[str, Any]:
     """PPO (paper §4): GAE on a learned critic, clipped ratio, KL, clipped value loss."""
     return {"advantage": "gae", "advantage_params": {"gamma": rl.gae_gamma, "lam": rl.gae_lambda},
-            "loss_terms": paper_policy_terms(rl) + [{"name": "value_clip", "params": {"clip": rl.value_clip}}]}
+            "aggregation": rl.aggregation, "loss_terms": paper_policy_terms(rl) + [{"name": "value_clip", "params": {"clip": rl.value_clip}}]}
 
 
 def dapo_algorithm(rl: Any) -> dict[str, Any]:
@@ -103,7 +103,7 @@ def dr_grpo_algorithm(rl: Any) -> dict[str, Any]:
 
 def rloo_algorithm(rl: Any) -> dict[str, Any]:
     """RLOO: leave-one-out baseline advantages with the paper's clip and KL."""
-    return {"advantage": "rloo", "loss_terms": paper_policy_terms(rl)}
+    return {"advantage": "rloo", "aggregation": rl.aggregation, "loss_terms": paper_policy_terms(rl)}
 
 
 def gspo_algorithm(rl: Any) -> dict[str, Any]:

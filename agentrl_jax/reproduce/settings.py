@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 from typing import Any, Mapping, Sequence
 
+from agentrl_jax.algorithms.aggregation import AGGREGATION_MODES
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
@@ -60,7 +61,7 @@ class TaskSettings:
     success_rate: float = 0.8         # P(intended move) when slippery (gymnasium: 1/3)
     t_max: int = 12                   # largest budget (paper §2: 70 on 8x8)
     train_maps: int = 512
-    eval_maps: int = 32
+    eval_maps: int = 288              # held-out maps: Table 1's Pass@8 cells within +-5.8 pt (95%)
     map_seed: int = 0
     max_response_tokens: int = 8      # most tokens of one response (an answer is 3 + stop)
     max_context: int = 384            # tokens of context per trajectory (T_max 12 needs ~310)
@@ -194,7 +195,7 @@ class RLSettings:
     head runs only at sampled positions, at most ``t_max x max_response_tokens`` per row.
     """
 
-    runs: tuple[Any, ...] = ("grpo", "budgetmix")
+    runs: tuple[Any, ...] = ("grpo", "budgetmix", "budgetmix-adaptive")
     algorithm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     steps: int = 40
     tasks_per_step: int = 8
@@ -202,10 +203,14 @@ class RLSettings:
     temperature: float = 1.0          # rollout temperature (paper: 1.0)
     top_p: float = 1.0
     scoring: str = "model"            # log-probs under the model's or the rollout's distribution
-    learning_rate: float = 5e-4       # paper: 1e-6 (Qwen3-4B/8B); 3e-3 collapses the tiny default
+    learning_rate: float = 1e-3       # paper: 1e-6 (Qwen3-4B/8B); 2e-3 breaks the tiny default (notebooks/rl_sweep.md)
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0
-    kl_coef: float = 0.001
+    kl_coef: float = 0.05            # paper: 0.001; 0.05 keeps the tiny default's answer format (notebooks/rl_sweep.md)
+    # how GRPO, GiGPO, PPO and RLOO average their token losses (presets with their own keep it):
+    # GRPO's own per-sequence mean (DeepSeekMath); with token-mean, failed episodes (longer)
+    # outweigh successes and push every sampled token down (notebooks/rl_sweep.md)
+    aggregation: str = "seq-mean-token-mean"
     clip_low: float = 0.2
     clip_high: float = 0.2
     gigpo_omega: float = 1.0
@@ -245,6 +250,7 @@ class RLSettings:
             "scoring": one_of(SCORING),
             "learning_rate": _real(0.0, lo_open=True), "weight_decay": _real(0.0),
             "max_grad_norm": _optional(_real(0.0, lo_open=True)), "kl_coef": _real(0.0),
+            "aggregation": one_of(AGGREGATION_MODES),
             "clip_low": _CLIP_LOW, "clip_high": _real(0.0, lo_open=True),
             "gigpo_omega": _real(0.0),
             "gigpo_gamma": _real(0.0, 1.0), "critic_learning_rate": _real(0.0, lo_open=True),
