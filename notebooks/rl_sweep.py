@@ -93,7 +93,14 @@ def table(log: Path, chosen: str | None) -> str:
     rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     pt = lambda c: f"{100 * c[0]:+.1f} [{100 * c[1]:+.1f}, {100 * c[2]:+.1f}]"  # noqa: E731
     num = lambda c: f"{c[0]:+.3f} [{c[1]:+.3f}, {c[2]:+.3f}]"  # noqa: E731
-    lines = ["| point | overrides | updates | train s | pass@1 base -> trained: diff (pt) | "
+    lines = ["# RL settings sweep (CPU default)", "",
+             "Each point trains the first run of `rl.runs` (GRPO) from one base policy with the "
+             "overrides shown, then plays base and trained policy on held-out maps at T_max (8 "
+             "samples per map, evaluation decoding). Differences are paired over maps (95% "
+             "normal CIs); R_multi / R_single: the last-10 minus first-10 update means of the "
+             "run's training log (95% Welch CIs). Written by `python notebooks/rl_sweep.py "
+             "table`; see its docstring.", "",
+             "| point | overrides | updates | train s | pass@1 base -> trained: diff (pt) | "
              "Pass@8 base -> trained: diff (pt) | R_multi last10 - first10 | "
              "R_single last10 - first10 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -408,7 +408,8 @@ def test_the_eta_of_the_stored_default_run_holds_within_2x_after_its_first_minut
 
 
 def test_readme_table1_is_the_stored_default_runs():
-    """README's Table 1 is notebooks/results_cpu_default/table1.csv, rounded as shown."""
+    """README's Table 1 is notebooks/results_cpu_default/table1.csv, rounded as shown, and
+    every policy cell's 95% interval is within +-6 points (the default's design)."""
     import csv
     stored = {row["row"]: row for row in csv.DictReader(
         (ROOT / "notebooks/results_cpu_default/table1.csv").read_text().splitlines())}
@@ -421,28 +422,36 @@ def test_readme_table1_is_the_stored_default_runs():
         row = stored[label if label in stored else f"{label} (pt)"]
         for level, cell in zip(levels, cells):
             value = float(row[level])
+            low, high = float(row[f"{level} ci_low"]), float(row[f"{level} ci_high"])
             if label in stored:
-                assert cell == f"{value:.1f}", (label, level)
+                assert cell == f"{value:.1f} [{low:.1f}, {high:.1f}]", (label, level)
+                assert (high - low) / 2 <= 6.0, (label, level)
             else:
-                low, high = float(row[f"{level} ci_low"]), float(row[f"{level} ci_high"])
                 assert cell == f"{value:+.1f} [{low:+.1f}, {high:+.1f}]", (label, level)
 
 
 def test_the_stored_default_runs_table1_and_findings_recompute_byte_for_byte_from_its_raw(
         tmp_path):
     """notebooks/results_cpu_default/raw/ holds the run's raw records (the likelihood's, 0.6 MB,
-    left out: no stored file derives from it). Table 1 (``table1.csv``) and the verdicts
-    (``findings.json``) recomputed from them by today's analyses are the stored files, byte for
-    byte: the report cannot drift from the numbers it was computed from."""
+    left out: no stored file derives from it). Table 1 (``table1.csv``), the verdicts
+    (``findings.json``), the budget robustness and the error-recovery suite recomputed from
+    them by today's analyses are the stored files, byte for byte: the report cannot drift from
+    the numbers it was computed from."""
     from agentrl_jax.evaluation.report import Section
     from agentrl_jax.reproduce import findings
     from agentrl_jax.reproduce.report import write_table1
     from agentrl_jax.reproduce.results import load_raw
 
+    from agentrl_jax.evaluation.analyses import error_recovery
+    from agentrl_jax.reproduce.report import write_robustness
+
     stored = ROOT / "notebooks/results_cpu_default"
     write_table1(tmp_path, load_raw(stored, "table"), Section("Table 1", ""))
+    write_robustness(tmp_path, load_raw(stored, "table"))
+    error_recovery.section(tmp_path, error_recovery.compute(load_raw(stored, "errors")))
     findings.write_findings(tmp_path, findings.check_findings(stored))
-    for name in ("table1.csv", "findings.json"):
+    for name in ("table1.csv", "findings.json", "budget_robustness.json",
+                 error_recovery.ERROR_RECOVERY_JSON, error_recovery.ERROR_RECOVERY_CSV):
         assert (tmp_path / name).read_bytes() == (stored / name).read_bytes(), name
     verdicts = {f["headline"]: f["verdict"] for f in json.loads((stored / "findings.json").read_text())}
     assert "not measured" not in verdicts.values()  # every analysis behind a finding is stored
