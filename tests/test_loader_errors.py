@@ -572,7 +572,7 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
     ("rl:\n  steps: 3\n", ["rl.steps=three"],
      "config {path} with override 'rl.steps=three': rl.steps: must be an int >= 1, got 'three'"),
     ("rl:\n  steps: 3\n", ["rl.stepz=3"],
-     "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: algorithm, attention, "
+     "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: aggregation, algorithm, attention, "
      "checkpoint_every, clip_high, clip_low, critic_learning_rate, epochs, gae_gamma, gae_lambda, "
      "generation_layout, gigpo_gamma, gigpo_omega, group_size, kl_coef, kv_cache_dtype, kv_page_size, "
      "kv_pages, "

@@ -41,7 +41,7 @@ from markdown_tables import first_table
 T_MAX = 6
 TASKS = 6
 NAMES = ("base", "GRPO", "BudgetMix GRPO")
-SETTINGS = EvalSettings(samples=4, k=2, pass_k_samples=4, states=8, group_size=2,
+SETTINGS = EvalSettings(budgets=None, samples=4, k=2, pass_k_samples=4, states=8, group_size=2,
                         source_samples=2, depth_bins=3, max_response_tokens=16, max_context=512)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
