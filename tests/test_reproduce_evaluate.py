@@ -104,6 +104,8 @@ def test_settings_are_validated_naming_the_field():
                        ({"budgets": [0, 3]}, "budgets"), ({"budgets": "17"}, "budgets"),
                        ({"top_p": 0.0}, "top_p"), ({"gamma": 1.5}, "gamma"),
                        ({"invalid": "nan"}, "invalid"), ({"tasks_per_call": 0}, "tasks_per_call"),
+                       ({"diagnostic_tasks": 0}, "diagnostic_tasks"),
+                       ({"diagnostic_tasks": "32"}, "diagnostic_tasks"),
                        ({"enable_thinking": 1}, "enable_thinking"), ({"seed": -1}, "seed")):
         with pytest.raises(ValueError, match=rf"^eval\.{field}: "):
             EvalSettings(**bad)

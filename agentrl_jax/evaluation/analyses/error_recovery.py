@@ -93,22 +93,25 @@ def _ci(c: stats.MeanCI, points: bool = True, signed: bool = False) -> str:
     return f"{fmt.format(scale * c.mean)} [{fmt.format(scale * c.low)}, {fmt.format(scale * c.high)}]"
 
 
+_INTERVALS = ("quality_diff", "continuation", "base_continuation", "continuation_gain")
+_CSV_COLUMNS = ("states", *(f"{field}_{part}" for field in _INTERVALS for part in ("mean", "low", "high")),
+                "better_share", "tie_share")
+
+
+def _csv_row(r: Recovery) -> dict[str, Any]:
+    """``r``'s values by CSV column (:data:`_CSV_COLUMNS`)."""
+    row = {"states": r.states, "better_share": r.better_share, "tie_share": r.tie_share}
+    row.update({f"{field}_{part}": getattr(getattr(r, field), part)
+                for field in _INTERVALS for part in ("mean", "low", "high")})
+    return row
+
+
 def section(folder: str | Path, res: ErrorRecovery) -> Section:
     """``error_recovery.json`` (the result), ``error_recovery.csv`` and the section."""
     folder = Path(folder)
     json_path = write_json(folder / ERROR_RECOVERY_JSON, res)
-    columns: dict[str, list] = {"policy": list(res.rows), "states": []}
-    for field in ("quality_diff", "continuation", "base_continuation", "continuation_gain"):
-        for part in ("mean", "low", "high"):
-            columns[f"{field}_{part}"] = []
-    columns["better_share"], columns["tie_share"] = [], []
-    for r in res.rows.values():
-        columns["states"].append(r.states)
-        for field in ("quality_diff", "continuation", "base_continuation", "continuation_gain"):
-            for part in ("mean", "low", "high"):
-                columns[f"{field}_{part}"].append(getattr(getattr(r, field), part))
-        columns["better_share"].append(r.better_share)
-        columns["tie_share"].append(r.tie_share)
+    rows = [_csv_row(r) for r in res.rows.values()]
+    columns = {"policy": list(res.rows), **{c: [row[c] for row in rows] for c in _CSV_COLUMNS}}
     csv_path = write_csv(folder / ERROR_RECOVERY_CSV, columns)
     cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
     lines = [f"| policy | error states | better than {cell(res.base)} (ties) | mean Q* diff "
