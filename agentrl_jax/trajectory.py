@@ -132,6 +132,24 @@ TOKEN_FIELDS = ("tokens", "token_mask", "loss_mask", "token_turn", "logprobs", "
 TOKEN_PADDING = {"token_turn": -1}  # the others: 0 / False
 
 
+def bucket_width(used: int, limit: int, smallest: int = 64) -> int:
+    """Columns a program needs for rows of at most ``used`` tokens: the smallest
+    ``smallest x 2^k >= used``, at most ``limit`` (the record's width). Conversations are usually
+    far shorter than the context they may use, and a forward's cost grows with the width
+    (attention with its square); a handful of widths means a handful of compilations."""
+    width = smallest
+    while width < used:
+        width *= 2
+    return min(width, limit)
+
+
+def row_lengths(token_mask) -> np.ndarray:
+    """``[N]`` int: each row's width up to and including its last real token (0 for none)."""
+    mask = np.asarray(token_mask, bool)
+    last = mask.shape[1] - np.argmax(mask[:, ::-1], axis=1)
+    return np.where(mask.any(axis=1), last, 0)
+
+
 def concatenate_rows(records: "list[Trajectory]") -> "Trajectory":
     """The rows of ``records`` one after another, as host (numpy) arrays: ``[sum N_i, ...]``.
 

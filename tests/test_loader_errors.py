@@ -510,8 +510,8 @@ YAML_CASES = {
     "an unknown section": ("training:\n  steps: 3\n", f"unknown section 'training'; known: {SECTIONS}"),
     "a non-string section": ("1: {}\n", f"unknown section 1; known: {SECTIONS}"),
     "an unknown field": ("warm_start:\n  epoch: 2\n", "warm_start: unknown field 'epoch'; known: "
-                         "batch_size, demo_tasks, demos_per_task, enabled, epochs, learning_rate, "
-                         "mistake_rate, seed, weight_decay"),
+                         "batch_size, demo_tasks, demos_per_task, enabled, epochs, group_by_length, "
+                         "learning_rate, mistake_rate, seed, weight_decay"),
     "a non-string field": ("mesh:\n  1: 2\n", "mesh: unknown field 1; known: data, fsdp, tensor"),
     "a string for an int": ("rl:\n  steps: '3'\n", "rl.steps: must be an int >= 1, got '3'"),
     "a float for an int": ("task:\n  train_maps: 2.5\n", "task.train_maps: must be an int >= 1, "

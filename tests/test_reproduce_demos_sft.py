@@ -307,8 +307,8 @@ def warm_started(played, tokenizer):
     calls, later_compiles = [], []
     make_sft_step = sft.make_sft_step
 
-    def counting_step(graphdef, optimizer):
-        step = make_sft_step(graphdef, optimizer)
+    def counting_step(graphdef, optimizer, attention="xla"):
+        step = make_sft_step(graphdef, optimizer, attention)
 
         def counted(*args):
             if not calls:  # the first step compiles

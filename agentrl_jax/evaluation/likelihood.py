@@ -43,7 +43,7 @@ from agentrl_jax.sampling.sampler import batch_shards
 from agentrl_jax.sharding import BATCH_AXES
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.step import activation_constraint, sequence_logprobs
-from agentrl_jax.trajectory import Trajectory
+from agentrl_jax.trajectory import Trajectory, bucket_width
 
 _MIN_WIDTH = 64
 
@@ -82,12 +82,6 @@ def _power_of_two(n: int, low: int) -> int:
     return width
 
 
-def _width(used: int, limit: int) -> int:
-    """Columns of the forward pass: the next power of two >= ``used`` (>= 64), at most the
-    record's ``limit``; a few widths, so a few compilations."""
-    return min(_power_of_two(used, _MIN_WIDTH), limit)
-
-
 def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
                   token_map: TokenMap | None = None, rows_per_batch: int = 16,
                   attention: str = "xla") -> np.ndarray:
@@ -120,7 +114,7 @@ def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
     if np.any(token_turn[scored] < 0):
         raise ValueError("turn_logprobs: a sampled token (loss_mask) has no turn (token_turn -1)")
     rows, length = tokens.shape
-    width = _width(int(token_mask.sum(axis=1).max(initial=1)), length)
+    width = bucket_width(int(token_mask.sum(axis=1).max(initial=1)), length, _MIN_WIDTH)
     if np.any(token_mask[:, width:]):
         raise ValueError("turn_logprobs: tokens must be left-aligned (token_mask a prefix)")
     ids = tokens if token_map is None else np.where(token_mask, token_map.to_model(

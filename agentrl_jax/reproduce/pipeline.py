@@ -171,7 +171,7 @@ class Reproduction:
             return demo_lib.demo_calls(self.demo_tasks, DEMO_TASKS_PER_CALL) * self.demo_call_units
         if phase == "warm_start":
             return sft.num_sft_steps(self.demo_tasks * ws.demos_per_task, ws.batch_size,
-                                     ws.epochs) * self.sft_step_units
+                                     ws.epochs, ws.group_by_length) * self.sft_step_units
         if phase.startswith("train:"):
             return rl.steps * self.rl_step_units
         if phase.startswith("eval:"):
@@ -310,7 +310,8 @@ class Reproduction:
         model = self.load_model(self.init_dir)
         log_path = self.out / "warm_start" / "history.jsonl"
 
-        steps = sft.num_sft_steps(self.demo_tasks * ws.demos_per_task, ws.batch_size, ws.epochs)
+        steps = sft.num_sft_steps(self.demo_tasks * ws.demos_per_task, ws.batch_size, ws.epochs,
+                                  ws.group_by_length)
 
         def on_step(step: int, record: dict) -> None:
             self._advance(self.sft_step_units)
@@ -318,7 +319,9 @@ class Reproduction:
 
         params, history = sft.warm_start(model, demos, batch_size=ws.batch_size, epochs=ws.epochs,
                                          learning_rate=ws.learning_rate,
-                                         weight_decay=ws.weight_decay, seed=ws.seed, on_step=on_step)
+                                         weight_decay=ws.weight_decay, seed=ws.seed,
+                                         group_by_length=ws.group_by_length,
+                                         attention=self.config.rl.attention, on_step=on_step)
         log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
         nnx.update(model, params)
         save_policy(model, self.tokenizer, self.model_dir(BASE))

@@ -125,11 +125,12 @@ class WarmStartSettings:
     batch_size: int = 32
     learning_rate: float = 3e-3
     weight_decay: float = 0.01
+    group_by_length: bool = False     # batch demos of similar lengths, each batch at its own width
     seed: int = 0
 
     def __post_init__(self):
         _validate(self, {
-            "enabled": _BOOL, "demo_tasks": _int(1), "demos_per_task": _int(1),
+            "enabled": _BOOL, "group_by_length": _BOOL, "demo_tasks": _int(1), "demos_per_task": _int(1),
             "mistake_rate": _real(0.0, 1.0), "epochs": _int(1), "batch_size": _int(1),
             "learning_rate": _real(0.0, lo_open=True), "weight_decay": _real(0.0), "seed": _int(0)})
 
@@ -191,8 +192,9 @@ class RLSettings:
     Update memory (:class:`~agentrl_jax.train.TrainConfig`'s fields of the same names; none
     changes the numbers): ``remat`` (null: none, or ``full``, ``dots``, ``offload``: what
     each layer keeps for the backward pass), ``attention`` (``xla``, ``blocked``, ``cudnn``,
-    ``splash``, ``auto``), ``logits_chunk`` (positions per chunk of the output head). The
-    head runs only at sampled positions, at most ``t_max x max_response_tokens`` per row.
+    ``splash``, ``auto``; the warm start's forward uses it too), ``logits_chunk`` (positions
+    per chunk of the output head). The head runs only at sampled positions, at most
+    ``t_max x max_response_tokens`` per row.
     """
 
     runs: tuple[Any, ...] = ("grpo", "budgetmix", "budgetmix-adaptive")

@@ -3,7 +3,9 @@
 The loss is the mean negative log-likelihood of the policy's own tokens (``loss_mask``: the
 responses, stop tokens included) given everything before them, teacher-forced on the recorded
 conversation -- the same tokens, positions and template the rollout produced. The step is one
-jitted function of ``(params, opt_state, batch)`` with a fixed batch shape, so it compiles once.
+jitted function of ``(params, opt_state, batch)``. Every batch has the same shape, so it compiles
+once, unless ``group_by_length`` gives each batch its own width (long conversations: a few
+compilations, and far less padding; see :func:`sft_batches`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import numpy as np
 import optax
 from flax import nnx
 
+from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.step import sequence_logprobs
-from agentrl_jax.trajectory import Trajectory
+from agentrl_jax.trajectory import Trajectory, bucket_width, row_lengths
 
 
 @jax.tree_util.register_dataclass
@@ -31,20 +34,23 @@ class SFTBatch:
     loss_mask: jax.Array
 
 
-def nll_sum(graphdef: nnx.GraphDef, params: Any, batch: SFTBatch) -> tuple[jax.Array, jax.Array]:
+def nll_sum(graphdef: nnx.GraphDef, params: Any, batch: SFTBatch, attention: str = "xla"
+            ) -> tuple[jax.Array, jax.Array]:
     """``(sum of -log pi over loss-mask tokens, their count)`` -- unreduced, so micro-batches and
-    devices add up exactly."""
+    devices add up exactly. ``attention``: the forward's implementation
+    (:mod:`agentrl_jax.models.attention`; "blocked" keeps no ``L x L`` score matrix)."""
     model = nnx.merge(graphdef, params)
-    logprobs, _ = sequence_logprobs(model, batch.tokens, batch.token_mask)
+    logprobs, _ = sequence_logprobs(model, batch.tokens, batch.token_mask,
+                                    config=TrainConfig(attention=attention))
     mask = batch.loss_mask.astype(jnp.float32)
     return -jnp.sum(logprobs * mask), jnp.sum(mask)
 
 
-def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation
-                  ) -> Callable[[Any, Any, SFTBatch], tuple[Any, Any, dict[str, jax.Array]]]:
+def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
+                  attention: str = "xla") -> Callable[[Any, Any, SFTBatch], tuple[Any, Any, dict[str, jax.Array]]]:
     """``step(params, opt_state, batch) -> (params, opt_state, {"nll", "tokens"})`` (jitted)."""
     def loss(params, batch):
-        total, count = nll_sum(graphdef, params, batch)
+        total, count = nll_sum(graphdef, params, batch, attention)
         return total / jnp.maximum(count, 1.0), count
 
     @jax.jit
@@ -56,16 +62,41 @@ def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
     return step
 
 
+LENGTH_WINDOW = 16  # batches per window sorted by length (group_by_length)
+
+
 def batch_width(trajectory: Trajectory, multiple: int = 64) -> int:
     """The recorded length every row fits in, rounded up to ``multiple`` (the record may be
     much longer than any conversation; training on the padding would waste compute)."""
-    used = int(np.max(np.sum(np.asarray(trajectory.token_mask), axis=1), initial=1))
+    used = int(np.max(row_lengths(trajectory.token_mask), initial=1))
     return min(-(-used // multiple) * multiple, np.asarray(trajectory.tokens).shape[1])
 
 
-def sft_batches(trajectory: Trajectory, batch_size: int, epochs: int, seed: int):
-    """``(epoch, SFTBatch)`` over shuffled rows; the last batch of an epoch is padded with
-    all-zero-mask rows, so every batch has the same shape."""
+def batch_rows(order: np.ndarray, lengths: np.ndarray, batch_size: int, group_by_length: bool,
+               rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch's batches of row indices from the shuffled ``order``. With
+    ``group_by_length`` each window of :data:`LENGTH_WINDOW` batches is sorted by length and cut,
+    and the batches are then shuffled: rows of a batch have similar lengths, so a batch at its
+    own width wastes little on padding (every row is still seen once per epoch)."""
+    if not group_by_length:
+        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    window, batches = batch_size * LENGTH_WINDOW, []
+    for start in range(0, len(order), window):
+        chunk = order[start:start + window]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def sft_batches(trajectory: Trajectory, batch_size: int, epochs: int, seed: int,
+                group_by_length: bool = False):
+    """``(epoch, SFTBatch)`` over shuffled rows; the last batch of an epoch (of a window, with
+    ``group_by_length``) is padded with all-zero-mask rows, so every batch has ``batch_size``
+    rows. Without ``group_by_length`` every batch has the record's width
+    (:func:`batch_width`: one compilation); with it each batch has its own
+    (:func:`~agentrl_jax.trajectory.bucket_width` of its longest row: a few compilations, and
+    rows of similar lengths batched together, see :func:`batch_rows`)."""
+    lengths = row_lengths(trajectory.token_mask)
     width = batch_width(trajectory)
     tokens = np.asarray(trajectory.tokens)[:, :width]
     token_mask = np.asarray(trajectory.token_mask)[:, :width]
@@ -74,21 +105,28 @@ def sft_batches(trajectory: Trajectory, batch_size: int, epochs: int, seed: int)
     rng = np.random.default_rng(seed)
     for epoch in range(epochs):
         order = rng.permutation(rows)
-        for start in range(0, len(order), batch_size):
-            take = order[start:start + batch_size]
+        for take in batch_rows(order, lengths, batch_size, group_by_length, rng):
+            cols = bucket_width(int(lengths[take].max()), width) if group_by_length else width
             pad = batch_size - len(take)
-            pick = lambda x: np.concatenate([x[take], np.zeros((pad, width), x.dtype)])  # noqa: E731
+            pick = lambda x: np.concatenate([x[take, :cols], np.zeros((pad, cols), x.dtype)])  # noqa: E731
             yield epoch, SFTBatch(pick(tokens), pick(token_mask), pick(loss_mask))
 
 
-def num_sft_steps(num_rows: int, batch_size: int, epochs: int) -> int:
-    return epochs * -(-num_rows // batch_size)
+def num_sft_steps(num_rows: int, batch_size: int, epochs: int, group_by_length: bool = False) -> int:
+    """Optimizer steps of :func:`sft_batches` over ``num_rows`` rows."""
+    if not group_by_length:
+        return epochs * -(-num_rows // batch_size)
+    window = batch_size * LENGTH_WINDOW
+    full, rest = divmod(num_rows, window)
+    return epochs * (full * LENGTH_WINDOW + -(-rest // batch_size))
 
 
 def warm_start(model: nnx.Module, demos: Trajectory, *, batch_size: int, epochs: int,
                learning_rate: float, weight_decay: float = 0.0, seed: int = 0,
+               group_by_length: bool = False, attention: str = "xla",
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> tuple[Any, list[dict]]:
     """Behaviour-clone ``demos`` into ``model``'s parameters (AdamW with a cosine decay).
+    ``group_by_length``: see :func:`sft_batches`; ``attention``: see :func:`nll_sum`.
 
     Returns ``(params, history)``; ``history`` has one ``{"step", "epoch", "nll"}`` per step.
     """
@@ -96,14 +134,14 @@ def warm_start(model: nnx.Module, demos: Trajectory, *, batch_size: int, epochs:
     rows = int(np.sum(np.asarray(demos.row_mask) & np.asarray(demos.loss_mask).any(axis=1)))
     if rows == 0:
         raise ValueError("warm_start: no demonstration has a response token to learn from")
-    total = num_sft_steps(rows, batch_size, epochs)
+    total = num_sft_steps(rows, batch_size, epochs, group_by_length)
     schedule = optax.cosine_decay_schedule(learning_rate, max(total, 1), alpha=0.1)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                             optax.adamw(schedule, weight_decay=weight_decay))
     opt_state = optimizer.init(params)
-    step = make_sft_step(graphdef, optimizer)
+    step = make_sft_step(graphdef, optimizer, attention)
     history = []
-    for i, (epoch, batch) in enumerate(sft_batches(demos, batch_size, epochs, seed)):
+    for i, (epoch, batch) in enumerate(sft_batches(demos, batch_size, epochs, seed, group_by_length)):
         params, opt_state, metrics = step(params, opt_state, batch)
         record = {"step": i + 1, "epoch": epoch, "nll": float(metrics["nll"])}
         history.append(record)

@@ -40,7 +40,7 @@ from agentrl_jax.process_rewards import FrozenLakeQStar
 from agentrl_jax.reproduce.config import RLSettings
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import Paging, SamplingConfig
-from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory
+from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory, bucket_width, row_lengths
 from agentrl_jax.train import (Checkpointer, MetricsLogger, TrainConfig, init_train_state,
                                make_train_step, train)
 from agentrl_jax.train.inputs import step_inputs
@@ -102,15 +102,11 @@ def task_batch_fn(num_tasks: int, tasks_per_step: int, seed: int) -> Callable[[i
 
 def trim_tokens(trajectory: Trajectory, smallest: int = 64) -> Trajectory:
     """``trajectory`` with its ``[N, L]`` fields cut to the longest row, rounded up to a power
-    of two times ``smallest`` (at most ``L``): the update's cost grows with ``L`` (attention
-    with ``L^2``), and conversations are usually far shorter than the context they may use.
-    Widths come from a handful of buckets, so the train step compiles a few times at most."""
+    of two times ``smallest`` (:func:`~agentrl_jax.trajectory.bucket_width`): the update's cost
+    grows with ``L`` (attention with ``L^2``), and conversations are usually far shorter than
+    the context they may use. A handful of widths, so the train step compiles a few times."""
     length = trajectory.tokens.shape[1]
-    used = int(np.max(np.sum(np.asarray(trajectory.token_mask), axis=1), initial=1))
-    width = smallest
-    while width < used:
-        width *= 2
-    width = min(width, length)
+    width = bucket_width(int(np.max(row_lengths(trajectory.token_mask), initial=1)), length, smallest)
     if width == length:
         return trajectory
     return trajectory.replace(**{f: getattr(trajectory, f)[:, :width] for f in TOKEN_FIELDS})
