@@ -32,7 +32,7 @@ PAPER_CONFIGS = sorted(CONFIGS.glob("frozenlake_qwen3_*.yaml"))
 def test_the_shipped_configs_are_the_expected_set():
     # A new YAML is picked up by every test below; this guards against a glob that finds nothing.
     assert {p.name for p in ALL_CONFIGS} >= {
-        "frozenlake_cpu.yaml", "frozenlake_ci.yaml", "frozenlake_qwen3_4b_gpu.yaml",
+        "frozenlake_cpu.yaml", "frozenlake_cpu_large.yaml", "frozenlake_ci.yaml", "frozenlake_qwen3_4b_gpu.yaml",
         "frozenlake_qwen3_4b_tpu.yaml", "frozenlake_qwen3_8b_gpu.yaml", "frozenlake_qwen3_8b_tpu.yaml"}
     assert len(PAPER_CONFIGS) == 4
 

@@ -413,6 +413,52 @@ def test_sft_batches_cover_every_row_once_per_epoch_with_fixed_shapes():
     assert other != again
 
 
+def test_grouped_sft_batches_sort_by_length_and_cut_each_batch_to_its_own_width():
+    """group_by_length: every row once per epoch; inside a window (here the whole epoch: 20
+    rows < 16 batches of 4) the batches are consecutive runs of the rows sorted by length, so
+    no two batches' length ranges interleave; each batch is as wide as its longest row rounded
+    up to 64 x 2^k (at most the record's width), and the row contents are the record's."""
+    record, eligible, _ = synthetic_record()
+    lengths = np.asarray(record.token_mask).sum(axis=1)
+    batch_size, epochs = 4, 2
+    batches = list(sft.sft_batches(record, batch_size, epochs, seed=3, group_by_length=True))
+    assert len(batches) == sft.num_sft_steps(len(eligible), batch_size, epochs, True) == 10
+    widths, first_epoch = set(), []
+    for epoch in range(epochs):
+        seen, ranges = [], []
+        for got_epoch, batch in batches[5 * epoch:5 * (epoch + 1)]:
+            assert got_epoch == epoch
+            real = [i for i in range(batch_size) if batch.token_mask[i].any()]
+            rows = [int(batch.tokens[i, 0]) - 1000 for i in real]
+            longest = int(lengths[rows].max())
+            width = min(next(w for w in (64, 128, 256) if w >= longest), 192)
+            assert batch.tokens.shape == (batch_size, width)
+            widths.add(batch.tokens.shape[1])
+            for i, row in zip(real, rows):
+                cols = batch.tokens.shape[1]
+                np.testing.assert_array_equal(batch.tokens[i], record.tokens[row, :cols])
+                np.testing.assert_array_equal(batch.loss_mask[i], record.loss_mask[row, :cols])
+            seen += rows
+            ranges.append((int(lengths[rows].min()), longest))
+        assert sorted(seen) == eligible
+        ranges.sort()
+        assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:]))  # sorted runs, no interleaving
+        first_epoch.append(seen)
+    assert widths == {64, 128, 192}  # 192: the record's own width caps 256
+    assert first_epoch[0] != first_epoch[1]
+
+
+@pytest.mark.parametrize("rows, batch_size", [(1, 4), (64, 4), (65, 4), (200, 4), (513, 32)])
+def test_num_sft_steps_counts_the_grouped_batches(rows, batch_size):
+    """One partial batch per window of LENGTH_WINDOW batches, at most."""
+    record = types.SimpleNamespace(tokens=np.arange(rows)[:, None] + np.zeros((1, 8), np.int32),
+                                   token_mask=np.arange(8)[None, :] < (np.arange(rows) % 7 + 2)[:, None],
+                                   row_mask=np.ones(rows, bool))
+    record.loss_mask = record.token_mask.copy()
+    got = sum(1 for _ in sft.sft_batches(record, batch_size, 2, seed=0, group_by_length=True))
+    assert got == sft.num_sft_steps(rows, batch_size, 2, group_by_length=True)
+
+
 def test_batch_width_never_exceeds_the_record():
     record, _, _ = synthetic_record(length=150)
     assert sft.batch_width(record) == 150  # 130 rounded up to 192 is cut to the record

@@ -20,7 +20,7 @@ from agentrl_jax.reproduce.pipeline import make_tasks
 from agentrl_jax.reproduce.policy_init import build_frozenlake_tokenizer, random_qwen3
 from agentrl_jax.sampling import Paging
 from agentrl_jax.train import read_metrics
-from agentrl_jax.trajectory import Trajectory
+from agentrl_jax.trajectory import Trajectory, bucket_width, row_lengths
 
 
 def _trajectory(lengths, width=384, turns=3):
@@ -30,6 +30,15 @@ def _trajectory(lengths, width=384, turns=3):
     return traj.replace(tokens=tokens, token_mask=mask, loss_mask=mask & (np.arange(width) % 2 == 1),
                         token_turn=np.where(mask, 0, -1).astype(np.int32),
                         logprobs=np.where(mask, -0.5, 0.0).astype(np.float32))
+
+
+def test_row_lengths_reach_each_rows_last_real_token():
+    mask = np.zeros((4, 10), bool)
+    mask[0, :3] = True
+    mask[1, [0, 6]] = True  # a gap: the width must still reach slot 6
+    mask[2, :] = True
+    assert row_lengths(mask).tolist() == [3, 7, 10, 0]
+    assert [bucket_width(n, 300, 64) for n in (0, 64, 65, 257)] == [64, 64, 128, 300]
 
 
 @pytest.mark.parametrize("used, width", [(1, 64), (64, 64), (65, 128), (129, 256), (300, 384), (384, 384)])
