@@ -9,7 +9,7 @@ oracle, a learned judge, or a user's function plug in the same way:
 * :class:`FrozenLakeQStar`: the oracle. The score of turn ``t`` is the exact optimal
   ``Q*(s_t, a_t)`` with ``B - t`` moves left (finite-horizon DP, gamma 0.95; the step
   quality of §7), computed from the row's map (``task_id`` indexes the scorer's maps), the
-  cell before the move (``env_pos``), the parsed ``action`` and the row's ``budget``.
+  cell before the move (``state_id``), the parsed ``action`` and the row's ``budget``.
 * :class:`JudgeScorer`: wraps any ``judge(prompts, responses) -> scores`` over text; each
   real turn becomes one (history before the turn, the turn's response) pair, decoded with the
   caller's ``decode``. :class:`LocalModelJudge` is such a judge backed by a local Qwen3
@@ -133,7 +133,7 @@ def qstar_step_quality(
     q = q_star(maps[trajectory.task_id], t, gamma=gamma, is_slippery=is_slippery,
                success_rate=success_rate)                                    # [N, T+1, S, 4]
     remaining = trajectory.budget[:, None] - jnp.arange(t, dtype=jnp.int32)[None, :]
-    quality = action_quality(q[:, None], remaining, trajectory.env_pos, trajectory.action)  # [N, T]
+    quality = action_quality(q[:, None], remaining, trajectory.state_id, trajectory.action)  # [N, T]
     mask = scored_turns(trajectory)
     invalid = mask & ~trajectory.action_valid.astype(bool)
     quality = jnp.where(invalid, invalid_score, quality)

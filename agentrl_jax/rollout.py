@@ -430,7 +430,8 @@ class _Record:
         self.action_valid = np.zeros((rows, turns), bool)
         self.reward = np.zeros((rows, turns), np.float32)
         self.anchor_key = np.zeros((rows, turns), np.int32)
-        self.env_pos = np.full((rows, turns), -1, np.int32)  # -1: no turn
+        self.state_id = np.full((rows, turns), -1, np.int32)  # -1: no turn, or no id
+        self.step_quality = np.full((rows, turns), np.nan, np.float32)
         self.context_start = np.zeros((rows, turns), np.int32)
         # where turn t's user message starts (the next-prompt form, separator included)
         self.turn_start = np.zeros((rows, turns + 1), np.int64)
@@ -720,8 +721,9 @@ class MultiTurnRollout:
         penalty = np.where(playing & ~valid, self.config.invalid_penalty, 0.0)
         rec.reward[at] = (np.where(playing, result.reward, 0.0) + penalty)[live]
         rec.anchor_key[at] = np.asarray(result.anchor_key)[live]
-        pos = result.info.get("pos")
-        rec.env_pos[at] = np.asarray(pos)[live] if pos is not None else -1
+        if result.state_id is not None:
+            rec.state_id[at] = np.asarray(result.state_id)[live]
+        rec.step_quality[at] = np.asarray(result.quality, np.float32)[live]
 
     def _next_turn(self, seats: _Seats, rec: _Record, turn: np.ndarray, going: np.ndarray,
                    out: Responses, result: TurnResult, budget: np.ndarray,
@@ -777,7 +779,8 @@ class MultiTurnRollout:
             turn_mask=jnp.asarray(rec.turn_mask),
             action=jnp.asarray(rec.action), action_valid=jnp.asarray(rec.action_valid),
             reward=jnp.asarray(rec.reward), anchor_key=jnp.asarray(rec.anchor_key),
-            env_pos=jnp.asarray(rec.env_pos), group_id=i32(group), task_id=i32(row_task),
+            state_id=jnp.asarray(rec.state_id), step_quality=jnp.asarray(rec.step_quality),
+            group_id=i32(group), task_id=i32(row_task),
             budget=i32(budget), turns_used=i32(turns_used), success=jnp.asarray(success),
             overflow=jnp.asarray(overflow), row_mask=jnp.ones(rows, bool),
             prefix_len=i32(rec.prefix_len), context_start=jnp.asarray(rec.context_start))

@@ -29,8 +29,12 @@ Turn-level fields (``[N, T]``):
   ``reward``        float32 environment reward of the turn (FrozenLake: 1 on entering the goal)
   ``anchor_key``    int32  key of the state the turn acted from (GiGPO anchors; FrozenLake:
                     the flat cell, with the map identified by ``group_id``)
-  ``env_pos``       int32  environment state needed by diagnostics (FrozenLake: the cell
-                    before the turn's move)
+  ``state_id``      int32  the environment's id of the state the turn acted from, for
+                    diagnostics that revisit states (FrozenLake: the flat cell before the
+                    move); -1 where the environment gives none
+  ``step_quality``  float32 the environment's own score of the turn where it defines one
+                    (DeepCoder-MT: the share of unit tests the submitted program passes); NaN
+                    elsewhere
   ``context_start`` int32  where the history turn ``t`` was sampled from starts in ``tokens``:
                     the policy saw ``tokens[:prefix_len] + tokens[context_start:]`` up to its
                     response. With the whole history kept it equals ``prefix_len`` (so the
@@ -74,7 +78,8 @@ class Trajectory:
     action_valid: jax.Array
     reward: jax.Array
     anchor_key: jax.Array
-    env_pos: jax.Array
+    state_id: jax.Array
+    step_quality: jax.Array
     group_id: jax.Array
     task_id: jax.Array
     budget: jax.Array
@@ -96,12 +101,18 @@ class Trajectory:
 
     @classmethod
     def from_arrays(cls, arrays: Any) -> "Trajectory":
-        """A record from a mapping of its fields' arrays (e.g. an ``np.load``-ed ``.npz``);
-        a record saved before ``sampling_logprobs`` existed gets ``logprobs`` for it.
-        Unknown or missing fields raise ValueError naming them."""
+        """A record from a mapping of its fields' arrays (e.g. an ``np.load``-ed ``.npz``).
+        Older records are read as they were meant: one saved before ``sampling_logprobs``
+        existed gets ``logprobs`` for it; one with FrozenLake's ``env_pos`` gets it as
+        ``state_id``, and NaN ``step_quality`` (nothing was recorded). Unknown or missing
+        fields raise ValueError naming them."""
         data = {k: arrays[k] for k in arrays.keys()} if hasattr(arrays, "keys") else dict(arrays)
         if "sampling_logprobs" not in data and "logprobs" in data:
             data["sampling_logprobs"] = data["logprobs"]
+        if "env_pos" in data and "state_id" not in data:
+            data["state_id"] = data.pop("env_pos")
+            if "step_quality" not in data:
+                data["step_quality"] = np.full(np.shape(data["state_id"]), np.nan, np.float32)
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown, missing = sorted(set(data) - fields), sorted(fields - set(data))
         if unknown or missing:
@@ -120,7 +131,9 @@ class Trajectory:
             token_turn=jnp.full((num_rows, num_tokens), -1, i32), logprobs=tok(f32),
             sampling_logprobs=tok(f32),
             turn_mask=turn(b), action=jnp.full((num_rows, num_turns), -1, i32),
-            action_valid=turn(b), reward=turn(f32), anchor_key=turn(i32), env_pos=turn(i32),
+            action_valid=turn(b), reward=turn(f32), anchor_key=turn(i32),
+            state_id=jnp.full((num_rows, num_turns), -1, i32),
+            step_quality=jnp.full((num_rows, num_turns), jnp.nan, f32),
             group_id=row(i32), task_id=row(i32), budget=row(i32), turns_used=row(i32),
             success=row(b), overflow=row(b), row_mask=row(b), prefix_len=row(i32),
             context_start=turn(i32),

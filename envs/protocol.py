@@ -48,9 +48,12 @@ class TurnResult:
       anchor_key: ``int32[N]`` key of the state the turn acted from: equal keys mean the same
         environment state within a task (GiGPO anchors, paper §4).
       quality: ``float32[N]`` a step-quality signal where the environment defines one
-        (DeepCoder-MT: share of unit tests passed); NaN elsewhere.
-      info: environment-specific ``[N]`` arrays for diagnostics (FrozenLake: ``"pos"``, the
-        cell acted from; Python environments: ``"timeout"``).
+        (DeepCoder-MT: share of unit tests passed); NaN elsewhere. The rollout records it
+        (``Trajectory.step_quality``).
+      state_id: ``int32[N]`` the environment's id of the state each row acted from, for
+        diagnostics that revisit states (FrozenLake: the flat cell); None where it has none
+        (the record then holds -1: ``Trajectory.state_id``).
+      info: environment-specific ``[N]`` arrays (Python environments: ``"timeout"``).
     """
 
     observations: list[str]
@@ -61,6 +64,7 @@ class TurnResult:
     action_valid: np.ndarray
     anchor_key: np.ndarray
     quality: np.ndarray
+    state_id: np.ndarray | None = None
     info: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 

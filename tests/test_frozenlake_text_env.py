@@ -64,7 +64,7 @@ def test_steps_replay_the_jax_environment_with_the_same_keys(slippery):
             if done_before[i]:
                 assert not res.action_valid[i] and res.reward[i] == 0 and res.observations[i] == ""
                 continue
-            assert res.anchor_key[i] == res.info["pos"][i] == pos_before[i]
+            assert res.anchor_key[i] == res.state_id[i] == pos_before[i]
             assert res.action[i] == actions[i, t] and res.action_valid[i]
             assert res.reward[i] == ref.reward[t]
             assert res.done[i] == (ref.done[t] or t == T_MAX - 1)  # t_max ends the rest

@@ -60,12 +60,12 @@ def _trajectory(turns: int, **fields) -> Trajectory:
 def test_qstar_scores_are_gymnasiums_q_with_the_remaining_budget():
     maps = np.stack([map_from_strings(m) for m in MAPS])
     turn_mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]], bool)
-    env_pos = np.array([[0, 4, 8, 0], [0, 1, 2, 6], [0, 1, 0, 0]])
+    state_id = np.array([[0, 4, 8, 0], [0, 1, 2, 6], [0, 1, 0, 0]])
     action = np.array([[1, 1, -1, 0], [2, 2, 1, 3], [2, 0, 0, 0]])
     budget = np.array([8, 6, 3])  # the turn axis is 8 long: the largest budget
     task_id = np.array([0, 1, 1])
     row_mask = np.array([True, True, False])  # the last row is padding: never scored
-    traj = _trajectory(8, turn_mask=turn_mask, env_pos=env_pos, action=action, action_valid=action >= 0,
+    traj = _trajectory(8, turn_mask=turn_mask, state_id=state_id, action=action, action_valid=action >= 0,
                        budget=budget, task_id=task_id, row_mask=row_mask)
     scores = FrozenLakeQStar(maps, invalid_score=-0.5)(traj)
 
@@ -75,7 +75,7 @@ def test_qstar_scores_are_gymnasiums_q_with_the_remaining_budget():
         for t in range(4):
             if turn_mask[i, t]:
                 a = action[i, t]
-                want[i, t] = -0.5 if a < 0 else q[task_id[i]][budget[i] - t, env_pos[i, t], a]
+                want[i, t] = -0.5 if a < 0 else q[task_id[i]][budget[i] - t, state_id[i, t], a]
     np.testing.assert_allclose(scores.scores, want, atol=1e-6)
     scored = np.pad(turn_mask & row_mask[:, None], ((0, 0), (0, 4)))
     np.testing.assert_array_equal(scores.mask, scored)

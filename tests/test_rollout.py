@@ -118,7 +118,7 @@ def test_qstar_greedy_agent_reproduces_play_greedy_exactly(slippery_env, tokeniz
     np.testing.assert_array_equal(traj.turns_used, turns)
     for r in range(len(turns)):
         used = turns[r]
-        np.testing.assert_array_equal(traj.env_pos[r, :used], positions[r, :used])
+        np.testing.assert_array_equal(traj.state_id[r, :used], positions[r, :used])
         np.testing.assert_array_equal(traj.anchor_key[r, :used], positions[r, :used])
         np.testing.assert_array_equal(traj.action[r, :used], actions[r, :used])
     assert traj.action_valid[traj.turn_mask].all() and not traj.overflow.any()
@@ -204,7 +204,7 @@ def test_loss_mask_is_exactly_the_sampled_tokens(lake, tokenizer, thinking):
             turn_of.extend([turn] * len(ids))
 
         for t in range(used):
-            user = prompt.turn_text(render(lake.maps[0], traj.env_pos[r, t]), 5, t)
+            user = prompt.turn_text(render(lake.maps[0], traj.state_id[r, t]), 5, t)
             messages.append({"role": "user", "content": user})
             add(chat.first_prompt(messages[0]["content"], user) if t == 0 else chat.next_prompt(user))
             ids = (tokenizer(replies[t % 3], add_special_tokens=False)["input_ids"] + [IM_END])[:12]
@@ -246,7 +246,7 @@ def test_malformed_responses_are_invalid_actions_never_errors(small_runner, toke
             assert traj.action_valid[r, t] == (code >= 0 and not cut)
             assert traj.action[r, t] == (code if traj.action_valid[r, t] else -1)
             if not traj.action_valid[r, t] and t + 1 < traj.turns_used[r]:
-                assert traj.env_pos[r, t + 1] == traj.env_pos[r, t]  # a no-op
+                assert traj.state_id[r, t + 1] == traj.state_id[r, t]  # a no-op
 
 
 def test_invalid_action_policy(lake, tokenizer):
@@ -386,7 +386,7 @@ def test_a_python_environment_plays_through_the_same_loop(tokenizer):
         submit = lambda contexts, live: [f"<submit>{gold[r // 2]}</submit>" for r in range(len(live))]  # noqa: E731
         traj = runner(ScriptedPolicy(tokenizer, submit), np.arange(3), jax.random.key(0)).trajectory
         assert traj.success.all() and traj.turns_used.tolist() == [1] * 6
-        assert traj.action_valid[:, 0].all() and (traj.env_pos[:, 0] == -1).all()
+        assert traj.action_valid[:, 0].all() and (traj.state_id[:, 0] == -1).all()
 
         def explore_then_submit(contexts, live):
             return [f"<submit>{gold[r // 2]}</submit>" if "<sql>SELECT 1</sql>" in contexts[r]
@@ -397,6 +397,52 @@ def test_a_python_environment_plays_through_the_same_loop(tokenizer):
         assert traj.success.all() and traj.turns_used.tolist() == [2] * 6
     finally:
         env.close()
+
+
+class Graded(PythonEnv):
+    """Each turn is graded: the response's length in characters over 10 (its "test pass
+    share"), except that "skip" has no grade (NaN); "done" ends the episode."""
+
+    name, t_max = "graded", 4
+
+    def instructions(self):
+        return "Answer."
+
+    def num_tasks(self):
+        return 2
+
+    def reset_task(self, task_id, seed):
+        return task_id, "Go."
+
+    def step_task(self, row_state, response):
+        text = response.strip()
+        grade = float("nan") if text == "skip" else len(text) / 10
+        return row_state, Feedback("Again.", done=text == "done", quality=grade)
+
+    def state_key(self, row_state):
+        return text_key(row_state)
+
+
+def test_the_record_keeps_each_turns_environment_quality_and_no_state_id(tokenizer):
+    """TurnResult.quality reaches Trajectory.step_quality turn by turn (NaN where the
+    environment gives none, and on turns that did not happen); an environment without state
+    ids leaves state_id at -1."""
+    scripts = {0: ["abc", "skip", "done"], 1: ["abcdefgh", "ab", "a", "abcd"]}
+    env = PythonTextEnv(Graded(), workers=2)
+    try:
+        runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=1, budget=4,
+                                                                max_response_tokens=16))
+        turn_of = lambda context: context.count("Again.")  # noqa: E731
+        respond = lambda contexts, live: [scripts[r][turn_of(contexts[r])] if live[r] else ""  # noqa: E731
+                                          for r in range(len(live))]
+        traj = jax.device_get(runner(ScriptedPolicy(tokenizer, respond), np.arange(2),
+                                     jax.random.key(0)).trajectory)
+    finally:
+        env.close()
+    assert traj.turns_used.tolist() == [3, 4]
+    np.testing.assert_array_equal(traj.step_quality, np.array(
+        [[0.3, np.nan, 0.4, np.nan], [0.8, 0.2, 0.1, 0.4]], np.float32))
+    assert (traj.state_id == -1).all()
 
 
 class SlowCounter(PythonEnv):

@@ -71,7 +71,7 @@ def random_trajectory(seed: int, *, rows: int = 8, tokens: int = 24, turns: int 
             f["action"][i, turn] = int(rng.integers(-1, 4))
             f["action_valid"][i, turn] = f["action"][i, turn] >= 0
             f["anchor_key"][i, turn] = int(rng.integers(0, 3))
-            f["env_pos"][i, turn] = int(rng.integers(0, 16))
+            f["state_id"][i, turn] = int(rng.integers(0, 16))
             used += 1
             if rng.random() < 0.25:
                 break
@@ -138,7 +138,7 @@ def make_fake_rollout(graphdef: nnx.GraphDef, *, group_size: int, turns: int = 2
             sampling_logprobs=logprobs,  # drawn from the model's own distribution
             turn_mask=turn_mask, action=action, action_valid=turn_mask, reward=reward,
             anchor_key=jnp.where(turn_mask, jnp.arange(turns)[None, :], 0),
-            env_pos=jnp.where(turn_mask, jnp.arange(turns)[None, :], 0),
+            state_id=jnp.where(turn_mask, jnp.arange(turns)[None, :], -1),
             group_id=jnp.arange(rows, dtype=jnp.int32) // group_size, task_id=tasks.astype(jnp.int32),
             budget=jnp.full(rows, turns, jnp.int32), turns_used=jnp.sum(turn_mask, axis=1).astype(jnp.int32),
             success=done, row_mask=jnp.ones(rows, bool),

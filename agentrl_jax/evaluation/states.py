@@ -95,15 +95,15 @@ def visited_states(trajectory: Trajectory, source: int = -1) -> StatePool:
     """Every state a rollout acted from: one per real turn of each real row (a state visited
     twice counts twice, so sampling the pool weights states by how often they are visited).
 
-    Reads ``task_id``, ``env_pos`` (the cell before the turn's move), ``budget`` and the turn
-    index; the trajectory must come from a FrozenLake rollout (``env_pos`` >= 0 on real turns).
+    Reads ``task_id``, ``state_id`` (the cell before the turn's move), ``budget`` and the turn
+    index; the trajectory must come from a FrozenLake rollout (``state_id`` >= 0 on real turns).
     """
     traj = jax.device_get(trajectory)
     turn_mask = np.asarray(traj.turn_mask, bool) & np.asarray(traj.row_mask, bool)[:, None]
     rows, turns = np.nonzero(turn_mask)
-    pos = np.asarray(traj.env_pos)[rows, turns]
+    pos = np.asarray(traj.state_id)[rows, turns]
     if np.any(pos < 0):
-        raise ValueError("visited_states: the trajectory has real turns without an env_pos "
+        raise ValueError("visited_states: the trajectory has real turns without a state_id "
                          "(not a FrozenLake rollout?)")
     return StatePool(task_id=np.asarray(traj.task_id)[rows], pos=pos, turn=turns,
                      budget=np.asarray(traj.budget)[rows], source=np.full(rows.size, source))

@@ -15,7 +15,7 @@ Per turn and row:
   (one map) equal keys are the same environment state, which is what GiGPO's anchors need;
   across maps keys collide, so the trainer groups anchors per task group (and, under BudgetMix,
   adds ``B - t``, see :func:`agentrl_jax.algorithms.budgetmix.budget_anchor_keys`);
-* ``info["pos"]`` is that same cell (the Q* diagnostics read it);
+* ``state_id`` is that same cell (the Q* diagnostics read it, as ``Trajectory.state_id``);
 * ``reward`` is 1 on entering the goal; ``success`` is having reached it; a row is ``done``
   on a hole or the goal, or after ``t_max`` turns (a safety net: the rollout ends rows at
   their budget ``B <= t_max`` first).
@@ -207,4 +207,4 @@ class FrozenLakeTextEnv:
             success=success, action=np.where(out.valid, actions, -1).astype(np.int32),
             action_valid=out.valid, anchor_key=out.pos_before.astype(np.int32),
             quality=np.full(live.shape[0], np.nan, np.float32),
-            info={"pos": out.pos_before.astype(np.int32)})
+            state_id=out.pos_before.astype(np.int32))
