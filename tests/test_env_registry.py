@@ -159,3 +159,29 @@ def test_a_user_environment_is_evaluated_through_the_cli(tmp_path):
             settings["max_context"], settings["lanes"]) == ("guess", 4, 6, 512, 1)
     assert settings["task_names"] == ["guess apple", "guess river"]
     assert (out / "pass_at_t.json").exists()
+
+
+def test_the_readme_guide_registers_an_environment_that_plays(tmp_path):
+    """README "Add your own environment": its file, loaded as a plugin, registers ``secret``,
+    whose first task is solved by a response naming its word and refuses an unknown option."""
+    import re
+
+    from agentrl_jax.plugins import load_plugin
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Add your own environment", 1)[1].split("\n## ", 1)[0]
+    source = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "my_env.py").write_text(source)
+    if "secret" not in envs.names():
+        load_plugin(str(tmp_path / "my_env.py"))
+    loaded = envs.make("secret", limit=1, workers=1)
+    try:
+        assert loaded.names == ("secret apple",) and loaded.env.t_max == 4
+        state, observations = loaded.env.reset(np.array([0, 0]), seed=0)
+        assert observations == ["Your guess?", "Your guess?"]
+        _, result = loaded.env.step(state, ["pear", "an apple"], np.array([True, True]))
+        assert result.success.tolist() == [False, True] and result.observations[0] == "no"
+    finally:
+        loaded.close()
+    with pytest.raises(envs.EnvOptionError, match="takes no option 'data'"):
+        envs.make("secret", data="x")
