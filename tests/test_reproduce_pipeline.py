@@ -430,13 +430,34 @@ def test_readme_table1_is_the_stored_default_runs():
                 assert cell == f"{value:+.1f} [{low:+.1f}, {high:+.1f}]", (label, level)
 
 
-def test_the_stored_default_runs_table1_and_findings_recompute_byte_for_byte_from_its_raw(
-        tmp_path):
-    """notebooks/results_cpu_default/raw/ holds the run's raw records (the likelihood's, 0.6 MB,
-    left out: no stored file derives from it). Table 1 (``table1.csv``), the verdicts
-    (``findings.json``), the budget robustness and the error-recovery suite recomputed from
-    them by today's analyses are the stored files, byte for byte: the report cannot drift from
-    the numbers it was computed from."""
+def test_readme_table1_of_the_larger_config_is_its_stored_runs():
+    """README's Table 1 of the 8x8 / T_max 70 config is notebooks/results_cpu_large/table1.csv,
+    rounded as shown."""
+    import csv
+    stored = {row["row"]: row for row in csv.DictReader(
+        (ROOT / "notebooks/results_cpu_large/table1.csv").read_text().splitlines())}
+    readme = (ROOT / "README.md").read_text()
+    levels = ["25% (T=17)", "50% (T=35)", "75% (T=52)", "100% (T=70)"]
+    table = readme[readme.index("| Pass@8 (%) | 25% (T=17)"):].split("\n\n")[0].splitlines()
+    assert table[0] == "| Pass@8 (%) | " + " | ".join(levels) + " |"
+    assert len(table[2:]) == len(stored) == 6
+    for line in table[2:]:
+        label, *cells = [c.strip() for c in line.strip("|").split("|")]
+        row = stored[label if label in stored else f"{label} (pt)"]
+        for level, cell in zip(levels, cells):
+            value, low, high = (float(row[f"{level}{s}"]) for s in ("", " ci_low", " ci_high"))
+            form = "{:.1f}" if label in stored else "{:+.1f}"
+            assert cell == f"{form.format(value)} [{form.format(low)}, {form.format(high)}]", (label, level)
+
+
+@pytest.mark.parametrize("folder", ["results_cpu_default", "results_cpu_large"])
+def test_the_stored_runs_table1_and_findings_recompute_byte_for_byte_from_their_raw(
+        tmp_path, folder):
+    """notebooks/<folder>/raw/ holds the run's raw records (the likelihood's left out: no
+    stored file derives from it). Table 1 (``table1.csv``), the verdicts (``findings.json``),
+    the budget robustness and the error-recovery suite recomputed from them by today's
+    analyses are the stored files, byte for byte: the report cannot drift from the numbers it
+    was computed from. Both stored runs: the CPU default and the larger 8x8 config."""
     from agentrl_jax.evaluation.report import Section
     from agentrl_jax.reproduce import findings
     from agentrl_jax.reproduce.report import write_table1
@@ -445,7 +466,7 @@ def test_the_stored_default_runs_table1_and_findings_recompute_byte_for_byte_fro
     from agentrl_jax.evaluation.analyses import error_recovery
     from agentrl_jax.reproduce.report import write_robustness
 
-    stored = ROOT / "notebooks/results_cpu_default"
+    stored = ROOT / "notebooks" / folder
     write_table1(tmp_path, load_raw(stored, "table"), Section("Table 1", ""))
     write_robustness(tmp_path, load_raw(stored, "table"))
     error_recovery.section(tmp_path, error_recovery.compute(load_raw(stored, "errors")))
