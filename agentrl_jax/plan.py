@@ -345,7 +345,7 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
         refill=rl.refill)
     ev = config.eval
     results += plan_sampler(
-        "eval", model, mesh, rows=eval_rows(ev, task.eval_maps), max_len=ev.max_context,
+        "eval", model, mesh, rows=eval_rows(ev, task.eval_tasks), max_len=ev.max_context,
         max_new_tokens=ev.max_response_tokens, prefill_chunk=ev.prefill_chunk,
         cache_dtype=jnp.dtype(ev.kv_cache_dtype or config.model.dtype), layout=rl.generation_layout,
         sampling=SamplingConfig(temperature=ev.temperature, top_p=ev.top_p),

@@ -4,7 +4,8 @@ rollout needs to know about its texts.
     loaded = envs.make("sql", limit=3)           # EnvTasks: the env, its task names, bounds
     envs.register("maze", make_maze, label="Maze", max_response_tokens=32, max_context=2048)
 
-An entry declares what it needs. Its factory's keyword parameters are the options it takes: an
+An entry declares what it needs, and its ``study`` (:mod:`envs.study`) what the reproduction
+pipeline needs beyond the rollout (train/test tasks, demonstrations, R_single, analyses). Its factory's keyword parameters are the options it takes: an
 option it does not take is refused, naming those it does (:class:`EnvOptionError`), before
 anything is loaded. Its ``label`` names it in reports, ``max_response_tokens`` and
 ``max_context`` are the token limits its texts need (a DeepCoder-MT turn is a whole program;
@@ -25,6 +26,7 @@ environment is registered from its own module (e.g. a ``--plugin`` file), with n
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any, Callable, Sequence
 
@@ -72,6 +74,19 @@ class EnvEntry:
     max_response_tokens: int
     max_context: int
     lanes: int = 1
+    make_study: Callable[[], Any] | None = None  # -> envs.study.Study (None: the generic one)
+
+    @functools.cached_property
+    def study(self) -> Any:
+        """What ``reproduce`` needs beyond the rollout (:class:`envs.study.Study`), built on
+        first use (an environment's study may import heavy modules)."""
+        from envs.study import Study
+
+        study = Study() if self.make_study is None else self.make_study()
+        if not isinstance(study, Study):
+            raise EnvOptionError(f"environment {self.name!r}: its study must be an "
+                                 f"envs.study.Study, got {type(study).__name__}")
+        return study
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -84,10 +99,12 @@ _REGISTRY: dict[str, EnvEntry] = {}
 
 
 def register(name: str, factory: Callable[..., EnvTasks], *, label: str,
-             max_response_tokens: int, max_context: int, lanes: int = 1,
+             max_response_tokens: int, max_context: int, lanes: int = 1, study: Any = None,
              replace: bool = False) -> EnvEntry:
     """Register ``factory(**options) -> EnvTasks`` as ``name``; a name already taken is refused
-    unless ``replace``. Returns the entry."""
+    unless ``replace``. ``study``: an :class:`envs.study.Study`, or a function returning one
+    (built on first use; default: the generic one), what ``agentrl-jax reproduce`` asks of it.
+    Returns the entry."""
     if not isinstance(name, str) or not name.isidentifier():
         raise EnvOptionError(f"envs.register: the name must be an identifier, got {name!r}")
     if name in _REGISTRY and not replace:
@@ -100,9 +117,22 @@ def register(name: str, factory: Callable[..., EnvTasks], *, label: str,
                                  f"got {value!r}")
     if not callable(factory):
         raise EnvOptionError(f"envs.register({name!r}): the factory must be callable")
-    entry = EnvEntry(name, factory, label, max_response_tokens, max_context, lanes)
+    if study is None or _is_study(study):
+        make_study = None if study is None else (lambda: study)
+    elif callable(study):
+        make_study = study
+    else:
+        raise EnvOptionError(f"envs.register({name!r}): study must be an envs.study.Study or "
+                             f"a function returning one, got {type(study).__name__}")
+    entry = EnvEntry(name, factory, label, max_response_tokens, max_context, lanes, make_study)
     _REGISTRY[name] = entry
     return entry
+
+
+def _is_study(obj: Any) -> bool:
+    from envs.study import Study
+
+    return isinstance(obj, Study)
 
 
 def names() -> tuple[str, ...]:
@@ -174,12 +204,19 @@ def _frozenlake(*, maps: int = 32, map_size: int = 8, frozen_p: float = 0.8,
 
 def _sql(*, data: str | None = None, split: str | None = None, limit: int | None = None,
          workers: int = 8, step_timeout_s: float = 60.0) -> EnvTasks:
-    """The 18 bundled bookshop questions, or ``data`` a Spider folder (``split``, default dev)."""
+    """The 18 bundled bookshop questions (``split`` "train" or "test": two disjoint halves by
+    a hash of each question), or ``data`` a Spider folder (``split`` a Spider split, default dev)."""
     from envs.sql import SqlEnv, demo_tasks, load_spider
+    from envs.sql.demo import question_split
 
-    if split is not None and data is None:
-        raise EnvOptionError("split picks a Spider split: it needs data (a Spider folder)")
-    tasks = demo_tasks()[:limit] if data is None else load_spider(data, split or "dev", limit=limit)
+    if data is None:
+        if split not in (None, "train", "test"):
+            raise EnvOptionError(f"split: the bundled questions split into 'train' and 'test', "
+                                 f"got {split!r} (a Spider split needs data, a Spider folder)")
+        tasks = [t for t in demo_tasks() if split is None or question_split(t.question) == split]
+        tasks = tasks[:limit]
+    else:
+        tasks = load_spider(data, split or "dev", limit=limit)
     return python_env(SqlEnv(tasks), [f"{t.db_id}: {t.question}" for t in tasks],
                       workers=workers, step_timeout_s=step_timeout_s)
 
@@ -215,7 +252,21 @@ def _bfcl(*, data: str | None = None, categories: Sequence[str] | None = None,
                       workers=workers, step_timeout_s=step_timeout_s)
 
 
-register("frozenlake", _frozenlake, label="FrozenLake", max_response_tokens=512, max_context=16384)
-register("sql", _sql, label="InterCode-SQL", max_response_tokens=512, max_context=8192)
+def _frozenlake_study():
+    from envs.frozenlake.study import FrozenLakeStudy
+
+    return FrozenLakeStudy()
+
+
+register("frozenlake", _frozenlake, label="FrozenLake", max_response_tokens=512, max_context=16384,
+         study=_frozenlake_study)
+def _sql_study():
+    from envs.sql.study import SqlStudy
+
+    return SqlStudy()
+
+
+register("sql", _sql, label="InterCode-SQL", max_response_tokens=512, max_context=8192,
+         study=_sql_study)
 register("code", _code, label="DeepCoder-MT", max_response_tokens=1024, max_context=16384, lanes=2)
 register("bfcl", _bfcl, label="BFCL v3 multi-turn", max_response_tokens=512, max_context=16384)

@@ -45,7 +45,7 @@ def _ci(c: stats.MeanCI) -> list[float]:
 
 
 def point(base: Path, tag: str, overrides: list[str], eval_maps: int, log: Path) -> dict:
-    config = load_config(base / "config.yaml", [*overrides, f"task.eval_maps={eval_maps}"])
+    config = load_config(base / "config.yaml", [*overrides, f"task.eval_tasks={eval_maps}"])
     task, rl = config.task, config.rl
     tasks = make_tasks(config)
     tokenizer = load_tokenizer(base / "models" / "init")
@@ -57,9 +57,10 @@ def point(base: Path, tag: str, overrides: list[str], eval_maps: int, log: Path)
     run_dir.mkdir(parents=True)
     model = load_qwen3(base / "models" / "base")
     start = time.perf_counter()
-    params = training.run_training(spec, model, tasks.train, tokenizer, rl, run_dir=run_dir,
+    params = training.run_training(spec, model, tasks.train.env, tokenizer, rl, run_dir=run_dir,
                                    t_max=task.t_max, max_response_tokens=task.max_response_tokens,
-                                   max_context=task.max_context, metadata={})
+                                   max_context=task.max_context, metadata={},
+                                   quality_scorer=task.entry.study.step_scorer(tasks.train))
     train_s = time.perf_counter() - start
     trained = load_qwen3(base / "models" / "base")
     nnx.update(trained, params)
@@ -72,7 +73,7 @@ def point(base: Path, tag: str, overrides: list[str], eval_maps: int, log: Path)
     policy = SamplerPolicy(model, paging=Paging(page_size=config.eval.kv_page_size or 16))
     successes = {}
     for name, m in (("base", model), ("trained", trained)):
-        s = passt.sample_successes(tasks.test, tokenizer, policy.using(nnx.state(m)),
+        s = passt.sample_successes(tasks.test.env, tokenizer, policy.using(nnx.state(m)),
                                    np.arange(eval_maps), jax.random.key(config.eval.seed),
                                    budget=task.t_max, samples=8,
                                    config=config.eval.rollout_config(None))

@@ -97,7 +97,7 @@ def test_seeds_run_the_study_once_per_seed_and_tabulate_each_finding(tmp_path, m
 
     def fake_reproduce(settings, out, **kwargs):  # writes the findings a run would
         seed = settings.rl.seed
-        seen.append((out.name, settings.task.map_seed, settings.model.seed,
+        seen.append((out.name, settings.task.seed, settings.model.seed,
                      settings.warm_start.seed, settings.eval.seed, seed, settings.rl.steps))
         out.mkdir(parents=True)
         verdict = findings.SHOWS if seed == 0 else findings.REFUTED

@@ -110,7 +110,7 @@ def test_pass_at_t_of_gold_play_is_the_share_of_tasks_it_fits(tasks, tokenizer, 
     assert [s.title for s in sections] == [
         "Env: Pass@T at k = 2", f"Env: Pass@2 at 25/50/75/100% of T_max = {env.t_max} (Table 1)"]
     record = json.loads((tmp_path / "pass_at_t.json").read_text())
-    if name is "bfcl":  # §2's bound from the annotated trajectories, met by replaying them
+    if name == "bfcl":  # §2's bound from the annotated trajectories, met by replaying them
         bound = dict(zip(record["structural_bound"]["budget"],
                          record["structural_bound"]["share_solvable"]))
         assert [bound[b] for b in budgets] == expected

@@ -514,10 +514,10 @@ YAML_CASES = {
                          "learning_rate, mistake_rate, seed, weight_decay"),
     "a non-string field": ("mesh:\n  1: 2\n", "mesh: unknown field 1; known: data, fsdp, tensor"),
     "a string for an int": ("rl:\n  steps: '3'\n", "rl.steps: must be an int >= 1, got '3'"),
-    "a float for an int": ("task:\n  train_maps: 2.5\n", "task.train_maps: must be an int >= 1, "
-                                                         "got 2.5"),
-    "a string for a bool": ("task:\n  slippery: 'yes'\n", "task.slippery: must be true or false, "
-                                                          "got 'yes'"),
+    "a float for an int": ("task:\n  train_tasks: 2.5\n", "task.train_tasks: must be an int >= 1, "
+                                                          "got 2.5"),
+    "a string for a bool": ("task:\n  options: {slippery: 'yes'}\n", "task.options.slippery: must "
+                                                                    "be true or false, got 'yes'"),
     "an int for a bool": ("warm_start:\n  enabled: 1\n", "warm_start.enabled: must be true or "
                                                          "false, got 1"),
     "a mapping for a number": ("rl:\n  learning_rate: {a: 1}\n", "rl.learning_rate: must be a "

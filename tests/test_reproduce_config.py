@@ -64,7 +64,7 @@ def test_the_cpu_yaml_is_the_built_in_default():
 def test_round_trip_of_non_default_values():
     config = load_config(CONFIGS / "frozenlake_ci.yaml", [
         "rl.runs=[ppo, gigpo-budgetmix]", "eval.budgets=[3, 1, 3]", "rl.max_grad_norm=null",
-        "model.dtype=bfloat16", "mesh.data=-1", "mesh.fsdp=2", "task.slippery=false",
+        "model.dtype=bfloat16", "mesh.data=-1", "mesh.fsdp=2", "task.options.slippery=false",
         "rl.kv_cache_dtype=bfloat16", "rl.max_rows_per_call=8", "rl.prefill_chunk=512",
         "rl.generation_layout=training"])
     assert (config.rl.kv_cache_dtype, config.rl.max_rows_per_call) == ("bfloat16", 8)
@@ -79,9 +79,15 @@ def test_round_trip_of_non_default_values():
 
 @pytest.mark.parametrize("changes, expected", [
     ({"task.t_max": 3}, "task.t_max"),
-    ({"task.frozen_p": 0.0}, "task.frozen_p"),
-    ({"task.slippery": "yes"}, "task.slippery"),
-    ({"task.train_maps": 2.5}, "task.train_maps"),
+    ({"task.options.frozen_p": 0.0}, "task.options.frozen_p"),
+    ({"task.options.slippery": "yes"}, "task.options.slippery"),
+    ({"task.train_tasks": 2.5}, "task.train_tasks"),
+    ({"task.env": "chess"}, "task.env: unknown environment 'chess'; registered: frozenlake, sql"),
+    ({"task.options": {"map_sise": 4}}, "task.options: FrozenLake takes no option 'map_sise'"),
+    ({"task.options": [4]}, "task.options: must be a mapping"),
+    ({"task.env": "sql", "task.options": {"limit": 3}}, "task.options: 'limit': set by the reproduction"),
+    ({"task.env": "sql", "task.options": {"map_size": 4}},
+     "task.options: environment 'sql' takes no option 'map_size'; it takes: data"),
     ({"model.head_dim": 15}, "model.head_dim"),
     ({"model.dtype": "float16"}, "model.dtype"),
     ({"model.num_key_value_heads": 3}, "model.num_key_value_heads"),  # does not divide 4 heads
@@ -133,8 +139,11 @@ def test_round_trip_of_non_default_values():
 def test_a_bad_value_names_its_section_and_field(changes, expected):
     data = ReproduceConfig().to_dict()
     for key, value in changes.items():
-        section, field = key.split(".")
-        data[section][field] = value
+        *path, field = key.split(".")
+        target = data
+        for part in path:
+            target = target[part]
+        target[field] = value
     with pytest.raises(ValueError) as error:
         config_from_dict(data)
     assert str(error.value).startswith(expected), str(error.value)

@@ -26,7 +26,9 @@ from hypothesis import strategies as st
 from agentrl_jax.models import export_qwen3
 from agentrl_jax.reproduce import demos as demo_lib
 from agentrl_jax.reproduce import sft
-from agentrl_jax.reproduce.policy_init import build_frozenlake_tokenizer, random_qwen3
+from agentrl_jax.models.small_tokenizer import build_small_tokenizer
+from agentrl_jax.reproduce.policy_init import random_qwen3
+from envs.frozenlake.study import QStarDemonstrator, frozenlake_corpus
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text import parse_action, parse_grid, render
@@ -122,7 +124,8 @@ def test_parse_grid_reads_the_tasks_maps_at_every_live_cell(env):
 
 @pytest.fixture(scope="module")
 def tokenizer(env):
-    return build_frozenlake_tokenizer(env.instructions(), env.maps, T_MAX, 512)
+    return build_small_tokenizer(frozenlake_corpus(env.instructions(), env.maps, T_MAX), vocab_size=512,
+                                 split_words=False)
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +139,8 @@ def references(env):
     return out
 
 
-def demonstrator(env, mistake_rate: float, seed: int = 0) -> demo_lib.QStarDemonstrator:
-    return demo_lib.QStarDemonstrator(env.maps, T_MAX, is_slippery=True, success_rate=SUCCESS_RATE,
+def demonstrator(env, mistake_rate: float, seed: int = 0) -> QStarDemonstrator:
+    return QStarDemonstrator(env.maps, T_MAX, is_slippery=True, success_rate=SUCCESS_RATE,
                                       mistake_rate=mistake_rate, seed=seed)
 
 

@@ -106,7 +106,7 @@ def test_phases_json_records_every_phase_in_order(finished, config):
     assert list(phases) == expected_phases(config)
     assert all(p["seconds"] >= 0 for p in phases.values())
     ws = config.warm_start
-    demos = min(ws.demo_tasks, config.task.train_maps) * ws.demos_per_task
+    demos = min(ws.demo_tasks, config.task.train_tasks) * ws.demos_per_task
     assert phases["demos"]["trajectories"] == demos
     assert 0.0 <= phases["demos"]["mistake_share"] <= 1.0 and phases["demos"]["overflow_rate"] == 0.0
     assert phases["warm_start"]["steps"] == sft.num_sft_steps(demos, ws.batch_size, ws.epochs)
@@ -209,7 +209,7 @@ def test_table1_is_recomputed_from_the_saved_counts(finished, config):
     for policy in policies:
         for t in levels:
             counts = record["counts"][policy][str(t)]
-            assert counts["n"] == [config.eval.samples] * config.task.eval_maps
+            assert counts["n"] == [config.eval.samples] * config.task.eval_tasks
             assert all(0 <= c <= n for n, c in zip(counts["n"], counts["c"]))
             hand[policy, t] = float(np.mean([hand_pass(n, c, record["k"])
                                              for n, c in zip(counts["n"], counts["c"])]))

@@ -17,7 +17,9 @@ from agentrl_jax.errors import ConfigError
 from agentrl_jax.reproduce import training
 from agentrl_jax.reproduce.config import RLSettings, load_config
 from agentrl_jax.reproduce.pipeline import make_tasks
-from agentrl_jax.reproduce.policy_init import build_frozenlake_tokenizer, random_qwen3
+from agentrl_jax.models.small_tokenizer import build_small_tokenizer
+from agentrl_jax.reproduce.policy_init import random_qwen3
+from envs.frozenlake.study import frozenlake_corpus
 from agentrl_jax.sampling import Paging
 from agentrl_jax.train import read_metrics
 from agentrl_jax.trajectory import Trajectory, bucket_width, row_lengths
@@ -155,8 +157,8 @@ def test_six_updates_compile_once_per_shape_and_log_every_metric_live(tmp_path, 
                                      "rl.tensorboard=true", "rl.wandb_project=agentrl-test"])
     t, m = config.task, config.model
     tasks = make_tasks(config)
-    tokenizer = build_frozenlake_tokenizer(tasks.train.instructions(), tasks.train.maps, t.t_max,
-                                           m.tokenizer_vocab)
+    tokenizer = build_small_tokenizer(frozenlake_corpus(tasks.train.env.instructions(), tasks.train.env.maps,
+                                                        t.t_max), vocab_size=m.tokenizer_vocab, split_words=False)
     model = random_qwen3(len(tokenizer), hidden_size=m.hidden_size,
                          intermediate_size=m.intermediate_size, num_hidden_layers=m.num_hidden_layers,
                          num_attention_heads=m.num_attention_heads,
@@ -185,9 +187,10 @@ def test_six_updates_compile_once_per_shape_and_log_every_metric_live(tmp_path, 
     monkeypatch.setattr(training, "make_train_step", recording_step)
     spec = training.run_specs(config.rl)[0]
     with count_backend_compiles_by_name() as compiles:
-        training.run_training(spec, model, tasks.train, tokenizer, config.rl, run_dir=tmp_path,
+        training.run_training(spec, model, tasks.train.env, tokenizer, config.rl, run_dir=tmp_path,
                               t_max=t.t_max, max_response_tokens=t.max_response_tokens,
-                              max_context=t.max_context, metadata={})
+                              max_context=t.max_context, metadata={},
+                              quality_scorer=t.entry.study.step_scorer(tasks.train))
     assert len(step_compiles) == 6
     assert sum(step_compiles) == len(step_shapes), (step_compiles, step_shapes)
     traces = policies[0].trace_counts

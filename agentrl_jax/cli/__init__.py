@@ -23,7 +23,7 @@ app = typer.Typer(
 app.add_typer(bench.app, name="bench")
 eval_envs.register(eval_cli.app)  # eval env-passk / env-passt: SQL, code, BFCL
 app.add_typer(eval_cli.app, name="eval")
-app.add_typer(reproduce.app, name="reproduce")
+app.command("reproduce", no_args_is_help=True)(reproduce.reproduce_command)
 app.add_typer(solve.app, name="solve")
 app.command("plan")(plan.plan)
 

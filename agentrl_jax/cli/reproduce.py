@@ -1,6 +1,7 @@
-"""``agentrl-jax reproduce frozenlake``: the paper's FrozenLake study end to end, resumable.
+"""``agentrl-jax reproduce ENV``: the paper's study of an environment end to end, resumable.
 
     agentrl-jax reproduce frozenlake                                   # built-in CPU default
+    agentrl-jax reproduce sql                                          # InterCode-SQL's CPU default
     agentrl-jax reproduce frozenlake --config configs/frozenlake_qwen3_4b_gpu.yaml --out runs/4b
     agentrl-jax reproduce frozenlake --set rl.steps=10 --set eval.samples=4
     agentrl-jax reproduce frozenlake --seeds 0 --seeds 7 --seeds 13      # each finding at 3 seeds
@@ -8,9 +9,14 @@
     agentrl-jax reproduce frozenlake --plugin my_loss.py --set 'rl.runs=[{name: mine, algorithm:
         {loss_terms: [policy_clip, {name: my_term, coef: 0.01}]}}]'
 
+ENV is any registered environment (:mod:`envs.registry`: ``frozenlake``, ``sql``, ``code``,
+``bfcl``, or one a ``--plugin`` registers). Its study (:mod:`envs.study`) gives the config's
+defaults (:attr:`~envs.study.Study.config_defaults`, under ``--config`` and ``--set``), the
+tasks, the warm start's demonstrations and the analyses.
+
 ``--plugin`` (and ``AGENTRL_JAX_PLUGINS``) import the user's modules before the config is
-read, so the loss terms, estimators and run presets they register can be named in it
-(:mod:`agentrl_jax.plugins`; README, "Write your own loss").
+read, so the environments, loss terms, estimators and run presets they register can be named
+(:mod:`agentrl_jax.plugins`; README, "Write your own loss", "Add your own environment").
 
 Rerunning the same command on the same ``--out`` resumes: finished phases are skipped and a
 training run continues from its newest checkpoint (see :mod:`agentrl_jax.reproduce.pipeline`).
@@ -23,15 +29,15 @@ from typing import List, Optional
 
 import typer
 
-app = typer.Typer(help="Reproduce the paper's studies end to end.", no_args_is_help=True)
 
-
-@app.command("frozenlake")
-def frozenlake(
-    config: Optional[Path] = typer.Option(None, help="YAML config (default: the built-in CPU "
-                                                     "config, configs/frozenlake_cpu.yaml)."),
-    out: Path = typer.Option(Path("results/frozenlake"), help="Results folder (resumed if it "
-                                                              "holds a run of the same config)."),
+def reproduce_command(
+    env: str = typer.Argument(..., help="The environment: frozenlake, sql, code, bfcl, or one a "
+                                        "--plugin registers."),
+    config: Optional[Path] = typer.Option(None, help="YAML config (default: the environment's "
+                                                     "built-in CPU config, e.g. "
+                                                     "configs/frozenlake_cpu.yaml)."),
+    out: Optional[Path] = typer.Option(None, help="Results folder (resumed if it holds a run of "
+                                                  "the same config; default results/ENV)."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field: "
                                                                  "section.field=value (repeatable)."),
     fresh: bool = typer.Option(False, help="Delete the results folder first and start over."),
@@ -46,9 +52,11 @@ def frozenlake(
                                                "registered loss terms, estimators and run presets "
                                                "can then be named in the config."),
 ) -> None:
-    """Base policy (SFT on imperfect Q* demonstrations), full-budget GRPO and BudgetMix GRPO
-    from it, then Table 1, Pass@K, Pass@T, step quality, error states, likelihood and training
-    dynamics, written to a results folder with report.md."""
+    """Base policy (SFT on imperfect demonstrations), full-budget GRPO and BudgetMix GRPO
+    from it, then Table 1, Pass@K, Pass@T, likelihood, training dynamics and, where the
+    environment has an oracle (FrozenLake's Q*), step quality and error states, written to a
+    results folder with report.md."""
+    import envs
     from agentrl_jax.cli.paths import output_folder
     from agentrl_jax.plugins import load_plugins
     from agentrl_jax.reproduce.config import load_config
@@ -56,6 +64,7 @@ def frozenlake(
     from agentrl_jax.reproduce.pipeline import reproduce
     from agentrl_jax.reproduce.seeds import seed_folder, seed_overrides, write_across_seeds
 
+    out = out if out is not None else Path("results") / env
     output_folder(out)
     if seeds and len(set(seeds)) != len(seeds):
         raise typer.BadParameter(f"--seeds: each seed once, got {seeds}")
@@ -63,12 +72,19 @@ def frozenlake(
         (seed, seed_folder(out, seed), list(set_ or ()) + seed_overrides(seed)) for seed in seeds]
     try:
         load_plugins(plugin or ())
-        settings = [load_config(config, overrides) for _, _, overrides in runs]  # all checked first
+        study = envs.entry(env).study
+        defaults = {**study.config_defaults,
+                    "task": {**study.config_defaults.get("task", {}), "env": env}}
+        settings = [load_config(config, overrides, defaults=defaults)
+                    for _, _, overrides in runs]  # all checked first
     except ValueError as error:
         raise typer.BadParameter(f"{error}{plugins_hint(out)}") from None
+    if settings[0].task.env != env:
+        raise typer.BadParameter(f"--config {config} sets task.env: {settings[0].task.env}, but "
+                                 f"this command reproduces {env}")
     for (seed, folder, overrides), setting in zip(runs, settings):
         shown = f" with --set {', '.join(overrides)}" if overrides else ""
-        typer.echo(f"Reproducing FrozenLake into {folder} (config: {config or 'built-in default'}"
+        typer.echo(f"Reproducing {envs.entry(env).label} into {folder} (config: {config or 'built-in default'}"
                    f"{shown})")
         try:
             report = reproduce(setting, folder, fresh=fresh, progress=progress, until=until)

@@ -33,7 +33,7 @@ from agentrl_jax.errors import ConfigError
 from agentrl_jax.reproduce.eval_settings import EvalSettings
 from agentrl_jax.reproduce.presets import RUN_PRESETS, RunSettings  # noqa: F401  (re-exported)
 from agentrl_jax.reproduce.settings import (ModelSettings, RLSettings, TaskSettings,  # noqa: F401
-                                            WarmStartSettings)
+                                            WarmStartSettings, plain_data)
 from agentrl_jax.sharding import MeshConfig
 from agentrl_jax.validation import short_repr
 
@@ -70,10 +70,8 @@ class ReproduceConfig:
                                   "eval.kv_page_size to null (the static cache) or tensor to 1")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (YAML/JSON); ``config_from_dict(c.to_dict()) == c``."""
-        def plain(v):
-            return list(v) if isinstance(v, tuple) else v
-        return {name: {f.name: plain(getattr(getattr(self, name), f.name))
+        """Plain data (YAML/JSON), a copy; ``config_from_dict(c.to_dict()) == c``."""
+        return {name: {f.name: plain_data(getattr(getattr(self, name), f.name))
                        for f in dataclasses.fields(getattr(self, name))}
                 for name in _SECTIONS}
 
@@ -93,6 +91,8 @@ def config_from_dict(d: Mapping[str, Any] | None, *, source: str | None = None,
     for name, cls in _SECTIONS.items():
         default = getattr(defaults, name)
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in sections.get(name, {}).items()}
+        if name == "task" and values.get("env", default.env) != default.env:
+            values.setdefault("options", {})  # another environment: none of the default's options
         try:
             built[name] = cls(**{**{f.name: getattr(default, f.name)
                                     for f in dataclasses.fields(cls)}, **values})
@@ -202,8 +202,13 @@ def _copy_mappings(value: Any) -> Any:
     return {k: _copy_mappings(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ReproduceConfig:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *,
+                defaults: Mapping[str, Mapping[str, Any]] | None = None) -> ReproduceConfig:
     """The config in the YAML file ``path`` (None: the built-in default), with overrides.
+
+    ``defaults`` (sections of fields, e.g. an environment study's
+    :attr:`~envs.study.Study.config_defaults`) replace the built-in default's values under
+    the file's: a field the file does not give takes its value there first.
 
     Every problem is a :class:`ConfigError` naming the file (and the override, if one is
     involved) and the field: a missing, unreadable or empty file, YAML syntax errors, a key
@@ -217,6 +222,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         source = f"config {path}"
         data = read_yaml(path)
         _sections(data, _Where(source))  # the file's own structure, before overrides touch it
+    if defaults:
+        data = {name: {**dict(defaults.get(name) or {}), **dict(data.get(name) or {})}
+                for name in {**defaults, **data}}
     data = apply_overrides(data, overrides)
     return config_from_dict(data, source=source, overrides=overrides)
 

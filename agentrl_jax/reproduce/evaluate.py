@@ -1,4 +1,5 @@
-"""Evaluation of several policies on FrozenLake, as the paper evaluates them (PAPER.md §3, §7, §9).
+"""Evaluation of several policies on an environment's test tasks, as the paper evaluates them
+(PAPER.md §3, §7, §9).
 
 The library counterpart of ``agentrl-jax eval`` (which compares two policies) for ``N``
 named policies, the first being the base: the reproduction pipeline calls
@@ -34,7 +35,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from agentrl_jax.evaluation import diagnostics, drivers, likelihood, passk, passt
+from agentrl_jax.evaluation import diagnostics, drivers, likelihood, passk
 from agentrl_jax.evaluation import report as eval_report
 from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, error_recovery,
                                              pass_at_k, pass_at_t, step_quality)
@@ -51,7 +52,6 @@ from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.reproduce.results import ANALYSES, raw_path, slug, table1_from_results
 from agentrl_jax.rollout import RolloutConfig
 from agentrl_jax.sampling import Paging
-from envs.frozenlake.text_env import FrozenLakeTextEnv
 
 __all__ = ["ANALYSES", "EvalSettings", "analysis_units", "run_analysis", "table1_from_results",
            "write_report"]  # the last two re-exported: the pipeline's whole interface is here
@@ -89,12 +89,14 @@ class _Run:
     """Everything one analysis needs."""
 
     out: Path
-    env: FrozenLakeTextEnv
+    env: Any
     task_ids: np.ndarray
     tokenizer: Any
     models: Mapping[str, Any]
     settings: EvalSettings
     progress: Callable[[int], None]
+    min_turns: np.ndarray  # [tasks of env] fewest turns that can succeed (the structural bound)
+    bound_note: str        # what that bound means in this environment
 
     @property
     def names(self) -> list[str]:
@@ -166,20 +168,19 @@ def _table(run: _Run) -> list[Section]:
     budgets = s.table_budgets(run.t_max)
     counts = drivers.pass_at_t_counts(run.play, run.policies, run.key("passt"), budgets=budgets,
                                       samples=s.samples)
-    shortest = passt.shortest_paths(run.env.maps[run.task_ids])
+    shortest = np.asarray(run.min_turns)[run.task_ids]
     record = {"k": s.k, "samples": s.samples, "budgets": budgets,
               "levels": passk.budget_levels(run.t_max), "percents": passk.BUDGET_PERCENTS,
-              "slippery": run.env.config.is_slippery, "shortest_paths": shortest,
+              "bound_note": run.bound_note, "shortest_paths": shortest,
               "counts": {p: {b: {"n": n, "c": c} for b, (n, c) in by_budget.items()}
                          for p, by_budget in counts.items()}}
     raw = run.write_raw("table", record)
     curve, table = pass_at_t.section(run.out, pass_at_t.compute(counts, k=s.k, t_max=run.t_max,
                                                                 shortest_paths=shortest))
-    bound = ("a necessary condition only on slippery maps" if run.env.config.is_slippery
-             else "exact for a Q*-optimal policy on these deterministic maps")
     curve = _with(curve, f"Pass@T at k = {s.k}",
                   f"{len(run.task_ids)} tasks x {s.samples} samples per budget. Dashed: the "
-                  f"structural bound, the share of tasks whose shortest path fits in T ({bound}).",
+                  f"structural bound, the share of tasks whose shortest path fits in T "
+                  f"({run.bound_note}).",
                   (raw,))
     saved = results.load_raw(run.out, "table")
     table = report.write_table1(run.out, saved, table)
@@ -365,16 +366,18 @@ def _check_models(models: Mapping[str, Any], name: str) -> None:
         raise ValueError(f"{name}: compares the base with other policies; got only {list(models)}")
 
 
-def run_analysis(name: str, out: str | Path, env: FrozenLakeTextEnv, task_ids: np.ndarray,
+def run_analysis(name: str, out: str | Path, env: Any, task_ids: np.ndarray,
                  tokenizer: Any, models: Mapping[str, Any], settings: EvalSettings, *,
                  training_logs: Mapping[str, str | Path] | None = None,
-                 progress: Callable[[int], None] | None = None) -> list[Section]:
+                 progress: Callable[[int], None] | None = None,
+                 min_turns: Any = None, bound_note: str | None = None) -> list[Section]:
     """Run one analysis of :data:`ANALYSES` and write its files under ``out``.
 
     Args:
       name: the analysis.
       out: the results folder.
-      env: the evaluation environment (its maps are the tasks, its ``t_max`` the full budget).
+      env: the evaluation environment (its ``t_max`` the full budget; ``steps`` and
+        ``errors`` read Q* from its maps, so they need FrozenLake's).
       task_ids: ``[tasks]`` indices of the maps to evaluate on (analyses other than ``table``
         take the first ``settings.diagnostic_tasks`` of them, :meth:`EvalSettings.analysis_tasks`).
       tokenizer: the policies' common tokenizer (with a chat template).
@@ -386,6 +389,9 @@ def run_analysis(name: str, out: str | Path, env: FrozenLakeTextEnv, task_ids: n
         ``R_single``), only for ``dynamics``.
       progress: called with a number of finished work units as rollouts finish; the calls
         add up to :func:`analysis_units`.
+      min_turns: ``[tasks of env]`` fewest turns each task needs (the structural bound;
+        default: the env's ``structural_bounds``, else 1 turn); ``bound_note`` says what
+        that bound means there (the study's :meth:`~envs.study.Study.bound_note_for`).
 
     Returns:
       The analysis' report sections (also saved to ``out/sections/<name>.json``).
@@ -396,8 +402,16 @@ def run_analysis(name: str, out: str | Path, env: FrozenLakeTextEnv, task_ids: n
         raise ValueError(f"settings: must be an EvalSettings, got {type(settings).__name__}")
     _check_models(models, name)
     task_ids = np.asarray(settings.analysis_tasks(name, np.asarray(task_ids)))
+    if min_turns is None and env is not None:
+        every = np.arange(env.num_tasks())
+        bounds = getattr(env, "structural_bounds", None)
+        min_turns = bounds(every) if callable(bounds) else np.ones(len(every), np.int64)
+    if bound_note is None:
+        from envs.study import Study  # noqa: PLC0415
+
+        bound_note = Study().bound_note_for({})
     run = _Run(Path(out), env, task_ids, tokenizer, models, settings,
-               progress or (lambda units: None))
+               progress or (lambda units: None), np.asarray(min_turns), bound_note)
     if name == "dynamics":
         sections = _dynamics(run, dict(training_logs or {}))
     else:

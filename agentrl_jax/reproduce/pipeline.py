@@ -3,7 +3,7 @@
 Phases, in order (each writes only under ``out/``)::
 
     setup           models/init/            a random Qwen3 + small tokenizer (or a local Qwen3)
-    demos           warm_start/demos.npz    Q* demonstrations with mistakes, in the real rollout
+    demos           warm_start/demos.npz    the study's demonstrations with mistakes, in the real rollout
     warm_start      models/base/            behaviour cloning -> the base policy
     train:<run>     runs/<run>/, models/<run>/   each RL run (checkpoints, metrics.jsonl)
     eval:<analysis> raw/, figures, sections/     Table 1, Pass@K, diagnostics, dynamics
@@ -41,12 +41,13 @@ from agentrl_jax.reproduce import demos as demo_lib
 from agentrl_jax.reproduce import evaluate, sft, training
 from agentrl_jax.reproduce.config import ReproduceConfig
 from agentrl_jax.reproduce.folder import Phases, ReproduceError, prepare_folder, recorded_plugins
-from agentrl_jax.reproduce.policy_init import build_frozenlake_tokenizer, random_qwen3, save_policy
+from agentrl_jax.models.small_tokenizer import build_small_tokenizer
+from agentrl_jax.prompts import BudgetPrompt
+from agentrl_jax.reproduce.policy_init import random_qwen3, save_policy
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.sharding import build_mesh
 from agentrl_jax.trajectory import Trajectory
-from envs.frozenlake import maps as fl_maps
-from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
+from envs import EnvTasks
 
 BASE = "base"
 DEMO_TASKS_PER_CALL = 32
@@ -57,22 +58,25 @@ DEMO_TASKS_PER_CALL = 32
 
 @dataclasses.dataclass(frozen=True)
 class Tasks:
-    """Training and evaluation environments over disjoint map splits."""
+    """The environment's training and evaluation tasks (:class:`envs.EnvTasks`; disjoint
+    splits where the environment has them, :meth:`envs.study.Study.has_split`)."""
 
-    train: FrozenLakeTextEnv
-    test: FrozenLakeTextEnv
+    train: EnvTasks
+    test: EnvTasks
+
+    def close(self) -> None:
+        self.train.close()
+        if self.test is not self.train:
+            self.test.close()
 
 
 def make_tasks(config: ReproduceConfig) -> Tasks:
+    """``config.task``'s environment over its train and test tasks, made by its study."""
     t = config.task
-    key = jax.random.key(t.map_seed)
-    def maps(split: str, count: int, stream: int) -> np.ndarray:
-        return np.asarray(fl_maps.generate(jax.random.fold_in(key, stream), count, size=t.map_size,
-                                           p=t.frozen_p, random_start_goal=t.random_start_goal,
-                                           split=split))
-    dynamics = FrozenLakeTextConfig(t_max=t.t_max, is_slippery=t.slippery, success_rate=t.success_rate)
-    return Tasks(FrozenLakeTextEnv(maps("train", t.train_maps, 0), dynamics),
-                 FrozenLakeTextEnv(maps("test", t.eval_maps, 1), dynamics))
+    entry = t.entry
+    make = functools.partial(entry.study.tasks, entry, t.options, seed=t.seed, t_max=t.t_max)
+    train = make(split="train", count=t.train_tasks)
+    return Tasks(train, make(split="test", count=t.eval_tasks))
 
 
 # ---------------------------------------------------------------- the run
@@ -84,7 +88,7 @@ def phase_names(config: ReproduceConfig) -> list[str]:
     if config.warm_start.enabled:
         names += ["demos", "warm_start"]
     names += [f"train:{name}" for name in config.rl.run_names]
-    names += [f"eval:{a}" for a in evaluate.ANALYSES]
+    names += [f"eval:{a}" for a in config.task.entry.study.analyses_for(evaluate.ANALYSES)]
     return names + ["report"]
 
 
@@ -121,6 +125,7 @@ class Reproduction:
         prepare_folder(self.out, config, fresh)
         self.phases = Phases(self.out)
         self.tasks = make_tasks(config)
+        self.study = config.task.entry.study
         task = config.task
         self.runs = training.run_specs(
             config.rl, training.loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
@@ -175,13 +180,13 @@ class Reproduction:
         if phase.startswith("train:"):
             return rl.steps * self.rl_step_units
         if phase.startswith("eval:"):
-            return evaluate.analysis_units(phase[5:], ev, self.config.task.eval_maps, self.policy_names(),
+            return evaluate.analysis_units(phase[5:], ev, len(self.tasks.test.names), self.policy_names(),
                                            self.config.task.t_max)
         return 1
 
     @property
     def demo_tasks(self) -> int:
-        return min(self.config.warm_start.demo_tasks, self.config.task.train_maps)
+        return min(self.config.warm_start.demo_tasks, len(self.tasks.train.names))
 
     @property
     def demo_call_units(self) -> int:
@@ -236,6 +241,7 @@ class Reproduction:
                 self.phases.finish(phase, time.perf_counter() - began, **info)
         finally:
             self.bar.close()
+            self.tasks.close()
         report = self.out / "report.md"
         self.log(f"reproduce: {'done' if 'report' in self.phases.done else f'stopped after {until}'} "
                  f"in {time.perf_counter() - started:.0f} s (this invocation)"
@@ -258,8 +264,9 @@ class Reproduction:
     # -- setup, demos, warm start
     def setup(self) -> dict[str, Any]:
         m, t = self.config.model, self.config.task
-        tokenizer = build_frozenlake_tokenizer(self.tasks.train.instructions(), self.tasks.train.maps,
-                                               t.t_max, m.tokenizer_vocab)
+        corpus = self.study.corpus(self.tasks.train, np.arange(self.demo_tasks), t_max=t.t_max,
+                                   prompt=BudgetPrompt())
+        tokenizer = build_small_tokenizer(corpus, vocab_size=m.tokenizer_vocab, split_words=False)
         model = random_qwen3(len(tokenizer), hidden_size=m.hidden_size,
                              intermediate_size=m.intermediate_size,
                              num_hidden_layers=m.num_hidden_layers,
@@ -278,10 +285,10 @@ class Reproduction:
 
     def collect_demos(self) -> dict[str, Any]:
         ws, t = self.config.warm_start, self.config.task
-        env = self.tasks.train
-        demonstrator = demo_lib.QStarDemonstrator(env.maps, t.t_max, is_slippery=t.slippery,
-                                                  success_rate=t.success_rate,
-                                                  mistake_rate=ws.mistake_rate, seed=ws.seed)
+        env = self.tasks.train.env
+        demonstrator = self.study.demonstrator(self.tasks.train, np.arange(self.demo_tasks),
+                                               t_max=t.t_max, mistake_rate=ws.mistake_rate,
+                                               seed=ws.seed)
         demos = demo_lib.collect_demos(
             env, self.tokenizer, demonstrator, np.arange(self.demo_tasks),
             jax.random.key(ws.seed), demos_per_task=ws.demos_per_task,
@@ -341,11 +348,11 @@ class Reproduction:
         already = _checkpointed_steps(run_dir)
         self._advance(already * self.rl_step_units)
         params = training.run_training(
-            spec, model, self.tasks.train, self.tokenizer, self.config.rl, run_dir=run_dir,
+            spec, model, self.tasks.train.env, self.tokenizer, self.config.rl, run_dir=run_dir,
             t_max=t.t_max, max_response_tokens=t.max_response_tokens, max_context=t.max_context,
             metadata={"model_dir": str(self.base_dir.resolve()), "run": spec.name,
                       "plugins": recorded_plugins(self.out)},
-            mesh=self.mesh, on_step=on_step)
+            quality_scorer=self.study.step_scorer(self.tasks.train), mesh=self.mesh, on_step=on_step)
         nnx.update(model, params)
         save_policy(model, self.tokenizer, self.model_dir(spec.name))
         return {"resumed_from_step": already, "label": spec.label}
@@ -361,26 +368,28 @@ class Reproduction:
 
     def evaluate(self, analysis: str) -> dict[str, Any]:
         logs = {spec.label: self.out / "runs" / spec.name / "metrics.jsonl" for spec in self.runs}
-        env = self.tasks.test
-        evaluate.run_analysis(analysis, self.out, env, np.arange(env.num_tasks()), self.tokenizer,
+        test, task = self.tasks.test, self.config.task
+        evaluate.run_analysis(analysis, self.out, test.env, np.arange(len(test.names)), self.tokenizer,
                               self.eval_models if analysis != "dynamics"  # reads the logs only
                               else dict.fromkeys(self.policy_names()),
-                              self.config.eval, training_logs=logs, progress=self._advance)
+                              self.config.eval, training_logs=logs, progress=self._advance,
+                              min_turns=self.study.min_turns(test),
+                              bound_note=self.study.bound_note_for(task.options))
         return {}
 
     def report(self) -> dict[str, Any]:
-        path = write_report(self.out, header_markdown=self.header_markdown())
+        path = write_report(self.out, header_markdown=self.header_markdown(),
+                            title=f"{self.config.task.entry.label} reproduction")
         return {"report": str(path)}
 
     def header_markdown(self) -> str:
         c, done = self.config, self.phases.done
         seconds = sum(p["seconds"] for p in done.values())
         lines = [
-            f"Policies: base = {'a random-init Qwen3 warm-started on Q* demonstrations with mistakes' if c.warm_start.enabled else c.model.model_dir}; "
+            f"Policies: base = {'a random-init Qwen3 warm-started on ' + self.study.demonstrations + ' with mistakes' if c.warm_start.enabled else c.model.model_dir}; "
             + "; ".join(f"{r.label} = {r.name} ({c.rl.steps} updates)" for r in self.runs) + ".",
-            f"Tasks: {c.task.map_size}x{c.task.map_size} FrozenLake, "
-            f"{'slippery (intended move ' + format(c.task.success_rate, '.0%') + ')' if c.task.slippery else 'deterministic'}, "
-            f"T_max {c.task.t_max}; {c.task.train_maps} train maps, {c.task.eval_maps} test maps (disjoint splits).",
+            "Tasks: " + self.study.describe(c.task.entry, c.task.options, t_max=c.task.t_max,
+                                           train=self.tasks.train, test=self.tasks.test),
             f"Machine: {platform.machine()}, {jax.device_count()} x {jax.devices()[0].device_kind}; "
             f"phases so far took {seconds:.0f} s in all (see phases.json).",
             "Exact config: [config.yaml](config.yaml).",

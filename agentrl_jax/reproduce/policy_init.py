@@ -1,6 +1,7 @@
-"""The initial policy: a random Qwen3 of small dimensions with a tokenizer built offline for the
-FrozenLake text, or a local Qwen3 directory (paper scale). Either way the result is a Hugging
-Face model directory (config, safetensors, tokenizer), which every later phase loads.
+"""The initial policy: a random Qwen3 of small dimensions with a tokenizer built offline from the
+environment's text (its study's corpus, :meth:`envs.study.Study.corpus`), or a local Qwen3
+directory (paper scale). Either way the result is a Hugging Face model directory (config,
+safetensors, tokenizer), which every later phase loads.
 """
 
 from __future__ import annotations
@@ -8,36 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 from flax import nnx
 
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM, export_qwen3
-from agentrl_jax.models.small_tokenizer import build_small_tokenizer, save_small_tokenizer
-from agentrl_jax.prompts import BudgetPrompt
-from envs.frozenlake import grid
-from envs.frozenlake.text import render
-
-def frozenlake_corpus(instructions: str, maps: np.ndarray, t_max: int,
-                      prompt: BudgetPrompt = BudgetPrompt(), grids_per_map: int = 4) -> list[str]:
-    """The texts between the special tokens of a FrozenLake conversation in Qwen3's chat
-    format, weighted by how often they recur: the system prompt at every budget, each turn's
-    user message (header and grid), the assistant header and the answers."""
-    system = [f"system\n{prompt.system_text(instructions, b)}" for b in range(1, t_max + 1)]
-    grids = []
-    for tiles in maps:
-        cells = np.flatnonzero(np.asarray(tiles).reshape(-1) != grid.HOLE)[:grids_per_map]
-        grids += [render(tiles, int(pos)) for pos in cells]
-    turns = [f"user\n{prompt.turn_text(grids[(b * t_max + t) % len(grids)], b, t)}"
-             for b in range(1, t_max + 1) for t in range(b)]
-    answers = [f"\n\n<answer>{name}</answer>" for name in grid.ACTION_NAMES]
-    return (system * 32 + turns * 8 + [f"user\n{g}" for g in grids]
-            + (answers + ["assistant\n", "\n\n", "\n"]) * 256)
-
-
-def build_frozenlake_tokenizer(instructions: str, maps: np.ndarray, t_max: int, vocab_size: int):
-    """A small byte-level BPE with Qwen3's chat format, trained on :func:`frozenlake_corpus`."""
-    return build_small_tokenizer(frozenlake_corpus(instructions, maps, t_max), vocab_size=vocab_size,
-                                 split_words=False)
+from agentrl_jax.models.small_tokenizer import save_small_tokenizer
 
 
 def random_qwen3(vocab_size: int, *, hidden_size: int, intermediate_size: int,

@@ -88,7 +88,7 @@ def dynamics_markdown(record: Mapping[str, Any]) -> str:
 
 def write_report(out: str | Path, *, header_markdown: str = "",
                  analyses: Sequence[str] = ANALYSES,
-                 title: str = "FrozenLake reproduction") -> Path:
+                 title: str = "Reproduction") -> Path:
     """Assemble ``out/report.md`` (see the module docstring) and ``out/findings.json``.
 
     Args:

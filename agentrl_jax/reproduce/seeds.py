@@ -18,7 +18,7 @@ from agentrl_jax.evaluation import report as eval_report
 from agentrl_jax.reproduce import findings
 
 # Every field that seeds randomness in a ReproduceConfig (maps, init, warm start, RL, evaluation).
-SEED_FIELDS = ("task.map_seed", "model.seed", "warm_start.seed", "rl.seed", "eval.seed")
+SEED_FIELDS = ("task.seed", "model.seed", "warm_start.seed", "rl.seed", "eval.seed")
 SEEDS_MD, SEEDS_JSON = "seeds.md", "seeds.json"
 
 

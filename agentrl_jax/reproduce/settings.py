@@ -51,27 +51,50 @@ def _validate(section: Any, checks: Mapping[str, Check]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSettings:
-    """FrozenLake tasks. Train maps and evaluation maps come from disjoint splits (a content
-    hash bit, :func:`envs.frozenlake.maps.map_split`), so no evaluation map is trained on."""
+    """The environment and its tasks: any registered one (:mod:`envs.registry`; built in:
+    ``frozenlake``, ``sql``, ``code``, ``bfcl``, and those a ``--plugin`` registers).
 
-    map_size: int = 4
-    frozen_p: float = 0.8             # probability that a cell is frozen
-    random_start_goal: bool = True    # else start top-left, goal bottom-right
-    slippery: bool = True
-    success_rate: float = 0.8         # P(intended move) when slippery (gymnasium: 1/3)
-    t_max: int = 12                   # largest budget (paper §2: 70 on 8x8)
-    train_maps: int = 512
-    eval_maps: int = 288              # held-out maps: Table 1's Pass@8 cells within +-5.8 pt (95%)
-    map_seed: int = 0
-    max_response_tokens: int = 8      # most tokens of one response (an answer is 3 + stop)
+    ``options`` are the environment's own (FrozenLake: map size, dynamics; sql: a Spider
+    folder), checked by its study (:mod:`envs.study`), which also fills in its defaults.
+    ``train_tasks`` / ``eval_tasks`` tasks come from the environment's train and test splits
+    (disjoint where it has them; FrozenLake's by a content hash bit of each map), drawn with
+    ``seed``. The rollout owns the budget: ``t_max`` is the largest one.
+    """
+
+    env: str = "frozenlake"
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    t_max: int = 12                   # largest budget (paper §2: 70 on 8x8 FrozenLake, 10 SQL)
+    train_tasks: int = 512
+    eval_tasks: int = 288             # held-out tasks: Table 1's Pass@8 cells within +-5.8 pt (95%)
+    seed: int = 0
+    max_response_tokens: int = 8      # most tokens of one response (a FrozenLake answer is 3 + stop)
     max_context: int = 384            # tokens of context per trajectory (T_max 12 needs ~310)
 
     def __post_init__(self):
         _validate(self, {
-            "map_size": _int(2), "frozen_p": _real(0.0, 1.0, lo_open=True), "random_start_goal": _BOOL,
-            "slippery": _BOOL, "success_rate": _real(0.0, 1.0), "t_max": _T_MAX,
-            "train_maps": _int(1), "eval_maps": _int(1), "map_seed": _int(0),
+            "env": (lambda v: isinstance(v, str) and v != "", "a registered environment's name"),
+            "options": (lambda v: isinstance(v, Mapping), "a mapping of the environment's options"),
+            "t_max": _T_MAX, "train_tasks": _int(1), "eval_tasks": _int(1), "seed": _int(0),
             "max_response_tokens": _int(1), "max_context": _int(16)})
+        import envs  # noqa: PLC0415 (the registry; plugins may have added to it)
+
+        try:
+            entry = envs.entry(self.env)
+            options = entry.study.check_options(entry, plain_data(self.options))
+        except ValueError as error:
+            message = str(error)
+            field = "task" if message.startswith("task.") else (
+                "task.env" if isinstance(error, envs.EnvOptionError) and "unknown environment" in message
+                else "task.options")
+            raise ConfigError(message if field == "task" else f"{field}: {message}") from None
+        object.__setattr__(self, "options", options)
+
+    @property
+    def entry(self):
+        """The environment's registry entry (:class:`envs.registry.EnvEntry`)."""
+        import envs  # noqa: PLC0415
+
+        return envs.entry(self.env)
 
 
 DTYPES = ("float32", "bfloat16")

@@ -11,8 +11,8 @@ terms, :mod:`agentrl_jax.reproduce.presets`); nothing here is keyed on an algori
 * BudgetMix runs draw one budget per group from ``{(k T_max) // 10 : k = 1..10}`` (§5), and
   anchor on ``(s_t, B - t)`` when their estimator reads anchor states (GiGPO).
 
-R_multi (success) and R_single (mean Q* step quality, gamma 0.95) are logged every step
-(§7.5). Everything a run needs to continue is in its Orbax checkpoints (:mod:`agentrl_jax.train`).
+R_multi (success) and R_single (mean step quality from the environment study's scorer:
+FrozenLake's Q*, gamma 0.95) are logged every step (§7.5). Everything a run needs to continue is in its Orbax checkpoints (:mod:`agentrl_jax.train`).
 
 The rollout's memory settings (``rl.kv_cache_dtype``, ``rl.max_rows_per_call``,
 ``rl.prefill_chunk``, ``rl.generation_layout``) go to the :class:`SamplerPolicy` and the
@@ -36,7 +36,6 @@ from flax import nnx
 
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.policy import SamplerPolicy
-from agentrl_jax.process_rewards import FrozenLakeQStar
 from agentrl_jax.reproduce.config import RLSettings
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import Paging, SamplingConfig
@@ -46,9 +45,6 @@ from agentrl_jax.train import (Checkpointer, MetricsLogger, TrainConfig, init_tr
 from agentrl_jax.train.inputs import step_inputs
 from agentrl_jax.train.loop import WandbSink, tensorboard_available
 from agentrl_jax.train.state import place_state
-
-STEP_QUALITY_GAMMA = 0.95  # paper §7: Q* with gamma 0.95
-
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
@@ -145,10 +141,11 @@ def _tensorboard(rl: RLSettings) -> bool:
 
 def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSettings, *,
                  run_dir: Path, t_max: int, max_response_tokens: int, max_context: int,
-                 metadata: dict[str, Any], mesh=None,
+                 metadata: dict[str, Any], quality_scorer=None, mesh=None,
                  on_step: Callable[[int, dict[str, float]], None] | None = None) -> Any:
     """Train ``spec`` from ``model``'s parameters (or from the newest checkpoint in
-    ``run_dir/checkpoints``); metrics go to ``run_dir/metrics.jsonl``. Returns the final
+    ``run_dir/checkpoints``); metrics go to ``run_dir/metrics.jsonl`` (R_single from
+    ``quality_scorer``, the environment study's step scorer, where given). Returns the final
     policy parameters.
 
     On resume, ``metrics.jsonl`` keeps every line up to the restored step; records of later
@@ -174,8 +171,6 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
         state = restored.state
     step_fn = make_train_step(nnx.graphdef(model), config, mesh=mesh, donate=True,
                               state_template=state if mesh is not None else None)
-    scorer = FrozenLakeQStar(env.maps, gamma=STEP_QUALITY_GAMMA, is_slippery=env.config.is_slippery,
-                             success_rate=env.config.success_rate)
     logger = MetricsLogger(run_dir / "metrics.jsonl", resume_step=int(state.step),
                            tensorboard_dir=run_dir / "tensorboard" if _tensorboard(rl) else None,
                            sinks=[] if rl.wandb_project is None else [WandbSink(
@@ -185,7 +180,7 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
         play = runner.for_training(policy)
         state = train(state, step_fn, lambda params, key, tasks: trim_tokens(play(params, key, tasks)),
                       task_batch_fn(env.num_tasks(), rl.tasks_per_step, rl.seed), config,
-                      quality_scorer=scorer, checkpointer=checkpointer,
+                      quality_scorer=quality_scorer, checkpointer=checkpointer,
                       checkpoint_metadata=metadata, logger=logger, progress=False, on_step=callback)
     finally:
         logger.close()

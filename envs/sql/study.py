@@ -1,0 +1,54 @@
+"""InterCode-SQL's study: what ``agentrl-jax reproduce sql`` knows beyond the rollout.
+
+* **tasks**: with a Spider folder (``task.options.data``) the training tasks are Spider's
+  ``train`` split and the test tasks its ``dev`` split (InterCode-SQL's evaluation set);
+  without one, the 18 bundled bookshop questions split in two by a hash of each question
+  (:func:`envs.sql.demo.question_split`), so no test question is trained on.
+* **demonstrations**: each task's gold plan is to run the gold query, read its result and
+  submit it (``<sql>GOLD</sql>`` then ``<submit>GOLD</submit>``; with one turn left, submit
+  at once); a mistake plays another task's query in its place, so a mistaken submit fails.
+* Everything else is the generic study's (:mod:`envs.study`): Table 1, Pass@K, likelihood,
+  training dynamics; SQL records no step quality, so no R_single.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from envs.registry import EnvEntry, EnvTasks
+from envs.study import Study, inner_env, with_t_max
+
+SPIDER_SPLITS = {"train": "train", "test": "dev"}
+
+
+class SqlStudy(Study):
+    """The study of the ``sql`` environment (module docstring)."""
+
+    demonstrations = "gold-query demonstrations"
+    # the CPU default of `agentrl-jax reproduce sql` (configs/sql_cpu.yaml holds the same values)
+    config_defaults = {
+        "task": {"t_max": 10, "train_tasks": 1000, "eval_tasks": 1000,
+                 "max_response_tokens": 96, "max_context": 2048},
+        "model": {"tokenizer_vocab": 1024},
+        "warm_start": {"demo_tasks": 1000, "demos_per_task": 32, "batch_size": 16,
+                       "group_by_length": True},
+        "rl": {"runs": ["grpo", "budgetmix"], "steps": 20, "tasks_per_step": 4},
+        "eval": {"max_response_tokens": 96, "max_context": 2048, "pass_k_samples": 16,
+                 "diagnostic_tasks": None},
+    }
+
+    def tasks(self, entry: EnvEntry, options: Mapping[str, Any], *, split: str, count: int,
+              seed: int, t_max: int) -> EnvTasks:
+        from envs.registry import make
+
+        del seed  # the split is fixed by the data
+        if options.get("data") is not None:
+            split = SPIDER_SPLITS[split]
+        return with_t_max(make(entry.name, **{**options, "split": split, "limit": count}), t_max)
+
+    def has_split(self, entry: EnvEntry) -> bool:
+        return True
+
+    def plan(self, tasks: EnvTasks, task_id: int) -> list[str]:
+        gold = inner_env(tasks.env).tasks[int(task_id)].gold_query.strip()
+        return [f"<sql>{gold}</sql>", f"<submit>{gold}</submit>"]

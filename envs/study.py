@@ -1,0 +1,266 @@
+"""What ``agentrl-jax reproduce ENV`` needs from an environment beyond the rollout.
+
+Every registered environment (:func:`envs.register`) carries a :class:`Study`; the default
+one works for any environment, and an environment's own subclass adds what it knows:
+
+* **tasks** (:meth:`Study.tasks`): the factory called with the config's ``task.options``
+  plus ``split`` (``"train"`` / ``"test"``), ``seed`` and ``limit`` where it takes them. An
+  environment whose factory takes no ``split`` trains and evaluates on the same tasks, and the
+  report says so (:meth:`Study.describe`).
+* **demonstrations** for a random-init policy (:meth:`Study.demonstrator`): a
+  :class:`GoldDemonstrator` plays each task's gold plan (:meth:`Study.plan`, the replies of
+  one successful episode; by default the environment's own ``demonstration(task_id)``) and
+  with probability ``mistake_rate`` another task's reply of the same step instead. It is
+  budget-aware: with fewer turns left than plan steps it skips to the last steps.
+* **a tokenizer corpus** (:meth:`Study.corpus`): the instructions at every budget, each
+  task's first observation and its gold replies.
+* **a step scorer** for R_single (:meth:`Study.step_scorer`): where the study declares
+  ``records_quality``, the step quality the rollout recorded (``TurnResult.quality``, e.g.
+  DeepCoder-MT's test pass share; NaN steps are not scored); otherwise none, and no R_single
+  is logged.
+* **analyses** (:attr:`Study.analyses`): those that need no oracle (Table 1 / Pass@T,
+  Pass@K, likelihood, training dynamics). FrozenLake's study (:mod:`envs.frozenlake.study`)
+  adds its Q* step quality and error-state analyses.
+
+Nothing here is keyed on an environment's name: the pipeline asks the entry's study.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from envs.registry import EnvEntry, EnvTasks
+
+# The analyses every environment supports (they need the rollout and the models only).
+GENERIC_ANALYSES = ("table", "passk", "likelihood", "dynamics")
+# Options the pipeline sets itself (task.options may not).
+PIPELINE_OPTIONS = ("split", "seed", "limit")
+
+_ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.S)
+_REMAINING = re.compile(r"\[REMAINING TURNS\] (\d+)\n")
+
+
+class StudyError(ValueError):
+    """An environment cannot do what the study asks (e.g. no gold answers for demonstrations)."""
+
+
+def inner_env(env: Any) -> Any:
+    """The per-row environment behind a :class:`~envs.protocol.PythonTextEnv` (else ``env``)."""
+    return getattr(env, "env", env)
+
+
+def first_observations(env: Any, task_ids: Sequence[int]) -> list[str]:
+    """Each task's first observation, read by resetting it (rows are closed again)."""
+    inner = inner_env(env)
+    first = getattr(inner, "first_observation", None)
+    if callable(first):
+        return [first(int(t)) for t in task_ids]
+    rows, observations = env.reset(np.asarray(task_ids, np.int64), 0)
+    close = getattr(inner, "close_task", None)
+    for state in getattr(rows, "states", ()):
+        if callable(close):
+            close(state)
+    return list(observations)
+
+
+def with_t_max(tasks: "EnvTasks", t_max: int) -> "EnvTasks":
+    """``tasks`` with its environment's ``t_max`` (the rollout's full budget, BudgetMix's
+    largest) set to the study's: a Python environment's wrapper holds its own copy of the
+    paper's value (SQL 10), which a study may lower (a CI-sized run) or raise."""
+    if getattr(tasks.env, "t_max", t_max) != t_max:
+        tasks.env.t_max = int(t_max)
+    return tasks
+
+
+class GoldDemonstrator:
+    """A :data:`~agentrl_jax.policy.Script` playing gold plans with mistakes.
+
+    plans: ``{first observation: [reply, ...]}``, the replies of one successful episode of
+      each task (the context's first user message names the task).
+    mistake_rate: probability that a turn plays another task's reply of the same step (or
+      last step) instead; the plan does not advance on a mistake.
+
+    Stateless across calls: the plan step is recovered from the context (the replies so far
+    that followed the plan in order), and the remaining budget from its last turn header.
+    """
+
+    def __init__(self, plans: Mapping[str, Sequence[str]], *, mistake_rate: float, seed: int = 0):
+        if not 0.0 <= mistake_rate <= 1.0:
+            raise ValueError(f"mistake_rate must be in [0, 1], got {mistake_rate!r}")
+        if not plans or any(len(p) == 0 for p in plans.values()):
+            raise StudyError("GoldDemonstrator: every task needs a plan of at least one reply")
+        self.plans = {k: tuple(v) for k, v in plans.items()}
+        self._keys = sorted(self.plans, key=len, reverse=True)  # longest first: no prefix clash
+        self.mistake_rate = mistake_rate
+        self.rng = np.random.default_rng(seed)
+        self.moves = 0
+        self.mistakes = 0
+
+    def _plan(self, context: str) -> tuple[str, ...]:
+        for key in self._keys:
+            if key in context:
+                return self.plans[key]
+        raise StudyError("GoldDemonstrator: the context shows no task it has a plan for")
+
+    def reply(self, context: str) -> str:
+        plan = self._plan(context)
+        done = 0
+        for previous in _ASSISTANT.findall(context):
+            previous = previous.rsplit("</think>", 1)[-1].strip()  # after a chat template's think block
+            if done < len(plan) and previous == plan[done]:
+                done += 1
+        remaining = _REMAINING.findall(context)
+        left = int(remaining[-1]) if remaining else len(plan)
+        step = min(max(done, len(plan) - left), len(plan) - 1)
+        self.moves += 1
+        if self.rng.random() < self.mistake_rate:
+            others = [p for p in self.plans.values() if p is not plan]
+            if others:
+                other = others[self.rng.integers(len(others))]
+                wrong = other[min(step, len(other) - 1)]
+                if wrong != plan[step]:
+                    self.mistakes += 1
+                    return wrong
+        return plan[step]
+
+    def __call__(self, contexts: Sequence[str], live: np.ndarray) -> list[str]:
+        return [self.reply(c) if on else "" for c, on in zip(contexts, live)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedQuality:
+    """R_single from the step quality the rollout recorded (``Trajectory.step_quality``):
+    a :class:`~agentrl_jax.process_rewards.StepScorer` that scores the turns with a finite
+    value."""
+
+    def __call__(self, trajectory: Any, tasks: Any = None):
+        import jax.numpy as jnp
+
+        from agentrl_jax.process_rewards import StepScores
+        from agentrl_jax.process_rewards import scored_turns
+
+        quality = jnp.asarray(trajectory.step_quality, jnp.float32)
+        mask = jnp.isfinite(quality) & scored_turns(trajectory)
+        invalid = ~jnp.asarray(trajectory.action_valid, bool) & mask
+        return StepScores(jnp.where(mask, quality, 0.0), mask, invalid)
+
+
+class Study:
+    """The default study of a registered environment (module docstring). Subclass it and
+    pass an instance to :func:`envs.register` (``study=``) to add what an environment knows."""
+
+    analyses: tuple[str, ...] = GENERIC_ANALYSES
+    # `agentrl-jax reproduce ENV`'s values under --config and --set: {section: {field: value}}
+    # (FrozenLake's are the built-in ReproduceConfig(); another environment's T_max, context
+    # sizes and a CPU-sized study)
+    config_defaults: Mapping[str, Mapping[str, Any]] = {}
+    # what the warm start's demonstrations are, for the report
+    demonstrations: str = "gold-answer demonstrations"
+    # whether the environment records a step quality (TurnResult.quality) for R_single
+    records_quality: bool = False
+
+    # -- options and tasks
+    def check_options(self, entry: "EnvEntry", options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` checked (raises ``ValueError`` naming the bad one); returns them."""
+        reserved = [o for o in options if o in PIPELINE_OPTIONS]
+        if reserved:
+            raise StudyError(f"{', '.join(map(repr, reserved))}: set by the reproduction "
+                             "(task.seed, train_tasks / eval_tasks), not an option")
+        from envs.registry import check_options
+
+        check_options(entry.name, list(options))
+        return dict(options)
+
+    def tasks(self, entry: "EnvEntry", options: Mapping[str, Any], *, split: str, count: int,
+              seed: int, t_max: int) -> "EnvTasks":
+        """The ``split`` tasks (at most ``count``) of ``entry`` with ``options``; ``t_max``
+        is the study's largest budget: the environment's ``t_max`` is set to it
+        (:func:`with_t_max`), the rollout's full budget and BudgetMix's largest."""
+        from envs.registry import make
+
+        takes = entry.options
+        extra = {"split": split} if "split" in takes else {}
+        extra.update({"seed": seed} if "seed" in takes else {})
+        extra.update({"limit": count} if "limit" in takes else {})
+        return with_t_max(make(entry.name, **{**options, **extra}), t_max)
+
+    def has_split(self, entry: "EnvEntry") -> bool:
+        """Whether the train and test tasks are disjoint (the factory takes ``split``)."""
+        return "split" in entry.options
+
+    def min_turns(self, tasks: "EnvTasks") -> np.ndarray:
+        """``int[tasks]`` fewest turns that can succeed: the environment's, else 1 (no bound)."""
+        if tasks.min_turns is not None:
+            return np.asarray(tasks.min_turns, np.int64)
+        return np.ones(len(tasks.names), np.int64)
+
+    def describe(self, entry: "EnvEntry", options: Mapping[str, Any], *, t_max: int,
+                 train: "EnvTasks", test: "EnvTasks") -> str:
+        """One line for the report: the tasks and how they split."""
+        shown = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        split = ("disjoint splits" if self.has_split(entry)
+                 else "the same tasks: the environment has no split, so this is not held-out")
+        return (f"{entry.label}{f' ({shown})' if shown else ''}, T_max {t_max}; "
+                f"{len(train.names)} train tasks, {len(test.names)} test tasks ({split}).")
+
+    def bound_note_for(self, options: Mapping[str, Any]) -> str:
+        """What the Pass@T figure's dashed bound (:meth:`min_turns` within T) means here."""
+        return "a necessary condition: a task cannot succeed in fewer turns"
+
+    # -- demonstrations and tokenizer
+    def plan(self, tasks: "EnvTasks", task_id: int) -> list[str]:
+        """The replies of one successful episode of ``task_id``: the environment's own
+        ``demonstration(task_id)``; an environment without one cannot warm-start."""
+        demo = getattr(inner_env(tasks.env), "demonstration", None)
+        if not callable(demo):
+            raise StudyError(f"{type(inner_env(tasks.env)).__name__} has no demonstration(task_id) "
+                             "(gold replies) for the warm start; give a pretrained model "
+                             "(model.model_dir) with warm_start.enabled: false")
+        return [str(r) for r in demo(int(task_id))]
+
+    def demonstrator(self, tasks: "EnvTasks", task_ids: Sequence[int], *, t_max: int,
+                     mistake_rate: float, seed: int):
+        """The warm start's demonstrator (a :data:`~agentrl_jax.policy.Script`) for ``task_ids``."""
+        del t_max
+        observations = first_observations(tasks.env, task_ids)
+        plans: dict[str, list[str]] = {}
+        for obs, t in zip(observations, task_ids):
+            plan = self.plan(tasks, t)
+            if plans.setdefault(obs, plan) != plan:
+                raise StudyError(f"tasks with different gold plans open with the same observation "
+                                 f"({obs[:60]!r}...): the demonstrator cannot tell them apart")
+        return GoldDemonstrator(plans, mistake_rate=mistake_rate, seed=seed)
+
+    def corpus(self, tasks: "EnvTasks", task_ids: Sequence[int], *, t_max: int,
+               prompt: Any) -> list[str]:
+        """Texts between the special tokens of this environment's conversations, for a small
+        tokenizer: the system prompt at every budget, turn headers, first observations, gold
+        replies (``prompt``: the rollout's :class:`~agentrl_jax.prompts.BudgetPrompt`)."""
+        instructions = tasks.env.instructions()
+        observations = first_observations(tasks.env, task_ids)
+        system = [f"system\n{prompt.system_text(instructions, b)}" for b in range(1, t_max + 1)]
+        turns = [f"user\n{prompt.turn_text(observations[(b + t) % len(observations)], b, t)}"
+                 for b in range(1, t_max + 1) for t in range(b)]
+        try:
+            replies = [f"\n\n{r}" for t in task_ids for r in self.plan(tasks, t)]
+        except StudyError:
+            replies = []
+        # weights: BPE merges go to what recurs most, so the short texts every turn repeats
+        # (role headers, replies) are weighted up against the long, rarer ones
+        return (system + turns * 2 + [f"user\n{o}" for o in observations] * 4 + replies * 64
+                + ["user\n", "assistant\n", "\n\n", "\n"] * 256)
+
+    # -- training and evaluation
+    def step_scorer(self, tasks: "EnvTasks"):
+        """R_single's scorer for training on ``tasks`` (None: not logged)."""
+        del tasks
+        return RecordedQuality() if self.records_quality else None
+
+    def analyses_for(self, names: Sequence[str]) -> tuple[str, ...]:
+        """The analyses of ``names`` this study supports, in that order."""
+        return tuple(n for n in names if n in self.analyses)

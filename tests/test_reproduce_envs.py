@@ -1,0 +1,254 @@
+"""``agentrl-jax reproduce ENV`` beyond FrozenLake: the environment study (envs.study), the
+SQL study end to end on the real environment, and a user environment registered in this file
+that trains and evaluates through the same CLI with no change to the package (``--plugin``
+on this very file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import envs
+from agentrl_jax.cli import app
+from agentrl_jax.prompts import BudgetPrompt
+from agentrl_jax.reproduce.config import load_config
+from envs.protocol import Feedback, PythonEnv, text_key
+from envs.study import GoldDemonstrator, Study, StudyError
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+WORDS = ("amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heron", "inlet", "juniper")
+
+
+# ---------------------------------------------------------------- a user environment
+
+
+class TwoWords(PythonEnv):
+    """Say the task's two words, one per turn, in order. A wrong word is told "no" (the row
+    goes on); the first right word has step quality 0.5, the second 1.0 and ends the episode."""
+
+    name, t_max = "two-words", 4
+
+    def __init__(self, pairs):
+        self.pairs = tuple(pairs)
+
+    def instructions(self) -> str:
+        return "Say the two words you are shown, one per turn, in order."
+
+    def num_tasks(self) -> int:
+        return len(self.pairs)
+
+    def first_observation(self, task_id: int) -> str:
+        return "Words: {} {}".format(*self.pairs[task_id])
+
+    def reset_task(self, task_id: int, seed: int):
+        return {"task": int(task_id), "said": 0}, self.first_observation(task_id)
+
+    def step_task(self, row_state, response: str):
+        want = self.pairs[row_state["task"]][row_state["said"]]
+        if response.strip() != want:
+            return row_state, Feedback("no", quality=0.0)
+        row_state = {**row_state, "said": row_state["said"] + 1}
+        done = row_state["said"] == 2
+        return row_state, Feedback("yes", reward=float(done), done=done, success=done,
+                                   quality=0.5 * row_state["said"])
+
+    def state_key(self, row_state) -> int:
+        return text_key(row_state["task"], row_state["said"])
+
+    def demonstration(self, task_id: int) -> list[str]:
+        return list(self.pairs[task_id])
+
+
+def make_two_words(*, split: str | None = None, limit: int | None = None) -> envs.EnvTasks:
+    """Pairs of consecutive words; ``split`` "train" the even pairs, "test" the odd ones."""
+    pairs = [(WORDS[i], WORDS[(i + 1) % len(WORDS)]) for i in range(len(WORDS))]
+    if split is not None:
+        pairs = pairs[{"train": 0, "test": 1}[split]::2]
+    pairs = pairs[:limit]
+    return envs.python_env(TwoWords(pairs), [" ".join(p) for p in pairs], np.full(len(pairs), 2))
+
+
+class TwoWordsStudy(Study):
+    records_quality = True  # R_single from TurnResult.quality
+
+
+if "two_words" not in envs.names():  # imported once by pytest, maybe again as a --plugin
+    envs.register("two_words", make_two_words, label="Two words", max_response_tokens=8,
+                  max_context=256, study=TwoWordsStudy)
+
+
+# ---------------------------------------------------------------- the gold demonstrator
+
+
+def _context(observation: str, replies=(), remaining: int = 4) -> str:
+    """A Qwen3-style context: the first message, earlier replies (think blocks included)."""
+    text = f"<|im_start|>user\n[REMAINING TURNS] {remaining}\n{observation}<|im_end|>\n"
+    for reply in replies:
+        text += f"<|im_start|>assistant\n<think>\n\n</think>\n\n{reply}<|im_end|>\n"
+        remaining -= 1
+        text += f"<|im_start|>user\n[REMAINING TURNS] {remaining}\nno<|im_end|>\n"
+    return text + "<|im_start|>assistant\n"
+
+
+def test_the_gold_demonstrator_follows_the_plan_and_skips_to_the_end_when_short_of_turns():
+    demo = GoldDemonstrator({"task A": ["a1", "a2", "a3"], "task B": ["b1"]}, mistake_rate=0.0)
+    assert demo.reply(_context("task A")) == "a1"
+    assert demo.reply(_context("task A", ["a1"], remaining=4)) == "a2"
+    assert demo.reply(_context("task A", ["a1", "a2"], remaining=4)) == "a3"
+    assert demo.reply(_context("task A", ["x"], remaining=4)) == "a1"  # "x" did not advance it
+    # budget-aware: with 2 turns left and 3 steps to go, it starts at the second step
+    assert demo.reply(_context("task A", remaining=2)) == "a2"
+    assert demo.reply(_context("task A", remaining=1)) == "a3"
+    assert demo.reply(_context("task B")) == "b1"
+    assert demo(["task A", "task B"], np.array([False, True])) == ["", "b1"]
+    with pytest.raises(StudyError, match="no task it has a plan for"):
+        demo.reply(_context("task C"))
+
+
+def test_mistakes_are_another_tasks_reply_at_the_rate_asked():
+    plans = {f"task {i}": [f"q{i}", f"s{i}"] for i in range(5)}
+    demo = GoldDemonstrator(plans, mistake_rate=0.3, seed=1)
+    replies = [demo.reply(_context("task 2")) for _ in range(4000)]
+    wrong = [r for r in replies if r != "q2"]
+    assert set(wrong) <= {"q0", "q1", "q3", "q4"}  # the same step of other tasks
+    assert abs(len(wrong) / len(replies) - 0.3) < 0.03
+    assert demo.mistakes == len(wrong) and demo.moves == len(replies)
+
+
+def test_a_study_refuses_what_it_cannot_do():
+    tasks = make_two_words()
+    study = Study()
+    with pytest.raises(StudyError, match="set by the reproduction"):
+        study.check_options(envs.entry("two_words"), {"split": "train"})
+    same = envs.python_env(TwoWords([("a", "b"), ("a", "c")]), ["x", "y"])
+    same.env.env.first_observation = lambda task_id: "Words?"  # both tasks open alike
+    with pytest.raises(StudyError, match="cannot tell them apart"):
+        study.demonstrator(same, [0, 1], t_max=4, mistake_rate=0.0, seed=0)
+    without = envs.python_env(type("NoGold", (TwoWords,), {"demonstration": None})([("a", "b")]), ["x"])
+    with pytest.raises(StudyError, match="no demonstration"):
+        study.plan(without, 0)
+    for t in (tasks, same, without):
+        t.close()
+
+
+# ---------------------------------------------------------------- the SQL study
+
+
+def test_the_bundled_sql_questions_split_in_two_disjoint_halves():
+    train, test = envs.make("sql", split="train"), envs.make("sql", split="test")
+    every = envs.make("sql")
+    try:
+        assert set(train.names).isdisjoint(test.names)
+        assert sorted(train.names + test.names) == sorted(every.names)
+        assert min(len(train.names), len(test.names)) >= 5
+        entry = envs.entry("sql")
+        plan = entry.study.plan(train, 0)
+        gold = train.env.env.tasks[0].gold_query.strip()
+        assert plan == [f"<sql>{gold}</sql>", f"<submit>{gold}</submit>"]
+    finally:
+        for t in (train, test, every):
+            t.close()
+
+
+def test_the_sql_cpu_config_file_is_the_built_in_default():
+    study = envs.entry("sql").study
+    defaults = {**study.config_defaults, "task": {**study.config_defaults["task"], "env": "sql"}}
+    assert load_config(CONFIGS / "sql_cpu.yaml") == load_config(None, defaults=defaults)
+
+
+def test_the_gold_plan_played_through_the_real_sql_environment_succeeds():
+    """Every gold plan (run the query, submit it) solves its task in the real environment."""
+    from agentrl_jax.models.small_tokenizer import build_small_tokenizer
+    from agentrl_jax.policy import ScriptedPolicy
+    from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+    import jax
+
+    entry = envs.entry("sql")
+    tasks = entry.study.tasks(entry, {}, split="train", count=100, seed=0, t_max=10)
+    try:
+        ids = np.arange(len(tasks.names))
+        corpus = entry.study.corpus(tasks, ids, t_max=10, prompt=BudgetPrompt())
+        tokenizer = build_small_tokenizer(corpus, vocab_size=768, split_words=False)
+        demo = entry.study.demonstrator(tasks, ids, t_max=10, mistake_rate=0.0, seed=0)
+        runner = MultiTurnRollout(tasks.env, tokenizer, RolloutConfig(
+            group_size=1, budget=10, max_response_tokens=128, max_context=4096))
+        result = runner(ScriptedPolicy(tokenizer, demo), ids, jax.random.key(0))
+        trajectory = jax.device_get(result.trajectory)
+        assert trajectory.success.all()
+        np.testing.assert_array_equal(trajectory.turns_used, 2)
+    finally:
+        tasks.close()
+
+
+def test_reproduce_sql_runs_every_phase_end_to_end(tmp_path):
+    out = tmp_path / "sql"
+    result = CliRunner().invoke(app, ["reproduce", "sql", "--config", str(CONFIGS / "sql_ci.yaml"),
+                                      "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    phases = json.loads((out / "phases.json").read_text())
+    assert list(phases) == ["setup", "demos", "warm_start", "train:grpo", "train:budgetmix",
+                            "eval:table", "eval:passk", "eval:likelihood", "eval:dynamics", "report"]
+    assert phases["demos"]["overflow_rate"] == 0.0
+    assert phases["demos"]["success_rate"] > 0.3  # gold plans with 25% mistakes, budgets 1..4
+    report = (out / "report.md").read_text()
+    assert report.startswith("# InterCode-SQL reproduction")
+    assert "Tasks: InterCode-SQL, T_max 4; 4 train tasks, 3 test tasks (disjoint splits)." in report
+    assert "## Table 1: Pass@2 by budget level" in report and "T_max = 4" in report
+    table = (out / "table1.csv").read_text().splitlines()
+    assert table[0].startswith("row,kind,25% (T=1)") and len(table) == 1 + 6
+    record = json.loads((out / "raw" / "table.json").read_text())
+    assert record["t_max"] == 4 and record["budgets"][-1] == 4
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["task"]["env"] == "sql" and config["task"]["options"] == {}
+    for run in ("grpo", "budgetmix"):
+        logged = [json.loads(x) for x in (out / "runs" / run / "metrics.jsonl").read_text().splitlines()]
+        assert len(logged) == 2 and "R_multi" in logged[0] and "R_single" not in logged[0]
+
+
+# ---------------------------------------------------------------- a user environment, end to end
+
+
+def test_a_user_environment_trains_and_evaluates_through_the_cli(tmp_path):
+    config = tmp_path / "two_words.yaml"
+    config.write_text(yaml.safe_dump({
+        "task": {"env": "two_words", "t_max": 4, "train_tasks": 5, "eval_tasks": 5,
+                 "max_response_tokens": 8, "max_context": 256},
+        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                  "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                  "tokenizer_vocab": 400},
+        "warm_start": {"demo_tasks": 5, "demos_per_task": 8, "epochs": 2, "batch_size": 8},
+        "rl": {"runs": ["grpo", "budgetmix"], "steps": 2, "tasks_per_step": 2, "group_size": 4},
+        "eval": {"samples": 2, "k": 2, "pass_k_samples": 2, "likelihood_samples": 1,
+                 "max_response_tokens": 8, "max_context": 256}}))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["reproduce", "two_words", "--plugin", __file__, "--config",
+                                      str(config), "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    report = (out / "report.md").read_text()
+    assert report.startswith("# Two words reproduction")
+    assert "5 train tasks, 5 test tasks (disjoint splits)" in report
+    phases = json.loads((out / "phases.json").read_text())
+    assert phases["demos"]["success_rate"] > 0.3  # budgets of 1 turn cannot succeed
+    logged = [json.loads(x) for x in (out / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0.0 <= r["R_single"] <= 1.0 for r in logged)  # the recorded step quality
+    plugins = json.loads((out / "plugins.json").read_text())["plugins"]
+    assert [Path(p["file"]).name for p in plugins] == [Path(__file__).name]
+
+
+def test_a_config_for_another_environment_is_refused(tmp_path):
+    result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--config",
+                                      str(CONFIGS / "sql_ci.yaml"), "--out", str(tmp_path / "x")])
+    assert result.exit_code != 0
+    assert _squeezed("sets task.env: sql, but this command reproduces frozenlake") in _squeezed(result.output)
+    result = CliRunner().invoke(app, ["reproduce", "chess", "--out", str(tmp_path / "y")])
+    assert result.exit_code != 0 and _squeezed("unknown environment 'chess'") in _squeezed(result.output)
+
+
+def _squeezed(text: str) -> str:
+    """``text`` without whitespace and the error box's frame (rich wraps long lines)."""
+    return "".join(c for c in text if not c.isspace() and c not in "│╭╮╰╯─")
