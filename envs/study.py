@@ -28,6 +28,7 @@ Nothing here is keyed on an environment's name: the pipeline asks the entry's st
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -45,6 +46,20 @@ _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.S)
 _REMAINING = re.compile(r"\[REMAINING TURNS\] (\d+)\n")
 
 
+def hash_split(name: str) -> str:
+    """``"train"`` or ``"test"``: the top bit of ``name``'s SHA-256, a fixed split of named tasks
+    into two disjoint halves that does not depend on their order or number."""
+    return ("train", "test")[hashlib.sha256(name.encode()).digest()[0] >> 7]
+
+
+def split_tasks(items: Sequence[Any], names: Sequence[str], split: str | None) -> list[Any]:
+    """The ``items`` whose ``names`` fall in ``split`` (:func:`hash_split`; None: all of them);
+    another split is refused."""
+    if split not in (None, "train", "test"):
+        raise ValueError(f"split: must be 'train' or 'test' (a hash split of the tasks), got {split!r}")
+    return [item for item, name in zip(items, names) if split is None or hash_split(name) == split]
+
+
 class StudyError(ValueError):
     """An environment cannot do what the study asks (e.g. no gold answers for demonstrations)."""
 
@@ -55,17 +70,17 @@ def inner_env(env: Any) -> Any:
 
 
 def first_observations(env: Any, task_ids: Sequence[int]) -> list[str]:
-    """Each task's first observation, read by resetting it (rows are closed again)."""
+    """Each task's first observation, read by resetting it (a Python environment's rows are
+    closed again)."""
     inner = inner_env(env)
-    first = getattr(inner, "first_observation", None)
-    if callable(first):
-        return [first(int(t)) for t in task_ids]
-    rows, observations = env.reset(np.asarray(task_ids, np.int64), 0)
-    close = getattr(inner, "close_task", None)
-    for state in getattr(rows, "states", ()):
-        if callable(close):
-            close(state)
-    return list(observations)
+    if callable(getattr(inner, "reset_task", None)):
+        shown = []
+        for t in task_ids:
+            state, observation = inner.reset_task(int(t), 0)
+            inner.close_task(state)
+            shown.append(observation)
+        return shown
+    return list(env.reset(np.asarray(task_ids, np.int64), 0)[1])
 
 
 def with_t_max(tasks: "EnvTasks", t_max: int) -> "EnvTasks":

@@ -108,8 +108,12 @@ def test_options_and_names_are_checked_before_anything_loads():
     with pytest.raises(envs.EnvOptionError, match=r"environment 'sql' takes no option 'categories'; "
                                                   r"it takes: data, split, limit, workers, step_timeout_s"):
         envs.make("sql", categories=("multi_turn_base",))
-    with pytest.raises(envs.EnvOptionError, match="split picks a Spider split: it needs data"):
-        envs.make("sql", split="train")
+    with pytest.raises(envs.EnvOptionError, match=r"split: must be 'train' or 'test' \(a hash split "
+                                                  r"of the tasks\), got 'dev' \(a Spider split needs data"):
+        envs.make("sql", split="dev")
+    for name in ("code", "bfcl"):
+        with pytest.raises(envs.EnvOptionError, match="split: must be 'train' or 'test'"):
+            envs.make(name, split="validation")
 
 
 def test_register_refuses_what_it_cannot_serve():

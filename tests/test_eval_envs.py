@@ -229,10 +229,11 @@ def test_bad_task_options_are_named_before_any_policy_loads(tmp_path):
     common = ["--base", tmp_path / "never-loaded", "--out", tmp_path, "--samples", 1]
     assert "--env sql takes no --category (its task options: --data, --split, --tasks)" in _fails(
         "eval", "env-passk", "--env", "sql", *common, "--category", "multi_turn_base")
-    assert "split picks a Spider split: it needs data" in _fails(
-        "eval", "env-passk", "--env", "sql", *common, "--split", "train")
-    assert "--env code takes no --split" in _fails("eval", "env-passk", "--env", "code", *common,
-                                                   "--split", "train")
+    assert "split: must be 'train' or 'test' (a hash split of the tasks), got 'dev' (a Spider " \
+        "split needs data, a Spider folder)" in _fails(
+            "eval", "env-passk", "--env", "sql", *common, "--split", "dev")
+    assert "--env code takes no --category" in _fails("eval", "env-passk", "--env", "code", *common,
+                                                      "--category", "multi_turn_base")
     missing = tmp_path / "missing.jsonl"
     assert f"--env code (--data {missing}): DeepCoder task file not found" in _fails(
         "eval", "env-passk", "--env", "code", *common, "--data", missing)

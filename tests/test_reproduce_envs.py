@@ -126,7 +126,7 @@ def test_a_study_refuses_what_it_cannot_do():
     with pytest.raises(StudyError, match="set by the reproduction"):
         study.check_options(envs.entry("two_words"), {"split": "train"})
     same = envs.python_env(TwoWords([("a", "b"), ("a", "c")]), ["x", "y"])
-    same.env.env.first_observation = lambda task_id: "Words?"  # both tasks open alike
+    same.env.env.reset_task = lambda task_id, seed: ({}, "Words?")  # both tasks open alike
     with pytest.raises(StudyError, match="cannot tell them apart"):
         study.demonstrator(same, [0, 1], t_max=4, mistake_rate=0.0, seed=0)
     without = envs.python_env(type("NoGold", (TwoWords,), {"demonstration": None})([("a", "b")]), ["x"])
@@ -155,34 +155,43 @@ def test_the_bundled_sql_questions_split_in_two_disjoint_halves():
             t.close()
 
 
-def test_the_sql_cpu_config_file_is_the_built_in_default():
-    study = envs.entry("sql").study
-    defaults = {**study.config_defaults, "task": {**study.config_defaults["task"], "env": "sql"}}
-    assert load_config(CONFIGS / "sql_cpu.yaml") == load_config(None, defaults=defaults)
+@pytest.mark.parametrize("name", ["sql", "code", "bfcl"])
+def test_each_cpu_config_file_is_the_built_in_default(name):
+    study = envs.entry(name).study
+    defaults = {**study.config_defaults, "task": {**study.config_defaults["task"], "env": name}}
+    assert load_config(CONFIGS / f"{name}_cpu.yaml") == load_config(None, defaults=defaults)
 
 
-def test_the_gold_plan_played_through_the_real_sql_environment_succeeds():
-    """Every gold plan (run the query, submit it) solves its task in the real environment."""
+@pytest.mark.parametrize("name, t_max, tasks", [("sql", 10, 100), ("code", 10, 6), ("bfcl", 24, 6)])
+def test_every_gold_plan_solves_its_task_in_the_real_environment(name, t_max, tasks):
+    """The warm start's demonstrator without mistakes, through the real rollout and
+    environment: every task succeeds, in the turns its plan takes (BFCL: the structural bound)."""
+    import jax
+
     from agentrl_jax.models.small_tokenizer import build_small_tokenizer
     from agentrl_jax.policy import ScriptedPolicy
     from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
-    import jax
 
-    entry = envs.entry("sql")
-    tasks = entry.study.tasks(entry, {}, split="train", count=100, seed=0, t_max=10)
+    entry = envs.entry(name)
+    loaded = entry.study.tasks(entry, {}, split="train", count=tasks, seed=0, t_max=t_max)
     try:
-        ids = np.arange(len(tasks.names))
-        corpus = entry.study.corpus(tasks, ids, t_max=10, prompt=BudgetPrompt())
-        tokenizer = build_small_tokenizer(corpus, vocab_size=768, split_words=False)
-        demo = entry.study.demonstrator(tasks, ids, t_max=10, mistake_rate=0.0, seed=0)
-        runner = MultiTurnRollout(tasks.env, tokenizer, RolloutConfig(
-            group_size=1, budget=10, max_response_tokens=128, max_context=4096))
+        ids = np.arange(len(loaded.names))
+        corpus = entry.study.corpus(loaded, ids, t_max=t_max, prompt=BudgetPrompt())
+        tokenizer = build_small_tokenizer(corpus, vocab_size=1024, split_words=False)
+        demo = entry.study.demonstrator(loaded, ids, t_max=t_max, mistake_rate=0.0, seed=0)
+        runner = MultiTurnRollout(loaded.env, tokenizer, RolloutConfig(
+            group_size=1, budget=t_max, max_response_tokens=512, max_context=16384))
         result = runner(ScriptedPolicy(tokenizer, demo), ids, jax.random.key(0))
         trajectory = jax.device_get(result.trajectory)
         assert trajectory.success.all()
-        np.testing.assert_array_equal(trajectory.turns_used, 2)
+        plans = [len(entry.study.plan(loaded, t)) for t in ids]
+        np.testing.assert_array_equal(trajectory.turns_used, plans)
+        if loaded.min_turns is not None:
+            np.testing.assert_array_equal(trajectory.turns_used, loaded.min_turns)
+        if entry.study.records_quality:  # the code env's step quality: all tests pass
+            np.testing.assert_array_equal(np.asarray(trajectory.step_quality)[:, 0], 1.0)
     finally:
-        tasks.close()
+        loaded.close()
 
 
 def test_reproduce_sql_runs_every_phase_end_to_end(tmp_path):
@@ -208,6 +217,24 @@ def test_reproduce_sql_runs_every_phase_end_to_end(tmp_path):
     for run in ("grpo", "budgetmix"):
         logged = [json.loads(x) for x in (out / "runs" / run / "metrics.jsonl").read_text().splitlines()]
         assert len(logged) == 2 and "R_multi" in logged[0] and "R_single" not in logged[0]
+
+
+@pytest.mark.parametrize("name, label, quality", [("code", "DeepCoder-MT", True),
+                                                  ("bfcl", "BFCL v3 multi-turn", False)])
+def test_reproduce_code_and_bfcl_run_every_phase_end_to_end(tmp_path, name, label, quality):
+    out = tmp_path / name
+    result = CliRunner().invoke(app, ["reproduce", name, "--config", str(CONFIGS / f"{name}_ci.yaml"),
+                                      "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    phases = json.loads((out / "phases.json").read_text())
+    assert [p for p in phases if p.startswith(("train:", "eval:"))] == [
+        "train:grpo", "train:budgetmix", "eval:table", "eval:passk", "eval:likelihood", "eval:dynamics"]
+    report = (out / "report.md").read_text()
+    assert report.startswith(f"# {label} reproduction")
+    assert f"Tasks: {label}, T_max 4; 2 train tasks, 2 test tasks (disjoint splits)." in report
+    assert json.loads((out / "raw" / "table.json").read_text())["t_max"] == 4
+    logged = [json.loads(x) for x in (out / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert len(logged) == 2 and ("R_single" in logged[0]) == quality
 
 
 # ---------------------------------------------------------------- a user environment, end to end

@@ -200,12 +200,6 @@ def database_path(cache_dir: str | pathlib.Path | None = None) -> pathlib.Path:
     return path if path.is_file() else build_database(path)
 
 
-def question_split(question: str) -> str:
-    """``"train"`` or ``"test"``: a fixed bit of the question's SHA-256, so the two halves are
-    disjoint and do not depend on the order of :data:`QUESTIONS`."""
-    return ("train", "test")[hashlib.sha256(question.encode()).digest()[0] >> 7]
-
-
 def demo_tasks(cache_dir: str | pathlib.Path | None = None) -> list[SqlTask]:
     """The 18 bookshop tasks, their database built in ``cache_dir`` if needed."""
     path = database_path(cache_dir)
