@@ -499,6 +499,10 @@ def test_one_rule_decides_every_verdict():
     assert judge(Effect("x", MeanCI(-0.15, -0.2, -0.1, 9))) == findings.REFUTED
     assert judge(Effect("x", MeanCI(-0.15, -0.2, -0.1, 9), direction=-1)) == findings.SHOWS
     assert judge(Effect("x", MeanCI(0.1, math.nan, math.nan, 1), size=0.5)) == findings.UNDERPOWERED
+    # every difference exactly 0 (both policies fail every task): a CI of [0, 0] shows nothing,
+    # neither a lead nor that a metric was kept
+    assert judge(Effect("x", MeanCI(0.0, 0.0, 0.0, 11), size=0.075)) == findings.UNDERPOWERED
+    assert judge(Effect("x", MeanCI(1.0, 1.0, 1.0, 11), size=0.075)) == findings.SHOWS
     # non-inferiority (BudgetMix keeps R_single): no effect = the full-budget fall of 0.091
     keeps = lambda low, high: judge(Effect("R_single", MeanCI((low + high) / 2, low, high, 8),  # noqa: E731
                                            margin=0.091, points=False))
@@ -506,3 +510,4 @@ def test_one_rule_decides_every_verdict():
     assert keeps(-0.12, -0.01) == findings.REFUTED
     assert keeps(-0.2, 0.05) == findings.UNDERPOWERED  # 2.8 SE = 0.18 > 0.091
     assert keeps(-0.1, 0.0) == findings.NOT_SHOWN      # 2.8 SE = 0.071 <= 0.091
+    assert keeps(0.0, 0.0) == findings.UNDERPOWERED    # R_single 0 throughout: kept nothing

@@ -10,7 +10,8 @@ paper gives it, the paper's size), each judged by one rule (:func:`judge`):
 * ``does not show``: the CI includes "no effect", and the run could have detected an effect of
   the paper's size (its smallest detectable effect, :func:`detectable`, is at most that size);
 * ``underpowered``: the CI includes "no effect" and the run could not have detected an effect
-  of the paper's size (or the paper gives no size, or there is no CI): it says nothing.
+  of the paper's size (or the paper gives no size, or there is no CI, or the CI is [0, 0]:
+  every difference exactly 0, e.g. both policies fail every task): it says nothing.
 
 A headline's verdict is its weakest effect's (refuted < does not show < underpowered <
 shows); ``not measured``: the analyses it needs were not run (or do not apply). A "keeps"
@@ -109,6 +110,8 @@ def judge(effect: Effect) -> str:
     ci, d = effect.ci, effect.direction
     if not (math.isfinite(ci.low) and math.isfinite(ci.high)):
         return UNDERPOWERED
+    if ci.low == ci.high == 0:  # every difference exactly 0 (e.g. both fail every task, or a
+        return UNDERPOWERED    # metric stuck at 0): a zero-width interval at 0 says nothing
     low, high = sorted((d * ci.low, d * ci.high))  # in the paper's direction
     if high < 0:
         return REFUTED
@@ -389,7 +392,8 @@ def write_findings(out: str | Path, found: Sequence[Finding], titles: Sequence[s
             "effect although the run could have detected an effect of the paper's size (its "
             "smallest detectable effect, 80% power at the 5% level, is at most that size); "
             "underpowered: the CI includes no effect and the run could not have detected the "
-            "paper's size (or the paper gives none): it says nothing. A headline takes its "
+            "paper's size (or the paper gives none, or every difference is exactly 0): it says "
+            "nothing. A headline takes its "
             "weakest effect's verdict; BudgetMix keeping R_single is tested against a fall as "
             "large as full-budget RL's; not measured: the analysis was not run. Differences are paired "
             "per task (Pass@k) or per state (continuation); training changes compare the means "

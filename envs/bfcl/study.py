@@ -23,7 +23,7 @@ class BfclStudy(Study):
     bound = "a necessary condition: every request needs an answer and, with annotated calls, a call"
     # the CPU default of `agentrl-jax reproduce bfcl` (configs/bfcl_cpu.yaml holds the same values)
     config_defaults = {
-        "task": {"t_max": 24, "train_tasks": 1000, "eval_tasks": 48,
+        "task": {"t_max": 24, "train_tasks": 1000, "eval_tasks": 16,
                  "max_response_tokens": 128, "max_context": 8192},
         "model": {"tokenizer_vocab": 2048},
         "warm_start": {"demo_tasks": 1000, "demos_per_task": 2, "batch_size": 4, "epochs": 2,
@@ -31,8 +31,8 @@ class BfclStudy(Study):
         "rl": {"runs": ["grpo", "budgetmix"], "steps": 6, "tasks_per_step": 2, "group_size": 4,
                "attention": "blocked"},
         "eval": {"max_response_tokens": 128, "max_context": 8192, "samples": 4, "k": 4,
-                 "budgets": [1], "pass_k_samples": 4, "likelihood_samples": 1,
-                 "diagnostic_tasks": 16, "attention": "blocked"},
+                 "budgets": [6], "pass_k_samples": 4, "likelihood_samples": 1,
+                 "diagnostic_tasks": 8, "attention": "blocked"},
     }
 
     def plan(self, tasks: EnvTasks, task_id: int) -> list[str]:

@@ -23,16 +23,16 @@ class CodeStudy(Study):
     records_quality = True
     # the CPU default of `agentrl-jax reproduce code` (configs/code_cpu.yaml holds the same values)
     config_defaults = {
-        "task": {"t_max": 10, "train_tasks": 1000, "eval_tasks": 64,
-                 "max_response_tokens": 384, "max_context": 3072},
+        "task": {"t_max": 10, "train_tasks": 1000, "eval_tasks": 16,
+                 "max_response_tokens": 256, "max_context": 2048},
         "model": {"tokenizer_vocab": 2048},
         "warm_start": {"demo_tasks": 1000, "demos_per_task": 2, "batch_size": 8,
-                       "epochs": 2, "group_by_length": True},
+                       "epochs": 10, "group_by_length": True},
         "rl": {"runs": ["grpo", "budgetmix"], "steps": 8, "tasks_per_step": 2, "group_size": 4,
                "attention": "blocked"},
-        "eval": {"max_response_tokens": 384, "max_context": 3072, "samples": 4, "k": 4,
-                 "budgets": [1], "pass_k_samples": 4, "likelihood_samples": 1,
-                 "diagnostic_tasks": 16, "attention": "blocked"},
+        "eval": {"max_response_tokens": 256, "max_context": 2048, "samples": 4, "k": 4,
+                 "budgets": [2], "pass_k_samples": 4, "likelihood_samples": 1,
+                 "diagnostic_tasks": 8, "attention": "blocked"},
     }
 
     def plan(self, tasks: EnvTasks, task_id: int) -> list[str]:
