@@ -238,6 +238,17 @@ class Study:
                              "(model.model_dir) with warm_start.enabled: false")
         return [str(r) for r in demo(int(task_id))]
 
+    def demonstrable(self, tasks: "EnvTasks", task_ids: Sequence[int]) -> np.ndarray:
+        """The ``task_ids`` the demonstrator can play: those no task with another plan shares a
+        first observation with (the demonstrator tells tasks apart by it; BFCL's
+        multi_turn_base_40 and _43 open alike)."""
+        task_ids = np.asarray(task_ids, np.int64)
+        plans: dict[str, list] = {}
+        for obs, t in zip(first_observations(tasks.env, task_ids), task_ids):
+            plans.setdefault(obs, []).append((int(t), tuple(self.plan(tasks, t))))
+        clear = {t for group in plans.values() if len({p for _, p in group}) == 1 for t, _ in group}
+        return np.array([t for t in task_ids if int(t) in clear], np.int64)
+
     def demonstrator(self, tasks: "EnvTasks", task_ids: Sequence[int], *, t_max: int,
                      mistake_rate: float, seed: int):
         """The warm start's demonstrator (a :data:`~agentrl_jax.policy.Script`) for ``task_ids``."""

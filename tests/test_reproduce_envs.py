@@ -129,6 +129,8 @@ def test_a_study_refuses_what_it_cannot_do():
     same.env.env.reset_task = lambda task_id, seed: ({}, "Words?")  # both tasks open alike
     with pytest.raises(StudyError, match="cannot tell them apart"):
         study.demonstrator(same, [0, 1], t_max=4, mistake_rate=0.0, seed=0)
+    assert study.demonstrable(same, [0, 1]).tolist() == []  # the pipeline demonstrates neither
+    np.testing.assert_array_equal(study.demonstrable(tasks, np.arange(10)), np.arange(10))
     without = envs.python_env(type("NoGold", (TwoWords,), {"demonstration": None})([("a", "b")]), ["x"])
     with pytest.raises(StudyError, match="no demonstration"):
         study.plan(without, 0)

@@ -478,9 +478,9 @@ def test_the_stored_runs_table1_and_findings_recompute_byte_for_byte_from_their_
     assert "not measured" not in verdicts.values()  # every analysis behind a finding is stored
 
 
-@pytest.mark.parametrize("folder", ["results_sql_cpu", "results_code_cpu"])
+@pytest.mark.parametrize("folder", ["results_sql_cpu", "results_code_cpu", "results_bfcl_cpu"])
 def test_the_stored_runs_of_other_environments_recompute_from_their_raw(tmp_path, folder):
-    """The stored CPU-default runs of ``reproduce sql`` and ``reproduce code``: Table 1, the
+    """The stored CPU-default runs of ``reproduce sql``, ``code`` and ``bfcl``: Table 1, the
     budget robustness and the verdicts recomputed from ``raw/`` are the stored files, byte for
     byte; the report names the environment and its held-out split."""
     from agentrl_jax.evaluation.report import Section

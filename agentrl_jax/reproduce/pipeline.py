@@ -48,6 +48,7 @@ from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.sharding import build_mesh
 from agentrl_jax.trajectory import Trajectory
 from envs import EnvTasks
+from envs.study import StudyError
 
 BASE = "base"
 DEMO_TASKS_PER_CALL = 32
@@ -184,9 +185,24 @@ class Reproduction:
                                            self.config.task.t_max)
         return 1
 
+    @functools.cached_property
+    def demo_ids(self) -> np.ndarray:
+        """The training tasks demonstrated: the first ``warm_start.demo_tasks`` the study's
+        demonstrator can play (:meth:`envs.study.Study.demonstrable`)."""
+        first = np.arange(min(self.config.warm_start.demo_tasks, len(self.tasks.train.names)))
+        try:
+            ids = self.study.demonstrable(self.tasks.train, first)
+        except StudyError as error:
+            raise ReproduceError(f"warm start ({self.config.task.env}): {error}") from None
+        if len(ids) == 0:
+            raise ReproduceError(f"warm start ({self.config.task.env}): the demonstrator can play "
+                                 "none of the training tasks (their first observations do not "
+                                 "tell them apart)")
+        return ids
+
     @property
     def demo_tasks(self) -> int:
-        return min(self.config.warm_start.demo_tasks, len(self.tasks.train.names))
+        return len(self.demo_ids)
 
     @property
     def demo_call_units(self) -> int:
@@ -264,7 +280,7 @@ class Reproduction:
     # -- setup, demos, warm start
     def setup(self) -> dict[str, Any]:
         m, t = self.config.model, self.config.task
-        corpus = self.study.corpus(self.tasks.train, np.arange(self.demo_tasks), t_max=t.t_max,
+        corpus = self.study.corpus(self.tasks.train, self.demo_ids, t_max=t.t_max,
                                    prompt=BudgetPrompt())
         tokenizer = build_small_tokenizer(corpus, vocab_size=m.tokenizer_vocab, split_words=False)
         model = random_qwen3(len(tokenizer), hidden_size=m.hidden_size,
@@ -286,11 +302,11 @@ class Reproduction:
     def collect_demos(self) -> dict[str, Any]:
         ws, t = self.config.warm_start, self.config.task
         env = self.tasks.train.env
-        demonstrator = self.study.demonstrator(self.tasks.train, np.arange(self.demo_tasks),
+        demonstrator = self.study.demonstrator(self.tasks.train, self.demo_ids,
                                                t_max=t.t_max, mistake_rate=ws.mistake_rate,
                                                seed=ws.seed)
         demos = demo_lib.collect_demos(
-            env, self.tokenizer, demonstrator, np.arange(self.demo_tasks),
+            env, self.tokenizer, demonstrator, self.demo_ids,
             jax.random.key(ws.seed), demos_per_task=ws.demos_per_task,
             max_response_tokens=t.max_response_tokens, max_context=t.max_context,
             tasks_per_call=DEMO_TASKS_PER_CALL, on_call=lambda: self._advance(self.demo_call_units))

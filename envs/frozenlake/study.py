@@ -175,6 +175,9 @@ class FrozenLakeStudy(Study):
         return ("a necessary condition only on slippery maps" if FrozenLakeOptions(**options).slippery
                 else "exact for a Q*-optimal policy on these deterministic maps")
 
+    def demonstrable(self, tasks: EnvTasks, task_ids: Sequence[int]) -> np.ndarray:
+        return np.asarray(task_ids, np.int64)  # Q* reads the grid: every map can be played
+
     def demonstrator(self, tasks: EnvTasks, task_ids: Sequence[int], *, t_max: int,
                      mistake_rate: float, seed: int):
         env = tasks.env
