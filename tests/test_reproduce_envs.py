@@ -281,3 +281,14 @@ def test_a_config_for_another_environment_is_refused(tmp_path):
 def _squeezed(text: str) -> str:
     """``text`` without whitespace and the error box's frame (rich wraps long lines)."""
     return "".join(c for c in text if not c.isspace() and c not in "│╭╮╰╯─")
+
+
+@pytest.mark.parametrize("name, t_max", [("sql", 10), ("code", 10), ("bfcl", 24)])
+def test_the_paper_configs_of_the_other_environments_hold_the_papers_settings(name, t_max):
+    """configs/<env>_qwen3_4b_gpu.yaml: the paper's T_max (§2) and G 16 (§4), a pretrained
+    local Qwen3 as the base (no warm start), every test task evaluated."""
+    config = load_config(CONFIGS / f"{name}_qwen3_4b_gpu.yaml")
+    assert (config.task.env, config.task.t_max, config.rl.group_size) == (name, t_max, 16)
+    assert config.model.model_dir is not None and not config.warm_start.enabled
+    assert (config.rl.learning_rate, config.rl.kl_coef) == (1e-6, 0.001)
+    assert config.eval.k == 8 and config.eval.temperature == 0.6 and config.eval.top_p == 0.9
