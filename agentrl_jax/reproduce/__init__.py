@@ -1,8 +1,10 @@
-"""``agentrl-jax reproduce frozenlake``: the paper's FrozenLake study end to end (PAPER.md §5, §7, §9).
+"""``agentrl-jax reproduce ENV``: the paper's study of a registered environment end to end
+(PAPER.md §5, §7, §9). What is particular to an environment (tasks, demonstrations, R_single,
+analyses, config defaults) comes from its study (:mod:`envs.study`), not from here.
 
 * :mod:`.config`      - the validated, YAML-backed configuration (CPU default and paper scale).
 * :mod:`.policy_init` - the initial policy: a random Qwen3 and a tokenizer built from the task text.
-* :mod:`.demos`       - the scripted, budget-aware Q*-greedy demonstrator with injected mistakes.
+* :mod:`.demos`       - the study's demonstrations with mistakes, played through the real rollout.
 * :mod:`.sft`         - supervised warm-start on the demonstrations (the base policy).
 * :mod:`.presets`     - the runs by name: one table of presets, and runs composed from the registry.
 * :mod:`.training`    - the RL runs (one TrainConfig each, from ``rl.runs``) with checkpoints.

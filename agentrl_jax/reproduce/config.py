@@ -2,10 +2,10 @@
 
 A :class:`ReproduceConfig` has six sections (the first four defined in :mod:`.settings`)::
 
-    task:        FrozenLake maps, dynamics, T_max, context sizes
+    task:        the environment (a registered name), its options, T_max, task counts, context sizes
     model:       a random-init Qwen3 of given dimensions with a small tokenizer, or a local
                  Qwen3 directory (paper scale)
-    warm_start:  supervised warm-start on imperfect Q* demonstrations (the "base" policy)
+    warm_start:  supervised warm-start on the study's imperfect demonstrations (the "base" policy)
     rl:          the RL runs (GRPO, BudgetMix GRPO, GiGPO, PPO presets) and their trainer settings
     eval:        :class:`~agentrl_jax.reproduce.evaluate.EvalSettings` (Pass@(K, T), diagnostics)
     mesh:        :class:`~agentrl_jax.sharding.MeshConfig` (data, fsdp, tensor axes)

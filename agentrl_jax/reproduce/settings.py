@@ -134,14 +134,16 @@ class ModelSettings:
 class WarmStartSettings:
     """Supervised warm-start of the random policy into a competent but fallible base policy.
 
-    Demonstrations are played in the real rollout by a scripted Q*-greedy agent (remaining
-    horizon = remaining budget, so it is budget-aware) that makes a mistake (a uniformly random
-    other move) with probability ``mistake_rate``; budgets are drawn as in BudgetMix so the base
-    sees every budget level. ``enabled: false`` keeps the model as it is (a pretrained Qwen3).
+    Demonstrations are played in the real rollout by the environment study's budget-aware
+    demonstrator (FrozenLake: Q*-greedy under the remaining budget; the others: each task's gold
+    replies), which makes a mistake (FrozenLake: a uniformly random other move; the others:
+    another task's reply) with probability ``mistake_rate``; budgets are drawn as in BudgetMix so
+    the base sees every budget level. ``enabled: false`` keeps the model as it is (a pretrained
+    Qwen3).
     """
 
     enabled: bool = True
-    demo_tasks: int = 256             # train maps played (the first ones)
+    demo_tasks: int = 256             # training tasks demonstrated (the first ones)
     demos_per_task: int = 4
     mistake_rate: float = 0.25
     epochs: int = 3
