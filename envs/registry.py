@@ -5,8 +5,8 @@ rollout needs to know about its texts.
     envs.register("maze", make_maze, label="Maze", max_response_tokens=32, max_context=2048)
 
 An entry declares what it needs, and its ``study`` (:mod:`envs.study`) what the reproduction
-pipeline needs beyond the rollout (train/test tasks, demonstrations, R_single, analyses). Its factory's keyword parameters are the options it takes: an
-option it does not take is refused, naming those it does (:class:`EnvOptionError`), before
+pipeline needs beyond the rollout (train/test tasks, demonstrations, R_single, analyses). Its
+factory's keyword parameters are the options it takes: an option it does not take is refused, naming those it does (:class:`EnvOptionError`), before
 anything is loaded. Its ``label`` names it in reports, ``max_response_tokens`` and
 ``max_context`` are the token limits its texts need (a DeepCoder-MT turn is a whole program;
 BFCL's first message lists every function as JSON) and ``lanes`` the rollout lanes that suit it
