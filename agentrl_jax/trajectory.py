@@ -103,9 +103,9 @@ class Trajectory:
     def from_arrays(cls, arrays: Any) -> "Trajectory":
         """A record from a mapping of its fields' arrays (e.g. an ``np.load``-ed ``.npz``).
         Older records are read as they were meant: one saved before ``sampling_logprobs``
-        existed gets ``logprobs`` for it; one with FrozenLake's ``env_pos`` gets it as
-        ``state_id``, and NaN ``step_quality`` (nothing was recorded). Unknown or missing
-        fields raise ValueError naming them."""
+        existed gets ``logprobs`` for it; one with ``env_pos`` (``state_id``'s former name)
+        gets it as ``state_id``, and NaN ``step_quality`` (nothing was recorded). Unknown or
+        missing fields raise ValueError naming them."""
         data = {k: arrays[k] for k in arrays.keys()} if hasattr(arrays, "keys") else dict(arrays)
         if "sampling_logprobs" not in data and "logprobs" in data:
             data["sampling_logprobs"] = data["logprobs"]

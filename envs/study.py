@@ -19,8 +19,10 @@ one works for any environment, and an environment's own subclass adds what it kn
   DeepCoder-MT's test pass share; NaN steps are not scored); otherwise none, and no R_single
   is logged.
 * **analyses** (:attr:`Study.analyses`): those that need no oracle (Table 1 / Pass@T,
-  Pass@K, likelihood, training dynamics). FrozenLake's study (:mod:`envs.frozenlake.study`)
-  adds its Q* step quality and error-state analyses.
+  Pass@K, likelihood, training dynamics). A study that can score states
+  (:meth:`Study.state_diagnostics`) adds the step quality and error-state analyses:
+  FrozenLake's with Q* (:mod:`envs.frozenlake.study`), DeepCoder-MT's with the test pass
+  share and mutated reference programs as errors (:mod:`envs.code.study`).
 
 Nothing here is keyed on an environment's name: the pipeline asks the entry's study.
 """
@@ -39,6 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # The analyses every environment supports (they need the rollout and the models only).
 GENERIC_ANALYSES = ("table", "passk", "likelihood", "dynamics")
+# ... and with the step diagnostics, for a study that scores states (Study.state_diagnostics)
+ALL_ANALYSES = ("table", "passk", "steps", "errors", "likelihood", "dynamics")
 # Options the pipeline sets itself (task.options may not).
 PIPELINE_OPTIONS = ("split", "seed", "limit")
 
@@ -178,6 +182,10 @@ class Study:
     demonstrations: str = "gold-answer demonstrations"
     # whether the environment records a step quality (TurnResult.quality) for R_single
     records_quality: bool = False
+    # what the paper reports on this environment, for the findings (fields of
+    # agentrl_jax.reproduce.findings.PaperFigures: texts {headline key: text}, effect sizes);
+    # {}: the paper's headline figures
+    paper_figures: Mapping[str, Any] = {}
 
     # -- options and tasks
     def check_options(self, entry: "EnvEntry", options: Mapping[str, Any]) -> dict[str, Any]:
@@ -286,6 +294,13 @@ class Study:
         """R_single's scorer for training on ``tasks`` (None: not logged)."""
         del tasks
         return RecordedQuality() if self.records_quality else None
+
+    def state_diagnostics(self, tasks: "EnvTasks") -> Any:
+        """What the ``steps`` and ``errors`` analyses score ``tasks``' states with
+        (:mod:`agentrl_jax.evaluation.state_diagnostics`); None where the study has nothing
+        to score them with (it then leaves those analyses out of :attr:`analyses`)."""
+        del tasks
+        return None
 
     def analyses_for(self, names: Sequence[str]) -> tuple[str, ...]:
         """The analyses of ``names`` this study supports, in that order."""

@@ -229,10 +229,23 @@ def test_reproduce_code_and_bfcl_run_every_phase_end_to_end(tmp_path, name, labe
                                       "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     phases = json.loads((out / "phases.json").read_text())
+    diagnostics = ["eval:steps", "eval:errors"] if name == "code" else []
     assert [p for p in phases if p.startswith(("train:", "eval:"))] == [
-        "train:grpo", "train:budgetmix", "eval:table", "eval:passk", "eval:likelihood", "eval:dynamics"]
+        "train:grpo", "train:budgetmix", "eval:table", "eval:passk", *diagnostics,
+        "eval:likelihood", "eval:dynamics"]
     report = (out / "report.md").read_text()
     assert report.startswith(f"# {label} reproduction")
+    if name == "code":  # DeepCoder-MT's step diagnostics, scored by the test pass share
+        assert "Step-level test pass share on matched states" in report
+        assert "Error-recovery suite" in report
+        errors = json.loads((out / "raw" / "errors.json").read_text())
+        assert errors["quality_name"] == "test pass share" and errors["pairs"]
+        assert "Suite `deepcoder-mt-error-recovery/v1`" in report
+        # the findings cite (and measure power against) DeepCoder-MT's figures, not FrozenLake's
+        cited = {f["headline"]: f["paper"] for f in json.loads((out / "findings.json").read_text())}
+        assert cited["Full-budget RL: R_multi rises while R_single falls"].startswith("DeepCoder-MT")
+        assert "DeepCoder-MT: RL better on 46.8%" in cited[
+            "Error recovery, not single-step quality, is where RL gains"]
     assert f"Tasks: {label}, T_max 4; 2 train tasks, 2 test tasks (disjoint splits)." in report
     assert json.loads((out / "raw" / "table.json").read_text())["t_max"] == 4
     logged = [json.loads(x) for x in (out / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()]

@@ -476,6 +476,32 @@ def test_models_share_compilations_and_likelihood_scores_each_pair(tmp_path, tok
         run_analysis("likelihood", tmp_path, env, np.arange(2), tokenizer, scripted, settings)
 
 
+def test_a_run_keeps_the_paper_figures_its_findings_cite(tmp_path):
+    """An environment's figures (raw/paper.json) replace the texts and the effect sizes the
+    verdicts measure power against; a run without the file uses the paper's headline ones."""
+    out = synthetic_results(tmp_path / "run")
+    default = {f.headline: f for f in findings.check_findings(out)}
+    assert default[findings.FULL_BUDGET_DYNAMICS].paper == findings.PAPER[findings.FULL_BUDGET_DYNAMICS]
+    figures = findings.PaperFigures(texts={"full_budget_dynamics": "elsewhere: +0.3 (§7.5)"},
+                                    r_multi=100.0, r_single=100.0)
+    figures.write(out)
+    assert findings.PaperFigures.load(out) == figures
+    own = {f.headline: f for f in findings.check_findings(out)}
+    assert own[findings.FULL_BUDGET_DYNAMICS].paper == "elsewhere: +0.3 (§7.5)"
+    assert own[findings.PASS_AT_K].paper == default[findings.PASS_AT_K].paper
+    # the verdicts measure power against the run's sizes
+    effects = own[findings.FULL_BUDGET_DYNAMICS].numbers["effects"]
+    assert effects["R_multi"]["paper_size"] == effects["R_single"]["paper_size"] == 100.0
+    assert own[findings.BUDGETMIX_DYNAMICS].numbers["effects"]["R_single"]["margin"] == 100.0
+    assert default[findings.FULL_BUDGET_DYNAMICS].numbers["effects"]["R_multi"]["paper_size"] == \
+        findings.FULL_BUDGET_R_MULTI
+    with pytest.raises(ValueError, match="unknown headlines"):
+        findings.PaperFigures(texts={"lead grows": "x"})
+    (out / "raw" / "paper.json").write_text('{"sizes": 1}')
+    with pytest.raises(ValueError, match="not the paper's figures"):
+        findings.PaperFigures.load(out)
+
+
 def test_one_rule_decides_every_verdict():
     """By hand: the smallest detectable effect is 2.80 standard errors (80% power, 5% level,
     the SE read off the 95% CI); an interval including no effect is underpowered when that

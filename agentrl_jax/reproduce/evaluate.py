@@ -14,6 +14,9 @@ named policies, the first being the base: the reproduction pipeline calls
   other policy; a pair's pool is half base-visited, half other-visited states.
 * ``errors``: step quality at injected error states and continuation success (§7.2), pairwise,
   and the error-recovery suite's table of every policy (:mod:`~agentrl_jax.evaluation.analyses.error_recovery`).
+  Both score states with what the environment's study supplies
+  (:mod:`agentrl_jax.evaluation.state_diagnostics`: FrozenLake's Q*, DeepCoder-MT's test pass
+  share), and name the quality, the injected error and the suite as it says.
 * ``likelihood``: ActionNLL under the base model and the cumulative LLR (§7.4), pairwise.
 * ``dynamics``: R_multi and R_single over training from each run's metrics log (§7.5).
 
@@ -42,10 +45,10 @@ from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, erro
 from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
 from agentrl_jax.evaluation.drivers import rollout_units
 from agentrl_jax.evaluation.report import Section
-from agentrl_jax.evaluation.states import StatePool, inject_errors, matched_pool
+from agentrl_jax.evaluation.state_diagnostics import default_states
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.policy import Policy, SamplerPolicy
-from agentrl_jax.reproduce import report, results
+from agentrl_jax.reproduce import findings, report, results
 # the settings and their work units, re-exported: the pipeline's whole interface is here
 from agentrl_jax.reproduce.eval_settings import KV_PAGE_SIZE, EvalSettings, analysis_units  # noqa: F401
 from agentrl_jax.reproduce.report import write_report
@@ -97,6 +100,7 @@ class _Run:
     progress: Callable[[int], None]
     min_turns: np.ndarray  # [tasks of env] fewest turns that can succeed (the structural bound)
     bound_note: str        # what that bound means in this environment
+    states: Any = None     # the step diagnostics' states (evaluation.state_diagnostics)
 
     @property
     def names(self) -> list[str]:
@@ -201,10 +205,10 @@ def _passk(run: _Run) -> list[Section]:
 # ---------------------------------------------------------------- step diagnostics (§7.1-7.3)
 
 
-def _visits(run: _Run) -> dict[str, StatePool]:
+def _visits(run: _Run) -> dict[str, Any]:
     """The states each policy's trajectories act from at ``T_max``."""
-    return drivers.visits(run.play, run.policies, run.key("sources"),
-                          samples=run.settings.source_samples, budget=run.t_max)
+    return run.states.visits(run.play, run.policies, run.key("sources"),
+                             samples=run.settings.source_samples, budget=run.t_max)
 
 
 POOL_NOTE = ("The {states} error states come from this comparison's own pool (§7.1: states "
@@ -212,42 +216,50 @@ POOL_NOTE = ("The {states} error states come from this comparison's own pool (§
              "comparison to the next: each is measured on its own states.")
 
 
-def _pool(run: _Run, visits: Mapping[str, StatePool], other: str) -> StatePool:
+def _pool(run: _Run, visits: Mapping[str, Any], other: str) -> Any:
     """§7.1's matched pool of (base, other): half visited by each."""
-    return matched_pool(visits[run.base], visits[other], size=run.settings.states,
-                        seed=run.settings.seed)
+    return run.states.matched(visits[run.base], visits[other], size=run.settings.states,
+                              seed=run.settings.seed)
 
 
-def _state_columns(run: _Run, pool: StatePool, other: str) -> dict[str, Any]:
-    columns = pool.to_columns()
-    columns["source"] = [(run.base, other)[s] for s in pool.source]
-    return columns
+def _wording(states: Any) -> dict[str, str]:
+    """What the states' quality, errors and success are called (kept in the raw records, so
+    the suite's table and the findings word them alike when recomputed)."""
+    return {field: getattr(states, field) for field in (
+        "quality_name", "quality_symbol", "error_note", "success_note", "suite")}
+
+
+def _left_out(record: Mapping[str, Any], what: str) -> str:
+    """A sentence on the states left out because their prompt does not fit the context."""
+    kept = len(record["states"]["turn"])
+    offered = record.get("offered", kept)
+    return (f" {offered - kept} of the {offered} {what} were left out: their prompt (the "
+            "history so far) does not fit eval.max_context." if offered > kept else "")
 
 
 def _steps(run: _Run) -> list[Section]:
     s, visits = run.settings, _visits(run)
     sections, pairs = [], {}
     for other in run.names[1:]:
-        pool = _pool(run, visits, other)
-        values, result = drivers.step_quality(run.play, pool, run.policies[run.base],
-                                              run.policies[other], run.key("steps"),
-                                              names=(run.base, other), **run.pair)
+        result, pairs[other] = run.states.steps(
+            run.play, _pool(run, visits, other), run.policies[run.base], run.policies[other],
+            run.key("steps"), names=(run.base, other), settings=s)
         run.progress(2 * rollout_units(s.states, s.group_size, 1))
         name = slug(other)
         quality = step_quality.section(
             run.out, step_quality.compute(result.pools()), name=f"step_quality_{name}",
             policy_names=(run.base, other),
-            title=f"Step-level action quality on matched states: {other} vs {run.base}")
+            title=f"Step-level {run.states.quality_name} on matched states: {other} vs {run.base}")
         shares = ", ".join(f"{n} {100 * v:.1f}%" for n, v in result.invalid_share().items())
-        sections.append(_with(quality, quality.title, f"Invalid responses ({s.invalid}-scored): {shares}."))
+        sections.append(_with(quality, quality.title,
+                              f"Invalid responses ({run.states.invalid_note(s)}): {shares}."
+                              + _left_out(pairs[other], "states")))
         sections.append(_with(depth.section(
             run.out, depth.compute(*diagnostics.quality_by_depth(result, run.t_max),
                                    bins=s.depth_bins, seed=s.seed), name=f"quality_vs_depth_{name}"),
-            f"Action quality vs normalised depth: {other} vs {run.base}"))
-        pairs[other] = {"states": _state_columns(run, pool, other),
-                        "action_values": values.action_values, "noop_value": values.noop_value,
-                        "actions": result.actions, "quality": result.quality}
-    raw = run.write_raw("steps", {"gamma": s.gamma, "invalid": s.invalid, "pairs": pairs})
+            f"{run.states.quality_name.capitalize()} vs normalised depth: {other} vs {run.base}"))
+    raw = run.write_raw("steps", {"gamma": s.gamma, "invalid": s.invalid, **_wording(run.states),
+                                  "pairs": pairs})
     return [_with(sections[0], files=(raw,))] + sections[1:]
 
 
@@ -255,20 +267,19 @@ def _errors(run: _Run) -> list[Section]:
     s, visits = run.settings, _visits(run)
     sections, pairs = [], {}
     for other in run.names[1:]:
-        errors = inject_errors(run.env.maps, _pool(run, visits, other), seed=s.seed)
-        if len(errors.states) == 0:
-            raise ValueError(f"errors: no state of the ({run.base}, {other}) pool admits an error "
-                             "move with a turn left")
-        values, result = drivers.error_states(run.play, errors, run.policies[run.base],
-                                              run.policies[other], run.key("errors"),
-                                              names=(run.base, other), **run.pair)
+        result, pairs[other] = run.states.errors(
+            run.play, _pool(run, visits, other), run.policies[run.base], run.policies[other],
+            run.key("errors"), names=(run.base, other), settings=s)
+        count = len(result.errors.states)
         run.progress(2 * rollout_units(s.states, s.group_size, run.t_max))
         name = slug(other)
         quality = step_quality.section(
             run.out, step_quality.compute(result.quality.pools()), name=f"error_step_quality_{name}",
             policy_names=(run.base, other),
-            title=f"Step-level action quality at error states: {other} vs {run.base}")
-        sections.append(_with(quality, quality.title, f"{len(errors.states)} error states."))
+            title=f"Step-level {run.states.quality_name} at error states: {other} vs {run.base}")
+        sections.append(_with(quality, quality.title,
+                              f"{count} error states ({run.states.error_note})."
+                              + _left_out(pairs[other], "error states")))
         paired = result.paired_success().mean_diff
         rates = continuation.section(
             run.out, continuation.compute(result.success), name=f"continuation_{name}",
@@ -277,14 +288,11 @@ def _errors(run: _Run) -> list[Section]:
                               f"Paired per-state difference {other} - {run.base}: "
                               f"{100 * paired.mean:+.1f} pt [{100 * paired.low:+.1f}, "
                               f"{100 * paired.high:+.1f}]. " + POOL_NOTE.format(
-                                  states=len(errors.states), base=run.base, other=other)))
-        pairs[other] = {"states": _state_columns(run, errors.states, other),
-                        "origin": errors.origin, "injected_action": errors.action,
-                        "action_values": values.action_values, "noop_value": values.noop_value,
-                        "actions": result.quality.actions, "quality": result.quality.quality,
-                        "success": result.success, "overflow": result.overflow}
-    raw = run.write_raw("errors", {"gamma": s.gamma, "invalid": s.invalid, "pairs": pairs})
-    suite = error_recovery.section(run.out, error_recovery.compute(results.load_raw(run.out, "errors")))
+                                  states=count, base=run.base, other=other)))
+    raw = run.write_raw("errors", {"gamma": s.gamma, "invalid": s.invalid, **_wording(run.states),
+                                   "pairs": pairs})
+    saved = results.load_raw(run.out, "errors")
+    suite = error_recovery.section(run.out, error_recovery.compute(saved), saved)
     return [_with(sections[0], files=(raw,))] + sections[1:] + [suite]
 
 
@@ -334,11 +342,13 @@ def _dynamics(run: _Run, training_logs: Mapping[str, Path]) -> list[Section]:
               "counterparts": results.budgetmix_counterparts(list(training_logs))}
     path = eval_report.write_json(raw_path(run.out, "dynamics"), record)
     run.progress(1)
+    figures = findings.PaperFigures.load(run.out)
     summary = Section("Training dynamics: start to end",
                       "Change of each curve from the mean of its first w logged steps to the mean "
                       "of its last w (w: a tenth of the steps, at least 2 from 4 steps on), with a "
-                      "95% normal CI treating the steps as independent. Paper (§7.5, FrozenLake): "
-                      "full-budget RL R_multi +0.568, R_single -0.091; BudgetMix R_single +0.006.",
+                      "95% normal CI treating the steps as independent. Paper: full-budget RL "
+                      f"{figures.text(findings.FULL_BUDGET_DYNAMICS)}; BudgetMix "
+                      f"{figures.text(findings.BUDGETMIX_DYNAMICS)}.",
                       files=(path.relative_to(run.out).as_posix(),),
                       markdown=report.dynamics_markdown(results.load_raw(path, "dynamics")))
     return [summary] + sections
@@ -370,15 +380,15 @@ def run_analysis(name: str, out: str | Path, env: Any, task_ids: np.ndarray,
                  tokenizer: Any, models: Mapping[str, Any], settings: EvalSettings, *,
                  training_logs: Mapping[str, str | Path] | None = None,
                  progress: Callable[[int], None] | None = None,
-                 min_turns: Any = None, bound_note: str | None = None) -> list[Section]:
+                 min_turns: Any = None, bound_note: str | None = None,
+                 states: Any = None) -> list[Section]:
     """Run one analysis of :data:`ANALYSES` and write its files under ``out``.
 
     Args:
       name: the analysis.
       out: the results folder.
-      env: the evaluation environment (its ``t_max`` the full budget; ``steps`` and
-        ``errors`` read Q* from its maps, so they need FrozenLake's).
-      task_ids: ``[tasks]`` indices of the maps to evaluate on (analyses other than ``table``
+      env: the evaluation environment (its ``t_max`` the full budget).
+      task_ids: ``[tasks]`` indices of the tasks to evaluate on (analyses other than ``table``
         take the first ``settings.diagnostic_tasks`` of them, :meth:`EvalSettings.analysis_tasks`).
       tokenizer: the policies' common tokenizer (with a chat template).
       models: ``{policy name: model}`` in report order, the first the base policy. A value is
@@ -392,6 +402,10 @@ def run_analysis(name: str, out: str | Path, env: Any, task_ids: np.ndarray,
       min_turns: ``[tasks of env]`` fewest turns each task needs (the structural bound;
         default: the env's ``structural_bounds``, else 1 turn); ``bound_note`` says what
         that bound means there (the study's :meth:`~envs.study.Study.bound_note_for`).
+      states: what ``steps`` and ``errors`` score states with
+        (:mod:`agentrl_jax.evaluation.state_diagnostics`; the study's
+        :meth:`~envs.study.Study.state_diagnostics`); default: the environment's own
+        (:func:`~agentrl_jax.evaluation.state_diagnostics.default_states`).
 
     Returns:
       The analysis' report sections (also saved to ``out/sections/<name>.json``).
@@ -410,8 +424,13 @@ def run_analysis(name: str, out: str | Path, env: Any, task_ids: np.ndarray,
         from envs.study import Study  # noqa: PLC0415
 
         bound_note = Study().bound_note_for({})
+    if name in ("steps", "errors") and states is None:
+        states = default_states(env)
+        if states is None:
+            raise ValueError(f"{name}: needs the states to score (`states`, from the "
+                             f"environment's study); {type(env).__name__} has none by default")
     run = _Run(Path(out), env, task_ids, tokenizer, models, settings,
-               progress or (lambda units: None), np.asarray(min_turns), bound_note)
+               progress or (lambda units: None), np.asarray(min_turns), bound_note, states)
     if name == "dynamics":
         sections = _dynamics(run, dict(training_logs or {}))
     else:

@@ -23,6 +23,7 @@ differences (:func:`stats.paired_difference`), or of a difference of two means.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from statistics import NormalDist
@@ -51,6 +52,11 @@ ERROR_RECOVERY = "Error recovery, not single-step quality, is where RL gains"
 FULL_BUDGET_DYNAMICS = "Full-budget RL: R_multi rises while R_single falls"
 BUDGETMIX_DYNAMICS = "BudgetMix keeps R_single"
 
+# short names of the headlines (PaperFigures.texts, a study's paper_figures)
+HEADLINES = {"pass_at_k": PASS_AT_K, "lead_grows": LEAD_GROWS, "budgetmix_small": BUDGETMIX_SMALL,
+             "error_recovery": ERROR_RECOVERY, "full_budget_dynamics": FULL_BUDGET_DYNAMICS,
+             "budgetmix_dynamics": BUDGETMIX_DYNAMICS}
+
 PAPER = {
     PASS_AT_K: "RL above base for k = 1..128 (§9)",
     LEAD_GROWS: "FrozenLake 4B at 25%: GRPO 28.7% vs base 30.3%; the lead grows with T (§9)",
@@ -67,6 +73,58 @@ PAPER = {
 BUDGETMIX_SMALL_SIZES = (0.075, 0.053)  # BudgetMix - full budget at 25%, 50% of T_max
 ERROR_RECOVERY_GAIN = 0.513 - 0.386   # continuation from error states, RL - base
 FULL_BUDGET_R_MULTI, FULL_BUDGET_R_SINGLE = 0.568, 0.091  # |change| over training
+PAPER_JSON = "paper.json"  # under raw/: the figures a run's findings cite (PaperFigures)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperFigures:
+    """What the paper reports on one environment: the text each headline cites (``texts``,
+    over :data:`PAPER`) and the effect sizes the verdicts measure power against. The defaults
+    are the paper's headline figures (§9, §7; where it gives them for one environment,
+    FrozenLake's); an environment's study gives its own
+    (:attr:`envs.study.Study.paper_figures`), and a run keeps them in ``raw/paper.json``, so
+    its findings recompute with the figures it was compared with."""
+
+    texts: Mapping[str, str] = dataclasses.field(default_factory=dict)  # {HEADLINES key: text}
+    budgetmix_small: tuple[float, float] = BUDGETMIX_SMALL_SIZES
+    error_recovery_gain: float = ERROR_RECOVERY_GAIN
+    r_multi: float = FULL_BUDGET_R_MULTI
+    r_single: float = FULL_BUDGET_R_SINGLE
+
+    def __post_init__(self):
+        unknown = sorted(set(self.texts) - set(HEADLINES))
+        if unknown:
+            raise ValueError(f"PaperFigures.texts: unknown headlines {unknown}; known: "
+                             f"{list(HEADLINES)}")
+        object.__setattr__(self, "texts", dict(self.texts))
+        object.__setattr__(self, "budgetmix_small", tuple(float(x) for x in self.budgetmix_small))
+
+    def text(self, headline: str) -> str:
+        """What the paper reports for ``headline`` (one of :data:`PAPER`)."""
+        key = next(k for k, h in HEADLINES.items() if h == headline)
+        return self.texts.get(key, PAPER[headline])
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "PaperFigures":
+        return cls(**(data or {}))
+
+    @classmethod
+    def load(cls, out: str | Path) -> "PaperFigures":
+        """A run's figures (``raw/paper.json``; the defaults for a run that has none)."""
+        path = Path(out) / results.RAW_DIR / PAPER_JSON
+        if not path.is_file():
+            return cls()
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as error:
+            raise ValueError(f"{path}: not the paper's figures ({error})") from None
+
+    def write(self, out: str | Path) -> Path:
+        return eval_report.write_json(Path(out) / results.RAW_DIR / PAPER_JSON,
+                                      dataclasses.asdict(self))
+
+
+DEFAULT_FIGURES = PaperFigures()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,14 +221,15 @@ def _num(ci: stats.MeanCI, digits: int = 3) -> str:
     return text + (f" [{ci.low:+.{digits}f}, {ci.high:+.{digits}f}]" if math.isfinite(ci.low) else "")
 
 
-def _absent(headline: str, why: str) -> Finding:
-    return Finding(headline, "", PAPER[headline], why, NOT_MEASURED)
+def _absent(headline: str, why: str, figures: PaperFigures = DEFAULT_FIGURES) -> Finding:
+    return Finding(headline, "", figures.text(headline), why, NOT_MEASURED)
 
 
 # ---------------------------------------------------------------- Pass@K and Pass@T (§9)
 
 
-def check_pass_at_k(record: Mapping[str, Any]) -> list[Finding]:
+def check_pass_at_k(record: Mapping[str, Any],
+                    figures: PaperFigures = DEFAULT_FIGURES) -> list[Finding]:
     """RL above base at every k: the lead at each k and, at the k where it is smallest, the
     CI of the paired per-task difference (the weakest point decides)."""
     base, out = record["policies"][0], []
@@ -187,7 +246,7 @@ def check_pass_at_k(record: Mapping[str, Any]) -> list[Finding]:
                     f"pass@{ks[-1]} {curve[policy][-1]:.3f} vs {curve[base][-1]:.3f}; ahead at "
                     f"{ahead} of {ks.size} k; smallest lead at k = {ks[weakest]}: {_pt(ci)}")
         effect = Effect(f"lead at k = {ks[weakest]}", ci)
-        out.append(Finding(PASS_AT_K, policy, PAPER[PASS_AT_K], observed + _power(effect),
+        out.append(Finding(PASS_AT_K, policy, figures.text(PASS_AT_K), observed + _power(effect),
                            _verdict(effect),
                            {"k": ks, "lead": lead, "weakest_k": int(ks[weakest]),
                             "weakest_lead": ci, "effects": _effects_json(effect)}))
@@ -199,7 +258,8 @@ def _level_differences(record, a: str, b: str) -> list[np.ndarray]:
             for t in record["levels"]]
 
 
-def check_lead_grows(record: Mapping[str, Any]) -> list[Finding]:
+def check_lead_grows(record: Mapping[str, Any],
+                     figures: PaperFigures = DEFAULT_FIGURES) -> list[Finding]:
     """The lead over base at 100% minus the lead at 25% of T_max (per-task, paired), for the
     full-budget RL policies (all others if none is full-budget)."""
     base, others = record["policies"][0], record["policies"][1:]
@@ -216,27 +276,28 @@ def check_lead_grows(record: Mapping[str, Any]) -> list[Finding]:
                     f"({'increasing' if monotone else 'not monotone'}); at 25% it {small}; "
                     f"lead at 100% minus lead at 25%: {_pt(growth)}")
         effect = Effect("lead growth", growth)
-        out.append(Finding(LEAD_GROWS, policy, PAPER[LEAD_GROWS], observed + _power(effect),
+        out.append(Finding(LEAD_GROWS, policy, figures.text(LEAD_GROWS), observed + _power(effect),
                            _verdict(effect),
                            {"levels": record["levels"], "lead": leads, "growth": growth,
                             "effects": _effects_json(effect)}))
     return out
 
 
-def check_budgetmix_small(record: Mapping[str, Any]) -> list[Finding]:
+def check_budgetmix_small(record: Mapping[str, Any],
+                          figures: PaperFigures = DEFAULT_FIGURES) -> list[Finding]:
     """BudgetMix minus its full-budget counterpart at 25% and 50% of T_max (paired per task);
     75% and 100% are reported alongside."""
     pairs = results.budgetmix_counterparts(record["policies"])
     if not pairs:
         return [_absent(BUDGETMIX_SMALL, "no BudgetMix policy evaluated with its full-budget "
-                                         "counterpart")]
+                                         "counterpart", figures=figures)]
     out = []
     for mix, full in pairs.items():
         deltas = [stats.mean_ci_normal(d) for d in _level_differences(record, mix, full)]
         effects = [Effect(f"{p}%", d, size=size) for p, d, size in
-                   zip(record["percents"][:2], deltas[:2], BUDGETMIX_SMALL_SIZES)]
+                   zip(record["percents"][:2], deltas[:2], figures.budgetmix_small)]
         observed = "; ".join(f"{p}%: {_pt(d)}" for p, d in zip(record["percents"], deltas))
-        out.append(Finding(BUDGETMIX_SMALL, f"{mix} vs {full}", PAPER[BUDGETMIX_SMALL],
+        out.append(Finding(BUDGETMIX_SMALL, f"{mix} vs {full}", figures.text(BUDGETMIX_SMALL),
                            observed + _power(*effects), _verdict(*effects),
                            {"levels": record["levels"], "difference": deltas,
                             "effects": _effects_json(*effects)}))
@@ -250,7 +311,8 @@ def _comparison(pair: Mapping[str, Any], base: str, policy: str) -> stats.Paired
     return stats.paired_comparison(pair["quality"][policy], pair["quality"][base])
 
 
-def check_error_recovery(steps: Mapping[str, Any], errors: Mapping[str, Any]) -> list[Finding]:
+def check_error_recovery(steps: Mapping[str, Any], errors: Mapping[str, Any],
+                         figures: PaperFigures = DEFAULT_FIGURES) -> list[Finding]:
     """Per policy: continuation success from error states above base's (paired per state), and
     RL better on a larger share of error states than of matched states."""
     base, out = errors["policies"][0], []
@@ -263,15 +325,17 @@ def check_error_recovery(steps: Mapping[str, Any], errors: Mapping[str, Any]) ->
         success = {p: np.asarray(pair["success"][p], np.float64) for p in (base, policy)}
         gain = stats.paired_difference(success[policy].mean(axis=1), success[base].mean(axis=1))
         rates = {p: float(s.mean()) for p, s in success.items()}
-        observed = (f"better on {100 * matched.share_rl_better:.1f}% of matched states (mean Q* "
-                    f"diff {_num(matched.mean_diff)}) vs {100 * at_errors.share_rl_better:.1f}% of "
-                    f"error states ({_num(at_errors.mean_diff)}); continuation "
+        symbol = errors.get("quality_symbol", "Q*")
+        observed = (f"better on {100 * matched.share_rl_better:.1f}% of matched states (mean "
+                    f"{symbol} diff {_num(matched.mean_diff)}) vs "
+                    f"{100 * at_errors.share_rl_better:.1f}% of error states "
+                    f"({_num(at_errors.mean_diff)}); continuation "
                     f"{100 * rates[policy]:.1f}% vs {base} {100 * rates[base]:.1f}%: {_pt(gain)}")
         advantage = _difference(at_errors.mean_diff, matched.mean_diff)
-        effects = (Effect("continuation gain", gain, size=ERROR_RECOVERY_GAIN),
+        effects = (Effect("continuation gain", gain, size=figures.error_recovery_gain),
                    Effect("error-state minus matched-state quality gain", advantage, points=False))
         observed += f"; error-state minus matched-state quality gain {_num(advantage)}"
-        out.append(Finding(ERROR_RECOVERY, policy, PAPER[ERROR_RECOVERY],
+        out.append(Finding(ERROR_RECOVERY, policy, figures.text(ERROR_RECOVERY),
                            observed + _power(*effects), _verdict(*effects),
                            {"matched": matched, "error_states": at_errors,
                             "continuation": rates, "continuation_gain": gain,
@@ -291,7 +355,8 @@ def _changes(entry: Mapping[str, Any]) -> dict[str, stats.MeanCI | None]:
     return out
 
 
-def check_dynamics(record: Mapping[str, Any]) -> list[Finding]:
+def check_dynamics(record: Mapping[str, Any],
+                   figures: PaperFigures = DEFAULT_FIGURES) -> list[Finding]:
     """Full-budget runs: R_multi up and R_single down; BudgetMix runs: R_single kept (its
     change >= 0, inconclusive if negative with a CI reaching 0)."""
     out, changes = [], {run: _changes(entry) for run, entry in record["runs"].items()}
@@ -299,24 +364,25 @@ def check_dynamics(record: Mapping[str, Any]) -> list[Finding]:
         multi, single = change["R_multi"], change["R_single"]
         if results.is_budgetmix(run):
             if single is None:
-                out.append(_absent(BUDGETMIX_DYNAMICS, f"{run}: no R_single in its log"))
+                out.append(_absent(BUDGETMIX_DYNAMICS, f"{run}: no R_single in its log",
+                                   figures=figures))
                 continue
             full = record.get("counterparts", {}).get(run)
             versus = (f"; {full}: {_num(changes[full]['R_single'])}"
                       if full and changes[full]["R_single"] is not None else "")
-            kept = Effect("R_single", single, margin=FULL_BUDGET_R_SINGLE, points=False)
-            out.append(Finding(BUDGETMIX_DYNAMICS, run, PAPER[BUDGETMIX_DYNAMICS],
+            kept = Effect("R_single", single, margin=figures.r_single, points=False)
+            out.append(Finding(BUDGETMIX_DYNAMICS, run, figures.text(BUDGETMIX_DYNAMICS),
                                f"R_single {_num(single)}{versus}{_power(kept)}", _verdict(kept),
                                {"R_single": single, "effects": _effects_json(kept)}))
             continue
         if multi is None or single is None:
             out.append(_absent(FULL_BUDGET_DYNAMICS, f"{run}: R_multi and R_single need two "
-                                                     "logged values each"))
+                                                     "logged values each", figures=figures))
             continue
-        effects = (Effect("R_multi", multi, size=FULL_BUDGET_R_MULTI, points=False),
-                   Effect("R_single", single, direction=-1, size=FULL_BUDGET_R_SINGLE,
+        effects = (Effect("R_multi", multi, size=figures.r_multi, points=False),
+                   Effect("R_single", single, direction=-1, size=figures.r_single,
                           points=False))
-        out.append(Finding(FULL_BUDGET_DYNAMICS, run, PAPER[FULL_BUDGET_DYNAMICS],
+        out.append(Finding(FULL_BUDGET_DYNAMICS, run, figures.text(FULL_BUDGET_DYNAMICS),
                            f"R_multi {_num(multi)}, R_single {_num(single)}{_power(*effects)}",
                            _verdict(*effects),
                            {"R_multi": multi, "R_single": single,
@@ -327,28 +393,34 @@ def check_dynamics(record: Mapping[str, Any]) -> list[Finding]:
 # ---------------------------------------------------------------- all of them
 
 
-def check_findings(out: str | Path, analyses: Sequence[str] = ANALYSES) -> list[Finding]:
-    """Every headline, checked on the raw results of ``analyses`` saved under ``out``."""
+def check_findings(out: str | Path, analyses: Sequence[str] = ANALYSES,
+                   figures: PaperFigures | None = None) -> list[Finding]:
+    """Every headline, checked on the raw results of ``analyses`` saved under ``out``, against
+    ``figures`` (default: the run's own, :meth:`PaperFigures.load`)."""
+    figures = PaperFigures.load(out) if figures is None else figures
     raw = {a: results.load_raw(out, a) if a in analyses else None for a in ANALYSES}
     found: list[Finding] = []
     if raw["passk"] is not None and len(raw["passk"]["policies"]) > 1:
-        found += check_pass_at_k(raw["passk"])
+        found += check_pass_at_k(raw["passk"], figures)
     else:
-        found.append(_absent(PASS_AT_K, "Pass@K of base and an RL policy not run"))
+        found.append(_absent(PASS_AT_K, "Pass@K of base and an RL policy not run",
+                             figures=figures))
     if raw["table"] is not None and len(raw["table"]["policies"]) > 1:
-        found += check_lead_grows(raw["table"]) + check_budgetmix_small(raw["table"])
+        found += check_lead_grows(raw["table"], figures) + check_budgetmix_small(raw["table"], figures)
     else:
-        found += [_absent(LEAD_GROWS, "Pass@T of base and an RL policy not run"),
-                  _absent(BUDGETMIX_SMALL, "Pass@T not run")]
-    recovery = (check_error_recovery(raw["steps"], raw["errors"])
+        found += [_absent(LEAD_GROWS, "Pass@T of base and an RL policy not run", figures=figures),
+                  _absent(BUDGETMIX_SMALL, "Pass@T not run", figures=figures)]
+    recovery = (check_error_recovery(raw["steps"], raw["errors"], figures)
                 if raw["steps"] is not None and raw["errors"] is not None else [])
     found += recovery or [_absent(ERROR_RECOVERY, "needs both the steps and errors analyses "
-                                                  "of the same policies")]
-    dynamics = check_dynamics(raw["dynamics"]) if raw["dynamics"] is not None else []
+                                                  "of the same policies", figures=figures)]
+    dynamics = check_dynamics(raw["dynamics"], figures) if raw["dynamics"] is not None else []
     if not any(f.headline == FULL_BUDGET_DYNAMICS for f in dynamics):
-        dynamics.append(_absent(FULL_BUDGET_DYNAMICS, "no full-budget run's training log"))
+        dynamics.append(_absent(FULL_BUDGET_DYNAMICS, "no full-budget run's training log",
+                                figures=figures))
     if not any(f.headline == BUDGETMIX_DYNAMICS for f in dynamics):
-        dynamics.append(_absent(BUDGETMIX_DYNAMICS, "no BudgetMix run's training log"))
+        dynamics.append(_absent(BUDGETMIX_DYNAMICS, "no BudgetMix run's training log",
+                                figures=figures))
     return found + dynamics
 
 

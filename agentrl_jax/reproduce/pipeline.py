@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.reproduce import demos as demo_lib
-from agentrl_jax.reproduce import evaluate, sft, training
+from agentrl_jax.reproduce import evaluate, findings, sft, training
 from agentrl_jax.reproduce.config import ReproduceConfig
 from agentrl_jax.reproduce.folder import Phases, ReproduceError, prepare_folder, recorded_plugins
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
@@ -383,6 +383,8 @@ class Reproduction:
         return models
 
     def evaluate(self, analysis: str) -> dict[str, Any]:
+        # what the findings (and the dynamics' summary) compare this run with
+        findings.PaperFigures(**self.study.paper_figures).write(self.out)
         logs = {spec.label: self.out / "runs" / spec.name / "metrics.jsonl" for spec in self.runs}
         test, task = self.tasks.test, self.config.task
         evaluate.run_analysis(analysis, self.out, test.env, np.arange(len(test.names)), self.tokenizer,
@@ -390,7 +392,9 @@ class Reproduction:
                               else dict.fromkeys(self.policy_names()),
                               self.config.eval, training_logs=logs, progress=self._advance,
                               min_turns=self.study.min_turns(test),
-                              bound_note=self.study.bound_note_for(task.options))
+                              bound_note=self.study.bound_note_for(task.options),
+                              states=(self.study.state_diagnostics(test)
+                                      if analysis in ("steps", "errors") else None))
         return {}
 
     def report(self) -> dict[str, Any]:

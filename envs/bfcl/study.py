@@ -20,6 +20,8 @@ class BfclStudy(Study):
     """The study of the ``bfcl`` environment (module docstring)."""
 
     demonstrations = "annotated-call demonstrations"
+    paper_figures = {"texts": {  # PAPER.md §9
+        "lead_grows": "BFCL 25%: GRPO 2.5% vs base 3.0%; the lead grows with T (§9)"}}
     bound = "a necessary condition: every request needs an answer and, with annotated calls, a call"
     # the CPU default of `agentrl-jax reproduce bfcl` (configs/bfcl_cpu.yaml holds the same values)
     config_defaults = {

@@ -26,10 +26,9 @@ import numpy as np
 from envs.frozenlake import grid, qstar
 from envs.frozenlake.text import parse_grid, render
 from envs.registry import EnvEntry, EnvTasks
-from envs.study import Study
+from envs.study import ALL_ANALYSES, Study
 
 STEP_QUALITY_GAMMA = 0.95  # paper §7: Q* with gamma 0.95
-ALL_ANALYSES = ("table", "passk", "steps", "errors", "likelihood", "dynamics")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +187,11 @@ class FrozenLakeStudy(Study):
     def corpus(self, tasks: EnvTasks, task_ids: Sequence[int], *, t_max: int,
                prompt: Any) -> list[str]:
         return frozenlake_corpus(tasks.env.instructions(), tasks.env.maps, t_max, prompt)
+
+    def state_diagnostics(self, tasks: EnvTasks):
+        from agentrl_jax.evaluation.state_diagnostics import QStarStates
+
+        return QStarStates(tasks.env)
 
     def step_scorer(self, tasks: EnvTasks):
         from agentrl_jax.process_rewards import FrozenLakeQStar

@@ -74,7 +74,8 @@ def recovery(quality_base: Any, quality_policy: Any, success_base: Any,
 
 def compute(errors_record: Mapping[str, Any]) -> ErrorRecovery:
     """The suite's table from a raw ``errors`` record (``policies``, and per compared policy
-    ``pairs[P]`` with ``quality`` and ``success`` of both)."""
+    ``pairs[P]`` with ``quality`` and ``success`` of both; ``suite``: the suite's name, by
+    default :data:`SUITE`)."""
     base = errors_record["policies"][0]
     rows = {}
     for policy in errors_record["policies"][1:]:
@@ -83,7 +84,7 @@ def compute(errors_record: Mapping[str, Any]) -> ErrorRecovery:
             continue
         rows[policy] = recovery(pair["quality"][base], pair["quality"][policy],
                                 pair["success"][base], pair["success"][policy])
-    return ErrorRecovery(SUITE, base, rows)
+    return ErrorRecovery(errors_record.get("suite", SUITE), base, rows)
 
 
 def _ci(c: stats.MeanCI, points: bool = True, signed: bool = False) -> str:
@@ -106,15 +107,27 @@ def _csv_row(r: Recovery) -> dict[str, Any]:
     return row
 
 
-def section(folder: str | Path, res: ErrorRecovery) -> Section:
-    """``error_recovery.json`` (the result), ``error_recovery.csv`` and the section."""
+FROZENLAKE_WORDING = {"quality_symbol": "Q*", "quality_name": "action quality",
+                      "error_note": "one injected move that lengthens the shortest path",
+                      "success_note": "reaching the goal within the remaining budget"}
+
+
+def section(folder: str | Path, res: ErrorRecovery,
+            wording: Mapping[str, str] | None = None) -> Section:
+    """``error_recovery.json`` (the result), ``error_recovery.csv`` and the section;
+    ``wording``: what the quality (``quality_symbol``, ``quality_name``), the injected error
+    (``error_note``) and success (``success_note``) are called (default FrozenLake's, what a
+    raw ``errors`` record without them holds)."""
+    words = {**FROZENLAKE_WORDING, **{k: v for k, v in (wording or {}).items()
+                                      if k in FROZENLAKE_WORDING}}
     folder = Path(folder)
     json_path = write_json(folder / ERROR_RECOVERY_JSON, res)
     rows = [_csv_row(r) for r in res.rows.values()]
     columns = {"policy": list(res.rows), **{c: [row[c] for row in rows] for c in _CSV_COLUMNS}}
     csv_path = write_csv(folder / ERROR_RECOVERY_CSV, columns)
     cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
-    lines = [f"| policy | error states | better than {cell(res.base)} (ties) | mean Q* diff "
+    lines = [f"| policy | error states | better than {cell(res.base)} (ties) | mean "
+             f"{cell(words['quality_symbol'])} diff "
              f"[95% CI] | continuation % [95% CI] | {cell(res.base)} continuation % | "
              "gain (pt) [95% CI] |", "|---|---|---|---|---|---|---|"]
     for policy, r in res.rows.items():
@@ -122,11 +135,11 @@ def section(folder: str | Path, res: ErrorRecovery) -> Section:
                      f"({100 * r.tie_share:.1f}%) | {_ci(r.quality_diff, points=False)} | "
                      f"{_ci(r.continuation)} | {_ci(r.base_continuation)} | "
                      f"{_ci(r.continuation_gain, signed=True)} |")
-    text = (f"Suite `{SUITE}`: each policy against {res.base} on their own error states "
-            "(§7.1's matched pool, half visited by each, with one injected move that lengthens "
-            "the shortest path; the errors analysis' samples). Better: strictly higher mean Q* "
-            "action quality at the state. Continuation: reaching the goal within the remaining "
-            "budget (Wilson CI over all continuations); gain: the paired per-state difference "
+    text = (f"Suite `{res.suite}`: each policy against {res.base} on their own error states "
+            f"(§7.1's matched pool, half visited by each, with {words['error_note']}; the errors "
+            f"analysis' samples). Better: strictly higher mean {words['quality_symbol']} "
+            f"{words['quality_name']} at the state. Continuation: {words['success_note']} "
+            "(Wilson CI over all continuations); gain: the paired per-state difference "
             "(normal CI over states).")
     return Section("Error-recovery suite", text,
                    files=(rel(folder, json_path), rel(folder, csv_path)),
