@@ -481,8 +481,10 @@ def test_the_stored_runs_table1_and_findings_recompute_byte_for_byte_from_their_
 @pytest.mark.parametrize("folder", ["results_sql_cpu", "results_code_cpu", "results_bfcl_cpu"])
 def test_the_stored_runs_of_other_environments_recompute_from_their_raw(tmp_path, folder):
     """The stored CPU-default runs of ``reproduce sql``, ``code`` and ``bfcl``: Table 1, the
-    budget robustness and the verdicts recomputed from ``raw/`` are the stored files, byte for
-    byte; the report names the environment and its held-out split."""
+    budget robustness, the verdicts (and code's error-recovery suite) recomputed from ``raw/``
+    are the stored files, byte for byte; the report names the environment and its held-out
+    split."""
+    from agentrl_jax.evaluation.analyses import error_recovery
     from agentrl_jax.evaluation.report import Section
     from agentrl_jax.reproduce import findings
     from agentrl_jax.reproduce.report import write_robustness, write_table1
@@ -492,8 +494,15 @@ def test_the_stored_runs_of_other_environments_recompute_from_their_raw(tmp_path
     write_table1(tmp_path, load_raw(stored, "table"), Section("Table 1", ""))
     write_robustness(tmp_path, load_raw(stored, "table"))
     findings.write_findings(tmp_path, findings.check_findings(stored))
-    for name in ("table1.csv", "findings.json", "budget_robustness.json"):
+    names = ["table1.csv", "findings.json", "budget_robustness.json"]
+    if (stored / "raw" / "errors.json").is_file():  # code: its step diagnostics' suite
+        errors = load_raw(stored, "errors")
+        error_recovery.section(tmp_path, error_recovery.compute(errors), errors)
+        names += [error_recovery.ERROR_RECOVERY_JSON, error_recovery.ERROR_RECOVERY_CSV]
+    for name in names:
         assert (tmp_path / name).read_bytes() == (stored / name).read_bytes(), name
     config = yaml.safe_load((stored / "config.yaml").read_text())
     assert "(disjoint splits)" in (stored / "report.md").read_text()
     assert config["task"]["env"] == folder.split("_")[1]
+    if folder == "results_code_cpu":  # compared with DeepCoder-MT's own figures (raw/paper.json)
+        assert "DeepCoder-MT R_multi +0.331" in (stored / "report.md").read_text()

@@ -126,6 +126,8 @@ def section(folder: str | Path, res: ErrorRecovery,
     columns = {"policy": list(res.rows), **{c: [row[c] for row in rows] for c in _CSV_COLUMNS}}
     csv_path = write_csv(folder / ERROR_RECOVERY_CSV, columns)
     cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
+    symbol, name = words["quality_symbol"], words["quality_name"]
+    quality = name if symbol in name else f"{symbol} {name}"
     lines = [f"| policy | error states | better than {cell(res.base)} (ties) | mean "
              f"{cell(words['quality_symbol'])} diff "
              f"[95% CI] | continuation % [95% CI] | {cell(res.base)} continuation % | "
@@ -137,8 +139,8 @@ def section(folder: str | Path, res: ErrorRecovery,
                      f"{_ci(r.continuation_gain, signed=True)} |")
     text = (f"Suite `{res.suite}`: each policy against {res.base} on their own error states "
             f"(§7.1's matched pool, half visited by each, with {words['error_note']}; the errors "
-            f"analysis' samples). Better: strictly higher mean {words['quality_symbol']} "
-            f"{words['quality_name']} at the state. Continuation: {words['success_note']} "
+            f"analysis' samples). Better: strictly higher mean {quality} at the state. "
+            f"Continuation: {words['success_note']} "
             "(Wilson CI over all continuations); gain: the paired per-state difference "
             "(normal CI over states).")
     return Section("Error-recovery suite", text,
