@@ -1,0 +1,67 @@
+"""A local cluster for tests: ``N`` processes of one script, each with ``D`` fake CPU devices,
+joined through jax's distributed runtime (:mod:`agentrl_jax.distributed`).
+
+:func:`launch` starts them with ``--coordinator localhost:PORT --num-processes N
+--process-id I`` appended to the script's arguments (and ``XLA_FLAGS`` giving each ``D``
+devices), waits for all, and returns each process's exit code and output; a cluster still
+running after ``timeout`` seconds is killed (the test then fails on its codes, never hangs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+from fake_devices import fake_devices_env
+
+
+@dataclasses.dataclass
+class Finished:
+    code: int | None  # None: killed at the timeout
+    output: str
+    seconds: float
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def launch(script: str | Path, args: Sequence[str], *, processes: int, devices: int,
+           timeout: float = 300.0) -> list[Finished]:
+    """Run ``script args`` as a cluster of ``processes`` x ``devices`` (module docstring)."""
+    port = free_port()
+    env = fake_devices_env(devices)
+    began = time.monotonic()
+    running, logs = [], []
+    for i in range(processes):
+        cluster = (["--coordinator", f"localhost:{port}", "--num-processes", str(processes),
+                    "--process-id", str(i)] if processes > 1 else [])
+        logs.append(tempfile.TemporaryFile("w+"))  # a pipe could fill and block the child
+        running.append(subprocess.Popen([sys.executable, str(script), *args, *cluster], env=env,
+                                        stdout=logs[i], stderr=subprocess.STDOUT, text=True))
+    codes: list[tuple[int | None, float] | None] = [None] * processes
+    while any(c is None for c in codes):
+        for i, child in enumerate(running):
+            if codes[i] is None and child.poll() is not None:
+                codes[i] = (child.returncode, time.monotonic() - began)
+        if time.monotonic() - began > timeout:
+            for i, child in enumerate(running):
+                if codes[i] is None:
+                    child.kill()
+                    child.wait()
+                    codes[i] = (None, time.monotonic() - began)
+        time.sleep(0.1)
+    out = []
+    for (code, seconds), log in zip(codes, logs):
+        log.seek(0)
+        out.append(Finished(code, log.read(), seconds))
+        log.close()
+    return out

@@ -1,0 +1,81 @@
+"""One process of a local cluster (tests/multihost.py): the GRPO train step on a global
+2 x 2 x 2 mesh, fed by each process's share of the rows, with an Orbax checkpoint written and
+restored by every process.
+
+    python multihost_worker.py OUT MODE [--coordinator H:P --num-processes N --process-id I]
+
+MODE ``train``: three updates on three batches, a checkpoint of the result, its restore
+compared with the live state; the main process saves the parameters to ``OUT/params.npz``.
+MODE ``die``: as ``train``, but process 1 exits abruptly after the first update; the others
+must fail (not hang) on their next collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("mode", choices=("train", "die"))
+    parser.add_argument("--coordinator")
+    parser.add_argument("--num-processes", type=int)
+    parser.add_argument("--process-id", type=int)
+    args = parser.parse_args()
+
+    from agentrl_jax.distributed import ClusterConfig, initialize
+    initialize(ClusterConfig(args.coordinator, args.num_processes, args.process_id,
+                             heartbeat_timeout_s=10))
+
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from agentrl_jax import distributed
+    from agentrl_jax.sharding import BATCH_AXES, MeshConfig, build_mesh
+    from agentrl_jax.train import TrainBatch, init_train_state, make_train_step, shard_state
+    from agentrl_jax.train.checkpoint import Checkpointer
+    from test_train_step import GRPO, _perturbed
+    from train_fakes import random_trajectory, tiny_model
+
+    assert jax.device_count() == 8, jax.devices()
+    mesh = build_mesh(MeshConfig(2, 2, 2))
+    model = tiny_model()
+    graphdef = nnx.split(model)[0]
+    state = init_train_state(model, GRPO)
+    state = state.replace(reference=_perturbed(state.reference, 7))
+    state = shard_state(jax.tree.map(np.asarray, state), mesh)  # host values, same everywhere
+    step = make_train_step(graphdef, GRPO, mesh=mesh, state_template=state)
+    for update in range(3):
+        whole = TrainBatch(random_trajectory(6 + update, rows=16, padded_rows=2))
+        batch = distributed.global_batch(whole, mesh, (BATCH_AXES,))
+        state, metrics = step(state, batch)
+        print(f"process {jax.process_index()} update {update} loss "
+              f"{float(distributed.host_value(metrics['loss'])):.6f}", flush=True)
+        if args.mode == "die" and update == 0 and jax.process_index() == 1:
+            os._exit(3)  # no goodbye to the coordinator: as a SIGKILL or a lost host looks
+        if args.mode == "die":
+            time.sleep(1)
+    out = Path(args.out)
+    with Checkpointer(out / "checkpoints", every=1, keep=2, async_save=False) as saver:
+        saver.save(state, GRPO)
+        saver.wait()
+        restored = saver.restore_latest(state, GRPO)
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)),
+                        distributed.host_value(restored.state), distributed.host_value(state))
+    assert all(jax.tree.leaves(same)), "the restored state differs from the saved one"
+    params = distributed.host_value(state.policy)
+    if distributed.is_main():
+        np.savez(out / "params.npz", *jax.tree.leaves(params))
+    print(f"process {jax.process_index()} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
