@@ -1,19 +1,21 @@
-"""One process of a local cluster (tests/multihost.py): the GRPO train step on a global
-2 x 2 x 2 mesh, fed by each process's share of the rows, with an Orbax checkpoint written and
-restored by every process.
+"""One process of a local cluster (tests/multihost.py): GRPO train steps on a global
+2 x 2 x 2 mesh, fed by each process's share of the rows, with an Orbax checkpoint after every
+update written (and, on start, restored) by every process.
 
-    python multihost_worker.py OUT MODE [--coordinator H:P --num-processes N --process-id I]
+    python multihost_worker.py OUT MODE [--updates N] [--coordinator H:P --num-processes N --process-id I]
 
-MODE ``train``: three updates on three batches, a checkpoint of the result, its restore
-compared with the live state; the main process saves the parameters to ``OUT/params.npz``.
-MODE ``die``: as ``train``, but process 1 exits abruptly after the first update; the others
-must fail (not hang) on their next collective.
+MODE ``train``: updates ``N`` batches from the newest checkpoint in ``OUT`` (or the start),
+checks the last checkpoint restores to the live state, and the main process saves the
+parameters to ``OUT/params.npz``. MODE ``die``: process 1 exits abruptly after the first
+update; the others must fail (not hang) on their next collective. MODE ``killed``: process 1
+is SIGKILLed after the second update's checkpoint (a run to resume with ``train``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -24,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("mode", choices=("train", "die"))
+    parser.add_argument("mode", choices=("train", "die", "killed"))
+    parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--coordinator")
     parser.add_argument("--num-processes", type=int)
     parser.add_argument("--process-id", type=int)
@@ -53,23 +56,29 @@ def main() -> None:
     state = state.replace(reference=_perturbed(state.reference, 7))
     state = shard_state(jax.tree.map(np.asarray, state), mesh)  # host values, same everywhere
     step = make_train_step(graphdef, GRPO, mesh=mesh, state_template=state)
-    for update in range(3):
-        whole = TrainBatch(random_trajectory(6 + update, rows=16, padded_rows=2))
-        batch = distributed.global_batch(whole, mesh, (BATCH_AXES,))
-        state, metrics = step(state, batch)
-        print(f"process {jax.process_index()} update {update} loss "
-              f"{float(distributed.host_value(metrics['loss'])):.6f}", flush=True)
-        if args.mode == "die" and update == 0 and jax.process_index() == 1:
-            os._exit(3)  # no goodbye to the coordinator: as a SIGKILL or a lost host looks
-        if args.mode == "die":
-            time.sleep(1)
     out = Path(args.out)
     with Checkpointer(out / "checkpoints", every=1, keep=2, async_save=False) as saver:
-        saver.save(state, GRPO)
-        saver.wait()
-        restored = saver.restore_latest(state, GRPO)
+        restored = saver.restore_latest(state, GRPO)  # every process restores its shards
+        first = 0 if restored is None else restored.step
+        state = state if restored is None else restored.state
+        print(f"process {jax.process_index()} starts at update {first}", flush=True)
+        for update in range(first, args.updates):
+            whole = TrainBatch(random_trajectory(6 + update, rows=16, padded_rows=2))
+            batch = distributed.global_batch(whole, mesh, (BATCH_AXES,))
+            state, metrics = step(state, batch)
+            print(f"process {jax.process_index()} update {update} loss "
+                  f"{float(distributed.host_value(metrics['loss'])):.6f}", flush=True)
+            saver.save(state, GRPO)  # every process writes its shards (step = update + 1)
+            saver.wait()
+            if args.mode == "die" and update == 0 and jax.process_index() == 1:
+                os._exit(3)  # no goodbye to the coordinator: as a lost host looks
+            if args.mode == "killed" and update == 1 and jax.process_index() == 1:
+                os.kill(os.getpid(), signal.SIGKILL)  # mid-training, after update 2's checkpoint
+            if args.mode == "die":
+                time.sleep(1)
+        latest = saver.restore_latest(state, GRPO)
     same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)),
-                        distributed.host_value(restored.state), distributed.host_value(state))
+                        distributed.host_value(latest.state), distributed.host_value(state))
     assert all(jax.tree.leaves(same)), "the restored state differs from the saved one"
     params = distributed.host_value(state.policy)
     if distributed.is_main():

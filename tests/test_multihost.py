@@ -56,6 +56,24 @@ def test_a_dead_process_ends_the_others_with_an_error(tmp_path):
     assert pair[0].seconds - pair[1].seconds < 120
 
 
+@pytest.mark.slow
+def test_a_killed_process_resumes_to_the_bits_of_an_uninterrupted_run(tmp_path):
+    """SIGKILL process 1 after the second of three updates (its checkpoint written by both);
+    process 0 then fails; starting the cluster again resumes from that checkpoint and ends
+    with exactly the parameters of the uninterrupted 2-process run."""
+    whole = launch(WORKER, [str(tmp_path / "whole"), "train"], processes=2, devices=4)
+    assert [p.code for p in whole] == [0, 0], whole[0].output[-3000:]
+    killed = launch(WORKER, [str(tmp_path / "resumed"), "killed"], processes=2, devices=4,
+                    timeout=240)
+    assert killed[1].code == -9 and killed[0].code not in (0, None)
+    resumed = launch(WORKER, [str(tmp_path / "resumed"), "train"], processes=2, devices=4)
+    for i, p in enumerate(resumed):
+        assert p.code == 0, f"process {i}:\n{p.output[-3000:]}"
+        assert f"process {i} starts at update 2" in p.output
+    for a, b in zip(_params(tmp_path / "whole"), _params(tmp_path / "resumed"), strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
 def test_cluster_config_is_validated():
     assert not ClusterConfig().enabled and ClusterConfig(auto=True).enabled
     with pytest.raises(ConfigError, match="without num_processes, process_id"):
