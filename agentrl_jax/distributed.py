@@ -16,6 +16,13 @@ Every process then runs the same program:
   main process only (:func:`is_main`); Orbax checkpoints are written and restored by every
   process together (:mod:`agentrl_jax.train.checkpoint`).
 
+Rollouts run on each process's own devices (:func:`local_mesh`): inside
+:func:`split_rollouts` every :class:`~agentrl_jax.rollout.MultiTurnRollout` call plays only
+this process's share of its rows (:func:`rollout_rows`) and then gathers the other processes'
+rows (:func:`allgather_blobs`), so every process holds the whole result, the same as one
+process would have made: a row's samples are keyed by its index in the whole batch, never by
+which process played it.
+
 Launching: ``ClusterConfig(coordinator="host:port", num_processes=N, process_id=i)`` for a
 hand-started cluster (several processes on one machine test the same code path a pod takes,
 each with its own fake CPU devices), or ``ClusterConfig(auto=True)`` where jax detects the
@@ -25,9 +32,15 @@ and jax's heartbeat ends them within ``heartbeat_timeout_s``: no process waits f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import json
+import os
 import re
-from typing import Any
+import sys
+import traceback
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -36,6 +49,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.errors import ConfigError
+from agentrl_jax.sharding import MeshConfig, build_mesh, per_process_mesh_shape
 
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 
@@ -96,6 +110,24 @@ def initialize(config: ClusterConfig) -> None:
                                    process_id=config.process_id, **options)
 
 
+@contextlib.contextmanager
+def fail_fast() -> Iterator[None]:
+    """Around a multi-process program: an exception in this process prints its traceback and
+    ends the process at once (exit code 1), so the others' next collective fails on the lost
+    peer within seconds, instead of this process waiting in jax's shutdown barrier for
+    processes that wait in a collective for it. One process: exceptions propagate."""
+    try:
+        yield
+    except BaseException as error:
+        if not is_multiprocess() or isinstance(error, SystemExit) and error.code in (0, None):
+            raise
+        traceback.print_exc()
+        print(f"process {jax.process_index()} failed; ending it so the others stop too",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+
+
 def is_main() -> bool:
     """Whether this process writes what is written once (logs, reports, ``phases.json``)."""
     return jax.process_index() == 0
@@ -129,6 +161,86 @@ def host_value(tree: Any) -> Any:
     leaf is not fully addressable from this one)."""
     def fetch(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if x.is_fully_replicated:
+                return np.asarray(x.addressable_data(0))
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return np.asarray(x)
     return jax.tree.map(fetch, tree)
+
+
+def is_multiprocess() -> bool:
+    return jax.process_count() > 1
+
+
+def barrier(name: str) -> None:
+    """Every process waits here until all have arrived (e.g. until the main process has
+    written a file the others read next). A no-op for one process."""
+    if is_multiprocess():
+        multihost_utils.sync_global_devices(name)
+
+
+def local_mesh(mesh: Mesh | None) -> Mesh | None:
+    """This process's part of the global ``mesh`` (processes lie along ``data``): the mesh
+    rollouts and evaluation run on. ``mesh`` itself for one process; None where this process
+    has one device."""
+    if mesh is None or not is_multiprocess():
+        return mesh
+    shape = per_process_mesh_shape(tuple(mesh.shape[a] for a in mesh.axis_names),
+                                   jax.process_count())
+    if shape == (1, 1, 1):
+        return None
+    return build_mesh(MeshConfig(*shape), jax.local_devices())
+
+
+def host_key(key: jax.Array) -> jax.Array:
+    """A (typed) random key held by the global mesh as a key on this process's default
+    device, for programs that run on local devices."""
+    if not is_multiprocess():
+        return key
+    data = host_value(jax.random.key_data(key))
+    return jax.random.wrap_key_data(jax.device_put(data, jax.local_devices()[0]),
+                                    impl=jax.random.key_impl(key))
+
+
+# ---------------------------------------------------------------- rollouts split by process
+
+_SPLIT = [False]
+
+
+@contextlib.contextmanager
+def split_rollouts(enabled: bool = True) -> Iterator[None]:
+    """Inside this block (on every process, around the same calls), rollouts split their rows
+    over the processes and gather them (module docstring). Nothing changes for one process."""
+    before, _SPLIT[0] = _SPLIT[0], enabled
+    try:
+        yield
+    finally:
+        _SPLIT[0] = before
+
+
+def rollout_rows(rows: int) -> list[np.ndarray] | None:
+    """Inside :func:`split_rollouts` with several processes: the row indices each process
+    plays of a ``rows``-row batch (contiguous, as equal as they can be; a process may get
+    none); else None."""
+    if not (_SPLIT[0] and is_multiprocess()):
+        return None
+    return np.array_split(np.arange(rows), jax.process_count())
+
+
+def allgather_blobs(arrays: dict[str, np.ndarray], texts: Any) -> list[tuple[dict[str, np.ndarray], Any]]:
+    """Every process's ``(arrays, texts)`` (NumPy arrays by name, and JSON-able values), in
+    process order: one blob per process (``.npz`` without pickles, the JSON as bytes), of any
+    size, through jax's collectives."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays, __texts__=np.frombuffer(json.dumps(texts).encode(), np.uint8))
+    blob = np.frombuffer(buffer.getvalue(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:blob.size] = blob
+    blobs = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    out = []
+    for blob, size in zip(blobs, sizes):
+        with np.load(io.BytesIO(blob[:size].tobytes()), allow_pickle=False) as data:
+            named = {k: data[k] for k in data.files if k != "__texts__"}
+            out.append((named, json.loads(data["__texts__"].tobytes().decode())))
+    return out

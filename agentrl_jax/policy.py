@@ -291,7 +291,7 @@ class SamplerPolicy:
         if self.sharded_pages:
             self.compact = False
         self.mesh = mesh
-        self.device = None if mesh is not None else (device or jax.devices()[0])
+        self.device = None if mesh is not None else (device or jax.local_devices()[0])
         self.cache_dtype = None if cache_dtype is None else jnp.dtype(cache_dtype)
         self.prefill_chunk = prefill_chunk
         self.generation_layout = resolve_layout(generation_layout, mesh)

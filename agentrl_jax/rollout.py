@@ -94,6 +94,12 @@ continuous batching, lanes (or a policy compacting its cache) give every row the
 for the same ``key`` (up to
 the float rounding of differently sized batches, which could only flip a draw that lands
 exactly on a boundary; the log-probs agree to ~1e-6).
+
+Several processes (inside :func:`agentrl_jax.distributed.split_rollouts`) are one more such
+split: every process resets every row but plays only its share
+(:func:`~agentrl_jax.distributed.rollout_rows`) on its own devices, then the rows are gathered,
+so each returns the whole result. Every process must make the same calls; the stats' seconds
+are this process's own.
 """
 
 from __future__ import annotations
@@ -110,6 +116,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import distributed
 from agentrl_jax.algorithms.budgetmix import sample_budgets
 from agentrl_jax.policy import Policy, PolicySettings, Responses, SamplerPolicy
 from agentrl_jax.prompts import BudgetPrompt, ChatTokens
@@ -359,6 +366,31 @@ class _Play:
             self.live_rows[turn] += int(counts[turn])
 
 
+def _gather_rows(play: _Play, shares: list[np.ndarray]) -> None:
+    """Fill ``play`` with the rows the other processes played (``shares[p]``: process ``p``'s
+    rows), so every process holds the whole rollout; live-row and token counts add up."""
+    rec, own = play.rec, shares[jax.process_index()]
+    arrays = {f"rec.{name}": value[own] for name, value in vars(rec).items()}
+    arrays.update(success=play.success[own], turns_used=play.turns_used[own],
+                  overflow=play.overflow[own], live_rows=np.asarray(play.live_rows, np.int64),
+                  sampled=np.asarray([play.sampled], np.int64))
+    live_rows = np.zeros(0, np.int64)
+    play.sampled = 0
+    gathered = distributed.allgather_blobs(arrays, [play.texts[r] for r in own])
+    for rows, (theirs, texts) in zip(shares, gathered):
+        for name, value in vars(rec).items():
+            value[rows] = theirs[f"rec.{name}"]
+        for name in ("success", "turns_used", "overflow"):
+            getattr(play, name)[rows] = theirs[name]
+        for row, text in zip(rows, texts):
+            play.texts[row] = list(text)
+        counts = theirs["live_rows"]
+        live_rows = np.pad(live_rows, (0, max(0, len(counts) - len(live_rows))))
+        live_rows[:len(counts)] += counts
+        play.sampled += int(theirs["sampled"][0])
+    play.live_rows = live_rows.tolist()
+
+
 class _Timer:
     def __init__(self):
         self.seconds: dict[str, float] = {"policy": 0.0, "env": 0.0}
@@ -557,13 +589,21 @@ class MultiTurnRollout:
             rec.prefix_len[r] = rec.turn_start[r, 0] = first[r][1]
         play = _Play(rec, budget, context_len, overflow=~fits, success=np.zeros(rows, bool),
                      turns_used=np.zeros(rows, np.int32), texts=[[] for _ in range(rows)])
+        # several processes inside distributed.split_rollouts: this one plays its share only
+        shares = distributed.rollout_rows(rows)
+        mine = np.ones(rows, bool)
+        if shares is not None:
+            mine[:] = False
+            mine[shares[jax.process_index()]] = True
         parts = row_parts(groups, size, cfg.max_rows_per_call)
-        lanes = self._lanes(policy, max(len(p) for p in parts), rows)
-        queues = [part[fits[part]] for part in parts]
+        lanes = self._lanes(policy, max(1, max(int(mine[p].sum()) for p in parts)), rows)
+        queues = [part[fits[part] & mine[part]] for part in parts]
         if cfg.refill:  # one queue of every row, seats as many as the largest part
             queues = [np.concatenate(queues)]
         with _EnvSteps(self.env, env_state, background=len(lanes) > 1) as env:
             self._play(lanes, play, queues, env, key_policy, timer)
+        if shares is not None:
+            _gather_rows(play, shares)
         total = time.perf_counter() - began
         stats = RolloutStats(
             turns=len(play.live_rows), live_rows=tuple(play.live_rows),

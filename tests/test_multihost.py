@@ -84,3 +84,14 @@ def test_cluster_config_is_validated():
         ClusterConfig(coordinator="localhost:1234", num_processes=2, process_id=2)
     with pytest.raises(ConfigError, match="either auto"):
         ClusterConfig(coordinator="localhost:1234", num_processes=2, process_id=0, auto=True)
+
+
+def test_one_process_never_splits_rollouts():
+    """Splitting only happens inside ``split_rollouts`` with several processes: one process
+    plays every row itself (and nothing is gathered)."""
+    from agentrl_jax import distributed
+
+    assert distributed.rollout_rows(8) is None
+    with distributed.split_rollouts():
+        assert distributed.rollout_rows(8) is None
+    assert distributed.local_mesh(None) is None

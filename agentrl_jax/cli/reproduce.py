@@ -18,6 +18,11 @@ tasks, the warm start's demonstrations and the analyses.
 read, so the environments, loss terms, estimators and run presets they register can be named
 (:mod:`agentrl_jax.plugins`; README, "Write your own loss", "Add your own environment").
 
+Several processes (one per host of a TPU pod slice or GPU cluster; README, "Several hosts"):
+every process runs the same command with ``--coordinator HOST:PORT --num-processes N
+--process-id I`` (or ``--cluster-auto`` where jax finds them itself), ``--out`` on a file
+system all of them see.
+
 Rerunning the same command on the same ``--out`` resumes: finished phases are skipped and a
 training run continues from its newest checkpoint (see :mod:`agentrl_jax.reproduce.pipeline`).
 """
@@ -51,11 +56,30 @@ def reproduce_command(
                                                "first (repeatable; also AGENTRL_JAX_PLUGINS): its "
                                                "registered loss terms, estimators and run presets "
                                                "can then be named in the config."),
+    coordinator: Optional[str] = typer.Option(None, help="Several processes: HOST:PORT of process "
+                                              "0's coordinator (with --num-processes and "
+                                              "--process-id; README, \"Several hosts\")."),
+    num_processes: Optional[int] = typer.Option(None, help="Several processes: how many."),
+    process_id: Optional[int] = typer.Option(None, help="Several processes: this one's index, "
+                                             "0 .. N-1 (0 writes the results)."),
+    cluster_auto: bool = typer.Option(False, "--cluster-auto", help="Several processes found by "
+                                      "jax itself (Cloud TPU pod slices, SLURM)."),
 ) -> None:
     """Base policy (SFT on imperfect demonstrations), full-budget GRPO and BudgetMix GRPO
     from it, then Table 1, Pass@K, Pass@T, likelihood, training dynamics and, where the
     environment has an oracle (FrozenLake's Q*), step quality and error states, written to a
     results folder with report.md."""
+    from agentrl_jax.distributed import ClusterConfig, fail_fast, initialize
+    try:  # before anything touches jax's devices
+        initialize(ClusterConfig(coordinator, num_processes, process_id, auto=cluster_auto))
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+    with fail_fast():
+        _reproduce(env, config, out, set_, fresh, progress, until, seeds, plugin)
+
+
+def _reproduce(env, config, out, set_, fresh, progress, until, seeds, plugin) -> None:
     import envs
     from agentrl_jax.cli.paths import output_folder
     from agentrl_jax.plugins import load_plugins

@@ -129,8 +129,10 @@ def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
     logprobs = np.zeros((rows, width), np.float64)
     for start in range(0, rows, rows_per_batch):
         index = np.minimum(np.arange(start, start + rows_per_batch), rows - 1)  # pad: repeat
-        out = program(params, ids[index, :width].astype(np.int32), token_mask[index, :width],
-                      scored[index, :width])
+        batch = (ids[index, :width].astype(np.int32), token_mask[index, :width], scored[index, :width])
+        if mesh is not None:  # placed first: jit takes no host arrays for a sharded input
+            batch = jax.device_put(batch, NamedSharding(mesh, P(BATCH_AXES, None)))  # with several processes
+        out = program(params, *batch)
         real = min(rows_per_batch, rows - start)
         logprobs[start:start + real] = np.asarray(out, np.float64)[:real]
     per_turn = np.zeros(turn_mask.shape, np.float64)

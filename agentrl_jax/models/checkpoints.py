@@ -253,8 +253,8 @@ def _lookup(tree: Mapping[str, Any], path: str) -> Any:
     return tree
 
 
-def _to_host(x: jax.Array) -> np.ndarray:
-    if x.is_fully_addressable:
+def _to_host(x: jax.Array | np.ndarray) -> np.ndarray:
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
         return np.asarray(jax.device_get(x))
     from jax.experimental import multihost_utils
 

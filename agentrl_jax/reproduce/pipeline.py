@@ -12,7 +12,15 @@ Phases, in order (each writes only under ``out/``)::
 The folder's files are :mod:`.folder`'s: ``out/phases.json`` records each finished phase (seconds, outputs); a rerun skips them, and an
 unfinished training phase resumes from its newest Orbax checkpoint. ``out/config.yaml`` is
 the exact config; rerunning on a folder made with a different config is refused (start afresh
-with ``fresh=True`` or another folder) so a report never mixes settings. ``out/plugins.json``
+with ``fresh=True`` or another folder) so a report never mixes settings.
+
+Several processes (:mod:`agentrl_jax.distributed`; ``OUT`` on a file system they all see)
+run the same phases in step: the RL runs train on the global mesh with each process's
+rollouts on its own devices, the evaluation's rollouts split their rows over the processes;
+``setup``, ``demos``, ``warm_start`` (small, on the main process's devices), ``eval:dynamics``
+and ``report`` run on the main process alone, which also writes every file but the Orbax
+checkpoints (written by all); the others wait for each phase at a barrier, and write what
+an analysis writes to a scratch folder of their own. ``out/plugins.json``
 records the user plugins (:mod:`agentrl_jax.plugins`: files and their sha256) the runs were
 made with; they also go into each checkpoint's metadata and the report, and an error loading
 the folder's config names them. One progress bar counts the predicted seconds of every phase
@@ -26,6 +34,8 @@ import dataclasses
 import functools
 import json
 import platform
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +45,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from agentrl_jax import distributed
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.reproduce import demos as demo_lib
@@ -51,6 +62,8 @@ from envs import EnvTasks
 from envs.study import StudyError
 
 BASE = "base"
+# phases with no collectives: the main process runs them alone (module docstring)
+MAIN_ONLY = ("setup", "demos", "warm_start", "eval:dynamics", "report")
 DEMO_TASKS_PER_CALL = 32
 
 
@@ -123,8 +136,14 @@ class Reproduction:
     def __init__(self, config: ReproduceConfig, out: str | Path, *, fresh: bool = False,
                  progress: bool = True, log: Callable[[str], None] = print):
         self.config, self.out = config, Path(out)
-        prepare_folder(self.out, config, fresh)
+        self.main = distributed.is_main()
+        if self.main:
+            prepare_folder(self.out, config, fresh)
+        distributed.barrier("reproduce:folder")
         self.phases = Phases(self.out)
+        # where this process writes an analysis' files: the folder, or (not the main
+        # process) a scratch folder of its own
+        self.written = self.out if self.main else Path(tempfile.mkdtemp(prefix="agentrl-jax-"))
         self.tasks = make_tasks(config)
         self.study = config.task.entry.study
         task = config.task
@@ -133,10 +152,12 @@ class Reproduction:
             max_response_length=task.t_max * task.max_response_tokens)
         self.log = log
         self.mesh = self._mesh()
+        self.local_mesh = distributed.local_mesh(self.mesh)  # rollouts and evaluation
         self._cost = 1.0  # seconds per unit of the phase running (PHASE_COST)
         # smoothing=0: the rate is all the work so far over all the time so far, so a stall
         # (the first update of a run compiles for ~20 s) does not make the ETA leap
-        self.bar = tqdm(total=self.total_work(), disable=not progress, dynamic_ncols=True,
+        self.bar = tqdm(total=self.total_work(), disable=not (progress and self.main),
+                        dynamic_ncols=True,
                         desc="reproduce", bar_format=BAR_FORMAT, smoothing=0)
 
     # -- layout
@@ -162,9 +183,11 @@ class Reproduction:
     def _dtype(self):
         return {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[self.config.model.dtype]
 
-    def load_model(self, model_dir: Path):
-        """A policy directory's model, its parameters placed by the mesh's rules (if any)."""
-        return load_qwen3(model_dir, dtype=self._dtype(), mesh=self.mesh)
+    def load_model(self, model_dir: Path, mesh: Any = "global"):
+        """A policy directory's model, its parameters placed by the rules of ``mesh`` (default:
+        the global mesh; None: one device)."""
+        return load_qwen3(model_dir, dtype=self._dtype(),
+                          mesh=self.mesh if mesh == "global" else mesh)
 
     # -- phases
     def phase_names(self) -> list[str]:
@@ -252,12 +275,16 @@ class Reproduction:
                 self._cost = phase_cost(phase)
                 began = time.perf_counter()
                 work_before = self.bar.n
-                info = self._run_phase(phase) or {}
+                info = (self._run_phase(phase) or {}) if self.main or phase not in MAIN_ONLY else {}
                 self.bar.update(self._work(phase) - (self.bar.n - work_before))
-                self.phases.finish(phase, time.perf_counter() - began, **info)
+                if self.main:
+                    self.phases.finish(phase, time.perf_counter() - began, **info)
+                distributed.barrier(f"reproduce:{phase}")  # its files are written
         finally:
             self.bar.close()
             self.tasks.close()
+            if not self.main:
+                shutil.rmtree(self.written, ignore_errors=True)
         report = self.out / "report.md"
         self.log(f"reproduce: {'done' if 'report' in self.phases.done else f'stopped after {until}'} "
                  f"in {time.perf_counter() - started:.0f} s (this invocation)"
@@ -330,7 +357,7 @@ class Reproduction:
         ws = self.config.warm_start
         with np.load(self.out / "warm_start" / "demos.npz") as data:
             demos = Trajectory.from_arrays(data)
-        model = self.load_model(self.init_dir)
+        model = self.load_model(self.init_dir, self.local_mesh)  # the main process's devices
         log_path = self.out / "warm_start" / "history.jsonl"
 
         steps = sft.num_sft_steps(self.demo_tasks * ws.demos_per_task, ws.batch_size, ws.epochs,
@@ -368,26 +395,33 @@ class Reproduction:
             t_max=t.t_max, max_response_tokens=t.max_response_tokens, max_context=t.max_context,
             metadata={"model_dir": str(self.base_dir.resolve()), "run": spec.name,
                       "plugins": recorded_plugins(self.out)},
-            quality_scorer=self.study.step_scorer(self.tasks.train), mesh=self.mesh, on_step=on_step)
-        nnx.update(model, params)
-        save_policy(model, self.tokenizer, self.model_dir(spec.name))
+            quality_scorer=self.study.step_scorer(self.tasks.train), mesh=self.mesh,
+            sample_mesh=self.local_mesh, on_step=on_step)
+        if self.main:
+            nnx.update(model, params)
+            save_policy(model, self.tokenizer, self.model_dir(spec.name))
         return {"resumed_from_step": already, "label": spec.label}
 
     # -- evaluation and report
     @functools.cached_property
     def eval_models(self) -> dict[str, Any]:
         """``{policy name: model}`` for the evaluation, loaded once for all analyses."""
-        models = {BASE: self.load_model(self.base_dir)}
+        models = {BASE: self.load_model(self.base_dir, self.local_mesh)}
         for spec in self.runs:
-            models[spec.label] = self.load_model(self.model_dir(spec.name))
+            models[spec.label] = self.load_model(self.model_dir(spec.name), self.local_mesh)
         return models
 
     def evaluate(self, analysis: str) -> dict[str, Any]:
         # what the findings (and the dynamics' summary) compare this run with
-        findings.PaperFigures(**self.study.paper_figures).write(self.out)
+        findings.PaperFigures(**self.study.paper_figures).write(self.written)
         logs = {spec.label: self.out / "runs" / spec.name / "metrics.jsonl" for spec in self.runs}
         test, task = self.tasks.test, self.config.task
-        evaluate.run_analysis(analysis, self.out, test.env, np.arange(len(test.names)), self.tokenizer,
+        with distributed.split_rollouts():
+            self._analysis(analysis, logs, test, task)
+        return {}
+
+    def _analysis(self, analysis: str, logs: dict[str, Path], test: Any, task: Any) -> None:
+        evaluate.run_analysis(analysis, self.written, test.env, np.arange(len(test.names)), self.tokenizer,
                               self.eval_models if analysis != "dynamics"  # reads the logs only
                               else dict.fromkeys(self.policy_names()),
                               self.config.eval, training_logs=logs, progress=self._advance,
@@ -395,7 +429,6 @@ class Reproduction:
                               bound_note=self.study.bound_note_for(task.options),
                               states=(self.study.state_diagnostics(test)
                                       if analysis in ("steps", "errors") else None))
-        return {}
 
     def report(self) -> dict[str, Any]:
         path = write_report(self.out, header_markdown=self.header_markdown(),
@@ -410,7 +443,8 @@ class Reproduction:
             + "; ".join(f"{r.label} = {r.name} ({c.rl.steps} updates)" for r in self.runs) + ".",
             "Tasks: " + self.study.describe(c.task.entry, c.task.options, t_max=c.task.t_max,
                                            train=self.tasks.train, test=self.tasks.test),
-            f"Machine: {platform.machine()}, {jax.device_count()} x {jax.devices()[0].device_kind}; "
+            f"Machine: {platform.machine()}, {jax.device_count()} x {jax.devices()[0].device_kind}"
+            f"{f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''}; "
             f"phases so far took {seconds:.0f} s in all (see phases.json).",
             "Exact config: [config.yaml](config.yaml).",
         ]

@@ -34,11 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentrl_jax import distributed
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.policy import SamplerPolicy
 from agentrl_jax.reproduce.config import RLSettings
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import Paging, SamplingConfig
+from agentrl_jax.sharding import BATCH_AXES
 from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory, bucket_width, row_lengths
 from agentrl_jax.train import (Checkpointer, MetricsLogger, TrainConfig, init_train_state,
                                make_train_step, train)
@@ -141,7 +143,7 @@ def _tensorboard(rl: RLSettings) -> bool:
 
 def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSettings, *,
                  run_dir: Path, t_max: int, max_response_tokens: int, max_context: int,
-                 metadata: dict[str, Any], quality_scorer=None, mesh=None,
+                 metadata: dict[str, Any], quality_scorer=None, mesh=None, sample_mesh=None,
                  on_step: Callable[[int, dict[str, float]], None] | None = None) -> Any:
     """Train ``spec`` from ``model``'s parameters (or from the newest checkpoint in
     ``run_dir/checkpoints``); metrics go to ``run_dir/metrics.jsonl`` (R_single from
@@ -152,7 +154,13 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
     steps (logged after the last checkpoint by the run that was killed, and computed again now)
     move to ``metrics.jsonl.superseded`` (:class:`~agentrl_jax.train.MetricsLogger`). A checkpoint
     written by another config raises :class:`~agentrl_jax.train.CheckpointMismatchError` before
-    the metrics are touched, and is left in place."""
+    the metrics are touched, and is left in place.
+
+    Several processes (:mod:`agentrl_jax.distributed`): the train state lives on the global
+    ``mesh``, rollouts run on each process's ``sample_mesh`` (its part of ``mesh``) with the
+    rows split by process and gathered, each update's batch is placed on the global mesh from
+    every process's rows, the checkpoints are written by all, the metrics by the main process
+    only. Returns host (NumPy) parameters then."""
     vocab = model.config.vocab_size
     valid = len(tokenizer) if len(tokenizer) < vocab else None
     config = spec.train_config
@@ -161,7 +169,8 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
     runner = MultiTurnRollout(env, tokenizer, rollout_config(
         spec, rl, t_max=t_max, max_response_tokens=max_response_tokens, max_context=max_context,
         valid_vocab_size=valid))
-    policy = sampler_policy(model, rl, mesh)
+    processes = distributed.is_multiprocess()
+    policy = sampler_policy(model, rl, sample_mesh if processes else mesh)
     state = place_state(init_train_state(model, config), mesh)
     # the step donates its input state: train on a copy, so the model keeps its parameters
     state = state.replace(policy=jax.tree.map(jnp.copy, state.policy))
@@ -171,18 +180,31 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
         state = restored.state
     step_fn = make_train_step(nnx.graphdef(model), config, mesh=mesh, donate=True,
                               state_template=state if mesh is not None else None)
-    logger = MetricsLogger(run_dir / "metrics.jsonl", resume_step=int(state.step),
-                           tensorboard_dir=run_dir / "tensorboard" if _tensorboard(rl) else None,
-                           sinks=[] if rl.wandb_project is None else [WandbSink(
-                               rl.wandb_project, name=spec.name, directory=run_dir, config=metadata)])
+    logger = None if not distributed.is_main() else MetricsLogger(
+        run_dir / "metrics.jsonl", resume_step=int(state.step),
+        tensorboard_dir=run_dir / "tensorboard" if _tensorboard(rl) else None,
+        sinks=[] if rl.wandb_project is None else [WandbSink(
+            rl.wandb_project, name=spec.name, directory=run_dir, config=metadata)])
     callback = None if on_step is None else (lambda s, m: on_step(int(s.step), m))
+    play = runner.for_training(policy)
+
+    def rollout(params, key, tasks):
+        if processes:  # the global state's parameters and key, for this process's devices
+            params, key = distributed.host_value(params), distributed.host_key(key)
+        with distributed.split_rollouts():
+            return trim_tokens(play(params, key, tasks))
+
+    def step(state, batch):
+        if processes:  # every process holds the whole batch; each places its rows
+            batch = distributed.global_batch(batch, mesh, (BATCH_AXES,))
+        return step_fn(state, batch)
     try:
-        play = runner.for_training(policy)
-        state = train(state, step_fn, lambda params, key, tasks: trim_tokens(play(params, key, tasks)),
+        state = train(state, step, rollout,
                       task_batch_fn(env.num_tasks(), rl.tasks_per_step, rl.seed), config,
                       quality_scorer=quality_scorer, checkpointer=checkpointer,
                       checkpoint_metadata=metadata, logger=logger, progress=False, on_step=callback)
     finally:
-        logger.close()
+        if logger is not None:
+            logger.close()
         checkpointer.close()
-    return state.policy
+    return distributed.host_value(state.policy) if processes else state.policy

@@ -442,7 +442,7 @@ def generation_params(params: Any, mesh: Mesh | None = None, layout: str = "auto
                       dtype: Any = None) -> Any:
     """``params`` placed where decode reads them from (one ``device_put`` per update).
 
-    Without a mesh: committed to ``device`` (default ``jax.devices()[0]``; a no-op for
+    Without a mesh: committed to ``device`` (default ``jax.local_devices()[0]``; a no-op for
     parameters already there). On a mesh, ``layout`` (see :func:`resolve_layout`):
     ``"replicated"`` lays them out by :func:`generation_rules` (no all-gather of weights
     in decode), as a copy in ``dtype`` if given (pass the model's compute dtype: the model
@@ -451,7 +451,7 @@ def generation_params(params: Any, mesh: Mesh | None = None, layout: str = "auto
     ``"training"`` keeps them as they are (the caller placed them by ``rules``).
     """
     if mesh is None:
-        return jax.device_put(params, jax.sharding.SingleDeviceSharding(device or jax.devices()[0]))
+        return jax.device_put(params, jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0]))
     if resolve_layout(layout, mesh) == "training":
         return params
     if dtype is not None:
@@ -496,7 +496,7 @@ class Sampler:
     With ``mesh``: states are laid out by ``KV_CACHE_RULES`` (batch over ``data`` x ``fsdp``,
     KV heads over ``tensor``), inputs and outputs by batch; place ``params`` with
     :func:`generation_params` (or by their partition rules, ``load_qwen3(..., mesh=mesh)``).
-    Without: everything is committed to ``device`` (default ``jax.devices()[0]``; put
+    Without: everything is committed to ``device`` (default ``jax.local_devices()[0]``; put
     ``params`` there too, :func:`generation_params`). ``prefill_chunk``: appends wider than it
     run in chunks of that width (:func:`append_in_chunks`; None: never).
     ``paging``: states from :meth:`init` hold a paged KV cache (:class:`Paging`; on a mesh
@@ -529,7 +529,7 @@ class Sampler:
                                  f"{self.config.vocab_size}")
         self.pad_token_id = pad_token_id
         self.mesh = mesh
-        self.device = None if mesh is not None else (device or jax.devices()[0])
+        self.device = None if mesh is not None else (device or jax.local_devices()[0])
         self.prefill_chunk = prefill_chunk
         if paging is not None and mesh is not None and mesh.shape["tensor"] > 1:
             raise NotImplementedError(

@@ -117,7 +117,7 @@ def commit_state(state: TrainState) -> TrainState:
 
     Parameters on a mesh (``NamedSharding``) keep their layout and the other leaves are
     replicated over that mesh; otherwise the whole state goes to the parameters' device
-    (``jax.devices()[0]`` if they have none). ``device_put`` onto the sharding an array
+    (``jax.local_devices()[0]`` if they have none). ``device_put`` onto the sharding an array
     already has is a no-op.
     """
     leaf = jax.tree.leaves(state.policy)[0]
@@ -129,7 +129,7 @@ def commit_state(state: TrainState) -> TrainState:
             return x if isinstance(getattr(x, "sharding", None), NamedSharding) else \
                 jax.device_put(x, replicated)
         return jax.tree.map(place, state)
-    device = next(iter(sharding.device_set)) if sharding is not None else jax.devices()[0]
+    device = next(iter(sharding.device_set)) if sharding is not None else jax.local_devices()[0]
     return jax.device_put(state, SingleDeviceSharding(device))
 
 

@@ -1,0 +1,97 @@
+"""The reproduction on a local cluster (issue: multi-host for real): ``agentrl-jax reproduce
+frozenlake`` at CI scale (configs/frozenlake_ci.yaml, all 8 devices on ``data``) as
+2 processes x 4 fake CPU devices, against 1 process x 8 devices.
+
+The RL runs train on the global mesh with each process's rollouts on its own 4 devices (rows
+split by process and gathered), the evaluation's rollouts split the same way, and the main
+process writes the folder. The exported policies must agree to 1e-6, Table 1 and the raw
+counts of every rollout-based analysis must be the same bytes, the likelihood the same to
+float rounding. CI stops after Table 1 (training and the evaluation's first analysis);
+``--full-scale`` runs every phase and compares every analysis.
+
+At CI scale the rollouts earn no reward, so the updates move the policies little; the train
+step's agreement under a real loss is tests/test_multihost.py's.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from multihost import launch
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = Path(__file__).parent / "multihost_cli.py"
+CONFIG = ROOT / "configs" / "frozenlake_ci.yaml"
+
+
+def _reproduce(out: Path, processes: int, devices: int, until: list[str]):
+    done = launch(CLI, ["reproduce", "frozenlake", "--config", str(CONFIG), "--out", str(out),
+                        "--no-progress", "--set", "mesh.data=-1", *until],
+                  processes=processes, devices=devices, timeout=1200)
+    for i, p in enumerate(done):
+        assert p.code == 0, f"process {i} of {processes}:\n{p.output[-4000:]}"
+    return done
+
+
+def _weights(folder: Path) -> dict[str, np.ndarray]:
+    files = sorted(folder.glob("*.safetensors"))
+    assert files, f"no weights in {folder}"
+    return {k: v for f in files for k, v in load_file(f).items()}
+
+
+def _numbers(tree, path=""):
+    if isinstance(tree, dict):
+        for k, v in sorted(tree.items()):
+            yield from _numbers(v, f"{path}/{k}")
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _numbers(v, f"{path}[{i}]")
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        yield path, float(tree)
+
+
+def test_two_processes_reproduce_what_one_does(tmp_path, full_scale):
+    one, two = tmp_path / "one", tmp_path / "two"
+    until = [] if full_scale else ["--until", "eval:table"]
+    _reproduce(one, 1, 8, until)
+    pair = _reproduce(two, 2, 4, until)
+    assert "reproduce: done" in pair[0].output or "stopped after eval:table" in pair[0].output
+    phases = list(json.loads((two / "phases.json").read_text()))
+    assert phases == list(json.loads((one / "phases.json").read_text()))
+    assert phases[-1] == ("report" if full_scale else "eval:table")
+    # trained (and warm-started) policies agree to 1e-6
+    runs = sorted(p.name for p in (one / "models").iterdir())
+    assert {"base", "grpo", "budgetmix"} <= set(runs) and runs == sorted(
+        p.name for p in (two / "models").iterdir())
+    for run in runs:
+        a, b = _weights(one / "models" / run), _weights(two / "models" / run)
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_allclose(b[name], a[name], atol=1e-6, rtol=1e-6, err_msg=f"{run}: {name}")
+    # the same Table 1 (every cell's successes of the same samples), the same raw counts
+    assert (one / "table1.csv").read_bytes() == (two / "table1.csv").read_bytes()
+    raw = sorted(p.name for p in (one / "raw").iterdir())
+    assert raw == sorted(p.name for p in (two / "raw").iterdir()) and "table.json" in raw
+    for name in raw:
+        if name in ("likelihood.json", "dynamics.json"):  # float sums; the logs' paths
+            continue
+        assert filecmp.cmp(one / "raw" / name, two / "raw" / name, shallow=False), name
+    if full_scale:
+        a, b = (dict(_numbers(json.loads((f / "raw" / "likelihood.json").read_text())))
+                for f in (one, two))
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-5), key
+        assert "in 2 processes" in (two / "report.md").read_text()
+    # metrics logged once, by the main process: one record per update
+    for run in ("grpo", "budgetmix"):
+        records = (two / "runs" / run / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(r)["step"] for r in records] == [1, 2]
