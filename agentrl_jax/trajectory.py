@@ -102,17 +102,11 @@ class Trajectory:
     @classmethod
     def from_arrays(cls, arrays: Any) -> "Trajectory":
         """A record from a mapping of its fields' arrays (e.g. an ``np.load``-ed ``.npz``).
-        Older records are read as they were meant: one saved before ``sampling_logprobs``
-        existed gets ``logprobs`` for it; one with ``env_pos`` (``state_id``'s former name)
-        gets it as ``state_id``, and NaN ``step_quality`` (nothing was recorded). Unknown or
-        missing fields raise ValueError naming them."""
+        A record saved before ``sampling_logprobs`` existed gets ``logprobs`` for it. Unknown
+        or missing fields raise ValueError naming them."""
         data = {k: arrays[k] for k in arrays.keys()} if hasattr(arrays, "keys") else dict(arrays)
         if "sampling_logprobs" not in data and "logprobs" in data:
             data["sampling_logprobs"] = data["logprobs"]
-        if "env_pos" in data and "state_id" not in data:
-            data["state_id"] = data.pop("env_pos")
-            if "step_quality" not in data:
-                data["step_quality"] = np.full(np.shape(data["state_id"]), np.nan, np.float32)
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown, missing = sorted(set(data) - fields), sorted(fields - set(data))
         if unknown or missing:

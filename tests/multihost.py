@@ -10,13 +10,14 @@ running after ``timeout`` seconds is killed (the test then fails on its codes, n
 from __future__ import annotations
 
 import dataclasses
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from fake_devices import fake_devices_env
 
@@ -35,8 +36,11 @@ def free_port() -> int:
 
 
 def launch(script: str | Path, args: Sequence[str], *, processes: int, devices: int,
-           timeout: float = 300.0) -> list[Finished]:
-    """Run ``script args`` as a cluster of ``processes`` x ``devices`` (module docstring)."""
+           timeout: float = 300.0,
+           kill: tuple[int, Callable[[], bool]] | None = None) -> list[Finished]:
+    """Run ``script args`` as a cluster of ``processes`` x ``devices`` (module docstring).
+    ``kill=(i, when)``: SIGKILL process ``i`` as soon as ``when()`` is true (polled every
+    20 ms), as a lost host."""
     port = free_port()
     env = fake_devices_env(devices)
     began = time.monotonic()
@@ -49,6 +53,9 @@ def launch(script: str | Path, args: Sequence[str], *, processes: int, devices: 
                                         stdout=logs[i], stderr=subprocess.STDOUT, text=True))
     codes: list[tuple[int | None, float] | None] = [None] * processes
     while any(c is None for c in codes):
+        if kill is not None and codes[kill[0]] is None and kill[1]():
+            running[kill[0]].send_signal(signal.SIGKILL)
+            kill = None
         for i, child in enumerate(running):
             if codes[i] is None and child.poll() is not None:
                 codes[i] = (child.returncode, time.monotonic() - began)
@@ -58,7 +65,7 @@ def launch(script: str | Path, args: Sequence[str], *, processes: int, devices: 
                     child.kill()
                     child.wait()
                     codes[i] = (None, time.monotonic() - began)
-        time.sleep(0.1)
+        time.sleep(0.02)
     out = []
     for (code, seconds), log in zip(codes, logs):
         log.seek(0)

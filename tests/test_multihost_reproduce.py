@@ -58,12 +58,21 @@ def _numbers(tree, path=""):
         yield path, float(tree)
 
 
-def test_two_processes_reproduce_what_one_does(tmp_path, full_scale):
-    one, two = tmp_path / "one", tmp_path / "two"
-    until = [] if full_scale else ["--until", "eval:table"]
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, full_scale):
+    """The reproduction by 1 process x 8 devices and by 2 x 4 (its main process' output)."""
+    folder = tmp_path_factory.mktemp("multihost_reproduce")
+    one, two = folder / "one", folder / "two"
+    # CI: two of the three runs, up to Table 1
+    until = [] if full_scale else ["--until", "eval:table", "--set", "rl.runs=[grpo,budgetmix]"]
     _reproduce(one, 1, 8, until)
     pair = _reproduce(two, 2, 4, until)
-    assert "reproduce: done" in pair[0].output or "stopped after eval:table" in pair[0].output
+    return one, two, pair[0].output
+
+
+def test_two_processes_reproduce_what_one_does(runs, full_scale):
+    one, two, output = runs
+    assert "reproduce: done" in output or "stopped after eval:table" in output
     phases = list(json.loads((two / "phases.json").read_text()))
     assert phases == list(json.loads((one / "phases.json").read_text()))
     assert phases[-1] == ("report" if full_scale else "eval:table")
@@ -95,3 +104,39 @@ def test_two_processes_reproduce_what_one_does(tmp_path, full_scale):
     for run in ("grpo", "budgetmix"):
         records = (two / "runs" / run / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(r)["step"] for r in records] == [1, 2]
+
+
+def test_a_killed_process_resumes_the_reproduction_to_the_same_bytes(runs, tmp_path):
+    """SIGKILL process 1 once GRPO has checkpointed its first update: process 0 ends with an
+    error; the same command again resumes GRPO from that checkpoint and ends with the
+    uninterrupted 2-process run's exported policy and training log, bit for bit."""
+    _, two, _ = runs
+    out = tmp_path / "resumed"
+    checkpoints = out / "runs" / "grpo" / "checkpoints"
+    first = lambda: checkpoints.is_dir() and any(  # noqa: E731
+        p.name.isdigit() and int(p.name) >= 1 for p in checkpoints.iterdir())
+    runs_set = [] if (two / "models" / "budgetmix-adaptive").exists() else [
+        "--set", "rl.runs=[grpo,budgetmix]"]  # the reference's config
+    args = ["reproduce", "frozenlake", "--config", str(CONFIG), "--out", str(out),
+            "--no-progress", "--set", "mesh.data=-1", *runs_set, "--until", "train:grpo"]
+    killed = launch(CLI, args, processes=2, devices=4, timeout=600, kill=(1, first))
+    assert killed[1].code == -9, killed[1].output[-3000:]
+    assert killed[0].code not in (0, None), killed[0].output[-3000:]
+    phases = json.loads((out / "phases.json").read_text())
+    assert "train:grpo" not in phases and "warm_start" in phases
+    killed_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    assert killed_at == 1  # of 2 updates: the rerun must continue from a restored state
+
+    resumed = launch(CLI, args, processes=2, devices=4, timeout=600)
+    for i, p in enumerate(resumed):
+        assert p.code == 0, f"process {i}:\n{p.output[-4000:]}"
+    phases = json.loads((out / "phases.json").read_text())
+    assert phases["train:grpo"]["resumed_from_step"] == 1
+    for run in ("base", "grpo"):
+        files = sorted((two / "models" / run).glob("*.safetensors"))
+        assert files
+        for f in files:
+            assert (out / "models" / run / f.name).read_bytes() == f.read_bytes(), f"{run}/{f.name}"
+    log = lambda folder: [{k: r[k] for k in ("step", "R_multi", "loss")} for r in map(  # noqa: E731
+        json.loads, (folder / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines())]
+    assert log(out) == log(two)
