@@ -10,6 +10,7 @@ running after ``timeout`` seconds is killed (the test then fails on its codes, n
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import socket
 import subprocess
@@ -35,19 +36,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def slurm_job() -> int:
+    """A SLURM job id whose coordinator port (jax: ``id % 4096 + 61440``) is free here."""
+    for port in range(61440 + os.getpid() % 4096, 61440 + 4096):
+        with socket.socket() as s:
+            try:
+                s.bind(("localhost", port))
+            except OSError:
+                continue
+            return port - 61440
+    raise RuntimeError("no free port in 61440..65535")
+
+
 def launch(script: str | Path, args: Sequence[str], *, processes: int, devices: int,
-           timeout: float = 300.0,
-           kill: tuple[int, Callable[[], bool]] | None = None) -> list[Finished]:
+           timeout: float = 300.0, kill: tuple[int, Callable[[], bool]] | None = None,
+           slurm: bool = False) -> list[Finished]:
     """Run ``script args`` as a cluster of ``processes`` x ``devices`` (module docstring).
     ``kill=(i, when)``: SIGKILL process ``i`` as soon as ``when()`` is true (polled every
-    20 ms), as a lost host."""
+    20 ms), as a lost host. ``slurm``: instead of the cluster flags, each process gets the
+    variables ``srun`` sets (one node, ``localhost``) and ``--cluster-auto``, so jax finds
+    the cluster itself."""
     port = free_port()
-    env = fake_devices_env(devices)
+    job = slurm_job() if slurm else None
     began = time.monotonic()
     running, logs = [], []
     for i in range(processes):
-        cluster = (["--coordinator", f"localhost:{port}", "--num-processes", str(processes),
-                    "--process-id", str(i)] if processes > 1 else [])
+        env = fake_devices_env(devices)
+        if slurm:
+            env.update(SLURM_JOB_ID=str(job), SLURM_STEP_NODELIST="localhost",
+                       SLURM_NTASKS=str(processes), SLURM_PROCID=str(i), SLURM_LOCALID=str(i),
+                       SLURM_STEP_NUM_NODES="1")
+            cluster = ["--cluster-auto"]
+        else:
+            cluster = (["--coordinator", f"localhost:{port}", "--num-processes", str(processes),
+                        "--process-id", str(i)] if processes > 1 else [])
         logs.append(tempfile.TemporaryFile("w+"))  # a pipe could fill and block the child
         running.append(subprocess.Popen([sys.executable, str(script), *args, *cluster], env=env,
                                         stdout=logs[i], stderr=subprocess.STDOUT, text=True))

@@ -31,11 +31,12 @@ def main() -> None:
     parser.add_argument("--coordinator")
     parser.add_argument("--num-processes", type=int)
     parser.add_argument("--process-id", type=int)
+    parser.add_argument("--cluster-auto", action="store_true")
     args = parser.parse_args()
 
     from agentrl_jax.distributed import ClusterConfig, initialize
     initialize(ClusterConfig(args.coordinator, args.num_processes, args.process_id,
-                             heartbeat_timeout_s=10))
+                             auto=args.cluster_auto, heartbeat_timeout_s=10))
 
     import jax
     import numpy as np
@@ -61,7 +62,8 @@ def main() -> None:
         restored = saver.restore_latest(state, GRPO)  # every process restores its shards
         first = 0 if restored is None else restored.step
         state = state if restored is None else restored.state
-        print(f"process {jax.process_index()} starts at update {first}", flush=True)
+        print(f"process {jax.process_index()} of {jax.process_count()} starts at update {first}",
+              flush=True)
         for update in range(first, args.updates):
             whole = TrainBatch(random_trajectory(6 + update, rows=16, padded_rows=2))
             batch = distributed.global_batch(whole, mesh, (BATCH_AXES,))

@@ -69,9 +69,21 @@ def test_a_killed_process_resumes_to_the_bits_of_an_uninterrupted_run(tmp_path):
     resumed = launch(WORKER, [str(tmp_path / "resumed"), "train"], processes=2, devices=4)
     for i, p in enumerate(resumed):
         assert p.code == 0, f"process {i}:\n{p.output[-3000:]}"
-        assert f"process {i} starts at update 2" in p.output
+        assert f"process {i} of 2 starts at update 2" in p.output
     for a, b in zip(_params(tmp_path / "whole"), _params(tmp_path / "resumed"), strict=True):
         np.testing.assert_array_equal(b, a)
+
+
+@pytest.mark.slow
+def test_cluster_auto_finds_the_processes_from_slurm_variables(tmp_path):
+    """``--cluster-auto`` under the variables ``srun`` sets (``SLURM_JOB_ID``, ``_NTASKS``,
+    ``_PROCID``, ...): jax's own detection joins the two processes, which train as with the
+    explicit flags."""
+    pair = launch(WORKER, [str(tmp_path / "out"), "train", "--updates", "1"], processes=2,
+                  devices=4, slurm=True)
+    for i, p in enumerate(pair):
+        assert p.code == 0, f"process {i}:\n{p.output[-3000:]}"
+        assert f"process {i} of 2 starts at update 0" in p.output and f"process {i} done" in p.output
 
 
 def test_cluster_config_is_validated():
