@@ -63,8 +63,8 @@ def runs(tmp_path_factory, full_scale):
     """The reproduction by 1 process x 8 devices and by 2 x 4 (its main process' output)."""
     folder = tmp_path_factory.mktemp("multihost_reproduce")
     one, two = folder / "one", folder / "two"
-    # CI: two of the three runs, up to Table 1
-    until = [] if full_scale else ["--until", "eval:table", "--set", "rl.runs=[grpo,budgetmix]"]
+    # CI: the GRPO run of the three, up to Table 1
+    until = [] if full_scale else ["--until", "eval:table", "--set", "rl.runs=[grpo]"]
     _reproduce(one, 1, 8, until)
     pair = _reproduce(two, 2, 4, until)
     return one, two, pair[0].output
@@ -78,7 +78,7 @@ def test_two_processes_reproduce_what_one_does(runs, full_scale):
     assert phases[-1] == ("report" if full_scale else "eval:table")
     # trained (and warm-started) policies agree to 1e-6
     runs = sorted(p.name for p in (one / "models").iterdir())
-    assert {"base", "grpo", "budgetmix"} <= set(runs) and runs == sorted(
+    assert {"base", "grpo"} <= set(runs) and runs == sorted(
         p.name for p in (two / "models").iterdir())
     for run in runs:
         a, b = _weights(one / "models" / run), _weights(two / "models" / run)
@@ -101,7 +101,7 @@ def test_two_processes_reproduce_what_one_does(runs, full_scale):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-5), key
         assert "in 2 processes" in (two / "report.md").read_text()
     # metrics logged once, by the main process: one record per update
-    for run in ("grpo", "budgetmix"):
+    for run in ("grpo", "budgetmix") if full_scale else ("grpo",):
         records = (two / "runs" / run / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(r)["step"] for r in records] == [1, 2]
 
@@ -115,13 +115,16 @@ def test_a_killed_process_resumes_the_reproduction_to_the_same_bytes(runs, tmp_p
     checkpoints = out / "runs" / "grpo" / "checkpoints"
     first = lambda: checkpoints.is_dir() and any(  # noqa: E731
         p.name.isdigit() and int(p.name) >= 1 for p in checkpoints.iterdir())
-    runs_set = [] if (two / "models" / "budgetmix-adaptive").exists() else [
-        "--set", "rl.runs=[grpo,budgetmix]"]  # the reference's config
+    runs_set = [] if (two / "models" / "budgetmix").exists() else [
+        "--set", "rl.runs=[grpo]"]  # the reference's config
+    # a short heartbeat: process 0 must not wait long for the killed one (the default's 100 s)
     args = ["reproduce", "frozenlake", "--config", str(CONFIG), "--out", str(out),
-            "--no-progress", "--set", "mesh.data=-1", *runs_set, "--until", "train:grpo"]
+            "--no-progress", "--set", "mesh.data=-1", *runs_set, "--until", "train:grpo",
+            "--heartbeat-timeout", "10"]
     killed = launch(CLI, args, processes=2, devices=4, timeout=600, kill=(1, first))
     assert killed[1].code == -9, killed[1].output[-3000:]
     assert killed[0].code not in (0, None), killed[0].output[-3000:]
+    assert killed[0].seconds - killed[1].seconds < 120  # an error in bounded time, no hang
     phases = json.loads((out / "phases.json").read_text())
     assert "train:grpo" not in phases and "warm_start" in phases
     killed_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())

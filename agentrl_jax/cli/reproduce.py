@@ -64,6 +64,9 @@ def reproduce_command(
                                              "0 .. N-1 (0 writes the results)."),
     cluster_auto: bool = typer.Option(False, "--cluster-auto", help="Several processes found by "
                                       "jax itself (Cloud TPU pod slices, SLURM)."),
+    heartbeat_timeout: int = typer.Option(100, help="Several processes: seconds without a "
+                                          "heartbeat after which a process is taken as dead "
+                                          "and the others stop with an error."),
 ) -> None:
     """Base policy (SFT on imperfect demonstrations), full-budget GRPO and BudgetMix GRPO
     from it, then Table 1, Pass@K, Pass@T, likelihood, training dynamics and, where the
@@ -71,7 +74,8 @@ def reproduce_command(
     results folder with report.md."""
     from agentrl_jax.distributed import ClusterConfig, fail_fast, initialize
     try:  # before anything touches jax's devices
-        initialize(ClusterConfig(coordinator, num_processes, process_id, auto=cluster_auto))
+        initialize(ClusterConfig(coordinator, num_processes, process_id, auto=cluster_auto,
+                                 heartbeat_timeout_s=heartbeat_timeout))
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
 
