@@ -7,15 +7,13 @@ update written (and, on start, restored) by every process.
 MODE ``train``: updates ``N`` batches from the newest checkpoint in ``OUT`` (or the start),
 checks the last checkpoint restores to the live state, and the main process saves the
 parameters to ``OUT/params.npz``. MODE ``die``: process 1 exits abruptly after the first
-update; the others must fail (not hang) on their next collective. MODE ``killed``: process 1
-is SIGKILLed after the second update's checkpoint (a run to resume with ``train``).
+update; the others must fail (not hang) on their next collective.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("mode", choices=("train", "die", "killed"))
+    parser.add_argument("mode", choices=("train", "die"))
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--coordinator")
     parser.add_argument("--num-processes", type=int)
@@ -74,8 +72,6 @@ def main() -> None:
             saver.wait()
             if args.mode == "die" and update == 0 and jax.process_index() == 1:
                 os._exit(3)  # no goodbye to the coordinator: as a lost host looks
-            if args.mode == "killed" and update == 1 and jax.process_index() == 1:
-                os.kill(os.getpid(), signal.SIGKILL)  # mid-training, after update 2's checkpoint
             if args.mode == "die":
                 time.sleep(1)
         latest = saver.restore_latest(state, GRPO)

@@ -4,7 +4,8 @@ devices through jax's distributed runtime against 1 process x 8 devices.
 The worker (tests/multihost_worker.py) runs GRPO train steps on a global 2 x 2 x 2 mesh, each
 process supplying its half of every batch's rows, and writes and restores an Orbax checkpoint
 from every process. The parameters must equal the single-process run's; a process that dies
-must end the others with an error, not leave them waiting.
+must end the others with an error, not leave them waiting. (A process SIGKILLed mid-training
+and the run resumed: tests/test_multihost_reproduce.py, on the whole reproduction.)
 """
 
 from __future__ import annotations
@@ -54,24 +55,6 @@ def test_a_dead_process_ends_the_others_with_an_error(tmp_path):
     # the error names the failure: the peer's closed connection, or jax's heartbeat verdict
     assert "Connection closed by peer" in pair[0].output or "heartbeat" in pair[0].output
     assert pair[0].seconds - pair[1].seconds < 120
-
-
-@pytest.mark.slow
-def test_a_killed_process_resumes_to_the_bits_of_an_uninterrupted_run(tmp_path):
-    """SIGKILL process 1 after the second of three updates (its checkpoint written by both);
-    process 0 then fails; starting the cluster again resumes from that checkpoint and ends
-    with exactly the parameters of the uninterrupted 2-process run."""
-    whole = launch(WORKER, [str(tmp_path / "whole"), "train"], processes=2, devices=4)
-    assert [p.code for p in whole] == [0, 0], whole[0].output[-3000:]
-    killed = launch(WORKER, [str(tmp_path / "resumed"), "killed"], processes=2, devices=4,
-                    timeout=240)
-    assert killed[1].code == -9 and killed[0].code not in (0, None)
-    resumed = launch(WORKER, [str(tmp_path / "resumed"), "train"], processes=2, devices=4)
-    for i, p in enumerate(resumed):
-        assert p.code == 0, f"process {i}:\n{p.output[-3000:]}"
-        assert f"process {i} of 2 starts at update 2" in p.output
-    for a, b in zip(_params(tmp_path / "whole"), _params(tmp_path / "resumed"), strict=True):
-        np.testing.assert_array_equal(b, a)
 
 
 @pytest.mark.slow
