@@ -208,10 +208,10 @@ _SPLIT = [False]
 
 
 @contextlib.contextmanager
-def split_rollouts(enabled: bool = True) -> Iterator[None]:
+def split_rollouts() -> Iterator[None]:
     """Inside this block (on every process, around the same calls), rollouts split their rows
     over the processes and gather them (module docstring). Nothing changes for one process."""
-    before, _SPLIT[0] = _SPLIT[0], enabled
+    before, _SPLIT[0] = _SPLIT[0], True
     try:
         yield
     finally:

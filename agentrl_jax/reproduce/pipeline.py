@@ -183,11 +183,11 @@ class Reproduction:
     def _dtype(self):
         return {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[self.config.model.dtype]
 
-    def load_model(self, model_dir: Path, mesh: Any = "global"):
-        """A policy directory's model, its parameters placed by the rules of ``mesh`` (default:
-        the global mesh; None: one device)."""
+    def load_model(self, model_dir: Path, *, local: bool = False):
+        """A policy directory's model, its parameters placed by the rules of the global mesh
+        (``local``: of this process's part of it, where rollouts and evaluation run)."""
         return load_qwen3(model_dir, dtype=self._dtype(),
-                          mesh=self.mesh if mesh == "global" else mesh)
+                          mesh=self.local_mesh if local else self.mesh)
 
     # -- phases
     def phase_names(self) -> list[str]:
@@ -357,7 +357,7 @@ class Reproduction:
         ws = self.config.warm_start
         with np.load(self.out / "warm_start" / "demos.npz") as data:
             demos = Trajectory.from_arrays(data)
-        model = self.load_model(self.init_dir, self.local_mesh)  # the main process's devices
+        model = self.load_model(self.init_dir, local=True)  # the main process's devices
         log_path = self.out / "warm_start" / "history.jsonl"
 
         steps = sft.num_sft_steps(self.demo_tasks * ws.demos_per_task, ws.batch_size, ws.epochs,
@@ -406,9 +406,9 @@ class Reproduction:
     @functools.cached_property
     def eval_models(self) -> dict[str, Any]:
         """``{policy name: model}`` for the evaluation, loaded once for all analyses."""
-        models = {BASE: self.load_model(self.base_dir, self.local_mesh)}
+        models = {BASE: self.load_model(self.base_dir, local=True)}
         for spec in self.runs:
-            models[spec.label] = self.load_model(self.model_dir(spec.name), self.local_mesh)
+            models[spec.label] = self.load_model(self.model_dir(spec.name), local=True)
         return models
 
     def evaluate(self, analysis: str) -> dict[str, Any]:
@@ -417,18 +417,16 @@ class Reproduction:
         logs = {spec.label: self.out / "runs" / spec.name / "metrics.jsonl" for spec in self.runs}
         test, task = self.tasks.test, self.config.task
         with distributed.split_rollouts():
-            self._analysis(analysis, logs, test, task)
+            evaluate.run_analysis(
+                analysis, self.written, test.env, np.arange(len(test.names)), self.tokenizer,
+                self.eval_models if analysis != "dynamics"  # reads the logs only
+                else dict.fromkeys(self.policy_names()),
+                self.config.eval, training_logs=logs, progress=self._advance,
+                min_turns=self.study.min_turns(test),
+                bound_note=self.study.bound_note_for(task.options),
+                states=(self.study.state_diagnostics(test)
+                        if analysis in ("steps", "errors") else None))
         return {}
-
-    def _analysis(self, analysis: str, logs: dict[str, Path], test: Any, task: Any) -> None:
-        evaluate.run_analysis(analysis, self.written, test.env, np.arange(len(test.names)), self.tokenizer,
-                              self.eval_models if analysis != "dynamics"  # reads the logs only
-                              else dict.fromkeys(self.policy_names()),
-                              self.config.eval, training_logs=logs, progress=self._advance,
-                              min_turns=self.study.min_turns(test),
-                              bound_note=self.study.bound_note_for(task.options),
-                              states=(self.study.state_diagnostics(test)
-                                      if analysis in ("steps", "errors") else None))
 
     def report(self) -> dict[str, Any]:
         path = write_report(self.out, header_markdown=self.header_markdown(),
