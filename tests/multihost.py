@@ -5,6 +5,12 @@ joined through jax's distributed runtime (:mod:`agentrl_jax.distributed`).
 --process-id I`` appended to the script's arguments (and ``XLA_FLAGS`` giving each ``D``
 devices), waits for all, and returns each process's exit code and output; a cluster still
 running after ``timeout`` seconds is killed (the test then fails on its codes, never hangs).
+
+With several processes, process ``i`` is pinned to CPU ``i`` (modulo the CPUs this process
+may use), so each runs its XLA thread pools on one core: on a 2-core CI machine two children
+with a pool per core each, beside the other test worker, otherwise spend much of their time
+pre-empting and spinning against each other (measured: see the test files' timings in
+README's Tests section).
 """
 
 from __future__ import annotations
@@ -48,6 +54,13 @@ def slurm_job() -> int:
     raise RuntimeError("no free port in 61440..65535")
 
 
+def _pinned(i: int) -> Callable[[], None]:
+    """Run in the child before it starts: keep it to one of the CPUs this process may use."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[i % len(cpus)]
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
 def launch(script: str | Path, args: Sequence[str], *, processes: int, devices: int,
            timeout: float = 300.0, kill: tuple[int, Callable[[], bool]] | None = None,
            slurm: bool = False) -> list[Finished]:
@@ -72,7 +85,8 @@ def launch(script: str | Path, args: Sequence[str], *, processes: int, devices: 
                         "--process-id", str(i)] if processes > 1 else [])
         logs.append(tempfile.TemporaryFile("w+"))  # a pipe could fill and block the child
         running.append(subprocess.Popen([sys.executable, str(script), *args, *cluster], env=env,
-                                        stdout=logs[i], stderr=subprocess.STDOUT, text=True))
+                                        stdout=logs[i], stderr=subprocess.STDOUT, text=True,
+                                        preexec_fn=_pinned(i) if processes > 1 else None))
     codes: list[tuple[int | None, float] | None] = [None] * processes
     while any(c is None for c in codes):
         if kill is not None and codes[kill[0]] is None and kill[1]():

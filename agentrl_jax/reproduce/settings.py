@@ -224,7 +224,7 @@ class RLSettings:
 
     runs: tuple[Any, ...] = ("grpo", "budgetmix", "budgetmix-adaptive")
     algorithm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    steps: int = 40
+    steps: int = 60
     tasks_per_step: int = 8
     group_size: int = 8               # G (paper: 16)
     temperature: float = 1.0          # rollout temperature (paper: 1.0)
@@ -259,7 +259,7 @@ class RLSettings:
     kv_pages: int | None = None
     refill: bool = False
     remat: str | None = None
-    attention: str = "xla"
+    attention: str = "blocked"
     logits_chunk: int = 512
     tensorboard: str | bool = "auto"
     wandb_project: str | None = None

@@ -37,7 +37,8 @@ class SqlStudy(Study):
         "model": {"tokenizer_vocab": 1024},
         "warm_start": {"demo_tasks": 1000, "demos_per_task": 32, "batch_size": 16,
                        "epochs": 8, "group_by_length": True},
-        "rl": {"runs": ["grpo", "budgetmix"], "steps": 10, "tasks_per_step": 4, "group_size": 4},
+        "rl": {"runs": ["grpo", "budgetmix"], "steps": 10, "tasks_per_step": 4, "group_size": 4,
+               "attention": "xla"},
         "eval": {"max_response_tokens": 96, "max_context": 2048, "pass_k_samples": 16,
                  "diagnostic_tasks": None},
     }
