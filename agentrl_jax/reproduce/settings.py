@@ -224,7 +224,7 @@ class RLSettings:
 
     runs: tuple[Any, ...] = ("grpo", "budgetmix", "budgetmix-adaptive")
     algorithm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    steps: int = 60
+    steps: int = 40
     tasks_per_step: int = 8
     group_size: int = 8               # G (paper: 16)
     temperature: float = 1.0          # rollout temperature (paper: 1.0)
