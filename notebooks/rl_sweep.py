@@ -5,8 +5,8 @@ reproduction's base policy with ``--set``-style overrides, then play base and tr
 ``--eval-maps`` held-out maps at ``T_max`` (8 samples each, evaluation decoding) and record
 pass@1 and Pass@8 with paired 95% CIs over maps, R_multi's and R_single's last-10 minus
 first-10 update means (normal CIs), and the training time. Each point appends one JSON line
-to ``--log``; ``--table`` rewrites the Markdown table of every line logged so far, marking
-``--chosen``.
+to ``--log``; ``table`` rewrites the Markdown table of every line logged so far, marking
+``--chosen``, and keeps the notes written below it.
 
     python notebooks/rl_sweep.py point results/frozenlake lr1e-3 --set rl.learning_rate=0.001
     python notebooks/rl_sweep.py table --chosen lr1e-3
@@ -116,6 +116,16 @@ def table(log: Path, chosen: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _notes(path: Path) -> str:
+    """The hand-written text after the table in ``path`` (kept when the table is rewritten)."""
+    if not path.exists():
+        return ""
+    lines = path.read_text().splitlines(keepends=True)
+    rows = [i for i, line in enumerate(lines) if line.startswith("|")]
+    rest = lines[rows[-1] + 1:] if rows else []
+    return "".join(rest)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,7 +143,7 @@ def main() -> None:
     if args.command == "point":
         print(json.dumps(point(args.base, args.tag, args.overrides, args.eval_maps, args.log)))
     else:
-        args.out.write_text(table(args.log, args.chosen))
+        args.out.write_text(table(args.log, args.chosen) + _notes(args.out))
         print(args.out.read_text())
 
 
