@@ -387,9 +387,8 @@ def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
 def test_the_eta_of_the_stored_default_run_holds_within_2x_after_its_first_minute(tmp_path):
     """The bar counts predicted seconds (``PHASE_COST``): at every phase boundary past the first
     minute of the stored default run with at least 5 s left, (rest of the work) x (seconds so
-    far / work so far) is
-    within 2x of the seconds it really had left. Counting work units (turns) instead, the first
-    ETA after ``setup`` (one unit of 1.7 s) was over a day."""
+    far / work so far) is within 2x of the seconds it really had left. Counting work units
+    (turns) instead, the first ETA after ``setup`` (one unit of 1.7 s) was over a day."""
     stored = json.loads((ROOT / "notebooks/results_cpu_default/phases.json").read_text())
     run = pipeline.Reproduction(load_config(None), tmp_path / "out", progress=False)
     names = run.phase_names()
@@ -467,7 +466,7 @@ def _same_numbers(a, b, rel: float = 1e-12) -> bool:
 
 
 @pytest.mark.parametrize("folder", ["results_cpu_default", "results_cpu_large"])
-def test_the_stored_runs_table1_and_findings_recompute_byte_for_byte_from_their_raw(
+def test_the_stored_runs_table1_and_findings_recompute_from_their_raw(
         tmp_path, folder):
     """notebooks/<folder>/raw/ holds the run's raw records (the likelihood's left out: no
     stored file derives from it). Table 1 (``table1.csv``), the budget robustness and the
