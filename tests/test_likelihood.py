@@ -95,6 +95,28 @@ def test_turn_logprobs_match_the_sampler(setup):
                                atol=1e-4, rtol=0)
 
 
+def test_a_few_rows_run_as_one_small_batch_not_padded_to_rows_per_batch(setup, monkeypatch):
+    """6 rows with ``rows_per_batch=64``: one forward of 8 rows (the power of two that holds
+    them), not 64 (a 10x waste on a small evaluation); the same log-probs."""
+    base, _, trajectories, references = setup
+    batches = []
+    real = likelihood.scoring_program
+
+    def recording(*args, **kwargs):
+        program = real(*args, **kwargs)
+
+        def run(params, tokens, *rest):
+            batches.append(tokens.shape[0])
+            return program(params, tokens, *rest)
+        return run
+
+    monkeypatch.setattr(likelihood, "scoring_program", recording)
+    traj = trajectories["base"]
+    got = likelihood.turn_logprobs(base.model, traj, rows_per_batch=64)
+    assert len(traj.turn_mask) == 6 and batches == [8]
+    np.testing.assert_allclose(got, references["base", "base"], atol=1e-5, rtol=0)
+
+
 def test_action_nll_and_llr_are_the_teacher_forced_differences(setup):
     base, rl, trajectories, references = setup
     data = likelihood.likelihood_data(base.model, rl.model, trajectories, rows_per_batch=4)

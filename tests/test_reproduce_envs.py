@@ -179,7 +179,7 @@ def test_every_gold_plan_solves_its_task_in_the_real_environment(name, t_max, ta
     try:
         ids = np.arange(len(loaded.names))
         corpus = entry.study.corpus(loaded, ids, t_max=t_max, prompt=BudgetPrompt())
-        tokenizer = build_small_tokenizer(corpus, vocab_size=1024, split_words=False)
+        tokenizer = build_small_tokenizer(corpus, vocab_size=1024)  # word-split: ~1 s (BFCL: ~50 s unsplit)
         demo = entry.study.demonstrator(loaded, ids, t_max=t_max, mistake_rate=0.0, seed=0)
         runner = MultiTurnRollout(loaded.env, tokenizer, RolloutConfig(
             group_size=1, budget=t_max, max_response_tokens=512, max_context=16384))
@@ -196,6 +196,7 @@ def test_every_gold_plan_solves_its_task_in_the_real_environment(name, t_max, ta
         loaded.close()
 
 
+@pytest.mark.slow
 def test_reproduce_sql_runs_every_phase_end_to_end(tmp_path):
     out = tmp_path / "sql"
     result = CliRunner().invoke(app, ["reproduce", "sql", "--config", str(CONFIGS / "sql_ci.yaml"),
@@ -221,6 +222,10 @@ def test_reproduce_sql_runs_every_phase_end_to_end(tmp_path):
         assert len(logged) == 2 and "R_multi" in logged[0] and "R_single" not in logged[0]
 
 
+@pytest.mark.slow
+# Decoding long responses of a random policy dominates these two: at -O1 each runs in ~0.7-0.85
+# of its -O0 time, compiling included (SQL and the user environment compile more than they run).
+@pytest.mark.optimized
 @pytest.mark.parametrize("name, label, quality", [("code", "DeepCoder-MT", True),
                                                   ("bfcl", "BFCL v3 multi-turn", False)])
 def test_reproduce_code_and_bfcl_run_every_phase_end_to_end(tmp_path, name, label, quality):
@@ -255,6 +260,7 @@ def test_reproduce_code_and_bfcl_run_every_phase_end_to_end(tmp_path, name, labe
 # ---------------------------------------------------------------- a user environment, end to end
 
 
+@pytest.mark.slow
 def test_a_user_environment_trains_and_evaluates_through_the_cli(tmp_path):
     config = tmp_path / "two_words.yaml"
     config.write_text(yaml.safe_dump({

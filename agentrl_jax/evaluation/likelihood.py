@@ -92,7 +92,8 @@ def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
       trajectory: a rollout record (tokenizer ids) sampled with the whole history in context.
       token_map: maps tokenizer ids to the model's ids when they differ (a small test model).
       rows_per_batch: rows per forward pass (rounded up to a multiple of the mesh's batch
-        shards); the last batch is padded to this size.
+        shards); the last batch is padded to this size. Fewer rows than that run as one
+        batch of the smallest power of two (per shard) that holds them.
       attention: the forward's attention implementation (:mod:`agentrl_jax.models.attention`).
 
     Returns:
@@ -123,8 +124,11 @@ def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
     bound = _power_of_two(int(scored[:, 1:width].sum(axis=1).max(initial=1)), _MIN_WIDTH)
     graphdef, params = nnx.split(model)
     mesh = params_mesh(params)
-    if mesh is not None:
-        rows_per_batch = -(-rows_per_batch // batch_shards(mesh)) * batch_shards(mesh)
+    shards = 1 if mesh is None else batch_shards(mesh)
+    # Fewer rows than a batch: the smallest power of two (per shard) that holds them, so a
+    # few trajectories are not padded to a whole batch (a few compilations at most).
+    rows_per_batch = min(rows_per_batch, _power_of_two(-(-rows // shards), 1) * shards)
+    rows_per_batch = -(-rows_per_batch // shards) * shards
     program = scoring_program(graphdef, scoring_config(attention, bound if bound < width - 1 else None), mesh)
     logprobs = np.zeros((rows, width), np.float64)
     for start in range(0, rows, rows_per_batch):
