@@ -125,10 +125,9 @@ def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
     graphdef, params = nnx.split(model)
     mesh = params_mesh(params)
     shards = 1 if mesh is None else batch_shards(mesh)
-    # Fewer rows than a batch: the smallest power of two (per shard) that holds them, so a
-    # few trajectories are not padded to a whole batch (a few compilations at most).
-    rows_per_batch = min(rows_per_batch, _power_of_two(-(-rows // shards), 1) * shards)
-    rows_per_batch = -(-rows_per_batch // shards) * shards
+    # Rows per shard: rows_per_batch's share, or, for fewer rows than a batch, the smallest
+    # power of two that holds them (a few trajectories are not padded to a whole batch).
+    rows_per_batch = shards * min(-(-rows_per_batch // shards), _power_of_two(-(-rows // shards), 1))
     program = scoring_program(graphdef, scoring_config(attention, bound if bound < width - 1 else None), mesh)
     logprobs = np.zeros((rows, width), np.float64)
     for start in range(0, rows, rows_per_batch):
