@@ -121,3 +121,50 @@ def test_seeds_run_the_study_once_per_seed_and_tabulate_each_finding(tmp_path, m
     result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(tmp_path / "x"),
                                       "--seeds", "3", "--seeds", "3"])
     assert _squeezed("--seeds: each seed once") in _one_line_error(result)
+
+
+def test_a_compile_cache_that_is_a_file_is_refused_before_any_work(tmp_path):
+    taken = tmp_path / "cache"
+    taken.write_text("")
+    result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(tmp_path / "out"),
+                                      "--compile-cache", str(taken)])
+    assert _squeezed(f"--compile-cache {taken}: is a file, not a folder") in _one_line_error(result)
+    assert not (tmp_path / "out").exists()
+
+
+_CACHE_PROBE = """
+import sys
+import jax, jax.numpy as jnp
+from agentrl_jax.cli.compile_cache import use_compile_cache
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **kw: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
+folder = use_compile_cache(None if sys.argv[1] == "default" else sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # tiny programs too
+def make():  # a new jitted function each time, as each phase's new sampler makes its own
+    return jax.jit(lambda x: jnp.tanh(x @ x.T).sum())
+x = jnp.ones((64, 64))
+first, second = make()(x), make()(x)
+print(folder, len(hits), float(first) == float(second))
+"""
+
+
+@pytest.mark.parametrize("setting", ["default", "mine", "off"])
+def test_the_compile_cache_loads_what_another_jitted_function_compiled(tmp_path, setting):
+    """The commands' persistent cache (``--compile-cache``): a second jitted function with
+    the same program loads the first one's executable instead of compiling it (what the
+    default study gains from it: each phase's sampler recompiles the same shapes). Default:
+    ``$XDG_CACHE_HOME/agentrl-jax/xla``; ``off``: nothing is cached."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    arg = str(tmp_path / "mine") if setting == "mine" else setting
+    out = subprocess.run([sys.executable, "-c", _CACHE_PROBE, arg], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    folder, hits, same = out.stdout.split()
+    expected = {"default": tmp_path / "xdg" / "agentrl-jax" / "xla", "mine": tmp_path / "mine",
+                "off": None}[setting]
+    assert folder == str(expected) and same == "True"
+    assert int(hits) == (0 if expected is None else 1)
+    if expected is not None:
+        assert any(expected.iterdir())  # the executable was written there

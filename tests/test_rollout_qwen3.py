@@ -272,10 +272,11 @@ def test_a_group_prefills_its_shared_first_prompt_once_and_plays_the_same_conver
                                      tasks, key).trajectory)
     assert len(set(shared.budget.tolist())) > 1 and (shared.turns_used > 1).any()
     assert_same_trajectory(shared, separate)
-    # 12 rows, 3 distinct first prompts: the first prefill ran on 3 rows, then one gather to the
-    # 12 rows (a compaction is recorded the other way round: ("take_rows", fewer, more))
-    assert ("take_rows", 12, 3) in sharing.shapes_used
-    assert any(s[:2] == ("append", 3) for s in sharing.shapes_used)
+    # 12 rows, 3 distinct first prompts: the first prefill ran on 4 rows (the 3 prompts and an
+    # empty row: below the batch, sizes are powers of two), then one gather to the 12 rows (a
+    # compaction is recorded the other way round: ("take_rows", fewer, more))
+    assert ("take_rows", 12, 4) in sharing.shapes_used
+    assert any(s[:2] == ("append", 4) for s in sharing.shapes_used)
 
 
 def test_shared_contexts_lists_each_context_once_in_order():
@@ -283,6 +284,27 @@ def test_shared_contexts_lists_each_context_once_in_order():
 
     unique, index = shared_contexts([(1, 2), (1, 2), (), (3,), (1, 2), ()])
     assert unique == [(1, 2), (), (3,)] and index.tolist() == [0, 0, 1, 2, 0, 1] and index.dtype == np.int32
+
+
+@pytest.mark.parametrize("num_rows, min_rows, multiple, expected", [
+    (1528, 8, 1, (1536, 1024, 512, 256, 128, 64, 32, 16, 8)),  # top: a 16th of 2048 = 128
+    (1544, 8, 1, (1664, 1024, 512, 256, 128, 64, 32, 16, 8)),
+    (2304, 8, 1, (2304, 2048, 1024, 512, 256, 128, 64, 32, 16, 8)),  # 2304 = 9 x 256
+    (12, 1, 1, (12, 8, 4, 2, 1)),
+    (12, 1, 8, (16, 8)),  # each a multiple of the mesh's 8 batch shards
+    (6, 4, 1, (6, 4)),
+    (3, 8, 1, (3,)),  # fewer rows than min_rows: no compaction
+])
+def test_row_buckets_round_the_batch_a_little_and_compact_to_shared_powers_of_two(
+        num_rows, min_rows, multiple, expected):
+    """Evaluations of nearly the same number of rows (error states per policy pair) share
+    their compiled batch sizes: the top is at most 1/8 above ``num_rows``, the rest powers of
+    two whatever ``num_rows`` was (hand-computed)."""
+    from agentrl_jax.policy import row_buckets
+
+    buckets = row_buckets(num_rows, min_rows, multiple)
+    assert buckets == expected
+    assert num_rows <= buckets[0] <= -(-num_rows * 9 // 8 // multiple) * multiple
 
 
 def test_chunked_prefill_and_a_bfloat16_cache_in_a_rollout(tiny_policy, shared_policy, tokenizer):

@@ -23,6 +23,9 @@ every process runs the same command with ``--coordinator HOST:PORT --num-process
 --process-id I`` (or ``--cluster-auto`` where jax finds them itself), ``--out`` on a file
 system all of them see.
 
+Compiled programs are kept in a persistent cache (:mod:`agentrl_jax.cli.compile_cache`,
+``--compile-cache``), so a program is compiled once per machine, not once per phase or run.
+
 Rerunning the same command on the same ``--out`` resumes: finished phases are skipped and a
 training run continues from its newest checkpoint (see :mod:`agentrl_jax.reproduce.pipeline`).
 """
@@ -67,17 +70,25 @@ def reproduce_command(
     heartbeat_timeout: int = typer.Option(100, help="Several processes: seconds without a "
                                           "heartbeat after which a process is taken as dead "
                                           "and the others stop with an error."),
+    compile_cache: Optional[str] = typer.Option(None, "--compile-cache", help="Folder of the "
+                                                "persistent XLA compilation cache, or off "
+                                                "(default: JAX_COMPILATION_CACHE_DIR if set, "
+                                                "else ~/.cache/agentrl-jax/xla): a program "
+                                                "compiled once is loaded after, in this run and "
+                                                "later ones."),
 ) -> None:
     """Base policy (SFT on imperfect demonstrations), full-budget GRPO and BudgetMix GRPO
     from it, then Table 1, Pass@K, Pass@T, likelihood, training dynamics and, where the
     environment has an oracle (FrozenLake's Q*), step quality and error states, written to a
     results folder with report.md."""
+    from agentrl_jax.cli.compile_cache import use_compile_cache
     from agentrl_jax.distributed import ClusterConfig, fail_fast, initialize
     try:  # before anything touches jax's devices
         initialize(ClusterConfig(coordinator, num_processes, process_id, auto=cluster_auto,
                                  heartbeat_timeout_s=heartbeat_timeout))
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+    use_compile_cache(compile_cache)
 
     with fail_fast():
         _reproduce(env, config, out, set_, fresh, progress, until, seeds, plugin)
