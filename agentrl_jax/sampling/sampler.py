@@ -605,8 +605,7 @@ class Sampler:
         bfloat16 halves a float32 model's cache), pending hidden states in the compute dtype;
         paged when the Sampler was made with ``paging`` (a pool of ``paging.num_pages``, or by
         default enough pages for ``pool_rows`` rows at ``max_len``, ``pool_rows`` defaulting to
-        ``batch_size`` and rounded up to a power of two, so that states of nearby sizes share
-        their programs: a state that will be copied to more rows needs the larger pool; on a
+        ``batch_size``: a state that will be copied to more rows needs the larger pool; on a
         mesh each batch shard holds an equal share of the rows and of the pages); one
         compiled program per (batch_size, max_len, dtype, pool size)."""
         if batch_size < 1 or max_len < 1:
@@ -632,10 +631,8 @@ class Sampler:
             raise ValueError(f"paging.kernel={paging.kernel!r} cannot serve this cache: {why}; "
                              "use kernel='auto' (the XLA version where no kernel fits)")
         shards = batch_shards(self.mesh) if self.sharded_pages else 1
-        if paging.num_pages is None:  # rows rounded up to a power of two: calls of nearby
-            # sizes (each phase's batches, 1504 and 1544 rows) share a pool, so their programs
+        if paging.num_pages is None:
             rows = batch_size if pool_rows is None else max(pool_rows, 1)
-            rows = 1 << (rows - 1).bit_length()
             pages = -(-rows * -(-max_len // paging.page_size) // shards) * shards
             paging = dataclasses.replace(paging, num_pages=pages)
         if batch_size % shards or paging.num_pages % shards:
