@@ -53,5 +53,8 @@ def use_compile_cache(setting: str | None) -> Path | None:
         return None  # no writable default (e.g. a read-only home): compile as without one
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    try:  # (a jax without the setting keeps every entry)
+        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    except AttributeError:
+        pass
     return folder
