@@ -227,11 +227,12 @@ def row_buckets(num_rows: int, min_rows: int, multiple: int) -> tuple[int, ...]:
     round_up = lambda n, m: -(-n // m) * m  # noqa: E731
     whole = 1 << max(num_rows - 1, 0).bit_length()
     sizes = {round_up(round_up(num_rows, max(whole // 16, 1)), multiple)}
-    n = whole // 2
-    while n >= min_rows and n < num_rows:
-        sizes.add(round_up(n, multiple))
-        n //= 2
-    sizes.add(round_up(min(min_rows, num_rows), multiple))
+    if num_rows > min_rows:
+        n = whole // 2  # below num_rows
+        while n >= min_rows:
+            sizes.add(round_up(n, multiple))
+            n //= 2
+        sizes.add(round_up(min_rows, multiple))
     return tuple(sorted(sizes, reverse=True))
 
 

@@ -294,6 +294,7 @@ def test_shared_contexts_lists_each_context_once_in_order():
     (12, 1, 8, (16, 8)),  # each a multiple of the mesh's 8 batch shards
     (6, 4, 1, (6, 4)),
     (3, 8, 1, (3,)),  # fewer rows than min_rows: no compaction
+    (41, 64, 1, (44,)),  # the same, the batch rounded up to a 16th of 64
 ])
 def test_row_buckets_round_the_batch_a_little_and_compact_to_shared_powers_of_two(
         num_rows, min_rows, multiple, expected):
