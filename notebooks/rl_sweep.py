@@ -121,9 +121,9 @@ def _notes(path: Path) -> str:
     if not path.exists():
         return ""
     lines = path.read_text().splitlines(keepends=True)
-    rows = [i for i, line in enumerate(lines) if line.startswith("|")]
-    rest = lines[rows[-1] + 1:] if rows else []
-    return "".join(rest)
+    start = next((i for i, line in enumerate(lines) if line.startswith("|")), len(lines))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "".join(lines[end:])  # the notes may hold tables of their own
 
 
 def main() -> None:
