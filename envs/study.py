@@ -186,6 +186,9 @@ class Study:
     # agentrl_jax.reproduce.findings.PaperFigures: texts {headline key: text}, effect sizes);
     # {}: the paper's headline figures
     paper_figures: Mapping[str, Any] = {}
+    # a regular expression whose matches the small tokenizer keeps as pre-tokens of their own
+    # (model.tokenizer_isolate; build_small_tokenizer's `isolate`); None: nothing to isolate
+    tokenizer_isolate: str | None = None
 
     # -- options and tasks
     def check_options(self, entry: "EnvEntry", options: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from nbclient import NotebookClient
 from typer.testing import CliRunner
 
 from agentrl_jax.cli import app
+from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.reproduce import pipeline, sft
 from agentrl_jax.reproduce.config import dump_config, load_config
 from agentrl_jax.reproduce.folder import ResultsFolderError
@@ -298,6 +299,26 @@ def test_cli_overrides_refusal_and_fresh_start(tmp_path):
     assert load_config(out / "config.yaml") == load_config(CI_CONFIG, ["rl.steps=1"])
     assert list(read_phases(out)) == ["setup"]
     assert (out / "models" / "init" / "model.safetensors").read_bytes() != init  # model.seed 0
+
+
+def test_tokenizer_isolate_builds_a_tokenizer_with_one_token_per_grid_cell(tmp_path):
+    out = tmp_path / "cells"
+    result = cli("--config", str(CI_CONFIG), "--out", str(out), "--set", "model.tokenizer_isolate=true",
+                 "--until", "setup")
+    assert result.exit_code == 0, result.output
+    grid = "\nP _ O _\n_ O _ _\n_ _ _ O\nO _ _ G"
+    tok = load_tokenizer(out / "models" / "init")
+    pieces = [tok.decode([i]) for i in tok(grid, add_special_tokens=False)["input_ids"]]
+    assert "".join(pieces) == grid and len(pieces) == 16, pieces  # each cell one token
+    # the built-in default merges across cells
+    result = cli("--config", str(CI_CONFIG), "--out", str(tmp_path / "rows"), "--until", "setup")
+    assert result.exit_code == 0, result.output
+    rows = load_tokenizer(tmp_path / "rows" / "models" / "init")
+    assert len(rows(grid, add_special_tokens=False)["input_ids"]) < 16
+    assert "model.tokenizer_isolate: the sql environment's study declares no pieces" in " ".join(
+        CliRunner().invoke(app, ["reproduce", "sql", "--out", str(tmp_path / "sql"), "--no-progress",
+                                 "--set", "model.tokenizer_isolate=true", "--until", "setup"],
+                           env={"COLUMNS": "1000"}).output.split())
 
 
 def test_cli_errors_name_the_problem(tmp_path):

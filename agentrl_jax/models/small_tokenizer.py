@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from agentrl_jax.models.tokenizer import bundled_tokenizer_dir
 
@@ -35,7 +35,7 @@ def qwen3_chat_template() -> str:
 
 
 def build_small_tokenizer(corpus: Iterable[str], vocab_size: int = 512, *, split_words: bool = True,
-                          ) -> transformers.PreTrainedTokenizerFast:
+                          isolate: str | None = None) -> transformers.PreTrainedTokenizerFast:
     """Train a byte-level BPE of ``vocab_size`` tokens (specials included) on ``corpus``.
 
     Every string encodes (the 256 byte tokens are always in the vocabulary); ids 0..2 are
@@ -45,6 +45,10 @@ def build_small_tokenizer(corpus: Iterable[str], vocab_size: int = 512, *, split
     tokenizers; False lets merges cross spaces and punctuation, so text that recurs verbatim
     (a system prompt, a grid row, a turn header) becomes a few tokens -- much shorter
     sequences for a model trained from scratch on one environment's text.
+
+    ``isolate``: a regular expression (Oniguruma syntax, as ``tokenizers`` reads it) whose
+    matches are pre-tokens of their own: no merge crosses their edges, so each match becomes
+    one token or a few (FrozenLake's grid cells: :attr:`envs.study.Study.tokenizer_isolate`).
     """
     reserved = len(SPECIAL_TOKENS) + len(THINK_TOKENS)
     if vocab_size < 256 + reserved:
@@ -52,6 +56,9 @@ def build_small_tokenizer(corpus: Iterable[str], vocab_size: int = 512, *, split
                          f"got {vocab_size}")
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_words)
+    if isolate is not None:
+        core.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(isolate), behavior="isolated"), core.pre_tokenizer])
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS + THINK_TOKENS),

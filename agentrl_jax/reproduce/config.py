@@ -68,6 +68,9 @@ class ReproduceConfig:
                                   f"the data and fsdp axes only, and mesh.tensor is "
                                   f"{self.mesh.tensor}; set rl.kv_page_size and "
                                   "eval.kv_page_size to null (the static cache) or tensor to 1")
+        if self.model.tokenizer_isolate and self.task.entry.study.tokenizer_isolate is None:
+            raise ConfigError(f"model.tokenizer_isolate: the {self.task.env} environment's study "
+                              "declares no pieces to isolate (envs.study.Study.tokenizer_isolate)")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (YAML/JSON), a copy; ``config_from_dict(c.to_dict()) == c``."""

@@ -309,7 +309,9 @@ class Reproduction:
         m, t = self.config.model, self.config.task
         corpus = self.study.corpus(self.tasks.train, self.demo_ids, t_max=t.t_max,
                                    prompt=BudgetPrompt())
-        tokenizer = build_small_tokenizer(corpus, vocab_size=m.tokenizer_vocab, split_words=False)
+        isolate = self.study.tokenizer_isolate if m.tokenizer_isolate else None  # checked by the config
+        tokenizer = build_small_tokenizer(corpus, vocab_size=m.tokenizer_vocab, split_words=False,
+                                          isolate=isolate)
         model = random_qwen3(len(tokenizer), hidden_size=m.hidden_size,
                              intermediate_size=m.intermediate_size,
                              num_hidden_layers=m.num_hidden_layers,

@@ -104,7 +104,10 @@ DTYPES = ("float32", "bfloat16")
 class ModelSettings:
     """The policy. ``model_dir`` (a local Hugging Face Qwen3 directory, e.g. Qwen3-4B) is loaded
     with its tokenizer; without it a Qwen3 of the dimensions below is initialised at random and
-    a byte-level BPE tokenizer of ``tokenizer_vocab`` tokens is built from the task's text."""
+    a byte-level BPE tokenizer of ``tokenizer_vocab`` tokens is built from the task's text;
+    ``tokenizer_isolate`` makes that tokenizer keep the pieces the environment's study declares
+    (:attr:`envs.study.Study.tokenizer_isolate`; FrozenLake: every grid cell) as tokens of
+    their own instead of merging them with their neighbours."""
 
     model_dir: str | None = None
     hidden_size: int = 64
@@ -114,6 +117,7 @@ class ModelSettings:
     num_key_value_heads: int = 2
     head_dim: int = 16
     tokenizer_vocab: int = 768
+    tokenizer_isolate: bool = False
     dtype: str = "float32"            # compute dtype (parameters stay float32)
     seed: int = 0
 
@@ -123,8 +127,11 @@ class ModelSettings:
             "hidden_size": _int(2), "intermediate_size": _int(1), "num_hidden_layers": _int(1),
             "num_attention_heads": _int(1), "num_key_value_heads": _int(1),
             "head_dim": (lambda v: _int(2)[0](v) and v % 2 == 0, "an even int >= 2"),
-            "tokenizer_vocab": _int(261), "dtype": one_of(DTYPES),
+            "tokenizer_vocab": _int(261), "tokenizer_isolate": _BOOL, "dtype": one_of(DTYPES),
             "seed": _int(0)})
+        if self.tokenizer_isolate and self.model_dir is not None:
+            raise ConfigError("model.tokenizer_isolate: only for the tokenizer built from the task's "
+                              "text (model.model_dir is null); a loaded model keeps its own")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(f"model.num_key_value_heads: must divide num_attention_heads "
                              f"({self.num_attention_heads}), got {self.num_key_value_heads}")

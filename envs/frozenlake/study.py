@@ -133,6 +133,9 @@ class FrozenLakeStudy(Study):
     analyses = ALL_ANALYSES
     demonstrations = "Q* demonstrations"
     records_quality = False  # R_single is Q*, computed from the maps
+    # every grid cell (a symbol after a space or a line break) its own token, so each grid has
+    # the same token layout; the default merges a whole row into one token
+    tokenizer_isolate = r"[ \n][_OPGXW](?=[ \n<]|$)"
 
     def check_options(self, entry: EnvEntry, options: Mapping[str, Any]) -> dict[str, Any]:
         known = [f.name for f in dataclasses.fields(FrozenLakeOptions)]
