@@ -232,10 +232,21 @@ def test_overrides_parse_values_as_yaml_and_apply_on_the_file():
     ("rl.algorithm=3", r"with override 'rl\.algorithm=3': rl\.algorithm: must be a mapping"),
     ("rl.steps.x=3", r"override 'rl\.steps\.x=3': rl\.steps: must be a mapping, got an int"),
     ("rl.algorithm..x=3", r"override 'rl\.algorithm\.\.x=3': expected section\.field=value"),
+    ("model.tokenizer_isolate=yes please", r"model\.tokenizer_isolate: must be true or false, got 'yes please'"),
+    ("model.tokenizer_isolate=1", r"model\.tokenizer_isolate: must be true or false, got 1"),
 ])
 def test_a_malformed_override_is_a_clear_error(override, message):
     with pytest.raises(ValueError, match=message):
         load_config(CONFIGS / "frozenlake_ci.yaml", [override])
+
+
+def test_tokenizer_isolate_is_refused_where_no_tokenizer_is_built_or_nothing_is_declared():
+    with pytest.raises(ValueError, match=r"model\.tokenizer_isolate: only for the tokenizer built"):
+        load_config(CONFIGS / "frozenlake_ci.yaml", ["model.tokenizer_isolate=true",
+                                                     "model.model_dir=/models/qwen3"])
+    with pytest.raises(ValueError, match=r"the sql environment's study declares no pieces"):
+        config_from_dict({"task": {"env": "sql"}, "model": {"tokenizer_isolate": True}})
+    assert load_config(CONFIGS / "frozenlake_ci.yaml", ["model.tokenizer_isolate=true"]).model.tokenizer_isolate
 
 
 # ---------------------------------------------------------------- the paper's numbers

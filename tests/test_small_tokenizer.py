@@ -1,11 +1,16 @@
 """The small FrozenLake tokenizer keeps Qwen3's chat format and round-trips any text."""
 
+import jax
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer, save_small_tokenizer
 from agentrl_jax.models.tokenizer import load_tokenizer, render_chat
 from agentrl_jax.prompts import BudgetPrompt, ChatTokens
+from envs.frozenlake import maps as fl_maps
+from envs.frozenlake.study import FrozenLakeStudy, frozenlake_corpus
+from envs.frozenlake.text import render
+from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
 CORPUS = ["P _ _ O\n_ O _ G", "<answer>Left</answer>", "<answer>Down</answer>",
           "[MAX TURNS] 20 [CURRENT TURN] 3 [REMAINING TURNS] 17"] * 50
@@ -47,12 +52,6 @@ def test_budget_prompt_encodes_compactly():
 def _grid_tokenizers():
     """FrozenLake's small tokenizer built from its real corpus, without and with the study's
     ``tokenizer_isolate`` (every grid cell its own pre-token)."""
-    import jax
-
-    from envs.frozenlake import maps as fl_maps
-    from envs.frozenlake.study import FrozenLakeStudy, frozenlake_corpus
-    from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
-
     tiles = fl_maps.generate(jax.random.key(0), 32, size=4, p=0.8, random_start_goal=True)
     env = FrozenLakeTextEnv(tiles, FrozenLakeTextConfig(t_max=6, is_slippery=True, success_rate=0.8))
     corpus = frozenlake_corpus(env.instructions(), env.maps, 6)
@@ -61,11 +60,11 @@ def _grid_tokenizers():
                                   isolate=FrozenLakeStudy.tokenizer_isolate))
 
 
-def test_isolating_the_grid_cells_keeps_every_token_within_one_cell(tmp_path):
-    from envs.frozenlake.text import render
+_MERGED, _CELLS = _grid_tokenizers()
 
-    merged, cells = _grid_tokenizers()
-    save_small_tokenizer(cells, tmp_path)
+
+def test_isolating_the_grid_cells_keeps_every_token_within_one_cell(tmp_path):
+    save_small_tokenizer(_CELLS, tmp_path)
     loaded = load_tokenizer(tmp_path)  # the pre-tokenizer travels in tokenizer.json
     tiles = np.array([[0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1], [1, 0, 0, 3]])
     single = 0
@@ -74,7 +73,7 @@ def test_isolating_the_grid_cells_keeps_every_token_within_one_cell(tmp_path):
         turn = BudgetPrompt().turn_text(grid_text, budget=6, turn=2)
         start = len(turn) - len(grid_text) - 1  # the grid's cells: "\nP", " _", ..., "\n_", ...
         cell_edges = {start + 2 * i for i in range(17)}
-        for tok in (cells, loaded):
+        for tok in (_CELLS, loaded):
             ids = tok(turn, add_special_tokens=False)["input_ids"]
             pieces = [tok.decode([i]) for i in ids]
             assert "".join(pieces) == turn
@@ -83,7 +82,7 @@ def test_isolating_the_grid_cells_keeps_every_token_within_one_cell(tmp_path):
             assert cell_edges <= edges, "a token spans two grid cells"
             single += sum(e - 2 in edges for e in cell_edges - {start})  # cells that are one token
         # without isolation merges cross cells: the grid is fewer tokens than cells
-        assert len(merged(grid_text, add_special_tokens=False)["input_ids"]) < 16
+        assert len(_MERGED(grid_text, add_special_tokens=False)["input_ids"]) < 16
     assert single >= 0.75 * 2 * 4 * 16  # this corpus merges most cells ("\nO" stays two bytes)
 
 
@@ -93,5 +92,3 @@ def test_an_isolating_tokenizer_round_trips_grid_like_text(text):
     ids = _CELLS(text, add_special_tokens=False)["input_ids"]
     assert _CELLS.decode(ids) == text
 
-
-_CELLS = _grid_tokenizers()[1]
