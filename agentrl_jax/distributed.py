@@ -60,23 +60,30 @@ class ClusterConfig:
     ``num_processes`` and ``process_id`` (a hand-started cluster), or ``auto`` (jax detects
     the cluster), or none of them (one process, nothing to join)."""
 
-    coordinator: str | None = None   # "host:port" of process 0's coordinator service
+    coordinator: str | None = None  # "host:port" of process 0's coordinator service
     num_processes: int | None = None
     process_id: int | None = None
     auto: bool = False
-    heartbeat_timeout_s: int = 100   # a process silent this long is taken as dead
-    init_timeout_s: int = 300        # how long to wait for every process to join
+    heartbeat_timeout_s: int = 100  # a process silent this long is taken as dead
+    init_timeout_s: int = 300  # how long to wait for every process to join
 
     def __post_init__(self):
-        given = [f for f in ("coordinator", "num_processes", "process_id")
-                 if getattr(self, f) is not None]
+        given = [
+            f
+            for f in ("coordinator", "num_processes", "process_id")
+            if getattr(self, f) is not None
+        ]
         if given and len(given) < 3:
             missing = sorted({"coordinator", "num_processes", "process_id"} - set(given))
-            raise ConfigError(f"cluster: {', '.join(given)} given without {', '.join(missing)}: "
-                              "a hand-started cluster needs all three")
+            raise ConfigError(
+                f"cluster: {', '.join(given)} given without {', '.join(missing)}: "
+                "a hand-started cluster needs all three"
+            )
         if given and self.auto:
-            raise ConfigError("cluster: auto detects the coordinator and process ids itself; "
-                              "give either auto or coordinator / num_processes / process_id")
+            raise ConfigError(
+                "cluster: auto detects the coordinator and process ids itself; "
+                "give either auto or coordinator / num_processes / process_id"
+            )
         if self.coordinator is not None and not _ADDRESS.match(self.coordinator):
             raise ConfigError(f"cluster.coordinator: must be HOST:PORT, got {self.coordinator!r}")
         n, i = self.num_processes, self.process_id
@@ -101,13 +108,19 @@ def initialize(config: ClusterConfig) -> None:
         return
     if jax.config.jax_platforms in (None, "", "cpu") or "cpu" in str(jax.config.jax_platforms):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    options = dict(initialization_timeout=config.init_timeout_s,
-                   heartbeat_timeout_seconds=config.heartbeat_timeout_s)
+    options = dict(
+        initialization_timeout=config.init_timeout_s,
+        heartbeat_timeout_seconds=config.heartbeat_timeout_s,
+    )
     if config.auto:
         jax.distributed.initialize(**options)
     else:
-        jax.distributed.initialize(config.coordinator, num_processes=config.num_processes,
-                                   process_id=config.process_id, **options)
+        jax.distributed.initialize(
+            config.coordinator,
+            num_processes=config.num_processes,
+            process_id=config.process_id,
+            **options,
+        )
 
 
 @contextlib.contextmanager
@@ -122,8 +135,11 @@ def fail_fast() -> Iterator[None]:
         if not is_multiprocess() or isinstance(error, SystemExit) and error.code in (0, None):
             raise
         traceback.print_exc()
-        print(f"process {jax.process_index()} failed; ending it so the others stop too",
-              file=sys.stderr, flush=True)
+        print(
+            f"process {jax.process_index()} failed; ending it so the others stop too",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.stdout.flush()
         os._exit(1)
 
@@ -148,23 +164,27 @@ def global_batch(tree: Any, mesh: Mesh, spec: P, *, whole: bool = True) -> Any:
     """Every leaf (``[rows, ...]`` host arrays) as one global array split by rows with
     ``spec`` over ``mesh``. ``whole``: every process holds the whole batch (each contributes
     its :func:`process_rows`); else each holds only its own rows."""
+
     def place(x):
         x = np.asarray(x)
         sharding = NamedSharding(mesh, P(*spec, *([None] * (x.ndim - len(spec)))))
         local = x[process_rows(x.shape[0], mesh)] if whole else x
         return jax.make_array_from_process_local_data(sharding, local)
+
     return jax.tree.map(place, tree)
 
 
 def host_value(tree: Any) -> Any:
     """Every leaf as a host NumPy array on every process (gathered across processes where a
     leaf is not fully addressable from this one)."""
+
     def fetch(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             if x.is_fully_replicated:
                 return np.asarray(x.addressable_data(0))
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return np.asarray(x)
+
     return jax.tree.map(fetch, tree)
 
 
@@ -185,8 +205,9 @@ def local_mesh(mesh: Mesh | None) -> Mesh | None:
     has one device."""
     if mesh is None or not is_multiprocess():
         return mesh
-    shape = per_process_mesh_shape(tuple(mesh.shape[a] for a in mesh.axis_names),
-                                   jax.process_count())
+    shape = per_process_mesh_shape(
+        tuple(mesh.shape[a] for a in mesh.axis_names), jax.process_count()
+    )
     if shape == (1, 1, 1):
         return None
     return build_mesh(MeshConfig(*shape), jax.local_devices())
@@ -198,8 +219,9 @@ def host_key(key: jax.Array) -> jax.Array:
     if not is_multiprocess():
         return key
     data = host_value(jax.random.key_data(key))
-    return jax.random.wrap_key_data(jax.device_put(data, jax.local_devices()[0]),
-                                    impl=jax.random.key_impl(key))
+    return jax.random.wrap_key_data(
+        jax.device_put(data, jax.local_devices()[0]), impl=jax.random.key_impl(key)
+    )
 
 
 # ---------------------------------------------------------------- rollouts split by process
@@ -227,16 +249,20 @@ def rollout_rows(rows: int) -> list[np.ndarray] | None:
     return np.array_split(np.arange(rows), jax.process_count())
 
 
-def allgather_blobs(arrays: dict[str, np.ndarray], texts: Any) -> list[tuple[dict[str, np.ndarray], Any]]:
+def allgather_blobs(
+    arrays: dict[str, np.ndarray], texts: Any
+) -> list[tuple[dict[str, np.ndarray], Any]]:
     """Every process's ``(arrays, texts)`` (NumPy arrays by name, and JSON-able values), in
     process order: one blob per process (``.npz`` without pickles, the JSON as bytes), of any
     size, through jax's collectives."""
     buffer = io.BytesIO()
     np.savez(buffer, **arrays, __texts__=np.frombuffer(json.dumps(texts).encode(), np.uint8))
     blob = np.frombuffer(buffer.getvalue(), np.uint8)
-    sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64))).reshape(-1)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64))).reshape(
+        -1
+    )
     padded = np.zeros(int(sizes.max()), np.uint8)
-    padded[:blob.size] = blob
+    padded[: blob.size] = blob
     blobs = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
     out = []
     for blob, size in zip(blobs, sizes):

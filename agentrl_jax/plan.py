@@ -46,36 +46,91 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.models.checkpoints import abstract_qwen3
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.sampling import Paging, SamplingConfig
-from agentrl_jax.sampling.sampler import Sampler, batch_shards, generation_rules, init_state, resolve_layout
-from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, build_mesh, describe_mesh, tree_shardings
-from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_train_step, state_shardings
+from agentrl_jax.sampling.sampler import (
+    Sampler,
+    batch_shards,
+    generation_rules,
+    init_state,
+    resolve_layout,
+)
+from agentrl_jax.sharding import (
+    BATCH_AXES,
+    QWEN3_PARAM_RULES,
+    build_mesh,
+    describe_mesh,
+    tree_shardings,
+)
+from agentrl_jax.train import (
+    TrainBatch,
+    TrainConfig,
+    init_train_state,
+    make_train_step,
+    state_shardings,
+)
 from agentrl_jax.train.step import batch_shardings
 from agentrl_jax.trajectory import Trajectory
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 # HBM per chip (bytes) by libtpu device kind.
-TPU_MEMORY = {"TPU v4": 32 * GIB, "TPU v5 lite": 16 * GIB, "TPU v5": 95.74 * GIB, "TPU v5p": 95.74 * GIB,
-              "TPU v6 lite": 32 * GIB, "TPU v6e": 32 * GIB}
+TPU_MEMORY = {
+    "TPU v4": 32 * GIB,
+    "TPU v5 lite": 16 * GIB,
+    "TPU v5": 95.74 * GIB,
+    "TPU v5p": 95.74 * GIB,
+    "TPU v6 lite": 32 * GIB,
+    "TPU v6e": 32 * GIB,
+}
 
 # Hugging Face config.json values of the Qwen3 dense models (for planning without the files).
 QWEN3_ARCHITECTURES: dict[str, dict[str, Any]] = {
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
-    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
-    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
-    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen3-0.6b": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-1.7b": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-4b": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    ),
 }
-_COMMON = dict(vocab_size=151936, head_dim=128, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-               max_position_embeddings=40960, eos_token_ids=(151645, 151643))
+_COMMON = dict(
+    vocab_size=151936,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=40960,
+    eos_token_ids=(151645, 151643),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,13 +167,18 @@ def tpu_target(topology: str) -> Target:
     """Compile-only devices of a TPU topology (e.g. ``"v5p:2x2x2"``); needs libtpu."""
     try:
         from jax.experimental import topologies
+
         devices = topologies.get_topology_desc(topology, "tpu").devices
     except Exception as e:  # libtpu missing or the name unknown
-        raise ValueError(f"--topology {topology!r}: no TPU topology ({type(e).__name__}: {e}); "
-                         "install the tpu extra (pip install -e '.[tpu]') and use a name like v5p:2x2x2") from None
+        raise ValueError(
+            f"--topology {topology!r}: no TPU topology ({type(e).__name__}: {e}); "
+            "install the tpu extra (pip install -e '.[tpu]') and use a name like v5p:2x2x2"
+        ) from None
     kind = devices[0].device_kind
     if kind not in TPU_MEMORY:
-        raise ValueError(f"--topology {topology!r}: unknown device kind {kind!r} (known: {sorted(TPU_MEMORY)})")
+        raise ValueError(
+            f"--topology {topology!r}: unknown device kind {kind!r} (known: {sorted(TPU_MEMORY)})"
+        )
     return Target(f"{topology} ({kind})", tuple(devices), TPU_MEMORY[kind], estimate=False)
 
 
@@ -132,20 +192,33 @@ def gpu_target(count: int, memory_gib: float, stand_in: str = "cpu") -> Target:
     """
     if stand_in == "tpu":
         if count < 4 or count % 4:
-            raise ValueError(f"--gpus {count} --gpu-stand-in tpu: TPU v5p topologies come in "
-                             "multiples of 4 chips; use --gpu-stand-in cpu for this count")
+            raise ValueError(
+                f"--gpus {count} --gpu-stand-in tpu: TPU v5p topologies come in "
+                "multiples of 4 chips; use --gpu-stand-in cpu for this count"
+            )
         topology = f"v5p:2x2x{count // 4}"
         devices = tpu_target(topology).devices
-        return Target(f"{count} x GPU {memory_gib:g} GiB (estimated with the TPU compiler, {topology})",
-                      devices, memory_gib * GIB, estimate=True)
+        return Target(
+            f"{count} x GPU {memory_gib:g} GiB (estimated with the TPU compiler, {topology})",
+            devices,
+            memory_gib * GIB,
+            estimate=True,
+        )
     if stand_in != "cpu":
         raise ValueError(f"--gpu-stand-in must be 'cpu' or 'tpu', got {stand_in!r}")
     devices = jax.devices("cpu")
     if len(devices) < count:
-        raise ValueError(f"--gpus {count}: this process has {len(devices)} CPU devices; start it with "
-                         f"XLA_FLAGS=--xla_force_host_platform_device_count={count}")
-    return Target(f"{count} x GPU {memory_gib:g} GiB (estimated on CPU devices)", tuple(devices[:count]),
-                  memory_gib * GIB, estimate=True, conservative=True)
+        raise ValueError(
+            f"--gpus {count}: this process has {len(devices)} CPU devices; start it with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={count}"
+        )
+    return Target(
+        f"{count} x GPU {memory_gib:g} GiB (estimated on CPU devices)",
+        tuple(devices[:count]),
+        memory_gib * GIB,
+        estimate=True,
+        conservative=True,
+    )
 
 
 def model_config(settings: Any, name: str | None = None) -> Qwen3Config:
@@ -157,25 +230,44 @@ def model_config(settings: Any, name: str | None = None) -> Qwen3Config:
     if model_dir and (Path(model_dir) / "config.json").is_file():
         return Qwen3Config.from_model_dir(model_dir)
     if model_dir is None and name is None:
-        return Qwen3Config(vocab_size=settings.tokenizer_vocab, hidden_size=settings.hidden_size,
-                           intermediate_size=settings.intermediate_size,
-                           num_hidden_layers=settings.num_hidden_layers,
-                           num_attention_heads=settings.num_attention_heads,
-                           num_key_value_heads=settings.num_key_value_heads, head_dim=settings.head_dim)
+        return Qwen3Config(
+            vocab_size=settings.tokenizer_vocab,
+            hidden_size=settings.hidden_size,
+            intermediate_size=settings.intermediate_size,
+            num_hidden_layers=settings.num_hidden_layers,
+            num_attention_heads=settings.num_attention_heads,
+            num_key_value_heads=settings.num_key_value_heads,
+            head_dim=settings.head_dim,
+        )
     key = (name or Path(model_dir).name).lower()
     for arch in sorted(QWEN3_ARCHITECTURES, key=len, reverse=True):
         if arch in key:
             return Qwen3Config(**_COMMON, **QWEN3_ARCHITECTURES[arch])
-    raise ValueError(f"model.model_dir {model_dir!r}: no config.json there and no known size in its name "
-                     f"(pass --model one of {sorted(QWEN3_ARCHITECTURES)})")
+    raise ValueError(
+        f"model.model_dir {model_dir!r}: no config.json there and no known size in its name "
+        f"(pass --model one of {sorted(QWEN3_ARCHITECTURES)})"
+    )
 
 
 # ------------------------------------------------------------------------- memory
 
 
 _SHAPE = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|bf16|f16|f32|f64)\[([0-9,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4,
-          "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "bf16": 2,
+    "f16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+}
 
 
 def largest_buffers(hlo_text: str, count: int = 5) -> tuple[tuple[str, int], ...]:
@@ -189,24 +281,39 @@ def largest_buffers(hlo_text: str, count: int = 5) -> tuple[tuple[str, int], ...
     return tuple(sorted(sizes.items(), key=lambda kv: -kv[1])[:count])
 
 
-def analyse(name: str, compiled: Any, memory_bytes: float, headroom: float,
-            conservative: bool = False) -> ProgramPlan:
+def analyse(
+    name: str, compiled: Any, memory_bytes: float, headroom: float, conservative: bool = False
+) -> ProgramPlan:
     """A :class:`ProgramPlan` from a compiled program (``jitted.lower(...).compile()``).
 
     The peak is the compiler's ``peak_memory_in_bytes``; ``conservative`` (estimates on CPU
     devices, whose peak leaves temporaries out) takes arguments + outputs - aliased +
     temporaries instead, an upper bound."""
     m = compiled.memory_analysis()
-    bound = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+    bound = (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+        + m.temp_size_in_bytes
+    )
     peak = bound if conservative else (getattr(m, "peak_memory_in_bytes", 0) or bound)
-    return ProgramPlan(name, int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
-                       int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), int(peak),
-                       largest_buffers(compiled.as_text()), bool(peak <= memory_bytes * (1 - headroom)),
-                       float(1 - peak / memory_bytes))
+    return ProgramPlan(
+        name,
+        int(m.argument_size_in_bytes),
+        int(m.output_size_in_bytes),
+        int(m.alias_size_in_bytes),
+        int(m.temp_size_in_bytes),
+        int(peak),
+        largest_buffers(compiled.as_text()),
+        bool(peak <= memory_bytes * (1 - headroom)),
+        float(1 - peak / memory_bytes),
+    )
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
 
 
 # ------------------------------------------------------------------------- programs
@@ -224,36 +331,68 @@ def abstract_batch(rows: int, length: int, turns: int, mesh) -> TrainBatch:
     return _abstract(batch, batch_shardings(batch, mesh))
 
 
-def plan_train_step(name: str, model: nnx.Module, config: TrainConfig, mesh, *, rows: int, length: int,
-                    turns: int, memory_bytes: float, headroom: float, conservative: bool = False) -> ProgramPlan:
+def plan_train_step(
+    name: str,
+    model: nnx.Module,
+    config: TrainConfig,
+    mesh,
+    *,
+    rows: int,
+    length: int,
+    turns: int,
+    memory_bytes: float,
+    headroom: float,
+    conservative: bool = False,
+) -> ProgramPlan:
     """Compile the (donating) train step for ``rows x length`` batches on ``mesh``."""
     state = abstract_train_state(model, config, mesh)
     batch = abstract_batch(rows, length, turns, mesh)
-    step = make_train_step(nnx.graphdef(model), config, mesh=mesh, state_template=state, donate=True)
+    step = make_train_step(
+        nnx.graphdef(model), config, mesh=mesh, state_template=state, donate=True
+    )
     compiled = step.jitted(batch).lower(state, batch).compile()
     return analyse(name, compiled, memory_bytes, headroom, conservative)
 
 
-def plan_sampler(prefix: str, model: nnx.Module, mesh, *, rows: int, max_len: int, max_new_tokens: int,
-                 prefill_chunk: int | None, cache_dtype: Any, layout: str, sampling: SamplingConfig,
-                 memory_bytes: float, headroom: float, wanted=lambda name: True, init: bool = True,
-                 conservative: bool = False, paging: Paging | None = None, refill: bool = False
-                 ) -> list[ProgramPlan]:
+def plan_sampler(
+    prefix: str,
+    model: nnx.Module,
+    mesh,
+    *,
+    rows: int,
+    max_len: int,
+    max_new_tokens: int,
+    prefill_chunk: int | None,
+    cache_dtype: Any,
+    layout: str,
+    sampling: SamplingConfig,
+    memory_bytes: float,
+    headroom: float,
+    wanted=lambda name: True,
+    init: bool = True,
+    conservative: bool = False,
+    paging: Paging | None = None,
+    refill: bool = False,
+) -> list[ProgramPlan]:
     """Compile the sampler's init, widest append (``max_len`` columns, fed in chunks of
     ``prefill_chunk``) and decode for ``rows`` rows, parameters in the generation ``layout``;
     with ``paging`` on its paged KV cache (a pool for every row at ``max_len``), and with
     ``refill`` also the widest ``append_rows`` (seating new rows: all ``rows`` at once)."""
-    sampler = Sampler(model, max_new_tokens=max_new_tokens, mesh=mesh, prefill_chunk=prefill_chunk,
-                      paging=paging)
+    sampler = Sampler(
+        model, max_new_tokens=max_new_tokens, mesh=mesh, prefill_chunk=prefill_chunk, paging=paging
+    )
     params = nnx.state(model)
-    if resolve_layout(layout, mesh) == "replicated":  # a copy in the compute dtype (generation_params)
+    if (
+        resolve_layout(layout, mesh) == "replicated"
+    ):  # a copy in the compute dtype (generation_params)
         params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, model.dtype), params)
         params = _abstract(params, tree_shardings(params, mesh, generation_rules()))
     else:
         params = _abstract(params, tree_shardings(params, mesh, QWEN3_PARAM_RULES))
     pool = sampler.pool(rows, max_len, dtype=cache_dtype)
-    state = jax.eval_shape(lambda: init_state(model.config, rows, max_len, cache_dtype, model.dtype,
-                                              pool))
+    state = jax.eval_shape(
+        lambda: init_state(model.config, rows, max_len, cache_dtype, model.dtype, pool)
+    )
     state = _abstract(state, sampler.state_shardings(state))
 
     def rows_of(shape, dtype):
@@ -264,25 +403,45 @@ def plan_sampler(prefix: str, model: nnx.Module, mesh, *, rows: int, max_len: in
         compiled = sampler._init.lower(rows, max_len, cache_dtype, pool).compile()
         out.append(analyse(f"{prefix}:init", compiled, memory_bytes, headroom, conservative))
     if wanted(f"{prefix}:append"):
-        compiled = sampler._append.lower(params, state, rows_of((rows, max_len), jnp.int32),
-                                         rows_of((rows, max_len), jnp.bool_)).compile()
+        compiled = sampler._append.lower(
+            params, state, rows_of((rows, max_len), jnp.int32), rows_of((rows, max_len), jnp.bool_)
+        ).compile()
         out.append(analyse(f"{prefix}:append", compiled, memory_bytes, headroom, conservative))
     if refill and wanted(f"{prefix}:append_rows"):
-        compiled = sampler._append_rows.lower(params, state, rows_of((rows,), jnp.int32),
-                                              rows_of((rows, max_len), jnp.int32),
-                                              rows_of((rows, max_len), jnp.bool_)).compile()
+        compiled = sampler._append_rows.lower(
+            params,
+            state,
+            rows_of((rows,), jnp.int32),
+            rows_of((rows, max_len), jnp.int32),
+            rows_of((rows, max_len), jnp.bool_),
+        ).compile()
         out.append(analyse(f"{prefix}:append_rows", compiled, memory_bytes, headroom, conservative))
     if wanted(f"{prefix}:decode"):
-        compiled = sampler._decode.lower(params, state, rows_of((rows, 2), jnp.uint32),
-                                         rows_of((rows,), jnp.int32), rows_of((rows,), jnp.bool_),
-                                         sampling=sampling).compile()
+        compiled = sampler._decode.lower(
+            params,
+            state,
+            rows_of((rows, 2), jnp.uint32),
+            rows_of((rows,), jnp.int32),
+            rows_of((rows,), jnp.bool_),
+            sampling=sampling,
+        ).compile()
         out.append(analyse(f"{prefix}:decode", compiled, memory_bytes, headroom, conservative))
     return out
 
 
-def plan_likelihood(name: str, model: nnx.Module, mesh, *, rows: int, length: int, loss_positions: int | None,
-                    attention: str, memory_bytes: float, headroom: float, conservative: bool = False
-                    ) -> ProgramPlan:
+def plan_likelihood(
+    name: str,
+    model: nnx.Module,
+    mesh,
+    *,
+    rows: int,
+    length: int,
+    loss_positions: int | None,
+    attention: str,
+    memory_bytes: float,
+    headroom: float,
+    conservative: bool = False,
+) -> ProgramPlan:
     """Compile the likelihood analysis's teacher-forced forward
     (:func:`~agentrl_jax.evaluation.likelihood.scoring_program`) for ``rows x length`` batches
     (rows rounded up to the mesh's batch shards), parameters in the train layout."""
@@ -294,7 +453,10 @@ def plan_likelihood(name: str, model: nnx.Module, mesh, *, rows: int, length: in
     params = _abstract(params, tree_shardings(params, mesh, QWEN3_PARAM_RULES))
     program = scoring_program(nnx.graphdef(model), scoring_config(attention, loss_positions), mesh)
     row_sharding = NamedSharding(mesh, P(BATCH_AXES, None))
-    tokens, mask = (jax.ShapeDtypeStruct((rows, length), d, sharding=row_sharding) for d in (jnp.int32, jnp.bool_))
+    tokens, mask = (
+        jax.ShapeDtypeStruct((rows, length), d, sharding=row_sharding)
+        for d in (jnp.int32, jnp.bool_)
+    )
     compiled = program.lower(params, tokens, mask, mask).compile()
     return analyse(name, compiled, memory_bytes, headroom, conservative)
 
@@ -307,8 +469,14 @@ def eval_rows(ev: Any, eval_maps: int) -> int:
     return max(tasks * samples, (ev.states_per_call or ev.states) * ev.group_size)
 
 
-def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str | None = None,
-         programs: Sequence[str] | None = None) -> dict[str, Any]:
+def plan(
+    config: Any,
+    target: Target,
+    *,
+    headroom: float = 0.15,
+    model_name: str | None = None,
+    programs: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Compile the programs of a :class:`~agentrl_jax.reproduce.config.ReproduceConfig` for
     ``target`` and report their memory (see the module docstring). ``programs``: name
     prefixes to keep (e.g. ``["train"]``), None for all."""
@@ -320,53 +488,107 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
     mesh = build_mesh(config.mesh, target.devices)
     rl, task = config.rl, config.task
     rows = rl.tasks_per_step * rl.group_size
-    wanted = (lambda name: programs is None or any(name.startswith(p) for p in programs))
+    wanted = lambda name: programs is None or any(name.startswith(p) for p in programs)
     results: list[ProgramPlan] = []
     seen: dict[TrainConfig, str] = {}
-    for spec in run_specs(rl, loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
-                          max_response_length=task.t_max * task.max_response_tokens):
+    for spec in run_specs(
+        rl,
+        loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
+        max_response_length=task.t_max * task.max_response_tokens,
+    ):
         train_config = spec.train_config
         if train_config in seen or not wanted(f"train:{spec.name}"):
             continue
         seen[train_config] = spec.name
-        results.append(plan_train_step(f"train:{spec.name}", model, train_config, mesh, rows=rows,
-                                       length=task.max_context, turns=task.t_max,
-                                       memory_bytes=target.memory_bytes, headroom=headroom,
-                                       conservative=target.conservative))
+        results.append(
+            plan_train_step(
+                f"train:{spec.name}",
+                model,
+                train_config,
+                mesh,
+                rows=rows,
+                length=task.max_context,
+                turns=task.t_max,
+                memory_bytes=target.memory_bytes,
+                headroom=headroom,
+                conservative=target.conservative,
+            )
+        )
     rollout_rows = rl.max_rows_per_call or rows
     cache_dtype = jnp.dtype(rl.kv_cache_dtype or config.model.dtype)
     results += plan_sampler(
-        "rollout", model, mesh, rows=rollout_rows, max_len=task.max_context,
-        max_new_tokens=task.max_response_tokens, prefill_chunk=rl.prefill_chunk, cache_dtype=cache_dtype,
-        layout=rl.generation_layout, sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p),
-        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, conservative=target.conservative,
-        paging=None if rl.kv_page_size is None else Paging(page_size=rl.kv_page_size,
-                                                           num_pages=rl.kv_pages),
-        refill=rl.refill)
+        "rollout",
+        model,
+        mesh,
+        rows=rollout_rows,
+        max_len=task.max_context,
+        max_new_tokens=task.max_response_tokens,
+        prefill_chunk=rl.prefill_chunk,
+        cache_dtype=cache_dtype,
+        layout=rl.generation_layout,
+        sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p),
+        memory_bytes=target.memory_bytes,
+        headroom=headroom,
+        wanted=wanted,
+        conservative=target.conservative,
+        paging=None
+        if rl.kv_page_size is None
+        else Paging(page_size=rl.kv_page_size, num_pages=rl.kv_pages),
+        refill=rl.refill,
+    )
     ev = config.eval
     results += plan_sampler(
-        "eval", model, mesh, rows=eval_rows(ev, task.eval_tasks), max_len=ev.max_context,
-        max_new_tokens=ev.max_response_tokens, prefill_chunk=ev.prefill_chunk,
-        cache_dtype=jnp.dtype(ev.kv_cache_dtype or config.model.dtype), layout=rl.generation_layout,
+        "eval",
+        model,
+        mesh,
+        rows=eval_rows(ev, task.eval_tasks),
+        max_len=ev.max_context,
+        max_new_tokens=ev.max_response_tokens,
+        prefill_chunk=ev.prefill_chunk,
+        cache_dtype=jnp.dtype(ev.kv_cache_dtype or config.model.dtype),
+        layout=rl.generation_layout,
         sampling=SamplingConfig(temperature=ev.temperature, top_p=ev.top_p),
-        memory_bytes=target.memory_bytes, headroom=headroom, wanted=wanted, init=False,
+        memory_bytes=target.memory_bytes,
+        headroom=headroom,
+        wanted=wanted,
+        init=False,
         conservative=target.conservative,
-        paging=None if ev.kv_page_size is None else Paging(page_size=ev.kv_page_size))
+        paging=None if ev.kv_page_size is None else Paging(page_size=ev.kv_page_size),
+    )
     if wanted("eval:likelihood"):
-        results.append(plan_likelihood(
-            "eval:likelihood", model, mesh, rows=ev.likelihood_rows_per_batch, length=ev.max_context,
-            loss_positions=loss_position_bound(task.t_max, ev.max_response_tokens, ev.max_context),
-            attention=ev.attention, memory_bytes=target.memory_bytes, headroom=headroom,
-            conservative=target.conservative))
+        results.append(
+            plan_likelihood(
+                "eval:likelihood",
+                model,
+                mesh,
+                rows=ev.likelihood_rows_per_batch,
+                length=ev.max_context,
+                loss_positions=loss_position_bound(
+                    task.t_max, ev.max_response_tokens, ev.max_context
+                ),
+                attention=ev.attention,
+                memory_bytes=target.memory_bytes,
+                headroom=headroom,
+                conservative=target.conservative,
+            )
+        )
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     return {
-        "target": target.name, "estimate": target.estimate,
+        "target": target.name,
+        "estimate": target.estimate,
         "stand_in": ("cpu" if target.conservative else "tpu") if target.estimate else None,
         "mesh": describe_mesh(mesh),
-        "device_memory_bytes": target.memory_bytes, "headroom": headroom,
-        "model": {"layers": model_cfg.num_hidden_layers, "hidden": model_cfg.hidden_size,
-                  "parameters": sum(x.size for x in jax.tree.leaves(nnx.state(model)))},
-        "train_rows_per_device_per_micro_batch": rows // rl.mini_batches // batch_devices // rl.num_micro_batches,
+        "device_memory_bytes": target.memory_bytes,
+        "headroom": headroom,
+        "model": {
+            "layers": model_cfg.num_hidden_layers,
+            "hidden": model_cfg.hidden_size,
+            "parameters": sum(x.size for x in jax.tree.leaves(nnx.state(model))),
+        },
+        "train_rows_per_device_per_micro_batch": rows
+        // rl.mini_batches
+        // batch_devices
+        // rl.num_micro_batches,
         "length": task.max_context,
         "programs": [p.to_dict() for p in results],
         "fits": all(p.fits for p in results),
@@ -375,22 +597,27 @@ def plan(config: Any, target: Target, *, headroom: float = 0.15, model_name: str
 
 def format_table(report: dict[str, Any]) -> str:
     """``report`` (from :func:`plan`) as a Markdown table, GiB per device."""
+
     def gib(b):
         return f"{b / GIB:.3g}"
 
-    lines = [f"target: {report['target']}; mesh {report['mesh']}; {gib(report['device_memory_bytes'])} GiB "
-             f"per device, headroom asked {report['headroom']:.0%}"
-             + (f"; ESTIMATE ({report['stand_in']} compiler)" if report["estimate"] else ""),
-             f"train rows per device per micro-batch: {report['train_rows_per_device_per_micro_batch']}, "
-             f"length {report['length']}",
-             "",
-             "| program | arguments | outputs | aliased | temporaries | peak (GiB) | headroom | fits | largest buffer |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"target: {report['target']}; mesh {report['mesh']}; {gib(report['device_memory_bytes'])} GiB "
+        f"per device, headroom asked {report['headroom']:.0%}"
+        + (f"; ESTIMATE ({report['stand_in']} compiler)" if report["estimate"] else ""),
+        f"train rows per device per micro-batch: {report['train_rows_per_device_per_micro_batch']}, "
+        f"length {report['length']}",
+        "",
+        "| program | arguments | outputs | aliased | temporaries | peak (GiB) | headroom | fits | largest buffer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in report["programs"]:
         big = p["largest"][0] if p["largest"] else ("-", 0)
-        lines.append(f"| {p['name']} | {gib(p['arguments'])} | {gib(p['outputs'])} | {gib(p['aliased'])} | "
-                     f"{gib(p['temporaries'])} | {gib(p['peak'])} | {p['headroom']:.0%} | "
-                     f"{'yes' if p['fits'] else 'NO'} | {big[0]} {gib(big[1])} |")
+        lines.append(
+            f"| {p['name']} | {gib(p['arguments'])} | {gib(p['outputs'])} | {gib(p['aliased'])} | "
+            f"{gib(p['temporaries'])} | {gib(p['peak'])} | {p['headroom']:.0%} | "
+            f"{'yes' if p['fits'] else 'NO'} | {big[0]} {gib(big[1])} |"
+        )
     lines.append("")
     lines.append("all programs fit" if report["fits"] else "some programs do NOT fit")
     return "\n".join(lines)

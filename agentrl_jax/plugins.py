@@ -113,11 +113,15 @@ def load_plugin(spec: str) -> ModuleType:
             return _remember(spec, importlib.import_module(spec))
         except ModuleNotFoundError as error:
             if error.name is not None and spec.startswith(error.name):
-                raise PluginError(f"plugin {spec!r}: no module named {error.name!r} (give a file path "
-                                  "ending in .py, or put the module on PYTHONPATH)") from None
+                raise PluginError(
+                    f"plugin {spec!r}: no module named {error.name!r} (give a file path "
+                    "ending in .py, or put the module on PYTHONPATH)"
+                ) from None
             raise PluginError(f"plugin {spec!r}: importing it failed: {error}") from error
         except Exception as error:  # noqa: BLE001 - the user's code: report which plugin failed
-            raise PluginError(f"plugin {spec!r}: importing it failed: {type(error).__name__}: {error}") from error
+            raise PluginError(
+                f"plugin {spec!r}: importing it failed: {type(error).__name__}: {error}"
+            ) from error
     path = Path(spec).expanduser().resolve()
     if not path.is_file():
         raise PluginError(f"plugin {spec}: no such file")
@@ -134,10 +138,14 @@ def load_plugin(spec: str) -> ModuleType:
         module_spec.loader.exec_module(module)
     except Exception as error:  # noqa: BLE001 - the user's code: report which plugin failed
         del sys.modules[name]
-        raise PluginError(f"plugin {spec}: importing it failed: {type(error).__name__}: {error}") from error
+        raise PluginError(
+            f"plugin {spec}: importing it failed: {type(error).__name__}: {error}"
+        ) from error
     return _remember(spec, module)
 
 
-def load_plugins(specs: Iterable[str] = (), *, environ: Mapping[str, str] = os.environ) -> list[ModuleType]:
+def load_plugins(
+    specs: Iterable[str] = (), *, environ: Mapping[str, str] = os.environ
+) -> list[ModuleType]:
     """Imports the plugins of ``AGENTRL_JAX_PLUGINS``, then ``specs``, in order."""
     return [load_plugin(spec) for spec in [*env_plugins(environ), *specs]]

@@ -56,8 +56,16 @@ from flax import nnx
 from agentrl_jax.models import paged_cache
 from agentrl_jax.models.paged_cache import PagedKVCache
 from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM
-from agentrl_jax.sampling import (Paging, Sampler, SamplerState, SamplingConfig, StopReason,
-                                  generation_params, pad_rows, resolve_layout)
+from agentrl_jax.sampling import (
+    Paging,
+    Sampler,
+    SamplerState,
+    SamplingConfig,
+    StopReason,
+    generation_params,
+    pad_rows,
+    resolve_layout,
+)
 from agentrl_jax.sampling.sampler import batch_shards
 
 
@@ -65,10 +73,10 @@ from agentrl_jax.sampling.sampler import batch_shards
 class PolicySettings:
     """What the rollout asks of a policy (fixed for a whole rollout)."""
 
-    max_context: int                 # tokens a row may hold (prompt, responses, observations)
-    max_response_tokens: int         # the most tokens of one response
+    max_context: int  # tokens a row may hold (prompt, responses, observations)
+    max_response_tokens: int  # the most tokens of one response
     stop_token_ids: tuple[int, ...]  # a response ends after the first of these it samples
-    sampling: SamplingConfig         # how tokens are drawn
+    sampling: SamplingConfig  # how tokens are drawn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +136,9 @@ class TokenMap:
         self._tokenizer = tokenizer  # only to name unknown tokens in errors
 
     @classmethod
-    def from_texts(cls, tokenizer, texts: Sequence[str],
-                   extra_ids: Sequence[int] = ()) -> "TokenMap":
+    def from_texts(
+        cls, tokenizer, texts: Sequence[str], extra_ids: Sequence[int] = ()
+    ) -> "TokenMap":
         """Every id of ``texts`` (special tokens in the text count) plus ``extra_ids``."""
         encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
         return cls([i for ids in encoded for i in ids] + list(extra_ids), tokenizer)
@@ -143,17 +152,20 @@ class TokenMap:
         unknown = self.tokenizer_ids[index] != ids
         if np.any(unknown):
             bad = int(ids[unknown].reshape(-1)[0])
-            name = ("?" if self._tokenizer is None
-                    else self._tokenizer.convert_ids_to_tokens(bad))
-            raise ValueError(f"TokenMap: tokenizer id {bad} ({name!r}) has no model id; build the "
-                             "map from texts that cover every prompt and observation")
+            name = "?" if self._tokenizer is None else self._tokenizer.convert_ids_to_tokens(bad)
+            raise ValueError(
+                f"TokenMap: tokenizer id {bad} ({name!r}) has no model id; build the "
+                "map from texts that cover every prompt and observation"
+            )
         return index.astype(np.int32)
 
     def to_tokenizer(self, model_ids: Any) -> np.ndarray:
         model_ids = np.asarray(model_ids, np.int64)
         if model_ids.size and (model_ids.min() < 0 or model_ids.max() >= len(self)):
-            raise ValueError(f"TokenMap: model ids must be in [0, {len(self)}), got "
-                             f"[{model_ids.min()}, {model_ids.max()}]")
+            raise ValueError(
+                f"TokenMap: model ids must be in [0, {len(self)}), got "
+                f"[{model_ids.min()}, {model_ids.max()}]"
+            )
         return self.tokenizer_ids[model_ids].astype(np.int32)
 
 
@@ -171,10 +183,13 @@ def take_rows(state: SamplerState, index: jax.Array) -> SamplerState:
         return SamplerState(
             cache=taken,
             hidden=jnp.where(valid[:, None], state.hidden[source], 0).astype(state.hidden.dtype),
-            overflowed=valid & (state.overflowed[source] | lost))
+            overflowed=valid & (state.overflowed[source] | lost),
+        )
     return SamplerState(
         cache=KVCache(k=cache.k[:, index], v=cache.v[:, index], lengths=cache.lengths[index]),
-        hidden=state.hidden[index], overflowed=state.overflowed[index])
+        hidden=state.hidden[index],
+        overflowed=state.overflowed[index],
+    )
 
 
 def key_data(keys: Any) -> np.ndarray:
@@ -192,8 +207,9 @@ def cache_row_keys(keys: Any, rows: np.ndarray, num_rows: int) -> Any:
     if data.ndim != 2 or data.shape[0] != num_rows:
         if data.shape == (2,):
             return keys
-        raise ValueError(f"respond: key must be one key or [{num_rows}] keys, got key data "
-                         f"of shape {data.shape}")
+        raise ValueError(
+            f"respond: key must be one key or [{num_rows}] keys, got key data of shape {data.shape}"
+        )
     out = np.zeros((len(rows), data.shape[1]), np.uint32)
     valid = rows >= 0
     out[valid] = data[rows[valid]]
@@ -269,24 +285,42 @@ class SamplerPolicy:
     counts traces (= compilations) per function.
     """
 
-    def __init__(self, model: Qwen3ForCausalLM, params: Any = None, *,
-                 token_map: TokenMap | None = None, compact: bool = True, min_rows: int = 8,
-                 row_multiple: int | None = None, reuse_cache: bool = True, mesh=None,
-                 cache_dtype: Any = None, prefill_chunk: int | None = None,
-                 generation_layout: str = "auto", device: Any = None, share_prefixes: bool = True,
-                 paging: Paging | None = None):
+    def __init__(
+        self,
+        model: Qwen3ForCausalLM,
+        params: Any = None,
+        *,
+        token_map: TokenMap | None = None,
+        compact: bool = True,
+        min_rows: int = 8,
+        row_multiple: int | None = None,
+        reuse_cache: bool = True,
+        mesh=None,
+        cache_dtype: Any = None,
+        prefill_chunk: int | None = None,
+        generation_layout: str = "auto",
+        device: Any = None,
+        share_prefixes: bool = True,
+        paging: Paging | None = None,
+    ):
         given = nnx.state(model) if params is None else params
         mesh = params_mesh(given) if mesh is None else mesh
         if row_multiple is None:
             row_multiple = 1 if mesh is None else batch_shards(mesh)
         if min_rows < 1 or row_multiple < 1:
-            raise ValueError(f"min_rows and row_multiple must be >= 1, got {min_rows}, "
-                             f"{row_multiple}")
+            raise ValueError(
+                f"min_rows and row_multiple must be >= 1, got {min_rows}, {row_multiple}"
+            )
         if token_map is not None and len(token_map) > model.config.vocab_size:
-            raise ValueError(f"token_map has {len(token_map)} ids but the model's vocab_size is "
-                             f"{model.config.vocab_size}")
-        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or
-                                          not isinstance(prefill_chunk, int) or prefill_chunk < 1):
+            raise ValueError(
+                f"token_map has {len(token_map)} ids but the model's vocab_size is "
+                f"{model.config.vocab_size}"
+            )
+        if prefill_chunk is not None and (
+            isinstance(prefill_chunk, bool)
+            or not isinstance(prefill_chunk, int)
+            or prefill_chunk < 1
+        ):
             raise ValueError(f"prefill_chunk must be None or an int >= 1, got {prefill_chunk!r}")
         self.model = model
         self.token_map = token_map
@@ -320,8 +354,9 @@ class SamplerPolicy:
 
     def place(self, params: Any) -> Any:
         """``params`` in the generation layout (one ``device_put``; a no-op where they are)."""
-        return generation_params(params, self.mesh, self.generation_layout, self.device,
-                                 dtype=self.model.dtype)
+        return generation_params(
+            params, self.mesh, self.generation_layout, self.device, dtype=self.model.dtype
+        )
 
     @property
     def params(self) -> Any:
@@ -366,10 +401,15 @@ class SamplerPolicy:
         stop = tuple(int(i) for i in self._to_model(settings.stop_token_ids))
         key = (settings.max_response_tokens, stop)
         if key not in self._samplers:
-            self._samplers[key] = Sampler(self.model, max_new_tokens=settings.max_response_tokens,
-                                          stop_token_ids=stop, mesh=self.mesh,
-                                          prefill_chunk=self.prefill_chunk, device=self.device,
-                                          paging=self.paging)
+            self._samplers[key] = Sampler(
+                self.model,
+                max_new_tokens=settings.max_response_tokens,
+                stop_token_ids=stop,
+                mesh=self.mesh,
+                prefill_chunk=self.prefill_chunk,
+                device=self.device,
+                paging=self.paging,
+            )
         return self._samplers[key]
 
     def _to_model(self, ids: Sequence[int]) -> np.ndarray:
@@ -392,17 +432,21 @@ class SamplerPolicy:
             shards = batch_shards(self.mesh)
             size = -(-self._num_rows // shards) * shards
             self._rows = np.full(size, -1, np.int64)
-            self._rows[:self._num_rows] = np.arange(self._num_rows)
+            self._rows[: self._num_rows] = np.arange(self._num_rows)
             self._state = sampler.init(size, settings.max_context, self.cache_dtype)
             self._seat(sampler, list(range(self._num_rows)), range(self._num_rows), contexts)
             return
         present = np.array([i for i, c in enumerate(contexts) if len(c)], np.int64)
-        self._rows = (self._pad_rows(present, self._num_rows) if self.compact
-                      else np.arange(self._num_rows))
+        self._rows = (
+            self._pad_rows(present, self._num_rows) if self.compact else np.arange(self._num_rows)
+        )
         rows = [tuple(contexts[r]) if r >= 0 else () for r in self._rows]
         shared = shared_contexts(rows) if self.share_prefixes else None
-        size = None if shared is None else min(
-            b for b in row_buckets(len(rows), 1, self.row_multiple) if b >= len(shared[0]))
+        size = (
+            None
+            if shared is None
+            else min(b for b in row_buckets(len(rows), 1, self.row_multiple) if b >= len(shared[0]))
+        )
         if size is None or size > len(rows) // 2:
             state = sampler.init(len(rows), settings.max_context, self.cache_dtype)
             self._state = self._append(sampler, state, rows)
@@ -434,8 +478,9 @@ class SamplerPolicy:
         position = {int(r): i for i, r in enumerate(self._rows) if r >= 0}
         missing = [i for i, c in enumerate(chunks) if len(c) and i not in position]
         if missing:
-            raise ValueError(f"extend: rows {missing[:5]} are no longer cached "
-                             "(they were not live)")
+            raise ValueError(
+                f"extend: rows {missing[:5]} are no longer cached (they were not live)"
+            )
         batch_chunks = [chunks[r] if r >= 0 else [] for r in self._rows]
         self._state = self._append(self._sampler(self._settings), self._state, batch_chunks)
 
@@ -456,15 +501,14 @@ class SamplerPolicy:
         spare = [i for i, r in enumerate(self._rows) if r < 0]
         if len([t for t in targets if int(t) not in position]) > len(spare):  # regrow to N rows
             kept = [r for r in self._rows if r >= 0]
-            size = (self._bucket(self._num_rows, self._num_rows) if self.compact
-                    else self._num_rows)
+            size = self._bucket(self._num_rows, self._num_rows) if self.compact else self._num_rows
             index = np.full(size, -1 if self.paging is not None else 0, np.int32)
-            index[:len(kept)] = [position[int(r)] for r in kept]
+            index[: len(kept)] = [position[int(r)] for r in kept]
             self.shapes_used.add(("take_rows", size, len(self._rows)))
             state = self._take(self._state, jax.device_put(index, sampler.replicated))
             self._state = jax.device_put(state, sampler.state_shardings(state))
             self._rows = np.full(size, -1, np.int64)
-            self._rows[:len(kept)] = kept
+            self._rows[: len(kept)] = kept
             position = {int(r): i for i, r in enumerate(self._rows) if r >= 0}
             spare = [i for i, r in enumerate(self._rows) if r < 0]
         slots = []
@@ -483,8 +527,13 @@ class SamplerPolicy:
             return
         self._seat(sampler, slots, targets, contexts)
 
-    def _seat(self, sampler: Sampler, slots: Sequence[int], targets: Sequence[int],
-              contexts: Sequence[Sequence[int]]) -> None:
+    def _seat(
+        self,
+        sampler: Sampler,
+        slots: Sequence[int],
+        targets: Sequence[int],
+        contexts: Sequence[Sequence[int]],
+    ) -> None:
         """Prefill the empty cache rows ``slots`` with ``contexts[targets]`` (a paged cache):
         each distinct context once (once per batch shard on a mesh), copied to the others."""
         shards = batch_shards(self.mesh) if self.sharded_pages else 1
@@ -503,17 +552,18 @@ class SamplerPolicy:
                 prefill.append((slot, context))
         if prefill:
             size = self._sub_batch(len(prefill))
-            tokens, mask = pad_rows([self._to_model(c) for _, c in prefill]
-                                    + [[]] * (size - len(prefill)),
-                                    width_buckets(self._settings.max_context))
+            tokens, mask = pad_rows(
+                [self._to_model(c) for _, c in prefill] + [[]] * (size - len(prefill)),
+                width_buckets(self._settings.max_context),
+            )
             index = np.full(size, -1, np.int32)
-            index[:len(prefill)] = [slot for slot, _ in prefill]
+            index[: len(prefill)] = [slot for slot, _ in prefill]
             self.shapes_used.add(("append_rows", size, tokens.shape[1]))
             self._state = sampler.append_rows(self.params, self._state, index, tokens, mask)
         if copies:
             size = self._sub_batch(len(copies))
             dst, src = np.full(size, -1, np.int32), np.zeros(size, np.int32)
-            dst[:len(copies)], src[:len(copies)] = zip(*copies)
+            dst[: len(copies)], src[: len(copies)] = zip(*copies)
             self.shapes_used.add(("copy_rows", size, 0))
             self._state = sampler.copy_rows(self._state, dst, src)
         self._state = jax.block_until_ready(self._state)
@@ -529,11 +579,17 @@ class SamplerPolicy:
         live = np.asarray(live, bool)
         sampler = self._sampler(settings)
         if not self.reuse_cache:  # the baseline: prefill every live row's whole history again
-            self._rows = (self._pad_rows(np.flatnonzero(live), len(live)) if self.compact
-                          else np.arange(len(live)))
+            self._rows = (
+                self._pad_rows(np.flatnonzero(live), len(live))
+                if self.compact
+                else np.arange(len(live))
+            )
             state = sampler.init(len(self._rows), settings.max_context, self.cache_dtype)
-            self._state = self._append(sampler, state, [
-                self._contexts[r] if r >= 0 and live[r] else [] for r in self._rows])
+            self._state = self._append(
+                sampler,
+                state,
+                [self._contexts[r] if r >= 0 and live[r] else [] for r in self._rows],
+            )
         else:
             if self.paging is not None:
                 self._release_finished(live)
@@ -550,14 +606,24 @@ class SamplerPolicy:
             stuck = active & np.asarray(jax.device_get(self._state.overflowed))
             active = active & ~stuck
         self.shapes_used.add(("decode", len(rows), 0))
-        self._state, out = sampler.decode(self.params, self._state,
-                                          cache_row_keys(key, rows, len(live)),
-                                          settings.sampling, budget=budget, active=active)
+        self._state, out = sampler.decode(
+            self.params,
+            self._state,
+            cache_row_keys(key, rows, len(live)),
+            settings.sampling,
+            budget=budget,
+            active=active,
+        )
         tokens, lengths, logprobs, sampling_lp, reason = jax.device_get(
-            (out.tokens, out.lengths, out.log_probs, out.sampling_log_probs, out.stop_reason))
+            (out.tokens, out.lengths, out.log_probs, out.sampling_log_probs, out.stop_reason)
+        )
         n, width = len(live), settings.max_response_tokens
-        result = Responses(np.zeros((n, width), np.int32), np.zeros(n, np.int32),
-                           np.zeros((n, width), np.float32), np.zeros((n, width), np.float32))
+        result = Responses(
+            np.zeros((n, width), np.int32),
+            np.zeros(n, np.int32),
+            np.zeros((n, width), np.float32),
+            np.zeros((n, width), np.float32),
+        )
         filled = np.arange(width)[None, :] < lengths[:, None]
         if self.token_map is not None:
             tokens = np.where(filled, self.token_map.to_tokenizer(np.where(filled, tokens, 0)), 0)
@@ -663,8 +729,9 @@ class ScriptedPolicy:
         if len(replies) != len(live):
             raise ValueError(f"the script returned {len(replies)} replies for {len(live)} rows")
         n, width = len(live), self._settings.max_response_tokens
-        out = Responses(np.zeros((n, width), np.int32), np.zeros(n, np.int32),
-                        np.zeros((n, width), np.float32))
+        out = Responses(
+            np.zeros((n, width), np.int32), np.zeros(n, np.int32), np.zeros((n, width), np.float32)
+        )
         stops = set(self._settings.stop_token_ids)
         for r in np.flatnonzero(live):
             ids = self.tokenizer(replies[r], add_special_tokens=False)["input_ids"]

@@ -108,7 +108,9 @@ def turn_rewards_to_tokens(per_turn: jax.Array, token_turn: jax.Array) -> jax.Ar
     nxt = jnp.concatenate([token_turn[:, 1:], jnp.full((n, 1), -1, token_turn.dtype)], axis=1)
     last_of_turn = (token_turn >= 0) & (nxt != token_turn)
     safe = jnp.clip(token_turn, 0, per_turn.shape[1] - 1)
-    return jnp.where(last_of_turn, jnp.take_along_axis(per_turn, safe, axis=1), 0.0).astype(jnp.float32)
+    return jnp.where(last_of_turn, jnp.take_along_axis(per_turn, safe, axis=1), 0.0).astype(
+        jnp.float32
+    )
 
 
 # ------------------------------------------------------------------------- oracle Q*
@@ -130,10 +132,13 @@ def qstar_step_quality(
     ``invalid_score`` (Q* is >= 0, so the default 0 ranks it with the worst moves).
     """
     n, t = trajectory.turn_mask.shape
-    q = q_star(maps[trajectory.task_id], t, gamma=gamma, is_slippery=is_slippery,
-               success_rate=success_rate)                                    # [N, T+1, S, 4]
+    q = q_star(
+        maps[trajectory.task_id], t, gamma=gamma, is_slippery=is_slippery, success_rate=success_rate
+    )  # [N, T+1, S, 4]
     remaining = trajectory.budget[:, None] - jnp.arange(t, dtype=jnp.int32)[None, :]
-    quality = action_quality(q[:, None], remaining, trajectory.state_id, trajectory.action)  # [N, T]
+    quality = action_quality(
+        q[:, None], remaining, trajectory.state_id, trajectory.action
+    )  # [N, T]
     mask = scored_turns(trajectory)
     invalid = mask & ~trajectory.action_valid.astype(bool)
     quality = jnp.where(invalid, invalid_score, quality)
@@ -147,16 +152,36 @@ class FrozenLakeQStar:
     (``is_slippery``, ``success_rate``) must be the rollout environment's.
     """
 
-    def __init__(self, maps, *, gamma: float = DEFAULT_GAMMA, is_slippery: bool = True,
-                 success_rate: float = 1.0 / 3.0, invalid_score: float = 0.0):
+    def __init__(
+        self,
+        maps,
+        *,
+        gamma: float = DEFAULT_GAMMA,
+        is_slippery: bool = True,
+        success_rate: float = 1.0 / 3.0,
+        invalid_score: float = 0.0,
+    ):
         maps = jnp.asarray(maps)
-        if maps.ndim != 3 or maps.shape[1] != maps.shape[2] or not jnp.issubdtype(maps.dtype, jnp.integer):
-            raise ValueError(f"FrozenLakeQStar maps: expected int[M, n, n] tile codes, got {maps.dtype}{maps.shape}")
+        if (
+            maps.ndim != 3
+            or maps.shape[1] != maps.shape[2]
+            or not jnp.issubdtype(maps.dtype, jnp.integer)
+        ):
+            raise ValueError(
+                f"FrozenLakeQStar maps: expected int[M, n, n] tile codes, got {maps.dtype}{maps.shape}"
+            )
         _check_score("FrozenLakeQStar invalid_score", invalid_score)
         self.maps = maps
-        self._score = jax.jit(lambda maps, trajectory: qstar_step_quality(
-            maps, trajectory, gamma=gamma, is_slippery=is_slippery, success_rate=success_rate,
-            invalid_score=invalid_score))
+        self._score = jax.jit(
+            lambda maps, trajectory: qstar_step_quality(
+                maps,
+                trajectory,
+                gamma=gamma,
+                is_slippery=is_slippery,
+                success_rate=success_rate,
+                invalid_score=invalid_score,
+            )
+        )
 
     def __call__(self, trajectory: Trajectory, tasks: Any = None) -> StepScores:
         return self._score(self.maps, trajectory)
@@ -170,8 +195,9 @@ def _check_score(name: str, value) -> None:
 # ------------------------------------------------------------------------- judges over text
 
 
-def turn_texts(trajectory: Trajectory, decode: Callable[[Sequence[int]], str]
-               ) -> tuple[list[tuple[int, int]], list[str], list[str]]:
+def turn_texts(
+    trajectory: Trajectory, decode: Callable[[Sequence[int]], str]
+) -> tuple[list[tuple[int, int]], list[str], list[str]]:
     """The (row, turn) of every scored turn, its history text and its response text.
 
     The history is every real token before the turn's first sampled token (system prompt,
@@ -204,9 +230,14 @@ class JudgeScorer:
     number is an invalid step: it scores ``invalid_score`` and is flagged.
     """
 
-    def __init__(self, judge: Callable[[list[str], list[str]], Sequence[Any]],
-                 decode: Callable[[Sequence[int]], str], *, batch_size: int = 64,
-                 invalid_score: float = 0.0):
+    def __init__(
+        self,
+        judge: Callable[[list[str], list[str]], Sequence[Any]],
+        decode: Callable[[Sequence[int]], str],
+        *,
+        batch_size: int = 64,
+        invalid_score: float = 0.0,
+    ):
         if not callable(judge) or not callable(decode):
             raise ValueError("JudgeScorer: judge and decode must be callables")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -223,8 +254,10 @@ class JudgeScorer:
             stop = start + self.batch_size
             got = list(self.judge(prompts[start:stop], responses[start:stop]))
             if len(got) != len(prompts[start:stop]):
-                raise ValueError(f"JudgeScorer: the judge returned {len(got)} scores for "
-                                 f"{len(prompts[start:stop])} (prompt, response) pairs")
+                raise ValueError(
+                    f"JudgeScorer: the judge returned {len(got)} scores for "
+                    f"{len(prompts[start:stop])} (prompt, response) pairs"
+                )
             for (row, turn), value in zip(where[start:stop], got):
                 score = _as_score(value)
                 scores[row, turn] = self.invalid_score if score is None else score
@@ -240,7 +273,9 @@ def _as_score(value: Any) -> float | None:
         array = np.asarray(value)
     except Exception:  # noqa: BLE001 - whatever a judge returned, it is not a score
         return None
-    if array.shape != () or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+    if array.shape != () or not (
+        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    ):
         return None
     score = float(array)
     return score if math.isfinite(score) else None
@@ -263,8 +298,17 @@ class LocalModelJudge:
     of ``pad_to`` tokens so few shapes compile.
     """
 
-    def __init__(self, model, tokenizer, *, question: str = DEFAULT_JUDGE_QUESTION,
-                 yes: str = "Yes", no: str = "No", max_len: int = 4096, pad_to: int = 64):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        question: str = DEFAULT_JUDGE_QUESTION,
+        yes: str = "Yes",
+        no: str = "No",
+        max_len: int = 4096,
+        pad_to: int = 64,
+    ):
         self.tokenizer, self.question = tokenizer, question
         self.yes_id, self.no_id = _single_token(tokenizer, yes), _single_token(tokenizer, no)
         self.max_len, self.pad_to = max_len, pad_to
@@ -291,10 +335,12 @@ class LocalModelJudge:
         if getattr(self.tokenizer, "chat_template", None):
             from agentrl_jax.models.tokenizer import encode_chat
 
-            ids = encode_chat(self.tokenizer, [{"role": "user", "content": text}], enable_thinking=False)
+            ids = encode_chat(
+                self.tokenizer, [{"role": "user", "content": text}], enable_thinking=False
+            )
         else:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return list(ids)[-self.max_len:]
+        return list(ids)[-self.max_len :]
 
     def __call__(self, prompts: list[str], responses: list[str]) -> np.ndarray:
         encoded = [self.encode(p, r) for p, r in zip(prompts, responses)]
@@ -304,7 +350,7 @@ class LocalModelJudge:
         tokens = np.zeros((len(encoded), width), np.int32)
         mask = np.zeros((len(encoded), width), bool)
         for i, ids in enumerate(encoded):
-            tokens[i, :len(ids)], mask[i, :len(ids)] = ids, True
+            tokens[i, : len(ids)], mask[i, : len(ids)] = ids, True
         logits = self._logits(self.params, jnp.asarray(tokens), jnp.asarray(mask))
         return np.asarray(jax.nn.sigmoid(logits[:, self.yes_id] - logits[:, self.no_id]))
 
@@ -312,5 +358,7 @@ class LocalModelJudge:
 def _single_token(tokenizer, word: str) -> int:
     ids = tokenizer(word, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
-        raise ValueError(f"LocalModelJudge: the answer word {word!r} must be one token, got ids {ids}")
+        raise ValueError(
+            f"LocalModelJudge: the answer word {word!r} must be one token, got ids {ids}"
+        )
     return int(ids[0])

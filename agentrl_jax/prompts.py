@@ -73,8 +73,12 @@ class BudgetPrompt:
     def turn_text(self, observation: str, budget: int, turn: int) -> str:
         """The user message of turn ``turn`` (turns already completed) under budget ``budget``."""
         _check_budget(budget, turn)
-        return self.turn.format(observation=observation, max_turns=budget, current_turn=turn,
-                                remaining_turns=budget - turn)
+        return self.turn.format(
+            observation=observation,
+            max_turns=budget,
+            current_turn=turn,
+            remaining_turns=budget - turn,
+        )
 
 
 def _check_budget(budget: int, turn: int) -> None:
@@ -97,13 +101,14 @@ class ChatTokens:
         self.tokenizer = tokenizer
         self.enable_thinking = enable_thinking
         render = lambda messages: tokenizer.apply_chat_template(  # noqa: E731
-            messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+        )
         one = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
         two = one + [{"role": "assistant", "content": _MARK}, {"role": "user", "content": "V"}]
         text = render(two)
         if text.count(_MARK) != 1:
             raise ValueError("the chat template does not render assistant content verbatim")
-        after = text[text.index(_MARK) + len(_MARK):]
+        after = text[text.index(_MARK) + len(_MARK) :]
         # What closes an assistant turn (e.g. "<|im_end|>") is the text up to the next user
         # message's header; the header is what ``render([user "V"])`` starts with.
         next_turn = render([{"role": "user", "content": "V"}])
@@ -112,7 +117,7 @@ class ChatTokens:
             raise ValueError("cannot locate the user turn after an assistant turn in the template")
         self._end_text, self._next_template = after[:start], after[start:].replace("V", "{user}", 1)
         self.end_of_turn: tuple[int, ...] = tuple(self._encode(self._end_text.rstrip("\n")))
-        self._separator = self._end_text[len(self._end_text.rstrip("\n")):]
+        self._separator = self._end_text[len(self._end_text.rstrip("\n")) :]
         if not self.end_of_turn:
             raise ValueError("the chat template closes assistant turns with no token")
 
@@ -129,9 +134,14 @@ class ChatTokens:
 
     def first_prompt(self, system: str, user: str) -> list[int]:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        return self._encode(self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True,
-            enable_thinking=self.enable_thinking))
+        return self._encode(
+            self.tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=True,
+                enable_thinking=self.enable_thinking,
+            )
+        )
 
     def next_prompt(self, user: str) -> list[int]:
         """Tokens after a closed assistant turn: separator, the user message, generation prompt."""

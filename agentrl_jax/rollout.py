@@ -182,8 +182,10 @@ class RolloutConfig:
             if optional and value is None:
                 return
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"RolloutConfig.{name} must be an int >= 1"
-                                 f"{' or None' if optional else ''}, got {value!r}")
+                raise ValueError(
+                    f"RolloutConfig.{name} must be an int >= 1"
+                    f"{' or None' if optional else ''}, got {value!r}"
+                )
 
         for name in ("group_size", "max_response_tokens", "max_context"):
             positive(name)
@@ -191,24 +193,35 @@ class RolloutConfig:
         for name in ("budget", "record_tokens", "history_window", "max_rows_per_call"):
             positive(name, optional=True)
         if self.max_rows_per_call is not None and self.max_rows_per_call % self.group_size:
-            raise ValueError(f"RolloutConfig.max_rows_per_call must be a multiple of group_size "
-                             f"({self.group_size}), so groups stay whole, got "
-                             f"{self.max_rows_per_call}")
+            raise ValueError(
+                f"RolloutConfig.max_rows_per_call must be a multiple of group_size "
+                f"({self.group_size}), so groups stay whole, got "
+                f"{self.max_rows_per_call}"
+            )
         if self.record_tokens is not None and self.record_tokens < self.max_context:
-            raise ValueError(f"RolloutConfig.record_tokens ({self.record_tokens}) must be >= "
-                             f"max_context ({self.max_context})")
+            raise ValueError(
+                f"RolloutConfig.record_tokens ({self.record_tokens}) must be >= "
+                f"max_context ({self.max_context})"
+            )
         for name in ("end_on_invalid", "enable_thinking", "refill", "adaptive_budgets"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"RolloutConfig.{name} must be a bool, "
-                                 f"got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"RolloutConfig.{name} must be a bool, got {getattr(self, name)!r}"
+                )
         penalty = self.invalid_penalty
-        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or \
-                not math.isfinite(penalty) or penalty > 0:
-            raise ValueError(f"RolloutConfig.invalid_penalty must be a finite number <= 0, "
-                             f"got {penalty!r}")
+        if (
+            isinstance(penalty, bool)
+            or not isinstance(penalty, (int, float))
+            or not math.isfinite(penalty)
+            or penalty > 0
+        ):
+            raise ValueError(
+                f"RolloutConfig.invalid_penalty must be a finite number <= 0, got {penalty!r}"
+            )
         if not isinstance(self.sampling, SamplingConfig):
-            raise ValueError(f"RolloutConfig.sampling must be a SamplingConfig, "
-                             f"got {self.sampling!r}")
+            raise ValueError(
+                f"RolloutConfig.sampling must be a SamplingConfig, got {self.sampling!r}"
+            )
         if not isinstance(self.prompt, BudgetPrompt):
             raise ValueError(f"RolloutConfig.prompt must be a BudgetPrompt, got {self.prompt!r}")
 
@@ -221,14 +234,14 @@ class RolloutConfig:
 class RolloutStats:
     """Where a rollout's time went, and how much it did."""
 
-    turns: int                     # loop iterations (the longest row's turns)
-    live_rows: tuple[int, ...]     # rows that sampled at each turn
+    turns: int  # loop iterations (the longest row's turns)
+    live_rows: tuple[int, ...]  # rows that sampled at each turn
     sampled_tokens: int
-    policy_s: float                # prefill, decode, cache compaction (blocking)
-    env_s: float                   # reset, and waiting for steps (parsing included)
-    host_s: float                  # the rest: templates, tokenizing, decoding, bookkeeping
+    policy_s: float  # prefill, decode, cache compaction (blocking)
+    env_s: float  # reset, and waiting for steps (parsing included)
+    host_s: float  # the rest: templates, tokenizing, decoding, bookkeeping
     total_s: float
-    env_step_s: float = 0.0        # steps, wherever they ran: with lanes, more than the
+    env_step_s: float = 0.0  # steps, wherever they ran: with lanes, more than the
     #                                part of env_s they add (the rest overlapped sampling)
 
     @property
@@ -240,7 +253,7 @@ class RolloutStats:
 class RolloutResult:
     trajectory: Trajectory
     responses: list[list[str]]  # [row][turn] decoded response texts (special tokens dropped)
-    env_seed: int               # the seed passed to env.reset (replays the dynamics)
+    env_seed: int  # the seed passed to env.reset (replays the dynamics)
     stats: RolloutStats
 
 
@@ -251,8 +264,10 @@ def row_parts(groups: int, group_size: int, max_rows: int | None) -> list[np.nda
     if max_rows is None or groups * group_size <= max_rows:
         return [rows]
     count = -(-groups // (max_rows // group_size))
-    return [rows[g[0] * group_size:(g[-1] + 1) * group_size]
-            for g in np.array_split(np.arange(groups), count)]
+    return [
+        rows[g[0] * group_size : (g[-1] + 1) * group_size]
+        for g in np.array_split(np.arange(groups), count)
+    ]
 
 
 def lane_seats(seats: int, group_size: int, lanes: int) -> list[int]:
@@ -272,7 +287,8 @@ def row_keys(key: jax.Array, turn: Any, rows: Any) -> jax.Array:
     and its turn only, not of the part or the seat."""
     turns = jnp.broadcast_to(jnp.asarray(turn, jnp.int32), jnp.shape(rows))
     return jax.vmap(lambda t, row: jax.random.fold_in(jax.random.fold_in(key, t), row))(
-        turns, jnp.asarray(rows, jnp.int32))
+        turns, jnp.asarray(rows, jnp.int32)
+    )
 
 
 class _Seats:
@@ -284,13 +300,12 @@ class _Seats:
         self.policy, self.n, self.settings = policy, n, settings
         self.row = np.full(seats, -1, np.int64)  # the row in each seat, -1: empty
 
-    def seat(self, rows: np.ndarray, contexts: Callable[[int], Sequence[int]],
-             fresh: bool) -> None:
+    def seat(self, rows: np.ndarray, contexts: Callable[[int], Sequence[int]], fresh: bool) -> None:
         """Seat ``rows`` in empty seats and prefill their ``contexts(row)`` (each row's context
         so far): a fresh ``start`` of every seat (``fresh``, or a policy without ``restart``:
         the rows already seated start again from theirs), else ``restart`` of the new seats
         only."""
-        empty = np.flatnonzero(self.row < 0)[:len(rows)]
+        empty = np.flatnonzero(self.row < 0)[: len(rows)]
         self.row[empty] = rows
         restart = getattr(self.policy, "restart", None)
         if fresh or restart is None:
@@ -329,10 +344,12 @@ class _Seats:
         seated = self.row >= 0
         row = np.where(seated, self.row, 0)
         out = self.policy.respond(seated & live[row], np.where(seated, max_tokens[row], 0), keys)
-        full = Responses(np.zeros((self.n,) + out.tokens.shape[1:], out.tokens.dtype),
-                         np.zeros(self.n, out.lengths.dtype),
-                         np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype),
-                         np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype))
+        full = Responses(
+            np.zeros((self.n,) + out.tokens.shape[1:], out.tokens.dtype),
+            np.zeros(self.n, out.lengths.dtype),
+            np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype),
+            np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype),
+        )
         rows = self.row[seated]
         full.tokens[rows], full.lengths[rows] = out.tokens[seated], out.lengths[seated]
         full.logprobs[rows] = out.logprobs[seated]
@@ -371,9 +388,13 @@ def _gather_rows(play: _Play, shares: list[np.ndarray]) -> None:
     rows), so every process holds the whole rollout; live-row and token counts add up."""
     rec, own = play.rec, shares[jax.process_index()]
     arrays = {f"rec.{name}": value[own] for name, value in vars(rec).items()}
-    arrays.update(success=play.success[own], turns_used=play.turns_used[own],
-                  overflow=play.overflow[own], live_rows=np.asarray(play.live_rows, np.int64),
-                  sampled=np.asarray([play.sampled], np.int64))
+    arrays.update(
+        success=play.success[own],
+        turns_used=play.turns_used[own],
+        overflow=play.overflow[own],
+        live_rows=np.asarray(play.live_rows, np.int64),
+        sampled=np.asarray([play.sampled], np.int64),
+    )
     live_rows = np.zeros(0, np.int64)
     play.sampled = 0
     gathered = distributed.allgather_blobs(arrays, [play.texts[r] for r in own])
@@ -386,7 +407,7 @@ def _gather_rows(play: _Play, shares: list[np.ndarray]) -> None:
             play.texts[row] = list(text)
         counts = theirs["live_rows"]
         live_rows = np.pad(live_rows, (0, max(0, len(counts) - len(live_rows))))
-        live_rows[:len(counts)] += counts
+        live_rows[: len(counts)] += counts
         play.sampled += int(theirs["sampled"][0])
     play.live_rows = live_rows.tolist()
 
@@ -423,8 +444,9 @@ class _EnvSteps:
 
     def __init__(self, env: TextEnv, state: Any, background: bool):
         self.env, self.state, self.busy = env, state, 0.0
-        self._thread = (futures.ThreadPoolExecutor(1, thread_name_prefix="env-steps")
-                        if background else None)
+        self._thread = (
+            futures.ThreadPoolExecutor(1, thread_name_prefix="env-steps") if background else None
+        )
 
     def _step(self, replies: list[str], playing: np.ndarray) -> TurnResult:
         begin = time.perf_counter()
@@ -471,7 +493,7 @@ class _Record:
 
     def write(self, row: int, ids: Sequence[int]) -> None:
         start = self.length[row]
-        self.tokens[row, start:start + len(ids)] = ids
+        self.tokens[row, start : start + len(ids)] = ids
         self.length[row] += len(ids)
 
     def write_responses(self, out: Responses, turn: np.ndarray) -> None:
@@ -490,8 +512,10 @@ class _Record:
     def context(self, row: int, turn: int, window: int) -> list[int]:
         """The tokens row ``row`` sees at ``turn`` with a window: header + kept turns."""
         start = self.turn_start[row, max(0, turn - window)]
-        return (self.tokens[row, :self.prefix_len[row]].tolist()
-                + self.tokens[row, start:self.length[row]].tolist())
+        return (
+            self.tokens[row, : self.prefix_len[row]].tolist()
+            + self.tokens[row, start : self.length[row]].tolist()
+        )
 
 
 class MultiTurnRollout:
@@ -499,19 +523,25 @@ class MultiTurnRollout:
 
     def __init__(self, env: TextEnv, tokenizer, config: RolloutConfig = RolloutConfig()):
         if config.budget is not None and config.budget > env.t_max:
-            raise ValueError(f"RolloutConfig.budget={config.budget} exceeds the environment's "
-                             f"t_max={env.t_max}")
+            raise ValueError(
+                f"RolloutConfig.budget={config.budget} exceeds the environment's t_max={env.t_max}"
+            )
         if config.adaptive_budgets and not callable(getattr(env, "structural_bounds", None)):
-            raise ValueError(f"RolloutConfig.adaptive_budgets needs an environment with "
-                             f"structural_bounds(task_ids); {type(env).__name__} has none")
+            raise ValueError(
+                f"RolloutConfig.adaptive_budgets needs an environment with "
+                f"structural_bounds(task_ids); {type(env).__name__} has none"
+            )
         self.env, self.tokenizer, self.config = env, tokenizer, config
         self.chat = ChatTokens(tokenizer, enable_thinking=config.enable_thinking)
         self.instructions = env.instructions()
         # T of the record: room for every budget this configuration can draw.
         self.num_turns = config.budget if config.budget is not None else env.t_max
         self.settings = PolicySettings(
-            max_context=config.max_context, max_response_tokens=config.max_response_tokens,
-            stop_token_ids=self.chat.stop_token_ids, sampling=config.sampling)
+            max_context=config.max_context,
+            max_response_tokens=config.max_response_tokens,
+            stop_token_ids=self.chat.stop_token_ids,
+            sampling=config.sampling,
+        )
         self._stop_ids = np.asarray(self.chat.stop_token_ids, np.int64)
         # Bounded caches: FrozenLake revisits few texts; long unique texts (SQL results) just miss.
         self._next_prompt = functools.lru_cache(maxsize=1 << 13)(self._next_prompt_uncached)
@@ -527,20 +557,29 @@ class MultiTurnRollout:
         user = prompt.turn_text(observation, budget, 0)
         ids = tuple(self.chat.first_prompt(prompt.system_text(self.instructions, budget), user))
         tail = self._next_prompt(user)
-        if ids[len(ids) - len(tail):] == tail:
+        if ids[len(ids) - len(tail) :] == tail:
             return ids, len(ids) - len(tail)
         if self.config.history_window is not None:
-            raise ValueError("history_window needs a chat template whose first prompt is the "
-                             "system header followed by an ordinary user turn; this one is not")
+            raise ValueError(
+                "history_window needs a chat template whose first prompt is the "
+                "system header followed by an ordinary user turn; this one is not"
+            )
         return ids, 0
 
     # -- budgets and tasks
     def _tasks(self, task_ids: Any) -> np.ndarray:
         tasks = np.asarray(task_ids)
-        if (tasks.ndim != 1 or tasks.size == 0 or not np.issubdtype(tasks.dtype, np.integer)
-                or tasks.min() < 0 or tasks.max() >= self.env.num_tasks()):
-            raise ValueError(f"task_ids must be a non-empty 1-D int array in [0, "
-                             f"{self.env.num_tasks()}), got {task_ids!r}")
+        if (
+            tasks.ndim != 1
+            or tasks.size == 0
+            or not np.issubdtype(tasks.dtype, np.integer)
+            or tasks.min() < 0
+            or tasks.max() >= self.env.num_tasks()
+        ):
+            raise ValueError(
+                f"task_ids must be a non-empty 1-D int array in [0, "
+                f"{self.env.num_tasks()}), got {task_ids!r}"
+            )
         return tasks.astype(np.int64)
 
     def _group_budgets(self, key: jax.Array, tasks: np.ndarray, budgets: Any) -> np.ndarray:
@@ -552,15 +591,18 @@ class MultiTurnRollout:
         elif self.config.budget is not None:
             out = np.full(groups, self.config.budget)
         else:
-            bound = (self.env.structural_bounds(tasks) if self.config.adaptive_budgets else None)
-            out = np.asarray(sample_budgets(key, jnp.full((groups,), self.env.t_max), bound).budgets)
+            bound = self.env.structural_bounds(tasks) if self.config.adaptive_budgets else None
+            out = np.asarray(
+                sample_budgets(key, jnp.full((groups,), self.env.t_max), bound).budgets
+            )
         if out.min() < 1 or out.max() > self.num_turns:
             raise ValueError(f"budgets must be in [1, {self.num_turns}], got {out}")
         return out.astype(np.int64)
 
     # -- the rollout
-    def __call__(self, policy: Policy, task_ids: Any, key: jax.Array,
-                 budgets: Any = None) -> RolloutResult:
+    def __call__(
+        self, policy: Policy, task_ids: Any, key: jax.Array, budgets: Any = None
+    ) -> RolloutResult:
         """Play ``G`` trajectories of each of ``task_ids`` (``int[K]``).
 
         ``budgets``: ``int[K]`` budgets per task group, overriding the config's ``budget`` and
@@ -587,8 +629,15 @@ class MultiTurnRollout:
         for r in np.flatnonzero(fits):
             rec.write(r, first[r][0])
             rec.prefix_len[r] = rec.turn_start[r, 0] = first[r][1]
-        play = _Play(rec, budget, context_len, overflow=~fits, success=np.zeros(rows, bool),
-                     turns_used=np.zeros(rows, np.int32), texts=[[] for _ in range(rows)])
+        play = _Play(
+            rec,
+            budget,
+            context_len,
+            overflow=~fits,
+            success=np.zeros(rows, bool),
+            turns_used=np.zeros(rows, np.int32),
+            texts=[[] for _ in range(rows)],
+        )
         # several processes inside distributed.split_rollouts: this one plays its share only
         shares = distributed.rollout_rows(rows)
         mine = np.ones(rows, bool)
@@ -606,13 +655,18 @@ class MultiTurnRollout:
             _gather_rows(play, shares)
         total = time.perf_counter() - began
         stats = RolloutStats(
-            turns=len(play.live_rows), live_rows=tuple(play.live_rows),
-            sampled_tokens=play.sampled, policy_s=timer.seconds["policy"],
+            turns=len(play.live_rows),
+            live_rows=tuple(play.live_rows),
+            sampled_tokens=play.sampled,
+            policy_s=timer.seconds["policy"],
             env_s=timer.seconds["env"],
-            host_s=total - timer.seconds["policy"] - timer.seconds["env"], total_s=total,
-            env_step_s=env.busy)
-        trajectory = self._trajectory(rec, group, row_task, budget, play.turns_used, play.success,
-                                      play.overflow)
+            host_s=total - timer.seconds["policy"] - timer.seconds["env"],
+            total_s=total,
+            env_step_s=env.busy,
+        )
+        trajectory = self._trajectory(
+            rec, group, row_task, budget, play.turns_used, play.success, play.overflow
+        )
         return RolloutResult(trajectory, play.texts, env_seed, stats)
 
     def _lanes(self, policy: Policy, seats: int, rows: int) -> list[_Seats]:
@@ -620,14 +674,25 @@ class MultiTurnRollout:
         its forks (:meth:`~agentrl_jax.policy.SamplerPolicy.fork`), each a cache of its own."""
         count = min(self.config.lanes, seats)
         if count > 1 and not callable(getattr(policy, "fork", None)):
-            raise ValueError(f"RolloutConfig.lanes={self.config.lanes} needs a policy with "
-                             f"fork() (a second cache); {type(policy).__name__} has none")
+            raise ValueError(
+                f"RolloutConfig.lanes={self.config.lanes} needs a policy with "
+                f"fork() (a second cache); {type(policy).__name__} has none"
+            )
         policies = [policy] + [policy.fork() for _ in range(count - 1)]
-        return [_Seats(p, n, rows, self.settings)
-                for p, n in zip(policies, lane_seats(seats, self.config.group_size, count))]
+        return [
+            _Seats(p, n, rows, self.settings)
+            for p, n in zip(policies, lane_seats(seats, self.config.group_size, count))
+        ]
 
-    def _play(self, lanes: list[_Seats], play: _Play, queues: list[np.ndarray], env: _EnvSteps,
-              key_policy: jax.Array, timer: _Timer) -> None:
+    def _play(
+        self,
+        lanes: list[_Seats],
+        play: _Play,
+        queues: list[np.ndarray],
+        env: _EnvSteps,
+        key_policy: jax.Array,
+        timer: _Timer,
+    ) -> None:
         """Play every row of ``queues`` to its end.
 
         Each pass of the loop visits every lane: it takes the environment's answer to the
@@ -645,7 +710,7 @@ class MultiTurnRollout:
         """
         rows = play.rec.tokens.shape[0]
         turn = np.zeros(rows, np.int64)  # each row's current turn
-        live = np.zeros(rows, bool)      # rows seated and playing, in any lane
+        live = np.zeros(rows, bool)  # rows seated and playing, in any lane
         waiting = [list(q) for q in queues if len(q)]
         pending: list[_Turn | None] = [None] * len(lanes)
         alone = [False] * len(lanes)
@@ -668,22 +733,34 @@ class MultiTurnRollout:
                     waiting = [q for q in waiting if q]
                 if not mine.any():
                     continue
-                pending[i], preempted = self._respond(seats, play, mine, turn, key_policy, env,
-                                                      timer)
+                pending[i], preempted = self._respond(
+                    seats, play, mine, turn, key_policy, env, timer
+                )
                 alone[i] = pending[i] is None
                 if preempted.any():  # back to the front of the queue, to replay this turn
                     seats.vacate(np.flatnonzero(preempted))
                     waiting.insert(0, np.flatnonzero(preempted).tolist())
                     live &= ~preempted
 
-    def _respond(self, seats: _Seats, play: _Play, live: np.ndarray, turn: np.ndarray,
-                 key_policy: jax.Array, env: _EnvSteps, timer: _Timer):
+    def _respond(
+        self,
+        seats: _Seats,
+        play: _Play,
+        live: np.ndarray,
+        turn: np.ndarray,
+        key_policy: jax.Array,
+        env: _EnvSteps,
+        timer: _Timer,
+    ):
         """Sample one turn of the ``live`` rows (all seated in ``seats``), record the responses
         and hand them to the environment: ``(turn in flight or None, preempted rows)``."""
         cfg, window, rec = self.config, self.config.history_window, play.rec
         rows, length = len(live), cfg.record_length
-        kept_from = (rec.turn_start[np.arange(rows), np.maximum(0, turn - window)]
-                     if window is not None else rec.prefix_len)
+        kept_from = (
+            rec.turn_start[np.arange(rows), np.maximum(0, turn - window)]
+            if window is not None
+            else rec.prefix_len
+        )
         rec.context_start[live, turn[live]] = kept_from[live]
         room = np.minimum(cfg.max_context - play.context_len, length - rec.length)
         max_tokens = np.where(live, np.minimum(cfg.max_response_tokens, room), 0)
@@ -705,8 +782,9 @@ class MultiTurnRollout:
         playing = live & ~cut
         replies = [""] * rows
         decoded = self.tokenizer.batch_decode(
-            [out.tokens[r, :out.lengths[r]].tolist() for r in np.flatnonzero(live)],
-            skip_special_tokens=True)
+            [out.tokens[r, : out.lengths[r]].tolist() for r in np.flatnonzero(live)],
+            skip_special_tokens=True,
+        )
         for r, text in zip(np.flatnonzero(live), decoded):
             play.texts[r].append(text)
             replies[r] = text if playing[r] else ""
@@ -714,8 +792,9 @@ class MultiTurnRollout:
             step = env.submit(replies, playing)
         return _Turn(out, live, playing, cut, step), preempted
 
-    def _finish(self, seats: _Seats, play: _Play, done: _Turn, turn: np.ndarray,
-                timer: _Timer) -> np.ndarray:
+    def _finish(
+        self, seats: _Seats, play: _Play, done: _Turn, turn: np.ndarray, timer: _Timer
+    ) -> np.ndarray:
         """Take the environment's answer to turn ``done``: record it, end rows or append their
         next user message, free the seats of ended rows and advance ``turn`` in place; returns
         the rows of ``done`` that play on."""
@@ -727,12 +806,25 @@ class MultiTurnRollout:
         play.turns_used += live
         play.success |= playing & np.asarray(result.success, bool)
         invalid = playing & ~np.asarray(result.action_valid, bool)
-        ended = (~playing | np.asarray(result.done, bool) | (turn + 1 >= play.budget)
-                 | (cfg.end_on_invalid & invalid))
+        ended = (
+            ~playing
+            | np.asarray(result.done, bool)
+            | (turn + 1 >= play.budget)
+            | (cfg.end_on_invalid & invalid)
+        )
         play.overflow |= done.cut
         next_live, play.context_len, play.overflow = self._next_turn(
-            seats, rec, turn, live & ~ended, done.out, result, play.budget, play.context_len,
-            play.overflow, timer)
+            seats,
+            rec,
+            turn,
+            live & ~ended,
+            done.out,
+            result,
+            play.budget,
+            play.context_len,
+            play.overflow,
+            timer,
+        )
         seats.vacate(np.flatnonzero(live & ~next_live))
         turn += next_live
         return next_live
@@ -740,17 +832,31 @@ class MultiTurnRollout:
     def _check(self, out: Responses, live: np.ndarray, max_tokens: np.ndarray) -> None:
         """The policy kept its contract (a broken one would corrupt the record silently)."""
         rows, width = len(live), self.config.max_response_tokens
-        if out.tokens.shape != (rows, width) or out.logprobs.shape != (rows, width) or \
-                out.behaviour_logprobs.shape != (rows, width) or out.lengths.shape != (rows,):
-            raise ValueError(f"policy returned tokens {out.tokens.shape}, logprobs "
-                             f"{out.logprobs.shape}, sampling_logprobs {out.behaviour_logprobs.shape}, "
-                             f"lengths {out.lengths.shape}; expected [{rows}, {width}] and [{rows}]")
+        if (
+            out.tokens.shape != (rows, width)
+            or out.logprobs.shape != (rows, width)
+            or out.behaviour_logprobs.shape != (rows, width)
+            or out.lengths.shape != (rows,)
+        ):
+            raise ValueError(
+                f"policy returned tokens {out.tokens.shape}, logprobs "
+                f"{out.logprobs.shape}, sampling_logprobs {out.behaviour_logprobs.shape}, "
+                f"lengths {out.lengths.shape}; expected [{rows}, {width}] and [{rows}]"
+            )
         if np.any(out.lengths > max_tokens) or np.any(out.lengths[~live] != 0):
-            raise ValueError("policy returned a response longer than its max_tokens, or one for "
-                             "a row that was not live")
+            raise ValueError(
+                "policy returned a response longer than its max_tokens, or one for "
+                "a row that was not live"
+            )
 
-    def _record_turn(self, rec: _Record, turn: np.ndarray, live: np.ndarray,
-                     playing: np.ndarray, result: TurnResult) -> None:
+    def _record_turn(
+        self,
+        rec: _Record,
+        turn: np.ndarray,
+        live: np.ndarray,
+        playing: np.ndarray,
+        result: TurnResult,
+    ) -> None:
         """Write each ``live`` row's turn ``turn[row]`` (other rows keep what they hold: rows
         not seated, or the record's defaults)."""
         at = (live, turn[live])
@@ -765,9 +871,19 @@ class MultiTurnRollout:
             rec.state_id[at] = np.asarray(result.state_id)[live]
         rec.step_quality[at] = np.asarray(result.quality, np.float32)[live]
 
-    def _next_turn(self, seats: _Seats, rec: _Record, turn: np.ndarray, going: np.ndarray,
-                   out: Responses, result: TurnResult, budget: np.ndarray,
-                   context_len: np.ndarray, overflow: np.ndarray, timer: _Timer):
+    def _next_turn(
+        self,
+        seats: _Seats,
+        rec: _Record,
+        turn: np.ndarray,
+        going: np.ndarray,
+        out: Responses,
+        result: TurnResult,
+        budget: np.ndarray,
+        context_len: np.ndarray,
+        overflow: np.ndarray,
+        timer: _Timer,
+    ):
         """Append the next user message to rows going on, or end them with ``overflow``:
         ``(live, context_len, overflow)`` for the next turn. ``turn [rows]``: each row's turn."""
         cfg, window = self.config, self.config.history_window
@@ -775,7 +891,7 @@ class MultiTurnRollout:
         chunks: list[tuple[int, ...]] = [()] * rows
         closing = np.zeros(rows, np.int64)
         for r in np.flatnonzero(going):
-            close = tuple(self.chat.close_response(out.tokens[r, :out.lengths[r]].tolist()))
+            close = tuple(self.chat.close_response(out.tokens[r, : out.lengths[r]].tolist()))
             user = cfg.prompt.turn_text(result.observations[r], int(budget[r]), int(turn[r]) + 1)
             chunks[r] = close + self._next_prompt(user)
             closing[r] = len(close)
@@ -783,8 +899,9 @@ class MultiTurnRollout:
         # rows whose window slides get a new context: header + turns t+1-window .. t + message
         slides = (turn + 1 > window) if window is not None else np.zeros(rows, bool)
         kept_from = rec.turn_start[np.arange(rows), np.maximum(turn + 1 - (window or 0), 0)]
-        new_context = np.where(slides, rec.prefix_len + rec.length + chunk_len - kept_from,
-                               context_len + chunk_len)
+        new_context = np.where(
+            slides, rec.prefix_len + rec.length + chunk_len - kept_from, context_len + chunk_len
+        )
         fits = (new_context <= cfg.max_context) & (rec.length + chunk_len <= cfg.record_length)
         overflow = overflow | (going & ~fits)
         live = going & fits
@@ -794,36 +911,48 @@ class MultiTurnRollout:
         with timer("policy"):
             restarted = (live & slides).any() and seats.restart(
                 np.flatnonzero(live & slides),
-                lambda r: self._context(rec, r, int(turn[r]) + 1) if live[r] else ())
+                lambda r: self._context(rec, r, int(turn[r]) + 1) if live[r] else (),
+            )
             if not restarted:
-                seats.extend([chunks[r] if live[r] and not slides[r] else ()
-                              for r in range(rows)])
+                seats.extend([chunks[r] if live[r] and not slides[r] else () for r in range(rows)])
         return live, np.where(live, new_context, context_len), overflow
 
     def _context(self, rec: _Record, row: int, turn: int) -> list[int]:
         """What row ``row`` sees at ``turn``: its whole record, or header + window."""
         window = self.config.history_window
         if window is None or turn <= window:
-            return rec.tokens[row, :rec.length[row]].tolist()
+            return rec.tokens[row, : rec.length[row]].tolist()
         return rec.context(row, turn, window)
 
-    def _trajectory(self, rec: _Record, group, row_task, budget, turns_used, success,
-                    overflow) -> Trajectory:
+    def _trajectory(
+        self, rec: _Record, group, row_task, budget, turns_used, success, overflow
+    ) -> Trajectory:
         rows, length = rec.tokens.shape
         i32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
         return Trajectory(
             tokens=jnp.asarray(rec.tokens),
             token_mask=jnp.asarray(np.arange(length)[None, :] < rec.length[:, None]),
-            loss_mask=jnp.asarray(rec.loss_mask), token_turn=jnp.asarray(rec.token_turn),
-            logprobs=jnp.asarray(rec.logprobs), sampling_logprobs=jnp.asarray(rec.sampling_logprobs),
+            loss_mask=jnp.asarray(rec.loss_mask),
+            token_turn=jnp.asarray(rec.token_turn),
+            logprobs=jnp.asarray(rec.logprobs),
+            sampling_logprobs=jnp.asarray(rec.sampling_logprobs),
             turn_mask=jnp.asarray(rec.turn_mask),
-            action=jnp.asarray(rec.action), action_valid=jnp.asarray(rec.action_valid),
-            reward=jnp.asarray(rec.reward), anchor_key=jnp.asarray(rec.anchor_key),
-            state_id=jnp.asarray(rec.state_id), step_quality=jnp.asarray(rec.step_quality),
-            group_id=i32(group), task_id=i32(row_task),
-            budget=i32(budget), turns_used=i32(turns_used), success=jnp.asarray(success),
-            overflow=jnp.asarray(overflow), row_mask=jnp.ones(rows, bool),
-            prefix_len=i32(rec.prefix_len), context_start=jnp.asarray(rec.context_start))
+            action=jnp.asarray(rec.action),
+            action_valid=jnp.asarray(rec.action_valid),
+            reward=jnp.asarray(rec.reward),
+            anchor_key=jnp.asarray(rec.anchor_key),
+            state_id=jnp.asarray(rec.state_id),
+            step_quality=jnp.asarray(rec.step_quality),
+            group_id=i32(group),
+            task_id=i32(row_task),
+            budget=i32(budget),
+            turns_used=i32(turns_used),
+            success=jnp.asarray(success),
+            overflow=jnp.asarray(overflow),
+            row_mask=jnp.ones(rows, bool),
+            prefix_len=i32(rec.prefix_len),
+            context_start=jnp.asarray(rec.context_start),
+        )
 
     def for_training(self, policy: SamplerPolicy) -> Callable[[Any, jax.Array, Any], Trajectory]:
         """The trainer's ``rollout(params, key, task_ids) -> Trajectory`` (agentrl_jax.train).
@@ -831,12 +960,15 @@ class MultiTurnRollout:
         The trainer scores ``tokens`` with the policy's model, so with a ``token_map`` they are
         the model's ids (padding 0): decode them with ``token_map.to_tokenizer`` first.
         """
+
         def rollout(params: Any, key: jax.Array, task_ids: Any) -> Trajectory:
             trajectory = self(policy.using(params), np.asarray(task_ids), key).trajectory
             if policy.token_map is None:
                 return trajectory
             real = np.asarray(trajectory.token_mask)
             ids = policy.token_map.to_model(
-                np.where(real, np.asarray(trajectory.tokens), policy.token_map.tokenizer_ids[0]))
+                np.where(real, np.asarray(trajectory.tokens), policy.token_map.tokenizer_ids[0])
+            )
             return trajectory.replace(tokens=jnp.asarray(np.where(real, ids, 0), jnp.int32))
+
         return rollout

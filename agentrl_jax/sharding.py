@@ -34,7 +34,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 from jax.experimental import mesh_utils
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # a batch dimension is split over both
@@ -80,12 +81,16 @@ class MeshConfig:
         known = math.prod(s for s in sizes if s != -1)
         if -1 in sizes:
             if num_devices % known:
-                raise ValueError(f"MeshConfig {sizes}: {num_devices} devices are not divisible "
-                                 f"by the fixed axes' product {known}")
+                raise ValueError(
+                    f"MeshConfig {sizes}: {num_devices} devices are not divisible "
+                    f"by the fixed axes' product {known}"
+                )
             sizes = tuple(num_devices // known if s == -1 else s for s in sizes)
         if math.prod(sizes) != num_devices:
-            raise ValueError(f"MeshConfig (data, fsdp, tensor)={sizes} needs {math.prod(sizes)} "
-                             f"devices, but {num_devices} are available")
+            raise ValueError(
+                f"MeshConfig (data, fsdp, tensor)={sizes} needs {math.prod(sizes)} "
+                f"devices, but {num_devices} are available"
+            )
         return sizes  # type: ignore[return-value]
 
 
@@ -104,8 +109,11 @@ def device_grid(shape: tuple[int, int, int], devices: Sequence[Any]) -> np.ndarr
     if num_processes == 1:
         return mesh_utils.create_device_mesh(shape, devices)
     return mesh_utils.create_hybrid_device_mesh(
-        per_process_mesh_shape(shape, num_processes), (num_processes, 1, 1), devices,
-        process_is_granule=True)
+        per_process_mesh_shape(shape, num_processes),
+        (num_processes, 1, 1),
+        devices,
+        process_is_granule=True,
+    )
 
 
 def _tpu_grid(shape: tuple[int, int, int], devices: Sequence[Any]) -> np.ndarray:
@@ -115,15 +123,23 @@ def _tpu_grid(shape: tuple[int, int, int], devices: Sequence[Any]) -> np.ndarray
         if num_slices == 1:
             return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
         return mesh_utils.create_hybrid_device_mesh(
-            per_slice_mesh_shape(shape, num_slices), (num_slices, 1, 1), devices,
-            allow_split_physical_axes=True)
+            per_slice_mesh_shape(shape, num_slices),
+            (num_slices, 1, 1),
+            devices,
+            allow_split_physical_axes=True,
+        )
     except AssertionError as error:  # mesh_utils asserts on megacore and holey device sets
-        hint = ("; use one device per chip (megacore mode: the runtime's default, or "
-                "chip_config_name='megacore' for compile-only topologies)"
-                if any(getattr(d, "core_on_chip", 0) for d in devices) else "")
-        raise ValueError(f"cannot lay mesh (data, fsdp, tensor)={shape} over {len(devices)} "
-                         f"{devices[0].device_kind} devices in {num_slices} slice(s): "
-                         f"{error}{hint}") from error
+        hint = (
+            "; use one device per chip (megacore mode: the runtime's default, or "
+            "chip_config_name='megacore' for compile-only topologies)"
+            if any(getattr(d, "core_on_chip", 0) for d in devices)
+            else ""
+        )
+        raise ValueError(
+            f"cannot lay mesh (data, fsdp, tensor)={shape} over {len(devices)} "
+            f"{devices[0].device_kind} devices in {num_slices} slice(s): "
+            f"{error}{hint}"
+        ) from error
 
 
 def slice_index(device: Any) -> int:
@@ -138,17 +154,21 @@ def per_process_mesh_shape(shape: tuple[int, int, int], num_processes: int) -> t
 
 def per_slice_mesh_shape(shape: tuple[int, int, int], num_slices: int) -> tuple[int, int, int]:
     """The part of a ``(data, fsdp, tensor)`` mesh inside one TPU slice (slices on data)."""
-    return _split_data(shape, num_slices, ("slice", "slices"),
-                       "TPU slices are laid along data (DCN)")
+    return _split_data(
+        shape, num_slices, ("slice", "slices"), "TPU slices are laid along data (DCN)"
+    )
 
 
-def _split_data(shape: tuple[int, int, int], parts: int, unit: tuple[str, str],
-                why: str) -> tuple[int, int, int]:
+def _split_data(
+    shape: tuple[int, int, int], parts: int, unit: tuple[str, str], why: str
+) -> tuple[int, int, int]:
     """``shape`` with ``data`` divided by ``parts`` (``unit``: singular and plural name)."""
     data, fsdp, tensor = shape
     if data % parts:
-        raise ValueError(f"with {parts} {unit[1]} the data axis ({data}) must be a "
-                         f"multiple of the {unit[0]} count: {why}")
+        raise ValueError(
+            f"with {parts} {unit[1]} the data axis ({data}) must be a "
+            f"multiple of the {unit[0]} count: {why}"
+        )
     return (data // parts, fsdp, tensor)
 
 
@@ -159,21 +179,26 @@ def describe_mesh(mesh: Mesh) -> str:
     processes = len({d.process_index for d in devices})
     slices = len({slice_index(d) for d in devices})
     axes = " ".join(f"{name}={size}" for name, size in mesh.shape.items())
-    return (f"{axes}: {len(devices)} {kinds} devices, {processes} process"
-            f"{'es' * (processes > 1)}, {slices} slice{'s' * (slices > 1)}")
+    return (
+        f"{axes}: {len(devices)} {kinds} devices, {processes} process"
+        f"{'es' * (processes > 1)}, {slices} slice{'s' * (slices > 1)}"
+    )
 
 
-def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
-             rules: Sequence[PartitionRule]) -> P:
+def spec_for(path: str, shape: Sequence[int], mesh: Mesh, rules: Sequence[PartitionRule]) -> P:
     """The first matching rule's spec for ``path``, replicating dims an axis does not divide."""
     matched = next(((pattern, spec) for pattern, spec in rules if re.search(pattern, path)), None)
     if matched is None:
-        raise ValueError(f"no partition rule matches parameter {path!r} (shape {tuple(shape)}); "
-                         f"rules: {[pattern for pattern, _ in rules]}")
+        raise ValueError(
+            f"no partition rule matches parameter {path!r} (shape {tuple(shape)}); "
+            f"rules: {[pattern for pattern, _ in rules]}"
+        )
     pattern, spec = matched
     if len(spec) > len(shape):
-        raise ValueError(f"partition rule {pattern!r} gives {spec} with {len(spec)} dims for "
-                         f"{path!r} of shape {tuple(shape)}")
+        raise ValueError(
+            f"partition rule {pattern!r} gives {spec} with {len(spec)} dims for "
+            f"{path!r} of shape {tuple(shape)}"
+        )
     fitted = []
     for dim, axes in zip(shape, spec, strict=False):  # trailing dims beyond spec: replicated
         names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
@@ -188,6 +213,7 @@ def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[PartitionRule]) -> Any
     Paths join dict keys / attribute names with "/", e.g. ``layers/q_proj``; the ``value``
     attribute of an NNX Variable is not part of the path.
     """
+
     def sharding(path, leaf):
         return NamedSharding(mesh, spec_for(path_string(path), leaf.shape, mesh, rules))
 
@@ -223,13 +249,27 @@ def shard_tree(tree: Any, mesh: Mesh, rules: Sequence[PartitionRule]) -> Any:
 
 def describe(tree: Any) -> dict[str, str]:
     """``{path: str(PartitionSpec)}`` of a tree of sharded arrays, for logs and tests."""
-    return {path_string(path): str(getattr(leaf.sharding, "spec", leaf.sharding))
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {
+        path_string(path): str(getattr(leaf.sharding, "spec", leaf.sharding))
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
 
 
 __all__ = [
-    "BATCH_AXES", "KV_CACHE_RULES", "MESH_AXES", "MeshConfig", "QWEN3_PARAM_RULES",
-    "batch_sharding", "build_mesh", "describe", "describe_mesh", "device_grid",
-    "per_process_mesh_shape", "per_slice_mesh_shape", "shard_tree", "slice_index", "spec_for",
+    "BATCH_AXES",
+    "KV_CACHE_RULES",
+    "MESH_AXES",
+    "MeshConfig",
+    "QWEN3_PARAM_RULES",
+    "batch_sharding",
+    "build_mesh",
+    "describe",
+    "describe_mesh",
+    "device_grid",
+    "per_process_mesh_shape",
+    "per_slice_mesh_shape",
+    "shard_tree",
+    "slice_index",
+    "spec_for",
     "tree_shardings",
 ]

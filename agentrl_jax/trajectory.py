@@ -121,15 +121,27 @@ class Trajectory:
         turn = lambda dt: jnp.zeros((num_rows, num_turns), dt)  # noqa: E731
         row = lambda dt: jnp.zeros((num_rows,), dt)  # noqa: E731
         return cls(
-            tokens=tok(i32), token_mask=tok(b), loss_mask=tok(b),
-            token_turn=jnp.full((num_rows, num_tokens), -1, i32), logprobs=tok(f32),
+            tokens=tok(i32),
+            token_mask=tok(b),
+            loss_mask=tok(b),
+            token_turn=jnp.full((num_rows, num_tokens), -1, i32),
+            logprobs=tok(f32),
             sampling_logprobs=tok(f32),
-            turn_mask=turn(b), action=jnp.full((num_rows, num_turns), -1, i32),
-            action_valid=turn(b), reward=turn(f32), anchor_key=turn(i32),
+            turn_mask=turn(b),
+            action=jnp.full((num_rows, num_turns), -1, i32),
+            action_valid=turn(b),
+            reward=turn(f32),
+            anchor_key=turn(i32),
             state_id=jnp.full((num_rows, num_turns), -1, i32),
             step_quality=jnp.full((num_rows, num_turns), jnp.nan, f32),
-            group_id=row(i32), task_id=row(i32), budget=row(i32), turns_used=row(i32),
-            success=row(b), overflow=row(b), row_mask=row(b), prefix_len=row(i32),
+            group_id=row(i32),
+            task_id=row(i32),
+            budget=row(i32),
+            turns_used=row(i32),
+            success=row(b),
+            overflow=row(b),
+            row_mask=row(b),
+            prefix_len=row(i32),
             context_start=turn(i32),
         )
 
@@ -172,11 +184,18 @@ def concatenate_rows(records: "list[Trajectory]") -> "Trajectory":
     for f in dataclasses.fields(Trajectory):
         parts = [np.asarray(getattr(r, f.name)) for r in records]
         if f.name in TOKEN_FIELDS:
-            parts = [np.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=TOKEN_PADDING.get(f.name, 0))
-                     for x in parts]
+            parts = [
+                np.pad(
+                    x,
+                    ((0, 0), (0, width - x.shape[1])),
+                    constant_values=TOKEN_PADDING.get(f.name, 0),
+                )
+                for x in parts
+            ]
         elif len({x.shape[1:] for x in parts}) > 1:
-            raise ValueError(f"concatenate_rows: Trajectory.{f.name} shapes differ past the rows: "
-                             f"{sorted({x.shape for x in parts})}")
+            raise ValueError(
+                f"concatenate_rows: Trajectory.{f.name} shapes differ past the rows: "
+                f"{sorted({x.shape for x in parts})}"
+            )
         out[f.name] = np.concatenate(parts, axis=0)
     return Trajectory(**out)
-

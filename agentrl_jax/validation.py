@@ -25,8 +25,11 @@ Check = tuple[Callable[[Any], bool], str]
 
 def is_int(value: Any, lo: int | None = None) -> bool:
     """An integer (not a bool), at least ``lo`` if given."""
-    return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
-            and (lo is None or value >= lo))
+    return (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and (lo is None or value >= lo)
+    )
 
 
 def is_real(value: Any) -> bool:
@@ -52,8 +55,11 @@ def real(lo: float | None = None, hi: float | None = None, lo_open: bool = False
         if lo is not None and (v <= lo if lo_open else v < lo):
             return False
         return hi is None or v <= hi
-    bounds = [f"{'>' if lo_open else '>='} {lo}" if lo is not None else "",
-              f"<= {hi}" if hi is not None else ""]
+
+    bounds = [
+        f"{'>' if lo_open else '>='} {lo}" if lo is not None else "",
+        f"<= {hi}" if hi is not None else "",
+    ]
     return check, "a finite number" + "".join(f" {b}" for b in bounds if b)
 
 
@@ -72,6 +78,7 @@ def one_of(options: Iterable[Any], *, nullable: bool = False) -> Check:
         if v is None:
             return nullable
         return any(type(v) is type(o) and v == o for o in options)
+
     return check, f"{'null or ' if nullable else ''}one of {options}"
 
 
@@ -91,4 +98,4 @@ def validate(prefix: str, obj: Any, checks: Mapping[str, Check]) -> None:
 def short_repr(value: Any, limit: int = 200) -> str:
     """``repr(value)``, cut to ``limit`` characters (a config value may be a huge list)."""
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -2,6 +2,24 @@
 ``envs.make(name, **options)`` builds one over its tasks, ``envs.register`` adds one (see
 :mod:`envs.registry`)."""
 
-from envs.registry import EnvEntry, EnvOptionError, EnvTasks, entry, make, names, python_env, register
+from envs.registry import (
+    EnvEntry,
+    EnvOptionError,
+    EnvTasks,
+    entry,
+    make,
+    names,
+    python_env,
+    register,
+)
 
-__all__ = ["EnvEntry", "EnvOptionError", "EnvTasks", "entry", "make", "names", "python_env", "register"]
+__all__ = [
+    "EnvEntry",
+    "EnvOptionError",
+    "EnvTasks",
+    "entry",
+    "make",
+    "names",
+    "python_env",
+    "register",
+]

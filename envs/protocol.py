@@ -84,7 +84,9 @@ class TextEnv(Protocol):
     def reset(self, task_ids: np.ndarray, seed: int) -> tuple[Any, list[str]]:
         """Start one episode per row on ``task_ids`` (``int[N]``): ``(state, observations)``."""
 
-    def step(self, state: Any, responses: Sequence[str], live: np.ndarray) -> tuple[Any, TurnResult]:
+    def step(
+        self, state: Any, responses: Sequence[str], live: np.ndarray
+    ) -> tuple[Any, TurnResult]:
         """Parse and play ``responses`` for rows where ``live``; others stay as they are."""
 
 
@@ -171,23 +173,38 @@ class PythonTextEnv:
     def reset(self, task_ids: np.ndarray, seed: int) -> tuple[_Rows, list[str]]:
         task_ids = np.asarray(task_ids)
         if task_ids.ndim != 1 or np.any(task_ids < 0) or np.any(task_ids >= self.num_tasks()):
-            raise ValueError(f"task_ids must be a 1-D array in [0, {self.num_tasks()}), got {task_ids}")
-        started = list(self._pool.map(lambda i: self.env.reset_task(int(task_ids[i]), seed + i),
-                                      range(len(task_ids))))
+            raise ValueError(
+                f"task_ids must be a 1-D array in [0, {self.num_tasks()}), got {task_ids}"
+            )
+        started = list(
+            self._pool.map(
+                lambda i: self.env.reset_task(int(task_ids[i]), seed + i), range(len(task_ids))
+            )
+        )
         n = len(task_ids)
         rows = _Rows([s for s, _ in started], np.zeros(n, bool), np.zeros(n, bool))
         return rows, [obs for _, obs in started]
 
-    def step(self, rows: _Rows, responses: Sequence[str], live: np.ndarray) -> tuple[_Rows, TurnResult]:
+    def step(
+        self, rows: _Rows, responses: Sequence[str], live: np.ndarray
+    ) -> tuple[_Rows, TurnResult]:
         n = len(rows.states)
         live = np.asarray(live, bool) & ~rows.done
         anchor = np.array([self.env.state_key(s) for s in rows.states], np.int32)
-        jobs = {i: self._pool.submit(self.env.step_task, rows.states[i], responses[i])
-                for i in np.flatnonzero(live)}
+        jobs = {
+            i: self._pool.submit(self.env.step_task, rows.states[i], responses[i])
+            for i in np.flatnonzero(live)
+        }
         futures.wait(jobs.values(), timeout=self.step_timeout_s)
-        out = dict(observations=[""] * n, reward=np.zeros(n, np.float32), done=rows.done.copy(),
-                   success=rows.success.copy(), action=np.full(n, -1, np.int32),
-                   action_valid=np.zeros(n, bool), quality=np.full(n, np.nan, np.float32))
+        out = dict(
+            observations=[""] * n,
+            reward=np.zeros(n, np.float32),
+            done=rows.done.copy(),
+            success=rows.success.copy(),
+            action=np.full(n, -1, np.int32),
+            action_valid=np.zeros(n, bool),
+            quality=np.full(n, np.nan, np.float32),
+        )
         timeout = np.zeros(n, bool)
         states = list(rows.states)
         for i, job in jobs.items():

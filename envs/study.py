@@ -60,7 +60,9 @@ def split_tasks(items: Sequence[Any], names: Sequence[str], split: str | None) -
     """The ``items`` whose ``names`` fall in ``split`` (:func:`hash_split`; None: all of them);
     another split is refused."""
     if split not in (None, "train", "test"):
-        raise ValueError(f"split: must be 'train' or 'test' (a hash split of the tasks), got {split!r}")
+        raise ValueError(
+            f"split: must be 'train' or 'test' (a hash split of the tasks), got {split!r}"
+        )
     return [item for item, name in zip(items, names) if split is None or hash_split(name) == split]
 
 
@@ -130,7 +132,9 @@ class GoldDemonstrator:
         plan = self._plan(context)
         done = 0
         for previous in _ASSISTANT.findall(context):
-            previous = previous.rsplit("</think>", 1)[-1].strip()  # after a chat template's think block
+            previous = previous.rsplit("</think>", 1)[
+                -1
+            ].strip()  # after a chat template's think block
             if done < len(plan) and previous == plan[done]:
                 done += 1
         remaining = _REMAINING.findall(context)
@@ -160,8 +164,7 @@ class RecordedQuality:
     def __call__(self, trajectory: Any, tasks: Any = None):
         import jax.numpy as jnp
 
-        from agentrl_jax.process_rewards import StepScores
-        from agentrl_jax.process_rewards import scored_turns
+        from agentrl_jax.process_rewards import StepScores, scored_turns
 
         quality = jnp.asarray(trajectory.step_quality, jnp.float32)
         mask = jnp.isfinite(quality) & scored_turns(trajectory)
@@ -195,15 +198,25 @@ class Study:
         """``options`` checked (raises ``ValueError`` naming the bad one); returns them."""
         reserved = [o for o in options if o in PIPELINE_OPTIONS]
         if reserved:
-            raise StudyError(f"{', '.join(map(repr, reserved))}: set by the reproduction "
-                             "(task.seed, train_tasks / eval_tasks), not an option")
+            raise StudyError(
+                f"{', '.join(map(repr, reserved))}: set by the reproduction "
+                "(task.seed, train_tasks / eval_tasks), not an option"
+            )
         from envs.registry import check_options
 
         check_options(entry.name, list(options))
         return dict(options)
 
-    def tasks(self, entry: "EnvEntry", options: Mapping[str, Any], *, split: str, count: int,
-              seed: int, t_max: int) -> "EnvTasks":
+    def tasks(
+        self,
+        entry: "EnvEntry",
+        options: Mapping[str, Any],
+        *,
+        split: str,
+        count: int,
+        seed: int,
+        t_max: int,
+    ) -> "EnvTasks":
         """The ``split`` tasks (at most ``count``) of ``entry`` with ``options``; ``t_max``
         is the study's largest budget: the environment's ``t_max`` is set to it
         (:func:`with_t_max`), the rollout's full budget and BudgetMix's largest."""
@@ -225,14 +238,26 @@ class Study:
             return np.asarray(tasks.min_turns, np.int64)
         return np.ones(len(tasks.names), np.int64)
 
-    def describe(self, entry: "EnvEntry", options: Mapping[str, Any], *, t_max: int,
-                 train: "EnvTasks", test: "EnvTasks") -> str:
+    def describe(
+        self,
+        entry: "EnvEntry",
+        options: Mapping[str, Any],
+        *,
+        t_max: int,
+        train: "EnvTasks",
+        test: "EnvTasks",
+    ) -> str:
         """One line for the report: the tasks and how they split."""
         shown = ", ".join(f"{k}={v!r}" for k, v in options.items())
-        split = ("disjoint splits" if self.has_split(entry)
-                 else "the same tasks: the environment has no split, so this is not held-out")
-        return (f"{entry.label}{f' ({shown})' if shown else ''}, T_max {t_max}; "
-                f"{len(train.names)} train tasks, {len(test.names)} test tasks ({split}).")
+        split = (
+            "disjoint splits"
+            if self.has_split(entry)
+            else "the same tasks: the environment has no split, so this is not held-out"
+        )
+        return (
+            f"{entry.label}{f' ({shown})' if shown else ''}, T_max {t_max}; "
+            f"{len(train.names)} train tasks, {len(test.names)} test tasks ({split})."
+        )
 
     def bound_note_for(self, options: Mapping[str, Any]) -> str:
         """What the Pass@T figure's dashed bound (:meth:`min_turns` within T) means here."""
@@ -244,9 +269,11 @@ class Study:
         ``demonstration(task_id)``; an environment without one cannot warm-start."""
         demo = getattr(inner_env(tasks.env), "demonstration", None)
         if not callable(demo):
-            raise StudyError(f"{type(inner_env(tasks.env)).__name__} has no demonstration(task_id) "
-                             "(gold replies) for the warm start; give a pretrained model "
-                             "(model.model_dir) with warm_start.enabled: false")
+            raise StudyError(
+                f"{type(inner_env(tasks.env)).__name__} has no demonstration(task_id) "
+                "(gold replies) for the warm start; give a pretrained model "
+                "(model.model_dir) with warm_start.enabled: false"
+            )
         return [str(r) for r in demo(int(task_id))]
 
     def demonstrable(self, tasks: "EnvTasks", task_ids: Sequence[int]) -> np.ndarray:
@@ -260,8 +287,15 @@ class Study:
         clear = {t for group in plans.values() if len({p for _, p in group}) == 1 for t, _ in group}
         return np.array([t for t in task_ids if int(t) in clear], np.int64)
 
-    def demonstrator(self, tasks: "EnvTasks", task_ids: Sequence[int], *, t_max: int,
-                     mistake_rate: float, seed: int):
+    def demonstrator(
+        self,
+        tasks: "EnvTasks",
+        task_ids: Sequence[int],
+        *,
+        t_max: int,
+        mistake_rate: float,
+        seed: int,
+    ):
         """The warm start's demonstrator (a :data:`~agentrl_jax.policy.Script`) for ``task_ids``."""
         del t_max
         observations = first_observations(tasks.env, task_ids)
@@ -269,28 +303,39 @@ class Study:
         for obs, t in zip(observations, task_ids):
             plan = self.plan(tasks, t)
             if plans.setdefault(obs, plan) != plan:
-                raise StudyError(f"tasks with different gold plans open with the same observation "
-                                 f"({obs[:60]!r}...): the demonstrator cannot tell them apart")
+                raise StudyError(
+                    f"tasks with different gold plans open with the same observation "
+                    f"({obs[:60]!r}...): the demonstrator cannot tell them apart"
+                )
         return GoldDemonstrator(plans, mistake_rate=mistake_rate, seed=seed)
 
-    def corpus(self, tasks: "EnvTasks", task_ids: Sequence[int], *, t_max: int,
-               prompt: Any) -> list[str]:
+    def corpus(
+        self, tasks: "EnvTasks", task_ids: Sequence[int], *, t_max: int, prompt: Any
+    ) -> list[str]:
         """Texts between the special tokens of this environment's conversations, for a small
         tokenizer: the system prompt at every budget, turn headers, first observations, gold
         replies (``prompt``: the rollout's :class:`~agentrl_jax.prompts.BudgetPrompt`)."""
         instructions = tasks.env.instructions()
         observations = first_observations(tasks.env, task_ids)
         system = [f"system\n{prompt.system_text(instructions, b)}" for b in range(1, t_max + 1)]
-        turns = [f"user\n{prompt.turn_text(observations[(b + t) % len(observations)], b, t)}"
-                 for b in range(1, t_max + 1) for t in range(b)]
+        turns = [
+            f"user\n{prompt.turn_text(observations[(b + t) % len(observations)], b, t)}"
+            for b in range(1, t_max + 1)
+            for t in range(b)
+        ]
         try:
             replies = [f"\n\n{r}" for t in task_ids for r in self.plan(tasks, t)]
         except StudyError:
             replies = []
         # weights: BPE merges go to what recurs most, so the short texts every turn repeats
         # (role headers, replies) are weighted up against the long, rarer ones
-        return (system + turns * 2 + [f"user\n{o}" for o in observations] * 4 + replies * 64
-                + ["user\n", "assistant\n", "\n\n", "\n"] * 256)
+        return (
+            system
+            + turns * 2
+            + [f"user\n{o}" for o in observations] * 4
+            + replies * 64
+            + ["user\n", "assistant\n", "\n\n", "\n"] * 256
+        )
 
     # -- training and evaluation
     def step_scorer(self, tasks: "EnvTasks"):

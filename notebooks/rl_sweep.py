@@ -49,18 +49,29 @@ def point(base: Path, tag: str, overrides: list[str], eval_maps: int, log: Path)
     task, rl = config.task, config.rl
     tasks = make_tasks(config)
     tokenizer = load_tokenizer(base / "models" / "init")
-    spec = training.run_specs(rl, training.loss_position_bound(
-        task.t_max, task.max_response_tokens, task.max_context),
-        max_response_length=task.t_max * task.max_response_tokens)[0]
+    spec = training.run_specs(
+        rl,
+        training.loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
+        max_response_length=task.t_max * task.max_response_tokens,
+    )[0]
     run_dir = base / "sweep" / tag
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     model = load_qwen3(base / "models" / "base")
     start = time.perf_counter()
-    params = training.run_training(spec, model, tasks.train.env, tokenizer, rl, run_dir=run_dir,
-                                   t_max=task.t_max, max_response_tokens=task.max_response_tokens,
-                                   max_context=task.max_context, metadata={},
-                                   quality_scorer=task.entry.study.step_scorer(tasks.train))
+    params = training.run_training(
+        spec,
+        model,
+        tasks.train.env,
+        tokenizer,
+        rl,
+        run_dir=run_dir,
+        t_max=task.t_max,
+        max_response_tokens=task.max_response_tokens,
+        max_context=task.max_context,
+        metadata={},
+        quality_scorer=task.entry.study.step_scorer(tasks.train),
+    )
     train_s = time.perf_counter() - start
     trained = load_qwen3(base / "models" / "base")
     nnx.update(trained, params)
@@ -73,18 +84,33 @@ def point(base: Path, tag: str, overrides: list[str], eval_maps: int, log: Path)
     policy = SamplerPolicy(model, paging=Paging(page_size=config.eval.kv_page_size or 16))
     successes = {}
     for name, m in (("base", model), ("trained", trained)):
-        s = passt.sample_successes(tasks.test.env, tokenizer, policy.using(nnx.state(m)),
-                                   np.arange(eval_maps), jax.random.key(config.eval.seed),
-                                   budget=task.t_max, samples=8,
-                                   config=config.eval.rollout_config(None))
+        s = passt.sample_successes(
+            tasks.test.env,
+            tokenizer,
+            policy.using(nnx.state(m)),
+            np.arange(eval_maps),
+            jax.random.key(config.eval.seed),
+            budget=task.t_max,
+            samples=8,
+            config=config.eval.rollout_config(None),
+        )
         successes[name] = np.asarray(s, np.float64).reshape(eval_maps, 8)
-    row = {"tag": tag, "overrides": overrides, "steps": len(logged), "train_s": round(train_s, 1),
-           "eval_maps": eval_maps, "R_multi_change": changes["R_multi"],
-           "R_single_change": changes["R_single"]}
+    row = {
+        "tag": tag,
+        "overrides": overrides,
+        "steps": len(logged),
+        "train_s": round(train_s, 1),
+        "eval_maps": eval_maps,
+        "R_multi_change": changes["R_multi"],
+        "R_single_change": changes["R_single"],
+    }
     for metric, per_map in (("pass1", lambda s: s.mean(1)), ("pass8", lambda s: s.max(1))):
         b, t = per_map(successes["base"]), per_map(successes["trained"])
-        row[metric] = {"base": round(float(b.mean()), 4), "trained": round(float(t.mean()), 4),
-                       "difference": _ci(stats.paired_difference(t, b))}
+        row[metric] = {
+            "base": round(float(b.mean()), 4),
+            "trained": round(float(t.mean()), 4),
+            "difference": _ci(stats.paired_difference(t, b)),
+        }
     with open(log, "a") as f:
         f.write(json.dumps(row) + "\n")
     return row
@@ -94,16 +120,21 @@ def table(log: Path, chosen: str | None) -> str:
     rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     pt = lambda c: f"{100 * c[0]:+.1f} [{100 * c[1]:+.1f}, {100 * c[2]:+.1f}]"  # noqa: E731
     num = lambda c: f"{c[0]:+.3f} [{c[1]:+.3f}, {c[2]:+.3f}]"  # noqa: E731
-    lines = ["# RL settings sweep (CPU default)", "",
-             "Each point trains the first run of `rl.runs` (GRPO) from one base policy with the "
-             "overrides shown, then plays base and trained policy on held-out maps at T_max (8 "
-             "samples per map, evaluation decoding). Differences are paired over maps (95% "
-             "normal CIs); R_multi / R_single: the last-10 minus first-10 update means of the "
-             "run's training log (95% Welch CIs). Written by `python notebooks/rl_sweep.py "
-             "table`; see its docstring.", "",
-             "| point | overrides | updates | train s | pass@1 base -> trained: diff (pt) | "
-             "Pass@8 base -> trained: diff (pt) | R_multi last10 - first10 | "
-             "R_single last10 - first10 |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# RL settings sweep (CPU default)",
+        "",
+        "Each point trains the first run of `rl.runs` (GRPO) from one base policy with the "
+        "overrides shown, then plays base and trained policy on held-out maps at T_max (8 "
+        "samples per map, evaluation decoding). Differences are paired over maps (95% "
+        "normal CIs); R_multi / R_single: the last-10 minus first-10 update means of the "
+        "run's training log (95% Welch CIs). Written by `python notebooks/rl_sweep.py "
+        "table`; see its docstring.",
+        "",
+        "| point | overrides | updates | train s | pass@1 base -> trained: diff (pt) | "
+        "Pass@8 base -> trained: diff (pt) | R_multi last10 - first10 | "
+        "R_single last10 - first10 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         mark = " **(chosen)**" if r["tag"] == chosen else ""
         over = ", ".join(f"`{o}`" for o in r["overrides"]) or "(the config's)"
@@ -112,7 +143,8 @@ def table(log: Path, chosen: str | None) -> str:
             f"| {r['tag']}{mark} | {over} | {r['steps']} | {r['train_s']} | "
             f"{100 * p1['base']:.1f} -> {100 * p1['trained']:.1f}: {pt(p1['difference'])} | "
             f"{100 * p8['base']:.1f} -> {100 * p8['trained']:.1f}: {pt(p8['difference'])} | "
-            f"{num(r['R_multi_change'])} | {num(r['R_single_change'])} |")
+            f"{num(r['R_multi_change'])} | {num(r['R_single_change'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -46,11 +46,14 @@ def sandbox_processes() -> list[str]:
     for entry in pathlib.Path("/proc").glob("[0-9]*"):
         fields = _status(entry.name)
         uid = int(fields.get("Uid", "0").split()[0])
-        if not (UID_RANGE[0] <= uid <= UID_RANGE[1] + 1) or fields.get("State", "").split()[:1] == ["Z"]:
+        if not (UID_RANGE[0] <= uid <= UID_RANGE[1] + 1) or fields.get("State", "").split()[:1] == [
+            "Z"
+        ]:
             continue
         chain = _ancestors(fields)
         other_worker = all(pid != me for pid, _ in chain) and any(
-            parent == my_parent for pid, parent in chain)
+            parent == my_parent for pid, parent in chain
+        )
         if not other_worker:
             found.append(entry.name)
     return found

@@ -32,8 +32,14 @@ _started: dict[str, float] = {}
 def _listen(event: str, duration: float, **kwargs) -> None:
     kind = event.rsplit("/", 1)[-1]
     if kind in _EVENTS:
-        _rows.append({"test": _current["test"], "kind": kind.removesuffix("_duration"),
-                      "program": kwargs.get("fun_name"), "seconds": duration})
+        _rows.append(
+            {
+                "test": _current["test"],
+                "kind": kind.removesuffix("_duration"),
+                "program": kwargs.get("fun_name"),
+                "seconds": duration,
+            }
+        )
 
 
 jax.monitoring.register_event_duration_secs_listener(_listen)
@@ -55,7 +61,10 @@ def pytest_sessionfinish(session, exitstatus):
         for row in _rows:
             f.write(json.dumps(row) + "\n")
         for test, seconds in _test_seconds.items():
-            f.write(json.dumps({"test": test, "kind": "test", "program": None, "seconds": seconds}) + "\n")
+            f.write(
+                json.dumps({"test": test, "kind": "test", "program": None, "seconds": seconds})
+                + "\n"
+            )
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -71,7 +80,9 @@ def pytest_terminal_summary(terminalreporter):
     compiling = sum(r["seconds"] for r in _rows)
     testing = sum(_test_seconds.values())
     write = terminalreporter.write_line
-    write(f"compile report: {compiling:.0f} s tracing, lowering and compiling in {testing:.0f} s of tests "
-          f"(this process; child processes not seen)")
+    write(
+        f"compile report: {compiling:.0f} s tracing, lowering and compiling in {testing:.0f} s of tests "
+        f"(this process; child processes not seen)"
+    )
     for name, (count, seconds, files) in sorted(programs.items(), key=lambda kv: -kv[1][1])[:15]:
         write(f"  {seconds:7.1f} s  {count:4d} x  {name}  ({len(files)} files)")

@@ -69,6 +69,7 @@ _OPTIMIZED = {"level": None}
 def _install_level_override() -> None:
     try:
         from jax._src import compiler
+
         original = compiler.get_compile_options
         signature = inspect.signature(original)
     except (ImportError, AttributeError, TypeError, ValueError):
@@ -82,7 +83,8 @@ def _install_level_override() -> None:
         bound = signature.bind(*args, **kwargs)
         bound.arguments["env_options_overrides"] = {
             "xla_backend_optimization_level": _OPTIMIZED["level"],
-            **dict(bound.arguments.get("env_options_overrides") or {})}
+            **dict(bound.arguments.get("env_options_overrides") or {}),
+        }
         return original(*bound.args, **bound.kwargs)
 
     compiler.get_compile_options = get_compile_options
@@ -123,8 +125,12 @@ def pytest_unconfigure(config):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--full-scale", action="store_true", default=False,
-                     help="run the slow end-to-end tests at their full configuration (CI runs them reduced)")
+    parser.addoption(
+        "--full-scale",
+        action="store_true",
+        default=False,
+        help="run the slow end-to-end tests at their full configuration (CI runs them reduced)",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,9 @@ class GoldAgent:
     (``(task index, sample index within its group)``) to answer wrongly instead, so a test can
     fix each task's success count. Records every ``(row, context)`` it is shown."""
 
-    def __init__(self, tasks: Sequence, group_size: int = 1,
-                 fail: set[tuple[int, int]] = frozenset()):
+    def __init__(
+        self, tasks: Sequence, group_size: int = 1, fail: set[tuple[int, int]] = frozenset()
+    ):
         self.tasks, self.group_size, self.fail = list(tasks), group_size, set(fail)
         self.contexts: list[tuple[int, str]] = []
 
@@ -97,8 +98,10 @@ class BfclGold(GoldAgent):
     """Replays the annotated trajectory (:func:`envs.bfcl.reference_responses`)."""
 
     def task_of(self, first_observation):
-        requests = ["\n\n" + "\n".join(f"{m.role.capitalize()}: {m.content}" for m in t.turns[0])
-                    for t in self.tasks]
+        requests = [
+            "\n\n" + "\n".join(f"{m.role.capitalize()}: {m.content}" for m in t.turns[0])
+            for t in self.tasks
+        ]
         matches = [i for i, request in enumerate(requests) if first_observation.endswith(request)]
         assert len(matches) == 1, first_observation[-300:]
         return matches[0]

@@ -14,8 +14,9 @@ sys.path.insert(0, str(Path(__file__).parent))  # hf_qwen3
 
 from envs.frozenlake import grid, qstar  # noqa: E402
 
-TURN = re.compile(r"\[MAX TURNS\] (\d+) \[CURRENT TURN\] (\d+) \[REMAINING TURNS\] (\d+)\n(.*?)<\|im_end\|>",
-                  re.S)
+TURN = re.compile(
+    r"\[MAX TURNS\] (\d+) \[CURRENT TURN\] (\d+) \[REMAINING TURNS\] (\d+)\n(.*?)<\|im_end\|>", re.S
+)
 SYSTEM_BUDGET = re.compile(r"at most (\d+) turns")
 SYMBOL_TILE = {"_": grid.FROZEN, "P": grid.FROZEN, "O": grid.HOLE, "G": grid.GOAL}
 
@@ -37,8 +38,16 @@ class QStarAgent:
     ``argmax_a Q*(remaining, pos, a)`` (gamma ``gamma``; ties to the lowest code), or, with
     probability ``epsilon``, a uniformly random move. Records every context it is shown."""
 
-    def __init__(self, horizon: int, *, gamma: float = 0.95, epsilon: float = 0.0, seed: int = 0,
-                 is_slippery: bool = True, success_rate: float = 1.0 / 3.0):
+    def __init__(
+        self,
+        horizon: int,
+        *,
+        gamma: float = 0.95,
+        epsilon: float = 0.0,
+        seed: int = 0,
+        is_slippery: bool = True,
+        success_rate: float = 1.0 / 3.0,
+    ):
         self.horizon, self.gamma, self.epsilon = horizon, gamma, epsilon
         self.is_slippery, self.success_rate = is_slippery, success_rate
         self.rng = np.random.default_rng(seed)
@@ -48,9 +57,15 @@ class QStarAgent:
     def table(self, tiles: np.ndarray) -> np.ndarray:
         key = tiles.tobytes()
         if key not in self.q:
-            self.q[key] = np.asarray(qstar.q_star(tiles, self.horizon, gamma=self.gamma,
-                                                  is_slippery=self.is_slippery,
-                                                  success_rate=self.success_rate))
+            self.q[key] = np.asarray(
+                qstar.q_star(
+                    tiles,
+                    self.horizon,
+                    gamma=self.gamma,
+                    is_slippery=self.is_slippery,
+                    success_rate=self.success_rate,
+                )
+            )
         return self.q[key]
 
     def __call__(self, contexts, live):
@@ -75,8 +90,9 @@ def gym_transitions(tiles: np.ndarray, success_rate: float = 1.0 / 3.0):
     return FrozenLakeEnv(desc=desc, is_slippery=True, success_rate=success_rate).P
 
 
-def policy_success(tiles: np.ndarray, policy: np.ndarray, horizon: int,
-                   success_rate: float = 1.0 / 3.0) -> np.ndarray:
+def policy_success(
+    tiles: np.ndarray, policy: np.ndarray, horizon: int, success_rate: float = 1.0 / 3.0
+) -> np.ndarray:
     """Exact probability of reaching the goal within ``h`` moves, ``S[h, s]`` for h = 0..H,
     of a Markov policy ``policy[h, s, a]`` (action probabilities with ``h`` moves left), by
     dynamic programming over gymnasium's transition table."""
@@ -91,7 +107,8 @@ def policy_success(tiles: np.ndarray, policy: np.ndarray, horizon: int,
             for a in range(4):
                 value[h, s] += policy[h, s, a] * sum(
                     p * (r + (0.0 if done else value[h - 1, nxt]))
-                    for p, nxt, r, done in transitions[s][a])
+                    for p, nxt, r, done in transitions[s][a]
+                )
     return value
 
 
@@ -101,8 +118,9 @@ def agent_policy(q: np.ndarray, epsilon: float) -> np.ndarray:
     return (1.0 - epsilon) * greedy + epsilon / 4.0
 
 
-def gym_q_star(tiles: np.ndarray, horizon: int, gamma: float,
-               success_rate: float = 1.0 / 3.0) -> np.ndarray:
+def gym_q_star(
+    tiles: np.ndarray, horizon: int, gamma: float, success_rate: float = 1.0 / 3.0
+) -> np.ndarray:
     """Finite-horizon ``Q[h, s, a]`` from gymnasium's transition table (float64 reference)."""
     transitions = gym_transitions(tiles, success_rate)
     cells = tiles.size
@@ -114,20 +132,27 @@ def gym_q_star(tiles: np.ndarray, horizon: int, gamma: float,
             if terminal[s]:
                 continue
             for a in range(4):
-                q[h, s, a] = sum(p * (r + (0.0 if done else gamma * v[nxt]))
-                                 for p, nxt, r, done in transitions[s][a])
+                q[h, s, a] = sum(
+                    p * (r + (0.0 if done else gamma * v[nxt]))
+                    for p, nxt, r, done in transitions[s][a]
+                )
     return q
 
 
 # ---------------------------------------------------------------- tiny policy directories
 
+
 def frozenlake_corpus(budgets=range(1, 21)) -> list[str]:
     """Texts a small FrozenLake tokenizer should encode compactly."""
     from agentrl_jax.prompts import BudgetPrompt
     from envs.frozenlake.text_env import INSTRUCTIONS, SLIP_TEXT
+
     prompt = BudgetPrompt()
-    texts = [INSTRUCTIONS.format(slip=SLIP_TEXT.format(intended=1 / 3)),
-             prompt.system_text("", 10), "P _ _ _\n_ O _ O\n_ _ _ O\nO _ _ G"]
+    texts = [
+        INSTRUCTIONS.format(slip=SLIP_TEXT.format(intended=1 / 3)),
+        prompt.system_text("", 10),
+        "P _ _ _\n_ O _ O\n_ _ _ O\nO _ _ G",
+    ]
     texts += [f"<answer>{a}</answer>" for a in grid.ACTION_NAMES]
     texts += [prompt.turn_text("", b, t) for b in budgets for t in range(b)]
     return texts * 3
@@ -137,9 +162,19 @@ def save_tiny_policy(path: Path, tokenizer, *, seed: int) -> Path:
     """A random tiny Hugging Face Qwen3 with ``tokenizer``'s vocabulary and the tokenizer,
     saved together in ``path`` (a model directory :func:`load_policy` reads)."""
     from hf_qwen3 import save_random_hf_qwen3
-    save_random_hf_qwen3(path, seed=seed, vocab_size=len(tokenizer), hidden_size=32,
-                         intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=16, max_position_embeddings=2048)
+
+    save_random_hf_qwen3(
+        path,
+        seed=seed,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=2048,
+    )
     tokenizer.save_pretrained(str(path))
     return path
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from train_fakes import tiny_model
 
 from agentrl_jax.bench.rollout import frozenlake_token_map
 from agentrl_jax.models.tokenizer import load_tokenizer
@@ -21,7 +22,6 @@ from agentrl_jax.train import TrainConfig, init_train_state, make_train_step, tr
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
-from train_fakes import tiny_model
 
 BUDGET = 5
 GROUP = 8
@@ -49,7 +49,7 @@ def one_step_maps(key: jax.Array, count: int, candidates: int = 640) -> np.ndarr
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    trained: list[dict[str, float]]   # the loop's metrics, one dict per step
+    trained: list[dict[str, float]]  # the loop's metrics, one dict per step
     control: list[dict[str, float]]
     held_out: dict[str, dict[str, float]]  # "initial"/"final" -> success and valid-move rate
 
@@ -57,13 +57,16 @@ class Run:
         return np.array([m["R_multi"] for m in getattr(self, which)])
 
 
-def held_out_rates(runner: MultiTurnRollout, policy: SamplerPolicy, params, tasks: np.ndarray
-                   ) -> dict[str, float]:
+def held_out_rates(
+    runner: MultiTurnRollout, policy: SamplerPolicy, params, tasks: np.ndarray
+) -> dict[str, float]:
     """Success rate and share of valid moves over ``tasks`` (batches of TASKS_PER_STEP), each
     batch with its own fixed key, the same for whatever ``params``."""
     success, valid, turns = 0.0, 0.0, 0.0
     for k, batch in enumerate(tasks.reshape(-1, TASKS_PER_STEP)):
-        traj = jax.device_get(runner(policy.using(params), batch, jax.random.key(100 + k)).trajectory)
+        traj = jax.device_get(
+            runner(policy.using(params), batch, jax.random.key(100 + k)).trajectory
+        )
         success += traj.success.sum()
         valid += (traj.action_valid & traj.turn_mask).sum()
         turns += traj.turn_mask.sum()
@@ -89,22 +92,42 @@ class _Setting:
 def _setting() -> _Setting:
     maps = one_step_maps(jax.random.key(0), TRAIN_MAPS + HELD_OUT_MAPS)  # distinct maps
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=BUDGET, is_slippery=False))
-    runner = MultiTurnRollout(env, load_tokenizer(), RolloutConfig(
-        group_size=GROUP, budget=BUDGET, max_response_tokens=1, max_context=512))
+    runner = MultiTurnRollout(
+        env,
+        load_tokenizer(),
+        RolloutConfig(group_size=GROUP, budget=BUDGET, max_response_tokens=1, max_context=512),
+    )
     token_map = frozenlake_token_map(runner, [BUDGET])
     model = tiny_model(seed=0, vocab_size=len(token_map))
-    return _Setting(runner, SamplerPolicy(model, token_map=token_map), model,
-                    np.arange(TRAIN_MAPS), np.arange(TRAIN_MAPS, len(maps)))
+    return _Setting(
+        runner,
+        SamplerPolicy(model, token_map=token_map),
+        model,
+        np.arange(TRAIN_MAPS),
+        np.arange(TRAIN_MAPS, len(maps)),
+    )
 
 
-def _loop(setting: _Setting, config: TrainConfig, train_step) -> tuple[object, list[dict[str, float]]]:
+def _loop(
+    setting: _Setting, config: TrainConfig, train_step
+) -> tuple[object, list[dict[str, float]]]:
     """``config.total_steps`` steps of the training loop from the initial parameters."""
+
     def task_batches(position: int) -> np.ndarray:  # two "right" and two "below" maps each
-        return setting.train_ids[(position * TASKS_PER_STEP + np.arange(TASKS_PER_STEP)) % TRAIN_MAPS]
+        return setting.train_ids[
+            (position * TASKS_PER_STEP + np.arange(TASKS_PER_STEP)) % TRAIN_MAPS
+        ]
 
     metrics = []
-    final = train(init_train_state(setting.model, config), train_step, setting.runner.for_training(setting.policy),
-                  task_batches, config, progress=False, on_step=lambda state, m: metrics.append(m))
+    final = train(
+        init_train_state(setting.model, config),
+        train_step,
+        setting.runner.for_training(setting.policy),
+        task_batches,
+        config,
+        progress=False,
+        on_step=lambda state, m: metrics.append(m),
+    )
     return final, metrics
 
 
@@ -117,15 +140,19 @@ def _control() -> tuple[list[dict[str, float]], dict[str, float]]:
         return state.replace(step=state.step + 1), {"update_skipped": jnp.zeros(())}
 
     unchanged_state, control = _loop(setting, CONTROL, unchanged)  # its policy: the initial one
-    return control, held_out_rates(setting.runner, setting.policy, unchanged_state.policy, setting.held_out_ids)
+    return control, held_out_rates(
+        setting.runner, setting.policy, unchanged_state.policy, setting.held_out_ids
+    )
 
 
 def learning_run(config: TrainConfig) -> Run:
     """``config``'s training for STEPS steps, and the no-update control on the same rollout
     keys and task batches (``config`` must have the control's seed and length)."""
     if (config.seed, config.total_steps) != (CONTROL.seed, CONTROL.total_steps):
-        raise ValueError(f"learning_run: seed {config.seed} and total_steps {config.total_steps} must be "
-                         f"the control's ({CONTROL.seed}, {CONTROL.total_steps})")
+        raise ValueError(
+            f"learning_run: seed {config.seed} and total_steps {config.total_steps} must be "
+            f"the control's ({CONTROL.seed}, {CONTROL.total_steps})"
+        )
     setting = _setting()
     final, trained = _loop(setting, config, make_train_step(nnx.graphdef(setting.model), config))
     control, initial = _control()

@@ -8,12 +8,20 @@ import numpy as np
 import torch
 import transformers
 
-TINY = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+TINY = dict(
+    vocab_size=250,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 
 
-def save_random_hf_qwen3(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                         **overrides) -> transformers.Qwen3ForCausalLM:
+def save_random_hf_qwen3(
+    path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides
+) -> transformers.Qwen3ForCausalLM:
     """Save a random ``Qwen3ForCausalLM`` (``TINY`` updated by ``overrides``) to ``path``.
 
     Weights use std 0.1 (not the default 0.02) and norm weights are perturbed around 1, so
@@ -37,9 +45,12 @@ def load_hf_qwen3(path: Path, dtype: torch.dtype = torch.float32) -> transformer
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 
-def hf_logits(model: transformers.Qwen3ForCausalLM, tokens: np.ndarray,
-              attention_mask: np.ndarray | None = None,
-              position_ids: np.ndarray | None = None) -> np.ndarray:
+def hf_logits(
+    model: transformers.Qwen3ForCausalLM,
+    tokens: np.ndarray,
+    attention_mask: np.ndarray | None = None,
+    position_ids: np.ndarray | None = None,
+) -> np.ndarray:
     """transformers' logits ``[B, L, V]`` as float32 NumPy."""
     kwargs = {}
     if attention_mask is not None:

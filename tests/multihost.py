@@ -62,9 +62,16 @@ def _pinned(i: int) -> Callable[[], None]:
     return lambda: os.sched_setaffinity(0, {cpu})
 
 
-def launch(script: str | Path, args: Sequence[str], *, processes: int, devices: int,
-           timeout: float = 300.0, kill: tuple[int, Callable[[], bool]] | None = None,
-           slurm: bool = False) -> list[Finished]:
+def launch(
+    script: str | Path,
+    args: Sequence[str],
+    *,
+    processes: int,
+    devices: int,
+    timeout: float = 300.0,
+    kill: tuple[int, Callable[[], bool]] | None = None,
+    slurm: bool = False,
+) -> list[Finished]:
     """Run ``script args`` as a cluster of ``processes`` x ``devices`` (module docstring).
     ``kill=(i, when)``: SIGKILL process ``i`` as soon as ``when()`` is true (polled every
     20 ms), as a lost host. ``slurm``: instead of the cluster flags, each process gets the
@@ -77,17 +84,39 @@ def launch(script: str | Path, args: Sequence[str], *, processes: int, devices: 
     for i in range(processes):
         env = fake_devices_env(devices)
         if slurm:
-            env.update(SLURM_JOB_ID=str(job), SLURM_STEP_NODELIST="localhost",
-                       SLURM_NTASKS=str(processes), SLURM_PROCID=str(i), SLURM_LOCALID=str(i),
-                       SLURM_STEP_NUM_NODES="1")
+            env.update(
+                SLURM_JOB_ID=str(job),
+                SLURM_STEP_NODELIST="localhost",
+                SLURM_NTASKS=str(processes),
+                SLURM_PROCID=str(i),
+                SLURM_LOCALID=str(i),
+                SLURM_STEP_NUM_NODES="1",
+            )
             cluster = ["--cluster-auto"]
         else:
-            cluster = (["--coordinator", f"localhost:{port}", "--num-processes", str(processes),
-                        "--process-id", str(i)] if processes > 1 else [])
+            cluster = (
+                [
+                    "--coordinator",
+                    f"localhost:{port}",
+                    "--num-processes",
+                    str(processes),
+                    "--process-id",
+                    str(i),
+                ]
+                if processes > 1
+                else []
+            )
         logs.append(tempfile.TemporaryFile("w+"))  # a pipe could fill and block the child
-        running.append(subprocess.Popen([sys.executable, str(script), *args, *cluster], env=env,
-                                        stdout=logs[i], stderr=subprocess.STDOUT, text=True,
-                                        preexec_fn=_pinned(i) if processes > 1 else None))
+        running.append(
+            subprocess.Popen(
+                [sys.executable, str(script), *args, *cluster],
+                env=env,
+                stdout=logs[i],
+                stderr=subprocess.STDOUT,
+                text=True,
+                preexec_fn=_pinned(i) if processes > 1 else None,
+            )
+        )
     codes: list[tuple[int | None, float] | None] = [None] * processes
     while any(c is None for c in codes):
         if kill is not None and codes[kill[0]] is None and kill[1]():

@@ -33,19 +33,27 @@ def main() -> None:
     args = parser.parse_args()
 
     from agentrl_jax.distributed import ClusterConfig, initialize
-    initialize(ClusterConfig(args.coordinator, args.num_processes, args.process_id,
-                             auto=args.cluster_auto, heartbeat_timeout_s=10))
+
+    initialize(
+        ClusterConfig(
+            args.coordinator,
+            args.num_processes,
+            args.process_id,
+            auto=args.cluster_auto,
+            heartbeat_timeout_s=10,
+        )
+    )
 
     import jax
     import numpy as np
     from flax import nnx
+    from test_train_step import GRPO, _perturbed
+    from train_fakes import random_trajectory, tiny_model
 
     from agentrl_jax import distributed
     from agentrl_jax.sharding import BATCH_AXES, MeshConfig, build_mesh
     from agentrl_jax.train import TrainBatch, init_train_state, make_train_step, shard_state
     from agentrl_jax.train.checkpoint import Checkpointer
-    from test_train_step import GRPO, _perturbed
-    from train_fakes import random_trajectory, tiny_model
 
     assert jax.device_count() == 8, jax.devices()
     mesh = build_mesh(MeshConfig(2, 2, 2))
@@ -60,14 +68,19 @@ def main() -> None:
         restored = saver.restore_latest(state, GRPO)  # every process restores its shards
         first = 0 if restored is None else restored.step
         state = state if restored is None else restored.state
-        print(f"process {jax.process_index()} of {jax.process_count()} starts at update {first}",
-              flush=True)
+        print(
+            f"process {jax.process_index()} of {jax.process_count()} starts at update {first}",
+            flush=True,
+        )
         for update in range(first, args.updates):
             whole = TrainBatch(random_trajectory(6 + update, rows=16, padded_rows=2))
             batch = distributed.global_batch(whole, mesh, (BATCH_AXES,))
             state, metrics = step(state, batch)
-            print(f"process {jax.process_index()} update {update} loss "
-                  f"{float(distributed.host_value(metrics['loss'])):.6f}", flush=True)
+            print(
+                f"process {jax.process_index()} update {update} loss "
+                f"{float(distributed.host_value(metrics['loss'])):.6f}",
+                flush=True,
+            )
             saver.save(state, GRPO)  # every process writes its shards (step = update + 1)
             saver.wait()
             if args.mode == "die" and update == 0 and jax.process_index() == 1:
@@ -75,8 +88,11 @@ def main() -> None:
             if args.mode == "die":
                 time.sleep(1)
         latest = saver.restore_latest(state, GRPO)
-    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)),
-                        distributed.host_value(latest.state), distributed.host_value(state))
+    same = jax.tree.map(
+        lambda a, b: bool(np.array_equal(a, b)),
+        distributed.host_value(latest.state),
+        distributed.host_value(state),
+    )
     assert all(jax.tree.leaves(same)), "the restored state differs from the saved one"
     params = distributed.host_value(state.policy)
     if distributed.is_main():

@@ -112,8 +112,13 @@ def test_grpo_matches_python_reference(ddof, scale):
     rewards = rng.normal(size=n).astype(np.float32)
     groups = rng.choice([3, 11, -5, 1000, 2**30], size=n)  # sparse, unsorted ids
     mask = rng.random(n) > 0.2
-    got = adv.grpo_advantages(jnp.asarray(rewards), jnp.asarray(groups, jnp.int32), jnp.asarray(mask),
-                              ddof=ddof, scale_by_std=scale)
+    got = adv.grpo_advantages(
+        jnp.asarray(rewards),
+        jnp.asarray(groups, jnp.int32),
+        jnp.asarray(mask),
+        ddof=ddof,
+        scale_by_std=scale,
+    )
     want = grpo_reference(rewards, groups, mask, ddof=ddof, scale_by_std=scale)
     np.testing.assert_allclose(got, want, atol=1e-5)
 
@@ -156,9 +161,11 @@ def test_dr_grpo_hand_computed():
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert np.all(np.asarray(got)[8:] == 0.0)
     # RLOO is Dr. GRPO scaled by n / (n - 1): 4/3 for group 5, 2 for group -1
-    np.testing.assert_allclose(adv.rloo_advantages(rewards, groups, mask),
-                               np.asarray(got) * np.array([4 / 3, 2, 4 / 3, 0, 4 / 3, 0, 2, 4 / 3, 0, 0, 0]),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        adv.rloo_advantages(rewards, groups, mask),
+        np.asarray(got) * np.array([4 / 3, 2, 4 / 3, 0, 4 / 3, 0, 2, 4 / 3, 0, 0, 0]),
+        atol=1e-6,
+    )
 
 
 def test_rloo_and_dr_grpo_are_jittable_and_trace_once():
@@ -174,14 +181,15 @@ def test_rloo_and_dr_grpo_are_jittable_and_trace_once():
 
 def _gigpo_example():
     """Task group 0: trajectories 0 and 1; task group 1: trajectory 2 and a padded row 3."""
-    keys = jnp.array([[10, 20, 30],
-                      [10, 20, 20],    # revisits state 20
-                      [10, 10, 10],    # revisits state 10; turn 2 is padding
-                      [10, 10, 10]])   # padded row
-    step_rewards = jnp.array([[0.0, 0.0, 1.0],
-                              [0.0, 0.0, 0.0],
-                              [0.0, 1.0, 100.0],
-                              [5.0, 5.0, 5.0]])
+    keys = jnp.array(
+        [
+            [10, 20, 30],
+            [10, 20, 20],  # revisits state 20
+            [10, 10, 10],  # revisits state 10; turn 2 is padding
+            [10, 10, 10],
+        ]
+    )  # padded row
+    step_rewards = jnp.array([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 100.0], [5.0, 5.0, 5.0]])
     turn_mask = jnp.array([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1]], bool)
     traj_mask = jnp.array([True, True, True, False])
     groups = jnp.array([0, 0, 1, 1])
@@ -198,10 +206,12 @@ def test_gigpo_step_advantage_hand_computed():
     # Group 1, key 10: traj 2 twice {0.5, 1}: mean 0.75, std = 0.35355 -> [-0.70711, 0.70711];
     #   the padded turn and the padded row do not join it.
     got = adv.gigpo_step_advantages(step_rewards, groups, keys, turn_mask, traj_mask, gamma=0.5)
-    want = [[SQRT_HALF, 1.1547, 0.0],
-            [-SQRT_HALF, -0.57735, -0.57735],
-            [-SQRT_HALF, SQRT_HALF, 0.0],
-            [0.0, 0.0, 0.0]]
+    want = [
+        [SQRT_HALF, 1.1547, 0.0],
+        [-SQRT_HALF, -0.57735, -0.57735],
+        [-SQRT_HALF, SQRT_HALF, 0.0],
+        [0.0, 0.0, 0.0],
+    ]
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
@@ -210,11 +220,15 @@ def test_gigpo_combined_hand_computed():
     rewards = jnp.array([1.0, 0.0, 1.0, 0.0])
     # Episode advantages: group 0 R = [1, 0] -> +-0.70711; group 1 has one real trajectory -> 0.
     # A = A^E + omega * A^S with omega = 2:
-    got = adv.gigpo_advantages(rewards, step_rewards, groups, keys, turn_mask, traj_mask, omega=2.0, gamma=0.5)
-    want = [[SQRT_HALF + 2 * SQRT_HALF, SQRT_HALF + 2 * 1.1547, SQRT_HALF],
-            [-SQRT_HALF - 2 * SQRT_HALF, -SQRT_HALF - 2 * 0.57735, -SQRT_HALF - 2 * 0.57735],
-            [-2 * SQRT_HALF, 2 * SQRT_HALF, 0.0],
-            [0.0, 0.0, 0.0]]
+    got = adv.gigpo_advantages(
+        rewards, step_rewards, groups, keys, turn_mask, traj_mask, omega=2.0, gamma=0.5
+    )
+    want = [
+        [SQRT_HALF + 2 * SQRT_HALF, SQRT_HALF + 2 * 1.1547, SQRT_HALF],
+        [-SQRT_HALF - 2 * SQRT_HALF, -SQRT_HALF - 2 * 0.57735, -SQRT_HALF - 2 * 0.57735],
+        [-2 * SQRT_HALF, 2 * SQRT_HALF, 0.0],
+        [0.0, 0.0, 0.0],
+    ]
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
@@ -232,19 +246,24 @@ def test_gigpo_budget_anchor_separates_same_state_at_different_remaining_budget(
     np.testing.assert_allclose(by_state, [[SQRT_HALF, 0.0], [0.0, -SQRT_HALF]], atol=1e-5)
     budget_keys = budget_anchor_keys(state, jnp.array([4, 4]))
     np.testing.assert_array_equal(budget_keys[..., 1], [[4, 3], [4, 3]])
-    by_state_and_budget = adv.gigpo_step_advantages(step_rewards, groups, budget_keys, turn_mask, gamma=0.5)
+    by_state_and_budget = adv.gigpo_step_advantages(
+        step_rewards, groups, budget_keys, turn_mask, gamma=0.5
+    )
     np.testing.assert_array_equal(by_state_and_budget, np.zeros((2, 2)))
 
     # Same state at the same turn index shares (s, B - t): traj 1 now visits 5 at t = 0 too.
     state2 = jnp.array([[5, 6], [5, 7]])
-    got = adv.gigpo_step_advantages(step_rewards, groups, budget_anchor_keys(state2, jnp.array([4, 4])),
-                                    turn_mask, gamma=0.5)
+    got = adv.gigpo_step_advantages(
+        step_rewards, groups, budget_anchor_keys(state2, jnp.array([4, 4])), turn_mask, gamma=0.5
+    )
     np.testing.assert_allclose(got, [[SQRT_HALF, 0.0], [-SQRT_HALF, 0.0]], atol=1e-5)
 
 
 def test_gigpo_mean_only_step_normalisation():
     keys, step_rewards, turn_mask, traj_mask, groups = _gigpo_example()
-    got = adv.gigpo_step_advantages(step_rewards, groups, keys, turn_mask, traj_mask, gamma=0.5, scale_by_std=False)
+    got = adv.gigpo_step_advantages(
+        step_rewards, groups, keys, turn_mask, traj_mask, gamma=0.5, scale_by_std=False
+    )
     # deviations from the anchor means computed in test_gigpo_step_advantage_hand_computed
     want = [[0.125, 1 / 3, 0.0], [-0.125, -1 / 6, -1 / 6], [-0.25, 0.25, 0.0], [0.0, 0.0, 0.0]]
     np.testing.assert_allclose(got, want, atol=1e-6)
@@ -259,11 +278,18 @@ def test_gigpo_step_matches_python_reference(key_dtype):
     turn_mask = np.arange(t)[None, :] < lengths[:, None]
     traj_mask = rng.random(n) > 0.1
     base = 4_000_000_000 if key_dtype == jnp.uint32 else 0  # hash-like values above 2**31
-    keys = (base + rng.integers(0, 4, size=(n, t))).astype(np.uint32 if key_dtype == jnp.uint32 else np.int32)
+    keys = (base + rng.integers(0, 4, size=(n, t))).astype(
+        np.uint32 if key_dtype == jnp.uint32 else np.int32
+    )
     step_rewards = rng.normal(size=(n, t)).astype(np.float32)
-    got = adv.gigpo_step_advantages(jnp.asarray(step_rewards), jnp.asarray(groups, jnp.int32),
-                                    jnp.asarray(keys, key_dtype), jnp.asarray(turn_mask), jnp.asarray(traj_mask),
-                                    gamma=0.95)
+    got = adv.gigpo_step_advantages(
+        jnp.asarray(step_rewards),
+        jnp.asarray(groups, jnp.int32),
+        jnp.asarray(keys, key_dtype),
+        jnp.asarray(turn_mask),
+        jnp.asarray(traj_mask),
+        gamma=0.95,
+    )
     want = gigpo_step_reference(step_rewards, groups, keys, turn_mask, traj_mask, 0.95)
     np.testing.assert_allclose(got, want, atol=2e-5)
 
@@ -272,7 +298,14 @@ def test_gigpo_is_jittable_and_traces_once():
     keys, step_rewards, turn_mask, traj_mask, groups = _gigpo_example()
     fn = jax.jit(chex.assert_max_traces(adv.gigpo_advantages, n=1))
     for shift in range(3):
-        fn(jnp.array([1.0, 0.0, 1.0, 0.0]), step_rewards + shift, groups, keys + shift, turn_mask, traj_mask)
+        fn(
+            jnp.array([1.0, 0.0, 1.0, 0.0]),
+            step_rewards + shift,
+            groups,
+            keys + shift,
+            turn_mask,
+            traj_mask,
+        )
 
 
 # ------------------------------------------------------------------------- helpers
@@ -281,24 +314,32 @@ def test_gigpo_is_jittable_and_traces_once():
 def test_discounted_returns_skip_masked_positions():
     # gamma 0.5, mask [1, 0, 1, 1]: G3 = 1, G2 = 0 + 0.5 * 1 = 0.5, G0 = 2 + 0.5 * 0.5 = 2.25;
     # the masked reward 7 is ignored.
-    got = adv.discounted_returns(jnp.array([[2.0, 7.0, 0.0, 1.0]]), jnp.array([[1, 0, 1, 1]], bool), 0.5)
+    got = adv.discounted_returns(
+        jnp.array([[2.0, 7.0, 0.0, 1.0]]), jnp.array([[1, 0, 1, 1]], bool), 0.5
+    )
     np.testing.assert_allclose(got, [[2.25, 0.0, 0.5, 1.0]])
     rng = np.random.default_rng(2)
     r, m = rng.normal(size=(5, 9)), rng.random((5, 9)) > 0.3
-    np.testing.assert_allclose(adv.discounted_returns(jnp.asarray(r, jnp.float32), jnp.asarray(m), 0.9),
-                               returns_reference(r, m, 0.9), atol=1e-5)
+    np.testing.assert_allclose(
+        adv.discounted_returns(jnp.asarray(r, jnp.float32), jnp.asarray(m), 0.9),
+        returns_reference(r, m, 0.9),
+        atol=1e-5,
+    )
 
 
 def test_place_at_last_valid():
-    got = adv.place_at_last_valid(jnp.array([1.0, 2.0, 3.0]), jnp.array([[1, 1, 0], [0, 0, 0], [1, 0, 1]], bool))
+    got = adv.place_at_last_valid(
+        jnp.array([1.0, 2.0, 3.0]), jnp.array([[1, 1, 0], [0, 0, 0], [1, 0, 1]], bool)
+    )
     np.testing.assert_array_equal(got, [[0, 1, 0], [0, 0, 0], [0, 0, 3]])
 
 
 def test_broadcast_turns_to_tokens():
     turn_values = jnp.array([[1.0, 2.0], [3.0, 4.0]])
     index = jnp.array([[-1, 0, 0, -1, 1], [-1, -1, 1, 1, -1]])
-    np.testing.assert_array_equal(adv.broadcast_turns_to_tokens(turn_values, index),
-                                  [[0, 1, 1, 0, 2], [0, 0, 4, 4, 0]])
+    np.testing.assert_array_equal(
+        adv.broadcast_turns_to_tokens(turn_values, index), [[0, 1, 1, 0, 2], [0, 0, 4, 4, 0]]
+    )
     bad = adv.broadcast_turns_to_tokens(turn_values, jnp.array([[0, 2], [0, 0]]))
     assert np.isnan(bad[0, 1])  # out-of-range turn index is loud, not clamped
     with pytest.raises(ValueError, match="token_turn_index"):
@@ -306,7 +347,9 @@ def test_broadcast_turns_to_tokens():
 
 
 def test_broadcast_trajectories_to_tokens():
-    got = adv.broadcast_trajectories_to_tokens(jnp.array([2.0, -1.0]), jnp.array([[0, 1, 1], [1, 0, 0]]))
+    got = adv.broadcast_trajectories_to_tokens(
+        jnp.array([2.0, -1.0]), jnp.array([[0, 1, 1], [1, 0, 0]])
+    )
     np.testing.assert_array_equal(got, [[0, 2, 2], [-1, 0, 0]])
 
 
@@ -314,11 +357,16 @@ def test_shape_errors_name_the_tensor():
     with pytest.raises(ValueError, match="group_ids"):
         adv.grpo_advantages(jnp.zeros(4), jnp.zeros(3, jnp.int32))
     with pytest.raises(ValueError, match="anchor_keys"):
-        adv.gigpo_step_advantages(jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32), jnp.zeros((2, 4), jnp.int32),
-                                  jnp.ones((2, 3), bool))
+        adv.gigpo_step_advantages(
+            jnp.zeros((2, 3)),
+            jnp.zeros(2, jnp.int32),
+            jnp.zeros((2, 4), jnp.int32),
+            jnp.ones((2, 3), bool),
+        )
     with pytest.raises(ValueError, match="anchor_keys: must be an integer"):
-        adv.gigpo_step_advantages(jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32), jnp.zeros((2, 3)),
-                                  jnp.ones((2, 3), bool))
+        adv.gigpo_step_advantages(
+            jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32), jnp.zeros((2, 3)), jnp.ones((2, 3), bool)
+        )
 
 
 # ------------------------------------------------------------------------- GAE
@@ -349,7 +397,9 @@ def test_gae_matches_python_loop(gamma, lam):
     v = rng.normal(size=(6, 20)).astype(np.float32)
     m = rng.random((6, 20)) > 0.4
     m[0] = False  # a row with no response tokens
-    a, ret = adv.gae_advantages(jnp.asarray(r), jnp.asarray(v), jnp.asarray(m), gamma=gamma, lam=lam)
+    a, ret = adv.gae_advantages(
+        jnp.asarray(r), jnp.asarray(v), jnp.asarray(m), gamma=gamma, lam=lam
+    )
     want_a, want_ret = gae_reference(r, v, m, gamma, lam)
     np.testing.assert_allclose(a, want_a, atol=1e-5)
     np.testing.assert_allclose(ret, want_ret, atol=1e-5)

@@ -7,9 +7,18 @@ import math
 import numpy as np
 import pytest
 
-from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, error_recovery,
-                                             likelihood, pass_at_k, pass_at_t, robustness,
-                                             step_quality, table1)
+from agentrl_jax.evaluation.analyses import (
+    continuation,
+    depth,
+    dynamics,
+    error_recovery,
+    likelihood,
+    pass_at_k,
+    pass_at_t,
+    robustness,
+    step_quality,
+    table1,
+)
 from agentrl_jax.evaluation.result import Result, same
 
 Z95 = 1.959963984540054
@@ -71,15 +80,18 @@ def test_robustness_by_hand():
 
 def test_table1_with_a_difference_row_by_hand():
     other = {1: ([2, 2], [1, 1]), 2: ([2, 2], [1, 1]), 3: ([2, 2], [2, 2]), 4: ([2, 2], [2, 2])}
-    res = table1.compute({"a": COUNTS, "b": other}, k=1, t_max=4, levels=(1, 2, 3, 4),
-                         pairs=[("b", "a")])
+    res = table1.compute(
+        {"a": COUNTS, "b": other}, k=1, t_max=4, levels=(1, 2, 3, 4), pairs=[("b", "a")]
+    )
     assert list(res.rows) == ["a", "b", "b - a (pt)"]
     # T = 1: a's per-task pass@1 (0, 1/2): mean 1/4, sd (ddof 1) sqrt(2 * 0.25^2) = 0.3536,
     # half = z * 0.3536 / sqrt(2) = z / 4; b - a per task (1/2, 0): the same mean and CI
     half = Z95 / 4
     for label in ("a", "b - a (pt)"):
         ci = res.rows[label][1]
-        assert (ci.mean, ci.low, ci.high, ci.n) == pytest.approx((0.25, 0.25 - half, 0.25 + half, 2))
+        assert (ci.mean, ci.low, ci.high, ci.n) == pytest.approx(
+            (0.25, 0.25 - half, 0.25 + half, 2)
+        )
     # T = 3: both solve every task every time: 100% each, a difference of exactly 0
     assert res.rows["b"][3].mean == 1.0 and res.rows["b - a (pt)"][3].mean == 0.0
     # shown in points: 25 -/+ 100 * z / 4 = 25 -/+ 49.0 -> "+25.0 [-24.0, +74.0]"
@@ -95,7 +107,8 @@ def test_step_quality_by_hand():
     c = res.comparisons["p"]
     # RL - base = (+0.2, 0, -0.2): one state each better, tied, worse; win rate 1/3 + 1/3 / 2
     assert (c.n, c.share_rl_better, c.share_tie, c.share_base_better) == pytest.approx(
-        (3, 1 / 3, 1 / 3, 1 / 3))
+        (3, 1 / 3, 1 / 3, 1 / 3)
+    )
     assert c.win_rate == pytest.approx(0.5)
     # mean 0, sd (ddof 1) sqrt((0.04 + 0 + 0.04) / 2) = 0.2, half = z * 0.2 / sqrt(3)
     half = Z95 * 0.2 / math.sqrt(3)
@@ -118,11 +131,17 @@ def test_continuation_by_hand():
 
 
 def test_error_recovery_suite_by_hand(tmp_path):
-    record = {"policies": ["base", "RL", "other"], "pairs": {"RL": {
-        # 3 error states: RL better on the first, tied on the second, worse on the third
-        "quality": {"base": [0.5, 0.2, 0.9], "RL": [0.7, 0.2, 0.6]},
-        # 2 continuations per state
-        "success": {"base": [[0, 0], [1, 0], [0, 0]], "RL": [[1, 1], [1, 0], [0, 1]]}}}}
+    record = {
+        "policies": ["base", "RL", "other"],
+        "pairs": {
+            "RL": {
+                # 3 error states: RL better on the first, tied on the second, worse on the third
+                "quality": {"base": [0.5, 0.2, 0.9], "RL": [0.7, 0.2, 0.6]},
+                # 2 continuations per state
+                "success": {"base": [[0, 0], [1, 0], [0, 0]], "RL": [[1, 1], [1, 0], [0, 1]]},
+            }
+        },
+    }
     res = error_recovery.compute(record)
     assert res.suite == error_recovery.SUITE and res.base == "base"
     assert list(res.rows) == ["RL"]  # "other" has no pair in the record: no row
@@ -172,8 +191,10 @@ def test_likelihood_by_hand():
     logp_rl = [[-1.0, -1.0], [-2.0, 0.0]]
     logp_base = [[-2.0, -3.0], [-1.0, 0.0]]
     mask = [[True, True], [True, False]]
-    res = likelihood.compute({"base": [2.0, 3.0, 1.0], "RL": [1.0, 1.0, 2.0]},
-                             {"set": (logp_rl, logp_base, mask, [True, False])})
+    res = likelihood.compute(
+        {"base": [2.0, 3.0, 1.0], "RL": [1.0, 1.0, 2.0]},
+        {"set": (logp_rl, logp_base, mask, [True, False])},
+    )
     llr = res.llr["set"]
     # per-turn RL - base: row 0 (+1, +2) -> cumulative (1, 3); row 1 (-1, padding) -> (-1, -1)
     np.testing.assert_allclose(llr.cum_llr, [[1.0, 3.0], [-1.0, -1.0]])
@@ -201,15 +222,22 @@ def test_dynamics_by_hand():
     # half = z * sqrt(0.5 / 2 + 4.5 / 2) = z * sqrt(2.5)
     assert (change.window, change.start, change.end) == (2, 0.5, 3.5)
     half = Z95 * math.sqrt(2.5)
-    assert (change.change.mean, change.change.low, change.change.high, change.change.n) == \
-        pytest.approx((3.0, 3.0 - half, 3.0 + half, 4))
+    assert (
+        change.change.mean,
+        change.change.low,
+        change.change.high,
+        change.change.n,
+    ) == pytest.approx((3.0, 3.0 - half, 3.0 + half, 4))
     assert dynamics.change_text(change) == (
         f"0.500 -> 3.500: +3.000 [{3 - half:+.3f}, {3 + half:+.3f}] "
-        "(means of the first and last 2 logged steps)")
+        "(means of the first and last 2 logged steps)"
+    )
     round_trip(res)
     one = dynamics.compute([0], {"r": [0.25]})
-    assert one.change["r"].change is None and dynamics.change_text(one.change["r"]) == \
-        "0.250 (one logged step)"
+    assert (
+        one.change["r"].change is None
+        and dynamics.change_text(one.change["r"]) == "0.250 (one logged step)"
+    )
     round_trip(one)
 
 

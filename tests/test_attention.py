@@ -7,8 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.models.attention import (attention, cache_limit, causal_limit, is_causal_limit,
-                                          select_implementation, visibility)
+from agentrl_jax.models.attention import (
+    attention,
+    cache_limit,
+    causal_limit,
+    is_causal_limit,
+    select_implementation,
+    visibility,
+)
 from agentrl_jax.models.qwen3 import grouped_query_attention
 
 TOL = dict(atol=1e-6, rtol=1e-5)
@@ -34,9 +40,18 @@ def _real_rows(batch, key_limit, key_valid, length, keys):
 
 def _run(implementation, q, k, v, key_limit, key_valid, block_q, block_k, weights):
     """jitted (out, grads of sum(out * weights) w.r.t. q, k, v)."""
+
     def loss(q, k, v):
-        out = attention(q, k, v, key_limit, key_valid, implementation=implementation,
-                        block_q=block_q, block_k=block_k)
+        out = attention(
+            q,
+            k,
+            v,
+            key_limit,
+            key_valid,
+            implementation=implementation,
+            block_q=block_q,
+            block_k=block_k,
+        )
         return jnp.sum(out * weights), out
 
     (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
@@ -48,8 +63,9 @@ def _cases():
     B, L = 4, 10
     q, k, v = _qkv(0, B, L, L, 4, 2)
     left = _left_padded([0, 3, 9, 6], L)  # ragged; one row with a single real token
-    middle = jnp.asarray(np.array([[1, 1, 0, 0, 1, 1, 1, 0, 1, 1]] * 2 + [[0, 1, 0, 1] * 2 + [1, 0]] * 2,
-                                  bool))
+    middle = jnp.asarray(
+        np.array([[1, 1, 0, 0, 1, 1, 1, 0, 1, 1]] * 2 + [[0, 1, 0, 1] * 2 + [1, 0]] * 2, bool)
+    )
     causal = causal_limit(B, L)
     qm, km, vm = _qkv(1, 2, 9, 9, 2, 2)  # H == KV
     # cache form: S = 16 slots, rows filled to [0, 5, 11]; 4 new tokens with ragged padding
@@ -125,8 +141,11 @@ def _numpy_reference(q, k, v, key_limit, key_valid):
     out = np.full(q.shape, np.nan)
     for b in range(B):
         for i in range(L):
-            keys = [j for j in range(min(int(key_limit[b, i]), S))
-                    if key_valid is None or key_valid[b, j]]
+            keys = [
+                j
+                for j in range(min(int(key_limit[b, i]), S))
+                if key_valid is None or key_valid[b, j]
+            ]
             if not keys:
                 continue
             for h in range(H):
@@ -141,23 +160,43 @@ def _numpy_reference(q, k, v, key_limit, key_valid):
 def test_matches_independent_float64_reference_on_real_rows(case):
     _, q, k, v, key_limit, key_valid, block_q, block_k = case
     limit = np.asarray(causal_limit(q.shape[0], q.shape[1]) if key_limit is None else key_limit)
-    expected = _numpy_reference(q, k, v, limit, None if key_valid is None else np.asarray(key_valid))
+    expected = _numpy_reference(
+        q, k, v, limit, None if key_valid is None else np.asarray(key_valid)
+    )
     real = ~np.isnan(expected[:, :, 0, 0])
     assert real.any()
     for implementation in ("xla", "blocked"):
-        out = jax.jit(lambda q, k, v: attention(q, k, v, key_limit, key_valid,
-                                                implementation=implementation,
-                                                block_q=block_q, block_k=block_k))(q, k, v)
-        np.testing.assert_allclose(np.asarray(out)[real], expected[real], atol=2e-6,
-                                   err_msg=implementation)
+        out = jax.jit(
+            lambda q, k, v: attention(
+                q,
+                k,
+                v,
+                key_limit,
+                key_valid,
+                implementation=implementation,
+                block_q=block_q,
+                block_k=block_k,
+            )
+        )(q, k, v)
+        np.testing.assert_allclose(
+            np.asarray(out)[real], expected[real], atol=2e-6, err_msg=implementation
+        )
 
 
 def test_blocked_under_vmap_matches_the_unbatched_calls():
     _, q, k, v, _, valid, *_ = CASES[0]
 
     def one(q, k, v, valid):  # one batch row at a time, vmapped back over the batch
-        return attention(q[None], k[None], v[None], None, valid[None], implementation="blocked",
-                         block_q=4, block_k=4)[0]
+        return attention(
+            q[None],
+            k[None],
+            v[None],
+            None,
+            valid[None],
+            implementation="blocked",
+            block_q=4,
+            block_k=4,
+        )[0]
 
     def loss(q, k, v):
         return jnp.sum(jnp.sin(jax.vmap(one)(q, k, v, valid)) * valid[:, :, None, None])
@@ -175,13 +214,18 @@ def test_blocked_under_vmap_matches_the_unbatched_calls():
 def test_blocked_bfloat16_is_close_to_xla_and_keeps_the_dtype():
     _, q, k, v, _, valid, *_ = CASES[0]
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
-    run = jax.jit(lambda q, k, v, impl: attention(q, k, v, None, valid, implementation=impl,
-                                                  block_q=4, block_k=4), static_argnums=3)
+    run = jax.jit(
+        lambda q, k, v, impl: attention(
+            q, k, v, None, valid, implementation=impl, block_q=4, block_k=4
+        ),
+        static_argnums=3,
+    )
     blocked, xla = run(q, k, v, "blocked"), run(q, k, v, "xla")
     assert blocked.dtype == jnp.bfloat16
     real = np.asarray(valid)
-    np.testing.assert_allclose(np.asarray(blocked, np.float32)[real],
-                               np.asarray(xla, np.float32)[real], atol=3e-2)
+    np.testing.assert_allclose(
+        np.asarray(blocked, np.float32)[real], np.asarray(xla, np.float32)[real], atol=3e-2
+    )
 
 
 def test_blocked_keeps_no_score_matrix_in_forward_and_backward():
@@ -220,7 +264,8 @@ def test_auto_selection_on_cpu():
     _, q, k, v, _, valid, *_ = CASES[0]
     np.testing.assert_array_equal(
         np.asarray(attention(q, k, v, None, valid, implementation="auto")),
-        np.asarray(attention(q, k, v, None, valid, implementation="xla")))
+        np.asarray(attention(q, k, v, None, valid, implementation="xla")),
+    )
 
 
 def test_splash_rejects_the_cache_form_and_unknown_names_raise():
@@ -246,10 +291,12 @@ def test_splash_in_the_pallas_interpreter_matches_xla_on_real_tokens():
         def loss(q, k, v):
             out = fn(q, k, v)
             return jnp.sum(out * weights), out
+
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
 
-    (_, out_s), grads_s = run(lambda q, k, v: _splash_attention(q, k, v, None, valid, 128, 128,
-                                                                interpret=True))
+    (_, out_s), grads_s = run(
+        lambda q, k, v: _splash_attention(q, k, v, None, valid, 128, 128, interpret=True)
+    )
     (_, out_x), grads_x = run(lambda q, k, v: attention(q, k, v, None, valid))
     real = np.asarray(valid)
     assert np.isfinite(np.asarray(out_s)).all()
@@ -263,8 +310,14 @@ def test_cudnn_raises_off_gpu():
         pytest.skip("runs for real on a GPU")
     _, q, k, v, _, valid, *_ = CASES[0]
     with pytest.raises((RuntimeError, NotImplementedError), match="(?i)cudnn"):
-        attention(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16),
-                  None, valid, implementation="cudnn")
+        attention(
+            q.astype(jnp.bfloat16),
+            k.astype(jnp.bfloat16),
+            v.astype(jnp.bfloat16),
+            None,
+            valid,
+            implementation="cudnn",
+        )
 
 
 def test_blocked_keeps_no_block_pair_buffer_inside_a_scan_over_layers():
@@ -275,11 +328,23 @@ def test_blocked_keeps_no_block_pair_buffer_inside_a_scan_over_layers():
 
     def layer(x, w):
         q = (x @ w).reshape(batch, length, heads, dim)
-        out = attention(q, q[:, :, :kv_heads], q[:, :, kv_heads:2 * kv_heads], None, valid,
-                        implementation="blocked", block_q=16, block_k=16)
+        out = attention(
+            q,
+            q[:, :, :kv_heads],
+            q[:, :, kv_heads : 2 * kv_heads],
+            None,
+            valid,
+            implementation="blocked",
+            block_q=16,
+            block_k=16,
+        )
         return x + out.reshape(batch, length, heads * dim) @ w.T, None
 
     weights, x = jnp.full((3, 32, 32), 0.01), jnp.ones((batch, length, 32))
     for body in (layer, jax.checkpoint(layer, prevent_cse=False)):
-        jaxpr = str(jax.make_jaxpr(jax.grad(lambda w, x: jnp.sum(jax.lax.scan(body, x, w)[0] ** 2)))(weights, x))
+        jaxpr = str(
+            jax.make_jaxpr(jax.grad(lambda w, x: jnp.sum(jax.lax.scan(body, x, w)[0] ** 2)))(
+                weights, x
+            )
+        )
         assert "[4,4,2,2,2,16,16]" not in jaxpr  # [query blocks, key blocks, B, KV, G, bq, bk]

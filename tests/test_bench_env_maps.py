@@ -64,15 +64,20 @@ def test_numpy_baseline_steps_like_our_env():
         baseline.rng = _FixedDraws(u.astype(np.float64))
         reward = baseline.step(actions)
         branch = env.branch_from_uniform(jnp.asarray(u), params)
-        obs, stepped, ours_reward, done, _ = step_all(states, jnp.asarray(actions, jnp.int32), branch, params)
+        obs, stepped, ours_reward, done, _ = step_all(
+            states, jnp.asarray(actions, jnp.int32), branch, params
+        )
         np.testing.assert_array_equal(reward, np.asarray(ours_reward))
         live = ~np.asarray(done)
         np.testing.assert_array_equal(baseline.pos[live], np.asarray(obs)[live])
         # Finished envs restart on pool map 0 in both.
         _, fresh = env.reset_to_map(pool[0])
         restart = done.reshape((-1, 1, 1))
-        states = stepped.replace(tiles=jnp.where(restart, fresh.tiles, stepped.tiles),
-                                 pos=jnp.where(done, fresh.pos, stepped.pos),
-                                 t=jnp.where(done, fresh.t, stepped.t), done=jnp.zeros_like(done))
+        states = stepped.replace(
+            tiles=jnp.where(restart, fresh.tiles, stepped.tiles),
+            pos=jnp.where(done, fresh.pos, stepped.pos),
+            t=jnp.where(done, fresh.t, stepped.t),
+            done=jnp.zeros_like(done),
+        )
         np.testing.assert_array_equal(baseline.pos, np.asarray(states.pos))
         np.testing.assert_array_equal(baseline.t, np.asarray(states.t))

@@ -20,8 +20,22 @@ def test_run_measures_ours_and_transformers_on_the_same_computation():
 
 
 def test_cli_prints_one_json_object_per_config():
-    out = CliRunner().invoke(app, ["bench", "forward", "--config", "tiny", "--batch", "1",
-                                   "--seq-len", "4", "--repeats", "1", "--json"])
+    out = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "forward",
+            "--config",
+            "tiny",
+            "--batch",
+            "1",
+            "--seq-len",
+            "4",
+            "--repeats",
+            "1",
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1

@@ -18,7 +18,15 @@ def test_run_reports_both_baselines():
         assert r.settings["maps"] == 6 and r.settings["horizon"] == 5
         assert r.settings["max_abs_diff"] <= bench_qstar.AGREEMENT_ATOL
         line = json.loads(r.to_json())
-        assert set(line) == {"name", "unit", "ours", "baseline", "baseline_name", "settings", "ratio"}
+        assert set(line) == {
+            "name",
+            "unit",
+            "ours",
+            "baseline",
+            "baseline_name",
+            "settings",
+            "ratio",
+        }
     assert results[0].settings["per_map_timed_maps"] == 3 and results[0].settings["per_map_scaled"]
 
 

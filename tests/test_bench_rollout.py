@@ -8,19 +8,41 @@ from agentrl_jax.bench import rollout as bench_rollout
 
 
 def test_run_reports_ours_and_both_baselines():
-    results = bench_rollout.run(num_tasks=2, group_size=2, budget=3, max_response_tokens=4,
-                                max_context=512, compare_tasks=1, repeats=1, decode_rows=2,
-                                decode_len=128, seats=2, overlap_tasks=1, step_ms=1.0)
+    results = bench_rollout.run(
+        num_tasks=2,
+        group_size=2,
+        budget=3,
+        max_response_tokens=4,
+        max_context=512,
+        compare_tasks=1,
+        repeats=1,
+        decode_rows=2,
+        decode_len=128,
+        seats=2,
+        overlap_tasks=1,
+        step_ms=1.0,
+    )
     assert [(r.unit, r.baseline_name) for r in results] == [
-        ("turns/s", bench_rollout.PER_GROUP), ("tokens/s", bench_rollout.PER_GROUP),
-        ("turns/s", bench_rollout.STATIC), ("turns/s", bench_rollout.STATIC),
+        ("turns/s", bench_rollout.PER_GROUP),
+        ("tokens/s", bench_rollout.PER_GROUP),
+        ("turns/s", bench_rollout.STATIC),
+        ("turns/s", bench_rollout.STATIC),
         ("ms", bench_rollout.FULL_CACHE),
-        ("turns/s", bench_rollout.REENCODE), ("prefills/s", bench_rollout.UNSHARED),
-        ("turns/s", bench_rollout.ONE_LANE)]
+        ("turns/s", bench_rollout.REENCODE),
+        ("prefills/s", bench_rollout.UNSHARED),
+        ("turns/s", bench_rollout.ONE_LANE),
+    ]
     for r in results:
         assert r.ours > 0 and r.baseline > 0 and r.ratio > 0
-        assert set(json.loads(r.to_json())) == {"name", "unit", "ours", "baseline",
-                                                "baseline_name", "settings", "ratio"}
+        assert set(json.loads(r.to_json())) == {
+            "name",
+            "unit",
+            "ours",
+            "baseline",
+            "baseline_name",
+            "settings",
+            "ratio",
+        }
     settings = results[0].settings
     assert settings["rows"] == 4 and settings["turns"] <= 3
     assert sum(settings["time_share"].values()) == pytest.approx(1.0)
@@ -29,8 +51,12 @@ def test_run_reports_ours_and_both_baselines():
     assert "model" in results[0].name and "env" in results[0].name
     assert results[2].settings["rows"] == 4 and results[2].settings["same_tokens_as_static"]
     assert results[3].settings["seats"] == 2 and results[3].settings["same_tokens_as_static"]
-    assert set(results[4].settings["ms_per_step"]) == {"paged quarter", "paged full",
-                                                       "static quarter", "static full"}
+    assert set(results[4].settings["ms_per_step"]) == {
+        "paged quarter",
+        "paged full",
+        "static quarter",
+        "static full",
+    }
     assert results[4].settings["filled"] == {"quarter": 32, "full": 120}
     assert results[5].settings["rows"] == 2
     assert results[6].settings["rows"] == 2 and results[6].settings["prompt_tokens"] > 50
@@ -75,6 +101,7 @@ def test_keys_read_ratio_counts_whole_blocks_up_to_the_longest_live_row():
     from types import SimpleNamespace
 
     import numpy as np
+
     turns = np.full((2, 64), -1)
     turns[0, 8:10], turns[1, 9:12], turns[0, 28:31] = 0, 0, 1  # turn 0 ends at 10 and 12
     live = np.array([[True, True], [True, False]])

@@ -9,12 +9,16 @@ from agentrl_jax.bench import train_step as bench_train_step
 
 def test_run_reports_tokens_per_second_against_pytorch():
     result, frozenlake = bench_train_step.run(sizes=("tiny",), rows=4, tokens=32, repeats=1)
-    assert result.unit == "tokens/s" and result.ours > 0 and result.baseline > 0 and result.ratio > 0
+    assert (
+        result.unit == "tokens/s" and result.ours > 0 and result.baseline > 0 and result.ratio > 0
+    )
     assert result.baseline_name == "PyTorch transformers fwd+ref fwd+bwd+AdamW"
     assert result.name == "GRPO update, tiny, synthetic mask, 4x32 tokens"
     # the FrozenLake-like row: the head runs at the sampled positions only, same first-step loss
     assert frozenlake.name == "GRPO update, tiny, frozenlake mask, 4x32 tokens"
-    assert frozenlake.settings["loss_positions"] == 8 and frozenlake.settings["loss_tokens"] == 4 * 8
+    assert (
+        frozenlake.settings["loss_positions"] == 8 and frozenlake.settings["loss_tokens"] == 4 * 8
+    )
     assert result.settings["size"] == "tiny" and result.settings["rows"] == 4
     # run() itself raises unless both first-step losses agree (same weights, same batch).
     assert result.settings["first_step_loss"] != 0
@@ -25,8 +29,12 @@ def test_run_reports_tokens_per_second_against_pytorch():
 def test_synthetic_batch_has_rollout_layout():
     batch = bench_train_step.synthetic_batch(rows=4, tokens=32, vocab=50)
     assert batch.tokens.shape == (4, 32) and bool(batch.token_mask.all())
-    assert not bool(batch.loss_mask[:, :8].any()) and bool(batch.loss_mask.any())  # a prompt, then responses
-    assert int(batch.token_turn.max()) >= 1 and bool((batch.token_turn[~batch.loss_mask] == -1).all())
+    assert not bool(batch.loss_mask[:, :8].any()) and bool(
+        batch.loss_mask.any()
+    )  # a prompt, then responses
+    assert int(batch.token_turn.max()) >= 1 and bool(
+        (batch.token_turn[~batch.loss_mask] == -1).all()
+    )
 
 
 def test_frozenlake_batch_samples_8_of_every_105_tokens():

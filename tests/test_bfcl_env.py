@@ -9,13 +9,13 @@ import uuid
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from bfcl_eval.eval_checker.multi_turn_eval.func_source_code.gorilla_file_system import (
     GorillaFileSystem,
 )
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from envs.bfcl import (
     CATEGORIES,
     ApiSet,
@@ -49,11 +49,19 @@ def _raw_lines(category, folder=None):
 
 def _official_verdict(task, steps):
     """The package's multi_turn_checker on per-turn lists of steps (lists of call strings)."""
-    entry = {"id": task.id, "initial_config": task.initial_config,
-             "involved_classes": list(task.involved_classes)}
+    entry = {
+        "id": task.id,
+        "initial_config": task.initial_config,
+        "involved_classes": list(task.involved_classes),
+    }
     # The checker keeps instances in module globals keyed by the model name: use a fresh one.
-    return multi_turn_checker(steps, [list(t) for t in task.ground_truth], entry, task.category,
-                              f"agentrl_test_{uuid.uuid4().hex}")["valid"]
+    return multi_turn_checker(
+        steps,
+        [list(t) for t in task.ground_truth],
+        entry,
+        task.category,
+        f"agentrl_test_{uuid.uuid4().hex}",
+    )["valid"]
 
 
 def _play(env, task_id, steps):
@@ -82,15 +90,19 @@ def test_multi_turn_base_loads_fully():
     docs_dir = package_data_dir() / "multi_turn_func_doc"
     for task, question, answer in zip(tasks, raw, answers):
         assert [[(m.role, m.content) for m in turn] for turn in task.turns] == [
-            [(m["role"], m["content"]) for m in turn] for turn in question["question"]]
+            [(m["role"], m["content"]) for m in turn] for turn in question["question"]
+        ]
         assert [list(t) for t in task.ground_truth] == answer["ground_truth"]
         assert task.initial_config == question["initial_config"]
         assert list(task.involved_classes) == question["involved_classes"]
         names = set()
         for cls in task.involved_classes:
             doc_file = data_lib.backend_config().MULTI_TURN_FUNC_DOC_FILE_MAPPING[cls]
-            names |= {json.loads(l)["name"] for l in (docs_dir / doc_file).read_text().splitlines()
-                      if l.strip()}
+            names |= {
+                json.loads(l)["name"]
+                for l in (docs_dir / doc_file).read_text().splitlines()
+                if l.strip()
+            }
         assert {doc["name"] for doc in task.functions} == names and not task.added_functions
         assert task.min_turns == len(task.turns) + sum(1 for t in task.ground_truth if t)
     # BFCL's structural bound: the annotated trajectory fits the paper's budget.
@@ -129,8 +141,9 @@ def test_missing_package_and_bad_data_are_reported_clearly(tmp_path, monkeypatch
     first = json.loads(lines[0])
     del first["involved_classes"]
     question_file.write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
-    with pytest.raises(ValueError,
-                       match=rf"{question_file.name}:1: missing field 'involved_classes'"):
+    with pytest.raises(
+        ValueError, match=rf"{question_file.name}:1: missing field 'involved_classes'"
+    ):
         load_tasks("multi_turn_base", data_dir=data_dir)
     monkeypatch.setattr(data_lib.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps bfcl-eval"):
@@ -152,15 +165,23 @@ def test_config_is_validated():
 def test_call_lists_parse_into_calls():
     parsed = parse_response("[cd(folder='document'), mkdir(dir_name=\"temp\"), ls(a=True)]")
     assert [(c.name, c.args, dict(c.kwargs)) for c in parsed.calls] == [
-        ("cd", (), {"folder": "document"}), ("mkdir", (), {"dir_name": "temp"}),
-        ("ls", (), {"a": True})]
-    assert [c.text for c in parsed.calls] == ["cd(folder='document')", "mkdir(dir_name='temp')",
-                                              "ls(a=True)"]
+        ("cd", (), {"folder": "document"}),
+        ("mkdir", (), {"dir_name": "temp"}),
+        ("ls", (), {"a": True}),
+    ]
+    assert [c.text for c in parsed.calls] == [
+        "cd(folder='document')",
+        "mkdir(dir_name='temp')",
+        "ls(a=True)",
+    ]
     nested = parse_response("[f(x={'k': [1, (2, 3)], 'n': None}, y=-1.5, z={1})]").calls[0]
     assert dict(nested.kwargs) == {"x": {"k": [1, (2, 3)], "n": None}, "y": -1.5, "z": {1}}
-    for text in ["ls(a=True)", " ```python\n[ls(a=True)]\n``` ",
-                 "<think>maybe [rm(x=1)]</think>\n[ls(a=True)]",
-                 "<think>a</think><think>b</think>ls(a=True)"]:
+    for text in [
+        "ls(a=True)",
+        " ```python\n[ls(a=True)]\n``` ",
+        "<think>maybe [rm(x=1)]</think>\n[ls(a=True)]",
+        "<think>a</think><think>b</think>ls(a=True)",
+    ]:
         assert parse_response(text) == parse_response("[ls(a=True)]"), text
     assert parse_response("sort('report.pdf')").calls[0].args == ("report.pdf",)
     assert parse_call("cd(folder='x')") == parse_response("[cd(folder='x')]").calls[0]
@@ -169,28 +190,38 @@ def test_call_lists_parse_into_calls():
 
 
 def test_answers_without_a_call_end_the_request():
-    for text in ["", "  \n", "[]", "```\n[]\n```", "<think>I am done</think>",
-                 "I created the folder and moved the file.", "Done (the file is there)."]:
+    for text in [
+        "",
+        "  \n",
+        "[]",
+        "```\n[]\n```",
+        "<think>I am done</think>",
+        "I created the folder and moved the file.",
+        "Done (the file is there).",
+    ]:
         assert isinstance(parse_response(text), NoCall), text
     assert parse_response("<think>x</think> All set.") == NoCall("All set.")
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("<think>I will call [ls()]", "inside <think>"),
-    ("[ls(a=True)", "not a valid Python list of calls"),
-    ("[ls()] Done!", "not a valid Python list of calls"),
-    ("ls() then cd(folder='x')", "not a valid Python list of calls"),
-    ("[ls(a=x)]", "argument a=x is not a literal value"),
-    ("[ls(a=1 + 2)]", "argument a=1 + 2 is not a literal value"),
-    ("[ls(a=print('side effect'))]", "is not a literal value"),
-    ("[os.system('rm -rf /')]", "os.system is not a plain function name"),
-    ("[__import__('os').system('x')]", "is not a plain function name"),
-    ("[ls(*a)]", "*arguments are not allowed"),
-    ("[ls(**k)]", "**arguments are not allowed"),
-    ("[1, 2]", "1 is not a function call"),
-    ("[ls" + "(" * 500 + ")" * 500 + "]", "not a valid Python list of calls"),
-    ("[f(a=" + "[" * 5000 + "]" * 5000 + ")]", "not a valid Python list of calls"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("<think>I will call [ls()]", "inside <think>"),
+        ("[ls(a=True)", "not a valid Python list of calls"),
+        ("[ls()] Done!", "not a valid Python list of calls"),
+        ("ls() then cd(folder='x')", "not a valid Python list of calls"),
+        ("[ls(a=x)]", "argument a=x is not a literal value"),
+        ("[ls(a=1 + 2)]", "argument a=1 + 2 is not a literal value"),
+        ("[ls(a=print('side effect'))]", "is not a literal value"),
+        ("[os.system('rm -rf /')]", "os.system is not a plain function name"),
+        ("[__import__('os').system('x')]", "is not a plain function name"),
+        ("[ls(*a)]", "*arguments are not allowed"),
+        ("[ls(**k)]", "**arguments are not allowed"),
+        ("[1, 2]", "1 is not a function call"),
+        ("[ls" + "(" * 500 + ")" * 500 + "]", "not a valid Python list of calls"),
+        ("[f(a=" + "[" * 5000 + "]" * 5000 + ")]", "not a valid Python list of calls"),
+    ],
+)
 def test_malformed_calls_are_reported(text, reason, capsys):
     parsed = parse_response(text)
     assert isinstance(parsed, Malformed) and reason in parsed.reason, parsed
@@ -204,25 +235,73 @@ def test_parsing_never_raises(text):
 
 
 _LITERALS = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text()
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text()
     | st.floats(allow_nan=False, allow_infinity=False),
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8)
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 _NAMES = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True).filter(
-    lambda s: s not in {"if", "in", "is", "or", "and", "not", "for", "def", "del", "try", "as",
-                        "with", "else", "elif", "from", "pass", "while", "break", "class",
-                        "raise", "yield", "async", "await", "global", "import", "lambda",
-                        "return", "assert", "except", "finally", "continue", "nonlocal"})
+    lambda s: (
+        s
+        not in {
+            "if",
+            "in",
+            "is",
+            "or",
+            "and",
+            "not",
+            "for",
+            "def",
+            "del",
+            "try",
+            "as",
+            "with",
+            "else",
+            "elif",
+            "from",
+            "pass",
+            "while",
+            "break",
+            "class",
+            "raise",
+            "yield",
+            "async",
+            "await",
+            "global",
+            "import",
+            "lambda",
+            "return",
+            "assert",
+            "except",
+            "finally",
+            "continue",
+            "nonlocal",
+        }
+    )
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(_NAMES, st.dictionaries(_NAMES, _LITERALS, max_size=3)),
-                min_size=1, max_size=4))
+@given(
+    st.lists(
+        st.tuples(_NAMES, st.dictionaries(_NAMES, _LITERALS, max_size=3)), min_size=1, max_size=4
+    )
+)
 def test_calls_round_trip_through_python_literals(calls):
     # Independent reference: Python's own repr of each value is a literal the grammar must read.
-    text = "[" + ", ".join(f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
-                           for name, kwargs in calls) + "]"
+    text = (
+        "["
+        + ", ".join(
+            f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+            for name, kwargs in calls
+        )
+        + "]"
+    )
     parsed = parse_response(text)
     assert [(c.name, dict(c.kwargs)) for c in parsed.calls] == calls
 
@@ -235,24 +314,33 @@ def test_results_are_written_as_the_official_executor_writes_them():
     assert calls_lib.result_text({"a": [1, "x"]}) == '{"a": [1, "x"]}'
     assert calls_lib.result_text({"a": {1, 2}}) == "{'a': {1, 2}}"  # JSON cannot hold a set
     assert calls_lib.result_text([1, 2]) == "[1, 2]" and calls_lib.result_text(None) == "None"
-    apis = ApiSet(["GorillaFileSystem", "MathAPI"],
-                  {"GorillaFileSystem": {"root": {"alex": {"type": "directory", "contents": {}}}}},
-                  long_context=False)
+    apis = ApiSet(
+        ["GorillaFileSystem", "MathAPI"],
+        {"GorillaFileSystem": {"root": {"alex": {"type": "directory", "contents": {}}}}},
+        long_context=False,
+    )
     call = lambda text: parse_call(text)
     assert apis.run([call("mkdir(dir_name='temp')"), call("ls()"), call("add(a=1, b=2)")]) == [
-        "None", '{"current_directory_content": ["temp"]}', '{"result": 3}']
+        "None",
+        '{"current_directory_content": ["temp"]}',
+        '{"result": 3}',
+    ]
     assert apis.execute(call("cd()")) == (
         "Error during execution: GorillaFileSystem.cd() missing 1 required positional "
-        "argument: 'folder'")
+        "argument: 'folder'"
+    )
     assert apis.execute(call("exit()")) == "Error during execution: name 'exit' is not defined"
     assert apis.execute(call("_load_scenario(scenario={})")) == (
-        "Error during execution: name '_load_scenario' is not defined")
+        "Error during execution: name '_load_scenario' is not defined"
+    )
 
 
 def test_concurrent_rows_get_the_results_of_a_lone_row():
     # MathAPI.logarithm sets mpmath's process-wide precision; rows in threads must not interfere.
-    calls = [parse_call(f"logarithm(value={v}, base=7, precision={p})")
-             for v, p in [(2, 3), (1000, 30), (5, 12), (42, 50)]]
+    calls = [
+        parse_call(f"logarithm(value={v}, base=7, precision={p})")
+        for v, p in [(2, 3), (1000, 30), (5, 12), (42, 50)]
+    ]
     apis = ApiSet(["MathAPI"], {}, long_context=False)
     expected = apis.run(calls)
     outputs, threads = [], []
@@ -297,8 +385,10 @@ def _replay_batch(env, task_ids, workers=4):
 def test_reference_answers_score_one_on_every_base_task(base_env):
     task_ids = np.arange(base_env.num_tasks())
     steps, reward, success, keys = _replay_batch(base_env, task_ids)
-    official = [_official_verdict(t, [[list(c)] if c else [] for c in t.ground_truth])
-                for t in base_env.tasks]
+    official = [
+        _official_verdict(t, [[list(c)] if c else [] for c in t.ground_truth])
+        for t in base_env.tasks
+    ]
     assert sum(official) == 200  # the checker accepts the annotation on every base task ...
     np.testing.assert_array_equal(success, official)  # ... and so do we: 200 of 200
     np.testing.assert_array_equal(reward, 1.0)
@@ -338,8 +428,9 @@ def test_reward_matches_the_official_checker_on_right_and_wrong_trajectories(bas
     assert 0 < accepted["calls shuffled"] < 200 and 0 < accepted["calls made twice"] < 200
 
 
-@pytest.mark.parametrize("category", ["multi_turn_miss_func", "multi_turn_miss_param",
-                                      "multi_turn_long_context"])
+@pytest.mark.parametrize(
+    "category", ["multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"]
+)
 def test_other_categories_agree_with_the_official_checker(category):
     env = BfclEnv(BfclConfig(categories=(category,)))
     for task_id, task in enumerate(env.tasks):
@@ -359,11 +450,13 @@ def test_observations_show_functions_requests_and_results(base_env):
     for doc in task.functions:
         assert json.dumps(doc) in first
     _, fb = base_env.step_task(
-        episode, "[cd(folder='document'), mkdir(dir_name='temp'), cd(folder='nope')]")
+        episode, "[cd(folder='document'), mkdir(dir_name='temp'), cd(folder='nope')]"
+    )
     assert fb.observation == (
-        "Results:\ncd(folder='document') -> {\"current_working_directory\": \"document\"}\n"
+        'Results:\ncd(folder=\'document\') -> {"current_working_directory": "document"}\n'
         "mkdir(dir_name='temp') -> None\n"
-        "cd(folder='nope') -> {\"error\": \"cd: 'nope': No such file or directory\"}")
+        "cd(folder='nope') -> {\"error\": \"cd: 'nope': No such file or directory\"}"
+    )
     _, fb = base_env.step_task(episode, "[mv(source='final_report.pdf', destination='temp')]")
     _, fb = base_env.step_task(episode, "Moved.")
     assert fb.observation == "User: " + task.turns[1][0].content and not fb.done
@@ -457,14 +550,16 @@ def test_a_hanging_call_is_a_timeout_and_the_batch_goes_on(monkeypatch, base_env
     text_env = PythonTextEnv(base_env, workers=2, step_timeout_s=0.5)
     rows, _ = text_env.reset(np.array([0, 0]), seed=0)
     try:
-        rows, result = text_env.step(rows, ["[ls(a=True)]", "[cd(folder='document')]"],
-                                     np.ones(2, bool))
+        rows, result = text_env.step(
+            rows, ["[ls(a=True)]", "[cd(folder='document')]"], np.ones(2, bool)
+        )
         np.testing.assert_array_equal(result.info["timeout"], [True, False])
         np.testing.assert_array_equal(result.done, [True, False])
         assert "timed out" in result.observations[0]
         assert result.observations[1].startswith("Results:\ncd(folder='document')")
-        rows, result = text_env.step(rows, ["", "[mkdir(dir_name='temp')]"],
-                                     np.array([False, True]))
+        rows, result = text_env.step(
+            rows, ["", "[mkdir(dir_name='temp')]"], np.array([False, True])
+        )
         np.testing.assert_array_equal(result.done, [True, False])
         assert result.action_valid[1] and not result.info["timeout"].any()
     finally:

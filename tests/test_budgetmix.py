@@ -12,10 +12,21 @@ from agentrl_jax.algorithms import budgetmix as bm
 def test_budget_sets_of_the_papers_environments():
     # (k * T_max) // 10 for k = 1..10, zero dropped, duplicates merged
     assert bm.budget_set(70) == (7, 14, 21, 28, 35, 42, 49, 56, 63, 70)  # FrozenLake
-    assert bm.budget_set(10) == (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)          # DeepCoder-MT, InterCode-SQL
-    assert bm.budget_set(24) == (2, 4, 7, 9, 12, 14, 16, 19, 21, 24)      # BFCL: 2.4 -> 2, 7.2 -> 7, ...
-    assert bm.budget_set(5) == (1, 2, 3, 4, 5)                            # 0, 1, 1, 2, 2, ... merged
-    assert bm.budget_set(3) == (1, 2, 3)                                  # k=1..3 give 0 (dropped)
+    assert bm.budget_set(10) == (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)  # DeepCoder-MT, InterCode-SQL
+    assert bm.budget_set(24) == (
+        2,
+        4,
+        7,
+        9,
+        12,
+        14,
+        16,
+        19,
+        21,
+        24,
+    )  # BFCL: 2.4 -> 2, 7.2 -> 7, ...
+    assert bm.budget_set(5) == (1, 2, 3, 4, 5)  # 0, 1, 1, 2, 2, ... merged
+    assert bm.budget_set(3) == (1, 2, 3)  # k=1..3 give 0 (dropped)
     assert bm.budget_set(1) == (1,)
 
 
@@ -29,7 +40,9 @@ def test_jittable_candidates_equal_the_python_sets():
     t_max = np.arange(1, 101)
     budgets, valid = jax.jit(bm.budget_candidates)(jnp.asarray(t_max))
     for row, t in enumerate(t_max):
-        assert tuple(int(b) for b in np.asarray(budgets[row])[np.asarray(valid[row])]) == bm.budget_set(int(t))
+        assert tuple(
+            int(b) for b in np.asarray(budgets[row])[np.asarray(valid[row])]
+        ) == bm.budget_set(int(t))
 
 
 def test_sampling_is_uniform_over_the_set_and_reproducible():
@@ -52,22 +65,31 @@ def test_groups_draw_independently_from_their_own_sets():
     budgets = np.asarray(draw.budgets)
     for j, t in enumerate([70, 10, 24, 1]):
         drawn = set(budgets[j::4].tolist())
-        assert drawn == set(bm.budget_set(t)), (t, drawn)  # every member seen in 500 draws, nothing else
+        assert drawn == set(bm.budget_set(t)), (
+            t,
+            drawn,
+        )  # every member seen in 500 draws, nothing else
 
 
 def test_trajectories_share_their_groups_budget():
     group_budgets = jnp.array([7, 63, 21])
     group_index = jnp.array([0, 0, 1, 1, 2, 2, 1])  # G = 2 per task, plus one out of order
-    np.testing.assert_array_equal(bm.budgets_per_trajectory(group_budgets, group_index), [7, 7, 63, 63, 21, 21, 63])
+    np.testing.assert_array_equal(
+        bm.budgets_per_trajectory(group_budgets, group_index), [7, 7, 63, 63, 21, 21, 63]
+    )
 
 
 def test_adaptive_filter_drops_budgets_below_the_structural_bound():
     # T_max = 10, shortest path 7 -> only {7, 8, 9, 10} remain
-    draw = bm.sample_budgets(jax.random.key(3), jnp.full(2000, 10), structural_bound=jnp.full(2000, 7))
+    draw = bm.sample_budgets(
+        jax.random.key(3), jnp.full(2000, 10), structural_bound=jnp.full(2000, 7)
+    )
     assert set(np.asarray(draw.budgets).tolist()) == {7, 8, 9, 10}
     assert not np.any(draw.fell_back)
     # bound 0 or 1 removes nothing
-    loose = bm.sample_budgets(jax.random.key(3), jnp.full(2000, 10), structural_bound=jnp.ones(2000, jnp.int32))
+    loose = bm.sample_budgets(
+        jax.random.key(3), jnp.full(2000, 10), structural_bound=jnp.ones(2000, jnp.int32)
+    )
     assert set(np.asarray(loose.budgets).tolist()) == set(range(1, 11))
 
 
@@ -94,7 +116,9 @@ def test_timeout_reward():
     succeeded = jnp.array([True, True, False, True])
     turns_used = jnp.array([3, 5, 4, 4])
     budgets = jnp.array([4, 4, 4, 4])
-    np.testing.assert_array_equal(bm.timeout_reward(rewards, succeeded, turns_used, budgets), [1, 0, 0, 1])
+    np.testing.assert_array_equal(
+        bm.timeout_reward(rewards, succeeded, turns_used, budgets), [1, 0, 0, 1]
+    )
 
 
 def test_remaining_budget_and_anchor_keys():

@@ -28,8 +28,9 @@ def _squeezed(text: str) -> str:
     return "".join(text.split())
 
 
-@pytest.mark.parametrize("command", [["reproduce", "frozenlake"],
-                                     ["eval", "passt", "--base", "/nowhere"]])
+@pytest.mark.parametrize(
+    "command", [["reproduce", "frozenlake"], ["eval", "passt", "--base", "/nowhere"]]
+)
 def test_an_out_folder_that_is_a_file_is_refused_before_any_work(tmp_path, command):
     taken = tmp_path / "results"
     taken.write_text("")
@@ -50,6 +51,7 @@ def test_solve_refuses_its_out_file_before_computing_anything(tmp_path):
 
 def test_an_unwritable_out_is_refused(tmp_path, monkeypatch):
     import agentrl_jax.cli.paths as paths
+
     monkeypatch.setattr(paths.os, "access", lambda path, mode: False)  # as on a read-only mount
     result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(tmp_path / "new")])
     assert _squeezed(f"{tmp_path} is not writable") in _one_line_error(result)
@@ -57,29 +59,57 @@ def test_an_unwritable_out_is_refused(tmp_path, monkeypatch):
 
 def test_the_header_names_the_overrides(tmp_path, monkeypatch):
     import agentrl_jax.reproduce.pipeline as pipeline
+
     monkeypatch.setattr(pipeline, "reproduce", lambda settings, out, **kwargs: out / "report.md")
-    result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(tmp_path),
-                                      "--set", "rl.steps=3", "--set", "eval.samples=16"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            "frozenlake",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "rl.steps=3",
+            "--set",
+            "eval.samples=16",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert (f"Reproducing FrozenLake into {tmp_path} (config: built-in default with --set "
-            "rl.steps=3, eval.samples=16)") in result.output
+    assert (
+        f"Reproducing FrozenLake into {tmp_path} (config: built-in default with --set "
+        "rl.steps=3, eval.samples=16)"
+    ) in result.output
 
 
 def test_no_pytorch_advice_from_transformers_when_torch_is_missing():
     """torch hidden from the child: transformers alone prints its advice, the CLI's import not."""
     hide = "import sys; sys.modules['torch'] = None; "
     env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
-    plain = subprocess.run([sys.executable, "-c", hide + "import transformers"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=300)
-    ours = subprocess.run([sys.executable, "-c", hide + "import agentrl_jax.cli, transformers"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    plain = subprocess.run(
+        [sys.executable, "-c", hide + "import transformers"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    ours = subprocess.run(
+        [sys.executable, "-c", hide + "import agentrl_jax.cli, transformers"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "PyTorch was not found" in plain.stderr  # the advice exists: the check below means it
     assert ours.returncode == 0 and "PyTorch was not found" not in ours.stderr + ours.stdout
 
 
 def test_solve_shows_an_episode_that_reaches_the_goal():
-    result = CliRunner().invoke(app, ["solve", "frozenlake", "--maps", "4", "--size", "5",
-                                      "--t-max", "20", "--episodes", "8"])
+    result = CliRunner().invoke(
+        app,
+        ["solve", "frozenlake", "--maps", "4", "--size", "5", "--t-max", "20", "--episodes", "8"],
+    )
     assert result.exit_code == 0, result.output
     assert "the first to reach the goal" in result.output
     assert "\nreached the goal after" in result.output
@@ -97,19 +127,49 @@ def test_seeds_run_the_study_once_per_seed_and_tabulate_each_finding(tmp_path, m
 
     def fake_reproduce(settings, out, **kwargs):  # writes the findings a run would
         seed = settings.rl.seed
-        seen.append((out.name, settings.task.seed, settings.model.seed,
-                     settings.warm_start.seed, settings.eval.seed, seed, settings.rl.steps))
+        seen.append(
+            (
+                out.name,
+                settings.task.seed,
+                settings.model.seed,
+                settings.warm_start.seed,
+                settings.eval.seed,
+                seed,
+                settings.rl.steps,
+            )
+        )
         out.mkdir(parents=True)
         verdict = findings.SHOWS if seed == 0 else findings.REFUTED
-        rows = [{"headline": findings.PASS_AT_K, "subject": "GRPO", "paper": "", "numbers": {},
-                 "observed": f"lead {seed}", "verdict": verdict}]
+        rows = [
+            {
+                "headline": findings.PASS_AT_K,
+                "subject": "GRPO",
+                "paper": "",
+                "numbers": {},
+                "observed": f"lead {seed}",
+                "verdict": verdict,
+            }
+        ]
         (out / findings.FINDINGS_JSON).write_text(json.dumps(rows))
         (out / "report.md").write_text("")
         return out / "report.md"
 
     monkeypatch.setattr(pipeline, "reproduce", fake_reproduce)
-    result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(tmp_path),
-                                      "--set", "rl.steps=3", "--seeds", "0", "--seeds", "7"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            "frozenlake",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "rl.steps=3",
+            "--seeds",
+            "0",
+            "--seeds",
+            "7",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert seen == [("seed_0", 0, 0, 0, 0, 0, 3), ("seed_7", 7, 7, 7, 7, 7, 3)]
     summary = json.loads((tmp_path / "seeds.json").read_text())
@@ -118,16 +178,20 @@ def test_seeds_run_the_study_once_per_seed_and_tabulate_each_finding(tmp_path, m
     table = (tmp_path / "seeds.md").read_text()
     assert f"| {findings.PASS_AT_K} | GRPO | **shows** | **refuted** | 1 of 2 |" in table
     assert "seed 0: lead 0; seed 7: lead 7" in table
-    result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(tmp_path / "x"),
-                                      "--seeds", "3", "--seeds", "3"])
+    result = CliRunner().invoke(
+        app,
+        ["reproduce", "frozenlake", "--out", str(tmp_path / "x"), "--seeds", "3", "--seeds", "3"],
+    )
     assert _squeezed("--seeds: each seed once") in _one_line_error(result)
 
 
 def test_a_compile_cache_that_is_a_file_is_refused_before_any_work(tmp_path):
     taken = tmp_path / "cache"
     taken.write_text("")
-    result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(tmp_path / "out"),
-                                      "--compile-cache", str(taken)])
+    result = CliRunner().invoke(
+        app,
+        ["reproduce", "frozenlake", "--out", str(tmp_path / "out"), "--compile-cache", str(taken)],
+    )
     assert _squeezed(f"--compile-cache {taken}: is a file, not a folder") in _one_line_error(result)
     assert not (tmp_path / "out").exists()
 
@@ -158,12 +222,21 @@ def test_the_compile_cache_loads_what_another_jitted_function_compiled(tmp_path,
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
     arg = str(tmp_path / "mine") if setting == "mine" else setting
-    out = subprocess.run([sys.executable, "-c", _CACHE_PROBE, arg], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _CACHE_PROBE, arg],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     folder, hits, same = out.stdout.split()
-    expected = {"default": tmp_path / "xdg" / "agentrl-jax" / "xla", "mine": tmp_path / "mine",
-                "off": None}[setting]
+    expected = {
+        "default": tmp_path / "xdg" / "agentrl-jax" / "xla",
+        "mine": tmp_path / "mine",
+        "off": None,
+    }[setting]
     assert folder == str(expected) and same == "True"
     assert int(hits) == (0 if expected is None else 1)
     if expected is not None:

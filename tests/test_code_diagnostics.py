@@ -19,8 +19,13 @@ import numpy as np
 import pytest
 
 from agentrl_jax.evaluation.state_diagnostics import RecordedQualityStates
-from agentrl_jax.evaluation.text_states import (HISTORY_HEADER, ReplayedEnv, TextStatePool,
-                                                inject_text_errors, matched_text_pool)
+from agentrl_jax.evaluation.text_states import (
+    HISTORY_HEADER,
+    ReplayedEnv,
+    TextStatePool,
+    inject_text_errors,
+    matched_text_pool,
+)
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.policy import ScriptedPolicy
 from agentrl_jax.prompts import BudgetPrompt
@@ -35,20 +40,34 @@ from envs.protocol import PythonTextEnv
 
 T_MAX = 3
 REFERENCE = "def clip(x):\n    return max(0, min(10, x))"
-TESTS = (CallTest("clip", (-5,), 0), CallTest("clip", (5,), 5), CallTest("clip", (15,), 10),
-         CallTest("clip", (10,), 10))
+TESTS = (
+    CallTest("clip", (-5,), 0),
+    CallTest("clip", (5,), 5),
+    CallTest("clip", (15,), 10),
+    CallTest("clip", (10,), 10),
+)
 PROGRAMS = {  # program: its pass share on TESTS, by hand
-    "def clip(x):\n    return 0": 0.25,                 # -5 -> 0 only
-    "def clip(x):\n    return x": 0.5,                  # 5 and 10
-    "def clip(x):\n    return max(0, x)": 0.75,         # all but 15
+    "def clip(x):\n    return 0": 0.25,  # -5 -> 0 only
+    "def clip(x):\n    return x": 0.5,  # 5 and 10
+    "def clip(x):\n    return max(0, x)": 0.75,  # all but 15
     REFERENCE: 1.0,
 }
 FIRST = {"base": "def clip(x):\n    return 0", "RL": "def clip(x):\n    return max(0, x)"}
 LATER = {"base": "def clip(x):\n    return x", "RL": REFERENCE}
 EXPECTED = {"base": (0.25, 0.5), "RL": (0.75, 1.0)}  # step quality at turn 0, at later turns
-SETTINGS = EvalSettings(budgets=None, samples=2, k=1, pass_k_samples=2, states=6, group_size=2,
-                        source_samples=2, depth_bins=2, max_response_tokens=64, max_context=2048,
-                        diagnostic_tasks=None)
+SETTINGS = EvalSettings(
+    budgets=None,
+    samples=2,
+    k=1,
+    pass_k_samples=2,
+    states=6,
+    group_size=2,
+    source_samples=2,
+    depth_bins=2,
+    max_response_tokens=64,
+    max_context=2048,
+    diagnostic_tasks=None,
+)
 _TURN = re.compile(r"\[CURRENT TURN\] (\d+)")
 
 
@@ -59,6 +78,7 @@ def script(name: str):
             turn = int(_TURN.findall(context)[-1])
             out.append(fenced(FIRST[name] if turn == 0 else LATER[name]))
         return out
+
     return reply
 
 
@@ -72,10 +92,12 @@ def code_env():
 def tokenizer(code_env):
     prompt = BudgetPrompt()
     first = code_env.first_observation(code_env.tasks[0])
-    corpus = ([f"system\n{prompt.system_text(code_env.instructions(), b)}" for b in range(1, T_MAX + 1)]
-              + [f"user\n{prompt.turn_text(first, b, t)}" for b in range(1, T_MAX + 1) for t in range(b)]
-              + [fenced(p) for p in PROGRAMS] * 16 + [HISTORY_HEADER, "[TURN 0 RESPONSE]",
-                                                      "[TURN 0 RESULT]", "failed", "passed"] * 8)
+    corpus = (
+        [f"system\n{prompt.system_text(code_env.instructions(), b)}" for b in range(1, T_MAX + 1)]
+        + [f"user\n{prompt.turn_text(first, b, t)}" for b in range(1, T_MAX + 1) for t in range(b)]
+        + [fenced(p) for p in PROGRAMS] * 16
+        + [HISTORY_HEADER, "[TURN 0 RESPONSE]", "[TURN 0 RESULT]", "failed", "passed"] * 8
+    )
     return build_small_tokenizer(corpus, vocab_size=1024, split_words=False)
 
 
@@ -93,20 +115,26 @@ def test_hand_computed_pass_shares(code_env):
 def test_mutants_change_one_site_and_a_failing_one_lowers_the_pass_share(code_env):
     found = mutants(REFERENCE)
     # min/max calls have no operator to flip: the constants 0 and 10 (+1 each) and the return
-    assert found == ["def clip(x):\n    return", "def clip(x):\n    return max(1, min(10, x))",
-                     "def clip(x):\n    return max(0, min(11, x))"]
+    assert found == [
+        "def clip(x):\n    return",
+        "def clip(x):\n    return max(1, min(10, x))",
+        "def clip(x):\n    return max(0, min(11, x))",
+    ]
     assert mutants("def broken(:") == []
     share = lambda p: sum(r.passed for r in code_env.run_program(0, p)) / 4  # noqa: E731
     program, lowered = failing_mutant(REFERENCE, share, np.random.default_rng(0))
     assert program in found and lowered < 1.0 and lowered == share(program)
     # a mutant that passes every test is never returned: only when none fails, None
-    assert failing_mutant("def clip(x):\n    return 0 if x < 0 else x", lambda p: 1.0,
-                          np.random.default_rng(0)) is None
+    assert (
+        failing_mutant(
+            "def clip(x):\n    return 0 if x < 0 else x", lambda p: 1.0, np.random.default_rng(0)
+        )
+        is None
+    )
 
 
 def test_replayed_state_shows_the_history_and_continues_the_episode(code_env):
-    pool = TextStatePool(np.array([0]), np.array([3]), np.array([-1]),
-                         ((fenced(FIRST["base"]),),))
+    pool = TextStatePool(np.array([0]), np.array([3]), np.array([-1]), ((fenced(FIRST["base"]),),))
     env = ReplayedEnv(code_env, pool)
     state, text = env.reset_task(0, seed=0)
     assert text.startswith(code_env.first_observation(code_env.tasks[0]))
@@ -124,14 +152,20 @@ def _expected(pool_turns: np.ndarray, name: str) -> np.ndarray:
     return np.where(pool_turns == 0, first, later)
 
 
-def test_matched_and_error_state_step_quality_equal_the_hand_computed_pass_shares(code_env, tokenizer):
+def test_matched_and_error_state_step_quality_equal_the_hand_computed_pass_shares(
+    code_env, tokenizer
+):
     from agentrl_jax.evaluation import drivers
     from agentrl_jax.evaluation.passt import eval_rollout_config
 
     env = PythonTextEnv(code_env, workers=4)
     try:
-        play = drivers.Play(env, tokenizer, np.array([0]), eval_rollout_config(
-            max_response_tokens=64, max_context=2048))
+        play = drivers.Play(
+            env,
+            tokenizer,
+            np.array([0]),
+            eval_rollout_config(max_response_tokens=64, max_context=2048),
+        )
         states = RecordedQualityStates(code_env, error_reply=MutatedReference(code_env))
         pols = policies(tokenizer)
         visits = states.visits(play, pols, jax.random.key(0), samples=2, budget=T_MAX)
@@ -139,33 +173,40 @@ def test_matched_and_error_state_step_quality_equal_the_hand_computed_pass_share
         assert sorted(visits["base"].turn.tolist()) == [0, 0, 1, 1, 2, 2]
         assert sorted(visits["RL"].turn.tolist()) == [0, 0, 1, 1]
         assert visits["base"].history[np.argmax(visits["base"].turn)] == (
-            fenced(FIRST["base"]), fenced(LATER["base"]))
+            fenced(FIRST["base"]),
+            fenced(LATER["base"]),
+        )
         pool = states.matched(visits["base"], visits["RL"], size=6, seed=0)
         assert len(pool) == 6 and sorted(pool.source.tolist()) == [0, 0, 0, 1, 1, 1]
 
         names = ("base", "RL")
-        result, record = states.steps(play, pool, pols["base"], pols["RL"], jax.random.key(1),
-                                      names=names, settings=SETTINGS)
+        result, record = states.steps(
+            play, pool, pols["base"], pols["RL"], jax.random.key(1), names=names, settings=SETTINGS
+        )
         for name in names:
             np.testing.assert_array_equal(result.quality[name], _expected(pool.turn, name))
-            np.testing.assert_array_equal(result.samples[name],
-                                          np.repeat(_expected(pool.turn, name)[:, None], 2, axis=1))
+            np.testing.assert_array_equal(
+                result.samples[name], np.repeat(_expected(pool.turn, name)[:, None], 2, axis=1)
+            )
         assert result.invalid_share() == {"base": 0.0, "RL": 0.0}
         assert record["states"]["source"] == [names[s] for s in pool.source]
 
-        errors, record = states.errors(play, pool, pols["base"], pols["RL"], jax.random.key(2),
-                                       names=names, settings=SETTINGS)
+        errors, record = states.errors(
+            play, pool, pols["base"], pols["RL"], jax.random.key(2), names=names, settings=SETTINGS
+        )
         e = errors.errors
         # every pool state with a turn left after the error (t + 1 < 3) has one
         np.testing.assert_array_equal(e.origin, np.flatnonzero(pool.turn + 1 < T_MAX))
         np.testing.assert_array_equal(e.states.turn, pool.turn[e.origin] + 1)
         injected = e.reply[0]
-        assert set(e.reply) == {injected} and injected[len("```python\n"):-len("\n```")] in mutants(REFERENCE)
+        assert set(e.reply) == {injected} and injected[
+            len("```python\n") : -len("\n```")
+        ] in mutants(REFERENCE)
         share = sum(r.passed for r in code_env.run_program(0, injected[10:-4])) / 4
         assert share < 1.0  # the mutation lowers the pass count
         for name in names:  # error states are at turn >= 1
             np.testing.assert_array_equal(errors.quality.quality[name], EXPECTED[name][1])
-        np.testing.assert_array_equal(errors.success["RL"], True)   # solves on its next turn
+        np.testing.assert_array_equal(errors.success["RL"], True)  # solves on its next turn
         np.testing.assert_array_equal(errors.success["base"], False)
         assert errors.paired_success().mean_diff.mean == 1.0
         assert record["injected_reply"] == list(e.reply)
@@ -177,12 +218,21 @@ def test_steps_and_errors_analyses_on_code(code_env, tokenizer, tmp_path):
     """The reproduction's ``steps`` and ``errors`` analyses with the code study's states: the
     raw records hold the hand-computed qualities, the suite table the continuation rates."""
     env = PythonTextEnv(code_env, workers=4)
-    states = RecordedQualityStates(code_env, error_reply=MutatedReference(code_env),
-                                   quality_name="test pass share")
+    states = RecordedQualityStates(
+        code_env, error_reply=MutatedReference(code_env), quality_name="test pass share"
+    )
     try:
         for name in ("steps", "errors"):
-            sections = run_analysis(name, tmp_path, env, np.array([0]), tokenizer,
-                                    policies(tokenizer), SETTINGS, states=states)
+            sections = run_analysis(
+                name,
+                tmp_path,
+                env,
+                np.array([0]),
+                tokenizer,
+                policies(tokenizer),
+                SETTINGS,
+                states=states,
+            )
             assert sections
     finally:
         env.close()
@@ -204,8 +254,9 @@ def test_steps_and_errors_analyses_on_code(code_env, tokenizer, tmp_path):
 
 
 def test_inject_skips_states_without_a_turn_left_or_a_reply():
-    pool = TextStatePool(np.array([0, 0, 1]), np.array([2, 2, 2]), np.array([0, 1, 0]),
-                         ((), ("a",), ()))
+    pool = TextStatePool(
+        np.array([0, 0, 1]), np.array([2, 2, 2]), np.array([0, 1, 0]), ((), ("a",), ())
+    )
     errors = inject_text_errors(pool, lambda task, rng: None if task == 1 else "wrong")
     np.testing.assert_array_equal(errors.origin, [0])
     assert errors.states.history == (("wrong",),) and errors.states.turn.tolist() == [1]

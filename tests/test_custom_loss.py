@@ -19,31 +19,47 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from train_fakes import make_fake_rollout, random_trajectory, task_batches, tiny_model
 from typer.testing import CliRunner
 
-from agentrl_jax.algorithms import AlgorithmConfig, LOSS_TERMS, LossTermConfig, Param, register_loss_term
+from agentrl_jax.algorithms import (
+    LOSS_TERMS,
+    AlgorithmConfig,
+    LossTermConfig,
+    Param,
+    register_loss_term,
+)
 from agentrl_jax.cli import app
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.plugins import PLUGINS_ENV, PluginError, load_plugin, load_plugins
 from agentrl_jax.reproduce import training
 from agentrl_jax.reproduce.config import load_config
-from agentrl_jax.train import (MetricsLogger, TrainBatch, TrainConfig, init_train_state, make_train_step,
-                               read_metrics, train)
+from agentrl_jax.train import (
+    MetricsLogger,
+    TrainBatch,
+    TrainConfig,
+    init_train_state,
+    make_train_step,
+    read_metrics,
+    train,
+)
 from agentrl_jax.train.inputs import step_inputs
-from train_fakes import make_fake_rollout, random_trajectory, task_batches, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CI_CONFIG = ROOT / "configs" / "frozenlake_ci.yaml"
 TERM = "test_custom_entropy_k2"  # a name the trainer has never heard of
 
 
-@register_loss_term(TERM, required=("logprobs", "entropy", "ref_logprobs"),
-                    params={"tau": Param(0.1, lambda v: isinstance(v, float) and v >= 0, "a float >= 0")})
+@register_loss_term(
+    TERM,
+    required=("logprobs", "entropy", "ref_logprobs"),
+    params={"tau": Param(0.1, lambda v: isinstance(v, float) and v >= 0, "a float >= 0")},
+)
 def entropy_k2(inputs, *, tau):
     """Per token ``(log pi - log pi_ref)^2 / 2 - tau * H(pi)``: a k2 pull to the reference plus
     an entropy bonus, and the entropy as a metric of its own."""
     d = inputs.logprobs - inputs.ref_logprobs
-    return 0.5 * d ** 2 - tau * inputs.entropy, {"entropy": inputs.entropy}
+    return 0.5 * d**2 - tau * inputs.entropy, {"entropy": inputs.entropy}
 
 
 @register_loss_term("test_custom_reads_values", required=("logprobs", "values"))
@@ -60,7 +76,9 @@ def test_the_step_computes_what_the_term_declares_whatever_its_name():
     needs = step_inputs(config.algorithm)
     assert needs.live("policy") == {"logprobs", "entropy"} and needs.reference
     assert config.kl_coef == 0.0 and config.uses_reference  # no "kl" term, yet a reference
-    plain_config = TrainConfig(algorithm=AlgorithmConfig(loss_terms=(LossTermConfig("policy_clip"),)))
+    plain_config = TrainConfig(
+        algorithm=AlgorithmConfig(loss_terms=(LossTermConfig("policy_clip"),))
+    )
     plain = step_inputs(plain_config.algorithm)
     assert plain.live("policy") == {"logprobs"} and not plain.reference  # nothing extra computed
     model = tiny_model(num_hidden_layers=1)
@@ -69,10 +87,15 @@ def test_the_step_computes_what_the_term_declares_whatever_its_name():
 
 
 def test_a_term_needing_an_input_the_step_cannot_compute_is_refused_naming_it():
-    algorithm = AlgorithmConfig(loss_terms=(LossTermConfig("policy_clip"), LossTermConfig("test_custom_reads_values")))
-    with pytest.raises(ConfigError, match=r"TrainConfig\.algorithm\.loss_terms\[1\]: loss term "
-                                          r"'test_custom_reads_values' \(policy\) needs LossInputs\.values, but "
-                                          r"the train step computes it only for critic terms"):
+    algorithm = AlgorithmConfig(
+        loss_terms=(LossTermConfig("policy_clip"), LossTermConfig("test_custom_reads_values"))
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"TrainConfig\.algorithm\.loss_terms\[1\]: loss term "
+        r"'test_custom_reads_values' \(policy\) needs LossInputs\.values, but "
+        r"the train step computes it only for critic terms",
+    ):
         TrainConfig(algorithm=algorithm)
 
 
@@ -100,16 +123,27 @@ def test_training_with_the_term_through_the_public_api(tmp_path):
     config = TrainConfig(algorithm=ALGORITHM, learning_rate=1e-2, total_steps=3)
     state = init_train_state(model, config)
     rng = np.random.default_rng(0)  # a reference away from the policy, so the k2 part is not 0
-    state = state.replace(reference=jax.tree.map(
-        lambda x: jnp.asarray(np.asarray(x) + 0.05 * rng.standard_normal(x.shape), x.dtype), state.reference))
+    state = state.replace(
+        reference=jax.tree.map(
+            lambda x: jnp.asarray(np.asarray(x) + 0.05 * rng.standard_normal(x.shape), x.dtype),
+            state.reference,
+        )
+    )
     step, seen = make_train_step(graphdef, config), []
 
     def spy(state, batch):
         seen.append((state.policy, batch.trajectory))
         return step(state, batch)
 
-    final = train(state, spy, make_fake_rollout(graphdef, group_size=8), task_batches(4, 2), config,
-                  logger=MetricsLogger(tmp_path / "m.jsonl"), progress=False)
+    final = train(
+        state,
+        spy,
+        make_fake_rollout(graphdef, group_size=8),
+        task_batches(4, 2),
+        config,
+        logger=MetricsLogger(tmp_path / "m.jsonl"),
+        progress=False,
+    )
     records = read_metrics(tmp_path / "m.jsonl")
     assert int(final.step) == 3 and [r["update_skipped"] for r in records] == [0, 0, 0]
     assert all(math.isfinite(r[f"loss/{TERM}"]) and r[f"{TERM}/entropy"] > 0 for r in records)
@@ -126,21 +160,48 @@ def test_training_with_the_term_through_the_public_api(tmp_path):
 
 def test_the_cli_trains_with_a_term_from_a_plugin_file(tmp_path):
     out = tmp_path / "out"
-    run = (f"rl.runs=[{{name: custom, label: Custom, preset: grpo, algorithm: {{loss_terms: "
-           f"[policy_clip, {{name: {TERM}, coef: 0.5, params: {{tau: 0.2}}}}]}}}}]")
-    result = CliRunner().invoke(app, [
-        "reproduce", "frozenlake", "--config", str(CI_CONFIG), "--out", str(out), "--plugin", __file__,
-        "--set", "warm_start.enabled=false", "--set", "rl.steps=1", "--set", run,
-        "--until", "train:custom", "--no-progress"], env={"COLUMNS": "1000"})
+    run = (
+        f"rl.runs=[{{name: custom, label: Custom, preset: grpo, algorithm: {{loss_terms: "
+        f"[policy_clip, {{name: {TERM}, coef: 0.5, params: {{tau: 0.2}}}}]}}}}]"
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            "frozenlake",
+            "--config",
+            str(CI_CONFIG),
+            "--out",
+            str(out),
+            "--plugin",
+            __file__,
+            "--set",
+            "warm_start.enabled=false",
+            "--set",
+            "rl.steps=1",
+            "--set",
+            run,
+            "--until",
+            "train:custom",
+            "--no-progress",
+        ],
+        env={"COLUMNS": "1000"},
+    )
     assert result.exit_code == 0, result.output
-    (record,) = [json.loads(line) for line in (out / "runs" / "custom" / "metrics.jsonl").read_text().splitlines()]
+    (record,) = [
+        json.loads(line)
+        for line in (out / "runs" / "custom" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert math.isfinite(record[f"loss/{TERM}"]) and record[f"{TERM}/entropy"] > 0
     assert record["update_skipped"] == 0
     # The run records the plugin it was made with: the file and its sha256, in the results
     # folder and in the checkpoint's metadata.
     digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-    (recorded,) = [r for r in json.loads((out / "plugins.json").read_text())["plugins"]
-                   if r["file"] == str(Path(__file__).resolve())]
+    (recorded,) = [
+        r
+        for r in json.loads((out / "plugins.json").read_text())["plugins"]
+        if r["file"] == str(Path(__file__).resolve())
+    ]
     assert recorded["sha256"] == digest and recorded["spec"] == __file__
     import orbax.checkpoint as ocp
 
@@ -148,17 +209,41 @@ def test_the_cli_trains_with_a_term_from_a_plugin_file(tmp_path):
         saved = manager.restore(1, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
     assert any(r["sha256"] == digest for r in saved["plugins"])
     # A config the folder's plugins would make loadable: the error names them.
-    result = CliRunner().invoke(app, [
-        "reproduce", "frozenlake", "--config", str(CI_CONFIG), "--out", str(out),
-        "--set", "rl.runs=[{name: x, algorithm: {loss_terms: [policy_clip, not_registered_anywhere]}}]",
-        "--no-progress"], env={"COLUMNS": "1000"})
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            "frozenlake",
+            "--config",
+            str(CI_CONFIG),
+            "--out",
+            str(out),
+            "--set",
+            "rl.runs=[{name: x, algorithm: {loss_terms: [policy_clip, not_registered_anywhere]}}]",
+            "--no-progress",
+        ],
+        env={"COLUMNS": "1000"},
+    )
     assert result.exit_code == 2 and "was made with the plugins" in " ".join(result.output.split())
     # Without the plugin the config cannot name the term: a usage error naming it.
-    result = CliRunner().invoke(app, [
-        "reproduce", "frozenlake", "--config", str(CI_CONFIG), "--out", str(tmp_path / "other"),
-        "--set", "rl.runs=[{name: x, algorithm: {loss_terms: [policy_clip, not_registered_anywhere]}}]",
-        "--no-progress"], env={"COLUMNS": "1000"})
-    assert result.exit_code == 2 and "unknown loss term 'not_registered_anywhere'" in " ".join(result.output.split())
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            "frozenlake",
+            "--config",
+            str(CI_CONFIG),
+            "--out",
+            str(tmp_path / "other"),
+            "--set",
+            "rl.runs=[{name: x, algorithm: {loss_terms: [policy_clip, not_registered_anywhere]}}]",
+            "--no-progress",
+        ],
+        env={"COLUMNS": "1000"},
+    )
+    assert result.exit_code == 2 and "unknown loss term 'not_registered_anywhere'" in " ".join(
+        result.output.split()
+    )
 
 
 # ------------------------------------------------------------------------- the plugin loader
@@ -170,7 +255,8 @@ def test_plugins_load_by_path_once_and_name_their_errors(tmp_path, monkeypatch):
     plugin.write_text(
         "from agentrl_jax.algorithms import register_loss_term\n"
         f"@register_loss_term({name!r}, required=('logprobs',))\n"
-        "def term(inputs):\n    return -inputs.logprobs\n")
+        "def term(inputs):\n    return -inputs.logprobs\n"
+    )
     module = load_plugin(str(plugin))
     assert name in LOSS_TERMS and LOSS_TERMS[name].fn is module.term
     assert load_plugin(str(plugin)) is module  # already imported: not registered twice
@@ -184,7 +270,9 @@ def test_plugins_load_by_path_once_and_name_their_errors(tmp_path, monkeypatch):
     broken.write_text("raise RuntimeError('boom')\n")
     with pytest.raises(PluginError, match=r"broken\.py: importing it failed: RuntimeError: boom"):
         load_plugin(str(broken))
-    with pytest.raises(PluginError, match=r"plugin 'no_such_module_here': no module named 'no_such_module_here'"):
+    with pytest.raises(
+        PluginError, match=r"plugin 'no_such_module_here': no module named 'no_such_module_here'"
+    ):
         load_plugin("no_such_module_here")
 
 
@@ -202,8 +290,13 @@ def test_the_readme_guide_defines_a_term_its_command_line_trains_with(tmp_path):
     config = load_config(CI_CONFIG, [override])
     (spec,) = training.run_specs(config.rl)
     assert spec.name == "gated" and spec.label == "GRPO, gated KL"
-    assert [t.name for t in spec.train_config.algorithm.loss_terms] == ["policy_clip", "entropy_gated_kl"]
-    assert spec.train_config.uses_reference and "entropy" in step_inputs(spec.train_config.algorithm).live("policy")
+    assert [t.name for t in spec.train_config.algorithm.loss_terms] == [
+        "policy_clip",
+        "entropy_gated_kl",
+    ]
+    assert spec.train_config.uses_reference and "entropy" in step_inputs(
+        spec.train_config.algorithm
+    ).live("policy")
     model = tiny_model(num_hidden_layers=1)
     step = make_train_step(nnx.graphdef(model), spec.train_config)
     state = jax.eval_shape(lambda: init_train_state(model, spec.train_config))

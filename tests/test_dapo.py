@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.algorithms import aggregation as agg
 from agentrl_jax.algorithms import advantages as adv
+from agentrl_jax.algorithms import aggregation as agg
 from agentrl_jax.algorithms.dapo import dynamic_sampling_keep, overlong_penalty
 from agentrl_jax.algorithms.registry import (
     AdvantageInputs,
@@ -46,11 +46,15 @@ def test_dynamic_sampling_keeps_exactly_the_groups_with_a_nonzero_advantage():
     fn = jax.jit(dynamic_sampling_keep)
     for _ in range(5):
         n = 64
-        rewards = rng.choice([0.0, 1.0, 0.95**3, 0.95**4], size=n, p=[0.6, 0.3, 0.05, 0.05]).astype(np.float32)
+        rewards = rng.choice([0.0, 1.0, 0.95**3, 0.95**4], size=n, p=[0.6, 0.3, 0.05, 0.05]).astype(
+            np.float32
+        )
         groups = rng.integers(0, 12, size=n)
         mask = rng.random(n) > 0.1
         keep = np.asarray(fn(jnp.asarray(rewards), jnp.asarray(groups), jnp.asarray(mask)))
-        a = np.asarray(adv.grpo_advantages(jnp.asarray(rewards), jnp.asarray(groups), jnp.asarray(mask)))
+        a = np.asarray(
+            adv.grpo_advantages(jnp.asarray(rewards), jnp.asarray(groups), jnp.asarray(mask))
+        )
         for g in np.unique(groups):
             rows = (groups == g) & mask
             distinct = len(set(rewards[rows].tolist()))
@@ -76,14 +80,17 @@ def test_overlong_penalty_hand_computed():
     np.testing.assert_allclose(jitted(lengths), got)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(max_length=0, cache_length=1), "max_length"),
-    (dict(max_length=10, cache_length=0), "cache_length"),
-    (dict(max_length=10, cache_length=11), "cache_length"),
-    (dict(max_length=10, cache_length=2.5), "cache_length"),
-    (dict(max_length=10, cache_length=True), "cache_length"),
-    (dict(max_length=10, cache_length=2, penalty=-1.0), "penalty"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(max_length=0, cache_length=1), "max_length"),
+        (dict(max_length=10, cache_length=0), "cache_length"),
+        (dict(max_length=10, cache_length=11), "cache_length"),
+        (dict(max_length=10, cache_length=2.5), "cache_length"),
+        (dict(max_length=10, cache_length=True), "cache_length"),
+        (dict(max_length=10, cache_length=2, penalty=-1.0), "penalty"),
+    ],
+)
 def test_overlong_penalty_arguments_are_validated(kwargs, field):
     with pytest.raises(ValueError, match=f"overlong_penalty: {field} must be"):
         overlong_penalty(jnp.array([1, 2]), **kwargs)
@@ -94,11 +101,15 @@ def test_overlong_penalty_arguments_are_validated(kwargs, field):
 
 def test_dapo_loss_settings_hand_computed():
     """GRPO advantages, clip [0.8, 1.28] (clip-higher), token-mean over the whole batch, no KL."""
-    config = AlgorithmConfig(loss_terms=(LossTermConfig("policy_clip", 1.0, {"clip_low": 0.2, "clip_high": 0.28}),),
-                             aggregation="token-mean")
+    config = AlgorithmConfig(
+        loss_terms=(LossTermConfig("policy_clip", 1.0, {"clip_low": 0.2, "clip_high": 0.28}),),
+        aggregation="token-mean",
+    )
     mask = jnp.array([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
-    a = compute_advantages(config, AdvantageInputs(loss_mask=mask, rewards=jnp.array([1.0, 0.0]),
-                                                   group_ids=jnp.array([0, 0]))).advantages
+    a = compute_advantages(
+        config,
+        AdvantageInputs(loss_mask=mask, rewards=jnp.array([1.0, 0.0]), group_ids=jnp.array([0, 0])),
+    ).advantages
     # group [1, 0]: +-0.5 / std(ddof=1) = +-0.5 / sqrt(0.5) = +-0.707107 on each row's tokens
     s = float(np.sqrt(0.5))
     np.testing.assert_allclose(a, [[s, s, 0, 0], [-s] * 4], atol=1e-5)

@@ -10,6 +10,14 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+from eval_helpers import (
+    SYSTEM_BUDGET,
+    QStarAgent,
+    agent_policy,
+    gym_q_star,
+    policy_success,
+    turns_in,
+)
 
 from agentrl_jax.evaluation import diagnostics, stats
 from agentrl_jax.evaluation.analyses import continuation
@@ -31,14 +39,6 @@ from envs.frozenlake import grid, qstar
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text import render
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
-from eval_helpers import (
-    SYSTEM_BUDGET,
-    QStarAgent,
-    agent_policy,
-    gym_q_star,
-    policy_success,
-    turns_in,
-)
 
 T_MAX = 12
 SUCCESS_RATE = 0.8  # slippery, but the goal is often reachable: informative success rates
@@ -61,17 +61,25 @@ def env():
 @pytest.fixture(scope="module")
 def agents():
     """(base, RL): epsilon-random and Q*-optimal scripted agents."""
-    return (QStarAgent(T_MAX, epsilon=EPSILON, seed=1, success_rate=SUCCESS_RATE),
-            QStarAgent(T_MAX, epsilon=0.0, success_rate=SUCCESS_RATE))
+    return (
+        QStarAgent(T_MAX, epsilon=EPSILON, seed=1, success_rate=SUCCESS_RATE),
+        QStarAgent(T_MAX, epsilon=0.0, success_rate=SUCCESS_RATE),
+    )
 
 
 @pytest.fixture(scope="module")
 def pool(env, tokenizer, agents):
     """24 matched states from 4 trajectories per map of each agent at the full budget."""
-    runner = MultiTurnRollout(env, tokenizer, dataclasses.replace(CONFIG, group_size=4, budget=T_MAX))
-    visits = [visited_states(runner(ScriptedPolicy(tokenizer, agent), np.arange(6),
-                                    jax.random.key(k)).trajectory, source=k)
-              for k, agent in enumerate(agents)]
+    runner = MultiTurnRollout(
+        env, tokenizer, dataclasses.replace(CONFIG, group_size=4, budget=T_MAX)
+    )
+    visits = [
+        visited_states(
+            runner(ScriptedPolicy(tokenizer, agent), np.arange(6), jax.random.key(k)).trajectory,
+            source=k,
+        )
+        for k, agent in enumerate(agents)
+    ]
     return matched_pool(*visits, size=24, seed=0)
 
 
@@ -91,9 +99,12 @@ class Recorder:
 
 
 def test_visited_states_and_matched_pool(env, tokenizer, agents):
-    runner = MultiTurnRollout(env, tokenizer, dataclasses.replace(CONFIG, group_size=2, budget=T_MAX))
-    traj = jax.device_get(runner(ScriptedPolicy(tokenizer, agents[1]), np.arange(6),
-                                 jax.random.key(5)).trajectory)
+    runner = MultiTurnRollout(
+        env, tokenizer, dataclasses.replace(CONFIG, group_size=2, budget=T_MAX)
+    )
+    traj = jax.device_get(
+        runner(ScriptedPolicy(tokenizer, agents[1]), np.arange(6), jax.random.key(5)).trajectory
+    )
     visits = visited_states(traj, source=1)
     assert len(visits) == int(traj.turns_used.sum())
     # Each visit is the cell the turn acted from: the start at t = 0, never a terminal cell.
@@ -125,7 +136,8 @@ def test_maps_at_states_keep_the_text_and_the_values(env, pool):
         assert render(derived[i], pool.pos[i]) == render(env.maps[pool.task_id[i]], pool.pos[i])
     q_orig = np.asarray(qstar.q_star(env.maps[pool.task_id], T_MAX, success_rate=SUCCESS_RATE))
     np.testing.assert_array_equal(
-        np.asarray(qstar.q_star(derived, T_MAX, success_rate=SUCCESS_RATE)), q_orig)
+        np.asarray(qstar.q_star(derived, T_MAX, success_rate=SUCCESS_RATE)), q_orig
+    )
 
 
 def test_state_values_match_gymnasium_dp(env, pool):
@@ -134,7 +146,9 @@ def test_state_values_match_gymnasium_dp(env, pool):
         q = gym_q_star(env.maps[pool.task_id[i]], T_MAX, 0.95, SUCCESS_RATE)
         h = pool.budget[i] - pool.turn[i]
         np.testing.assert_allclose(values.action_values[i], q[h, pool.pos[i]], atol=1e-5)
-        np.testing.assert_allclose(values.noop_value[i], 0.95 * q[h - 1, pool.pos[i]].max(), atol=1e-5)
+        np.testing.assert_allclose(
+            values.noop_value[i], 0.95 * q[h - 1, pool.pos[i]].max(), atol=1e-5
+        )
     actions = np.array([[0, -1, 3]] * len(pool))
     quality = values.quality(actions)
     np.testing.assert_array_equal(quality[:, 0], values.action_values[:, 0])
@@ -176,20 +190,24 @@ def test_state_prompt_states_turn_t_of_budget_b():
 
 def test_episodes_start_at_the_state_with_its_turn_in_the_prompt(env, tokenizer, pool):
     starts = StateStarts(env, tokenizer, pool, dataclasses.replace(CONFIG, group_size=2))
-    (budget, index, real), = starts.calls()
+    ((budget, index, real),) = starts.calls()
     recorder = Recorder()
-    played = starts.play(ScriptedPolicy(tokenizer, recorder), jax.random.key(0), first_turn_only=True)
+    played = starts.play(
+        ScriptedPolicy(tokenizer, recorder), jax.random.key(0), first_turn_only=True
+    )
     assert len(recorder.calls) == 1 and np.all(played.turns == 1)
     for row, context in enumerate(recorder.calls[0]):
         s = index[row // 2]
-        (b, t, r, text), = turns_in(context)  # one user message: no earlier history
+        ((b, t, r, text),) = turns_in(context)  # one user message: no earlier history
         assert (b, t, r) == (pool.budget[s], pool.turn[s], pool.budget[s] - pool.turn[s])
         assert SYSTEM_BUDGET.findall(context) == [str(pool.budget[s])]
         assert text == render(env.maps[pool.task_id[s]], pool.pos[s])
     np.testing.assert_array_equal(played.action, np.full((len(pool), 2), grid.DOWN))
 
     recorder = Recorder("Up")
-    played = starts.play(ScriptedPolicy(tokenizer, recorder), jax.random.key(0), first_turn_only=False)
+    played = starts.play(
+        ScriptedPolicy(tokenizer, recorder), jax.random.key(0), first_turn_only=False
+    )
     remaining = (pool.budget - pool.turn)[:, None]
     assert np.all(played.turns <= remaining) and np.any(played.turns > 1)
     assert not played.overflow.any()
@@ -208,8 +226,9 @@ def test_a_prompt_that_does_not_fit_is_an_error(env, tokenizer, pool):
 
 
 def test_states_per_call_pads_every_call_to_one_shape(env, tokenizer, pool):
-    starts = StateStarts(env, tokenizer, pool, dataclasses.replace(CONFIG, group_size=2),
-                         states_per_call=10)
+    starts = StateStarts(
+        env, tokenizer, pool, dataclasses.replace(CONFIG, group_size=2), states_per_call=10
+    )
     calls = starts.calls()
     assert [len(i) for _, i, _ in calls] == [10, 10, 10] and [r for *_, r in calls] == [10, 10, 4]
     whole = StateStarts(env, tokenizer, pool, dataclasses.replace(CONFIG, group_size=2))
@@ -294,11 +313,23 @@ def test_error_state_analysis_checks_its_inputs(env, tokenizer, pool, agents):
     starts = StateStarts(env, tokenizer, pool, CONFIG)
     policy = ScriptedPolicy(tokenizer, agents[1])
     with pytest.raises(ValueError, match="not built on"):
-        diagnostics.error_state_analysis(starts, errors, diagnostics.state_values(env, errors.states),
-                                         policy, policy, jax.random.key(0))
+        diagnostics.error_state_analysis(
+            starts,
+            errors,
+            diagnostics.state_values(env, errors.states),
+            policy,
+            policy,
+            jax.random.key(0),
+        )
     with pytest.raises(ValueError, match="two distinct"):
-        diagnostics.step_quality(starts, diagnostics.state_values(env, pool), policy, policy,
-                                 jax.random.key(0), names=("a", "a"))
+        diagnostics.step_quality(
+            starts,
+            diagnostics.state_values(env, pool),
+            policy,
+            policy,
+            jax.random.key(0),
+            names=("a", "a"),
+        )
 
 
 def test_continuation_rates_at_zero_and_one_plot(tmp_path):
@@ -308,6 +339,7 @@ def test_continuation_rates_at_zero_and_one_plot(tmp_path):
         for p in (0.0, 1.0):
             ci = stats.proportion_ci_wilson(np.full(n, p))
             assert ci.low <= ci.mean == p <= ci.high
-    section = continuation.section(tmp_path, continuation.compute(
-        {"base": np.zeros((5, 2)), "RL": np.ones((5, 2))}))
+    section = continuation.section(
+        tmp_path, continuation.compute({"base": np.zeros((5, 2)), "RL": np.ones((5, 2))})
+    )
     assert (tmp_path / section.figures[0]).read_bytes()[:4] == b"\x89PNG"

@@ -9,16 +9,32 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
-from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig, dynamic_sampling_keep, grpo_advantages
-from agentrl_jax.train import TrainConfig, init_train_state, make_train_step, train
-from agentrl_jax.train.dynamic_sampling import Draw, assemble, pack
-from agentrl_jax.train.step import TrainBatch, batch_loss_mask, overlong_rewards, prepare_batch, shaped_rewards
-from agentrl_jax.trajectory import concatenate_rows
 from train_fakes import make_fake_rollout, random_trajectory, task_batches, tiny_model
 
-DAPO = AlgorithmConfig(advantage="grpo", aggregation="token-mean", dynamic_sampling=True, max_rollout_batches=3,
-                       loss_terms=(LossTermConfig("policy_clip", params={"clip_low": 0.2, "clip_high": 0.28}),))
+from agentrl_jax.algorithms import (
+    AlgorithmConfig,
+    LossTermConfig,
+    dynamic_sampling_keep,
+    grpo_advantages,
+)
+from agentrl_jax.train import TrainConfig, init_train_state, make_train_step, train
+from agentrl_jax.train.dynamic_sampling import Draw, assemble, pack
+from agentrl_jax.train.step import (
+    TrainBatch,
+    batch_loss_mask,
+    overlong_rewards,
+    prepare_batch,
+    shaped_rewards,
+)
+from agentrl_jax.trajectory import concatenate_rows
+
+DAPO = AlgorithmConfig(
+    advantage="grpo",
+    aggregation="token-mean",
+    dynamic_sampling=True,
+    max_rollout_batches=3,
+    loss_terms=(LossTermConfig("policy_clip", params={"clip_low": 0.2, "clip_high": 0.28}),),
+)
 
 
 def _with_success(trajectory, success):
@@ -26,7 +42,9 @@ def _with_success(trajectory, success):
 
 
 def _draw(trajectory) -> Draw:
-    keep = dynamic_sampling_keep(trajectory.outcome_reward, trajectory.group_id, trajectory.row_mask)
+    keep = dynamic_sampling_keep(
+        trajectory.outcome_reward, trajectory.group_id, trajectory.row_mask
+    )
     return Draw(trajectory, np.asarray(keep))
 
 
@@ -37,8 +55,12 @@ def test_whole_varied_groups_are_kept_in_draw_order_and_the_batch_is_refilled_fr
     second = _with_success(random_trajectory(2, rows=8, tokens=32), [0, 1, 0, 0, 0, 0, 0, 0])
     trajectory, scores, metrics = assemble([_draw(first), _draw(second)])
     assert scores is None
-    assert metrics == {"dynamic_sampling/rollout_batches": 2.0, "dynamic_sampling/kept_groups": 2.0,
-                       "dynamic_sampling/dropped_groups": 2.0, "dynamic_sampling/filler_rows": 0.0}
+    assert metrics == {
+        "dynamic_sampling/rollout_batches": 2.0,
+        "dynamic_sampling/kept_groups": 2.0,
+        "dynamic_sampling/dropped_groups": 2.0,
+        "dynamic_sampling/filler_rows": 0.0,
+    }
     assert trajectory.tokens.shape == (8, 32)  # padded to the wider draw
     np.testing.assert_array_equal(trajectory.group_id, [0, 0, 0, 0, 1, 1, 1, 1])  # renumbered
     np.testing.assert_array_equal(trajectory.row_mask, [True] * 8)
@@ -50,22 +72,35 @@ def test_whole_varied_groups_are_kept_in_draw_order_and_the_batch_is_refilled_fr
     np.testing.assert_array_equal(trajectory.tokens[4:], second.tokens[:4])
     np.testing.assert_array_equal(trajectory.reward[4:], second.reward[:4])
     # Every group trained on has rewards that vary: a nonzero GRPO advantage somewhere in it.
-    advantages = np.asarray(grpo_advantages(trajectory.outcome_reward, trajectory.group_id, trajectory.row_mask))
+    advantages = np.asarray(
+        grpo_advantages(trajectory.outcome_reward, trajectory.group_id, trajectory.row_mask)
+    )
     assert all(np.abs(advantages[trajectory.group_id == g]).max() > 0.5 for g in (0, 1))
 
 
 def test_a_batch_short_of_varied_groups_is_filled_with_masked_rows_that_take_no_part():
-    first = _with_success(random_trajectory(3, rows=8), [1, 1, 1, 1, 0, 1, 0, 1])  # only group 1 varies
+    first = _with_success(
+        random_trajectory(3, rows=8), [1, 1, 1, 1, 0, 1, 0, 1]
+    )  # only group 1 varies
     scores = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
-    trajectory, picked_scores, metrics = assemble([Draw(first, np.asarray(_draw(first).keep), scores)])
-    assert metrics["dynamic_sampling/filler_rows"] == 4 and metrics["dynamic_sampling/kept_groups"] == 1
+    trajectory, picked_scores, metrics = assemble(
+        [Draw(first, np.asarray(_draw(first).keep), scores)]
+    )
+    assert (
+        metrics["dynamic_sampling/filler_rows"] == 4
+        and metrics["dynamic_sampling/kept_groups"] == 1
+    )
     np.testing.assert_array_equal(trajectory.row_mask, [True] * 4 + [False] * 4)
-    assert len(set(np.asarray(trajectory.group_id).tolist())) == 5  # the filler rows are groups of none
+    assert (
+        len(set(np.asarray(trajectory.group_id).tolist())) == 5
+    )  # the filler rows are groups of none
     np.testing.assert_array_equal(picked_scores[:4], scores[4:])
     np.testing.assert_array_equal(picked_scores[4:], 0)
     assert not np.asarray(batch_loss_mask(trajectory))[4:].any()
     # The kept group's advantages are what GRPO gives it alone; the filler rows get none.
-    advantages = np.asarray(grpo_advantages(trajectory.outcome_reward, trajectory.group_id, trajectory.row_mask))
+    advantages = np.asarray(
+        grpo_advantages(trajectory.outcome_reward, trajectory.group_id, trajectory.row_mask)
+    )
     alone = np.asarray(grpo_advantages(first.outcome_reward[4:], jnp.zeros(4, jnp.int32)))
     np.testing.assert_allclose(advantages[:4], alone, atol=1e-6)
     np.testing.assert_array_equal(advantages[4:], 0)
@@ -105,28 +140,45 @@ def test_the_loop_draws_until_varied_groups_fill_the_batch_and_a_resumed_run_is_
         return step(state, batch)
 
     metrics = []
-    final = train(init_train_state(model, config), spy_step, rollout, task_batches(8, GROUPS), config,
-                  progress=False, on_step=lambda s, m: metrics.append(m))
+    final = train(
+        init_train_state(model, config),
+        spy_step,
+        rollout,
+        task_batches(8, GROUPS),
+        config,
+        progress=False,
+        on_step=lambda s, m: metrics.append(m),
+    )
     draws = [m["dynamic_sampling/rollout_batches"] for m in metrics]
     assert len(calls) == sum(draws) and int(final.data_position) == sum(draws)
     assert max(draws) > 1 and all(1 <= d <= 3 for d in draws)
     assert len({key for key, _ in calls}) == len(calls)  # every draw has its own key
-    assert [tasks for _, tasks in calls] == [np.asarray(task_batches(8, GROUPS)(i)).tolist()
-                                             for i in range(len(calls))]  # consecutive positions
+    assert [tasks for _, tasks in calls] == [
+        np.asarray(task_batches(8, GROUPS)(i)).tolist() for i in range(len(calls))
+    ]  # consecutive positions
     for batch, m in zip(trained, metrics):
         traj = batch.trajectory
         real = np.asarray(traj.row_mask, bool)
         assert traj.tokens.shape[0] == GROUP * GROUPS  # one shape: one compiled step
-        assert real.sum() == GROUP * m["dynamic_sampling/kept_groups"] == GROUP * GROUPS - m[
-            "dynamic_sampling/filler_rows"]
+        assert (
+            real.sum()
+            == GROUP * m["dynamic_sampling/kept_groups"]
+            == GROUP * GROUPS - m["dynamic_sampling/filler_rows"]
+        )
         for g in np.unique(traj.group_id[real]):  # every trained group's rewards vary
             members = real & (traj.group_id == g)
             assert members.sum() == GROUP and 0 < traj.success[members].sum() < GROUP
         if m["dynamic_sampling/filler_rows"] > 0:  # the loop stops short only when out of draws
             assert m["dynamic_sampling/rollout_batches"] == DAPO.max_rollout_batches
     # Resume: two steps, then the rest from that state, equals the straight run bit for bit.
-    half = train(init_train_state(model, config), step, fake, task_batches(8, GROUPS),
-                 TrainConfig(algorithm=DAPO, learning_rate=1e-2, total_steps=2), progress=False)
+    half = train(
+        init_train_state(model, config),
+        step,
+        fake,
+        task_batches(8, GROUPS),
+        TrainConfig(algorithm=DAPO, learning_rate=1e-2, total_steps=2),
+        progress=False,
+    )
     resumed = train(half, step, fake, task_batches(8, GROUPS), config, progress=False)
     assert int(resumed.data_position) == int(final.data_position)
     for a, b in zip(jax.tree.leaves(final.policy), jax.tree.leaves(resumed.policy)):
@@ -139,7 +191,9 @@ def test_the_loop_draws_until_varied_groups_fill_the_batch_and_a_resumed_run_is_
 def test_the_overlong_punishment_is_added_to_the_outcome_before_the_advantages():
     trajectory = random_trajectory(7, rows=8, tokens=24, padded_rows=1)
     algorithm = AlgorithmConfig(overlong_buffer=0.5, overlong_penalty=0.8)
-    config = TrainConfig(algorithm=algorithm, max_response_length=6)  # L_cache 3: 0 up to 3 tokens, -0.8 at 6
+    config = TrainConfig(
+        algorithm=algorithm, max_response_length=6
+    )  # L_cache 3: 0 up to 3 tokens, -0.8 at 6
     lengths = np.asarray(trajectory.loss_mask).sum(-1)
     expected = [0.8 * min(max((3 - n) / 3, -1.0), 0.0) for n in lengths]
     expected[-1] = 0.0  # the padded row
@@ -148,32 +202,61 @@ def test_the_overlong_punishment_is_added_to_the_outcome_before_the_advantages()
     episode, per_turn = shaped_rewards(TrainBatch(trajectory), config)
     outcome = np.asarray(trajectory.success, np.float32)
     np.testing.assert_allclose(episode, outcome + expected, atol=1e-7)
-    last = np.asarray(trajectory.turns_used)[:-1] - 1  # it lands on each row's last turn, like the outcome
-    np.testing.assert_allclose(np.asarray(per_turn)[np.arange(7), last], (outcome + expected)[:-1], atol=1e-7)
-    assert np.asarray(per_turn).sum() == pytest.approx(float(np.sum((outcome + expected)[:-1])), abs=1e-5)
+    last = (
+        np.asarray(trajectory.turns_used)[:-1] - 1
+    )  # it lands on each row's last turn, like the outcome
+    np.testing.assert_allclose(
+        np.asarray(per_turn)[np.arange(7), last], (outcome + expected)[:-1], atol=1e-7
+    )
+    assert np.asarray(per_turn).sum() == pytest.approx(
+        float(np.sum((outcome + expected)[:-1])), abs=1e-5
+    )
     model = tiny_model()
-    _, metrics = prepare_batch(nnx.graphdef(model), config, init_train_state(model, config), TrainBatch(trajectory))
-    assert float(metrics["overlong_penalty_mean"]) == pytest.approx(np.mean(expected[:-1]), abs=1e-6)
+    _, metrics = prepare_batch(
+        nnx.graphdef(model), config, init_train_state(model, config), TrainBatch(trajectory)
+    )
+    assert float(metrics["overlong_penalty_mean"]) == pytest.approx(
+        np.mean(expected[:-1]), abs=1e-6
+    )
     # Off by default: the reward is the outcome alone.
     np.testing.assert_array_equal(shaped_rewards(TrainBatch(trajectory), TrainConfig())[0], outcome)
 
 
 def test_settings_that_read_the_response_length_need_it_and_dr_grpo_gets_it_as_its_constant():
-    with pytest.raises(ValueError, match=r"TrainConfig.max_response_length: must be set .* overlong_buffer"):
+    with pytest.raises(
+        ValueError, match=r"TrainConfig.max_response_length: must be set .* overlong_buffer"
+    ):
         TrainConfig(algorithm=AlgorithmConfig(overlong_buffer=0.2))
-    dr = AlgorithmConfig(advantage="dr_grpo", aggregation="seq-mean-token-sum", aggregation_constant=None)
-    with pytest.raises(ValueError, match=r"max_response_length: must be set .* aggregation_constant"):
+    dr = AlgorithmConfig(
+        advantage="dr_grpo", aggregation="seq-mean-token-sum", aggregation_constant=None
+    )
+    with pytest.raises(
+        ValueError, match=r"max_response_length: must be set .* aggregation_constant"
+    ):
         TrainConfig(algorithm=dr)
     config = TrainConfig(algorithm=dr, max_response_length=96)
     assert config.algorithm.aggregation_constant == 96.0
     assert TrainConfig.from_dict(config.to_dict()) == config
-    assert TrainConfig.from_dict({**config.to_dict(), "algorithm": {**config.to_dict()["algorithm"],
-                                                                    "dynamic_sampling": True}}).algorithm.dynamic_sampling
+    assert TrainConfig.from_dict(
+        {
+            **config.to_dict(),
+            "algorithm": {**config.to_dict()["algorithm"], "dynamic_sampling": True},
+        }
+    ).algorithm.dynamic_sampling
 
 
-@pytest.mark.parametrize("field, value", [
-    ("dynamic_sampling", 1), ("max_rollout_batches", 0), ("max_rollout_batches", True), ("overlong_buffer", 1.5),
-    ("overlong_buffer", -0.1), ("overlong_penalty", -1.0), ("overlong_penalty", float("nan"))])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("dynamic_sampling", 1),
+        ("max_rollout_batches", 0),
+        ("max_rollout_batches", True),
+        ("overlong_buffer", 1.5),
+        ("overlong_buffer", -0.1),
+        ("overlong_penalty", -1.0),
+        ("overlong_penalty", float("nan")),
+    ],
+)
 def test_bad_batch_level_settings_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=rf"AlgorithmConfig\.{field}: must be"):
         AlgorithmConfig(**{field: value})
@@ -201,7 +284,9 @@ def test_groups_are_packed_whole_and_the_batch_is_only_as_wide_as_the_draws_it_t
     """A draw whose groups were all dropped does not widen the batch; a group that no longer
     fits the rows left is passed over for a later one that does (row counts of groups differ
     when some of their rows are padding)."""
-    first = _with_success(random_trajectory(10, rows=8, tokens=16, padded_rows=1), [1, 0, 1, 0, 1, 0, 1, 0])
+    first = _with_success(
+        random_trajectory(10, rows=8, tokens=16, padded_rows=1), [1, 0, 1, 0, 1, 0, 1, 0]
+    )
     wide = _with_success(random_trajectory(11, rows=8, tokens=64), [1] * 8)  # all equal: dropped
     third = _with_success(random_trajectory(12, rows=8, tokens=24), [0, 1, 0, 0, 1, 0, 1, 1])
     draws = [_draw(first), _draw(wide), _draw(third)]
@@ -211,4 +296,3 @@ def test_groups_are_packed_whole_and_the_batch_is_only_as_wide_as_the_draws_it_t
     trajectory, _, metrics = assemble(draws)
     assert trajectory.tokens.shape == (8, 16) and metrics["dynamic_sampling/filler_rows"] == 1
     np.testing.assert_array_equal(trajectory.row_mask, [True] * 7 + [False])
-

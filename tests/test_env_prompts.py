@@ -55,10 +55,14 @@ def test_every_turn_states_the_budget_and_gold_play_succeeds_when_it_fits(tasks,
     # Each task twice: one budget a turn short of the gold play, and the full T_max.
     task_ids = np.repeat(np.arange(3), 2)
     budgets = np.stack([needed - 1, np.full(3, env.t_max)], axis=1).reshape(-1)
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(
-        group_size=2, max_response_tokens=1024, max_context=16384))
-    traj = jax.device_get(runner(ScriptedPolicy(tokenizer, agent), task_ids, jax.random.key(0),
-                                 budgets=budgets).trajectory)
+    runner = MultiTurnRollout(
+        env, tokenizer, RolloutConfig(group_size=2, max_response_tokens=1024, max_context=16384)
+    )
+    traj = jax.device_get(
+        runner(
+            ScriptedPolicy(tokenizer, agent), task_ids, jax.random.key(0), budgets=budgets
+        ).trajectory
+    )
 
     row_task, row_budget = np.repeat(task_ids, 2), np.repeat(budgets, 2)
     np.testing.assert_array_equal(traj.budget, row_budget)
@@ -68,17 +72,19 @@ def test_every_turn_states_the_budget_and_gold_play_succeeds_when_it_fits(tasks,
     assert not traj.overflow.any()
 
     # What each row was shown, against a fresh environment playing the gold answers directly.
-    shown = {i: replay_observations(env.env, i, [agent.gold(i, t) for t in range(needed[i])])
-             for i in range(3)}
+    shown = {
+        i: replay_observations(env.env, i, [agent.gold(i, t) for t in range(needed[i])])
+        for i in range(3)
+    }
     seen_turns = np.zeros(len(row_task), int)
     for row, context in agent.contexts:
         task, budget = row_task[row], int(row_budget[row])
         turns = turns_in(context)
         assert agent.task_of(turns[0][3]) == task
         assert [t[:3] for t in turns] == [(budget, t, budget - t) for t in range(len(turns))]
-        assert [t[3] for t in turns] == shown[task][:len(turns)]
+        assert [t[3] for t in turns] == shown[task][: len(turns)]
         assert SYSTEM_BUDGET.findall(context) == [str(budget)]
-        system = context[:context.index("<|im_end|>")]
+        system = context[: context.index("<|im_end|>")]
         assert env.instructions() in system and f"at most {budget} turns" in system
         # No other limit on turns or steps competes with the budget (BFCL's own loop caps a
         # request at 20 steps; this environment does not, and must not say so).
@@ -94,25 +100,39 @@ def test_pass_at_t_of_gold_play_is_the_share_of_tasks_it_fits(tasks, tokenizer, 
     needed = np.array([agent.needed(i) for i in range(3)])
     around = {int(b) for n in needed for b in (n - 1, n) if b >= 1}
     budgets = tuple(sorted({1, *around, *passk.budget_levels(env.t_max)}))
-    sections = pass_at_t(tmp_path, loaded, tokenizer, {"gold": ScriptedPolicy(tokenizer, agent)},
-                         np.arange(3), jax.random.key(1), budgets=budgets, samples=2, k=2,
-                         config=CONFIG, label="Env")
+    sections = pass_at_t(
+        tmp_path,
+        loaded,
+        tokenizer,
+        {"gold": ScriptedPolicy(tokenizer, agent)},
+        np.arange(3),
+        jax.random.key(1),
+        budgets=budgets,
+        samples=2,
+        k=2,
+        config=CONFIG,
+        label="Env",
+    )
     expected = [float(np.mean(needed <= b)) for b in budgets]
     curve = json.loads((tmp_path / "pass_at_t.json").read_text())["curves"]["gold"]
     assert curve["budget"] == list(budgets)
     np.testing.assert_allclose(curve["pass"], expected, atol=1e-12)
     counts = json.loads((tmp_path / "pass_at_t_counts.json").read_text())["gold"]
     assert {int(b): (c["n"], c["c"]) for b, c in counts.items()} == {
-        b: ([2, 2, 2], [2 * int(n <= b) for n in needed]) for b in budgets}
+        b: ([2, 2, 2], [2 * int(n <= b) for n in needed]) for b in budgets
+    }
     table = json.loads((tmp_path / "pass_at_t_table.json").read_text())
     levels = passk.budget_levels(env.t_max)
     assert table["table"]["gold"] == {str(b): float(np.mean(needed <= b)) for b in levels}
     assert [s.title for s in sections] == [
-        "Env: Pass@T at k = 2", f"Env: Pass@2 at 25/50/75/100% of T_max = {env.t_max} (Table 1)"]
+        "Env: Pass@T at k = 2",
+        f"Env: Pass@2 at 25/50/75/100% of T_max = {env.t_max} (Table 1)",
+    ]
     record = json.loads((tmp_path / "pass_at_t.json").read_text())
     if name == "bfcl":  # §2's bound from the annotated trajectories, met by replaying them
-        bound = dict(zip(record["structural_bound"]["budget"],
-                         record["structural_bound"]["share_solvable"]))
+        bound = dict(
+            zip(record["structural_bound"]["budget"], record["structural_bound"]["share_solvable"])
+        )
         assert [bound[b] for b in budgets] == expected
         np.testing.assert_array_equal(loaded.min_turns, needed)
     else:
@@ -127,14 +147,25 @@ def test_pass_at_k_files_hold_the_known_success_counts(tokenizer, tmp_path):
     fail = {"base": {(1, 1), (1, 2), (1, 3), *((2, s) for s in range(4))}, "RL": {(2, 0), (2, 1)}}
     policies = {n: ScriptedPolicy(tokenizer, SqlGold(tasks, samples, fail[n])) for n in fail}
     try:
-        [section] = pass_at_k(tmp_path, loaded, tokenizer, policies, np.arange(3),
-                              jax.random.key(2), samples=samples, config=CONFIG,
-                              tasks_per_call=2, label="InterCode-SQL")
+        [section] = pass_at_k(
+            tmp_path,
+            loaded,
+            tokenizer,
+            policies,
+            np.arange(3),
+            jax.random.key(2),
+            samples=samples,
+            config=CONFIG,
+            tasks_per_call=2,
+            label="InterCode-SQL",
+        )
     finally:
         loaded.env.close()
     counts = json.loads((tmp_path / "pass_at_k_counts.json").read_text())
-    assert counts == {"base": {"n": [4, 4, 4], "c": [4, 1, 0]},
-                      "RL": {"n": [4, 4, 4], "c": [4, 4, 2]}}
+    assert counts == {
+        "base": {"n": [4, 4, 4], "c": [4, 1, 0]},
+        "RL": {"n": [4, 4, 4], "c": [4, 4, 2]},
+    }
     curves = json.loads((tmp_path / "pass_at_k.json").read_text())["curves"]
 
     def unbiased(n, c, k):  # 1 - C(n - c, k) / C(n, k), by hand
@@ -142,7 +173,9 @@ def test_pass_at_k_files_hold_the_known_success_counts(tokenizer, tmp_path):
 
     for policy, c in (("base", [4, 1, 0]), ("RL", [4, 4, 2])):
         assert curves[policy]["k"] == [1, 2, 3, 4]
-        np.testing.assert_allclose(curves[policy]["pass_at_k"],
-                                   [np.mean([unbiased(4, ci, k) for ci in c]) for k in range(1, 5)])
+        np.testing.assert_allclose(
+            curves[policy]["pass_at_k"],
+            [np.mean([unbiased(4, ci, k) for ci in c]) for k in range(1, 5)],
+        )
     assert section.title == "InterCode-SQL: Pass@K (full budget)"
     assert "pass_at_k_counts.json" in section.files

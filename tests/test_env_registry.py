@@ -51,8 +51,13 @@ class Guess(PythonEnv):
 
 def make_guess(*, words=WORDS, limit=None, workers=8, step_timeout_s=60.0) -> envs.EnvTasks:
     chosen = tuple(words)[:limit]
-    return envs.python_env(Guess(chosen), [f"guess {w}" for w in chosen], np.ones(len(chosen), np.int64),
-                           workers=workers, step_timeout_s=step_timeout_s)
+    return envs.python_env(
+        Guess(chosen),
+        [f"guess {w}" for w in chosen],
+        np.ones(len(chosen), np.int64),
+        workers=workers,
+        step_timeout_s=step_timeout_s,
+    )
 
 
 if "guess" not in envs.names():  # imported once by pytest, maybe again as a --plugin
@@ -63,7 +68,11 @@ def test_the_built_in_environments_are_registered_with_their_limits():
     assert envs.names()[:4] == ("frozenlake", "sql", "code", "bfcl")
     code = envs.entry("code")
     assert (code.label, code.max_response_tokens, code.max_context, code.lanes) == (
-        "DeepCoder-MT", 1024, 16384, 2)
+        "DeepCoder-MT",
+        1024,
+        16384,
+        2,
+    )
     assert envs.entry("sql").options == ("data", "split", "limit", "workers", "step_timeout_s")
     assert "categories" in envs.entry("bfcl").options
     assert "isolation" in envs.entry("code").options
@@ -102,14 +111,22 @@ def test_frozenlake_tasks_carry_their_shortest_paths():
 
 
 def test_options_and_names_are_checked_before_anything_loads():
-    with pytest.raises(envs.EnvOptionError, match="unknown environment 'chess'; registered: "
-                                                  "frozenlake, sql, code, bfcl"):
+    with pytest.raises(
+        envs.EnvOptionError,
+        match="unknown environment 'chess'; registered: frozenlake, sql, code, bfcl",
+    ):
         envs.make("chess")
-    with pytest.raises(envs.EnvOptionError, match=r"environment 'sql' takes no option 'categories'; "
-                                                  r"it takes: data, split, limit, workers, step_timeout_s"):
+    with pytest.raises(
+        envs.EnvOptionError,
+        match=r"environment 'sql' takes no option 'categories'; "
+        r"it takes: data, split, limit, workers, step_timeout_s",
+    ):
         envs.make("sql", categories=("multi_turn_base",))
-    with pytest.raises(envs.EnvOptionError, match=r"split: must be 'train' or 'test' \(a hash split "
-                                                  r"of the tasks\), got 'dev' \(a Spider split needs data"):
+    with pytest.raises(
+        envs.EnvOptionError,
+        match=r"split: must be 'train' or 'test' \(a hash split "
+        r"of the tasks\), got 'dev' \(a Spider split needs data",
+    ):
         envs.make("sql", split="dev")
     for name in ("code", "bfcl"):
         with pytest.raises(envs.EnvOptionError, match="split: must be 'train' or 'test'"):
@@ -124,9 +141,13 @@ def test_register_refuses_what_it_cannot_serve():
     with pytest.raises(envs.EnvOptionError, match="max_context must be an int >= 1, got 0"):
         envs.register("other", make_guess, label="x", max_response_tokens=1, max_context=0)
     with pytest.raises(envs.EnvOptionError, match="lanes must be an int >= 1, got True"):
-        envs.register("other", make_guess, label="x", max_response_tokens=1, max_context=8, lanes=True)
+        envs.register(
+            "other", make_guess, label="x", max_response_tokens=1, max_context=8, lanes=True
+        )
     assert "other" not in envs.names()
-    envs.register("wrong_type", lambda: "not tasks", label="x", max_response_tokens=1, max_context=8)
+    envs.register(
+        "wrong_type", lambda: "not tasks", label="x", max_response_tokens=1, max_context=8
+    )
     with pytest.raises(TypeError, match="returned str, not EnvTasks"):
         envs.make("wrong_type")
     with pytest.raises(ValueError, match="1 task names for 2 tasks"):
@@ -141,15 +162,41 @@ def test_a_user_environment_is_evaluated_through_the_cli(tmp_path):
     1 never; the random base rarely. Its registered limits reach the run's settings."""
     prompt, loaded = BudgetPrompt(), envs.make("guess")
     corpus = [prompt.system_text(loaded.env.instructions(), b) for b in (1, 2, 4)]
-    corpus += [prompt.turn_text(o, b, t) for o in ("Your guess?", "no") for b in (1, 2, 4) for t in range(b)]
+    corpus += [
+        prompt.turn_text(o, b, t)
+        for o in ("Your guess?", "no")
+        for b in (1, 2, 4)
+        for t in range(b)
+    ]
     loaded.close()
     tokenizer = build_small_tokenizer(corpus + ["apple"] * 8, vocab_size=512)
     base = save_tiny_policy(tmp_path / "base", tokenizer, seed=0)
     rl = save_answering_policy(tmp_path / "rl", tokenizer, "apple")
     out = tmp_path / "results"
-    args = ["eval", "env-passt", "--env", "guess", "--plugin", str(Path(__file__)), "--base", base,
-            "--rl", rl, "--out", out, "--samples", 16, "--k", 2, "--budgets", "1,4", "--seed", 0,
-            "--workers", 2]
+    args = [
+        "eval",
+        "env-passt",
+        "--env",
+        "guess",
+        "--plugin",
+        str(Path(__file__)),
+        "--base",
+        base,
+        "--rl",
+        rl,
+        "--out",
+        out,
+        "--samples",
+        16,
+        "--k",
+        2,
+        "--budgets",
+        "1,4",
+        "--seed",
+        0,
+        "--workers",
+        2,
+    ]
     result = CliRunner().invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
     counts = json.loads((out / "pass_at_t_counts.json").read_text())
@@ -157,10 +204,17 @@ def test_a_user_environment_is_evaluated_through_the_cli(tmp_path):
         for budget in ("1", "4"):
             assert counts[policy][budget]["n"] == [16, 16] and counts[policy][budget]["c"][1] == 0
     assert 1 <= counts["RL"]["1"]["c"][0] < counts["RL"]["4"]["c"][0]  # ~8 of 16, then ~15
-    assert counts["RL"]["4"]["c"][0] > counts["base"]["4"]["c"][0]  # the base says "apple" by chance
+    assert (
+        counts["RL"]["4"]["c"][0] > counts["base"]["4"]["c"][0]
+    )  # the base says "apple" by chance
     settings = json.loads((out / "settings" / "passt.json").read_text())
-    assert (settings["env"], settings["t_max"], settings["max_response_tokens"],
-            settings["max_context"], settings["lanes"]) == ("guess", 4, 6, 512, 1)
+    assert (
+        settings["env"],
+        settings["t_max"],
+        settings["max_response_tokens"],
+        settings["max_context"],
+        settings["lanes"],
+    ) == ("guess", 4, 6, 512, 1)
     assert settings["task_names"] == ["guess apple", "guess river"]
     assert (out / "pass_at_t.json").exists()
 

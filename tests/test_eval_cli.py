@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from eval_helpers import frozenlake_corpus, save_tiny_policy
 from flax import nnx
 from markdown_it import MarkdownIt
 from typer.testing import CliRunner
@@ -21,11 +22,25 @@ from agentrl_jax.evaluation.policies import PolicyLoadError, checkpoint_step_dir
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.train import Checkpointer, MetricsLogger, TrainConfig, init_train_state
-from eval_helpers import frozenlake_corpus, save_tiny_policy
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-TINY = ["--maps", "3", "--map-size", "4", "--map-p", "0.9", "--random-start-goal", "--t-max", "4",
-        "--max-response-tokens", "4", "--max-context", "512", "--seed", "0"]
+TINY = [
+    "--maps",
+    "3",
+    "--map-size",
+    "4",
+    "--map-p",
+    "0.9",
+    "--random-start-goal",
+    "--t-max",
+    "4",
+    "--max-response-tokens",
+    "4",
+    "--max-context",
+    "512",
+    "--seed",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +97,7 @@ def _check_png(path: Path) -> None:
     width, height = struct.unpack(">II", data[16:24])  # IHDR
     assert width > 100 and height > 100, path
     import matplotlib.image
+
     assert matplotlib.image.imread(path).shape[:2] == (height, width)
     assert path.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"
 
@@ -106,7 +122,9 @@ def test_eval_commands_end_to_end(policies, tmp_path):
     logger = MetricsLogger(tmp_path / "metrics.jsonl")
     for step in range(1, 6):
         logger.log(step, {"R_multi": 0.1 * step, "R_single": 0.5 - 0.02 * step, "loss": 1.0})
-    output = _run("eval", "report", "--out", str(out), "--training-log", str(tmp_path / "metrics.jsonl"))
+    output = _run(
+        "eval", "report", "--out", str(out), "--training-log", str(tmp_path / "metrics.jsonl")
+    )
     assert "Wrote" in output
 
     counts = json.loads((out / "pass_at_k_counts.json").read_text())
@@ -122,11 +140,25 @@ def test_eval_commands_end_to_end(policies, tmp_path):
 
     report = (out / "report.md").read_text()
     tokens = MarkdownIt().parse(report)
-    images = [child.attrs["src"] for t in tokens if t.type == "inline" for child in t.children
-              if child.type == "image"]
-    expected = {"pass_at_k", "pass_at_t", "pass_at_t_table", "step_quality", "quality_vs_depth",
-                "error_step_quality", "continuation", "likelihood_action_nll",
-                "likelihood_cumulative_llr", "training_dynamics"}
+    images = [
+        child.attrs["src"]
+        for t in tokens
+        if t.type == "inline"
+        for child in t.children
+        if child.type == "image"
+    ]
+    expected = {
+        "pass_at_k",
+        "pass_at_t",
+        "pass_at_t_table",
+        "step_quality",
+        "quality_vs_depth",
+        "error_step_quality",
+        "continuation",
+        "likelihood_action_nll",
+        "likelihood_cumulative_llr",
+        "training_dynamics",
+    }
     assert {Path(i).stem for i in images} == expected
     for image in images:
         _check_png(out / image)
@@ -145,17 +177,20 @@ def test_cli_errors_name_the_problem(policies, tmp_path):
     base_dir, run_dir, _ = policies
     out = ["--out", str(tmp_path), *TINY]
     missing = tmp_path / "nope"
-    assert f"{missing}: no such file" in _fails("eval", "steps", "--base", str(missing), "--rl",
-                                                str(run_dir), *out)
+    assert f"{missing}: no such file" in _fails(
+        "eval", "steps", "--base", str(missing), "--rl", str(run_dir), *out
+    )
     assert "pass --rl" in _fails("eval", "steps", "--base", str(base_dir), *out)
     assert "T_max=4" in _fails("eval", "passt", "--base", str(base_dir), *out, "--budgets", "2,9")
-    assert "--invalid must be one of" in _fails("eval", "errors", "--base", str(base_dir), "--rl",
-                                                str(run_dir), *out, "--invalid", "nan")
+    assert "--invalid must be one of" in _fails(
+        "eval", "errors", "--base", str(base_dir), "--rl", str(run_dir), *out, "--invalid", "nan"
+    )
     assert "holds no analysis" in _fails("eval", "report", "--out", str(tmp_path))
 
 
 def test_the_cli_page_size_default_is_the_reproductions():
     from agentrl_jax.cli import eval as eval_cli
     from agentrl_jax.reproduce.evaluate import KV_PAGE_SIZE
+
     option = {name: default for name, _, default in eval_cli._COMMON}["kv_page_size"]
     assert option.default == KV_PAGE_SIZE

@@ -24,13 +24,13 @@ from env_agents import AGENTS, replay_observations
 from eval_helpers import save_answering_policy, save_tiny_policy
 from typer.testing import CliRunner
 
+import envs
 from agentrl_jax.cli import app
 from agentrl_jax.evaluation import passk, passt
 from agentrl_jax.evaluation.policies import load_policy
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.policy import SamplerPolicy
 from agentrl_jax.prompts import BudgetPrompt
-import envs
 from envs.bfcl import package_data_dir
 from envs.bfcl.data import backend_config
 
@@ -47,8 +47,18 @@ def _run(*args) -> str:
 
 
 def _tiny(name: str) -> list:
-    return ["--tasks", 2, "--max-response-tokens", 12, "--max-context", MAX_CONTEXT[name],
-            "--seed", 0, "--workers", 2]
+    return [
+        "--tasks",
+        2,
+        "--max-response-tokens",
+        12,
+        "--max-context",
+        MAX_CONTEXT[name],
+        "--seed",
+        0,
+        "--workers",
+        2,
+    ]
 
 
 def env_corpus(name: str, data: Path | None = None) -> list[str]:
@@ -76,28 +86,42 @@ def trimmed_bfcl_data(root: Path, tasks: int = 2) -> Path:
         target = root / path.relative_to(source)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text("\n".join(lines) + "\n")
-    used = {call.split("(")[0] for line in kept[answers]
-            for turn in json.loads(line)["ground_truth"] for call in turn}
+    used = {
+        call.split("(")[0]
+        for line in kept[answers]
+        for turn in json.loads(line)["ground_truth"]
+        for call in turn
+    }
     apis = {api for line in kept[questions] for api in json.loads(line)["involved_classes"]}
     (root / "multi_turn_func_doc").mkdir()
     for api in apis:
         name = backend_config().MULTI_TURN_FUNC_DOC_FILE_MAPPING[api]
         docs = (source / "multi_turn_func_doc" / name).read_text().splitlines()
-        (root / "multi_turn_func_doc" / name).write_text("".join(
-            line + "\n" for line in docs if line.strip() and json.loads(line)["name"] in used))
+        (root / "multi_turn_func_doc" / name).write_text(
+            "".join(
+                line + "\n" for line in docs if line.strip() and json.loads(line)["name"] in used
+            )
+        )
     return root
 
 
-def _replay(tokenizer, policy, name: str, *, stream: int, budget: int,
-            samples: int) -> np.ndarray:
+def _replay(tokenizer, policy, name: str, *, stream: int, budget: int, samples: int) -> np.ndarray:
     """``[2, samples]`` successes of the rollouts the CLI played, replayed with its keys
     (stream 1: passk, 2: passt; seed 0) and its rollout settings."""
     loaded = envs.make(name, limit=2, workers=2)
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), stream), budget)
     config = passt.eval_rollout_config(max_response_tokens=12, max_context=MAX_CONTEXT[name])
     try:
-        return passt.sample_successes(loaded.env, tokenizer, policy, np.arange(2), key,
-                                      budget=budget, samples=samples, config=config)
+        return passt.sample_successes(
+            loaded.env,
+            tokenizer,
+            policy,
+            np.arange(2),
+            key,
+            budget=budget,
+            samples=samples,
+            config=config,
+        )
     finally:
         loaded.env.close()
 
@@ -112,8 +136,10 @@ def _check_pass_at_k(out: Path, samples: int) -> dict:
         n, c = counts[policy]["n"], counts[policy]["c"]
         assert n == [samples, samples] and all(0 <= ci <= samples for ci in c)
         assert record["k"] == list(range(1, samples + 1))
-        expected = [np.mean([1 - comb(ni - ci, k) / comb(ni, k) for ni, ci in zip(n, c)])
-                    for k in record["k"]]
+        expected = [
+            np.mean([1 - comb(ni - ci, k) / comb(ni, k) for ni, ci in zip(n, c)])
+            for k in record["k"]
+        ]
         np.testing.assert_allclose(record["pass_at_k"], expected)
         assert np.all(np.diff(record["pass_at_k"]) >= 0)
     return counts
@@ -123,8 +149,10 @@ def _check_pass_at_k(out: Path, samples: int) -> dict:
 def sql_policies(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_sql")
     tokenizer = build_small_tokenizer(env_corpus("sql") + [ANSWER] * 8, vocab_size=768)
-    return (save_tiny_policy(root / "base", tokenizer, seed=0),
-            save_answering_policy(root / "rl", tokenizer, ANSWER))
+    return (
+        save_tiny_policy(root / "base", tokenizer, seed=0),
+        save_answering_policy(root / "rl", tokenizer, ANSWER),
+    )
 
 
 @pytest.mark.slow
@@ -132,8 +160,19 @@ def test_sql_counts_are_those_of_the_rollouts(sql_policies, tmp_path):
     base_dir, rl_dir = sql_policies
     out = tmp_path / "results"
     # 2 lanes (sql's default is 1): the counts are still those of the one-lane replays below
-    common = ["--env", "sql", "--base", base_dir, "--rl", rl_dir, "--out", out, *_tiny("sql"),
-              "--lanes", 2]
+    common = [
+        "--env",
+        "sql",
+        "--base",
+        base_dir,
+        "--rl",
+        rl_dir,
+        "--out",
+        out,
+        *_tiny("sql"),
+        "--lanes",
+        2,
+    ]
     # Three samples in both commands: the replays below then compile one set of shapes.
     printed = _run("eval", "env-passk", *common, "--samples", 3)
     _run("eval", "env-passt", *common, "--samples", 3, "--k", 2, "--budgets", "1,3")
@@ -143,18 +182,22 @@ def test_sql_counts_are_those_of_the_rollouts(sql_policies, tmp_path):
     by_budget = json.loads((out / "pass_at_t_counts.json").read_text())
     rl = load_policy(rl_dir)
     sampler = SamplerPolicy(rl.model)
-    assert counts["RL"]["c"] == _replay(rl.tokenizer, sampler, "sql", stream=1, budget=10,
-                                        samples=3).sum(axis=1).tolist()
+    assert (
+        counts["RL"]["c"]
+        == _replay(rl.tokenizer, sampler, "sql", stream=1, budget=10, samples=3)
+        .sum(axis=1)
+        .tolist()
+    )
     curves = json.loads((out / "pass_at_t.json").read_text())["curves"]
     for budget in (1, 3):
-        replayed = _replay(rl.tokenizer, sampler, "sql", stream=2, budget=budget,
-                           samples=3)
+        replayed = _replay(rl.tokenizer, sampler, "sql", stream=2, budget=budget, samples=3)
         assert by_budget["RL"][str(budget)] == {"n": [3, 3], "c": replayed.sum(axis=1).tolist()}
         for policy in ("base", "RL"):  # Pass@(2, T) is the estimator of those counts
             c = by_budget[policy][str(budget)]["c"]
             at = curves[policy]["budget"].index(budget)
             assert curves[policy]["pass"][at] == pytest.approx(
-                np.mean([1 - comb(3 - ci, 2) / comb(3, 2) for ci in c]))
+                np.mean([1 - comb(3 - ci, 2) / comb(3, 2) for ci in c])
+            )
     # The answering policy solves task 0 only (1 - 2^-T per sample); the random base, nothing.
     assert counts["RL"]["c"][1] == 0 and counts["RL"]["c"][0] > 0
     assert all(v["c"][1] == 0 for v in by_budget["RL"].values())
@@ -179,8 +222,21 @@ def test_code_env_passk(tmp_path):
     base = save_tiny_policy(tmp_path / "base", tokenizer, seed=0)
     rl = save_tiny_policy(tmp_path / "rl", tokenizer, seed=1)
     out = tmp_path / "results"
-    _run("eval", "env-passk", "--env", "code", "--base", base, "--rl", rl, "--out", out,
-         *_tiny("code"), "--samples", 2)
+    _run(
+        "eval",
+        "env-passk",
+        "--env",
+        "code",
+        "--base",
+        base,
+        "--rl",
+        rl,
+        "--out",
+        out,
+        *_tiny("code"),
+        "--samples",
+        2,
+    )
     counts = _check_pass_at_k(out, samples=2)
     assert counts["base"]["c"] == counts["RL"]["c"] == [0, 0]  # random text is no program
     settings = json.loads((out / "settings" / "passk.json").read_text())
@@ -198,9 +254,27 @@ def test_bfcl_env_passt_with_table_and_structural_bound(tmp_path):
     rl = save_tiny_policy(tmp_path / "rl", tokenizer, seed=1)
     out = tmp_path / "results"
     levels = passk.budget_levels(24)
-    _run("eval", "env-passt", "--env", "bfcl", "--data", data, "--base", base, "--rl", rl,
-         "--out", out, *_tiny("bfcl"), "--samples", 2, "--k", 2,
-         "--budgets", ",".join(map(str, levels)))
+    _run(
+        "eval",
+        "env-passt",
+        "--env",
+        "bfcl",
+        "--data",
+        data,
+        "--base",
+        base,
+        "--rl",
+        rl,
+        "--out",
+        out,
+        *_tiny("bfcl"),
+        "--samples",
+        2,
+        "--k",
+        2,
+        "--budgets",
+        ",".join(map(str, levels)),
+    )
     by_budget = json.loads((out / "pass_at_t_counts.json").read_text())
     assert set(by_budget) == {"base", "RL"}
     for policy in by_budget:
@@ -210,11 +284,14 @@ def test_bfcl_env_passt_with_table_and_structural_bound(tmp_path):
     # The fewest turns: one answer ending each request, plus one calling in each annotated one.
     [questions] = data.glob("BFCL_v*_multi_turn_base.json")
     [answers] = (data / "possible_answer").glob("BFCL_v*_multi_turn_base.json")
-    fewest = [len(json.loads(q)["question"]) + sum(map(bool, json.loads(a)["ground_truth"]))
-              for q, a in zip(questions.read_text().splitlines(), answers.read_text().splitlines())]
+    fewest = [
+        len(json.loads(q)["question"]) + sum(map(bool, json.loads(a)["ground_truth"]))
+        for q, a in zip(questions.read_text().splitlines(), answers.read_text().splitlines())
+    ]
     assert record["structural_bound"]["budget"] == list(range(1, 25))
     assert record["structural_bound"]["share_solvable"] == [
-        float(np.mean([f <= b for f in fewest])) for b in range(1, 25)]
+        float(np.mean([f <= b for f in fewest])) for b in range(1, 25)
+    ]
     table = json.loads((out / "pass_at_t_table.json").read_text())
     assert table["budgets"] == list(levels) and set(table["table"]) == {"base", "RL"}
 
@@ -228,19 +305,27 @@ def _fails(*args) -> str:
 def test_bad_task_options_are_named_before_any_policy_loads(tmp_path):
     common = ["--base", tmp_path / "never-loaded", "--out", tmp_path, "--samples", 1]
     assert "--env sql takes no --category (its task options: --data, --split, --tasks)" in _fails(
-        "eval", "env-passk", "--env", "sql", *common, "--category", "multi_turn_base")
-    assert "split: must be 'train' or 'test' (a hash split of the tasks), got 'dev' (a Spider " \
-        "split needs data, a Spider folder)" in _fails(
-            "eval", "env-passk", "--env", "sql", *common, "--split", "dev")
-    assert "--env code takes no --category" in _fails("eval", "env-passk", "--env", "code", *common,
-                                                      "--category", "multi_turn_base")
+        "eval", "env-passk", "--env", "sql", *common, "--category", "multi_turn_base"
+    )
+    assert (
+        "split: must be 'train' or 'test' (a hash split of the tasks), got 'dev' (a Spider "
+        "split needs data, a Spider folder)"
+        in _fails("eval", "env-passk", "--env", "sql", *common, "--split", "dev")
+    )
+    assert "--env code takes no --category" in _fails(
+        "eval", "env-passk", "--env", "code", *common, "--category", "multi_turn_base"
+    )
     missing = tmp_path / "missing.jsonl"
     assert f"--env code (--data {missing}): DeepCoder task file not found" in _fails(
-        "eval", "env-passk", "--env", "code", *common, "--data", missing)
+        "eval", "env-passk", "--env", "code", *common, "--data", missing
+    )
     assert "unknown category 'nope'" in _fails(
-        "eval", "env-passk", "--env", "bfcl", *common, "--category", "nope")
+        "eval", "env-passk", "--env", "bfcl", *common, "--category", "nope"
+    )
     assert "unknown environment 'chess'; registered: frozenlake, sql, code, bfcl" in _fails(
-        "eval", "env-passk", "--env", "chess", *common)
+        "eval", "env-passk", "--env", "chess", *common
+    )
     # With good task options, the policy is what fails.
     assert f"{tmp_path / 'never-loaded'}: no such file" in _fails(
-        "eval", "env-passt", "--env", "sql", *common, "--tasks", 1)
+        "eval", "env-passt", "--env", "sql", *common, "--tasks", 1
+    )

@@ -12,8 +12,15 @@ import pytest
 from markdown_it import MarkdownIt
 
 from agentrl_jax.evaluation import figures, passk, report, stats
-from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, likelihood, pass_at_k,
-                                             pass_at_t, step_quality)
+from agentrl_jax.evaluation.analyses import (
+    continuation,
+    depth,
+    dynamics,
+    likelihood,
+    pass_at_k,
+    pass_at_t,
+    step_quality,
+)
 from agentrl_jax.evaluation.html import anchor
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -132,8 +139,9 @@ def test_plot_cumulative_llr(tmp_path):
     assert_valid_figure(likelihood.plot_cumulative_llr(res.llr, tmp_path / "llr"))
     # All trajectories of one outcome is fine (the other has nothing to draw).
     logp_rl, logp_base, mask, success = sets["RL trajectories"]
-    all_ok = likelihood.compute({"base": [1.0]}, {"all ok": (logp_rl, logp_base, mask,
-                                                             np.ones_like(success))})
+    all_ok = likelihood.compute(
+        {"base": [1.0]}, {"all ok": (logp_rl, logp_base, mask, np.ones_like(success))}
+    )
     assert_valid_figure(likelihood.plot_cumulative_llr(all_ok.llr, tmp_path / "llr_ok"))
 
 
@@ -160,21 +168,38 @@ def write_tiny_results(folder: Path):
         p: {b: (np.full(tasks, 8), rng.integers(0, 9, tasks)) for b in (2, 5, 7, 10)}
         for p in counts
     }
-    sections += pass_at_t.section(folder, pass_at_t.compute(
-        results, t_max=t_max, shortest_paths=rng.integers(2, 12, tasks)))
+    sections += pass_at_t.section(
+        folder, pass_at_t.compute(results, t_max=t_max, shortest_paths=rng.integers(2, 12, tasks))
+    )
     pools = {
         "matched": (rng.uniform(size=10), rng.uniform(size=10)),
         "error": (rng.uniform(size=10), rng.uniform(size=10)),
     }
     sections.append(step_quality.section(folder, step_quality.compute(pools)))
-    sections.append(continuation.section(folder, continuation.compute(
-        {"base": rng.uniform(size=10) < 0.4, "RL": rng.uniform(size=10) < 0.5})))
+    sections.append(
+        continuation.section(
+            folder,
+            continuation.compute(
+                {"base": rng.uniform(size=10) < 0.4, "RL": rng.uniform(size=10) < 0.5}
+            ),
+        )
+    )
     at = stats.normalised_depth(rng.integers(0, t_max + 1, 30), t_max)
-    sections.append(depth.section(folder, depth.compute(
-        at, {"base": rng.uniform(size=30), "RL": rng.uniform(size=30)}, bins=4)))
-    sections.append(likelihood.section(folder, likelihood.compute(
-        {"base": rng.normal(12, 2, 20), "RL": rng.normal(10, 2, 20)},
-        {"RL trajectories": tiny_llr_set(rng), "base trajectories": tiny_llr_set(rng)})))
+    sections.append(
+        depth.section(
+            folder,
+            depth.compute(at, {"base": rng.uniform(size=30), "RL": rng.uniform(size=30)}, bins=4),
+        )
+    )
+    sections.append(
+        likelihood.section(
+            folder,
+            likelihood.compute(
+                {"base": rng.normal(12, 2, 20), "RL": rng.normal(10, 2, 20)},
+                {"RL trajectories": tiny_llr_set(rng), "base trajectories": tiny_llr_set(rng)},
+            ),
+        )
+    )
     log = folder / "train.jsonl"
     lines = [
         json.dumps({"step": s, "R_multi": 0.1 * s, "R_single": 0.5 - 0.01 * s}) for s in range(5)
@@ -269,14 +294,19 @@ def test_the_training_dynamics_text_figure_and_table_state_one_change(tmp_path, 
     last-minus-first step, the table the means: -0.016 in one, +0.203 in the other.)"""
     from agentrl_jax.evaluation.analyses.dynamics import start_to_end
     from agentrl_jax.reproduce.report import dynamics_markdown
+
     rng = np.random.default_rng(0)
     r_multi = np.clip(0.3 + 0.2 * rng.standard_normal(40), 0, 1)
     r_multi[0], r_multi[-1] = 0.0, 0.9  # first and last steps far from their windows' means
     r_single = 0.5 - 0.002 * np.arange(40) + 0.05 * rng.standard_normal(40)
     log = tmp_path / "runs" / "grpo" / "metrics.jsonl"
     log.parent.mkdir(parents=True)
-    log.write_text("".join(json.dumps({"step": s + 1, "R_multi": m, "R_single": q}) + "\n"
-                           for s, (m, q) in enumerate(zip(r_multi, r_single))))
+    log.write_text(
+        "".join(
+            json.dumps({"step": s + 1, "R_multi": m, "R_single": q}) + "\n"
+            for s, (m, q) in enumerate(zip(r_multi, r_single))
+        )
+    )
     drawn = _drawn(monkeypatch)
     section = dynamics.section(tmp_path, dynamics.from_log(log, run="GRPO"))
     expected = {"R_multi": start_to_end(r_multi), "R_single": start_to_end(r_single)}
@@ -298,7 +328,9 @@ def test_the_training_dynamics_text_figure_and_table_state_one_change(tmp_path, 
 def _drawn(monkeypatch):
     """The figures saved from now on (their Figure objects)."""
     drawn, original = [], figures.save_figure
-    monkeypatch.setattr(figures, "save_figure", lambda fig, path: (drawn.append(fig), original(fig, path))[1])
+    monkeypatch.setattr(
+        figures, "save_figure", lambda fig, path: (drawn.append(fig), original(fig, path))[1]
+    )
     return drawn
 
 
@@ -306,10 +338,14 @@ def test_matched_and_error_state_figures_have_their_own_titles(tmp_path, monkeyp
     drawn = _drawn(monkeypatch)
     rng = np.random.default_rng(1)
     pools = {"all": (rng.random(12), rng.random(12))}
-    titles = ("Step-level action quality on matched states: GRPO vs base",
-              "Step-level action quality at error states: GRPO vs base")
-    sections = [step_quality.section(tmp_path, step_quality.compute(pools), name=f"q{i}",
-                                     title=title) for i, title in enumerate(titles)]
+    titles = (
+        "Step-level action quality on matched states: GRPO vs base",
+        "Step-level action quality at error states: GRPO vs base",
+    )
+    sections = [
+        step_quality.section(tmp_path, step_quality.compute(pools), name=f"q{i}", title=title)
+        for i, title in enumerate(titles)
+    ]
     assert [fig.get_suptitle() for fig in drawn] == list(titles)
     assert [s.title for s in sections] == list(titles)
 
@@ -317,8 +353,10 @@ def test_matched_and_error_state_figures_have_their_own_titles(tmp_path, monkeyp
 def test_continuation_values_sit_inside_the_frame(tmp_path, monkeypatch):
     """Each rate's value label lies inside the axes (above its whisker), and states the rate."""
     drawn = _drawn(monkeypatch)
-    rates = {"base": stats.MeanCI(0.108, 0.093, 0.125, 1584),
-             "GRPO": stats.MeanCI(0.605, 0.58, 0.63, 1584)}
+    rates = {
+        "base": stats.MeanCI(0.108, 0.093, 0.125, 1584),
+        "GRPO": stats.MeanCI(0.605, 0.58, 0.63, 1584),
+    }
     continuation.plot_rates_with_ci(rates, tmp_path / "continuation")
     fig = drawn[0]
     ax = fig.axes[0]
@@ -336,13 +374,17 @@ def test_the_llr_figure_marks_the_reports_final_values(tmp_path, monkeypatch):
     own marker, not next to the running-mean curve as if it were that curve's end."""
     drawn = _drawn(monkeypatch)
     logp_rl, logp_base, mask, success = tiny_llr_set(np.random.default_rng(3), n=12, t=8)
-    res = likelihood.compute({"base": [1.0]}, {"RL trajectories": (logp_rl, logp_base, mask,
-                                                                   success)})
+    res = likelihood.compute(
+        {"base": [1.0]}, {"RL trajectories": (logp_rl, logp_base, mask, success)}
+    )
     likelihood.plot_cumulative_llr(res.llr, tmp_path / "llr")
-    by_outcome = likelihood.llr_by_outcome(likelihood.cumulative_llr(logp_rl, logp_base, mask), mask,
-                                           success)
+    by_outcome = likelihood.llr_by_outcome(
+        likelihood.cumulative_llr(logp_rl, logp_base, mask), mask, success
+    )
     ax = drawn[0].axes[0]
-    markers = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if line.get_marker() == "D"}
+    markers = {
+        line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if line.get_marker() == "D"
+    }
     for outcome in ("success", "failure"):
         final = by_outcome[outcome].final.mean
         label = f"{outcome}: mean at each one's last turn {final:+.1f}"

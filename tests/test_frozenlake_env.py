@@ -23,9 +23,12 @@ SETTINGS = [  # (is_slippery, success_rate)
 def _parity_maps():
     """The two default maps and 22 random ones: corner and random start/goal, sizes 4 to 8."""
     out = [maps.default_map("4x4"), maps.default_map("8x8")]
-    for i, (size, p, rsg) in enumerate([(4, 0.7, False), (6, 0.75, True), (8, 0.8, False), (8, 0.7, True)]):
-        batch = maps.generate(jax.random.key(100 + i), 6 if size == 8 else 5, size=size, p=p,
-                              random_start_goal=rsg)
+    for i, (size, p, rsg) in enumerate(
+        [(4, 0.7, False), (6, 0.75, True), (8, 0.8, False), (8, 0.7, True)]
+    ):
+        batch = maps.generate(
+            jax.random.key(100 + i), 6 if size == 8 else 5, size=size, p=p, random_start_goal=rsg
+        )
         out += list(np.asarray(batch))
     return out
 
@@ -42,7 +45,9 @@ POOL_8_RANDOM_START_GOAL = np.stack(PARITY_MAPS[18:24])
 def _all_outcomes(tiles, params):
     """Next cell, reward and terminated for every (cell, action, branch) from our step_branch."""
     n2 = tiles.size
-    cells, actions, branches = jnp.meshgrid(jnp.arange(n2), jnp.arange(4), jnp.arange(3), indexing="ij")
+    cells, actions, branches = jnp.meshgrid(
+        jnp.arange(n2), jnp.arange(4), jnp.arange(3), indexing="ij"
+    )
     state = env.EnvState(tiles=tiles, pos=jnp.int32(0), t=jnp.int32(0), done=jnp.bool_(False))
 
     def one(pos, action, branch):
@@ -54,7 +59,9 @@ def _all_outcomes(tiles, params):
 
 
 def _ours_kernel(tiles, is_slippery, success_rate):
-    params = env.make_params(tiles, is_slippery=is_slippery, success_rate=success_rate, max_steps=None)
+    params = env.make_params(
+        tiles, is_slippery=is_slippery, success_rate=success_rate, max_steps=None
+    )
     nxt, rew, term = map(np.asarray, _all_outcomes(jnp.asarray(tiles), params))
     probs = env.branch_probabilities(params)
     n2 = tiles.size
@@ -73,7 +80,9 @@ def _ours_kernel(tiles, is_slippery, success_rate):
 
 
 def _gym_kernel(tiles, is_slippery, success_rate):
-    genv = FrozenLakeEnv(desc=grid.map_to_strings(tiles), is_slippery=is_slippery, success_rate=success_rate)
+    genv = FrozenLakeEnv(
+        desc=grid.map_to_strings(tiles), is_slippery=is_slippery, success_rate=success_rate
+    )
     n2 = tiles.size
     P = np.zeros((n2, 4, n2))
     R = np.full((n2, 4, n2), np.nan)
@@ -101,7 +110,10 @@ def test_transition_kernel_equals_gymnasium(is_slippery, success_rate):
             for a in range(4):
                 entries = raw[s][a]
                 if len(entries) == 3:
-                    got = [(int(nxt[s, a, b]), float(rew[s, a, b]), bool(term[s, a, b])) for b in range(3)]
+                    got = [
+                        (int(nxt[s, a, b]), float(rew[s, a, b]), bool(term[s, a, b]))
+                        for b in range(3)
+                    ]
                     assert got == [(e[1], float(e[2]), bool(e[3])) for e in entries], (i, s, a)
 
 
@@ -109,7 +121,9 @@ def test_branch_probabilities_match_gymnasium_entries():
     for success_rate in (1.0 / 3.0, 0.6, 0.0, 1.0):
         params = env.make_params("4x4", success_rate=success_rate)
         genv = FrozenLakeEnv(map_name="4x4", success_rate=success_rate)
-        np.testing.assert_array_equal(env.branch_probabilities(params), [e[0] for e in genv.P[0][2]])
+        np.testing.assert_array_equal(
+            env.branch_probabilities(params), [e[0] for e in genv.P[0][2]]
+        )
     params = env.make_params("4x4", is_slippery=False)
     np.testing.assert_array_equal(env.branch_probabilities(params), [0.0, 1.0, 0.0])
 
@@ -125,22 +139,36 @@ def test_branch_from_uniform_is_gymnasium_rule_exactly(success_rate):
     for c in cums[:2]:
         f = np.float32(c)
         near += [np.nextafter(f, np.float32(0)), f, np.nextafter(f, np.float32(1))]
-    u = np.concatenate([np.array(near, np.float32), np.random.default_rng(0).random(5000).astype(np.float32),
-                        np.float32([0.0, np.nextafter(np.float32(1), np.float32(0))])])
+    u = np.concatenate(
+        [
+            np.array(near, np.float32),
+            np.random.default_rng(0).random(5000).astype(np.float32),
+            np.float32([0.0, np.nextafter(np.float32(1), np.float32(0))]),
+        ]
+    )
     expected = np.array([np.argmax(cums > np.float64(x)) for x in u])
-    np.testing.assert_array_equal(np.asarray(env.branch_from_uniform(jnp.asarray(u), params)), expected)
+    np.testing.assert_array_equal(
+        np.asarray(env.branch_from_uniform(jnp.asarray(u), params)), expected
+    )
 
 
 def _jit_step_branch():
     return jax.jit(env.step_branch)
 
 
-@pytest.mark.parametrize("map_index,success_rate", [(1, 1.0 / 3.0), (0, 1.0 / 3.0), (1, 0.6), (5, 1.0 / 3.0), (13, 0.75)])
+@pytest.mark.parametrize(
+    "map_index,success_rate", [(1, 1.0 / 3.0), (0, 1.0 / 3.0), (1, 0.6), (5, 1.0 / 3.0), (13, 0.75)]
+)
 def test_stochastic_trajectory_equals_gymnasium_step_by_step(map_index, success_rate):
     """Feed the branch gymnasium's np_random is about to pick into step_branch; compare everything."""
     tiles = PARITY_MAPS[map_index]
-    genv = gym.make("FrozenLake-v1", desc=grid.map_to_strings(tiles), is_slippery=True,
-                    success_rate=success_rate, max_episode_steps=100)
+    genv = gym.make(
+        "FrozenLake-v1",
+        desc=grid.map_to_strings(tiles),
+        is_slippery=True,
+        success_rate=success_rate,
+        max_episode_steps=100,
+    )
     params = env.make_params(tiles, success_rate=success_rate, max_steps=100)
     step_branch = _jit_step_branch()
     rng = np.random.default_rng(map_index)
@@ -156,8 +184,12 @@ def test_stochastic_trajectory_equals_gymnasium_step_by_step(map_index, success_
         branch = int(np.argmax(np.cumsum(probs) > u))
         obs, reward, terminated, truncated, _ = genv.step(a)
         ours_obs, state, ours_reward, done, info = step_branch(state, a, branch, params)
-        assert (int(ours_obs), float(ours_reward), bool(info["terminated"]), bool(info["truncated"])) == \
-            (obs, reward, terminated, truncated)
+        assert (
+            int(ours_obs),
+            float(ours_reward),
+            bool(info["terminated"]),
+            bool(info["truncated"]),
+        ) == (obs, reward, terminated, truncated)
         assert bool(done) == (terminated or truncated)
         if terminated or truncated:
             episodes += 1
@@ -180,8 +212,12 @@ def test_deterministic_long_sequence_visits_same_states():
         a = int(rng.integers(4))
         obs, reward, terminated, truncated, _ = genv.step(a)
         ours_obs, state, ours_reward, _, info = jstep(jax.random.fold_in(key, i), state, a, params)
-        assert (int(ours_obs), float(ours_reward), bool(info["terminated"]), bool(info["truncated"])) == \
-            (obs, reward, terminated, truncated), i
+        assert (
+            int(ours_obs),
+            float(ours_reward),
+            bool(info["terminated"]),
+            bool(info["truncated"]),
+        ) == (obs, reward, terminated, truncated), i
         if terminated or truncated:
             outcomes["terminated"] += terminated
             outcomes["truncated"] += truncated and not terminated
@@ -207,7 +243,7 @@ def test_rollout_matches_gymnasium_then_stays_absorbed():
             end = t
             break
     assert end is not None and end < len(actions) - 1
-    assert np.all(obs[end:] == obs[end]) and np.all(rewards[end + 1:] == 0) and np.all(dones[end:])
+    assert np.all(obs[end:] == obs[end]) and np.all(rewards[end + 1 :] == 0) and np.all(dones[end:])
     assert int(final.pos) == obs[end] and int(final.t) == end + 1
 
 
@@ -221,12 +257,18 @@ def test_rollout_equals_step_loop_and_vmaps():
     s = state
     for t, k in enumerate(jax.random.split(key, 30)):
         obs, s, r, d, _ = jstep(k, s, actions[t], params)
-        assert (int(obs), float(r), bool(d)) == (int(traj.obs[t]), float(traj.reward[t]), bool(traj.done[t]))
+        assert (int(obs), float(r), bool(d)) == (
+            int(traj.obs[t]),
+            float(traj.reward[t]),
+            bool(traj.done[t]),
+        )
     chex.assert_trees_all_equal(final, s)
     assert bool(final.done) and int(final.t) <= 20  # hole, goal or the 20-step limit
     keys = jax.random.split(jax.random.key(1), 3)
     states = jax.tree.map(lambda x: jnp.stack([x] * 3), state)
-    finals, trajs = jax.jit(jax.vmap(env.rollout, in_axes=(0, 0, None, None)))(keys, states, actions, params)
+    finals, trajs = jax.jit(jax.vmap(env.rollout, in_axes=(0, 0, None, None)))(
+        keys, states, actions, params
+    )
     for i in range(3):
         f_i, t_i = rollout(keys[i], state, actions, params)
         chex.assert_trees_all_equal(jax.tree.map(lambda x, i=i: x[i], finals), f_i)
@@ -280,7 +322,9 @@ def test_reset_samples_pool_uniformly():
     pool = POOL_4_CORNER
     params = env.make_params(pool)
     num = 50_000
-    obs, states = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(jax.random.split(jax.random.key(0), num), params)
+    obs, states = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(
+        jax.random.split(jax.random.key(0), num), params
+    )
     index = _pool_index(np.asarray(states.tiles), pool)
     assert np.all(np.asarray(obs) == 0) and not np.any(np.asarray(states.done))
     counts = np.bincount(index, minlength=5)
@@ -302,8 +346,12 @@ def test_autoreset_restarts_from_pool_uniformly():
     _, start = env.reset_to_map(pool[0])
     states = jax.tree.map(lambda x: jnp.broadcast_to(x, (num,) + x.shape), start)
     actions = jnp.zeros((num,), jnp.int32)
-    obs, new, _, done, info = jax.jit(env.step_autoreset_batch)(jax.random.key(1), states, actions, params)
-    assert np.all(np.asarray(done)) and np.all(np.asarray(info["truncated"]) | np.asarray(info["terminated"]))
+    obs, new, _, done, info = jax.jit(env.step_autoreset_batch)(
+        jax.random.key(1), states, actions, params
+    )
+    assert np.all(np.asarray(done)) and np.all(
+        np.asarray(info["truncated"]) | np.asarray(info["terminated"])
+    )
     assert not np.any(np.asarray(new.done)) and np.all(np.asarray(new.t) == 0)
     index = _pool_index(np.asarray(new.tiles), pool)
     starts = np.argmax(pool.reshape(5, -1) == grid.START, axis=1)
@@ -317,9 +365,13 @@ def test_autoreset_keeps_live_envs_like_step_branch():
     pool = POOL_8_CORNER
     params = env.make_params(pool, max_steps=100)
     num = 4096
-    _, states = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(jax.random.split(jax.random.key(0), num), params)
+    _, states = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(
+        jax.random.split(jax.random.key(0), num), params
+    )
     actions = jax.random.randint(jax.random.key(1), (num,), 0, 4)
-    obs, new, _, done, _ = jax.jit(env.step_autoreset_batch)(jax.random.key(3), states, actions, params)
+    obs, new, _, done, _ = jax.jit(env.step_autoreset_batch)(
+        jax.random.key(3), states, actions, params
+    )
     # Every live env's new cell is one of its three slip outcomes, reached by step_branch.
     step_all = jax.jit(jax.vmap(env.step_branch, in_axes=(0, 0, None, None)))
     outcomes = jnp.stack([step_all(states, actions, b, params)[0] for b in range(3)], axis=1)
@@ -349,9 +401,13 @@ def test_step_compiles_once():
         return env.step_autoreset_batch(key, states, actions, params)
 
     params = env.make_params(pool_a)
-    _, states = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(0), 32), params)
+    _, states = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(jax.random.key(0), 32), params
+    )
     for i in range(20):
-        _, states, _, _, _ = jbatch(jax.random.key(i), states, jnp.full((32,), i % 4, jnp.int32), params)
+        _, states, _, _, _ = jbatch(
+            jax.random.key(i), states, jnp.full((32,), i % 4, jnp.int32), params
+        )
 
 
 def test_make_params_validates():

@@ -36,11 +36,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from frozenlake_learning import (
+    STEPS,
+    Run,
+    assert_held_out_success_rises,
+    assert_learns_beyond_the_control,
+    learning_run,
+)
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.train import TrainConfig
-from frozenlake_learning import (STEPS, Run, assert_held_out_success_rises, assert_learns_beyond_the_control,
-                                 learning_run)
 
 # ~3 min on the shared 2-core CPU, a third of it compiling; at -O1 (tests/conftest.py): the rollouts
 # and updates run twice as fast as at the suite's -O0
@@ -50,20 +55,42 @@ pytestmark = [pytest.mark.slow, pytest.mark.optimized]
 GRPO = TrainConfig(learning_rate=3e-2, total_steps=STEPS, seed=0, attention="blocked")
 EPOCHS, MINI_BATCHES = 2, 2
 # 4 Adam steps per batch: a third of GRPO's 3e-2 per update.
-PPO = TrainConfig(learning_rate=1e-2, total_steps=STEPS, seed=0, epochs=EPOCHS, mini_batches=MINI_BATCHES,
-                  attention="blocked",
-                  algorithm=AlgorithmConfig(advantage="gae", loss_terms=(
-                      LossTermConfig("policy_clip"), LossTermConfig("kl", 0.001), LossTermConfig("value_clip"))))
+PPO = TrainConfig(
+    learning_rate=1e-2,
+    total_steps=STEPS,
+    seed=0,
+    epochs=EPOCHS,
+    mini_batches=MINI_BATCHES,
+    attention="blocked",
+    algorithm=AlgorithmConfig(
+        advantage="gae",
+        loss_terms=(
+            LossTermConfig("policy_clip"),
+            LossTermConfig("kl", 0.001),
+            LossTermConfig("value_clip"),
+        ),
+    ),
+)
 
 
 # DAPO: clip-higher (0.2 / 0.28), token-mean, no KL, dynamic sampling over up to 3 rollout
 # batches per update, and the soft overlong punishment (L_max = 5 sampled tokens, one per turn;
 # L_cache = 2: -0.5 for a row of 4 moves, -1 for 5). One update per batch, as GRPO.
-DAPO = TrainConfig(learning_rate=3e-2, total_steps=STEPS, seed=0, attention="blocked", max_response_length=5,
-                   algorithm=AlgorithmConfig(
-                       advantage="grpo", aggregation="token-mean", dynamic_sampling=True, max_rollout_batches=3,
-                       overlong_buffer=0.4, loss_terms=(LossTermConfig(
-                           "policy_clip", params={"clip_low": 0.2, "clip_high": 0.28}),)))
+DAPO = TrainConfig(
+    learning_rate=3e-2,
+    total_steps=STEPS,
+    seed=0,
+    attention="blocked",
+    max_response_length=5,
+    algorithm=AlgorithmConfig(
+        advantage="grpo",
+        aggregation="token-mean",
+        dynamic_sampling=True,
+        max_rollout_batches=3,
+        overlong_buffer=0.4,
+        loss_terms=(LossTermConfig("policy_clip", params={"clip_low": 0.2, "clip_high": 0.28}),),
+    ),
+)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +131,10 @@ def test_ppo_updates_are_finite_and_each_batch_starts_at_ratio_one(ppo):
     updates = EPOCHS * MINI_BATCHES
     assert [m["update_skipped"] for m in ppo.trained] == [0.0] * STEPS
     for m in ppo.trained:
-        assert len(m["updates/ratio_mean"]) == updates and m["updates/update_skipped"] == [0.0] * updates
+        assert (
+            len(m["updates/ratio_mean"]) == updates
+            and m["updates/update_skipped"] == [0.0] * updates
+        )
         assert m["updates/ratio_mean"][0] == 1.0 and m["updates/ratio_deviation"][0] == 0.0
         assert min(m["updates/ratio_deviation"][1:]) > 0
         assert np.isfinite(m["updates/explained_variance"]).all()
@@ -135,4 +165,3 @@ def test_dapo_mean_reward_rises_far_beyond_the_control(dapo):
 
 def test_dapo_held_out_maps_are_solved_more_often_with_the_same_sampling_key(dapo):
     assert_held_out_success_rises(dapo)
-

@@ -40,8 +40,11 @@ CASES = [  # (size, p, random_start_goal, split)
 
 @pytest.mark.parametrize("size,p,random_start_goal,split", CASES)
 def test_every_generated_map_is_solvable_and_well_formed(size, p, random_start_goal, split):
-    out = np.asarray(maps.generate(jax.random.key(0), 300, size=size, p=p,
-                                   random_start_goal=random_start_goal, split=split))
+    out = np.asarray(
+        maps.generate(
+            jax.random.key(0), 300, size=size, p=p, random_start_goal=random_start_goal, split=split
+        )
+    )
     assert out.shape == (300, size, size) and out.dtype == np.int8
     for tiles in out:
         assert bfs_solvable(tiles)
@@ -82,8 +85,11 @@ def test_candidate_cells_are_frozen_with_probability_p():
 def _exact_conditional_frozen_fraction(size, p, random_start_goal):
     """E[frozen fraction of the non-S/G cells | solvable] by enumerating every map (Python BFS)."""
     cells = size * size
-    placements = ([(s, g) for s in range(cells) for g in range(cells) if s != g]
-                  if random_start_goal else [(0, cells - 1)])
+    placements = (
+        [(s, g) for s in range(cells) for g in range(cells) if s != g]
+        if random_start_goal
+        else [(0, cells - 1)]
+    )
     num, den = 0.0, 0.0
     for s, g in placements:
         others = [c for c in range(cells) if c not in (s, g)]
@@ -105,17 +111,23 @@ def test_accepted_maps_have_the_solvability_conditioned_frozen_fraction(size, p,
     the exact conditional expectation (enumerated), within 5 standard errors."""
     expected = _exact_conditional_frozen_fraction(size, p, random_start_goal)
     assert expected > p + 0.03  # the conditioning is visible, so the test can tell it apart from p
-    out = np.asarray(maps.generate(jax.random.key(3), 20000, size=size, p=p, random_start_goal=random_start_goal))
+    out = np.asarray(
+        maps.generate(jax.random.key(3), 20000, size=size, p=p, random_start_goal=random_start_goal)
+    )
     free = (out == grid.FROZEN) | (out == grid.HOLE)
-    per_map = ((out == grid.FROZEN).sum((1, 2)) / free.sum((1, 2)))
+    per_map = (out == grid.FROZEN).sum((1, 2)) / free.sum((1, 2))
     stderr = per_map.std() / np.sqrt(len(per_map))
     assert abs(per_map.mean() - expected) <= 5 * stderr, (per_map.mean(), expected, stderr)
 
 
 def test_train_and_test_sets_never_share_a_map():
     kwargs = {"size": 4, "p": 0.7}  # small maps, so collisions within a split do happen
-    train = [np.asarray(maps.generate(jax.random.key(s), 2000, split="train", **kwargs)) for s in (0, 1)]
-    test = [np.asarray(maps.generate(jax.random.key(s), 2000, split="test", **kwargs)) for s in (0, 2)]
+    train = [
+        np.asarray(maps.generate(jax.random.key(s), 2000, split="train", **kwargs)) for s in (0, 1)
+    ]
+    test = [
+        np.asarray(maps.generate(jax.random.key(s), 2000, split="test", **kwargs)) for s in (0, 2)
+    ]
 
     def as_set(batches):
         return {m.tobytes() for b in batches for m in b}

@@ -12,19 +12,14 @@ LEFT, DOWN, RIGHT, UP = grid.LEFT, grid.DOWN, grid.RIGHT, grid.UP
 
 
 def test_render_default_4x4_at_start():
-    assert render(maps.default_map("4x4"), 0) == (
-        "P _ _ _\n"
-        "_ O _ O\n"
-        "_ _ _ O\n"
-        "O _ _ G"
-    )
+    assert render(maps.default_map("4x4"), 0) == ("P _ _ _\n_ O _ O\n_ _ _ O\nO _ _ G")
 
 
 def test_render_player_elsewhere_on_hole_and_on_goal():
     tiles = grid.map_from_strings(["SFH", "FHF", "FFG"])
-    assert render(tiles, 1) == "_ P O\n_ O _\n_ _ G"   # start cell unoccupied is ice
-    assert render(tiles, 2) == "_ _ X\n_ O _\n_ _ G"   # fell into a hole
-    assert render(tiles, 8) == "_ _ O\n_ O _\n_ _ W"   # reached the goal
+    assert render(tiles, 1) == "_ P O\n_ O _\n_ _ G"  # start cell unoccupied is ice
+    assert render(tiles, 2) == "_ _ X\n_ O _\n_ _ G"  # fell into a hole
+    assert render(tiles, 8) == "_ _ O\n_ O _\n_ _ W"  # reached the goal
     assert render(np.asarray(tiles, np.int32), 0).startswith("P _ O")
 
 
@@ -39,21 +34,47 @@ def test_render_rejects_bad_input():
 
 
 ACCEPTED = [
-    ("Left", LEFT), ("left", LEFT), ("  LEFT \n", LEFT), ("Down", DOWN), ("right", RIGHT), ("UP", UP),
-    ("<answer>Left</answer>", LEFT), ("<answer> down </answer>", DOWN), ("<ANSWER>Right</ANSWER>", RIGHT),
-    ("Action: Up", UP), ("I'll go Down", DOWN), ("Left. Going left.", LEFT), ("Move: right!", RIGHT),
+    ("Left", LEFT),
+    ("left", LEFT),
+    ("  LEFT \n", LEFT),
+    ("Down", DOWN),
+    ("right", RIGHT),
+    ("UP", UP),
+    ("<answer>Left</answer>", LEFT),
+    ("<answer> down </answer>", DOWN),
+    ("<ANSWER>Right</ANSWER>", RIGHT),
+    ("Action: Up", UP),
+    ("I'll go Down", DOWN),
+    ("Left. Going left.", LEFT),
+    ("Move: right!", RIGHT),
     ("<think>left or up? the hole is left</think><answer>Up</answer>", UP),
     ("<think>I should go left</think>\n\nRight", RIGHT),
     ("thinking without an opening tag... left? </think> Down", DOWN),  # Qwen3 prompt opened <think>
     ("<think>a</think><think>b up</think> <answer>left</answer>", LEFT),
     ("<answer>Up</answer> wait, no: down", UP),  # only the tag's content counts
     ("<answer>up", UP),  # unclosed answer: to the end
-    ("< /think >Left", LEFT), ("<answer >left</ answer>", LEFT),
+    ("< /think >Left", LEFT),
+    ("<answer >left</ answer>", LEFT),
 ]
 INVALID_FORMS = [
-    "", "   ", "hello", "Up or down", "not left, right", "<think>go left", "<think>left</think>",
-    "<answer></answer> left", "upward", "setup", "leftover", "downtown", "rightly", "Left2",
-    "<answer>north</answer>", "0", "2", "<answer>left</answer><answer>sideways</answer>",
+    "",
+    "   ",
+    "hello",
+    "Up or down",
+    "not left, right",
+    "<think>go left",
+    "<think>left</think>",
+    "<answer></answer> left",
+    "upward",
+    "setup",
+    "leftover",
+    "downtown",
+    "rightly",
+    "Left2",
+    "<answer>north</answer>",
+    "0",
+    "2",
+    "<answer>left</answer><answer>sideways</answer>",
 ]
 
 
@@ -92,10 +113,32 @@ def test_never_raises_on_any_text(response):
     assert parse_action(response) in (INVALID, LEFT, DOWN, RIGHT, UP)
 
 
-TOKENS = st.sampled_from([
-    "<think>", "</think>", "<answer>", "</answer>", "< think >", "</ANSWER>", "Left", "left", "DOWN",
-    "Right", "up", "Up!", " ", "\n", "go", "not", "<", ">", "/", "\u0000", "\ud800", "\U0001F600",
-])
+TOKENS = st.sampled_from(
+    [
+        "<think>",
+        "</think>",
+        "<answer>",
+        "</answer>",
+        "< think >",
+        "</ANSWER>",
+        "Left",
+        "left",
+        "DOWN",
+        "Right",
+        "up",
+        "Up!",
+        " ",
+        "\n",
+        "go",
+        "not",
+        "<",
+        ">",
+        "/",
+        "\u0000",
+        "\ud800",
+        "\U0001f600",
+    ]
+)
 
 
 @settings(max_examples=500, deadline=None)
@@ -104,12 +147,20 @@ def test_never_raises_on_tag_and_word_soup(response):
     assert parse_action(response) in (INVALID, LEFT, DOWN, RIGHT, UP)
 
 
-NOISE = st.text(alphabet=st.characters(blacklist_characters="<>", blacklist_categories=("Cs",)), max_size=20).filter(
-    lambda s: text._DIRECTION.search(s) is None)
+NOISE = st.text(
+    alphabet=st.characters(blacklist_characters="<>", blacklist_categories=("Cs",)), max_size=20
+).filter(lambda s: text._DIRECTION.search(s) is None)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(grid.ACTION_NAMES), st.sampled_from([str.lower, str.upper, str.title]), NOISE, NOISE)
+@given(
+    st.sampled_from(grid.ACTION_NAMES),
+    st.sampled_from([str.lower, str.upper, str.title]),
+    NOISE,
+    NOISE,
+)
 def test_a_single_tagged_direction_is_found_whatever_the_thinking(name, case, thought, pad):
-    response = f"<think>{thought} left up down right</think>{pad}<answer> {case(name)} </answer>{pad}"
+    response = (
+        f"<think>{thought} left up down right</think>{pad}<answer> {case(name)} </answer>{pad}"
+    )
     assert parse_action(response) == grid.ACTION_NAMES.index(name)

@@ -3,7 +3,8 @@
 import jax
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from envs.frozenlake import env as fl_env
 from envs.frozenlake import grid
@@ -36,8 +37,9 @@ def test_reset_renders_the_start_and_keys_each_row(slippery):
     for i, task in enumerate(tasks):
         start = int(np.flatnonzero(slippery.maps[task].reshape(-1) == grid.START)[0])
         assert obs[i] == render(slippery.maps[task], start)
-        np.testing.assert_array_equal(jax.random.key_data(rows.keys[i]),
-                                      jax.random.key_data(row_key(11, i)))
+        np.testing.assert_array_equal(
+            jax.random.key_data(rows.keys[i]), jax.random.key_data(row_key(11, i))
+        )
     assert slippery.num_tasks() == 6
 
 
@@ -84,7 +86,12 @@ def test_an_invalid_response_is_a_noop_that_uses_its_turn(slippery):
     rows, _ = slippery.reset(tasks, seed)
     start = int(rows.env.pos[0])
     rows, res = slippery.step(rows, ["I am not sure."], np.ones(1, bool))
-    assert (res.action[0], res.action_valid[0], res.reward[0], res.done[0]) == (-1, False, 0.0, False)
+    assert (res.action[0], res.action_valid[0], res.reward[0], res.done[0]) == (
+        -1,
+        False,
+        0.0,
+        False,
+    )
     assert int(rows.env.pos[0]) == start and int(rows.turn[0]) == 1
     assert res.observations[0] == render(slippery.maps[2], start)
     # the next (valid) move draws its slip from the key of turn 1, not turn 0
@@ -121,7 +128,9 @@ def test_t_max_ends_rows_that_keep_answering_garbage(deterministic):
     assert not res.success.any() and int(rows.env.pos[1]) == 0  # "Up" at the top edge stays
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.text(max_size=60), min_size=3, max_size=3))
 def test_any_text_is_an_action_or_invalid_never_an_error(deterministic, texts):
     rows, _ = deterministic.reset(np.array([0, 0, 0]), seed=2)
@@ -137,9 +146,14 @@ def test_instructions_describe_the_dynamics(slippery, deterministic):
     assert "<answer>Left</answer>" in deterministic.instructions()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"t_max": 0}, "t_max"), ({"is_slippery": 1}, "is_slippery"), ({"success_rate": 1.5}, "success_rate"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"t_max": 0}, "t_max"),
+        ({"is_slippery": 1}, "is_slippery"),
+        ({"success_rate": 1.5}, "success_rate"),
+    ],
+)
 def test_config_errors_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         FrozenLakeTextConfig(**kwargs)

@@ -104,8 +104,13 @@ def test_ties_of_many_values_and_sizes_are_exactly_zero(ddof, scale_by_std):
     for size in (1, 2, 3, 7, 16, 33):
         for v in values:
             x = jnp.full((size,), v, jnp.float32)
-            got = adv.group_normalize(x, [jnp.zeros(size, jnp.int32)], jnp.ones(size, bool),
-                                      ddof=ddof, scale_by_std=scale_by_std)
+            got = adv.group_normalize(
+                x,
+                [jnp.zeros(size, jnp.int32)],
+                jnp.ones(size, bool),
+                ddof=ddof,
+                scale_by_std=scale_by_std,
+            )
             assert np.all(np.asarray(got) == 0.0), (v, size, got)
 
 
@@ -114,7 +119,9 @@ def test_near_ties_are_not_zeroed():
     base = np.float32(9.025)
     x = np.array([base, np.nextafter(base, np.float32(np.inf))] * 2, np.float32)
     keys, valid = [np.zeros(4, np.int32)], np.ones(4, bool)
-    got = np.asarray(adv.group_normalize(jnp.asarray(x), [jnp.asarray(keys[0])], jnp.asarray(valid)))
+    got = np.asarray(
+        adv.group_normalize(jnp.asarray(x), [jnp.asarray(keys[0])], jnp.asarray(valid))
+    )
     want = normalize_reference(x, keys, valid)
     assert abs(want[0]) > 0.1  # one ulp (9.5e-7) against std 5.5e-7 + eps 1e-6
     np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -157,19 +164,42 @@ def _layout(draw):
     """Groups of random sizes and kinds, random non-dense 2-column keys, shuffled, padded to M."""
     groups = draw(st.lists(_group(), min_size=1, max_size=7))
     used = sum(len(v) for _, v in groups)
-    keys = draw(st.lists(st.tuples(st.integers(-2**31, 2**31 - 1), st.integers(-5, 5)),
-                         min_size=len(groups), max_size=len(groups), unique=True))
-    garbage = draw(st.lists(st.sampled_from([np.nan, np.inf, 1e30, 9.025, 0.0]), min_size=M - used,
-                            max_size=M - used))
+    keys = draw(
+        st.lists(
+            st.tuples(st.integers(-(2**31), 2**31 - 1), st.integers(-5, 5)),
+            min_size=len(groups),
+            max_size=len(groups),
+            unique=True,
+        )
+    )
+    garbage = draw(
+        st.lists(
+            st.sampled_from([np.nan, np.inf, 1e30, 9.025, 0.0]),
+            min_size=M - used,
+            max_size=M - used,
+        )
+    )
     values = np.array([x for _, v in groups for x in v] + garbage, np.float32)
-    k0 = np.array([keys[g][0] for g, (_, v) in enumerate(groups) for _ in v] + [keys[0][0]] * len(garbage))
-    k1 = np.array([keys[g][1] for g, (_, v) in enumerate(groups) for _ in v] + [keys[0][1]] * len(garbage))
+    k0 = np.array(
+        [keys[g][0] for g, (_, v) in enumerate(groups) for _ in v] + [keys[0][0]] * len(garbage)
+    )
+    k1 = np.array(
+        [keys[g][1] for g, (_, v) in enumerate(groups) for _ in v] + [keys[0][1]] * len(garbage)
+    )
     valid = np.array([True] * used + [False] * len(garbage))
     all_equal = [len(set(np.asarray(v, np.float32).tolist())) == 1 for _, v in groups]  # as float32
     assert all(e for (kind, _), e in zip(groups, all_equal) if kind == "equal")
-    equal = np.array([e for e, (_, v) in zip(all_equal, groups) for _ in v] + [False] * len(garbage))
+    equal = np.array(
+        [e for e, (_, v) in zip(all_equal, groups) for _ in v] + [False] * len(garbage)
+    )
     order = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).permutation(M)
-    return (values[order], k0[order].astype(np.int32), k1[order].astype(np.int32), valid[order], equal[order])
+    return (
+        values[order],
+        k0[order].astype(np.int32),
+        k1[order].astype(np.int32),
+        valid[order],
+        equal[order],
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -177,8 +207,15 @@ def _layout(draw):
 def test_group_normalize_property(layout, options):
     values, k0, k1, valid, equal = layout
     ddof, scale = options
-    got = np.asarray(_normalize(jnp.asarray(values), [jnp.asarray(k0), jnp.asarray(k1)], jnp.asarray(valid),
-                                ddof=ddof, scale_by_std=scale))
+    got = np.asarray(
+        _normalize(
+            jnp.asarray(values),
+            [jnp.asarray(k0), jnp.asarray(k1)],
+            jnp.asarray(valid),
+            ddof=ddof,
+            scale_by_std=scale,
+        )
+    )
     assert np.all(got[equal] == 0.0), got[equal]
     assert np.all(got[~valid] == 0.0)
     want = normalize_reference(values, [k0, k1], valid, ddof=ddof, scale_by_std=scale)

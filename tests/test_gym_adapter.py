@@ -14,13 +14,17 @@ def test_registered_with_the_usual_time_limit():
     env = gym.make(fl.ENV_ID)
     assert env.spec.max_episode_steps == 100
     assert isinstance(env.unwrapped, fl.FrozenLakeJaxEnv)
-    assert env.observation_space == gym.spaces.Discrete(16) and env.action_space == gym.spaces.Discrete(4)
+    assert env.observation_space == gym.spaces.Discrete(
+        16
+    ) and env.action_space == gym.spaces.Discrete(4)
     fl.register_env()  # idempotent
     assert gym.make(fl.ENV_ID, maps="8x8").observation_space == gym.spaces.Discrete(64)
 
 
 def test_passes_gymnasium_env_checker():
-    check_env(gym.make(fl.ENV_ID, maps="8x8", render_mode="ansi").unwrapped, skip_render_check=False)
+    check_env(
+        gym.make(fl.ENV_ID, maps="8x8", render_mode="ansi").unwrapped, skip_render_check=False
+    )
 
 
 def test_deterministic_play_equals_frozenlake_v1_including_time_limit():

@@ -13,7 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from eval_helpers import frozenlake_corpus, save_tiny_policy
+from fake_devices import fake_devices_env
 from flax import nnx
+from hf_qwen3 import hf_logits, load_hf_qwen3
 
 from agentrl_jax.evaluation import likelihood
 from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
@@ -26,9 +29,6 @@ from agentrl_jax.train import TrainConfig
 from agentrl_jax.train.step import sequence_logprobs
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
-from eval_helpers import frozenlake_corpus, save_tiny_policy
-from fake_devices import fake_devices_env
-from hf_qwen3 import hf_logits, load_hf_qwen3
 
 
 def reference_turn_logprobs(logits_fn, traj) -> np.ndarray:
@@ -49,7 +49,10 @@ def policy_dirs(tmp_path_factory):
     """The base and RL policies' Hugging Face directories."""
     tokenizer = build_small_tokenizer(frozenlake_corpus(), vocab_size=400)
     root = tmp_path_factory.mktemp("policies")
-    return [save_tiny_policy(root / name, tokenizer, seed=seed) for name, seed in (("base", 0), ("rl", 1))]
+    return [
+        save_tiny_policy(root / name, tokenizer, seed=seed)
+        for name, seed in (("base", 0), ("rl", 1))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -58,19 +61,23 @@ def setup(policy_dirs):
     reference per-turn log-probs ``{(trajectory set, model): [N, T]}``."""
     dirs = policy_dirs
     base, rl = (load_policy(d) for d in dirs)
-    env = FrozenLakeTextEnv(fl_maps.generate(jax.random.key(0), 3, size=3, p=0.9),
-                            FrozenLakeTextConfig(t_max=4))
+    env = FrozenLakeTextEnv(
+        fl_maps.generate(jax.random.key(0), 3, size=3, p=0.9), FrozenLakeTextConfig(t_max=4)
+    )
     config = eval_rollout_config(group_size=2, budget=4, max_response_tokens=6, max_context=512)
     runner = MultiTurnRollout(env, base.tokenizer, config)
     policies = sampler_policies(base, rl, min_rows=1)
-    trajectories = {name: jax.device_get(runner(p, np.arange(3), jax.random.key(k)).trajectory)
-                    for k, (name, p) in enumerate(zip(("base", "RL"), policies))}
+    trajectories = {
+        name: jax.device_get(runner(p, np.arange(3), jax.random.key(k)).trajectory)
+        for k, (name, p) in enumerate(zip(("base", "RL"), policies))
+    }
     references = {}
     for model_name, directory in (("base", dirs[0]), ("RL", dirs[1])):
         torch_model = load_hf_qwen3(directory)
         for name, traj in trajectories.items():
             references[name, model_name] = reference_turn_logprobs(
-                lambda ids: hf_logits(torch_model, ids[None])[0], traj)
+                lambda ids: hf_logits(torch_model, ids[None])[0], traj
+            )
     return base, rl, trajectories, references
 
 
@@ -91,8 +98,9 @@ def test_turn_logprobs_match_the_sampler(setup):
     recorded = np.zeros(traj.turn_mask.shape)
     rows, cols = np.nonzero(traj.loss_mask)
     np.add.at(recorded, (rows, traj.token_turn[rows, cols]), traj.logprobs[rows, cols])
-    np.testing.assert_allclose(likelihood.turn_logprobs(rl.model, traj, rows_per_batch=4), recorded,
-                               atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        likelihood.turn_logprobs(rl.model, traj, rows_per_batch=4), recorded, atol=1e-4, rtol=0
+    )
 
 
 def test_a_few_rows_run_as_one_small_batch_not_padded_to_rows_per_batch(setup, monkeypatch):
@@ -108,6 +116,7 @@ def test_a_few_rows_run_as_one_small_batch_not_padded_to_rows_per_batch(setup, m
         def run(params, tokens, *rest):
             batches.append(tokens.shape[0])
             return program(params, tokens, *rest)
+
         return run
 
     monkeypatch.setattr(likelihood, "scoring_program", recording)
@@ -129,11 +138,14 @@ def test_action_nll_and_llr_are_the_teacher_forced_differences(setup):
         np.testing.assert_allclose(nll[f"{name} responses"], -ref_base[mask], atol=1e-5, rtol=0)
         logp_rl, logp_base, turn_mask, success = sets[f"{name} trajectories"]
         cum = likelihood_analysis.cumulative_llr(logp_rl, logp_base, turn_mask)
-        np.testing.assert_allclose(cum, np.cumsum(np.where(mask, ref_rl - ref_base, 0), axis=1),
-                                   atol=1e-5, rtol=0)
+        np.testing.assert_allclose(
+            cum, np.cumsum(np.where(mask, ref_rl - ref_base, 0), axis=1), atol=1e-5, rtol=0
+        )
         np.testing.assert_array_equal(success, traj.success)
         valid = data.action_nll(valid_only=True)[f"{name} responses"]
-        np.testing.assert_allclose(valid, -ref_base[mask & np.asarray(traj.action_valid)], atol=1e-5)
+        np.testing.assert_allclose(
+            valid, -ref_base[mask & np.asarray(traj.action_valid)], atol=1e-5
+        )
     assert np.all(np.concatenate(list(nll.values())) > 0)
 
 
@@ -143,10 +155,14 @@ def test_token_map_scores_the_mapped_ids(setup):
     used = np.unique(np.asarray(traj.tokens)[np.asarray(traj.token_mask)])
     token_map = TokenMap(used + 1000)  # tokenizer ids 1000+ -> model ids 0..K-1
     shifted = dataclasses.replace(traj, tokens=np.where(traj.token_mask, traj.tokens + 1000, 0))
-    mapped = dataclasses.replace(traj, tokens=np.where(traj.token_mask,
-                                                       np.searchsorted(used, traj.tokens), 0))
-    np.testing.assert_allclose(likelihood.turn_logprobs(base.model, shifted, token_map=token_map),
-                               likelihood.turn_logprobs(base.model, mapped), atol=1e-6)
+    mapped = dataclasses.replace(
+        traj, tokens=np.where(traj.token_mask, np.searchsorted(used, traj.tokens), 0)
+    )
+    np.testing.assert_allclose(
+        likelihood.turn_logprobs(base.model, shifted, token_map=token_map),
+        likelihood.turn_logprobs(base.model, mapped),
+        atol=1e-6,
+    )
 
 
 def test_windowed_records_are_refused(setup):
@@ -177,8 +193,12 @@ def test_the_head_runs_only_at_the_sampled_positions(setup):
     program = likelihood.scoring_program(graphdef, likelihood.scoring_config("blocked", bound))
     text = program.lower(params, tokens, mask, mask).compile().as_text()
     assert f"[{rows},{bound},{vocab}]" in text
-    assert all(f"[{rows},{n},{vocab}]" not in text for n in (width - 1, width)), "full-length logits"
-    assert likelihood.scoring_program(graphdef, likelihood.scoring_config("blocked", bound)) is program
+    assert all(f"[{rows},{n},{vocab}]" not in text for n in (width - 1, width)), (
+        "full-length logits"
+    )
+    assert (
+        likelihood.scoring_program(graphdef, likelihood.scoring_config("blocked", bound)) is program
+    )
 
 
 _MESH_CHILD = """
@@ -206,8 +226,13 @@ def test_scoring_on_an_fsdp_mesh_gives_the_single_device_numbers(setup, policy_d
     expected = likelihood.turn_logprobs(base.model, traj, rows_per_batch=4)
     fields = {f.name: np.asarray(getattr(traj, f.name)) for f in dataclasses.fields(traj)}
     np.savez(tmp_path / "traj.npz", expected=expected, **fields)
-    child = subprocess.run([sys.executable, "-c", _MESH_CHILD, str(policy_dirs[0]), str(tmp_path / "traj.npz")],
-                           env=fake_devices_env(8), capture_output=True, text=True, timeout=600)
+    child = subprocess.run(
+        [sys.executable, "-c", _MESH_CHILD, str(policy_dirs[0]), str(tmp_path / "traj.npz")],
+        env=fake_devices_env(8),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert child.returncode == 0 and "OK" in child.stdout, child.stderr[-3000:]
 
 
@@ -217,10 +242,20 @@ def test_the_rollout_records_the_sampling_distributions_log_probs(setup):
     ``TrainConfig(scoring="sampling")``; ``logprobs`` stay the model distribution's."""
     _, rl, trajectories, _ = setup
     traj = trajectories["RL"]
-    config = TrainConfig(scoring="sampling", sampling_temperature=EVAL_SAMPLING.temperature,
-                         sampling_top_p=EVAL_SAMPLING.top_p)
-    scored, _ = sequence_logprobs(rl.model, jnp.asarray(traj.tokens), jnp.asarray(traj.token_mask),
-                                  loss_mask=jnp.asarray(traj.loss_mask), config=config)
+    config = TrainConfig(
+        scoring="sampling",
+        sampling_temperature=EVAL_SAMPLING.temperature,
+        sampling_top_p=EVAL_SAMPLING.top_p,
+    )
+    scored, _ = sequence_logprobs(
+        rl.model,
+        jnp.asarray(traj.tokens),
+        jnp.asarray(traj.token_mask),
+        loss_mask=jnp.asarray(traj.loss_mask),
+        config=config,
+    )
     mask = np.asarray(traj.loss_mask)
-    np.testing.assert_allclose(np.asarray(scored)[mask], np.asarray(traj.sampling_logprobs)[mask], atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(scored)[mask], np.asarray(traj.sampling_logprobs)[mask], atol=1e-5
+    )
     assert np.abs(np.asarray(traj.sampling_logprobs) - np.asarray(traj.logprobs))[mask].max() > 1e-2

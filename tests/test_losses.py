@@ -35,18 +35,21 @@ def test_clipped_surrogate_clip_higher_hand_computed():
     got = losses.clipped_surrogate(logp, old, advantages, clip_low=0.2, clip_high=0.28)
     want = [
         -1.28,  # A=+1, r=1.5: max(-1.5, -1.28)      -> clipped above
-        -0.5,   # A=+1, r=0.5: max(-0.5, -0.8)       -> unclipped (pessimistic)
-        1.5,    # A=-1, r=1.5: max(1.5, 1.28)        -> unclipped
-        0.8,    # A=-1, r=0.5: max(0.5, 0.8)         -> clipped below
-        -2.5,   # A=+2, r=1.25: inside [0.8, 1.28]   -> -2 * 1.25
+        -0.5,  # A=+1, r=0.5: max(-0.5, -0.8)       -> unclipped (pessimistic)
+        1.5,  # A=-1, r=1.5: max(1.5, 1.28)        -> unclipped
+        0.8,  # A=-1, r=0.5: max(0.5, 0.8)         -> clipped below
+        -2.5,  # A=+2, r=1.25: inside [0.8, 1.28]   -> -2 * 1.25
     ]
     np.testing.assert_allclose(got, want, atol=1e-6)
     # symmetric 0.2 clips the last one: max(-2.5, -2 * 1.2) = -2.4
     sym = losses.clipped_surrogate(logp, old, advantages, clip_low=0.2, clip_high=0.2)
     np.testing.assert_allclose(sym[4], -2.4, atol=1e-6)
     # gradient w.r.t. logprobs: d(-A r)/dlogp = -A r where unclipped, 0 where clipped
-    grad = jax.grad(lambda lp: jnp.sum(losses.clipped_surrogate(lp, old, advantages, clip_low=0.2,
-                                                                  clip_high=0.28)))(logp)
+    grad = jax.grad(
+        lambda lp: jnp.sum(
+            losses.clipped_surrogate(lp, old, advantages, clip_low=0.2, clip_high=0.28)
+        )
+    )(logp)
     np.testing.assert_allclose(grad, [0.0, -0.5, 1.5, 0.0, -2.5], atol=1e-6)
     frac = losses.clip_indicator(logp, old, advantages, clip_low=0.2, clip_high=0.28)
     np.testing.assert_array_equal(frac, [1, 0, 0, 1, 0])
@@ -63,13 +66,23 @@ def test_dual_clip_hand_computed():
     # A=-1, r=2: max(2, 1.2) = 2 < 3 -> unchanged.
     np.testing.assert_allclose(plain, [4.0, -1.2, 2.0], atol=1e-5)
     np.testing.assert_allclose(dual, [3.0, -1.2, 2.0], atol=1e-5)
-    grad = jax.grad(lambda lp: jnp.sum(losses.clipped_surrogate(lp, old, advantages, dual_clip=3.0)))(logp)
+    grad = jax.grad(
+        lambda lp: jnp.sum(losses.clipped_surrogate(lp, old, advantages, dual_clip=3.0))
+    )(logp)
     np.testing.assert_allclose(grad, [0.0, 0.0, 2.0], atol=1e-5)  # capped token gets no gradient
-    np.testing.assert_array_equal(losses.clip_indicator(logp, old, advantages, dual_clip=3.0), [1, 1, 0])
+    np.testing.assert_array_equal(
+        losses.clip_indicator(logp, old, advantages, dual_clip=3.0), [1, 1, 0]
+    )
 
 
-@pytest.mark.parametrize("kwargs,field", [({"clip_low": 1.0}, "clip_low"), ({"clip_high": -0.1}, "clip_high"),
-                                          ({"dual_clip": 1.0}, "dual_clip")])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"clip_low": 1.0}, "clip_low"),
+        ({"clip_high": -0.1}, "clip_high"),
+        ({"dual_clip": 1.0}, "dual_clip"),
+    ],
+)
 def test_policy_clip_arguments_are_validated(kwargs, field):
     with pytest.raises(ValueError, match=field):
         losses.clipped_surrogate(jnp.zeros(2), jnp.zeros(2), jnp.ones(2), **kwargs)
@@ -100,14 +113,20 @@ def _gspo_example():
 
 def test_gspo_hand_computed():
     logp, old, advantages, mask = _gspo_example()
-    np.testing.assert_allclose(losses.sequence_log_ratio(logp, old, mask), [LN2 / 2, math.log(1.1)], atol=1e-6)
+    np.testing.assert_allclose(
+        losses.sequence_log_ratio(logp, old, mask), [LN2 / 2, math.log(1.1)], atol=1e-6
+    )
     clips = dict(clip_low=0.2, clip_high=0.28)
     got = losses.gspo_surrogate(logp, old, advantages, mask, **clips)
     # row 0: max(-1.414214, -clip(1.414214, 0.8, 1.28) = -1.28) = -1.28 (clipped, whole sequence)
     # row 1: 1.1 is inside [0.8, 1.28]: -(-2) * 1.1 = 2.2 on every token
-    np.testing.assert_allclose(np.asarray(got) * np.asarray(mask), [[-1.28, -1.28, 0.0], [2.2, 2.2, 2.2]], atol=1e-6)
-    np.testing.assert_array_equal(losses.gspo_clip_indicator(logp, old, advantages, mask, **clips) * mask,
-                                  [[1, 1, 0], [0, 0, 0]])
+    np.testing.assert_allclose(
+        np.asarray(got) * np.asarray(mask), [[-1.28, -1.28, 0.0], [2.2, 2.2, 2.2]], atol=1e-6
+    )
+    np.testing.assert_array_equal(
+        losses.gspo_clip_indicator(logp, old, advantages, mask, **clips) * mask,
+        [[1, 1, 0], [0, 0, 0]],
+    )
     # the paper's sequence mean: (-1.28 + 2.2) / 2 = 0.46
     part = losses.gspo_loss(logp, old, advantages, mask, **clips)
     assert float(part.total) == pytest.approx(0.92, abs=1e-6) and float(part.denom) == 2.0
@@ -141,11 +160,17 @@ def test_gspo_gradient_equals_the_sequence_level_objective(mode):
     advantages = jnp.broadcast_to(adv_seq[:, None], (n, length))
     clips = dict(clip_low=0.05, clip_high=0.08)  # some sequences clipped, some not
     tokens = lengths.astype(np.float32)
-    weights = {"seq-mean-token-mean": np.full(n, 1 / n),       # each sequence 1/G
-               "token-mean": tokens / tokens.sum(),            # |y_i| identical token losses over all tokens
-               "seq-mean-token-sum": tokens / 7.0 / n}[mode]    # |y_i| / C per sequence, over G
-    ours = lambda lp: agg.mean(losses.gspo_loss(lp, old, advantages, mask, mode=mode, norm_constant=7.0, **clips))  # noqa: E731
-    ref = lambda lp: _sequence_gspo_reference(lp, old, adv_seq, mask, weights=jnp.asarray(weights), **clips)  # noqa: E731
+    weights = {
+        "seq-mean-token-mean": np.full(n, 1 / n),  # each sequence 1/G
+        "token-mean": tokens / tokens.sum(),  # |y_i| identical token losses over all tokens
+        "seq-mean-token-sum": tokens / 7.0 / n,
+    }[mode]  # |y_i| / C per sequence, over G
+    ours = lambda lp: agg.mean(
+        losses.gspo_loss(lp, old, advantages, mask, mode=mode, norm_constant=7.0, **clips)
+    )  # noqa: E731
+    ref = lambda lp: _sequence_gspo_reference(
+        lp, old, adv_seq, mask, weights=jnp.asarray(weights), **clips
+    )  # noqa: E731
     np.testing.assert_allclose(ours(logp), ref(logp), rtol=1e-5)
     np.testing.assert_allclose(jax.grad(ours)(logp), jax.grad(ref)(logp), atol=1e-6)
     clipped = np.asarray(losses.gspo_clip_indicator(logp, old, advantages, mask, **clips))[:, 0]
@@ -163,7 +188,9 @@ def test_kl_estimators_hand_computed():
     logp = jnp.log(jnp.array([0.5, 0.25]))
     ref = jnp.log(jnp.array([0.25, 0.5]))
     np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k1"), [LN2, -LN2], atol=1e-6)
-    np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k2"), [LN2**2 / 2, LN2**2 / 2], atol=1e-6)
+    np.testing.assert_allclose(
+        losses.kl_penalty(logp, ref, "k2"), [LN2**2 / 2, LN2**2 / 2], atol=1e-6
+    )
     np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k3"), [LN2 - 0.5, 1 - LN2], atol=1e-6)
     # d k3 / d logp = 1 - exp(d): token 0 -> 1 - 0.5 = 0.5; token 1 -> 1 - 2 = -1
     grad = jax.grad(lambda lp: jnp.sum(losses.kl_penalty(lp, ref, "k3")))(logp)
@@ -174,7 +201,9 @@ def test_k3_cap():
     # d = 5: exp(5) - 5 - 1 = 142.41 -> capped at 10 (and its gradient is 0); uncapped with None.
     logp, ref = jnp.array([0.0]), jnp.array([5.0])
     np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k3"), [10.0])
-    np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k3", k3_max=None), [math.exp(5) - 6], rtol=1e-6)
+    np.testing.assert_allclose(
+        losses.kl_penalty(logp, ref, "k3", k3_max=None), [math.exp(5) - 6], rtol=1e-6
+    )
     assert jax.grad(lambda lp: losses.kl_penalty(lp, ref, "k3")[0])(logp)[0] == 0.0
     with pytest.raises(ValueError, match="estimator"):
         losses.kl_penalty(logp, ref, "k4")
@@ -185,7 +214,10 @@ def test_k1_k3_are_unbiased_and_k2_is_not():
     pi = jnp.array([0.5, 0.3, 0.2])
     ref = jnp.array([0.2, 0.2, 0.6])
     kl = float(jnp.sum(pi * jnp.log(pi / ref)))
-    expect = {e: float(jnp.sum(pi * losses.kl_penalty(jnp.log(pi), jnp.log(ref), e))) for e in ("k1", "k2", "k3")}
+    expect = {
+        e: float(jnp.sum(pi * losses.kl_penalty(jnp.log(pi), jnp.log(ref), e)))
+        for e in ("k1", "k2", "k3")
+    }
     assert expect["k1"] == pytest.approx(kl, abs=1e-6)
     assert expect["k3"] == pytest.approx(kl, abs=1e-6)
     assert abs(expect["k2"] - kl) > 1e-3
@@ -201,11 +233,14 @@ def test_logprobs_and_entropy_from_logits_match_numpy():
     log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     want_lp = np.take_along_axis(log_softmax, tokens[..., None], -1)[..., 0]
     want_h = -(np.exp(log_softmax) * log_softmax).sum(-1)
-    np.testing.assert_allclose(losses.logprobs_from_logits(jnp.asarray(logits), jnp.asarray(tokens)), want_lp,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        losses.logprobs_from_logits(jnp.asarray(logits), jnp.asarray(tokens)), want_lp, atol=1e-6
+    )
     np.testing.assert_allclose(losses.entropy_from_logits(jnp.asarray(logits)), want_h, atol=1e-6)
     # uniform over 4 -> ln 4
-    np.testing.assert_allclose(losses.entropy_from_logits(jnp.zeros((1, 1, 4))), [[math.log(4)]], atol=1e-6)
+    np.testing.assert_allclose(
+        losses.entropy_from_logits(jnp.zeros((1, 1, 4))), [[math.log(4)]], atol=1e-6
+    )
 
 
 def test_entropy_bonus_sign():
@@ -224,9 +259,9 @@ def test_clipped_value_loss_hand_computed():
     old = jnp.ones(4)
     got = losses.clipped_value_loss(values, old, returns, clip=0.5)
     want = [
-        0.32,   # V=1.2 inside the range: 0.5 * 0.8^2
+        0.32,  # V=1.2 inside the range: 0.5 * 0.8^2
         0.125,  # V=2.0 hits R but is clipped to 1.5: 0.5 * max(0, 0.25)
-        2.0,    # V=0.0: 0.5 * max(4, (0.5-2)^2 = 2.25)
+        2.0,  # V=0.0: 0.5 * max(4, (0.5-2)^2 = 2.25)
         0.125,  # V=0.4, R=0: 0.5 * max(0.16, 0.5^2)
     ]
     np.testing.assert_allclose(got, want, atol=1e-6)
@@ -263,14 +298,21 @@ def _batch(seed=0, n=8, length=6):
     pos = np.arange(length)[None, :]
     mask = ((pos >= start[:, None]) & (pos < start[:, None] + lengths[:, None])).astype(np.float32)
     f = lambda *s: jnp.asarray(rng.normal(size=s).astype(np.float32))  # noqa: E731
-    return dict(logp=0.3 * f(n, length) - 1.0, old=0.3 * f(n, length) - 1.0, ref=0.3 * f(n, length) - 1.0,
-                adv=f(n, length), mask=jnp.asarray(mask))
+    return dict(
+        logp=0.3 * f(n, length) - 1.0,
+        old=0.3 * f(n, length) - 1.0,
+        ref=0.3 * f(n, length) - 1.0,
+        adv=f(n, length),
+        mask=jnp.asarray(mask),
+    )
 
 
 @functools.partial(jax.jit, static_argnames="mode")
 def _part_total(logp, old, adv, ref, mask, mode):
     """Policy + 0.001 KL loss of one micro-batch as a LossSum (jitted: one compile per shape)."""
-    pol = losses.policy_loss(logp, old, adv, mask, clip_high=0.28, dual_clip=3.0, mode=mode, norm_constant=6.0)
+    pol = losses.policy_loss(
+        logp, old, adv, mask, clip_high=0.28, dual_clip=3.0, mode=mode, norm_constant=6.0
+    )
     kl = losses.kl_loss(logp, ref, mask, mode=mode, norm_constant=6.0)
     return agg.LossSum(pol.total + 0.001 * kl.total, pol.denom)
 
@@ -290,7 +332,10 @@ def test_micro_batches_give_the_full_batch_mean_and_gradient(mode):
         combined = agg.combine(parts)
         np.testing.assert_allclose(agg.mean(combined), full_value, rtol=1e-6)
         # accumulate gradients of each part's unreduced total; divide once by the global denominator
-        grads = [jax.grad(lambda lp, r=r: _part(lp, b, r, mode).total)(b["logp"][slice(*r)]) for r in splits]
+        grads = [
+            jax.grad(lambda lp, r=r: _part(lp, b, r, mode).total)(b["logp"][slice(*r)])
+            for r in splits
+        ]
         micro_grad = jnp.concatenate(grads) / combined.denom
         np.testing.assert_allclose(micro_grad, full_grad, atol=1e-6)
 
@@ -323,5 +368,7 @@ def test_multi_device_psum_gives_the_full_batch_gradient():
         print("OK")
     """)
     env = fake_devices_env(8)
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]

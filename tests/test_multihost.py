@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from multihost import launch
 
 from agentrl_jax.distributed import ClusterConfig
 from agentrl_jax.errors import ConfigError
-from multihost import launch
 
 WORKER = Path(__file__).parent / "multihost_worker.py"
 
@@ -42,7 +42,8 @@ def test_two_processes_train_to_the_parameters_of_one(tmp_path):
     # both processes logged the same losses as the single one (the global batch's)
     losses = [line for line in single[0].output.splitlines() if " loss " in line]
     assert [line.split(" loss ")[1] for line in losses] == [
-        line.split(" loss ")[1] for line in pair[1].output.splitlines() if " loss " in line]
+        line.split(" loss ")[1] for line in pair[1].output.splitlines() if " loss " in line
+    ]
 
 
 @pytest.mark.slow
@@ -62,11 +63,18 @@ def test_cluster_auto_finds_the_processes_from_slurm_variables(tmp_path):
     """``--cluster-auto`` under the variables ``srun`` sets (``SLURM_JOB_ID``, ``_NTASKS``,
     ``_PROCID``, ...): jax's own detection joins the two processes, which train as with the
     explicit flags."""
-    pair = launch(WORKER, [str(tmp_path / "out"), "train", "--updates", "1"], processes=2,
-                  devices=4, slurm=True)
+    pair = launch(
+        WORKER,
+        [str(tmp_path / "out"), "train", "--updates", "1"],
+        processes=2,
+        devices=4,
+        slurm=True,
+    )
     for i, p in enumerate(pair):
         assert p.code == 0, f"process {i}:\n{p.output[-3000:]}"
-        assert f"process {i} of 2 starts at update 0" in p.output and f"process {i} done" in p.output
+        assert (
+            f"process {i} of 2 starts at update 0" in p.output and f"process {i} done" in p.output
+        )
 
 
 def test_cluster_config_is_validated():

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
-
 from multihost import launch
+from safetensors.numpy import load_file
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +32,24 @@ CONFIG = ROOT / "configs" / "frozenlake_ci.yaml"
 
 
 def _reproduce(out: Path, processes: int, devices: int, until: list[str]):
-    done = launch(CLI, ["reproduce", "frozenlake", "--config", str(CONFIG), "--out", str(out),
-                        "--no-progress", "--set", "mesh.data=-1", *until],
-                  processes=processes, devices=devices, timeout=1200)
+    done = launch(
+        CLI,
+        [
+            "reproduce",
+            "frozenlake",
+            "--config",
+            str(CONFIG),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--set",
+            "mesh.data=-1",
+            *until,
+        ],
+        processes=processes,
+        devices=devices,
+        timeout=1200,
+    )
     for i, p in enumerate(done):
         assert p.code == 0, f"process {i} of {processes}:\n{p.output[-4000:]}"
     return done
@@ -79,12 +93,15 @@ def test_two_processes_reproduce_what_one_does(runs, full_scale):
     # trained (and warm-started) policies agree to 1e-6
     runs = sorted(p.name for p in (one / "models").iterdir())
     assert {"base", "grpo"} <= set(runs) and runs == sorted(
-        p.name for p in (two / "models").iterdir())
+        p.name for p in (two / "models").iterdir()
+    )
     for run in runs:
         a, b = _weights(one / "models" / run), _weights(two / "models" / run)
         assert a.keys() == b.keys()
         for name in a:
-            np.testing.assert_allclose(b[name], a[name], atol=1e-6, rtol=1e-6, err_msg=f"{run}: {name}")
+            np.testing.assert_allclose(
+                b[name], a[name], atol=1e-6, rtol=1e-6, err_msg=f"{run}: {name}"
+            )
     # the same Table 1 (every cell's successes of the same samples), the same raw counts
     assert (one / "table1.csv").read_bytes() == (two / "table1.csv").read_bytes()
     raw = sorted(p.name for p in (one / "raw").iterdir())
@@ -94,8 +111,10 @@ def test_two_processes_reproduce_what_one_does(runs, full_scale):
             continue
         assert filecmp.cmp(one / "raw" / name, two / "raw" / name, shallow=False), name
     if full_scale:
-        a, b = (dict(_numbers(json.loads((f / "raw" / "likelihood.json").read_text())))
-                for f in (one, two))
+        a, b = (
+            dict(_numbers(json.loads((f / "raw" / "likelihood.json").read_text())))
+            for f in (one, two)
+        )
         assert a.keys() == b.keys()
         for key in a:
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-5), key
@@ -113,14 +132,32 @@ def test_a_killed_process_resumes_the_reproduction_to_the_same_bytes(runs, tmp_p
     _, two, _ = runs
     out = tmp_path / "resumed"
     checkpoints = out / "runs" / "grpo" / "checkpoints"
-    first = lambda: checkpoints.is_dir() and any(  # noqa: E731
-        p.name.isdigit() and int(p.name) >= 1 for p in checkpoints.iterdir())
-    runs_set = [] if (two / "models" / "budgetmix").exists() else [
-        "--set", "rl.runs=[grpo]"]  # the reference's config
+    first = lambda: (
+        checkpoints.is_dir()
+        and any(  # noqa: E731
+            p.name.isdigit() and int(p.name) >= 1 for p in checkpoints.iterdir()
+        )
+    )
+    runs_set = (
+        [] if (two / "models" / "budgetmix").exists() else ["--set", "rl.runs=[grpo]"]
+    )  # the reference's config
     # a short heartbeat: process 0 must not wait long for the killed one (the default's 100 s)
-    args = ["reproduce", "frozenlake", "--config", str(CONFIG), "--out", str(out),
-            "--no-progress", "--set", "mesh.data=-1", *runs_set, "--until", "train:grpo",
-            "--heartbeat-timeout", "10"]
+    args = [
+        "reproduce",
+        "frozenlake",
+        "--config",
+        str(CONFIG),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--set",
+        "mesh.data=-1",
+        *runs_set,
+        "--until",
+        "train:grpo",
+        "--heartbeat-timeout",
+        "10",
+    ]
     killed = launch(CLI, args, processes=2, devices=4, timeout=600, kill=(1, first))
     assert killed[1].code == -9, killed[1].output[-3000:]
     assert killed[0].code not in (0, None), killed[0].output[-3000:]
@@ -140,6 +177,10 @@ def test_a_killed_process_resumes_the_reproduction_to_the_same_bytes(runs, tmp_p
         assert files
         for f in files:
             assert (out / "models" / run / f.name).read_bytes() == f.read_bytes(), f"{run}/{f.name}"
-    log = lambda folder: [{k: r[k] for k in ("step", "R_multi", "loss")} for r in map(  # noqa: E731
-        json.loads, (folder / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines())]
+    log = lambda folder: [
+        {k: r[k] for k in ("step", "R_multi", "loss")}
+        for r in map(  # noqa: E731
+            json.loads, (folder / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()
+        )
+    ]
     assert log(out) == log(two)

@@ -13,8 +13,13 @@ from envs.frozenlake import optimal, qstar
 
 
 def _play_all(tiles, q, budget, params, episodes, t_max, seed=0):
-    play = jax.jit(jax.vmap(jax.vmap(optimal.play_greedy, in_axes=(0, None, None, None, None, None)),
-                            in_axes=(0, 0, 0, None, None, None)), static_argnums=(5,))
+    play = jax.jit(
+        jax.vmap(
+            jax.vmap(optimal.play_greedy, in_axes=(0, None, None, None, None, None)),
+            in_axes=(0, 0, 0, None, None, None),
+        ),
+        static_argnums=(5,),
+    )
     keys = jax.random.split(jax.random.key(seed), tiles.shape[0] * episodes)
     return play(keys.reshape(tiles.shape[0], episodes), tiles, q, budget, params, t_max)
 
@@ -37,8 +42,9 @@ def test_deterministic_success_is_the_structural_bound():
         assert np.all(np.asarray(turns) <= budget)
         success, turns, _, _ = _play_all(tiles, q_discounted, budget, params, 1, t_max)
         np.testing.assert_array_equal(success[:, 0], shortest <= budget)
-        np.testing.assert_array_equal(np.asarray(turns)[:, 0][shortest <= budget],
-                                      shortest[shortest <= budget])
+        np.testing.assert_array_equal(
+            np.asarray(turns)[:, 0][shortest <= budget], shortest[shortest <= budget]
+        )
 
 
 def test_slippery_greedy_episodes_match_the_dp_probability():
@@ -58,8 +64,23 @@ def test_slippery_greedy_episodes_match_the_dp_probability():
 
 def test_solve_cli_reports_consistent_numbers(tmp_path):
     out = tmp_path / "solve.json"
-    result = CliRunner().invoke(app, ["solve", "frozenlake", "--maps", "8", "--size", "5",
-                                      "--t-max", "20", "--episodes", "32", "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "solve",
+            "frozenlake",
+            "--maps",
+            "8",
+            "--size",
+            "5",
+            "--t-max",
+            "20",
+            "--episodes",
+            "32",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "Q*-greedy play with budget 20" in result.output
     rows = json.loads(out.read_text())["budgets"]

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from test_qwen3_cache import CONFIG, _chunk, model  # noqa: F401  (model: the shared fixture)
 
 from agentrl_jax.models import PagedKVCache, paged_cache, positions_from_mask
@@ -16,8 +15,15 @@ from agentrl_jax.models.attention import _xla_attention, visibility
 
 
 def _empty(batch=3, max_len=16, page_size=4, num_pages=None, block_pages=2):
-    return PagedKVCache.empty(CONFIG, batch, max_len, page_size=page_size, num_pages=num_pages,
-                              block_pages=block_pages, dtype=jnp.float32)
+    return PagedKVCache.empty(
+        CONFIG,
+        batch,
+        max_len,
+        page_size=page_size,
+        num_pages=num_pages,
+        block_pages=block_pages,
+        dtype=jnp.float32,
+    )
 
 
 def _table(cache):
@@ -26,7 +32,7 @@ def _table(cache):
 
 # ------------------------------------------------------------------------------ bookkeeping
 def test_allocate_gives_rows_the_lowest_free_pages_in_row_order():
-    cache = _empty(num_pages=6)                            # 3 rows x 4 pages each, pool of 6
+    cache = _empty(num_pages=6)  # 3 rows x 4 pages each, pool of 6
     cache, ok = paged_cache.allocate(cache, jnp.array([5, 0, 4]))  # 2, 0, 1 pages
     assert np.asarray(ok).tolist() == [True, True, True]
     assert _table(cache) == [[0, 1, 6, 6], [6, 6, 6, 6], [2, 6, 6, 6]]
@@ -64,9 +70,11 @@ def test_take_rows_moves_first_copies_copies_later_ones_and_frees_dropped_rows()
     cache = _empty(num_pages=8)
     rng = np.random.default_rng(0)
     cache, _ = paged_cache.allocate(cache, jnp.array([5, 3, 8]))
-    cache = cache.replace(lengths=jnp.array([5, 3, 8]),
-                          k=jnp.asarray(rng.normal(size=cache.k.shape), jnp.float32),
-                          v=jnp.asarray(rng.normal(size=cache.v.shape), jnp.float32))
+    cache = cache.replace(
+        lengths=jnp.array([5, 3, 8]),
+        k=jnp.asarray(rng.normal(size=cache.k.shape), jnp.float32),
+        v=jnp.asarray(rng.normal(size=cache.v.shape), jnp.float32),
+    )
     before = cache
     # row 0 twice, row 2 once, an empty row; row 1 dropped
     out = paged_cache.take_rows(cache, jnp.array([2, 0, 0, -1]))
@@ -76,10 +84,12 @@ def test_take_rows_moves_first_copies_copies_later_ones_and_frees_dropped_rows()
     assert table[3] == [8, 8, 8, 8]
     copy = table[2][:2]
     assert not set(copy) & set(table[0][:2] + table[1][:2])
-    np.testing.assert_array_equal(np.asarray(out.k)[:, :, copy],
-                                  np.asarray(before.k)[:, :, table[1][:2]])
-    np.testing.assert_array_equal(np.asarray(out.v)[:, :, copy],
-                                  np.asarray(before.v)[:, :, table[1][:2]])
+    np.testing.assert_array_equal(
+        np.asarray(out.k)[:, :, copy], np.asarray(before.k)[:, :, table[1][:2]]
+    )
+    np.testing.assert_array_equal(
+        np.asarray(out.v)[:, :, copy], np.asarray(before.v)[:, :, table[1][:2]]
+    )
     held = {p for row in table for p in row if p < 8}
     assert np.asarray(out.free).tolist() == [p not in held for p in range(8)]
 
@@ -98,19 +108,26 @@ def test_paged_attention_equals_full_score_attention_on_ragged_rows(length):
     used = 0
     for b, n in enumerate(fill):
         pages = -(-(n + length) // size)
-        table[b, :pages] = perm[used:used + pages]
+        table[b, :pages] = perm[used : used + pages]
         used += pages
     limits = np.array([[n + i + 1 for i in range(length)] for n in fill], np.int32)
     q = jnp.asarray(rng.normal(size=(batch, length, heads, hd)), jnp.float32)
-    out = paged_cache.paged_attention(q, k_pool, v_pool, 1, jnp.asarray(table),
-                                      jnp.asarray(limits), block_pages=2)
+    out = paged_cache.paged_attention(
+        q, k_pool, v_pool, 1, jnp.asarray(table), jnp.asarray(limits), block_pages=2
+    )
+
     # the same keys laid out contiguously per row
     def contiguous(pool_):  # [KV, B, R, S, hd] -> [B, R * S, KV, hd]
         rows = np.asarray(pool_)[:, 1][:, np.clip(table, 0, pool - 1)]
         return np.moveaxis(rows.reshape(kv_heads, batch, -1, hd), 0, 2)
+
     keys, values = contiguous(k_pool), contiguous(v_pool)
-    want = _xla_attention(q, jnp.asarray(keys), jnp.asarray(values),
-                          visibility(jnp.asarray(limits), None, length, keys.shape[1]))
+    want = _xla_attention(
+        q,
+        jnp.asarray(keys),
+        jnp.asarray(values),
+        visibility(jnp.asarray(limits), None, length, keys.shape[1]),
+    )
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=1e-5, rtol=0)
 
 
@@ -138,8 +155,9 @@ def test_model_through_pages_equals_full_forward_and_never_retraces(model, scan_
     rng = np.random.default_rng(0)
     history = [[] for _ in range(3)]
     outputs = [[] for _ in range(3)]
-    cache = PagedKVCache.empty(CONFIG, 3, 24, page_size=4, num_pages=12, block_pages=2,
-                               dtype=jnp.float32)
+    cache = PagedKVCache.empty(
+        CONFIG, 3, 24, page_size=4, num_pages=12, block_pages=2, dtype=jnp.float32
+    )
 
     def feed(rows, width, left):
         nonlocal cache
@@ -204,9 +222,13 @@ def test_the_pool_write_stays_in_place_when_compiled_for_a_tpu():
     # compile-only TPU devices: the child may load libtpu while this process holds it too
     child_env = {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
-    child = subprocess.run([sys.executable, "-c", WRITE_IN_PLACE], env=child_env,
-                           capture_output=True, text=True,
-                           timeout=600)
+    child = subprocess.run(
+        [sys.executable, "-c", WRITE_IN_PLACE],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     temp, pool = map(int, child.stdout.split()[-2:])
     assert pool > 4 * 2**30 and temp < 2**26

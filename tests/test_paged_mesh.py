@@ -113,21 +113,37 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_paged_engine_on_a_mesh_gives_one_devices_tokens():
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(Path(__file__).parent)],
-                            env=fake_devices_env(8), capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(Path(__file__).parent)],
+        env=fake_devices_env(8),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     line = next(l for l in result.stdout.splitlines() if l.startswith("REPORT"))
-    report = json.loads(line[len("REPORT"):])
+    report = json.loads(line[len("REPORT") :])
     for shape in ("(8, 1, 1)", "(2, 4, 1)", "(1, 8, 1)"):
         r = report[f"sampler{shape}"]
         assert r["same_tokens"] and r["same_lengths"], (shape, r)
         assert r["log_prob_diff"] < 1e-5 and r["sampled"] > 60, (shape, r)
         # rows, and the pool's pages ([KV, layers, P, S, hd]), split over the batch axes: each shard a whole engine
-        axes = {"(8, 1, 1)": "'data'", "(2, 4, 1)": "('data', 'fsdp')", "(1, 8, 1)": "'fsdp'"}[shape]
-        assert r["layout"]["k"] == f"P(None, None, {axes})" and r["layout"]["page_table"] == f"P({axes},)"
+        axes = {"(8, 1, 1)": "'data'", "(2, 4, 1)": "('data', 'fsdp')", "(1, 8, 1)": "'fsdp'"}[
+            shape
+        ]
+        assert (
+            r["layout"]["k"] == f"P(None, None, {axes})"
+            and r["layout"]["page_table"] == f"P({axes},)"
+        )
         # decode traced twice: once more for the one-key call, refused while tracing
-        assert r["traces"] == {"init": 1, "append": 2, "decode": 2, "release": 1, "append_rows": 1,
-                               "copy_rows": 1}, (shape, r)
+        assert r["traces"] == {
+            "init": 1,
+            "append": 2,
+            "decode": 2,
+            "release": 1,
+            "append_rows": 1,
+            "copy_rows": 1,
+        }, (shape, r)
         cross, one_key = r["errors"]
         assert "different batch shards" in cross and "[B] keys" in one_key, r["errors"]
     assert "tensor=2" in report["tensor_error"]

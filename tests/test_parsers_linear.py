@@ -37,8 +37,10 @@ class ParserHung(Exception):
 
 def guarded(parse, text):
     """``parse(text)``, failing with ParserHung after GUARD_S seconds."""
+
     def on_alarm(signum, frame):
         raise ParserHung(f"a parser ran past {GUARD_S:g} s on {len(text):,} characters")
+
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, GUARD_S)
     try:
@@ -70,7 +72,10 @@ CASES = {
     # the SQL action grammar
     "sql: fence then spaces": (sql, lambda n: sized(" ", n, "```")),
     "sql: fence in a tag then spaces": (sql, lambda n: sized(" ", n, "<sql>```", "x")),
-    "sql: fence, spaces, a fence not at the end": (sql, lambda n: sized(" ", n, "<sql>```\n", "```x")),
+    "sql: fence, spaces, a fence not at the end": (
+        sql,
+        lambda n: sized(" ", n, "<sql>```\n", "```x"),
+    ),
     "sql: fence, tabs and newlines": (sql, lambda n: sized("\t\n", n, "<sql>```sql\n", "```;")),
     "sql: many unclosed fences": (sql, lambda n: sized("```sql ", n)),
     "sql: many semicolons": (sql, lambda n: sized("; ", n, "<sql>SELECT 1", "</sql>")),
@@ -93,11 +98,20 @@ CASES = {
     "bfcl: a long name": (bfcl, lambda n: sized("a", n, "", "(")),
     # the DeepCoder program fences
     "code: fence then spaces": (parse_program, lambda n: sized(" ", n, "```python", "x")),
-    "code: unclosed fence, blank lines": (parse_program, lambda n: sized(" \t\n", n, "```python\n")),
+    "code: unclosed fence, blank lines": (
+        parse_program,
+        lambda n: sized(" \t\n", n, "```python\n"),
+    ),
     "code: many opening fences": (parse_program, lambda n: sized("```python\n", n)),
     "code: many backticks": (parse_program, lambda n: sized("`", n)),
-    "code: spaces before a fence": (parse_program, lambda n: sized(" ", n, "", "```python\nx\n```")),
-    "code: a blank line of spaces": (parse_program, lambda n: sized(" ", n, "```python\n", "\n```")),
+    "code: spaces before a fence": (
+        parse_program,
+        lambda n: sized(" ", n, "", "```python\nx\n```"),
+    ),
+    "code: a blank line of spaces": (
+        parse_program,
+        lambda n: sized(" ", n, "```python\n", "\n```"),
+    ),
     "code: many <think fragments": (parse_program, lambda n: sized("<think", n)),
     # the FrozenLake action parser
     "frozenlake: answer then spaces": (parse_action, lambda n: sized(" ", n, "<answer>")),
@@ -113,16 +127,22 @@ def test_parse_time_grows_linearly(name):
     texts = {n: make(n) for n in SIZES}
     times = {n: best_time(parse, texts[n], repeats=3 if n == SIZES[-1] else 4) for n in SIZES}
     ratio = times[SIZES[-1]] / max(times[SIZES[1]], 1e-7)
-    assert ratio < MAX_RATIO, (f"{name}: {times[SIZES[1]] * 1e3:.2f} ms at 100 KB, "
-                               f"{times[SIZES[-1]] * 1e3:.2f} ms at 1 MB (x{ratio:.0f})")
+    assert ratio < MAX_RATIO, (
+        f"{name}: {times[SIZES[1]] * 1e3:.2f} ms at 100 KB, "
+        f"{times[SIZES[-1]] * 1e3:.2f} ms at 1 MB (x{ratio:.0f})"
+    )
 
 
 # ---------------------------------------------------------------- the same behaviour as before
 
 # The regexes the scanners replaced, kept as references (they backtrack: short texts only).
 OLD_SQL_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)(.*?)(?:```|\Z)", re.DOTALL)
-OLD_SQL_WHOLE_FENCE = re.compile(r"\A\s*```[ \t]*[A-Za-z0-9_+-]*[^\n]*\n(.*?)\n?\s*```\s*\Z", re.DOTALL)
-OLD_BFCL_WHOLE_FENCE = re.compile(r"\A```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n?(.*?)\n?[ \t]*```\Z", re.DOTALL)
+OLD_SQL_WHOLE_FENCE = re.compile(
+    r"\A\s*```[ \t]*[A-Za-z0-9_+-]*[^\n]*\n(.*?)\n?\s*```\s*\Z", re.DOTALL
+)
+OLD_BFCL_WHOLE_FENCE = re.compile(
+    r"\A```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n?(.*?)\n?[ \t]*```\Z", re.DOTALL
+)
 OLD_THINK_OPEN = re.compile(r"<\s{0,4}think\s{0,4}>", re.IGNORECASE)
 OLD_THINK_CLOSE = re.compile(r"<\s{0,4}/\s{0,4}think\s{0,4}>", re.IGNORECASE)
 OLD_CODE_OPEN = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)[ \t]*$", re.IGNORECASE | re.MULTILINE)
@@ -142,16 +162,16 @@ def old_clean_query(query):
 def old_parse_program(response):
     response = response.replace("\r\n", "\n")
     closes = list(OLD_THINK_CLOSE.finditer(response))
-    text = response[closes[-1].end():] if closes else response
+    text = response[closes[-1].end() :] if closes else response
     still_thinking = OLD_THINK_OPEN.search(text)
     if still_thinking:
-        text = text[:still_thinking.start()]
+        text = text[: still_thinking.start()]
     program, position = None, 0
     while (opening := OLD_CODE_OPEN.search(text, position)) is not None:
         closing = OLD_CODE_CLOSE.search(text, opening.end())
         if closing is None:
             return None, UNCLOSED
-        program = text[opening.end() + 1:closing.start()]
+        program = text[opening.end() + 1 : closing.start()]
         position = closing.end()
     if program is None:
         return None, NO_PROGRAM
@@ -166,12 +186,63 @@ def texts_of(*pieces, max_pieces=16):
     return st.lists(st.sampled_from(pieces), max_size=max_pieces).map("".join)
 
 
-SQL_PIECES = ("```", "`", " ", "\t", "\n", "\u00a0", "sql", "SQL", "py", "-", "x", ";", " ;",
-              "<sql>", "</sql>", "<submit>", "<think>", "</think>")
-BFCL_PIECES = ("```", "`", " ", "\t", "\n", "\u00a0", "py", "f(", ")", "[", "]", "a=1", "'",
-               ",", "<think>", "</think>")
-CODE_PIECES = ("```", "`", " ", "\t", "\n", "\r\n", "\r", "python", "PYTHON", "py", "Py3", "3",
-               "x", "  print(1)", "<think>", "</think>", "\u00a0")
+SQL_PIECES = (
+    "```",
+    "`",
+    " ",
+    "\t",
+    "\n",
+    "\u00a0",
+    "sql",
+    "SQL",
+    "py",
+    "-",
+    "x",
+    ";",
+    " ;",
+    "<sql>",
+    "</sql>",
+    "<submit>",
+    "<think>",
+    "</think>",
+)
+BFCL_PIECES = (
+    "```",
+    "`",
+    " ",
+    "\t",
+    "\n",
+    "\u00a0",
+    "py",
+    "f(",
+    ")",
+    "[",
+    "]",
+    "a=1",
+    "'",
+    ",",
+    "<think>",
+    "</think>",
+)
+CODE_PIECES = (
+    "```",
+    "`",
+    " ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\r",
+    "python",
+    "PYTHON",
+    "py",
+    "Py3",
+    "3",
+    "x",
+    "  print(1)",
+    "<think>",
+    "</think>",
+    "\u00a0",
+)
 
 
 @settings(max_examples=100, deadline=None)
@@ -197,14 +268,36 @@ def test_code_fence_scanner_matches_the_regexes_it_replaced(text):
 
 
 def test_known_fence_edge_cases_parse_as_before():
-    for text in ["```", "``````", "```sql```", "```sql\n```", "  ```sql x\nSELECT 1 ;; \n ```  \n",
-                 "```\nSELECT 1\n```x", "```;\n;```", "\u00a0```\nSELECT 2\u00a0\n```\u2003"]:
+    for text in [
+        "```",
+        "``````",
+        "```sql```",
+        "```sql\n```",
+        "  ```sql x\nSELECT 1 ;; \n ```  \n",
+        "```\nSELECT 1\n```x",
+        "```;\n;```",
+        "\u00a0```\nSELECT 2\u00a0\n```\u2003",
+    ]:
         assert grammar.clean_query(text) == old_clean_query(text), text
-    for text in ["``````", "```py```", "```python3.9```", "```\n\n```", "```py \t\n x \n\t```",
-                 "````````", "```\t\t```"]:
+    for text in [
+        "``````",
+        "```py```",
+        "```python3.9```",
+        "```\n\n```",
+        "```py \t\n x \n\t```",
+        "````````",
+        "```\t\t```",
+    ]:
         fenced = OLD_BFCL_WHOLE_FENCE.match(text)
         assert calls._unfence(text) == (fenced.group(1) if fenced else None), text
-    for text in ["```python\nx\n```", "  ```Python3 \nx\n```\t", "```python\r\nx\r\n```",
-                 "```python\rx\n```", "````python\nx\n```", "```py\n```", "x```python\ny\n```",
-                 "```python\na\n```\n```python\nb"]:
+    for text in [
+        "```python\nx\n```",
+        "  ```Python3 \nx\n```\t",
+        "```python\r\nx\r\n```",
+        "```python\rx\n```",
+        "````python\nx\n```",
+        "```py\n```",
+        "x```python\ny\n```",
+        "```python\na\n```\n```python\nb",
+    ]:
         assert parse_program(text) == old_parse_program(text), text

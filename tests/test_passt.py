@@ -9,6 +9,7 @@ import collections
 import jax
 import numpy as np
 import pytest
+from eval_helpers import SYSTEM_BUDGET, QStarAgent, turns_in
 
 from agentrl_jax.evaluation import passk, passt
 from agentrl_jax.models.tokenizer import load_tokenizer
@@ -16,7 +17,6 @@ from agentrl_jax.policy import ScriptedPolicy
 from envs.frozenlake import grid, optimal, qstar
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
-from eval_helpers import SYSTEM_BUDGET, QStarAgent, turns_in
 
 CONFIG = passt.eval_rollout_config(max_response_tokens=16, max_context=2048)
 
@@ -29,7 +29,9 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def maps():
     """8 maps with random start and goal cells: shortest paths 1..8."""
-    return np.asarray(fl_maps.generate(jax.random.key(11), 8, size=4, p=0.75, random_start_goal=True))
+    return np.asarray(
+        fl_maps.generate(jax.random.key(11), 8, size=4, p=0.75, random_start_goal=True)
+    )
 
 
 class RecordingPolicy:
@@ -57,8 +59,17 @@ def test_each_budget_is_a_fresh_rollout_whose_prompts_state_it(tokenizer, maps):
     agent = QStarAgent(10)
     policy = RecordingPolicy(tokenizer, agent)
     budgets = (3, 6, 10)
-    results = passt.pass_at_t_results(env, tokenizer, policy, np.arange(8), jax.random.key(0),
-                                      budgets=budgets, samples=2, config=CONFIG, tasks_per_call=3)
+    results = passt.pass_at_t_results(
+        env,
+        tokenizer,
+        policy,
+        np.arange(8),
+        jax.random.key(0),
+        budgets=budgets,
+        samples=2,
+        config=CONFIG,
+        tasks_per_call=3,
+    )
     assert sorted(results) == list(budgets)
     # 3 calls of 3 tasks (the last padded) per budget, in increasing budget order.
     assert len(policy.starts) == 9
@@ -85,10 +96,16 @@ def test_each_budget_is_a_fresh_rollout_whose_prompts_state_it(tokenizer, maps):
 def test_deterministic_optimal_agent_meets_the_structural_bound(tokenizer, maps):
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=10, is_slippery=False))
     budgets = passt.default_budgets(10)
-    results = passt.pass_at_t_results(env, tokenizer,
-                                      ScriptedPolicy(tokenizer, QStarAgent(10, is_slippery=False)),
-                                      np.arange(8), jax.random.key(0), budgets=budgets, samples=1,
-                                      config=CONFIG)
+    results = passt.pass_at_t_results(
+        env,
+        tokenizer,
+        ScriptedPolicy(tokenizer, QStarAgent(10, is_slippery=False)),
+        np.arange(8),
+        jax.random.key(0),
+        budgets=budgets,
+        samples=1,
+        config=CONFIG,
+    )
     _, curve = passk.pass_at_t_curve(results, k=1)
     bound_budgets, bound = passt.structural_bound(maps, budgets)
     np.testing.assert_array_equal(bound_budgets, budgets)
@@ -101,9 +118,16 @@ def test_pass_at_k_success_rate_matches_the_exact_optimum(tokenizer, maps):
     optimal success probability V*(T, start)."""
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=8))
     agent = QStarAgent(8, gamma=1.0)
-    results = passt.pass_at_k_results(env, tokenizer, ScriptedPolicy(tokenizer, agent),
-                                      np.arange(8), jax.random.key(1), samples=32, config=CONFIG)
-    (budget, (n, c)), = results.items()
+    results = passt.pass_at_k_results(
+        env,
+        tokenizer,
+        ScriptedPolicy(tokenizer, agent),
+        np.arange(8),
+        jax.random.key(1),
+        samples=32,
+        config=CONFIG,
+    )
+    ((budget, (n, c)),) = results.items()
     assert budget == 8 and np.all(n == 32)
     q = qstar.q_star(maps, 8, gamma=1.0)
     exact = np.asarray(optimal.success_probability(q, maps, 8))
@@ -117,14 +141,33 @@ def test_pass_at_k_success_rate_matches_the_exact_optimum(tokenizer, maps):
 def test_tasks_per_call_pads_without_changing_results(tokenizer, maps):
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=6, is_slippery=False))
     policy = ScriptedPolicy(tokenizer, QStarAgent(6, is_slippery=False))
-    whole = passt.sample_successes(env, tokenizer, policy, np.arange(8), jax.random.key(0),
-                                   budget=6, samples=2, config=CONFIG)
-    chunked = passt.sample_successes(env, tokenizer, policy, np.arange(8), jax.random.key(0),
-                                     budget=6, samples=2, config=CONFIG, tasks_per_call=5)
+    whole = passt.sample_successes(
+        env, tokenizer, policy, np.arange(8), jax.random.key(0), budget=6, samples=2, config=CONFIG
+    )
+    chunked = passt.sample_successes(
+        env,
+        tokenizer,
+        policy,
+        np.arange(8),
+        jax.random.key(0),
+        budget=6,
+        samples=2,
+        config=CONFIG,
+        tasks_per_call=5,
+    )
     assert whole.shape == (8, 2)
     np.testing.assert_array_equal(whole, chunked)
-    traj = passt.rollout_tasks(env, tokenizer, policy, np.arange(8), jax.random.key(0), budget=6,
-                               samples=2, config=CONFIG, tasks_per_call=5)
+    traj = passt.rollout_tasks(
+        env,
+        tokenizer,
+        policy,
+        np.arange(8),
+        jax.random.key(0),
+        budget=6,
+        samples=2,
+        config=CONFIG,
+        tasks_per_call=5,
+    )
     assert traj.tokens.shape[0] == 16 and traj.turn_mask.shape == (16, 6)
     np.testing.assert_array_equal(traj.task_id, np.repeat(np.arange(8), 2))
     np.testing.assert_array_equal(traj.success.reshape(8, 2), chunked)
@@ -138,16 +181,28 @@ def test_defaults_and_errors(tokenizer, maps):
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=6))
     policy = ScriptedPolicy(tokenizer, QStarAgent(6))
     with pytest.raises(ValueError, match="t_max=6"):
-        passt.pass_at_t_results(env, tokenizer, policy, np.arange(2), jax.random.key(0), budgets=[7])
+        passt.pass_at_t_results(
+            env, tokenizer, policy, np.arange(2), jax.random.key(0), budgets=[7]
+        )
     with pytest.raises(ValueError, match="task_ids"):
-        passt.sample_successes(env, tokenizer, policy, np.array([8]), jax.random.key(0), budget=2,
-                               samples=1)
+        passt.sample_successes(
+            env, tokenizer, policy, np.array([8]), jax.random.key(0), budget=2, samples=1
+        )
     with pytest.raises(ValueError, match="tasks_per_call"):
-        passt.sample_successes(env, tokenizer, policy, np.arange(2), jax.random.key(0), budget=2,
-                               samples=1, tasks_per_call=0)
+        passt.sample_successes(
+            env,
+            tokenizer,
+            policy,
+            np.arange(2),
+            jax.random.key(0),
+            budget=2,
+            samples=1,
+            tasks_per_call=0,
+        )
     with pytest.raises(ValueError, match="samples"):
-        passt.sample_successes(env, tokenizer, policy, np.arange(2), jax.random.key(0), budget=2,
-                               samples=0)
+        passt.sample_successes(
+            env, tokenizer, policy, np.arange(2), jax.random.key(0), budget=2, samples=0
+        )
 
 
 def test_shortest_paths_against_a_python_bfs(maps):

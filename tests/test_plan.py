@@ -19,20 +19,43 @@ from agentrl_jax.plan import GIB, QWEN3_ARCHITECTURES, largest_buffers, model_co
 from agentrl_jax.reproduce.config import ModelSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-CI = ["--config", str(ROOT / "configs/frozenlake_ci.yaml"), "--set", "mesh.data=1", "--set", "mesh.fsdp=8",
-      "--set", "rl.tasks_per_step=4"]
-PROGRAMS = {"train:grpo", "rollout:init", "rollout:append", "rollout:decode", "eval:append", "eval:decode",
-            "eval:likelihood"}
+CI = [
+    "--config",
+    str(ROOT / "configs/frozenlake_ci.yaml"),
+    "--set",
+    "mesh.data=1",
+    "--set",
+    "mesh.fsdp=8",
+    "--set",
+    "rl.tasks_per_step=4",
+]
+PROGRAMS = {
+    "train:grpo",
+    "rollout:init",
+    "rollout:append",
+    "rollout:decode",
+    "eval:append",
+    "eval:decode",
+    "eval:likelihood",
+}
 
 
 def _plan(*args: str) -> tuple[int, dict]:
     # compile-only TPU devices: the child may load libtpu while this process holds it too
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-           "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-    child = subprocess.run([sys.executable, "-m", "agentrl_jax.cli", "plan", *CI, *args, "--json"],
-                           env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    }
+    child = subprocess.run(
+        [sys.executable, "-m", "agentrl_jax.cli", "plan", *CI, *args, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert child.returncode in (0, 1), child.stderr[-3000:]
-    return child.returncode, json.loads(child.stdout[child.stdout.index("{"):])
+    return child.returncode, json.loads(child.stdout[child.stdout.index("{") :])
 
 
 def test_largest_buffers_reads_hlo_shapes():
@@ -78,6 +101,7 @@ def test_plan_for_a_tpu_topology():
 
 def test_gpus_with_the_tpu_stand_in_need_a_multiple_of_four():
     from agentrl_jax.plan import gpu_target
+
     with pytest.raises(ValueError, match="multiples of 4 chips"):
         gpu_target(6, 80, stand_in="tpu")
     with pytest.raises(ValueError, match="'cpu' or 'tpu'"):
@@ -88,17 +112,34 @@ def test_plan_for_gpus_with_the_tpu_compiler_standing_in():
     pytest.importorskip("libtpu")
     code, report = _plan("--gpus", "8", "--gpu-memory-gib", "80", "--gpu-stand-in", "tpu")
     assert code == 0 and report["fits"] and report["estimate"] and report["stand_in"] == "tpu"
-    assert "8 x GPU 80 GiB" in report["target"] and {p["name"] for p in report["programs"]} == PROGRAMS
+    assert (
+        "8 x GPU 80 GiB" in report["target"] and {p["name"] for p in report["programs"]} == PROGRAMS
+    )
 
 
 def test_plan_compiles_the_paged_engine_on_the_mesh():
     """``rl.kv_page_size`` + ``rl.refill``: the paged programs (seating rows too), each shard's
     pages of the pool on its own device."""
-    code, report = _plan("--gpus", "8", "--program", "rollout", "--set", "rl.kv_page_size=16",
-                         "--set", "rl.refill=true", "--set", "rl.max_rows_per_call=16")
+    code, report = _plan(
+        "--gpus",
+        "8",
+        "--program",
+        "rollout",
+        "--set",
+        "rl.kv_page_size=16",
+        "--set",
+        "rl.refill=true",
+        "--set",
+        "rl.max_rows_per_call=16",
+    )
     assert code == 0 and report["fits"]
     programs = {p["name"]: p for p in report["programs"]}
-    assert set(programs) == {"rollout:init", "rollout:append", "rollout:append_rows", "rollout:decode"}
+    assert set(programs) == {
+        "rollout:init",
+        "rollout:append",
+        "rollout:append_rows",
+        "rollout:decode",
+    }
     # the pool [kv heads, layers, pages, 16, head dim]: 16 rows x 16 pages split over 8 devices
     shape, _ = programs["rollout:init"]["largest"][0]
     assert shape.split("[")[1].split(",")[2:4] == ["32", "16"], shape
@@ -108,10 +149,28 @@ def test_plan_refuses_a_pool_that_cannot_hold_one_row_per_device():
     """``rl.kv_pages`` shares the pool among the 8 devices: 64 pages are 8 per device, fewer
     than one 256-token row's 16; the plan says so before compiling anything."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    child = subprocess.run([sys.executable, "-m", "agentrl_jax.cli", "plan", *CI, "--gpus", "8",
-                            "--program", "rollout", "--set", "rl.kv_page_size=16", "--set",
-                            "rl.kv_pages=64"], env=env, capture_output=True, text=True, timeout=900,
-                           cwd=ROOT)
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentrl_jax.cli",
+            "plan",
+            *CI,
+            "--gpus",
+            "8",
+            "--program",
+            "rollout",
+            "--set",
+            "rl.kv_page_size=16",
+            "--set",
+            "rl.kv_pages=64",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert child.returncode == 2  # a one-line usage error, no traceback
     squeezed = "".join((child.stdout + child.stderr).replace("│", "").split())
     assert "num_pages=64(8shard(s))cannotholdonerowofmax_len=256" in squeezed

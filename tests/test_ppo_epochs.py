@@ -17,21 +17,37 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from compile_counter import count_backend_compiles
 from flax import nnx
+from train_fakes import random_trajectory, tiny_model
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_train_step
 from agentrl_jax.train.state import commit_state
-from agentrl_jax.train.step import (explained_variance, explained_variance_sums, policy_gradients,
-                                    prepare_batch, select_rows, update_rows)
-from compile_counter import count_backend_compiles
-from train_fakes import random_trajectory, tiny_model
+from agentrl_jax.train.step import (
+    explained_variance,
+    explained_variance_sums,
+    policy_gradients,
+    prepare_batch,
+    select_rows,
+    update_rows,
+)
 
 EPOCHS, MINI_BATCHES, ROWS = 4, 4, 16
 UPDATES = EPOCHS * MINI_BATCHES
-PPO = TrainConfig(learning_rate=3e-3, epochs=EPOCHS, mini_batches=MINI_BATCHES, algorithm=AlgorithmConfig(
-    advantage="gae", loss_terms=(LossTermConfig("policy_clip"), LossTermConfig("kl", 0.001),
-                                 LossTermConfig("value_clip"))))
+PPO = TrainConfig(
+    learning_rate=3e-3,
+    epochs=EPOCHS,
+    mini_batches=MINI_BATCHES,
+    algorithm=AlgorithmConfig(
+        advantage="gae",
+        loss_terms=(
+            LossTermConfig("policy_clip"),
+            LossTermConfig("kl", 0.001),
+            LossTermConfig("value_clip"),
+        ),
+    ),
+)
 # The paper's GRPO (clip 0.2, k3 KL 0.001, token-mean) with PPO epochs, for the hand-written loss.
 GRPO = TrainConfig(epochs=EPOCHS, mini_batches=MINI_BATCHES, num_micro_batches=2)
 
@@ -51,7 +67,9 @@ def _batch(seed: int) -> TrainBatch:
 
 def _perturbed(tree, seed: int, scale: float = 0.05):
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + scale * rng.standard_normal(x.shape), x.dtype), tree)
+    return jax.tree.map(
+        lambda x: jnp.asarray(np.asarray(x) + scale * rng.standard_normal(x.shape), x.dtype), tree
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,8 +77,10 @@ def _state(config: TrainConfig):
     state = init_train_state(_model(), config)
     state = state.replace(reference=_perturbed(state.reference, 7))  # so KL has a gradient
     if state.critic is not None:  # a non-zero value head, so values (and their variance) are not 0
-        head = {"kernel": jnp.linspace(-0.25, 0.25, _model().config.hidden_size, dtype=jnp.float32),
-                "bias": jnp.asarray(0.3, jnp.float32)}  # not weakly typed, as the step's outputs
+        head = {
+            "kernel": jnp.linspace(-0.25, 0.25, _model().config.hidden_size, dtype=jnp.float32),
+            "bias": jnp.asarray(0.3, jnp.float32),
+        }  # not weakly typed, as the step's outputs
         state = state.replace(critic=state.critic.replace(head=head))
     return commit_state(state)
 
@@ -74,7 +94,12 @@ def ppo_run():
     with count_backend_compiles() as compiles:
         second, metrics2 = step(first, _batch(1))
         jax.block_until_ready(metrics2)
-    return step, (state, first, second), (jax.device_get(metrics), jax.device_get(metrics2)), len(compiles)
+    return (
+        step,
+        (state, first, second),
+        (jax.device_get(metrics), jax.device_get(metrics2)),
+        len(compiles),
+    )
 
 
 def test_first_update_has_ratio_exactly_one_and_later_updates_clip(ppo_run):
@@ -106,15 +131,23 @@ def test_explained_variance_matches_numpy():
     rng = np.random.default_rng(0)
     values, returns = rng.standard_normal((2, 5, 7)).astype(np.float32)
     mask = rng.random((5, 7)) < 0.6
-    halves = [explained_variance_sums(jnp.asarray(values[s]), jnp.asarray(returns[s]), jnp.asarray(mask[s]))
-              for s in (slice(0, 2), slice(2, 5))]  # sums add over micro-batches
+    halves = [
+        explained_variance_sums(
+            jnp.asarray(values[s]), jnp.asarray(returns[s]), jnp.asarray(mask[s])
+        )
+        for s in (slice(0, 2), slice(2, 5))
+    ]  # sums add over micro-batches
     sums = jax.tree.map(jnp.add, *halves)
     r, v = returns[mask].astype(np.float64), values[mask].astype(np.float64)
-    np.testing.assert_allclose(float(explained_variance(sums)), 1 - np.var(r - v) / np.var(r), rtol=1e-4)
+    np.testing.assert_allclose(
+        float(explained_variance(sums)), 1 - np.var(r - v) / np.var(r), rtol=1e-4
+    )
     noisy = jnp.asarray(rng.standard_normal((4, 9)), jnp.float32)
     for level in (1.0, 0.7, 123.4):  # constant returns, whose float variance is a rounding error
         constant = explained_variance_sums(noisy, jnp.full((4, 9), level), jnp.ones((4, 9), bool))
-        assert float(explained_variance(constant)) == 0.0  # returns that do not vary explain nothing
+        assert (
+            float(explained_variance(constant)) == 0.0
+        )  # returns that do not vary explain nothing
 
 
 def test_sixteen_updates_per_batch_compile_once_and_advance_the_key(ppo_run):
@@ -143,7 +176,9 @@ def test_update_rows_are_a_fresh_permutation_per_epoch():
 def test_rows_must_split_into_mini_and_micro_batches():
     config = TrainConfig(epochs=2, mini_batches=4, num_micro_batches=3)
     step = make_train_step(_graphdef(), config)
-    with pytest.raises(ValueError, match=r"mini_batches=4 x num_micro_batches=3 must divide the batch's 16 rows"):
+    with pytest.raises(
+        ValueError, match=r"mini_batches=4 x num_micro_batches=3 must divide the batch's 16 rows"
+    ):
         jax.eval_shape(step._step, _state(GRPO), _batch(0))
 
 
@@ -178,7 +213,9 @@ def _hand_written_loss(params, old_params, reference, traj, advantages):
 def test_a_later_mini_batch_gradient_equals_a_hand_written_loss():
     state, batch = _state(GRPO), _batch(2)
     data, _ = jax.jit(functools.partial(prepare_batch, _graphdef(), GRPO))(state, batch)
-    rows = update_rows(jax.random.PRNGKey(5), ROWS, EPOCHS, MINI_BATCHES)[6]  # epoch 2, mini-batch 3
+    rows = update_rows(jax.random.PRNGKey(5), ROWS, EPOCHS, MINI_BATCHES)[
+        6
+    ]  # epoch 2, mini-batch 3
     moved = _perturbed(state.policy, 11, scale=0.1)  # as if earlier updates had moved the policy
 
     @jax.jit
@@ -187,9 +224,13 @@ def test_a_later_mini_batch_gradient_equals_a_hand_written_loss():
 
     grads, metrics = ours(moved, data, rows)
     traj = jax.tree.map(lambda x: x[rows], batch.trajectory)
-    want = jax.jit(jax.grad(_hand_written_loss))(moved, state.policy, state.reference, traj, data["advantages"][rows])
+    want = jax.jit(jax.grad(_hand_written_loss))(
+        moved, state.policy, state.reference, traj, data["advantages"][rows]
+    )
     for i, (x, y) in enumerate(zip(jax.tree.leaves(grads), jax.tree.leaves(want), strict=True)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6, rtol=1e-6, err_msg=f"leaf {i}")
+        np.testing.assert_allclose(
+            np.asarray(x), np.asarray(y), atol=1e-6, rtol=1e-6, err_msg=f"leaf {i}"
+        )
     assert float(optax.tree.norm(want)) > 1e-3  # a real gradient
     assert float(metrics["policy_clip/clip_fraction"]) > 0  # the clip acts on this mini-batch
     assert float(metrics["ratio_deviation"]) > 0.01

@@ -38,7 +38,9 @@ def _gym_q(desc, horizon: int) -> np.ndarray:
         v = q[h - 1].max(axis=1)
         for s, by_action in table.items():
             for a, outcomes in by_action.items():
-                q[h, s, a] = sum(p * (r + (0.0 if done else GAMMA * v[s2])) for p, s2, r, done in outcomes)
+                q[h, s, a] = sum(
+                    p * (r + (0.0 if done else GAMMA * v[s2])) for p, s2, r, done in outcomes
+                )
     env.close()
     return q
 
@@ -65,8 +67,16 @@ def test_qstar_scores_are_gymnasiums_q_with_the_remaining_budget():
     budget = np.array([8, 6, 3])  # the turn axis is 8 long: the largest budget
     task_id = np.array([0, 1, 1])
     row_mask = np.array([True, True, False])  # the last row is padding: never scored
-    traj = _trajectory(8, turn_mask=turn_mask, state_id=state_id, action=action, action_valid=action >= 0,
-                       budget=budget, task_id=task_id, row_mask=row_mask)
+    traj = _trajectory(
+        8,
+        turn_mask=turn_mask,
+        state_id=state_id,
+        action=action,
+        action_valid=action >= 0,
+        budget=budget,
+        task_id=task_id,
+        row_mask=row_mask,
+    )
     scores = FrozenLakeQStar(maps, invalid_score=-0.5)(traj)
 
     q = [_gym_q(m, 8) for m in MAPS]
@@ -125,9 +135,13 @@ TOKEN_TURN = [[-1, -1, 0, 0, -1, 1, -1, -1], [-1, 0, -1, -1, -1, -1, -1, -1]]
 def _text_trajectory() -> Trajectory:
     token_mask = np.array([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]], bool)
     t = Trajectory.zeros(2, 8, 2)
-    return t.replace(tokens=jnp.asarray(TOKENS), token_mask=jnp.asarray(token_mask),
-                     token_turn=jnp.asarray(TOKEN_TURN), turn_mask=jnp.asarray([[1, 1], [1, 0]], bool),
-                     row_mask=jnp.ones(2, bool))
+    return t.replace(
+        tokens=jnp.asarray(TOKENS),
+        token_mask=jnp.asarray(token_mask),
+        token_turn=jnp.asarray(TOKEN_TURN),
+        turn_mask=jnp.asarray([[1, 1], [1, 0]], bool),
+        row_mask=jnp.ones(2, bool),
+    )
 
 
 def _decode(ids) -> str:
@@ -146,7 +160,9 @@ def test_judge_scorer_places_scores_and_flags_malformed_answers():
 
     def judge(prompts, responses):
         calls.append(len(prompts))
-        return [{"t7 t8": jnp.float32(0.75), "t10": "0.9", "t11": float("inf")}[r] for r in responses]
+        return [
+            {"t7 t8": jnp.float32(0.75), "t10": "0.9", "t11": float("inf")}[r] for r in responses
+        ]
 
     scores = JudgeScorer(judge, _decode, batch_size=2, invalid_score=-1.0)(_text_trajectory())
     assert calls == [2, 1]
@@ -182,8 +198,9 @@ def _hf_yes_probability(model, ids: list[int], yes: int, no: int) -> float:
 def test_local_model_judge_matches_transformers(tmp_path):
     save_random_hf_qwen3(tmp_path)
     reference = load_hf_qwen3(tmp_path)
-    judge = LocalModelJudge(load_qwen3(tmp_path), _CharTokenizer(), question="Q: {prompt} | {response}?",
-                            pad_to=16)
+    judge = LocalModelJudge(
+        load_qwen3(tmp_path), _CharTokenizer(), question="Q: {prompt} | {response}?", pad_to=16
+    )
     prompts, responses = ["go left", "a much longer history here"], ["Left", "Down"]
     got = judge(prompts, responses)
     for p, r, score in zip(prompts, responses, got):
@@ -194,8 +211,17 @@ def test_local_model_judge_matches_transformers(tmp_path):
 
 def test_local_model_judge_from_a_model_directory_uses_its_chat_template(tmp_path):
     """A tiny random model with Qwen3's vocabulary, the bundled Qwen3 tokenizer, the chat path."""
-    save_random_hf_qwen3(tmp_path, vocab_size=151936, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, tie_word_embeddings=True)
+    save_random_hf_qwen3(
+        tmp_path,
+        vocab_size=151936,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
     judge = LocalModelJudge.from_model_dir(tmp_path, pad_to=64)
     tokenizer = load_tokenizer(tmp_path)
     (score,) = judge(["You are on S. Reach G."], ["<answer>Right</answer>"])

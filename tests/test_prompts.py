@@ -10,16 +10,21 @@ def test_budget_values_appear_in_every_turn():
     prompt = BudgetPrompt()
     assert "at most 20 turns" in prompt.system_text("Reach the goal.", 20)
     text = prompt.turn_text("P _\n_ G", budget=20, turn=7)
-    assert "[MAX TURNS] 20" in text and "[CURRENT TURN] 7" in text and "[REMAINING TURNS] 13" in text
+    assert (
+        "[MAX TURNS] 20" in text and "[CURRENT TURN] 7" in text and "[REMAINING TURNS] 13" in text
+    )
     assert text.endswith("P _\n_ G")
 
 
-@pytest.mark.parametrize("field, template, message", [
-    ("turn", "{observation} {max_turns} {current_turn}", "remaining_turns"),
-    ("system", "{instructions}", "max_turns"),
-    ("turn", "{observation} {max_turns} {current_turn} {remaining_turns} {oops}", "unknown"),
-    ("turn", "{observation", "not a format string"),
-])
+@pytest.mark.parametrize(
+    "field, template, message",
+    [
+        ("turn", "{observation} {max_turns} {current_turn}", "remaining_turns"),
+        ("system", "{instructions}", "max_turns"),
+        ("turn", "{observation} {max_turns} {current_turn} {remaining_turns} {oops}", "unknown"),
+        ("turn", "{observation", "not a format string"),
+    ],
+)
 def test_bad_templates_name_the_field(field, template, message):
     with pytest.raises(ValueError, match=f"BudgetPrompt.{field}.*{message}|{message}"):
         BudgetPrompt(**{field: template})
@@ -47,15 +52,17 @@ def test_token_pieces_concatenate_to_the_chat_template(thinking):
         sampled = tok(response, add_special_tokens=False)["input_ids"] + list(chat.end_of_turn)
         ids += sampled + chat.close_response(sampled) + chat.next_prompt(user)
         messages += [{"role": "assistant", "content": response}, {"role": "user", "content": user}]
-    expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                       enable_thinking=thinking)
+    expected = tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+    )
     if thinking:
         assert tok.decode(ids) == expected
     else:
         # The template re-renders earlier assistant turns without their empty think block;
         # our tokens keep what was really in context, so compare after removing it.
-        assert tok.decode(ids).replace("<think>\n\n</think>\n\n", "") == \
-            expected.replace("<think>\n\n</think>\n\n", "")
+        assert tok.decode(ids).replace("<think>\n\n</think>\n\n", "") == expected.replace(
+            "<think>\n\n</think>\n\n", ""
+        )
         assert tok.decode(ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 

@@ -38,7 +38,9 @@ class GuessEnv(PythonEnv):
         except ValueError:
             return state, Feedback("not a number", action_valid=False)
         won = guess == state["target"]
-        return state, Feedback("right" if won else "wrong", reward=float(won), done=won, success=won)
+        return state, Feedback(
+            "right" if won else "wrong", reward=float(won), done=won, success=won
+        )
 
     def state_key(self, state):
         return text_key(state["target"], state["guesses"])

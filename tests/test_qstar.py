@@ -105,7 +105,9 @@ def test_q_star_matches_gymnasium_on_random_slippery_8x8():
     maps = gym_maps(16)
     q = np.asarray(qstar.q_star(as_tiles(maps), H))
     assert q.shape == (16, H + 1, 64, 4) and q.dtype == np.float32
-    errors = [np.abs(q[i] - gym_reference_q(m, H, is_slippery=True)).max() for i, m in enumerate(maps)]
+    errors = [
+        np.abs(q[i] - gym_reference_q(m, H, is_slippery=True)).max() for i, m in enumerate(maps)
+    ]
     assert max(errors) <= 1e-6, errors
     assert q[:, H].max() > 0.1  # non-trivial: the goal is worth something from somewhere
 
@@ -122,7 +124,9 @@ def test_q_star_matches_gymnasium_deterministic_random_maps():
     maps = gym_maps(8, first_seed=100)
     q = np.asarray(qstar.q_star(as_tiles(maps), H, is_slippery=False))
     for i, m in enumerate(maps):
-        np.testing.assert_allclose(q[i], gym_reference_q(m, H, is_slippery=False), atol=1e-6, rtol=0)
+        np.testing.assert_allclose(
+            q[i], gym_reference_q(m, H, is_slippery=False), atol=1e-6, rtol=0
+        )
 
 
 @pytest.mark.parametrize("success_rate", [0.75, 0.1])
@@ -193,8 +197,10 @@ def test_hand_computed_slippery_2x2():
     # reach cell 1 w.p. 1/3 -> g/9.  From 1: Down {0, G, 1}, Right {G, 1, 1}, Left {1, 0, G}.
     np.testing.assert_allclose(q[2, 0], [0, g / 9, g / 9, g / 9], rtol=1e-6)
     np.testing.assert_allclose(
-        q[2, 1], [third * (1 + g / 3), third * (1 + g / 3), third * (1 + 2 * g / 3), 2 * g / 9],
-        rtol=1e-6)
+        q[2, 1],
+        [third * (1 + g / 3), third * (1 + g / 3), third * (1 + 2 * g / 3), 2 * g / 9],
+        rtol=1e-6,
+    )
     np.testing.assert_array_equal(q[:, 2], 0)  # hole
     np.testing.assert_array_equal(q[:, 3], 0)  # goal
 
@@ -209,7 +215,9 @@ def test_deterministic_values_are_discounted_distances():
         dist = python_bfs_distances(rows)
         for s, d in enumerate(dist):
             terminal = rows[s // 6][s % 6] in "HG"
-            expected = [0.0 if terminal or d is None or d > h else GAMMA ** (d - 1) for h in range(41)]
+            expected = [
+                0.0 if terminal or d is None or d > h else GAMMA ** (d - 1) for h in range(41)
+            ]
             np.testing.assert_allclose(v[:, s], expected, rtol=2e-6, atol=0)
 
 
@@ -229,12 +237,15 @@ def test_batch_dims_and_single_map_agree():
 
 def test_compiles_once_for_same_shapes(monkeypatch):
     chex.clear_trace_counter()
-    counted = jax.jit(chex.assert_max_traces(qstar.backward_induction, n=1),
-                      static_argnames=("horizon", "is_slippery", "dtype"))
+    counted = jax.jit(
+        chex.assert_max_traces(qstar.backward_induction, n=1),
+        static_argnames=("horizon", "is_slippery", "dtype"),
+    )
     monkeypatch.setattr(qstar, "_backward_induction_jit", counted)
     for seed, gamma, success_rate in [(0, 0.95, 1 / 3), (10, 0.9, 0.5), (20, 0.99, 0.8)]:
-        qstar.q_star(as_tiles(gym_maps(4, first_seed=seed)), 20, gamma=gamma,
-                     success_rate=success_rate).block_until_ready()
+        qstar.q_star(
+            as_tiles(gym_maps(4, first_seed=seed)), 20, gamma=gamma, success_rate=success_rate
+        ).block_until_ready()
     with pytest.raises(AssertionError):  # a new shape is a new trace, which the counter sees
         qstar.q_star(as_tiles(gym_maps(3)), 20)
 
@@ -255,7 +266,8 @@ def test_greedy_policy_takes_a_shortest_path_on_deterministic_maps():
             while rows[pos // 8][pos % 8] not in "HG" and moves < budget:
                 action = int(qstar.greedy_action(q[i], budget - moves, pos))
                 assert qstar.action_quality(q[i], budget - moves, pos, action) == pytest.approx(
-                    GAMMA ** (shortest - moves - 1), rel=1e-6)
+                    GAMMA ** (shortest - moves - 1), rel=1e-6
+                )
                 pos = int(np.ravel_multi_index(_step(pos // 8, pos % 8, action, 8), (8, 8)))
                 moves += 1
             assert rows[pos // 8][pos % 8] == "G" and moves == shortest
@@ -266,8 +278,12 @@ def test_greedy_policy_takes_a_shortest_path_on_deterministic_maps():
 def test_accessors_broadcast_and_flag_out_of_range():
     q = qstar.q_star(map_from_strings(["SF", "HG"]), 2)
     np.testing.assert_allclose(qstar.action_values(q, 2, 1), np.asarray(q)[2, 1])
-    got = qstar.action_quality(q, jnp.array([1, 2, 3, -1, 2, 2]), jnp.array([1, 1, 1, 1, 4, 1]),
-                               jnp.array([0, 2, 0, 0, 0, 4]))
+    got = qstar.action_quality(
+        q,
+        jnp.array([1, 2, 3, -1, 2, 2]),
+        jnp.array([1, 1, 1, 1, 4, 1]),
+        jnp.array([0, 2, 0, 0, 0, 4]),
+    )
     np.testing.assert_allclose(got[:2], [np.asarray(q)[1, 1, 0], np.asarray(q)[2, 1, 2]])
     assert np.isnan(np.asarray(got[2:])).all()  # h > H, h < 0, pos off the map, bad action
     assert int(qstar.greedy_action(q, 2, 1)) == 2  # Right: 1/3 (1 + 2 gamma / 3) is best
@@ -312,12 +328,14 @@ def test_shortest_path_and_structural_bound():
 def test_error_actions_by_hand():
     rows = ["SFF", "FHF", "FFG"]  # distances: 0:4 1:3 2:2 / 3:3 4:- 5:1 / 6:2 7:1 8:0
     tiles = map_from_strings(rows)
-    np.testing.assert_array_equal(qstar.distance_to_goal(tiles),
-                                  [4, 3, 2, 3, qstar.UNREACHABLE, 1, 2, 1, 0])
+    np.testing.assert_array_equal(
+        qstar.distance_to_goal(tiles), [4, 3, 2, 3, qstar.UNREACHABLE, 1, 2, 1, 0]
+    )
     # From 1 (top middle): Left -> 0 is further; Down is the hole; Right closer; Up bumps.
     np.testing.assert_array_equal(qstar.error_actions(tiles, 1), [True, False, False, False])
-    np.testing.assert_array_equal(qstar.error_actions(tiles, 1, include_holes=True),
-                                  [True, True, False, False])
+    np.testing.assert_array_equal(
+        qstar.error_actions(tiles, 1, include_holes=True), [True, True, False, False]
+    )
     # From 0 every move is toward the goal or a bump: no error.
     np.testing.assert_array_equal(qstar.error_actions(tiles, 0), [False] * 4)
     # Terminal cells have no errors.
@@ -331,7 +349,9 @@ def test_error_actions_match_python_definition():
     tiles = as_tiles(batch)
     for include_holes in (False, True):
         for pos in range(25):
-            got = np.asarray(qstar.error_actions(tiles, np.full(10, pos), include_holes=include_holes))
+            got = np.asarray(
+                qstar.error_actions(tiles, np.full(10, pos), include_holes=include_holes)
+            )
             for rows, row_got in zip(batch, got):
                 dist = python_bfs_distances(rows)
                 r, c = divmod(pos, 5)
@@ -341,28 +361,37 @@ def test_error_actions_match_python_definition():
                     here, there = dist[pos], dist[nr * 5 + nc]
                     live = rows[r][c] not in "HG" and here is not None
                     hole = rows[nr][nc] == "H"
-                    expected.append(live and ((hole and include_holes) or
-                                              (not hole and there is not None and there > here)))
-                np.testing.assert_array_equal(row_got, expected, err_msg=f"pos {pos}\n" + "\n".join(rows))
+                    expected.append(
+                        live
+                        and (
+                            (hole and include_holes)
+                            or (not hole and there is not None and there > here)
+                        )
+                    )
+                np.testing.assert_array_equal(
+                    row_got, expected, err_msg=f"pos {pos}\n" + "\n".join(rows)
+                )
 
 
 # --------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(tiles=np.zeros((3, 4), np.int8)), "shape"),
-    (dict(tiles=np.zeros((4, 4), np.float32)), "integer"),
-    (dict(tiles=np.full((4, 4), 7, np.int8)), "codes"),
-    (dict(horizon=-1), "horizon"),
-    (dict(horizon=2.5), "horizon"),
-    (dict(gamma=1.5), "gamma"),
-    (dict(success_rate=-0.1), "success_rate"),
-    (dict(dtype=jnp.int32), "dtype"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(tiles=np.zeros((3, 4), np.int8)), "shape"),
+        (dict(tiles=np.zeros((4, 4), np.float32)), "integer"),
+        (dict(tiles=np.full((4, 4), 7, np.int8)), "codes"),
+        (dict(horizon=-1), "horizon"),
+        (dict(horizon=2.5), "horizon"),
+        (dict(gamma=1.5), "gamma"),
+        (dict(success_rate=-0.1), "success_rate"),
+        (dict(dtype=jnp.int32), "dtype"),
+    ],
+)
 def test_bad_input_names_the_field(kwargs, match):
     args = dict(tiles=map_from_strings(DEFAULT_MAPS["4x4"]), horizon=3)
     args.update(kwargs)
     tiles, horizon = args.pop("tiles"), args.pop("horizon")
     with pytest.raises(ValueError, match=match):
         qstar.q_star(tiles, horizon, **args)
-

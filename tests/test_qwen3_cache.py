@@ -10,9 +10,16 @@ from flax import nnx
 
 from agentrl_jax.models import KVCache, Qwen3Config, Qwen3ForCausalLM, positions_from_mask
 
-CONFIG = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                     num_attention_heads=8, num_key_value_heads=2, head_dim=16,
-                     rope_theta=1e4)
+CONFIG = Qwen3Config(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=1e4,
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +88,9 @@ def test_prefill_into_empty_cache_equals_forward_without_cache(model):
     mask_j = jnp.asarray(mask)
     positions = positions_from_mask(mask_j)
     plain, none = model(jnp.asarray(tokens), positions, mask_j)
-    cached, cache = model(jnp.asarray(tokens), positions, mask_j,
-                          KVCache.empty(CONFIG, 2, 12, jnp.float32))
+    cached, cache = model(
+        jnp.asarray(tokens), positions, mask_j, KVCache.empty(CONFIG, 2, 12, jnp.float32)
+    )
     assert none is None
     np.testing.assert_allclose(np.asarray(cached)[mask], np.asarray(plain)[mask], atol=1e-5)
     assert np.asarray(cache.lengths).tolist() == [7, 3]

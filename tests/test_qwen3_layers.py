@@ -9,12 +9,25 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from agentrl_jax.models import Qwen3Config, positions_from_mask
-from agentrl_jax.models.qwen3 import (apply_rope, grouped_query_attention, rms_norm,
-                                      rope_cos_sin, rope_inverse_frequencies, swiglu_mlp)
+from agentrl_jax.models.qwen3 import (
+    apply_rope,
+    grouped_query_attention,
+    rms_norm,
+    rope_cos_sin,
+    rope_inverse_frequencies,
+    swiglu_mlp,
+)
 
-BASE = dict(vocab_size=32, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            max_position_embeddings=4096)
+BASE = dict(
+    vocab_size=32,
+    hidden_size=64,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+)
 
 
 def test_rms_norm_hand_computed():
@@ -27,7 +40,7 @@ def test_rms_norm_casts_back_before_the_weight_in_bfloat16():
     x = jnp.array([[1.0, 2.0, 3.0, 4.0]], jnp.bfloat16)
     w = jnp.array([1.1, 0.9, 1.3, 0.7], jnp.bfloat16)
     x32 = np.array([[1.0, 2.0, 3.0, 4.0]])
-    normed = (x32 / np.sqrt((x32 ** 2).mean() + 1e-6)).astype(jnp.bfloat16)
+    normed = (x32 / np.sqrt((x32**2).mean() + 1e-6)).astype(jnp.bfloat16)
     expected = np.asarray(w) * normed  # bfloat16 product of bfloat16 operands
     out = rms_norm(x, w, 1e-6)
     assert out.dtype == jnp.bfloat16
@@ -48,15 +61,32 @@ def test_rope_is_a_complex_rotation_of_half_split_pairs():
     np.testing.assert_allclose(ours[0, 0], x[0, 0], atol=1e-7)
 
 
-@pytest.mark.parametrize("rope_parameters", [
-    dict(rope_type="default", rope_theta=1e6),
-    dict(rope_type="linear", factor=3.0, rope_theta=5e5),
-    dict(rope_type="yarn", factor=4.0, rope_theta=1e6, original_max_position_embeddings=1024),
-    dict(rope_type="yarn", factor=8.0, rope_theta=1e6, original_max_position_embeddings=512,
-         mscale=1.0, mscale_all_dim=0.5, truncate=False, beta_fast=16, beta_slow=2),
-    dict(rope_type="yarn", factor=2.0, rope_theta=1e4, original_max_position_embeddings=256,
-         attention_factor=1.5),
-])
+@pytest.mark.parametrize(
+    "rope_parameters",
+    [
+        dict(rope_type="default", rope_theta=1e6),
+        dict(rope_type="linear", factor=3.0, rope_theta=5e5),
+        dict(rope_type="yarn", factor=4.0, rope_theta=1e6, original_max_position_embeddings=1024),
+        dict(
+            rope_type="yarn",
+            factor=8.0,
+            rope_theta=1e6,
+            original_max_position_embeddings=512,
+            mscale=1.0,
+            mscale_all_dim=0.5,
+            truncate=False,
+            beta_fast=16,
+            beta_slow=2,
+        ),
+        dict(
+            rope_type="yarn",
+            factor=2.0,
+            rope_theta=1e4,
+            original_max_position_embeddings=256,
+            attention_factor=1.5,
+        ),
+    ],
+)
 def test_rope_frequencies_match_transformers_init_functions(rope_parameters):
     hf_config = transformers.Qwen3Config(**BASE, rope_parameters=dict(rope_parameters))
     ours = Qwen3Config.from_hf_dict(hf_config.to_dict())
@@ -105,13 +135,14 @@ def test_a_query_that_sees_nothing_gets_finite_output():
 
 def test_swiglu_hand_computed():
     x = jnp.array([[1.0, -2.0]])
-    gate = jnp.array([[1.0, 0.0], [0.0, 1.0]])   # [I=2, D=2]
+    gate = jnp.array([[1.0, 0.0], [0.0, 1.0]])  # [I=2, D=2]
     up = jnp.array([[2.0, 0.0], [1.0, 1.0]])
-    down = jnp.array([[1.0, 1.0], [0.0, 1.0]])   # [D=2, I=2]
+    down = jnp.array([[1.0, 1.0], [0.0, 1.0]])  # [D=2, I=2]
     silu = lambda z: z / (1 + np.exp(-z))  # noqa: E731
     hidden = np.array([silu(1.0) * 2.0, silu(-2.0) * -1.0])
-    np.testing.assert_allclose(np.asarray(swiglu_mlp(x, gate, up, down)),
-                               [[hidden.sum(), hidden[1]]], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(swiglu_mlp(x, gate, up, down)), [[hidden.sum(), hidden[1]]], rtol=1e-6
+    )
 
 
 def test_positions_count_only_real_tokens():

@@ -20,19 +20,33 @@ from agentrl_jax.models import load_qwen3, positions_from_mask
 
 CASES = {
     # tied head; head_dim 24 != hidden 64 / 4 heads; kv ratio 1
-    "tied_headdim24_kv1": dict(tie_word_embeddings=True, num_attention_heads=4,
-                               num_key_value_heads=4, head_dim=24, vocab_size=250),
+    "tied_headdim24_kv1": dict(
+        tie_word_embeddings=True,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=24,
+        vocab_size=250,
+    ),
     # untied; kv ratio 2; prime vocab
-    "untied_kv2_vocab257": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                vocab_size=257),
+    "untied_kv2_vocab257": dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=257
+    ),
     # kv ratio 4; Qwen3's rope_theta; yarn scaling with a small original context so the ramp
     # between kept and interpolated frequencies falls inside head_dim
-    "untied_kv4_yarn": dict(num_attention_heads=8, num_key_value_heads=2, head_dim=8,
-                            vocab_size=300, rope_parameters=dict(
-                                rope_type="yarn", factor=4.0, rope_theta=1e6,
-                                original_max_position_embeddings=16)),
-    "tied_kv2_linear": dict(tie_word_embeddings=True, vocab_size=251, rope_parameters=dict(
-        rope_type="linear", factor=2.0, rope_theta=500.0)),
+    "untied_kv4_yarn": dict(
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=300,
+        rope_parameters=dict(
+            rope_type="yarn", factor=4.0, rope_theta=1e6, original_max_position_embeddings=16
+        ),
+    ),
+    "tied_kv2_linear": dict(
+        tie_word_embeddings=True,
+        vocab_size=251,
+        rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=500.0),
+    ),
 }
 
 
@@ -78,13 +92,13 @@ def test_left_padded_batch_matches_rows_alone_and_transformers(tmp_path):
     tokens = np.zeros((3, width), np.int64)  # pad id 0 on the left
     mask = np.zeros((3, width), bool)
     for b, row in enumerate(rows):
-        tokens[b, width - len(row):] = row
-        mask[b, width - len(row):] = True
+        tokens[b, width - len(row) :] = row
+        mask[b, width - len(row) :] = True
     batch = _ours(model, tokens, mask)
     assert np.isfinite(batch).all()  # padding rows are finite, never NaN
     for b, row in enumerate(rows):
         alone = _ours(model, row[None])[0]
-        np.testing.assert_allclose(batch[b, width - len(row):], alone, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(batch[b, width - len(row) :], alone, atol=1e-5, rtol=0)
         np.testing.assert_allclose(alone, hf_logits(hf, row[None])[0], atol=1e-4, rtol=0)
 
 
@@ -121,5 +135,6 @@ def test_gradients_match_torch_autograd(tmp_path):
         theirs = theirs.numpy()
         scale = np.abs(theirs).max()
         assert scale > 0, name
-        np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4 * max(scale, 1.0),
-                                   rtol=0, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(ours), theirs, atol=1e-4 * max(scale, 1.0), rtol=0, err_msg=name
+        )

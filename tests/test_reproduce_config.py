@@ -14,14 +14,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_devices import fake_devices_env
 import yaml
+from fake_devices import fake_devices_env
 
 from agentrl_jax.algorithms import AlgorithmConfig
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.reproduce import training
-from agentrl_jax.reproduce.config import (RUN_PRESETS, ReproduceConfig, RLSettings, apply_overrides,
-                                          config_from_dict, dump_config, load_config)
+from agentrl_jax.reproduce.config import (
+    RUN_PRESETS,
+    ReproduceConfig,
+    RLSettings,
+    apply_overrides,
+    config_from_dict,
+    dump_config,
+    load_config,
+)
 from agentrl_jax.sharding import MeshConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -32,8 +39,14 @@ PAPER_CONFIGS = sorted(CONFIGS.glob("frozenlake_qwen3_*.yaml"))
 def test_the_shipped_configs_are_the_expected_set():
     # A new YAML is picked up by every test below; this guards against a glob that finds nothing.
     assert {p.name for p in ALL_CONFIGS} >= {
-        "frozenlake_cpu.yaml", "frozenlake_cpu_large.yaml", "frozenlake_ci.yaml", "frozenlake_qwen3_4b_gpu.yaml",
-        "frozenlake_qwen3_4b_tpu.yaml", "frozenlake_qwen3_8b_gpu.yaml", "frozenlake_qwen3_8b_tpu.yaml"}
+        "frozenlake_cpu.yaml",
+        "frozenlake_cpu_large.yaml",
+        "frozenlake_ci.yaml",
+        "frozenlake_qwen3_4b_gpu.yaml",
+        "frozenlake_qwen3_4b_tpu.yaml",
+        "frozenlake_qwen3_8b_gpu.yaml",
+        "frozenlake_qwen3_8b_tpu.yaml",
+    }
     assert len(PAPER_CONFIGS) == 4
 
 
@@ -58,15 +71,27 @@ def test_the_cpu_yaml_is_the_built_in_default():
     # It spells out every field (it documents the default), so a new field must be added to it.
     written = yaml.safe_load((CONFIGS / "frozenlake_cpu.yaml").read_text())
     assert {s: set(f) for s, f in written.items()} == {
-        s: set(f) for s, f in ReproduceConfig().to_dict().items()}
+        s: set(f) for s, f in ReproduceConfig().to_dict().items()
+    }
 
 
 def test_round_trip_of_non_default_values():
-    config = load_config(CONFIGS / "frozenlake_ci.yaml", [
-        "rl.runs=[ppo, gigpo-budgetmix]", "eval.budgets=[3, 1, 3]", "rl.max_grad_norm=null",
-        "model.dtype=bfloat16", "mesh.data=-1", "mesh.fsdp=2", "task.options.slippery=false",
-        "rl.kv_cache_dtype=bfloat16", "rl.max_rows_per_call=8", "rl.prefill_chunk=512",
-        "rl.generation_layout=training"])
+    config = load_config(
+        CONFIGS / "frozenlake_ci.yaml",
+        [
+            "rl.runs=[ppo, gigpo-budgetmix]",
+            "eval.budgets=[3, 1, 3]",
+            "rl.max_grad_norm=null",
+            "model.dtype=bfloat16",
+            "mesh.data=-1",
+            "mesh.fsdp=2",
+            "task.options.slippery=false",
+            "rl.kv_cache_dtype=bfloat16",
+            "rl.max_rows_per_call=8",
+            "rl.prefill_chunk=512",
+            "rl.generation_layout=training",
+        ],
+    )
     assert (config.rl.kv_cache_dtype, config.rl.max_rows_per_call) == ("bfloat16", 8)
     assert config.rl.runs == ("ppo", "gigpo-budgetmix")
     assert config.eval.budgets == (1, 3)  # sorted, deduplicated
@@ -77,65 +102,109 @@ def test_round_trip_of_non_default_values():
 # ---------------------------------------------------------------- refusals naming the field
 
 
-@pytest.mark.parametrize("changes, expected", [
-    ({"task.t_max": 3}, "task.t_max"),
-    ({"task.options.frozen_p": 0.0}, "task.options.frozen_p"),
-    ({"task.options.slippery": "yes"}, "task.options.slippery"),
-    ({"task.train_tasks": 2.5}, "task.train_tasks"),
-    ({"task.env": "chess"}, "task.env: unknown environment 'chess'; registered: frozenlake, sql"),
-    ({"task.options": {"map_sise": 4}}, "task.options: FrozenLake takes no option 'map_sise'"),
-    ({"task.options": [4]}, "task.options: must be a mapping"),
-    ({"task.env": "sql", "task.options": {"limit": 3}}, "task.options: 'limit': set by the reproduction"),
-    ({"task.env": "sql", "task.options": {"map_size": 4}},
-     "task.options: environment 'sql' takes no option 'map_size'; it takes: data"),
-    ({"model.head_dim": 15}, "model.head_dim"),
-    ({"model.dtype": "float16"}, "model.dtype"),
-    ({"model.num_key_value_heads": 3}, "model.num_key_value_heads"),  # does not divide 4 heads
-    ({"model.model_dir": ""}, "model.model_dir"),
-    ({"warm_start.mistake_rate": 1.5}, "warm_start.mistake_rate"),
-    ({"warm_start.learning_rate": 0.0}, "warm_start.learning_rate"),
-    ({"warm_start.enabled": 1}, "warm_start.enabled"),
-    ({"rl.group_size": 1}, "rl.group_size"),
-    ({"rl.runs": ["grpo", "dpo"]}, "rl.runs"),
-    ({"rl.runs": ["grpo", "grpo"]}, "rl.runs"),
-    ({"rl.runs": "grpo"}, "rl.runs"),
-    ({"rl.clip_low": 0.0}, "rl.clip_low"),
-    ({"rl.clip_low": 1.0}, "rl.clip_low"),
-    ({"rl.clip_high": -0.1}, "rl.clip_high"),
-    ({"rl.epochs": 0}, "rl.epochs"),
-    ({"rl.mini_batches": 3}, "rl.mini_batches: must divide tasks_per_step x group_size (64)"),
-    ({"rl.algorithm": {"advantage": "nope"}}, "rl.runs[0].algorithm: AlgorithmConfig.advantage: unknown"),
-    ({"rl.algorithm": {"loss": []}}, "rl.algorithm: unknown field 'loss'"),
-    ({"rl.algorithm": [1]}, "rl.algorithm: must be a mapping of AlgorithmConfig fields"),
-    ({"rl.runs": [{"preset": "grpo"}]}, "rl.runs[0]: needs a name"),
-    ({"rl.runs": [{"name": "../x"}]}, "rl.runs[0].name: must be a folder name"),
-    ({"rl.runs": [{"name": "base"}]}, "rl.runs[0].name: must be a folder name"),
-    ({"rl.runs": [{"name": "x", "preset": "nope"}]}, "rl.runs[0].preset: must be one of grpo, budgetmix"),
-    ({"rl.runs": [{"name": "x", "budget_mix": 1}]}, "rl.runs[0].budget_mix: must be true, false or adaptive"),
-    ({"rl.runs": [{"name": "x", "stuff": 1}]}, "rl.runs[0]: unknown field 'stuff'"),
-    ({"rl.runs": ["grpo", {"name": "x", "label": "GRPO"}]}, "rl.runs: two runs have the label 'GRPO'"),
-    ({"rl.runs": [{"name": "x", "algorithm": {"loss_terms": ["value_clip"]}}]},
-     "rl.runs[0].algorithm: AlgorithmConfig.loss_terms: needs at least one policy term"),
-    ({"rl.runs": [{"name": "x", "algorithm": {"loss_terms": ["policy_clip", {"name": "kl", "coef": [1]}]}}]},
-     "rl.runs[0].algorithm: AlgorithmConfig.loss_terms[1]"),
-    # A critic term with an estimator that produces no returns: refused by the trainer's check.
-    ({"rl.runs": [{"name": "x", "algorithm": {"loss_terms": ["policy_clip", "value_clip"]}}]},
-     "rl.runs[0].algorithm.loss_terms[1]: loss term 'value_clip' (critic) needs LossInputs.returns"),
-    ({"rl.temperature": float("nan")}, "rl.temperature"),
-    ({"rl.num_micro_batches": 3}, "rl.num_micro_batches"),  # does not divide 8 x 8 rows
-    ({"rl.kv_cache_dtype": "float16"}, "rl.kv_cache_dtype"),
-    ({"rl.max_rows_per_call": 12}, "rl.max_rows_per_call: must be a multiple of group_size (8)"),
-    ({"rl.max_rows_per_call": 0}, "rl.max_rows_per_call"),
-    ({"rl.prefill_chunk": 0}, "rl.prefill_chunk"),
-    ({"rl.generation_layout": "sharded"}, "rl.generation_layout"),
-    ({"eval.samples": 0}, "eval.samples"),
-    ({"eval.k": 9}, "eval.k"),  # more than eval.samples (8)
-    ({"eval.top_p": 0.0}, "eval.top_p"),
-    ({"eval.budgets": [13]}, "eval.budgets"),  # beyond task.t_max (12)
-    # MeshConfig (agentrl_jax.sharding) names itself; the loader prefixes the section.
-    ({"mesh.data": 0}, "mesh: MeshConfig.data"),
-    ({"mesh.data": -1, "mesh.fsdp": -1}, "mesh: MeshConfig: at most one axis may be -1"),
-], ids=lambda v: ",".join(v) if isinstance(v, dict) else None)
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"task.t_max": 3}, "task.t_max"),
+        ({"task.options.frozen_p": 0.0}, "task.options.frozen_p"),
+        ({"task.options.slippery": "yes"}, "task.options.slippery"),
+        ({"task.train_tasks": 2.5}, "task.train_tasks"),
+        (
+            {"task.env": "chess"},
+            "task.env: unknown environment 'chess'; registered: frozenlake, sql",
+        ),
+        ({"task.options": {"map_sise": 4}}, "task.options: FrozenLake takes no option 'map_sise'"),
+        ({"task.options": [4]}, "task.options: must be a mapping"),
+        (
+            {"task.env": "sql", "task.options": {"limit": 3}},
+            "task.options: 'limit': set by the reproduction",
+        ),
+        (
+            {"task.env": "sql", "task.options": {"map_size": 4}},
+            "task.options: environment 'sql' takes no option 'map_size'; it takes: data",
+        ),
+        ({"model.head_dim": 15}, "model.head_dim"),
+        ({"model.dtype": "float16"}, "model.dtype"),
+        ({"model.num_key_value_heads": 3}, "model.num_key_value_heads"),  # does not divide 4 heads
+        ({"model.model_dir": ""}, "model.model_dir"),
+        ({"warm_start.mistake_rate": 1.5}, "warm_start.mistake_rate"),
+        ({"warm_start.learning_rate": 0.0}, "warm_start.learning_rate"),
+        ({"warm_start.enabled": 1}, "warm_start.enabled"),
+        ({"rl.group_size": 1}, "rl.group_size"),
+        ({"rl.runs": ["grpo", "dpo"]}, "rl.runs"),
+        ({"rl.runs": ["grpo", "grpo"]}, "rl.runs"),
+        ({"rl.runs": "grpo"}, "rl.runs"),
+        ({"rl.clip_low": 0.0}, "rl.clip_low"),
+        ({"rl.clip_low": 1.0}, "rl.clip_low"),
+        ({"rl.clip_high": -0.1}, "rl.clip_high"),
+        ({"rl.epochs": 0}, "rl.epochs"),
+        ({"rl.mini_batches": 3}, "rl.mini_batches: must divide tasks_per_step x group_size (64)"),
+        (
+            {"rl.algorithm": {"advantage": "nope"}},
+            "rl.runs[0].algorithm: AlgorithmConfig.advantage: unknown",
+        ),
+        ({"rl.algorithm": {"loss": []}}, "rl.algorithm: unknown field 'loss'"),
+        ({"rl.algorithm": [1]}, "rl.algorithm: must be a mapping of AlgorithmConfig fields"),
+        ({"rl.runs": [{"preset": "grpo"}]}, "rl.runs[0]: needs a name"),
+        ({"rl.runs": [{"name": "../x"}]}, "rl.runs[0].name: must be a folder name"),
+        ({"rl.runs": [{"name": "base"}]}, "rl.runs[0].name: must be a folder name"),
+        (
+            {"rl.runs": [{"name": "x", "preset": "nope"}]},
+            "rl.runs[0].preset: must be one of grpo, budgetmix",
+        ),
+        (
+            {"rl.runs": [{"name": "x", "budget_mix": 1}]},
+            "rl.runs[0].budget_mix: must be true, false or adaptive",
+        ),
+        ({"rl.runs": [{"name": "x", "stuff": 1}]}, "rl.runs[0]: unknown field 'stuff'"),
+        (
+            {"rl.runs": ["grpo", {"name": "x", "label": "GRPO"}]},
+            "rl.runs: two runs have the label 'GRPO'",
+        ),
+        (
+            {"rl.runs": [{"name": "x", "algorithm": {"loss_terms": ["value_clip"]}}]},
+            "rl.runs[0].algorithm: AlgorithmConfig.loss_terms: needs at least one policy term",
+        ),
+        (
+            {
+                "rl.runs": [
+                    {
+                        "name": "x",
+                        "algorithm": {"loss_terms": ["policy_clip", {"name": "kl", "coef": [1]}]},
+                    }
+                ]
+            },
+            "rl.runs[0].algorithm: AlgorithmConfig.loss_terms[1]",
+        ),
+        # A critic term with an estimator that produces no returns: refused by the trainer's check.
+        (
+            {
+                "rl.runs": [
+                    {"name": "x", "algorithm": {"loss_terms": ["policy_clip", "value_clip"]}}
+                ]
+            },
+            "rl.runs[0].algorithm.loss_terms[1]: loss term 'value_clip' (critic) needs LossInputs.returns",
+        ),
+        ({"rl.temperature": float("nan")}, "rl.temperature"),
+        ({"rl.num_micro_batches": 3}, "rl.num_micro_batches"),  # does not divide 8 x 8 rows
+        ({"rl.kv_cache_dtype": "float16"}, "rl.kv_cache_dtype"),
+        (
+            {"rl.max_rows_per_call": 12},
+            "rl.max_rows_per_call: must be a multiple of group_size (8)",
+        ),
+        ({"rl.max_rows_per_call": 0}, "rl.max_rows_per_call"),
+        ({"rl.prefill_chunk": 0}, "rl.prefill_chunk"),
+        ({"rl.generation_layout": "sharded"}, "rl.generation_layout"),
+        ({"eval.samples": 0}, "eval.samples"),
+        ({"eval.k": 9}, "eval.k"),  # more than eval.samples (8)
+        ({"eval.top_p": 0.0}, "eval.top_p"),
+        ({"eval.budgets": [13]}, "eval.budgets"),  # beyond task.t_max (12)
+        # MeshConfig (agentrl_jax.sharding) names itself; the loader prefixes the section.
+        ({"mesh.data": 0}, "mesh: MeshConfig.data"),
+        ({"mesh.data": -1, "mesh.fsdp": -1}, "mesh: MeshConfig: at most one axis may be -1"),
+    ],
+    ids=lambda v: ",".join(v) if isinstance(v, dict) else None,
+)
 def test_a_bad_value_names_its_section_and_field(changes, expected):
     data = ReproduceConfig().to_dict()
     for key, value in changes.items():
@@ -157,14 +226,17 @@ def test_a_bad_value_in_a_yaml_file_names_the_field(tmp_path):
     assert str(error.value) == f"config {path}: rl.steps: must be an int >= 1, got 0"
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"rl": {"stepz": 3}}, r"^rl: unknown field 'stepz'"),
-    ({"bogus": {}}, r"unknown section 'bogus'"),
-    ({"rl": 5}, r"^rl: must be a mapping of fields"),
-    ({"task": {"t_max": 8}, "evaluation": {"k": 2}}, r"unknown section 'evaluation'"),
-    ({"mesh": {"pipeline": 2}}, r"^mesh: unknown field 'pipeline'"),
-    ([1, 2], r"must be a mapping of sections"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"rl": {"stepz": 3}}, r"^rl: unknown field 'stepz'"),
+        ({"bogus": {}}, r"unknown section 'bogus'"),
+        ({"rl": 5}, r"^rl: must be a mapping of fields"),
+        ({"task": {"t_max": 8}, "evaluation": {"k": 2}}, r"unknown section 'evaluation'"),
+        ({"mesh": {"pipeline": 2}}, r"^mesh: unknown field 'pipeline'"),
+        ([1, 2], r"must be a mapping of sections"),
+    ],
+)
 def test_unknown_or_malformed_keys_are_errors(data, message):
     with pytest.raises(ValueError, match=message):
         config_from_dict(data)
@@ -199,9 +271,18 @@ def test_bad_files_are_errors_naming_the_file(tmp_path):
 
 
 def test_overrides_parse_values_as_yaml_and_apply_on_the_file():
-    config = load_config(CONFIGS / "frozenlake_ci.yaml", [
-        "rl.steps=5", "rl.runs=[gigpo]", "warm_start.enabled=false", "rl.learning_rate=2.5e-4",
-        "model.model_dir=/models/qwen3", "eval.budgets=[1, 2]", "task.t_max = 6"])
+    config = load_config(
+        CONFIGS / "frozenlake_ci.yaml",
+        [
+            "rl.steps=5",
+            "rl.runs=[gigpo]",
+            "warm_start.enabled=false",
+            "rl.learning_rate=2.5e-4",
+            "model.model_dir=/models/qwen3",
+            "eval.budgets=[1, 2]",
+            "task.t_max = 6",
+        ],
+    )
     file_only = load_config(CONFIGS / "frozenlake_ci.yaml")
     assert config.rl.steps == 5 and config.rl.runs == ("gigpo",)
     assert config.warm_start.enabled is False
@@ -219,22 +300,34 @@ def test_overrides_parse_values_as_yaml_and_apply_on_the_file():
     assert apply_overrides({}, ["model.model_dir=/a=b"])["model"]["model_dir"] == "/a=b"
 
 
-@pytest.mark.parametrize("override, message", [
-    ("rl.steps", r"override 'rl\.steps': expected section\.field=value"),
-    ("steps=3", r"override 'steps=3': expected section\.field=value"),
-    ("rl.=3", r"override 'rl\.=3': expected section\.field=value"),
-    ("=3", r"expected section\.field=value"),
-    ("rl.stepz=3", r"with override 'rl\.stepz=3': rl: unknown field 'stepz'"),
-    ("rll.steps=3", r"with override 'rll\.steps=3': unknown section 'rll'"),
-    ("rl.steps=three", r"with override 'rl\.steps=three': rl\.steps: must be an int >= 1, got 'three'$"),
-    ("rl.steps=", r"with override 'rl\.steps=': rl\.steps: must be an int >= 1, got None$"),
-    ("rl.runs=[grpo, nope]", r"with override 'rl\.runs=\[grpo, nope\]': rl\.runs\[1\]: unknown run preset 'nope'"),
-    ("rl.algorithm=3", r"with override 'rl\.algorithm=3': rl\.algorithm: must be a mapping"),
-    ("rl.steps.x=3", r"override 'rl\.steps\.x=3': rl\.steps: must be a mapping, got an int"),
-    ("rl.algorithm..x=3", r"override 'rl\.algorithm\.\.x=3': expected section\.field=value"),
-    ("model.tokenizer_isolate=yes please", r"model\.tokenizer_isolate: must be true or false, got 'yes please'"),
-    ("model.tokenizer_isolate=1", r"model\.tokenizer_isolate: must be true or false, got 1"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rl.steps", r"override 'rl\.steps': expected section\.field=value"),
+        ("steps=3", r"override 'steps=3': expected section\.field=value"),
+        ("rl.=3", r"override 'rl\.=3': expected section\.field=value"),
+        ("=3", r"expected section\.field=value"),
+        ("rl.stepz=3", r"with override 'rl\.stepz=3': rl: unknown field 'stepz'"),
+        ("rll.steps=3", r"with override 'rll\.steps=3': unknown section 'rll'"),
+        (
+            "rl.steps=three",
+            r"with override 'rl\.steps=three': rl\.steps: must be an int >= 1, got 'three'$",
+        ),
+        ("rl.steps=", r"with override 'rl\.steps=': rl\.steps: must be an int >= 1, got None$"),
+        (
+            "rl.runs=[grpo, nope]",
+            r"with override 'rl\.runs=\[grpo, nope\]': rl\.runs\[1\]: unknown run preset 'nope'",
+        ),
+        ("rl.algorithm=3", r"with override 'rl\.algorithm=3': rl\.algorithm: must be a mapping"),
+        ("rl.steps.x=3", r"override 'rl\.steps\.x=3': rl\.steps: must be a mapping, got an int"),
+        ("rl.algorithm..x=3", r"override 'rl\.algorithm\.\.x=3': expected section\.field=value"),
+        (
+            "model.tokenizer_isolate=yes please",
+            r"model\.tokenizer_isolate: must be true or false, got 'yes please'",
+        ),
+        ("model.tokenizer_isolate=1", r"model\.tokenizer_isolate: must be true or false, got 1"),
+    ],
+)
 def test_a_malformed_override_is_a_clear_error(override, message):
     with pytest.raises(ValueError, match=message):
         load_config(CONFIGS / "frozenlake_ci.yaml", [override])
@@ -242,11 +335,15 @@ def test_a_malformed_override_is_a_clear_error(override, message):
 
 def test_tokenizer_isolate_is_refused_where_no_tokenizer_is_built_or_nothing_is_declared():
     with pytest.raises(ValueError, match=r"model\.tokenizer_isolate: only for the tokenizer built"):
-        load_config(CONFIGS / "frozenlake_ci.yaml", ["model.tokenizer_isolate=true",
-                                                     "model.model_dir=/models/qwen3"])
+        load_config(
+            CONFIGS / "frozenlake_ci.yaml",
+            ["model.tokenizer_isolate=true", "model.model_dir=/models/qwen3"],
+        )
     with pytest.raises(ValueError, match=r"the sql environment's study declares no pieces"):
         config_from_dict({"task": {"env": "sql"}, "model": {"tokenizer_isolate": True}})
-    assert load_config(CONFIGS / "frozenlake_ci.yaml", ["model.tokenizer_isolate=true"]).model.tokenizer_isolate
+    assert load_config(
+        CONFIGS / "frozenlake_ci.yaml", ["model.tokenizer_isolate=true"]
+    ).model.tokenizer_isolate
 
 
 # ---------------------------------------------------------------- the paper's numbers
@@ -254,20 +351,22 @@ def test_tokenizer_isolate_is_refused_where_no_tokenizer_is_built_or_nothing_is_
 
 def _paper_checks(config: ReproduceConfig) -> None:
     """PAPER.md §2-§4 and §7 numbers every paper-scale config must hold."""
-    assert config.task.t_max == 70                                      # §2
+    assert config.task.t_max == 70  # §2
     rl = config.rl
-    assert rl.group_size == 16                                          # §4 G
-    assert rl.learning_rate == 1e-6 and rl.weight_decay == 0.01         # §4 AdamW
-    assert rl.kl_coef == 0.001                                          # §4 KL
-    assert rl.temperature == 1.0 and rl.top_p == 1.0                    # §4 rollouts
-    assert rl.gigpo_omega == 1.0 and rl.gigpo_gamma == 0.95             # §4 GiGPO
-    assert rl.critic_learning_rate == 1e-5                              # §4 PPO critic
+    assert rl.group_size == 16  # §4 G
+    assert rl.learning_rate == 1e-6 and rl.weight_decay == 0.01  # §4 AdamW
+    assert rl.kl_coef == 0.001  # §4 KL
+    assert rl.temperature == 1.0 and rl.top_p == 1.0  # §4 rollouts
+    assert rl.gigpo_omega == 1.0 and rl.gigpo_gamma == 0.95  # §4 GiGPO
+    assert rl.critic_learning_rate == 1e-5  # §4 PPO critic
     assert rl.clip_low == rl.clip_high == 0.2 and rl.value_clip == 0.5  # §4 PPO clips
-    assert rl.epochs == 1 and rl.mini_batches == 1 and rl.algorithm == {}  # one update per batch (verl's)
+    assert (
+        rl.epochs == 1 and rl.mini_batches == 1 and rl.algorithm == {}
+    )  # one update per batch (verl's)
     ev = config.eval
-    assert ev.temperature == 0.6 and ev.top_p == 0.9                    # §3 decoding
-    assert ev.k == 8 and ev.samples >= ev.k                             # §3 Pass@8
-    assert ev.pass_k_samples == 128                                     # §3 k = 1..128
+    assert ev.temperature == 0.6 and ev.top_p == 0.9  # §3 decoding
+    assert ev.k == 8 and ev.samples >= ev.k  # §3 Pass@8
+    assert ev.pass_k_samples == 128  # §3 k = 1..128
     assert ev.states == 512 and ev.group_size == 16 and ev.gamma == 0.95  # §7.1
     # Paper scale starts from a pretrained Qwen3 (no warm start), in bfloat16.
     assert config.model.model_dir is not None and config.warm_start.enabled is False
@@ -312,10 +411,14 @@ def test_paper_configs_reach_the_trainer_with_the_papers_numbers(path):
         assert spec.budget_mix == spec.name.endswith("budgetmix")
         assert tc.budget_anchors == (spec.name == "gigpo-budgetmix")  # §5: anchor (s_t, B - t)
         # The rollouts: G = 16 at temperature 1.0; full-budget runs at T_max, BudgetMix draws.
-        rollout = training.rollout_config(spec, config.rl, t_max=config.task.t_max,
-                                          max_response_tokens=config.task.max_response_tokens,
-                                          max_context=config.task.max_context,
-                                          valid_vocab_size=None)
+        rollout = training.rollout_config(
+            spec,
+            config.rl,
+            t_max=config.task.t_max,
+            max_response_tokens=config.task.max_response_tokens,
+            max_context=config.task.max_context,
+            valid_vocab_size=None,
+        )
         assert rollout.group_size == 16
         assert rollout.sampling.temperature == 1.0 and rollout.sampling.top_p == 1.0
         assert rollout.budget == (None if spec.budget_mix else 70)
@@ -383,8 +486,13 @@ print(json.dumps({p: dict(build_mesh(load_config(p).mesh).shape) for p in sys.ar
 
 def test_paper_meshes_build_on_eight_fake_cpu_devices():
     env = fake_devices_env(8)
-    done = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, *map(str, PAPER_CONFIGS)],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _MESH_SCRIPT, *map(str, PAPER_CONFIGS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     shapes = json.loads(done.stdout.strip().splitlines()[-1])
     for path in PAPER_CONFIGS:
@@ -410,29 +518,45 @@ def test_every_preset_builds_and_reaches_the_trainer():
     specs = training.run_specs(RLSettings(runs=tuple(TABLE)), max_response_length=96)
     assert [s.name for s in specs] == list(TABLE)
     for spec in specs:
-        assert spec.label == TABLE[spec.name].label and spec.budget_mix == TABLE[spec.name].budget_mix
+        assert (
+            spec.label == TABLE[spec.name].label and spec.budget_mix == TABLE[spec.name].budget_mix
+        )
     by_name = {s.name: s.train_config.algorithm for s in specs}
-    assert _terms(by_name["dapo"]) == {"policy_clip": (1.0, {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None})}
+    assert _terms(by_name["dapo"]) == {
+        "policy_clip": (1.0, {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None})
+    }
     assert by_name["dapo"].dynamic_sampling and by_name["dapo"].max_rollout_batches == 4
     assert by_name["dapo"].overlong_buffer == 0 and not by_name["grpo"].dynamic_sampling
     # Dr. GRPO's constant is the most sampled tokens a row can hold, which the trainer knows.
     dr = by_name["dr-grpo"]
-    assert (dr.advantage, dr.aggregation, dr.aggregation_constant) == ("dr_grpo", "seq-mean-token-sum", 96.0)
-    with pytest.raises(ValueError, match="TrainConfig.max_response_length: must be set .* aggregation_constant"):
+    assert (dr.advantage, dr.aggregation, dr.aggregation_constant) == (
+        "dr_grpo",
+        "seq-mean-token-sum",
+        96.0,
+    )
+    with pytest.raises(
+        ValueError, match="TrainConfig.max_response_length: must be set .* aggregation_constant"
+    ):
         training.run_specs(RLSettings(runs=("dr-grpo",)))
     assert by_name["rloo"].advantage == "rloo" and "gspo_clip" in _terms(by_name["gspo"])
 
 
 def test_a_gigpo_run_with_dapos_clip_is_composed_by_name_from_the_command_line():
-    override = ("rl.runs=[gigpo, {name: gigpo-dapo, preset: gigpo, label: 'GiGPO, DAPO clip', budget_mix: true, "
-                "algorithm: {loss_terms: [{name: policy_clip, params: {clip_low: 0.2, clip_high: 0.28}}, "
-                "{name: kl, coef: 0.001}]}}]")
-    config = load_config(CONFIGS / "frozenlake_ci.yaml", [override, "rl.epochs=2", "rl.mini_batches=2"])
+    override = (
+        "rl.runs=[gigpo, {name: gigpo-dapo, preset: gigpo, label: 'GiGPO, DAPO clip', budget_mix: true, "
+        "algorithm: {loss_terms: [{name: policy_clip, params: {clip_low: 0.2, clip_high: 0.28}}, "
+        "{name: kl, coef: 0.001}]}}]"
+    )
+    config = load_config(
+        CONFIGS / "frozenlake_ci.yaml", [override, "rl.epochs=2", "rl.mini_batches=2"]
+    )
     assert config.rl.run_names == ("gigpo", "gigpo-dapo")
     plain, dapo = training.run_specs(config.rl)
     assert (dapo.label, dapo.budget_mix) == ("GiGPO, DAPO clip", True)
     algorithm = dapo.train_config.algorithm
-    assert algorithm.advantage == "gigpo" and dict(algorithm.advantage_params)["gamma"] == 0.95  # the preset's
+    assert (
+        algorithm.advantage == "gigpo" and dict(algorithm.advantage_params)["gamma"] == 0.95
+    )  # the preset's
     assert _terms(algorithm)["policy_clip"][1]["clip_high"] == 0.28
     assert _terms(plain.train_config.algorithm)["policy_clip"][1]["clip_high"] == 0.2
     # GiGPO reads anchor states: under BudgetMix it anchors on (s_t, B - t), found from what it declares.
@@ -440,36 +564,67 @@ def test_a_gigpo_run_with_dapos_clip_is_composed_by_name_from_the_command_line()
     assert (dapo.train_config.epochs, dapo.train_config.mini_batches) == (2, 2)
     # It round-trips through the results folder's config.yaml.
     assert config_from_dict(yaml.safe_load(dump_config(config))) == config
-    assert load_config(CONFIGS / "frozenlake_ci.yaml", [override, "rl.epochs=2", "rl.mini_batches=2"]) == config
+    assert (
+        load_config(CONFIGS / "frozenlake_ci.yaml", [override, "rl.epochs=2", "rl.mini_batches=2"])
+        == config
+    )
 
 
 def test_rl_algorithm_and_the_shared_hyper_parameters_reach_every_run():
-    config = load_config(CONFIGS / "frozenlake_ci.yaml", [
-        "rl.runs=[grpo, ppo, dapo]", "rl.clip_high=0.28", "rl.algorithm.aggregation=seq-mean-token-mean"])
+    config = load_config(
+        CONFIGS / "frozenlake_ci.yaml",
+        [
+            "rl.runs=[grpo, ppo, dapo]",
+            "rl.clip_high=0.28",
+            "rl.algorithm.aggregation=seq-mean-token-mean",
+        ],
+    )
     assert config.rl.algorithm == {"aggregation": "seq-mean-token-mean"}
     grpo, ppo, dapo = (s.train_config.algorithm for s in training.run_specs(config.rl))
     assert all(a.aggregation == "seq-mean-token-mean" for a in (grpo, ppo, dapo))
-    assert _terms(grpo)["policy_clip"][1]["clip_high"] == _terms(ppo)["policy_clip"][1]["clip_high"] == 0.28
+    assert (
+        _terms(grpo)["policy_clip"][1]["clip_high"]
+        == _terms(ppo)["policy_clip"][1]["clip_high"]
+        == 0.28
+    )
     assert _terms(ppo)["value_clip"][1]["clip"] == 0.5  # the rest of the preset stays
     # Overriding the advantage restarts its parameters from the new estimator's defaults.
-    config = load_config(CONFIGS / "frozenlake_ci.yaml", [
-        "rl.runs=[gigpo]", "rl.algorithm.advantage=grpo", "rl.algorithm.loss_terms=[policy_clip, entropy]"])
+    config = load_config(
+        CONFIGS / "frozenlake_ci.yaml",
+        [
+            "rl.runs=[gigpo]",
+            "rl.algorithm.advantage=grpo",
+            "rl.algorithm.loss_terms=[policy_clip, entropy]",
+        ],
+    )
     (spec,) = training.run_specs(config.rl)
-    assert spec.train_config.algorithm.advantage == "grpo" and list(_terms(spec.train_config.algorithm)) == [
-        "policy_clip", "entropy"]
+    assert spec.train_config.algorithm.advantage == "grpo" and list(
+        _terms(spec.train_config.algorithm)
+    ) == ["policy_clip", "entropy"]
     assert not spec.train_config.uses_reference  # no term reads reference log-probs
 
 
 def test_a_preset_registered_from_outside_is_accepted_by_name():
-    from agentrl_jax.reproduce.presets import RUN_PRESETS as TABLE, grpo_algorithm, register_run_preset
+    from agentrl_jax.reproduce.presets import (
+        RUN_PRESETS as TABLE,
+    )
+    from agentrl_jax.reproduce.presets import (
+        grpo_algorithm,
+        register_run_preset,
+    )
 
     name = "test-grpo-seq-mean"
     try:
-        register_run_preset(name, label="GRPO, token mean",
-                            algorithm=lambda rl: {**grpo_algorithm(rl), "aggregation": "token-mean"})
+        register_run_preset(
+            name,
+            label="GRPO, token mean",
+            algorithm=lambda rl: {**grpo_algorithm(rl), "aggregation": "token-mean"},
+        )
         with pytest.raises(ValueError, match="already registered"):
             register_run_preset(name, label="again", algorithm=grpo_algorithm)
-        (spec,) = training.run_specs(load_config(CONFIGS / "frozenlake_ci.yaml", [f"rl.runs=[{name}]"]).rl)
+        (spec,) = training.run_specs(
+            load_config(CONFIGS / "frozenlake_ci.yaml", [f"rl.runs=[{name}]"]).rl
+        )
         assert spec.label == "GRPO, token mean"
         assert spec.train_config.algorithm.aggregation == "token-mean"
     finally:
@@ -480,23 +635,36 @@ def test_a_preset_registered_from_outside_is_accepted_by_name():
 
 def test_rl_aggregation_reaches_the_paper_presets_and_no_other():
     def aggregations(rl: RLSettings) -> dict[str, str]:
-        return {s.name: s.train_config.algorithm.aggregation
-                for s in training.run_specs(rl, max_response_length=96)}
+        return {
+            s.name: s.train_config.algorithm.aggregation
+            for s in training.run_specs(rl, max_response_length=96)
+        }
+
     presets = ("grpo", "budgetmix", "budgetmix-adaptive", "gigpo", "ppo", "rloo", "dapo", "dr-grpo")
     default = aggregations(RLSettings(runs=presets))
-    assert default == {**{p: "seq-mean-token-mean" for p in presets[:6]},
-                       "dapo": "token-mean", "dr-grpo": "seq-mean-token-sum"}
+    assert default == {
+        **{p: "seq-mean-token-mean" for p in presets[:6]},
+        "dapo": "token-mean",
+        "dr-grpo": "seq-mean-token-sum",
+    }
     assert aggregations(RLSettings(runs=presets, aggregation="token-mean")) == {
-        **default, **{p: "token-mean" for p in presets[:6]}}
+        **default,
+        **{p: "token-mean" for p in presets[:6]},
+    }
     with pytest.raises(ValueError, match=r"^rl\.aggregation: "):
         RLSettings(aggregation="mean")
 
 
 def test_nested_overrides_do_not_touch_their_input():
     data = {"rl": {"algorithm": {"advantage": "grpo"}}}
-    out = apply_overrides(data, ["rl.algorithm.aggregation=token-mean", "rl.algorithm.advantage_params.eps=0.1"])
-    assert out["rl"]["algorithm"] == {"advantage": "grpo", "aggregation": "token-mean",
-                                      "advantage_params": {"eps": 0.1}}
+    out = apply_overrides(
+        data, ["rl.algorithm.aggregation=token-mean", "rl.algorithm.advantage_params.eps=0.1"]
+    )
+    assert out["rl"]["algorithm"] == {
+        "advantage": "grpo",
+        "aggregation": "token-mean",
+        "advantage_params": {"eps": 0.1},
+    }
     assert data == {"rl": {"algorithm": {"advantage": "grpo"}}}
 
 
@@ -504,6 +672,7 @@ def test_the_adaptive_budgetmix_preset_draws_only_budgets_each_task_can_meet():
     """``budgetmix-adaptive``: BudgetMix whose draws skip budgets below a task's shortest path
     (the rollout asks the environment's ``structural_bounds``); T_max where none is left."""
     import jax
+
     from agentrl_jax.algorithms.budgetmix import budget_set
     from agentrl_jax.models.tokenizer import load_tokenizer
     from agentrl_jax.reproduce import training
@@ -514,13 +683,26 @@ def test_the_adaptive_budgetmix_preset_draws_only_budgets_each_task_can_meet():
     rl = RLSettings(runs=("budgetmix", "budgetmix-adaptive"))
     specs = {s.name: s for s in training.run_specs(rl)}
     assert specs["budgetmix-adaptive"].budget_mix == "adaptive"
-    config = training.rollout_config(specs["budgetmix-adaptive"], rl, t_max=20, max_response_tokens=8,
-                                     max_context=512, valid_vocab_size=None)
+    config = training.rollout_config(
+        specs["budgetmix-adaptive"],
+        rl,
+        t_max=20,
+        max_response_tokens=8,
+        max_context=512,
+        valid_vocab_size=None,
+    )
     assert config.budget is None and config.adaptive_budgets
-    assert not training.rollout_config(specs["budgetmix"], rl, t_max=20, max_response_tokens=8,
-                                       max_context=512, valid_vocab_size=None).adaptive_budgets
-    env = FrozenLakeTextEnv(fl_maps.generate(jax.random.key(2), 40, size=6, p=0.8),
-                            FrozenLakeTextConfig(t_max=20))
+    assert not training.rollout_config(
+        specs["budgetmix"],
+        rl,
+        t_max=20,
+        max_response_tokens=8,
+        max_context=512,
+        valid_vocab_size=None,
+    ).adaptive_budgets
+    env = FrozenLakeTextEnv(
+        fl_maps.generate(jax.random.key(2), 40, size=6, p=0.8), FrozenLakeTextConfig(t_max=20)
+    )
     bounds = env.structural_bounds(np.arange(40))
     assert bounds.min() >= 2 and bounds.max() <= 20  # 6x6 solvable maps: between 2 and 20 moves
     runner = MultiTurnRollout(env, load_tokenizer(), config)
@@ -528,8 +710,12 @@ def test_the_adaptive_budgetmix_preset_draws_only_budgets_each_task_can_meet():
     for budgets in drawn:
         assert set(budgets) <= set(budget_set(20))
         assert (budgets >= bounds).all()  # never a budget the task cannot meet
-    plain = MultiTurnRollout(env, load_tokenizer(), dataclasses.replace(config, adaptive_budgets=False))
-    assert any((plain._group_budgets(jax.random.key(k), np.arange(40), None) < bounds).any()
-               for k in range(5))  # plain BudgetMix does draw them
+    plain = MultiTurnRollout(
+        env, load_tokenizer(), dataclasses.replace(config, adaptive_budgets=False)
+    )
+    assert any(
+        (plain._group_budgets(jax.random.key(k), np.arange(40), None) < bounds).any()
+        for k in range(5)
+    )  # plain BudgetMix does draw them
     with pytest.raises(ConfigError, match="budget_mix: must be true, false or adaptive"):
         RLSettings(runs=({"name": "x", "preset": "grpo", "budget_mix": "sometimes"},))

@@ -24,13 +24,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrl_jax.models import export_qwen3
+from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.reproduce import demos as demo_lib
 from agentrl_jax.reproduce import sft
-from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.reproduce.policy_init import random_qwen3
-from envs.frozenlake.study import QStarDemonstrator, frozenlake_corpus
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
+from envs.frozenlake.study import QStarDemonstrator, frozenlake_corpus
 from envs.frozenlake.text import parse_action, parse_grid, render
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
@@ -79,19 +79,22 @@ def test_parse_grid_inverts_render(case):
     assert parsed_pos == pos
 
 
-@pytest.mark.parametrize("text", [
-    "",
-    "P _\n_",                  # not square
-    "P _ _\n_ _ _",            # not square
-    "P _\n_ Q",                # unknown symbol
-    "_ _\n_ G",                # no player
-    "P _\nP G",                # two players
-    "X _\n_ G",                # player in a hole: not a live state
-    "_ _\n_ W",                # player on the goal
-    "P  _\n_ G",               # two spaces
-    "P,_\n_,G",                # not space-separated
-    "P _ \n_ G",               # trailing space
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "P _\n_",  # not square
+        "P _ _\n_ _ _",  # not square
+        "P _\n_ Q",  # unknown symbol
+        "_ _\n_ G",  # no player
+        "P _\nP G",  # two players
+        "X _\n_ G",  # player in a hole: not a live state
+        "_ _\n_ W",  # player on the goal
+        "P  _\n_ G",  # two spaces
+        "P,_\n_,G",  # not space-separated
+        "P _ \n_ G",  # trailing space
+    ],
+)
 def test_malformed_grids_are_refused(text):
     with pytest.raises(ValueError, match="parse_grid"):
         parse_grid(text)
@@ -108,10 +111,13 @@ def test_parse_grid_ignores_surrounding_newlines():
 
 @pytest.fixture(scope="module")
 def env():
-    maps = fl_maps.generate(jax.random.key(0), MAPS, size=4, p=0.8, random_start_goal=True,
-                            split="train")
-    return FrozenLakeTextEnv(np.asarray(maps), FrozenLakeTextConfig(
-        t_max=T_MAX, is_slippery=True, success_rate=SUCCESS_RATE))
+    maps = fl_maps.generate(
+        jax.random.key(0), MAPS, size=4, p=0.8, random_start_goal=True, split="train"
+    )
+    return FrozenLakeTextEnv(
+        np.asarray(maps),
+        FrozenLakeTextConfig(t_max=T_MAX, is_slippery=True, success_rate=SUCCESS_RATE),
+    )
 
 
 def test_parse_grid_reads_the_tasks_maps_at_every_live_cell(env):
@@ -124,8 +130,9 @@ def test_parse_grid_reads_the_tasks_maps_at_every_live_cell(env):
 
 @pytest.fixture(scope="module")
 def tokenizer(env):
-    return build_small_tokenizer(frozenlake_corpus(env.instructions(), env.maps, T_MAX), vocab_size=512,
-                                 split_words=False)
+    return build_small_tokenizer(
+        frozenlake_corpus(env.instructions(), env.maps, T_MAX), vocab_size=512, split_words=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +147,14 @@ def references(env):
 
 
 def demonstrator(env, mistake_rate: float, seed: int = 0) -> QStarDemonstrator:
-    return QStarDemonstrator(env.maps, T_MAX, is_slippery=True, success_rate=SUCCESS_RATE,
-                                      mistake_rate=mistake_rate, seed=seed)
+    return QStarDemonstrator(
+        env.maps,
+        T_MAX,
+        is_slippery=True,
+        success_rate=SUCCESS_RATE,
+        mistake_rate=mistake_rate,
+        seed=seed,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -158,9 +171,17 @@ def played(env, tokenizer):
 
     calls = []
     trajectory = demo_lib.collect_demos(
-        env, tokenizer, script, np.arange(MAPS), jax.random.key(1), demos_per_task=DEMOS_PER_TASK,
-        max_response_tokens=8, max_context=MAX_CONTEXT, tasks_per_call=MAPS // 2,
-        on_call=lambda: calls.append(1))
+        env,
+        tokenizer,
+        script,
+        np.arange(MAPS),
+        jax.random.key(1),
+        demos_per_task=DEMOS_PER_TASK,
+        max_response_tokens=8,
+        max_context=MAX_CONTEXT,
+        tasks_per_call=MAPS // 2,
+        on_call=lambda: calls.append(1),
+    )
     assert len(calls) == demo_lib.demo_calls(MAPS, MAPS // 2) == 2
     return trajectory, asked, greedy
 
@@ -281,19 +302,31 @@ def test_demonstrator_refuses_bad_input(env):
 
 def small_model(vocab: int, *, seed: int):
     """A 2-layer random Qwen3 made as the pipeline's setup phase makes one."""
-    return random_qwen3(vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                        max_position_embeddings=1024, seed=seed)
+    return random_qwen3(
+        vocab,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=1024,
+        seed=seed,
+    )
 
 
 def batch_of_rows(trajectory, rows) -> sft.SFTBatch:
     """``rows`` of ``trajectory`` as a batch of :data:`BATCH_ROWS` rows (the rest all-zero
     padding rows), so every NLL below shares one compilation."""
     width = sft.batch_width(trajectory)
+
     def take(x):
         x = np.asarray(x)[rows, :width]
         return np.concatenate([x, np.zeros((BATCH_ROWS - len(x), width), x.dtype)])
-    return sft.SFTBatch(take(trajectory.tokens), take(trajectory.token_mask), take(trajectory.loss_mask))
+
+    return sft.SFTBatch(
+        take(trajectory.tokens), take(trajectory.token_mask), take(trajectory.loss_mask)
+    )
 
 
 # nll_sum jitted once for every comparison below (its graphdef is static).
@@ -320,13 +353,21 @@ def warm_started(played, tokenizer):
                 out = step(*args)
             later_compiles.extend(compiles)
             return out
+
         return counted
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sft, "make_sft_step", counting_step)
-        params, history = sft.warm_start(model, trajectory, batch_size=WARM_BATCH,
-                                         epochs=WARM_EPOCHS, learning_rate=1e-2, weight_decay=0.01,
-                                         seed=0, on_step=lambda i, r: calls.append((i, r["nll"])))
+        params, history = sft.warm_start(
+            model,
+            trajectory,
+            batch_size=WARM_BATCH,
+            epochs=WARM_EPOCHS,
+            learning_rate=1e-2,
+            weight_decay=0.01,
+            seed=0,
+            on_step=lambda i, r: calls.append((i, r["nll"])),
+        )
     return model, params, history, calls, later_compiles
 
 
@@ -349,14 +390,19 @@ def test_nll_sum_equals_transformers_summed_token_nll(played, warm_started, tmp_
         assert batch.token_mask[i, :length].all()  # a rollout row is one contiguous prefix
         ids = batch.tokens[i, :length]
         logits = torch.tensor(hf_logits(reference, ids[None]), dtype=torch.float64)[0]
-        logp = torch.log_softmax(logits[:-1], dim=-1).gather(
-            1, torch.tensor(ids[1:, None], dtype=torch.long))[:, 0].numpy()
+        logp = (
+            torch.log_softmax(logits[:-1], dim=-1)
+            .gather(1, torch.tensor(ids[1:, None], dtype=torch.long))[:, 0]
+            .numpy()
+        )
         trained = batch.loss_mask[i, 1:length]
         assert not batch.loss_mask[i, 0] and not batch.loss_mask[i, length:].any()
         expected -= float(np.sum(logp[trained]))
         tokens_counted += int(trained.sum())
     assert int(count) == tokens_counted == int(batch.loss_mask.sum()) > 0
-    assert float(total) / tokens_counted < math.log(reference.config.vocab_size) - 1.0  # not uniform
+    assert (
+        float(total) / tokens_counted < math.log(reference.config.vocab_size) - 1.0
+    )  # not uniform
     # The sum over the real rows alone: the padding rows add nothing.
     assert float(total) == pytest.approx(expected, rel=2e-5)
 
@@ -378,8 +424,13 @@ def synthetic_record(rows: int = 23, length: int = 200, seed: int = 0):
     row_mask[[4, 17]] = False  # ... but two rows are padding
     loss_mask[9] = False  # ... and one has nothing to learn
     eligible = sorted(set(range(rows)) - {4, 9, 17})
-    return types.SimpleNamespace(tokens=tokens, token_mask=token_mask, loss_mask=loss_mask,
-                                 row_mask=row_mask), eligible, int(lengths.max())
+    return (
+        types.SimpleNamespace(
+            tokens=tokens, token_mask=token_mask, loss_mask=loss_mask, row_mask=row_mask
+        ),
+        eligible,
+        int(lengths.max()),
+    )
 
 
 def test_sft_batches_cover_every_row_once_per_epoch_with_fixed_shapes():
@@ -393,7 +444,7 @@ def test_sft_batches_cover_every_row_once_per_epoch_with_fixed_shapes():
     orders = []
     for epoch in range(epochs):
         seen = []
-        for got_epoch, batch in batches[4 * epoch:4 * (epoch + 1)]:
+        for got_epoch, batch in batches[4 * epoch : 4 * (epoch + 1)]:
             assert got_epoch == epoch
             for array in (batch.tokens, batch.token_mask, batch.loss_mask):
                 assert array.shape == (batch_size, width)
@@ -410,9 +461,13 @@ def test_sft_batches_cover_every_row_once_per_epoch_with_fixed_shapes():
         orders.append(seen)
     assert orders[0] != orders[1]  # reshuffled each epoch
     # The same seed gives the same batches; another seed another order.
-    again = [b.tokens[:, 0].tolist() for _, b in sft.sft_batches(record, batch_size, epochs, seed=7)]
+    again = [
+        b.tokens[:, 0].tolist() for _, b in sft.sft_batches(record, batch_size, epochs, seed=7)
+    ]
     assert again == [b.tokens[:, 0].tolist() for _, b in batches]
-    other = [b.tokens[:, 0].tolist() for _, b in sft.sft_batches(record, batch_size, epochs, seed=8)]
+    other = [
+        b.tokens[:, 0].tolist() for _, b in sft.sft_batches(record, batch_size, epochs, seed=8)
+    ]
     assert other != again
 
 
@@ -429,7 +484,7 @@ def test_grouped_sft_batches_sort_by_length_and_cut_each_batch_to_its_own_width(
     widths, first_epoch = set(), []
     for epoch in range(epochs):
         seen, ranges = [], []
-        for got_epoch, batch in batches[5 * epoch:5 * (epoch + 1)]:
+        for got_epoch, batch in batches[5 * epoch : 5 * (epoch + 1)]:
             assert got_epoch == epoch
             real = [i for i in range(batch_size) if batch.token_mask[i].any()]
             rows = [int(batch.tokens[i, 0]) - 1000 for i in real]
@@ -454,9 +509,11 @@ def test_grouped_sft_batches_sort_by_length_and_cut_each_batch_to_its_own_width(
 @pytest.mark.parametrize("rows, batch_size", [(1, 4), (64, 4), (65, 4), (200, 4), (513, 32)])
 def test_num_sft_steps_counts_the_grouped_batches(rows, batch_size):
     """One partial batch per window of LENGTH_WINDOW batches, at most."""
-    record = types.SimpleNamespace(tokens=np.arange(rows)[:, None] + np.zeros((1, 8), np.int32),
-                                   token_mask=np.arange(8)[None, :] < (np.arange(rows) % 7 + 2)[:, None],
-                                   row_mask=np.ones(rows, bool))
+    record = types.SimpleNamespace(
+        tokens=np.arange(rows)[:, None] + np.zeros((1, 8), np.int32),
+        token_mask=np.arange(8)[None, :] < (np.arange(rows) % 7 + 2)[:, None],
+        row_mask=np.ones(rows, bool),
+    )
     record.loss_mask = record.token_mask.copy()
     got = sum(1 for _ in sft.sft_batches(record, batch_size, 2, seed=0, group_by_length=True))
     assert got == sft.num_sft_steps(rows, batch_size, 2, group_by_length=True)
@@ -490,8 +547,12 @@ def test_warm_start_lowers_the_nll_of_the_demonstrations(played, warm_started, t
     assert history[-1]["nll"] < history[0]["nll"] - 1.0
     # The first step's NLL is the initial policy's on its batch (the loss is what is logged).
     _, first = next(sft.sft_batches(trajectory, WARM_BATCH, WARM_EPOCHS, seed=0))
-    padded = sft.SFTBatch(*(np.concatenate([x, np.zeros((BATCH_ROWS - WARM_BATCH, x.shape[1]), x.dtype)])
-                            for x in (first.tokens, first.token_mask, first.loss_mask)))
+    padded = sft.SFTBatch(
+        *(
+            np.concatenate([x, np.zeros((BATCH_ROWS - WARM_BATCH, x.shape[1]), x.dtype)])
+            for x in (first.tokens, first.token_mask, first.loss_mask)
+        )
+    )
     total, count = nll_sum(graphdef, initial, padded)
     assert history[0]["nll"] == pytest.approx(float(total / count), rel=1e-5)
     # Fixed shapes (the last batch of an epoch is padded): the step compiled once, at step 1.

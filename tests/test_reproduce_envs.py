@@ -54,8 +54,9 @@ class TwoWords(PythonEnv):
             return row_state, Feedback("no", quality=0.0)
         row_state = {**row_state, "said": row_state["said"] + 1}
         done = row_state["said"] == 2
-        return row_state, Feedback("yes", reward=float(done), done=done, success=done,
-                                   quality=0.5 * row_state["said"])
+        return row_state, Feedback(
+            "yes", reward=float(done), done=done, success=done, quality=0.5 * row_state["said"]
+        )
 
     def state_key(self, row_state) -> int:
         return text_key(row_state["task"], row_state["said"])
@@ -68,7 +69,7 @@ def make_two_words(*, split: str | None = None, limit: int | None = None) -> env
     """Pairs of consecutive words; ``split`` "train" the even pairs, "test" the odd ones."""
     pairs = [(WORDS[i], WORDS[(i + 1) % len(WORDS)]) for i in range(len(WORDS))]
     if split is not None:
-        pairs = pairs[{"train": 0, "test": 1}[split]::2]
+        pairs = pairs[{"train": 0, "test": 1}[split] :: 2]
     pairs = pairs[:limit]
     return envs.python_env(TwoWords(pairs), [" ".join(p) for p in pairs], np.full(len(pairs), 2))
 
@@ -78,8 +79,14 @@ class TwoWordsStudy(Study):
 
 
 if "two_words" not in envs.names():  # imported once by pytest, maybe again as a --plugin
-    envs.register("two_words", make_two_words, label="Two words", max_response_tokens=8,
-                  max_context=256, study=TwoWordsStudy)
+    envs.register(
+        "two_words",
+        make_two_words,
+        label="Two words",
+        max_response_tokens=8,
+        max_context=256,
+        study=TwoWordsStudy,
+    )
 
 
 # ---------------------------------------------------------------- the gold demonstrator
@@ -131,7 +138,9 @@ def test_a_study_refuses_what_it_cannot_do():
         study.demonstrator(same, [0, 1], t_max=4, mistake_rate=0.0, seed=0)
     assert study.demonstrable(same, [0, 1]).tolist() == []  # the pipeline demonstrates neither
     np.testing.assert_array_equal(study.demonstrable(tasks, np.arange(10)), np.arange(10))
-    without = envs.python_env(type("NoGold", (TwoWords,), {"demonstration": None})([("a", "b")]), ["x"])
+    without = envs.python_env(
+        type("NoGold", (TwoWords,), {"demonstration": None})([("a", "b")]), ["x"]
+    )
     with pytest.raises(StudyError, match="no demonstration"):
         study.plan(without, 0)
     for t in (tasks, same, without):
@@ -179,10 +188,15 @@ def test_every_gold_plan_solves_its_task_in_the_real_environment(name, t_max, ta
     try:
         ids = np.arange(len(loaded.names))
         corpus = entry.study.corpus(loaded, ids, t_max=t_max, prompt=BudgetPrompt())
-        tokenizer = build_small_tokenizer(corpus, vocab_size=1024)  # word-split: ~1 s (BFCL: ~50 s unsplit)
+        tokenizer = build_small_tokenizer(
+            corpus, vocab_size=1024
+        )  # word-split: ~1 s (BFCL: ~50 s unsplit)
         demo = entry.study.demonstrator(loaded, ids, t_max=t_max, mistake_rate=0.0, seed=0)
-        runner = MultiTurnRollout(loaded.env, tokenizer, RolloutConfig(
-            group_size=1, budget=t_max, max_response_tokens=512, max_context=16384))
+        runner = MultiTurnRollout(
+            loaded.env,
+            tokenizer,
+            RolloutConfig(group_size=1, budget=t_max, max_response_tokens=512, max_context=16384),
+        )
         result = runner(ScriptedPolicy(tokenizer, demo), ids, jax.random.key(0))
         trajectory = jax.device_get(result.trajectory)
         assert trajectory.success.all()
@@ -199,12 +213,32 @@ def test_every_gold_plan_solves_its_task_in_the_real_environment(name, t_max, ta
 @pytest.mark.slow
 def test_reproduce_sql_runs_every_phase_end_to_end(tmp_path):
     out = tmp_path / "sql"
-    result = CliRunner().invoke(app, ["reproduce", "sql", "--config", str(CONFIGS / "sql_ci.yaml"),
-                                      "--out", str(out), "--no-progress"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            "sql",
+            "--config",
+            str(CONFIGS / "sql_ci.yaml"),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     phases = json.loads((out / "phases.json").read_text())
-    assert list(phases) == ["setup", "demos", "warm_start", "train:grpo", "train:budgetmix",
-                            "eval:table", "eval:passk", "eval:likelihood", "eval:dynamics", "report"]
+    assert list(phases) == [
+        "setup",
+        "demos",
+        "warm_start",
+        "train:grpo",
+        "train:budgetmix",
+        "eval:table",
+        "eval:passk",
+        "eval:likelihood",
+        "eval:dynamics",
+        "report",
+    ]
     assert phases["demos"]["overflow_rate"] == 0.0
     assert phases["demos"]["success_rate"] > 0.3  # gold plans with 25% mistakes, budgets 1..4
     report = (out / "report.md").read_text()
@@ -218,7 +252,9 @@ def test_reproduce_sql_runs_every_phase_end_to_end(tmp_path):
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["task"]["env"] == "sql" and config["task"]["options"] == {}
     for run in ("grpo", "budgetmix"):
-        logged = [json.loads(x) for x in (out / "runs" / run / "metrics.jsonl").read_text().splitlines()]
+        logged = [
+            json.loads(x) for x in (out / "runs" / run / "metrics.jsonl").read_text().splitlines()
+        ]
         assert len(logged) == 2 and "R_multi" in logged[0] and "R_single" not in logged[0]
 
 
@@ -226,18 +262,35 @@ def test_reproduce_sql_runs_every_phase_end_to_end(tmp_path):
 # Decoding long responses of a random policy dominates these two: at -O1 each runs in ~0.7-0.85
 # of its -O0 time, compiling included (SQL and the user environment compile more than they run).
 @pytest.mark.optimized
-@pytest.mark.parametrize("name, label, quality", [("code", "DeepCoder-MT", True),
-                                                  ("bfcl", "BFCL v3 multi-turn", False)])
+@pytest.mark.parametrize(
+    "name, label, quality", [("code", "DeepCoder-MT", True), ("bfcl", "BFCL v3 multi-turn", False)]
+)
 def test_reproduce_code_and_bfcl_run_every_phase_end_to_end(tmp_path, name, label, quality):
     out = tmp_path / name
-    result = CliRunner().invoke(app, ["reproduce", name, "--config", str(CONFIGS / f"{name}_ci.yaml"),
-                                      "--out", str(out), "--no-progress"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            name,
+            "--config",
+            str(CONFIGS / f"{name}_ci.yaml"),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     phases = json.loads((out / "phases.json").read_text())
     diagnostics = ["eval:steps", "eval:errors"] if name == "code" else []
     assert [p for p in phases if p.startswith(("train:", "eval:"))] == [
-        "train:grpo", "train:budgetmix", "eval:table", "eval:passk", *diagnostics,
-        "eval:likelihood", "eval:dynamics"]
+        "train:grpo",
+        "train:budgetmix",
+        "eval:table",
+        "eval:passk",
+        *diagnostics,
+        "eval:likelihood",
+        "eval:dynamics",
+    ]
     report = (out / "report.md").read_text()
     assert report.startswith(f"# {label} reproduction")
     if name == "code":  # DeepCoder-MT's step diagnostics, scored by the test pass share
@@ -248,12 +301,18 @@ def test_reproduce_code_and_bfcl_run_every_phase_end_to_end(tmp_path, name, labe
         assert "Suite `deepcoder-mt-error-recovery/v1`" in report
         # the findings cite (and measure power against) DeepCoder-MT's figures, not FrozenLake's
         cited = {f["headline"]: f["paper"] for f in json.loads((out / "findings.json").read_text())}
-        assert cited["Full-budget RL: R_multi rises while R_single falls"].startswith("DeepCoder-MT")
-        assert "DeepCoder-MT: RL better on 46.8%" in cited[
-            "Error recovery, not single-step quality, is where RL gains"]
+        assert cited["Full-budget RL: R_multi rises while R_single falls"].startswith(
+            "DeepCoder-MT"
+        )
+        assert (
+            "DeepCoder-MT: RL better on 46.8%"
+            in cited["Error recovery, not single-step quality, is where RL gains"]
+        )
     assert f"Tasks: {label}, T_max 4; 2 train tasks, 2 test tasks (disjoint splits)." in report
     assert json.loads((out / "raw" / "table.json").read_text())["t_max"] == 4
-    logged = [json.loads(x) for x in (out / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    logged = [
+        json.loads(x) for x in (out / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert len(logged) == 2 and ("R_single" in logged[0]) == quality
 
 
@@ -263,38 +322,93 @@ def test_reproduce_code_and_bfcl_run_every_phase_end_to_end(tmp_path, name, labe
 @pytest.mark.slow
 def test_a_user_environment_trains_and_evaluates_through_the_cli(tmp_path):
     config = tmp_path / "two_words.yaml"
-    config.write_text(yaml.safe_dump({
-        "task": {"env": "two_words", "t_max": 4, "train_tasks": 5, "eval_tasks": 5,
-                 "max_response_tokens": 8, "max_context": 256},
-        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                  "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
-                  "tokenizer_vocab": 400},
-        "warm_start": {"demo_tasks": 5, "demos_per_task": 8, "epochs": 2, "batch_size": 8},
-        "rl": {"runs": ["grpo", "budgetmix"], "steps": 2, "tasks_per_step": 2, "group_size": 4},
-        "eval": {"samples": 2, "k": 2, "pass_k_samples": 2, "likelihood_samples": 1,
-                 "max_response_tokens": 8, "max_context": 256}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "task": {
+                    "env": "two_words",
+                    "t_max": 4,
+                    "train_tasks": 5,
+                    "eval_tasks": 5,
+                    "max_response_tokens": 8,
+                    "max_context": 256,
+                },
+                "model": {
+                    "hidden_size": 32,
+                    "intermediate_size": 64,
+                    "num_hidden_layers": 1,
+                    "num_attention_heads": 2,
+                    "num_key_value_heads": 1,
+                    "head_dim": 16,
+                    "tokenizer_vocab": 400,
+                },
+                "warm_start": {"demo_tasks": 5, "demos_per_task": 8, "epochs": 2, "batch_size": 8},
+                "rl": {
+                    "runs": ["grpo", "budgetmix"],
+                    "steps": 2,
+                    "tasks_per_step": 2,
+                    "group_size": 4,
+                },
+                "eval": {
+                    "samples": 2,
+                    "k": 2,
+                    "pass_k_samples": 2,
+                    "likelihood_samples": 1,
+                    "max_response_tokens": 8,
+                    "max_context": 256,
+                },
+            }
+        )
+    )
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["reproduce", "two_words", "--plugin", __file__, "--config",
-                                      str(config), "--out", str(out), "--no-progress"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            "two_words",
+            "--plugin",
+            __file__,
+            "--config",
+            str(config),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = (out / "report.md").read_text()
     assert report.startswith("# Two words reproduction")
     assert "5 train tasks, 5 test tasks (disjoint splits)" in report
     phases = json.loads((out / "phases.json").read_text())
     assert phases["demos"]["success_rate"] > 0.3  # budgets of 1 turn cannot succeed
-    logged = [json.loads(x) for x in (out / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    logged = [
+        json.loads(x) for x in (out / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert all(0.0 <= r["R_single"] <= 1.0 for r in logged)  # the recorded step quality
     plugins = json.loads((out / "plugins.json").read_text())["plugins"]
     assert [Path(p["file"]).name for p in plugins] == [Path(__file__).name]
 
 
 def test_a_config_for_another_environment_is_refused(tmp_path):
-    result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--config",
-                                      str(CONFIGS / "sql_ci.yaml"), "--out", str(tmp_path / "x")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            "frozenlake",
+            "--config",
+            str(CONFIGS / "sql_ci.yaml"),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+    )
     assert result.exit_code != 0
-    assert _squeezed("sets task.env: sql, but this command reproduces frozenlake") in _squeezed(result.output)
+    assert _squeezed("sets task.env: sql, but this command reproduces frozenlake") in _squeezed(
+        result.output
+    )
     result = CliRunner().invoke(app, ["reproduce", "chess", "--out", str(tmp_path / "y")])
-    assert result.exit_code != 0 and _squeezed("unknown environment 'chess'") in _squeezed(result.output)
+    assert result.exit_code != 0 and _squeezed("unknown environment 'chess'") in _squeezed(
+        result.output
+    )
 
 
 def _squeezed(text: str) -> str:

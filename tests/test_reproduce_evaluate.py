@@ -21,12 +21,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from eval_helpers import QStarAgent, frozenlake_corpus
 from flax import nnx
 from markdown_it import MarkdownIt
+from markdown_tables import first_table
 
 from agentrl_jax.evaluation import passt
-from agentrl_jax.evaluation.analyses import error_recovery
 from agentrl_jax.evaluation import report as eval_report
+from agentrl_jax.evaluation.analyses import error_recovery
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.policy import SamplerPolicy, ScriptedPolicy
@@ -35,14 +37,22 @@ from agentrl_jax.reproduce.evaluate import ANALYSES, EvalSettings, analysis_unit
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
-from eval_helpers import QStarAgent, frozenlake_corpus
-from markdown_tables import first_table
 
 T_MAX = 6
 TASKS = 6
 NAMES = ("base", "GRPO", "BudgetMix GRPO")
-SETTINGS = EvalSettings(budgets=None, samples=4, k=2, pass_k_samples=4, states=8, group_size=2,
-                        source_samples=2, depth_bins=3, max_response_tokens=16, max_context=512)
+SETTINGS = EvalSettings(
+    budgets=None,
+    samples=4,
+    k=2,
+    pass_k_samples=4,
+    states=8,
+    group_size=2,
+    source_samples=2,
+    depth_bins=3,
+    max_response_tokens=16,
+    max_context=512,
+)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -78,13 +88,18 @@ def bfs_distance(tiles: np.ndarray, cell: int) -> float:
 
 
 def start_distances(env) -> np.ndarray:
-    return np.array([bfs_distance(m, int(np.flatnonzero(m.reshape(-1) == grid.START)[0]))
-                     for m in env.maps])
+    return np.array(
+        [bfs_distance(m, int(np.flatnonzero(m.reshape(-1) == grid.START)[0])) for m in env.maps]
+    )
 
 
 def write_log(path: Path, r_multi, r_single) -> Path:
-    path.write_text("".join(json.dumps({"step": i, "R_multi": m, "R_single": s}) + "\n"
-                            for i, (m, s) in enumerate(zip(r_multi, r_single))))
+    path.write_text(
+        "".join(
+            json.dumps({"step": i, "R_multi": m, "R_single": s}) + "\n"
+            for i, (m, s) in enumerate(zip(r_multi, r_single))
+        )
+    )
     return path
 
 
@@ -100,13 +115,21 @@ def check_png(path: Path) -> None:
 
 
 def test_settings_are_validated_naming_the_field():
-    for bad, field in (({"samples": 0}, "samples"), ({"k": 9}, "k"), ({"states": 1}, "states"),
-                       ({"budgets": [0, 3]}, "budgets"), ({"budgets": "17"}, "budgets"),
-                       ({"top_p": 0.0}, "top_p"), ({"gamma": 1.5}, "gamma"),
-                       ({"invalid": "nan"}, "invalid"), ({"tasks_per_call": 0}, "tasks_per_call"),
-                       ({"diagnostic_tasks": 0}, "diagnostic_tasks"),
-                       ({"diagnostic_tasks": "32"}, "diagnostic_tasks"),
-                       ({"enable_thinking": 1}, "enable_thinking"), ({"seed": -1}, "seed")):
+    for bad, field in (
+        ({"samples": 0}, "samples"),
+        ({"k": 9}, "k"),
+        ({"states": 1}, "states"),
+        ({"budgets": [0, 3]}, "budgets"),
+        ({"budgets": "17"}, "budgets"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"gamma": 1.5}, "gamma"),
+        ({"invalid": "nan"}, "invalid"),
+        ({"tasks_per_call": 0}, "tasks_per_call"),
+        ({"diagnostic_tasks": 0}, "diagnostic_tasks"),
+        ({"diagnostic_tasks": "32"}, "diagnostic_tasks"),
+        ({"enable_thinking": 1}, "enable_thinking"),
+        ({"seed": -1}, "seed"),
+    ):
         with pytest.raises(ValueError, match=rf"^eval\.{field}: "):
             EvalSettings(**bad)
     settings = EvalSettings(budgets=[7, 3, 3])
@@ -119,24 +142,39 @@ def test_settings_are_validated_naming_the_field():
 
 def test_budgetmix_counterparts_and_file_names():
     names = ["base", "GRPO", "BudgetMix GRPO", "GiGPO", "BudgetMix-GiGPO", "BudgetMix PPO"]
-    assert results.budgetmix_counterparts(names) == {"BudgetMix GRPO": "GRPO",
-                                                     "BudgetMix-GiGPO": "GiGPO"}
+    assert results.budgetmix_counterparts(names) == {
+        "BudgetMix GRPO": "GRPO",
+        "BudgetMix-GiGPO": "GiGPO",
+    }
     assert results.budgetmix_counterparts(["base", "GRPO", "BudgetMix"]) == {"BudgetMix": "GRPO"}
     # a qualifier before "BudgetMix" names a variant of the same full-budget run
     assert results.budgetmix_counterparts(
-        ["base", "GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO", "Adaptive GRPO"]) == {
-        "BudgetMix GRPO": "GRPO", "Adaptive BudgetMix GRPO": "Adaptive GRPO"}
+        ["base", "GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO", "Adaptive GRPO"]
+    ) == {"BudgetMix GRPO": "GRPO", "Adaptive BudgetMix GRPO": "Adaptive GRPO"}
     assert results.budgetmix_counterparts(
-        ["base", "GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO"]) == {
-        "BudgetMix GRPO": "GRPO", "Adaptive BudgetMix GRPO": "GRPO"}
+        ["base", "GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO"]
+    ) == {"BudgetMix GRPO": "GRPO", "Adaptive BudgetMix GRPO": "GRPO"}
     assert results.slug("BudgetMix GRPO") == "budgetmix_grpo"
     with pytest.raises(ValueError, match="share file names"):
-        run_analysis("passk", "unused", None, np.arange(1), None,
-                     {"base": ScriptedPolicy(None, None), "Base": ScriptedPolicy(None, None)},
-                     SETTINGS)
+        run_analysis(
+            "passk",
+            "unused",
+            None,
+            np.arange(1),
+            None,
+            {"base": ScriptedPolicy(None, None), "Base": ScriptedPolicy(None, None)},
+            SETTINGS,
+        )
     with pytest.raises(ValueError, match="compares the base with other policies"):
-        run_analysis("steps", "unused", None, np.arange(1), None,
-                     {"base": ScriptedPolicy(None, None)}, SETTINGS)
+        run_analysis(
+            "steps",
+            "unused",
+            None,
+            np.arange(1),
+            None,
+            {"base": ScriptedPolicy(None, None)},
+            SETTINGS,
+        )
     with pytest.raises(ValueError, match="unknown analysis 'pass'"):
         analysis_units("pass", SETTINGS, 4, 3, T_MAX)
 
@@ -150,20 +188,32 @@ def scripted(tmp_path_factory, tokenizer, env):
     out = tmp_path_factory.mktemp("scripted")
 
     def agent(epsilon: float, seed: int) -> ScriptedPolicy:
-        return ScriptedPolicy(tokenizer, QStarAgent(T_MAX, epsilon=epsilon, seed=seed,
-                                                    is_slippery=False))
+        return ScriptedPolicy(
+            tokenizer, QStarAgent(T_MAX, epsilon=epsilon, seed=seed, is_slippery=False)
+        )
 
     models = dict(zip(NAMES, (agent(0.6, 1), agent(0.0, 0), agent(0.2, 2))))
     steps = np.arange(10)
-    logs = {"GRPO": write_log(out / "grpo.jsonl", 0.1 * steps, 0.5 - 0.01 * steps),
-            "BudgetMix GRPO": write_log(out / "mix.jsonl", 0.1 * steps, 0.5 + 0.01 * steps)}
+    logs = {
+        "GRPO": write_log(out / "grpo.jsonl", 0.1 * steps, 0.5 - 0.01 * steps),
+        "BudgetMix GRPO": write_log(out / "mix.jsonl", 0.1 * steps, 0.5 + 0.01 * steps),
+    }
     reported = {}
     for name in ANALYSES:
         if name == "likelihood":
             continue
         done = []
-        run_analysis(name, out, env, np.arange(TASKS), tokenizer, models, SETTINGS,
-                     training_logs=logs, progress=done.append)
+        run_analysis(
+            name,
+            out,
+            env,
+            np.arange(TASKS),
+            tokenizer,
+            models,
+            SETTINGS,
+            training_logs=logs,
+            progress=done.append,
+        )
         reported[name] = sum(done)
     return out, reported
 
@@ -181,10 +231,12 @@ def test_every_analysis_writes_its_files_and_reports_its_units(scripted):
             for png in section.figures:
                 check_png(out / png)
     titles = [s.title for s in report.read_sections(out, ["steps"])["steps"]]
-    assert titles == ["Step-level action quality on matched states: GRPO vs base",
-                      "Action quality vs normalised depth: GRPO vs base",
-                      "Step-level action quality on matched states: BudgetMix GRPO vs base",
-                      "Action quality vs normalised depth: BudgetMix GRPO vs base"]
+    assert titles == [
+        "Step-level action quality on matched states: GRPO vs base",
+        "Action quality vs normalised depth: GRPO vs base",
+        "Step-level action quality on matched states: BudgetMix GRPO vs base",
+        "Action quality vs normalised depth: BudgetMix GRPO vs base",
+    ]
 
 
 def test_the_error_recovery_suite_tables_every_policy_from_the_raw_errors(scripted):
@@ -194,23 +246,30 @@ def test_the_error_recovery_suite_tables_every_policy_from_the_raw_errors(script
     saved = json.loads((out / error_recovery.ERROR_RECOVERY_JSON).read_text())
     assert saved["suite"] == error_recovery.SUITE and list(saved["rows"]) == list(NAMES[1:])
     assert error_recovery.ErrorRecovery.from_json(saved) == error_recovery.compute(
-        results.load_raw(out, "errors"))
+        results.load_raw(out, "errors")
+    )
     assert list(first_table(suite.markdown)[1]) == list(NAMES[1:])
 
 
 def test_diagnostic_tasks_cap_every_analysis_but_the_table(tmp_path, tokenizer, env):
     settings = dataclasses.replace(SETTINGS, diagnostic_tasks=2)
-    models = {"base": ScriptedPolicy(tokenizer, QStarAgent(T_MAX, epsilon=0.5, seed=1, is_slippery=False)),
-              "GRPO": ScriptedPolicy(tokenizer, QStarAgent(T_MAX, is_slippery=False))}
+    models = {
+        "base": ScriptedPolicy(
+            tokenizer, QStarAgent(T_MAX, epsilon=0.5, seed=1, is_slippery=False)
+        ),
+        "GRPO": ScriptedPolicy(tokenizer, QStarAgent(T_MAX, is_slippery=False)),
+    }
     assert list(settings.analysis_tasks("table", np.arange(TASKS))) == list(range(TASKS))
     for name, tasks in (("table", TASKS), ("passk", 2)):
         done = []
-        run_analysis(name, tmp_path, env, np.arange(TASKS), tokenizer, models, settings,
-                     progress=done.append)
+        run_analysis(
+            name, tmp_path, env, np.arange(TASKS), tokenizer, models, settings, progress=done.append
+        )
         assert results.load_raw(tmp_path, name)["task_ids"] == list(range(tasks))
         assert sum(done) == analysis_units(name, settings, TASKS, 2, T_MAX)
     assert analysis_units("passk", settings, TASKS, 2, T_MAX) == analysis_units(
-        "passk", SETTINGS, 2, 2, T_MAX)
+        "passk", SETTINGS, 2, 2, T_MAX
+    )
 
 
 def test_an_optimal_policy_meets_the_structural_bound_exactly(scripted, env):
@@ -222,13 +281,16 @@ def test_an_optimal_policy_meets_the_structural_bound_exactly(scripted, env):
         n, c = results.budget_counts(record, "GRPO")[budget]
         np.testing.assert_array_equal(c, np.where(distance <= budget, n, 0))
     curves = json.loads((out / "pass_at_t.json").read_text())
-    bound = dict(zip(curves["structural_bound"]["budget"], curves["structural_bound"]["share_solvable"]))
+    bound = dict(
+        zip(curves["structural_bound"]["budget"], curves["structural_bound"]["share_solvable"])
+    )
     assert curves["curves"]["GRPO"]["pass"] == [bound[b] for b in record["budgets"]]
     table = results.table1_from_results(out)
     assert table["GRPO"] == {t: float(np.mean(distance <= t)) for t in (1, 3, 4, 6)}
     passk_record = results.load_raw(out, "passk")
-    np.testing.assert_array_equal(passk_record["counts"]["GRPO"]["c"],
-                                  np.where(distance <= T_MAX, SETTINGS.pass_k_samples, 0))
+    np.testing.assert_array_equal(
+        passk_record["counts"]["GRPO"]["c"], np.where(distance <= T_MAX, SETTINGS.pass_k_samples, 0)
+    )
 
 
 def test_table1_is_recomputed_from_the_saved_counts(scripted):
@@ -238,9 +300,16 @@ def test_table1_is_recomputed_from_the_saved_counts(scripted):
     def hand(n: int, c: int, k: int) -> float:
         return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
-    by_hand = {p: {t: [hand(n, c, record["k"]) for n, c in zip(record["counts"][p][str(t)]["n"],
-                                                                 record["counts"][p][str(t)]["c"])]
-                   for t in record["levels"]} for p in NAMES}
+    by_hand = {
+        p: {
+            t: [
+                hand(n, c, record["k"])
+                for n, c in zip(record["counts"][p][str(t)]["n"], record["counts"][p][str(t)]["c"])
+            ]
+            for t in record["levels"]
+        }
+        for p in NAMES
+    }
     table = results.table1_from_results(out / "raw" / "table.json")
     assert list(table) == list(NAMES)
     for policy in NAMES:
@@ -278,29 +347,38 @@ def test_step_diagnostics_of_an_optimal_policy(scripted, env):
 
     errors = results.load_raw(out, "errors")["pairs"]["GRPO"]
     states = errors["states"]
-    for i, (task, pos, turn, budget) in enumerate(zip(states["task_id"], states["pos"],
-                                                       states["turn"], states["budget"])):
+    for i, (task, pos, turn, budget) in enumerate(
+        zip(states["task_id"], states["pos"], states["turn"], states["budget"])
+    ):
         fits = bfs_distance(env.maps[task], pos) <= budget - turn  # greedy recovers iff it fits
         assert errors["success"]["GRPO"][i] == [fits] * SETTINGS.group_size, (i, task, pos)
 
 
 def test_report_puts_table1_first_and_the_findings_last(scripted):
     out, _ = scripted
-    path = report.write_report(out, header_markdown="## Run\n\nscripted agents on 4x4 maps",
-                               title="Tiny reproduction")
+    path = report.write_report(
+        out, header_markdown="## Run\n\nscripted agents on 4x4 maps", title="Tiny reproduction"
+    )
     text = path.read_text()
     tokens = MarkdownIt().parse(text)
     headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
     assert headings[:3] == ["Tiny reproduction", "Run", "Table 1: Pass@2 by budget level"]
     assert headings[-1] == findings.FINDINGS_TITLE
     assert "Training dynamics: start to end" in headings and "Pass@K at T_max = 6" in headings
-    images = [c.attrs["src"] for t in tokens if t.type == "inline" for c in t.children
-              if c.type == "image"]
+    images = [
+        c.attrs["src"]
+        for t in tokens
+        if t.type == "inline"
+        for c in t.children
+        if c.type == "image"
+    ]
     assert len(images) >= 12
     for image in images:
         check_png(out / image)
-    verdicts = {(f["headline"], f["subject"]): f["verdict"]
-                for f in json.loads((out / "findings.json").read_text())}
+    verdicts = {
+        (f["headline"], f["subject"]): f["verdict"]
+        for f in json.loads((out / "findings.json").read_text())
+    }
     assert verdicts[(findings.FULL_BUDGET_DYNAMICS, "GRPO")] == findings.SHOWS
     assert verdicts[(findings.BUDGETMIX_DYNAMICS, "BudgetMix GRPO")] == findings.SHOWS
     assert verdicts[(findings.ERROR_RECOVERY, "GRPO")] in findings.VERDICT_ORDER
@@ -329,16 +407,41 @@ def synthetic_results(out: Path, *, flip: bool = False) -> Path:
     if flip:
         counts = {"base": counts["GRPO"], "GRPO": counts["base"], "BudgetMix GRPO": counts["base"]}
         passk_c = {"base": (2, 4, 6), "GRPO": (0, 2, 3), "BudgetMix GRPO": (0, 2, 3)}
-    header = {"policies": policies, "base": "base", "t_max": 8, "task_ids": list(range(tasks)),
-              "counterparts": {"BudgetMix GRPO": "GRPO"}}
-    eval_report.write_json(results.raw_path(out, "table"), {
-        **header, "analysis": "table", "k": 2, "samples": n, "budgets": [2, 4, 6, 8],
-        "levels": [2, 4, 6, 8], "percents": [25, 50, 75, 100],
-        "counts": {p: {t: {"n": [n] * tasks, "c": _cycle(cs, tasks)}
-                       for t, cs in zip((2, 4, 6, 8), counts[p])} for p in policies}})
-    eval_report.write_json(results.raw_path(out, "passk"), {
-        **header, "analysis": "passk", "samples": n,
-        "counts": {p: {"n": [n] * tasks, "c": _cycle(passk_c[p], tasks)} for p in policies}})
+    header = {
+        "policies": policies,
+        "base": "base",
+        "t_max": 8,
+        "task_ids": list(range(tasks)),
+        "counterparts": {"BudgetMix GRPO": "GRPO"},
+    }
+    eval_report.write_json(
+        results.raw_path(out, "table"),
+        {
+            **header,
+            "analysis": "table",
+            "k": 2,
+            "samples": n,
+            "budgets": [2, 4, 6, 8],
+            "levels": [2, 4, 6, 8],
+            "percents": [25, 50, 75, 100],
+            "counts": {
+                p: {
+                    t: {"n": [n] * tasks, "c": _cycle(cs, tasks)}
+                    for t, cs in zip((2, 4, 6, 8), counts[p])
+                }
+                for p in policies
+            },
+        },
+    )
+    eval_report.write_json(
+        results.raw_path(out, "passk"),
+        {
+            **header,
+            "analysis": "passk",
+            "samples": n,
+            "counts": {p: {"n": [n] * tasks, "c": _cycle(passk_c[p], tasks)} for p in policies},
+        },
+    )
     states = 50
     q_base = np.linspace(0.2, 0.8, states)
     step = np.where(np.arange(states) % 5 < 2, 0.05, -0.05)  # RL better on 40% of states
@@ -346,24 +449,39 @@ def synthetic_results(out: Path, *, flip: bool = False) -> Path:
     good = np.tile([True, True, True, False], (states, 1))
     bad = np.tile([True, False, False, False], (states, 1))
     pair = {"quality": {"base": q_base, "RL": q_base + step}}
-    error_pair = {"quality": {"base": q_base, "RL": q_base + error_step},
-                  "success": {"base": bad, "RL": good}}
+    error_pair = {
+        "quality": {"base": q_base, "RL": q_base + error_step},
+        "success": {"base": bad, "RL": good},
+    }
     if flip:
         pair["quality"] = {"base": q_base + step, "RL": q_base}
-        error_pair = {"quality": {"base": q_base + error_step, "RL": q_base},
-                      "success": {"base": good, "RL": bad}}
+        error_pair = {
+            "quality": {"base": q_base + error_step, "RL": q_base},
+            "success": {"base": good, "RL": bad},
+        }
     rename = lambda d, p: {("base" if k == "base" else p): v for k, v in d.items()}  # noqa: E731
     for analysis, raw_pair in (("steps", pair), ("errors", error_pair)):
-        eval_report.write_json(results.raw_path(out, analysis), {
-            **header, "analysis": analysis,
-            "pairs": {p: {k: rename(v, p) for k, v in raw_pair.items()} for p in policies[1:]}})
+        eval_report.write_json(
+            results.raw_path(out, analysis),
+            {
+                **header,
+                "analysis": analysis,
+                "pairs": {p: {k: rename(v, p) for k, v in raw_pair.items()} for p in policies[1:]},
+            },
+        )
     steps = np.arange(20)
     wiggle = 0.01 * (steps % 2)
     sign = -1 if flip else 1
-    logs = {"GRPO": write_log(out / "grpo.jsonl", 0.5 + sign * 0.02 * steps + wiggle,
-                              0.6 - sign * 0.005 * steps + wiggle),
-            "BudgetMix GRPO": write_log(out / "mix.jsonl", 0.5 + 0.02 * steps + wiggle,
-                                        0.6 + sign * 0.002 * steps + wiggle)}
+    logs = {
+        "GRPO": write_log(
+            out / "grpo.jsonl",
+            0.5 + sign * 0.02 * steps + wiggle,
+            0.6 - sign * 0.005 * steps + wiggle,
+        ),
+        "BudgetMix GRPO": write_log(
+            out / "mix.jsonl", 0.5 + 0.02 * steps + wiggle, 0.6 + sign * 0.002 * steps + wiggle
+        ),
+    }
     scripted = {p: ScriptedPolicy(None, None) for p in policies}
     run_analysis("dynamics", out, None, np.arange(1), None, scripted, SETTINGS, training_logs=logs)
     return out
@@ -389,8 +507,10 @@ def test_findings_follow_the_numbers(tmp_path):
     # vs GRPO, equal by construction there: every paired difference exactly 0, a CI of [0, 0]
     # whose standard error of 0 is no measure of what the run could detect: underpowered
     flipped = _verdicts(synthetic_results(tmp_path / "flipped", flip=True))
-    assert flipped == {key: findings.UNDERPOWERED if key[0] == findings.BUDGETMIX_SMALL
-                       else findings.REFUTED for key in shows}
+    assert flipped == {
+        key: findings.UNDERPOWERED if key[0] == findings.BUDGETMIX_SMALL else findings.REFUTED
+        for key in shows
+    }
 
     found = {f.headline: f for f in findings.check_findings(tmp_path / "shows")}
     # The numbers quoted are the hand-computed ones: pass@2 with c of 8 successes is
@@ -405,8 +525,10 @@ def test_findings_follow_the_numbers(tmp_path):
 
     # Two tasks: GRPO ahead at every k (1 vs 0 successes on one task, tied on the other), but
     # the CI of the smallest lead (k = 1: differences 1/8 and 0) includes no effect.
-    few = {"policies": ["base", "GRPO"], "counts": {"base": {"n": [8, 8], "c": [0, 3]},
-                                                    "GRPO": {"n": [8, 8], "c": [1, 3]}}}
+    few = {
+        "policies": ["base", "GRPO"],
+        "counts": {"base": {"n": [8, 8], "c": [0, 3]}, "GRPO": {"n": [8, 8], "c": [1, 3]}},
+    }
     (finding,) = findings.check_pass_at_k(few)
     assert finding.verdict == findings.UNDERPOWERED and finding.numbers["weakest_k"] == 1
     assert finding.numbers["weakest_lead"].mean == pytest.approx(1 / 16)
@@ -424,32 +546,63 @@ def test_findings_follow_the_numbers(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_models(tokenizer):
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=16, max_position_embeddings=1024)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=1024,
+    )
     return {name: Qwen3ForCausalLM(config, rngs=nnx.Rngs(seed)) for seed, name in enumerate(NAMES)}
 
 
-def test_models_share_compilations_and_likelihood_scores_each_pair(tmp_path, tokenizer, env,
-                                                                   tiny_models):
+def test_models_share_compilations_and_likelihood_scores_each_pair(
+    tmp_path, tokenizer, env, tiny_models
+):
     env = FrozenLakeTextEnv(env.maps, FrozenLakeTextConfig(t_max=3, is_slippery=False))
-    settings = EvalSettings(samples=2, k=2, likelihood_samples=2, likelihood_rows_per_batch=4,
-                            max_response_tokens=4, max_context=256, seed=3)
+    settings = EvalSettings(
+        samples=2,
+        k=2,
+        likelihood_samples=2,
+        likelihood_rows_per_batch=4,
+        max_response_tokens=4,
+        max_context=256,
+        seed=3,
+    )
     config = settings.rollout_config()
     key = jax.random.fold_in(jax.random.key(settings.seed), 6)  # the likelihood stream
     policies = evaluate._samplers(tiny_models)
     assert isinstance(policies["base"], SamplerPolicy)
     trajectories = {}
     for name in NAMES:  # what run_analysis samples (same policies, same key)
-        trajectories[name] = passt.rollout_tasks(env, tokenizer, policies[name], np.arange(2), key,
-                                                 budget=env.t_max, samples=2, config=config)
+        trajectories[name] = passt.rollout_tasks(
+            env,
+            tokenizer,
+            policies[name],
+            np.arange(2),
+            key,
+            budget=env.t_max,
+            samples=2,
+            config=config,
+        )
         if name == "base":
             traces = dict(policies["base"].trace_counts)
     assert dict(policies["BudgetMix GRPO"].trace_counts) == traces  # one model's compilations
 
     done = []
-    run_analysis("likelihood", tmp_path, env, np.arange(2), tokenizer, tiny_models, settings,
-                 progress=done.append)
+    run_analysis(
+        "likelihood",
+        tmp_path,
+        env,
+        np.arange(2),
+        tokenizer,
+        tiny_models,
+        settings,
+        progress=done.append,
+    )
     assert sum(done) == analysis_units("likelihood", settings, 2, 3, env.t_max)
     raw = results.load_raw(tmp_path, "likelihood")
     assert list(raw["pairs"]) == ["GRPO", "BudgetMix GRPO"]
@@ -467,7 +620,8 @@ def test_models_share_compilations_and_likelihood_scores_each_pair(tmp_path, tok
     sections = report.read_sections(tmp_path, ["likelihood"])["likelihood"]
     assert [s.title for s in sections] == [
         "Likelihood: GRPO vs base (ActionNLL under base, cumulative LLR)",
-        "Likelihood: BudgetMix GRPO vs base (ActionNLL under base, cumulative LLR)"]
+        "Likelihood: BudgetMix GRPO vs base (ActionNLL under base, cumulative LLR)",
+    ]
     for png in (p for s in sections for p in s.figures):
         check_png(tmp_path / png)
 
@@ -481,9 +635,13 @@ def test_a_run_keeps_the_paper_figures_its_findings_cite(tmp_path):
     verdicts measure power against; a run without the file uses the paper's headline ones."""
     out = synthetic_results(tmp_path / "run")
     default = {f.headline: f for f in findings.check_findings(out)}
-    assert default[findings.FULL_BUDGET_DYNAMICS].paper == findings.PAPER[findings.FULL_BUDGET_DYNAMICS]
-    figures = findings.PaperFigures(texts={"full_budget_dynamics": "elsewhere: +0.3 (§7.5)"},
-                                    r_multi=100.0, r_single=100.0)
+    assert (
+        default[findings.FULL_BUDGET_DYNAMICS].paper
+        == findings.PAPER[findings.FULL_BUDGET_DYNAMICS]
+    )
+    figures = findings.PaperFigures(
+        texts={"full_budget_dynamics": "elsewhere: +0.3 (§7.5)"}, r_multi=100.0, r_single=100.0
+    )
     figures.write(out)
     assert findings.PaperFigures.load(out) == figures
     own = {f.headline: f for f in findings.check_findings(out)}
@@ -493,8 +651,10 @@ def test_a_run_keeps_the_paper_figures_its_findings_cite(tmp_path):
     effects = own[findings.FULL_BUDGET_DYNAMICS].numbers["effects"]
     assert effects["R_multi"]["paper_size"] == effects["R_single"]["paper_size"] == 100.0
     assert own[findings.BUDGETMIX_DYNAMICS].numbers["effects"]["R_single"]["margin"] == 100.0
-    assert default[findings.FULL_BUDGET_DYNAMICS].numbers["effects"]["R_multi"]["paper_size"] == \
-        findings.FULL_BUDGET_R_MULTI
+    assert (
+        default[findings.FULL_BUDGET_DYNAMICS].numbers["effects"]["R_multi"]["paper_size"]
+        == findings.FULL_BUDGET_R_MULTI
+    )
     with pytest.raises(ValueError, match="unknown headlines"):
         findings.PaperFigures(texts={"lead grows": "x"})
     (out / "raw" / "paper.json").write_text('{"sizes": 1}')
@@ -507,20 +667,25 @@ def test_one_rule_decides_every_verdict():
     the SE read off the 95% CI); an interval including no effect is underpowered when that
     exceeds the paper's size and does not show otherwise; a headline takes its weakest effect."""
     from agentrl_jax.evaluation.stats import MeanCI
-    from agentrl_jax.reproduce.findings import Effect, detectable, judge, _verdict
+    from agentrl_jax.reproduce.findings import Effect, _verdict, detectable, judge
+
     z = 1.959963984540054
     assert detectable(MeanCI(0.0, -z, z, 10)) == pytest.approx(z + 0.8416212335729143)
     # BudgetMix vs full budget at 25% and 50%: +0.0 pt [-2.0, +2.0] and +9.4 pt [-11.0, +29.7]
     # against the paper's +7.5 and +5.3 (the second was "does not show" before this rule)
-    small = (Effect("25%", MeanCI(0.0, -0.02, 0.02, 32), size=0.075),
-             Effect("50%", MeanCI(0.094, -0.110, 0.297, 32), size=0.053))
+    small = (
+        Effect("25%", MeanCI(0.0, -0.02, 0.02, 32), size=0.075),
+        Effect("50%", MeanCI(0.094, -0.110, 0.297, 32), size=0.053),
+    )
     assert [judge(e) for e in small] == [findings.NOT_SHOWN, findings.UNDERPOWERED]
     assert _verdict(*small) == findings.NOT_SHOWN
     assert _verdict(small[1]) == findings.UNDERPOWERED  # 2.8 SE = 29 pt > 5.3 pt
     # error recovery: the continuation gain excludes 0, the error-vs-matched quality gain
     # does not (and the paper gives no size for it): not "shows"
-    recovery = (Effect("continuation gain", MeanCI(0.12, 0.05, 0.19, 100), size=0.127),
-                Effect("quality gain difference", MeanCI(0.01, -0.02, 0.04, 100), points=False))
+    recovery = (
+        Effect("continuation gain", MeanCI(0.12, 0.05, 0.19, 100), size=0.127),
+        Effect("quality gain difference", MeanCI(0.01, -0.02, 0.04, 100), points=False),
+    )
     assert judge(recovery[0]) == findings.SHOWS and _verdict(*recovery) == findings.UNDERPOWERED
     assert judge(Effect("x", MeanCI(-0.15, -0.2, -0.1, 9))) == findings.REFUTED
     assert judge(Effect("x", MeanCI(-0.15, -0.2, -0.1, 9), direction=-1)) == findings.SHOWS
@@ -530,10 +695,16 @@ def test_one_rule_decides_every_verdict():
     assert judge(Effect("x", MeanCI(0.0, 0.0, 0.0, 11), size=0.075)) == findings.UNDERPOWERED
     assert judge(Effect("x", MeanCI(1.0, 1.0, 1.0, 11), size=0.075)) == findings.SHOWS
     # non-inferiority (BudgetMix keeps R_single): no effect = the full-budget fall of 0.091
-    keeps = lambda low, high: judge(Effect("R_single", MeanCI((low + high) / 2, low, high, 8),  # noqa: E731
-                                           margin=0.091, points=False))
+    keeps = lambda low, high: judge(
+        Effect(
+            "R_single",
+            MeanCI((low + high) / 2, low, high, 8),  # noqa: E731
+            margin=0.091,
+            points=False,
+        )
+    )
     assert keeps(-0.02, 0.03) == findings.SHOWS
     assert keeps(-0.12, -0.01) == findings.REFUTED
     assert keeps(-0.2, 0.05) == findings.UNDERPOWERED  # 2.8 SE = 0.18 > 0.091
-    assert keeps(-0.1, 0.0) == findings.NOT_SHOWN      # 2.8 SE = 0.071 <= 0.091
-    assert keeps(0.0, 0.0) == findings.UNDERPOWERED    # R_single 0 throughout: kept nothing
+    assert keeps(-0.1, 0.0) == findings.NOT_SHOWN  # 2.8 SE = 0.071 <= 0.091
+    assert keeps(0.0, 0.0) == findings.UNDERPOWERED  # R_single 0 throughout: kept nothing

@@ -55,10 +55,19 @@ def run_reproduction(config_path: Path, out: Path) -> None:
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     env = {"AGENTRL_REPRO_CONFIG": str(config_path), "AGENTRL_REPRO_OUT": str(out)}
     with mock.patch.dict(os.environ, env):
-        NotebookClient(notebook, timeout=KILL_TIMEOUT_S, kernel_name="python3",
-                       resources={"metadata": {"path": str(ROOT)}}).execute()
-    figures = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs
-               if o.output_type == "display_data" and "image/png" in o.get("data", {})]
+        NotebookClient(
+            notebook,
+            timeout=KILL_TIMEOUT_S,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(ROOT)}},
+        ).execute()
+    figures = [
+        o
+        for c in notebook.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type == "display_data" and "image/png" in o.get("data", {})
+    ]
     assert len(figures) >= 8, "the notebook should display the run's figures"
 
 
@@ -76,8 +85,12 @@ def finished(tmp_path_factory) -> Path:
 
 
 def expected_phases(config) -> list[str]:
-    return (["setup", "demos", "warm_start"] + [f"train:{r}" for r in config.rl.runs]
-            + [f"eval:{a}" for a in ANALYSES] + ["report"])
+    return (
+        ["setup", "demos", "warm_start"]
+        + [f"train:{r}" for r in config.rl.runs]
+        + [f"eval:{a}" for a in ANALYSES]
+        + ["report"]
+    )
 
 
 def snapshot(paths) -> dict[str, tuple[str, int]]:
@@ -85,7 +98,9 @@ def snapshot(paths) -> dict[str, tuple[str, int]]:
     files = []
     for path in paths:
         files += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return {str(p): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in files}
+    return {
+        str(p): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in files
+    }
 
 
 def read_phases(out: Path) -> dict:
@@ -95,8 +110,14 @@ def read_phases(out: Path) -> dict:
 def training_log(out: Path, run: str) -> list[dict]:
     """The records of ``runs/<run>/metrics.jsonl`` without the timings (which vary)."""
     lines = (out / "runs" / run / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items()
-             if not k.startswith("time/") and not k.endswith("_per_s")} for line in lines]
+    return [
+        {
+            k: v
+            for k, v in json.loads(line).items()
+            if not k.startswith("time/") and not k.endswith("_per_s")
+        }
+        for line in lines
+    ]
 
 
 # ---------------------------------------------------------------- the results folder
@@ -109,16 +130,23 @@ def test_phases_json_records_every_phase_in_order(finished, config):
     ws = config.warm_start
     demos = min(ws.demo_tasks, config.task.train_tasks) * ws.demos_per_task
     assert phases["demos"]["trajectories"] == demos
-    assert 0.0 <= phases["demos"]["mistake_share"] <= 1.0 and phases["demos"]["overflow_rate"] == 0.0
+    assert (
+        0.0 <= phases["demos"]["mistake_share"] <= 1.0 and phases["demos"]["overflow_rate"] == 0.0
+    )
     assert phases["warm_start"]["steps"] == sft.num_sft_steps(demos, ws.batch_size, ws.epochs)
-    for run, label in (("grpo", "GRPO"), ("budgetmix", "BudgetMix GRPO"),
-                       ("budgetmix-adaptive", "Adaptive BudgetMix GRPO")):
+    for run, label in (
+        ("grpo", "GRPO"),
+        ("budgetmix", "BudgetMix GRPO"),
+        ("budgetmix-adaptive", "Adaptive BudgetMix GRPO"),
+    ):
         assert phases[f"train:{run}"]["resumed_from_step"] == 0
         assert phases[f"train:{run}"]["label"] == label
     # The folder holds the exact config, and every run logged each step once.
     assert (finished / "config.yaml").read_text() == dump_config(config)
     for run in config.rl.runs:
-        assert [r["step"] for r in training_log(finished, run)] == list(range(1, config.rl.steps + 1))
+        assert [r["step"] for r in training_log(finished, run)] == list(
+            range(1, config.rl.steps + 1)
+        )
         assert sorted((finished / "models" / run).glob("*.safetensors"))
 
 
@@ -129,39 +157,50 @@ def markdown_tokens(path: Path):
 def test_report_renders_with_table1_and_valid_figures(finished, config):
     report = finished / "report.md"
     tokens = markdown_tokens(report)
-    headings = [t.content for i, t in enumerate(tokens)
-                if t.type == "inline" and tokens[i - 1].type == "heading_open"]
+    headings = [
+        t.content
+        for i, t in enumerate(tokens)
+        if t.type == "inline" and tokens[i - 1].type == "heading_open"
+    ]
     assert headings[0] == "FrozenLake reproduction"
     assert headings[1] == "Table 1: Pass@2 by budget level"  # Table 1 first, then the analyses
     assert any(h.startswith("Paper findings vs this run") for h in headings)
     assert sum(t.type == "table_open" for t in tokens) >= 2  # Table 1 and training dynamics
     # the base's continuation rate is measured once per comparison, on that pair's states: said
     text = report.read_text()
-    assert text.count("so base's rate differs from one comparison to the next") == len(config.rl.runs)
+    assert text.count("so base's rate differs from one comparison to the next") == len(
+        config.rl.runs
+    )
     # and the error-recovery suite tables every policy against the base
     assert "Error-recovery suite" in headings and "frozenlake-error-recovery/v1" in text
     # report.html: the findings first, each verdict linking to the section it was checked on
     from test_figures import read_page
+
     page = read_page(finished / "report.html")
     assert page.ids[0] == "paper-findings-vs-this-run" and len(page.ids) == len(headings) - 1
-    verdicts = [h for h in page.links if h.startswith("#")][len(page.ids):]  # after the contents
+    verdicts = [h for h in page.links if h.startswith("#")][len(page.ids) :]  # after the contents
     assert len(verdicts) >= 6 and all(h[1:] in page.ids for h in verdicts), verdicts
     assert "#continuation-success-from-error-states-grpo-vs-base" in verdicts
     # each policy's budget robustness, recomputed from the raw counts
     from agentrl_jax.evaluation.analyses.robustness import robustness_from_counts
     from agentrl_jax.reproduce.results import budget_counts, load_raw
+
     assert "Budget robustness" in headings
     raw = load_raw(finished, "table")
     scores = json.loads((finished / "budget_robustness.json").read_text())["scores"]
     assert list(scores) == raw["policies"]
     for policy, score in scores.items():
         again = robustness_from_counts(budget_counts(raw, policy), raw["k"], raw["shortest_paths"])
-        assert score["mean"] == pytest.approx(again.mean) and f"| {policy} | {again.mean:.3f}" in text
+        assert (
+            score["mean"] == pytest.approx(again.mean) and f"| {policy} | {again.mean:.3f}" in text
+        )
     # every figure names its analysis and its run
     for run in ("GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO"):
-        for title in (f"Training dynamics: {run}",
-                      f"Step-level action quality on matched states: {run} vs base",
-                      f"Step-level action quality at error states: {run} vs base"):
+        for title in (
+            f"Training dynamics: {run}",
+            f"Step-level action quality on matched states: {run} vs base",
+            f"Step-level action quality at error states: {run} vs base",
+        ):
             assert title in headings, title
 
     images, links = [], []
@@ -171,8 +210,9 @@ def test_report_renders_with_table1_and_valid_figures(finished, config):
                 images.append(child.attrGet("src"))
             elif child.type == "link_open":
                 links.append(child.attrGet("href"))
-    assert {"figures/pass_at_t_table.png", "figures/pass_at_t.png",
-            "figures/pass_at_k.png"} <= set(images)
+    assert {"figures/pass_at_t_table.png", "figures/pass_at_t.png", "figures/pass_at_k.png"} <= set(
+        images
+    )
     assert any("training_dynamics" in i for i in images) and len(images) >= 10
     for image in images:
         data = (finished / image).read_bytes()
@@ -183,6 +223,7 @@ def test_report_renders_with_table1_and_valid_figures(finished, config):
     # Every local link (data files, PDFs, config.yaml) points at a file in the folder, every
     # in-page link (a verdict's) at a heading (GitHub's anchors).
     from agentrl_jax.evaluation.html import anchor
+
     assert "config.yaml" in links and "raw/table.json" in links
     for link in links:
         if link.startswith("#"):
@@ -212,16 +253,19 @@ def test_table1_is_recomputed_from_the_saved_counts(finished, config):
             counts = record["counts"][policy][str(t)]
             assert counts["n"] == [config.eval.samples] * config.task.eval_tasks
             assert all(0 <= c <= n for n, c in zip(counts["n"], counts["c"]))
-            hand[policy, t] = float(np.mean([hand_pass(n, c, record["k"])
-                                             for n, c in zip(counts["n"], counts["c"])]))
+            hand[policy, t] = float(
+                np.mean([hand_pass(n, c, record["k"]) for n, c in zip(counts["n"], counts["c"])])
+            )
     table = table1_from_results(finished)
     assert list(table) == policies
     header, shown = markdown_table1(finished / "report.md")
-    assert header == [f"Pass@{record['k']} (%)"] + [f"{p}% (T={t})" for p, t in
-                                                     zip((25, 50, 75, 100), levels)]
+    assert header == [f"Pass@{record['k']} (%)"] + [
+        f"{p}% (T={t})" for p, t in zip((25, 50, 75, 100), levels)
+    ]
     for policy in policies:
         assert [table[policy][t] for t in levels] == pytest.approx(
-            [hand[policy, t] for t in levels], abs=1e-12)
+            [hand[policy, t] for t in levels], abs=1e-12
+        )
         assert shown[policy] == [f"{100 * hand[policy, t]:.1f}" for t in levels]
     for a, b in (("GRPO", "base"), ("BudgetMix GRPO", "base"), ("BudgetMix GRPO", "GRPO")):
         diffs = [f"{100 * (hand[a, t] - hand[b, t]):+.1f}" for t in levels]
@@ -250,9 +294,11 @@ def test_a_rerun_of_a_finished_folder_does_nothing(finished, config, monkeypatch
 def test_a_folder_of_another_config_is_refused(finished, tmp_path):
     before = snapshot([finished])
     other = load_config(CI_CONFIG, ["rl.steps=3", "eval.seed=1"])
-    with pytest.raises(ResultsFolderError,
-                       match=r"holds a run of another config \(differs in rl\.steps, eval\.seed\); "
-                             r"use --fresh"):
+    with pytest.raises(
+        ResultsFolderError,
+        match=r"holds a run of another config \(differs in rl\.steps, eval\.seed\); "
+        r"use --fresh",
+    ):
         reproduce(other, finished, progress=False)
     assert snapshot([finished]) == before
     crowded = tmp_path / "crowded"
@@ -267,8 +313,9 @@ def test_a_folder_of_another_config_is_refused(finished, tmp_path):
 
 
 def cli(*args: str):
-    return CliRunner().invoke(app, ["reproduce", "frozenlake", *args, "--no-progress"],
-                              env={"COLUMNS": "1000"})
+    return CliRunner().invoke(
+        app, ["reproduce", "frozenlake", *args, "--no-progress"], env={"COLUMNS": "1000"}
+    )
 
 
 def cli_error(*args: str) -> str:
@@ -279,8 +326,18 @@ def cli_error(*args: str) -> str:
 
 def test_cli_overrides_refusal_and_fresh_start(tmp_path):
     out = tmp_path / "cli"
-    result = cli("--config", str(CI_CONFIG), "--out", str(out), "--set", "rl.steps=1",
-                 "--set", "model.seed=2", "--until", "setup")
+    result = cli(
+        "--config",
+        str(CI_CONFIG),
+        "--out",
+        str(out),
+        "--set",
+        "rl.steps=1",
+        "--set",
+        "model.seed=2",
+        "--until",
+        "setup",
+    )
     assert result.exit_code == 0, result.output
     assert "Stopped after setup" in result.output
     saved = load_config(out / "config.yaml")
@@ -293,8 +350,17 @@ def test_cli_overrides_refusal_and_fresh_start(tmp_path):
     assert "holds a run of another config (differs in model.seed); use --fresh" in message
     assert load_config(out / "config.yaml") == saved
     # ... unless --fresh: it starts over with the new settings.
-    result = cli("--config", str(CI_CONFIG), "--out", str(out), "--set", "rl.steps=1",
-                 "--until", "setup", "--fresh")
+    result = cli(
+        "--config",
+        str(CI_CONFIG),
+        "--out",
+        str(out),
+        "--set",
+        "rl.steps=1",
+        "--until",
+        "setup",
+        "--fresh",
+    )
     assert result.exit_code == 0, result.output
     assert load_config(out / "config.yaml") == load_config(CI_CONFIG, ["rl.steps=1"])
     assert list(read_phases(out)) == ["setup"]
@@ -303,8 +369,16 @@ def test_cli_overrides_refusal_and_fresh_start(tmp_path):
 
 def test_tokenizer_isolate_builds_a_tokenizer_with_one_token_per_grid_cell(tmp_path):
     out = tmp_path / "cells"
-    result = cli("--config", str(CI_CONFIG), "--out", str(out), "--set", "model.tokenizer_isolate=true",
-                 "--until", "setup")
+    result = cli(
+        "--config",
+        str(CI_CONFIG),
+        "--out",
+        str(out),
+        "--set",
+        "model.tokenizer_isolate=true",
+        "--until",
+        "setup",
+    )
     assert result.exit_code == 0, result.output
     grid = "\nP _ O _\n_ O _ _\n_ _ _ O\nO _ _ G"
     tok = load_tokenizer(out / "models" / "init")
@@ -316,16 +390,32 @@ def test_tokenizer_isolate_builds_a_tokenizer_with_one_token_per_grid_cell(tmp_p
     rows = load_tokenizer(tmp_path / "rows" / "models" / "init")
     assert len(rows(grid, add_special_tokens=False)["input_ids"]) < 16
     assert "model.tokenizer_isolate: the sql environment's study declares no pieces" in " ".join(
-        CliRunner().invoke(app, ["reproduce", "sql", "--out", str(tmp_path / "sql"), "--no-progress",
-                                 "--set", "model.tokenizer_isolate=true", "--until", "setup"],
-                           env={"COLUMNS": "1000"}).output.split())
+        CliRunner()
+        .invoke(
+            app,
+            [
+                "reproduce",
+                "sql",
+                "--out",
+                str(tmp_path / "sql"),
+                "--no-progress",
+                "--set",
+                "model.tokenizer_isolate=true",
+                "--until",
+                "setup",
+            ],
+            env={"COLUMNS": "1000"},
+        )
+        .output.split()
+    )
 
 
 def test_cli_errors_name_the_problem(tmp_path):
     out = ["--config", str(CI_CONFIG), "--out", str(tmp_path / "never")]
     assert "rl.steps: must be an int >= 1, got 0" in cli_error(*out, "--set", "rl.steps=0")
     assert "override 'rlsteps=3': expected section.field=value" in cli_error(
-        *out, "--set", "rlsteps=3")
+        *out, "--set", "rlsteps=3"
+    )
     assert "rl: unknown field 'stepz'" in cli_error(*out, "--set", "rl.stepz=3")
     missing = tmp_path / "missing.yaml"
     assert f"config {missing}: no such file" in cli_error("--config", str(missing))
@@ -353,15 +443,34 @@ def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
     checkpoints = out / "runs" / "grpo" / "checkpoints"
     with log.open("w") as sink:
         child = subprocess.Popen(
-            [sys.executable, "-c", "from agentrl_jax.cli import main; main()", "reproduce",
-             "frozenlake", "--config", str(CI_CONFIG), "--out", str(out), "--no-progress"],
-            stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
+            [
+                sys.executable,
+                "-c",
+                "from agentrl_jax.cli import main; main()",
+                "reproduce",
+                "frozenlake",
+                "--config",
+                str(CI_CONFIG),
+                "--out",
+                str(out),
+                "--no-progress",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
         try:
             deadline = time.monotonic() + KILL_TIMEOUT_S
-            while not any(p.name.isdigit() and int(p.name) >= 1 for p in
-                          (checkpoints.iterdir() if checkpoints.is_dir() else ())):
-                assert child.poll() is None, f"the run ended before a checkpoint:\n{log.read_text()[-3000:]}"
-                assert time.monotonic() < deadline, f"no checkpoint in time:\n{log.read_text()[-3000:]}"
+            while not any(
+                p.name.isdigit() and int(p.name) >= 1
+                for p in (checkpoints.iterdir() if checkpoints.is_dir() else ())
+            ):
+                assert child.poll() is None, (
+                    f"the run ended before a checkpoint:\n{log.read_text()[-3000:]}"
+                )
+                assert time.monotonic() < deadline, (
+                    f"no checkpoint in time:\n{log.read_text()[-3000:]}"
+                )
                 time.sleep(0.02)
             os.kill(child.pid, signal.SIGKILL)
         finally:
@@ -380,7 +489,9 @@ def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
     # 3. Resume in-process up to Table 1.
     reproduce(config, out, progress=False, until="eval:table")
     phases = read_phases(out)
-    assert list(phases) == expected_phases(config)[:expected_phases(config).index("eval:table") + 1]
+    assert (
+        list(phases) == expected_phases(config)[: expected_phases(config).index("eval:table") + 1]
+    )
     assert {p: phases[p] for p in first_phases} == first_phases
     assert snapshot([out / "models" / "init", out / "models" / "base", out / "warm_start"]) == kept
     assert phases["train:grpo"]["resumed_from_step"] == killed_at >= 1
@@ -395,7 +506,9 @@ def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
     same_bytes("models/base/model.safetensors")  # the warm start (before any resume)
     for run in config.rl.runs:
         files = sorted(p.name for p in (finished / "models" / run).glob("*.safetensors"))
-        assert files and files == sorted(p.name for p in (out / "models" / run).glob("*.safetensors"))
+        assert files and files == sorted(
+            p.name for p in (out / "models" / run).glob("*.safetensors")
+        )
         for name in files:
             same_bytes(f"models/{run}/{name}")
     same_bytes("raw/table.json")
@@ -432,10 +545,15 @@ def test_readme_table1_is_the_stored_default_runs():
     """README's Table 1 is notebooks/results_cpu_default/table1.csv, rounded as shown, and
     every policy cell's 95% interval is within +-6 points (the default's design)."""
     import csv
-    stored = {row["row"]: row for row in csv.DictReader(
-        (ROOT / "notebooks/results_cpu_default/table1.csv").read_text().splitlines())}
+
+    stored = {
+        row["row"]: row
+        for row in csv.DictReader(
+            (ROOT / "notebooks/results_cpu_default/table1.csv").read_text().splitlines()
+        )
+    }
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("| Pass@8 (%) | 25% (T=3)"):].split("\n\n")[0].splitlines()
+    table = readme[readme.index("| Pass@8 (%) | 25% (T=3)") :].split("\n\n")[0].splitlines()
     levels = ["25% (T=3)", "50% (T=6)", "75% (T=9)", "100% (T=12)"]
     assert table[0] == "| Pass@8 (%) | " + " | ".join(levels) + " |"
     for line in table[2:]:
@@ -455,11 +573,16 @@ def test_readme_table1_of_the_larger_config_is_its_stored_runs():
     """README's Table 1 of the 8x8 / T_max 70 config is notebooks/results_cpu_large/table1.csv,
     rounded as shown."""
     import csv
-    stored = {row["row"]: row for row in csv.DictReader(
-        (ROOT / "notebooks/results_cpu_large/table1.csv").read_text().splitlines())}
+
+    stored = {
+        row["row"]: row
+        for row in csv.DictReader(
+            (ROOT / "notebooks/results_cpu_large/table1.csv").read_text().splitlines()
+        )
+    }
     readme = (ROOT / "README.md").read_text()
     levels = ["25% (T=17)", "50% (T=35)", "75% (T=52)", "100% (T=70)"]
-    table = readme[readme.index("| Pass@8 (%) | 25% (T=17)"):].split("\n\n")[0].splitlines()
+    table = readme[readme.index("| Pass@8 (%) | 25% (T=17)") :].split("\n\n")[0].splitlines()
     assert table[0] == "| Pass@8 (%) | " + " | ".join(levels) + " |"
     assert len(table[2:]) == len(stored) == 6
     for line in table[2:]:
@@ -468,56 +591,74 @@ def test_readme_table1_of_the_larger_config_is_its_stored_runs():
         for level, cell in zip(levels, cells):
             value, low, high = (float(row[f"{level}{s}"]) for s in ("", " ci_low", " ci_high"))
             form = "{:.1f}" if label in stored else "{:+.1f}"
-            assert cell == f"{form.format(value)} [{form.format(low)}, {form.format(high)}]", (label, level)
+            assert cell == f"{form.format(value)} [{form.format(low)}, {form.format(high)}]", (
+                label,
+                level,
+            )
 
 
 def _same_numbers(a, b, rel: float = 1e-12) -> bool:
     """``a == b`` for parsed JSON, floats within ``rel`` (relative) or 1e-15 (absolute)."""
     if isinstance(a, float) or isinstance(b, float):
-        return (isinstance(a, (int, float)) and isinstance(b, (int, float))
-                and (math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
-                     or (math.isnan(a) and math.isnan(b))))
+        return (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and (
+                math.isclose(a, b, rel_tol=rel, abs_tol=1e-15) or (math.isnan(a) and math.isnan(b))
+            )
+        )
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(
-            _same_numbers(a[k], b[k], rel) for k in a)
+        return (
+            isinstance(b, dict)
+            and a.keys() == b.keys()
+            and all(_same_numbers(a[k], b[k], rel) for k in a)
+        )
     if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(
-            _same_numbers(x, y, rel) for x, y in zip(a, b))
+        return (
+            isinstance(b, list)
+            and len(a) == len(b)
+            and all(_same_numbers(x, y, rel) for x, y in zip(a, b))
+        )
     return a == b
 
 
 @pytest.mark.parametrize("folder", ["results_cpu_default", "results_cpu_large"])
-def test_the_stored_runs_table1_and_findings_recompute_from_their_raw(
-        tmp_path, folder):
+def test_the_stored_runs_table1_and_findings_recompute_from_their_raw(tmp_path, folder):
     """notebooks/<folder>/raw/ holds the run's raw records (the likelihood's left out: no
     stored file derives from it). Table 1 (``table1.csv``), the budget robustness and the
     error-recovery suite recomputed from them by today's analyses are the stored files, byte
     for byte, and the verdicts (``findings.json``) are the stored ones with every number to
     1e-12: the report cannot drift from the numbers it was computed from. Both stored runs:
     the CPU default and the larger 8x8 config."""
+    from agentrl_jax.evaluation.analyses import error_recovery
     from agentrl_jax.evaluation.report import Section
     from agentrl_jax.reproduce import findings
-    from agentrl_jax.reproduce.report import write_table1
+    from agentrl_jax.reproduce.report import write_robustness, write_table1
     from agentrl_jax.reproduce.results import load_raw
-
-    from agentrl_jax.evaluation.analyses import error_recovery
-    from agentrl_jax.reproduce.report import write_robustness
 
     stored = ROOT / "notebooks" / folder
     write_table1(tmp_path, load_raw(stored, "table"), Section("Table 1", ""))
     write_robustness(tmp_path, load_raw(stored, "table"))
     error_recovery.section(tmp_path, error_recovery.compute(load_raw(stored, "errors")))
     findings.write_findings(tmp_path, findings.check_findings(stored))
-    for name in ("table1.csv", "budget_robustness.json",
-                 error_recovery.ERROR_RECOVERY_JSON, error_recovery.ERROR_RECOVERY_CSV):
+    for name in (
+        "table1.csv",
+        "budget_robustness.json",
+        error_recovery.ERROR_RECOVERY_JSON,
+        error_recovery.ERROR_RECOVERY_CSV,
+    ):
         assert (tmp_path / name).read_bytes() == (stored / name).read_bytes(), name
     # The verdicts' numbers to the last few bits: the Pass@K leads sum NumPy's log1p over
     # many terms, and one of results_cpu_large's came out 6e-17 away on another machine (an
     # AMD EPYC without AVX-512; NumPy 2.4.1 and 2.4.6 agree there, so NumPy's SIMD path for
     # the CPU, not its release, is the likely cause). Every text, verdict and key must match.
-    assert _same_numbers(json.loads((tmp_path / "findings.json").read_text()),
-                         json.loads((stored / "findings.json").read_text()))
-    verdicts = {f["headline"]: f["verdict"] for f in json.loads((stored / "findings.json").read_text())}
+    assert _same_numbers(
+        json.loads((tmp_path / "findings.json").read_text()),
+        json.loads((stored / "findings.json").read_text()),
+    )
+    verdicts = {
+        f["headline"]: f["verdict"] for f in json.loads((stored / "findings.json").read_text())
+    }
     assert "not measured" not in verdicts.values()  # every analysis behind a finding is stored
 
 

@@ -18,7 +18,9 @@ def test_the_score_is_the_ratio_of_the_two_areas_with_a_delta_method_ci():
     achieved, allowed = np.array([2.0, 0.5, 0.0]), np.array([2.0, 2.0, 0.0])
     r = achieved.mean() / allowed.mean()  # (2.5 / 3) / (4 / 3) = 0.625
     assert score.mean == pytest.approx(0.625) == pytest.approx(r)
-    half = 1.959963984540054 * math.sqrt(np.var(achieved - r * allowed, ddof=1) / 3) / allowed.mean()
+    half = (
+        1.959963984540054 * math.sqrt(np.var(achieved - r * allowed, ddof=1) / 3) / allowed.mean()
+    )
     assert (score.low, score.high, score.n) == (pytest.approx(r - half), pytest.approx(r + half), 3)
 
 

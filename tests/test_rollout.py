@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agentrl_jax.algorithms.budgetmix import budget_set
 from agentrl_jax.models.tokenizer import load_tokenizer
@@ -25,8 +26,9 @@ from envs.frozenlake.text import parse_action, render
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 from envs.protocol import Feedback, PythonEnv, PythonTextEnv, text_key
 
-TURN = re.compile(r"\[MAX TURNS\] (\d+) \[CURRENT TURN\] (\d+) \[REMAINING TURNS\] (\d+)\n(.*?)<\|im_end\|>",
-                  re.S)
+TURN = re.compile(
+    r"\[MAX TURNS\] (\d+) \[CURRENT TURN\] (\d+) \[REMAINING TURNS\] (\d+)\n(.*?)<\|im_end\|>", re.S
+)
 SYMBOL_TILE = {"_": grid.FROZEN, "P": grid.FROZEN, "O": grid.HOLE, "G": grid.GOAL}
 IM_END = 151645
 
@@ -73,10 +75,18 @@ class QStarAgent:
             _, _, remaining, tiles, pos = latest_turn(context)
             key = tiles.tobytes()
             if key not in self.q:
-                self.q[key] = np.asarray(qstar.q_star(tiles, self.horizon, gamma=1.0,
-                                                      is_slippery=self.is_slippery,
-                                                      success_rate=self.success_rate))
-            action = int(np.argmax(self.q[key][remaining, pos]))  # ties: lowest code, as greedy_action
+                self.q[key] = np.asarray(
+                    qstar.q_star(
+                        tiles,
+                        self.horizon,
+                        gamma=1.0,
+                        is_slippery=self.is_slippery,
+                        success_rate=self.success_rate,
+                    )
+                )
+            action = int(
+                np.argmax(self.q[key][remaining, pos])
+            )  # ties: lowest code, as greedy_action
             replies.append(f"I go <answer>{grid.ACTION_NAMES[action]}</answer>")
         return replies
 
@@ -91,11 +101,23 @@ def runner_for(env, tokenizer, **overrides):
 
 
 # ---------------------------------------------------------------------------- exact replay
-@pytest.mark.parametrize("seats", [{}, {"max_rows_per_call": 8, "refill": True}, {"lanes": 2},
-                                   {"max_rows_per_call": 8, "refill": True, "lanes": 3},
-                                   {"max_rows_per_call": 8, "lanes": 2}],
-                         ids=["all_rows", "continuous_8_seats", "2_lanes", "8_seats_in_3_lanes",
-                              "parts_of_8_in_2_lanes"])
+@pytest.mark.parametrize(
+    "seats",
+    [
+        {},
+        {"max_rows_per_call": 8, "refill": True},
+        {"lanes": 2},
+        {"max_rows_per_call": 8, "refill": True, "lanes": 3},
+        {"max_rows_per_call": 8, "lanes": 2},
+    ],
+    ids=[
+        "all_rows",
+        "continuous_8_seats",
+        "2_lanes",
+        "8_seats_in_3_lanes",
+        "parts_of_8_in_2_lanes",
+    ],
+)
 def test_qstar_greedy_agent_reproduces_play_greedy_exactly(slippery_env, tokenizer, seats):
     """Also under continuous batching: 64 rows through 8 seats, each ended row's seat taken
     by the next row, rows at different turns stepping together; and in lanes, whose
@@ -108,9 +130,11 @@ def test_qstar_greedy_agent_reproduces_play_greedy_exactly(slippery_env, tokeniz
     maps = slippery_env.maps[traj.task_id]
     q = qstar.q_star(maps, 10, gamma=1.0, success_rate=0.8)
     keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(result.env_seed), i))(
-        jnp.arange(len(traj.task_id)))
-    play = jax.jit(jax.vmap(functools.partial(optimal.play_greedy, params=slippery_env.params,
-                                              max_turns=10)))
+        jnp.arange(len(traj.task_id))
+    )
+    play = jax.jit(
+        jax.vmap(functools.partial(optimal.play_greedy, params=slippery_env.params, max_turns=10))
+    )
     success, turns, positions, actions = jax.device_get(play(keys, maps, q, traj.budget))
 
     np.testing.assert_array_equal(traj.success, success)
@@ -133,8 +157,9 @@ def test_qstar_greedy_agent_reproduces_play_greedy_exactly(slippery_env, tokeniz
 def test_every_prompt_shows_the_budget_and_no_row_exceeds_it(slippery_env, tokenizer):
     runner = runner_for(slippery_env, tokenizer)
     rng = np.random.default_rng(0)
-    script = lambda contexts, live: [rng.choice(["<answer>Left</answer>", "Down", "right!", "??", "Up"])
-                                     for _ in live]  # noqa: E731
+    script = lambda contexts, live: [
+        rng.choice(["<answer>Left</answer>", "Down", "right!", "??", "Up"]) for _ in live
+    ]  # noqa: E731
     result = runner(ScriptedPolicy(tokenizer, script), np.arange(16), jax.random.key(1))
     traj = jax.device_get(result.trajectory)
     assert (traj.turns_used <= traj.budget).all() and (traj.turns_used == traj.budget).any()
@@ -149,30 +174,53 @@ def test_every_prompt_shows_the_budget_and_no_row_exceeds_it(slippery_env, token
 
 def test_explicit_budgets_override_the_config(lake, tokenizer):
     runner = runner_for(lake, tokenizer, group_size=2, budget=7)
-    result = runner(ScriptedPolicy(tokenizer, constant("Up")), np.array([0, 0]), jax.random.key(0),
-                    budgets=np.array([3, 5]))
+    result = runner(
+        ScriptedPolicy(tokenizer, constant("Up")),
+        np.array([0, 0]),
+        jax.random.key(0),
+        budgets=np.array([3, 5]),
+    )
     assert result.trajectory.budget.tolist() == [3, 3, 5, 5]
     assert result.trajectory.turn_mask.shape == (4, 7)  # T: room for the config's budget
     with pytest.raises(ValueError, match="budgets"):
-        runner(ScriptedPolicy(tokenizer, constant("Up")), np.array([0]), jax.random.key(0),
-               budgets=np.array([8]))
+        runner(
+            ScriptedPolicy(tokenizer, constant("Up")),
+            np.array([0]),
+            jax.random.key(0),
+            budgets=np.array([8]),
+        )
 
 
 def test_timeouts_get_reward_zero_and_the_last_turn_counts(lake, tokenizer):
     runner = runner_for(lake, tokenizer, group_size=2)
     agent = ScriptedPolicy(tokenizer, QStarAgent(10, False))
-    traj = jax.device_get(runner(agent, np.array([0, 0, 0]), jax.random.key(0),
-                                 budgets=np.array([6, 5, 10])).trajectory)
+    traj = jax.device_get(
+        runner(
+            agent, np.array([0, 0, 0]), jax.random.key(0), budgets=np.array([6, 5, 10])
+        ).trajectory
+    )
     # B = 6 = the shortest path: success on the 6th and last turn
-    assert traj.success[:2].all() and (traj.turns_used[:2] == 6).all() and (traj.reward[:2, 5] == 1).all()
+    assert (
+        traj.success[:2].all()
+        and (traj.turns_used[:2] == 6).all()
+        and (traj.reward[:2, 5] == 1).all()
+    )
     # B = 5 < 6: the budget runs out; reward 0 everywhere
     assert not traj.success[2:4].any() and (traj.turns_used[2:4] == 5).all()
     assert traj.reward[2:4].sum() == 0 and np.asarray(runner_outcome(traj))[2:4].sum() == 0
     assert traj.success[4:].all() and (traj.reward[4:].sum(1) == 1).all()  # ends at the goal
     # standing still ("Up" at the top edge) times out too
-    stuck = jax.device_get(runner(ScriptedPolicy(tokenizer, constant("<answer>Up</answer>")),
-                                  np.array([0]), jax.random.key(0), budgets=np.array([4])).trajectory)
-    assert stuck.turns_used.tolist() == [4, 4] and not stuck.success.any() and stuck.reward.sum() == 0
+    stuck = jax.device_get(
+        runner(
+            ScriptedPolicy(tokenizer, constant("<answer>Up</answer>")),
+            np.array([0]),
+            jax.random.key(0),
+            budgets=np.array([4]),
+        ).trajectory
+    )
+    assert (
+        stuck.turns_used.tolist() == [4, 4] and not stuck.success.any() and stuck.reward.sum() == 0
+    )
     assert stuck.action_valid[:, :4].all()
 
 
@@ -186,12 +234,15 @@ def test_loss_mask_is_exactly_the_sampled_tokens(lake, tokenizer, thinking):
     """Rebuild each row from the prompt pieces and the script's replies; compare token for token,
     and the decoded text with the tokenizer's own chat template."""
     replies = ["<answer>Down</answer>", "Hmm. " * 20 + "Right", "<think>go</think>Right"]
-    script = lambda contexts, live: [replies[latest_turn(c)[1] % 3] if on else ""
-                                     for c, on in zip(contexts, live)]  # noqa: E731
-    runner = runner_for(lake, tokenizer, group_size=2, budget=5, max_response_tokens=12,
-                        enable_thinking=thinking)
-    traj = jax.device_get(runner(ScriptedPolicy(tokenizer, script), np.array([0]),
-                                 jax.random.key(0)).trajectory)
+    script = lambda contexts, live: [
+        replies[latest_turn(c)[1] % 3] if on else "" for c, on in zip(contexts, live)
+    ]  # noqa: E731
+    runner = runner_for(
+        lake, tokenizer, group_size=2, budget=5, max_response_tokens=12, enable_thinking=thinking
+    )
+    traj = jax.device_get(
+        runner(ScriptedPolicy(tokenizer, script), np.array([0]), jax.random.key(0)).trajectory
+    )
     chat, prompt = runner.chat, runner.config.prompt
     for r in range(2):
         used = int(traj.turns_used[r])
@@ -206,17 +257,25 @@ def test_loss_mask_is_exactly_the_sampled_tokens(lake, tokenizer, thinking):
         for t in range(used):
             user = prompt.turn_text(render(lake.maps[0], traj.state_id[r, t]), 5, t)
             messages.append({"role": "user", "content": user})
-            add(chat.first_prompt(messages[0]["content"], user) if t == 0 else chat.next_prompt(user))
+            add(
+                chat.first_prompt(messages[0]["content"], user)
+                if t == 0
+                else chat.next_prompt(user)
+            )
             ids = (tokenizer(replies[t % 3], add_special_tokens=False)["input_ids"] + [IM_END])[:12]
             add(ids, sampled=True, turn=t)
-            messages.append({"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)})
+            messages.append(
+                {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
+            )
             if t + 1 < used:
                 add(chat.close_response(ids))
         real = traj.token_mask[r]
         assert traj.tokens[r][real].tolist() == expected
         assert traj.loss_mask[r][real].tolist() == sampled_mask
         assert traj.token_turn[r][real].tolist() == turn_of
-        assert not traj.loss_mask[r][~real].any() and (traj.logprobs[r][~traj.loss_mask[r]] == 0).all()
+        assert (
+            not traj.loss_mask[r][~real].any() and (traj.logprobs[r][~traj.loss_mask[r]] == 0).all()
+        )
         # the cut reply (turn 1: 12 tokens, no stop token) got an end-of-turn that is not trained
         assert IM_END not in traj.tokens[r][traj.token_turn[r] == 1].tolist()
         # The template drops or reformats <think> blocks of earlier turns (the reason the record
@@ -232,7 +291,9 @@ def small_runner(lake, tokenizer):
     return runner_for(lake, tokenizer, group_size=2, budget=3, max_response_tokens=24)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.text(max_size=40), min_size=6, max_size=6))
 def test_malformed_responses_are_invalid_actions_never_errors(small_runner, tokenizer, texts):
     calls = iter(range(100))
@@ -252,10 +313,14 @@ def test_malformed_responses_are_invalid_actions_never_errors(small_runner, toke
 def test_invalid_action_policy(lake, tokenizer):
     base = dict(group_size=2, budget=4)
     noop = runner_for(lake, tokenizer, **base, invalid_penalty=-0.5)
-    traj = noop(ScriptedPolicy(tokenizer, constant("no idea")), np.array([0]), jax.random.key(0)).trajectory
+    traj = noop(
+        ScriptedPolicy(tokenizer, constant("no idea")), np.array([0]), jax.random.key(0)
+    ).trajectory
     assert traj.turns_used.tolist() == [4, 4] and (traj.reward[:, :4] == -0.5).all()
     end = runner_for(lake, tokenizer, **base, end_on_invalid=True)
-    traj = end(ScriptedPolicy(tokenizer, constant("no idea")), np.array([0]), jax.random.key(0)).trajectory
+    traj = end(
+        ScriptedPolicy(tokenizer, constant("no idea")), np.array([0]), jax.random.key(0)
+    ).trajectory
     assert traj.turns_used.tolist() == [1, 1] and not traj.action_valid.any()
 
 
@@ -268,24 +333,34 @@ def test_context_overflow_ends_and_flags_rows_never_truncating(lake, tokenizer):
     reply_len = len(tokenizer(reply)["input_ids"]) + 1  # and the stop token
     # 1) room for the prompt and one reply, not for the next user message
     runner = runner_for(lake, tokenizer, group_size=1, budget=6, max_context=prompt_len + 20)
-    traj = jax.device_get(runner(ScriptedPolicy(tokenizer, constant(reply)), np.array([0]),
-                                 jax.random.key(0)).trajectory)
+    traj = jax.device_get(
+        runner(
+            ScriptedPolicy(tokenizer, constant(reply)), np.array([0]), jax.random.key(0)
+        ).trajectory
+    )
     assert traj.overflow.tolist() == [True] and traj.turns_used.tolist() == [1]
     assert traj.action_valid[0, 0] and traj.token_mask.sum() == prompt_len + reply_len
     # 2) a reply longer than the room left is cut there: not played, flagged
     runner = runner_for(lake, tokenizer, group_size=1, budget=6, max_context=prompt_len + 4)
-    traj = jax.device_get(runner(ScriptedPolicy(tokenizer, constant(reply)), np.array([0]),
-                                 jax.random.key(0)).trajectory)
+    traj = jax.device_get(
+        runner(
+            ScriptedPolicy(tokenizer, constant(reply)), np.array([0]), jax.random.key(0)
+        ).trajectory
+    )
     assert traj.overflow.tolist() == [True] and traj.turns_used.tolist() == [1]
     assert not traj.action_valid[0, 0] and traj.loss_mask.sum() == 4
     assert traj.token_mask.sum() == prompt_len + 4 and not traj.success.any()
     # 3) a prompt that does not fit: no turns at all
     runner = runner_for(lake, tokenizer, group_size=1, budget=6, max_context=prompt_len - 1)
-    traj = runner(ScriptedPolicy(tokenizer, constant(reply)), np.array([0]), jax.random.key(0)).trajectory
+    traj = runner(
+        ScriptedPolicy(tokenizer, constant(reply)), np.array([0]), jax.random.key(0)
+    ).trajectory
     assert traj.overflow.tolist() == [True] and traj.turns_used.tolist() == [0]
     assert not traj.token_mask.any()
     # a roomy context overflows nothing
-    traj = first(ScriptedPolicy(tokenizer, constant(reply)), np.array([0]), jax.random.key(0)).trajectory
+    traj = first(
+        ScriptedPolicy(tokenizer, constant(reply)), np.array([0]), jax.random.key(0)
+    ).trajectory
     assert not traj.overflow.any()
 
 
@@ -297,9 +372,12 @@ def test_history_window_keeps_the_header_and_the_last_turns(lake, tokenizer):
         seen.append(contexts[0])
         return ["<answer>Up</answer>"] * len(live)
 
-    runner = runner_for(lake, tokenizer, group_size=1, budget=6, history_window=2, record_tokens=4096)
-    traj = jax.device_get(runner(ScriptedPolicy(tokenizer, script), np.array([0]),
-                                 jax.random.key(0)).trajectory)
+    runner = runner_for(
+        lake, tokenizer, group_size=1, budget=6, history_window=2, record_tokens=4096
+    )
+    traj = jax.device_get(
+        runner(ScriptedPolicy(tokenizer, script), np.array([0]), jax.random.key(0)).trajectory
+    )
     tokens, prefix = traj.tokens[0], int(traj.prefix_len[0])
     assert tokenizer.decode(tokens[:prefix]).startswith("<|im_start|>system")
     assert tokenizer.decode(tokens[:prefix]).endswith("<|im_end|>")
@@ -315,15 +393,21 @@ def test_history_window_keeps_the_header_and_the_last_turns(lake, tokenizer):
 
 
 def test_continuous_batching_with_a_sliding_window_plays_the_whole_batchs_conversations(
-        slippery_env, tokenizer):
+    slippery_env, tokenizer
+):
     """A policy whose reply is a function of the context it sees (so any seat gives the
     same reply): 5 groups of 2 with BudgetMix budgets through 4 seats, refilled as rows end,
     a history window of 2 sliding per row; the record equals the whole batch played at once,
     and every context the policy saw at a turn is the one the whole batch saw."""
     import hashlib
 
-    words = ["<answer>Left</answer>", "<answer>Down</answer>", "<answer>Right</answer>",
-             "<answer>Up</answer>", "hmm"]
+    words = [
+        "<answer>Left</answer>",
+        "<answer>Down</answer>",
+        "<answer>Right</answer>",
+        "<answer>Up</answer>",
+        "hmm",
+    ]
     seen: list[set[str]] = [set(), set()]
 
     def script(which):
@@ -335,19 +419,23 @@ def test_continuous_batching_with_a_sliding_window_plays_the_whole_batchs_conver
                 digest = hashlib.sha256(context.encode()).digest()[0]
                 out.append(words[digest % len(words)])
             return out
+
         return reply
 
     overrides = dict(group_size=2, history_window=2, record_tokens=4096)
     tasks, key = np.array([0, 3, 1, 4, 2]), jax.random.key(4)
     whole = runner_for(slippery_env, tokenizer, **overrides)(
-        ScriptedPolicy(tokenizer, script(0)), tasks, key)
+        ScriptedPolicy(tokenizer, script(0)), tasks, key
+    )
     seated = runner_for(slippery_env, tokenizer, max_rows_per_call=4, refill=True, **overrides)(
-        ScriptedPolicy(tokenizer, script(1)), tasks, key)
+        ScriptedPolicy(tokenizer, script(1)), tasks, key
+    )
     a, b = jax.device_get(whole.trajectory), jax.device_get(seated.trajectory)
     assert len(set(a.turns_used.tolist())) > 1 and a.turns_used.max() > 3  # windows slide
     for field in dataclasses.fields(a):
-        np.testing.assert_array_equal(getattr(b, field.name), getattr(a, field.name),
-                                      err_msg=field.name)
+        np.testing.assert_array_equal(
+            getattr(b, field.name), getattr(a, field.name), err_msg=field.name
+        )
     assert seated.responses == whole.responses and seen[0] == seen[1]
     assert seated.stats.live_rows == whole.stats.live_rows
 
@@ -357,21 +445,25 @@ def test_continuous_batching_with_a_sliding_window_plays_the_whole_batchs_conver
             self.start, self.extend, self.respond = inner.start, inner.extend, inner.respond
 
     seen.append(set())  # in 2 lanes of 2 seats: the same record, the same contexts seen
-    laned = runner_for(slippery_env, tokenizer, max_rows_per_call=4, refill=True, lanes=2,
-                       **overrides)(ScriptedPolicy(tokenizer, script(2)), tasks, key)
+    laned = runner_for(
+        slippery_env, tokenizer, max_rows_per_call=4, refill=True, lanes=2, **overrides
+    )(ScriptedPolicy(tokenizer, script(2)), tasks, key)
     c = jax.device_get(laned.trajectory)
     for field in dataclasses.fields(a):
-        np.testing.assert_array_equal(getattr(c, field.name), getattr(a, field.name),
-                                      err_msg=field.name)
+        np.testing.assert_array_equal(
+            getattr(c, field.name), getattr(a, field.name), err_msg=field.name
+        )
     assert laned.responses == whole.responses and seen[2] == seen[0]
 
     seen.append(set())
     fallback = runner_for(slippery_env, tokenizer, max_rows_per_call=4, refill=True, **overrides)(
-        StartOnly(ScriptedPolicy(tokenizer, script(3))), tasks, key)
+        StartOnly(ScriptedPolicy(tokenizer, script(3))), tasks, key
+    )
     c = jax.device_get(fallback.trajectory)
     for field in dataclasses.fields(a):
-        np.testing.assert_array_equal(getattr(c, field.name), getattr(a, field.name),
-                                      err_msg=field.name)
+        np.testing.assert_array_equal(
+            getattr(c, field.name), getattr(a, field.name), err_msg=field.name
+        )
 
 
 # ---------------------------------------------------------------------------- a Python env
@@ -381,19 +473,27 @@ def test_a_python_environment_plays_through_the_same_loop(tokenizer):
     env = make_env(limit=3, workers=2)
     try:
         gold = [task.gold_query for task in demo_tasks()[:3]]
-        runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=2, budget=3,
-                                                                max_response_tokens=128))
-        submit = lambda contexts, live: [f"<submit>{gold[r // 2]}</submit>" for r in range(len(live))]  # noqa: E731
+        runner = MultiTurnRollout(
+            env, tokenizer, RolloutConfig(group_size=2, budget=3, max_response_tokens=128)
+        )
+        submit = lambda contexts, live: [
+            f"<submit>{gold[r // 2]}</submit>" for r in range(len(live))
+        ]  # noqa: E731
         traj = runner(ScriptedPolicy(tokenizer, submit), np.arange(3), jax.random.key(0)).trajectory
         assert traj.success.all() and traj.turns_used.tolist() == [1] * 6
         assert traj.action_valid[:, 0].all() and (traj.state_id[:, 0] == -1).all()
 
         def explore_then_submit(contexts, live):
-            return [f"<submit>{gold[r // 2]}</submit>" if "<sql>SELECT 1</sql>" in contexts[r]
-                    else "<sql>SELECT 1</sql>" for r in range(len(live))]
+            return [
+                f"<submit>{gold[r // 2]}</submit>"
+                if "<sql>SELECT 1</sql>" in contexts[r]
+                else "<sql>SELECT 1</sql>"
+                for r in range(len(live))
+            ]
 
-        traj = runner(ScriptedPolicy(tokenizer, explore_then_submit), np.arange(3),
-                      jax.random.key(1)).trajectory
+        traj = runner(
+            ScriptedPolicy(tokenizer, explore_then_submit), np.arange(3), jax.random.key(1)
+        ).trajectory
         assert traj.success.all() and traj.turns_used.tolist() == [2] * 6
     finally:
         env.close()
@@ -430,18 +530,23 @@ def test_the_record_keeps_each_turns_environment_quality_and_no_state_id(tokeniz
     scripts = {0: ["abc", "skip", "done"], 1: ["abcdefgh", "ab", "a", "abcd"]}
     env = PythonTextEnv(Graded(), workers=2)
     try:
-        runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=1, budget=4,
-                                                                max_response_tokens=16))
+        runner = MultiTurnRollout(
+            env, tokenizer, RolloutConfig(group_size=1, budget=4, max_response_tokens=16)
+        )
         turn_of = lambda context: context.count("Again.")  # noqa: E731
-        respond = lambda contexts, live: [scripts[r][turn_of(contexts[r])] if live[r] else ""  # noqa: E731
-                                          for r in range(len(live))]
-        traj = jax.device_get(runner(ScriptedPolicy(tokenizer, respond), np.arange(2),
-                                     jax.random.key(0)).trajectory)
+        respond = lambda contexts, live: [
+            scripts[r][turn_of(contexts[r])] if live[r] else ""  # noqa: E731
+            for r in range(len(live))
+        ]
+        traj = jax.device_get(
+            runner(ScriptedPolicy(tokenizer, respond), np.arange(2), jax.random.key(0)).trajectory
+        )
     finally:
         env.close()
     assert traj.turns_used.tolist() == [3, 4]
-    np.testing.assert_array_equal(traj.step_quality, np.array(
-        [[0.3, np.nan, 0.4, np.nan], [0.8, 0.2, 0.1, 0.4]], np.float32))
+    np.testing.assert_array_equal(
+        traj.step_quality, np.array([[0.3, np.nan, 0.4, np.nan], [0.8, 0.2, 0.1, 0.4]], np.float32)
+    )
     assert (traj.state_id == -1).all()
 
 
@@ -471,16 +576,19 @@ class SlowCounter(PythonEnv):
         valid = response.strip() == str(task + turn)
         right += valid
         self.steps.append((begin, time.perf_counter()))
-        return (task, turn + 1, right), Feedback(f"Turn {turn + 1}.", reward=float(valid),
-                                                 done=right == 3, success=right == 3,
-                                                 action_valid=valid)
+        return (task, turn + 1, right), Feedback(
+            f"Turn {turn + 1}.",
+            reward=float(valid),
+            done=right == 3,
+            success=right == 3,
+            action_valid=valid,
+        )
 
     def state_key(self, row_state):
         return text_key(*row_state)
 
 
-def test_lanes_overlap_environment_steps_with_sampling_and_play_the_same_conversations(
-        tokenizer):
+def test_lanes_overlap_environment_steps_with_sampling_and_play_the_same_conversations(tokenizer):
     """8 groups of 2 rows; each row answers right or wrong by a hash of its context. With 2
     lanes, a lane samples while the other lane's environment step (20 ms) runs: some
     ``respond`` begins and ends inside a step. With 1 lane none can. Both give the same
@@ -492,12 +600,15 @@ def test_lanes_overlap_environment_steps_with_sampling_and_play_the_same_convers
             begin = time.perf_counter()
             out = []
             for context in contexts:
-                task = int(re.search(r"Start at (\d+)", context).group(1)) if "Start" in context else 0
+                task = (
+                    int(re.search(r"Start at (\d+)", context).group(1)) if "Start" in context else 0
+                )
                 turn = context.count("Turn ")
                 wrong = hashlib.sha256(context.encode()).digest()[0] % 3 == 0
                 out.append(str(task + turn + wrong))
             calls.append((begin, time.perf_counter()))
             return out
+
         return reply
 
     results, inside = [], []
@@ -505,10 +616,16 @@ def test_lanes_overlap_environment_steps_with_sampling_and_play_the_same_convers
         env, calls = SlowCounter(0.02), []
         text_env = PythonTextEnv(env, workers=2)
         try:
-            runner = MultiTurnRollout(text_env, tokenizer, RolloutConfig(
-                group_size=2, budget=6, max_response_tokens=8, max_context=1024, lanes=lanes))
-            results.append(runner(ScriptedPolicy(tokenizer, script(calls)), np.arange(8),
-                                  jax.random.key(3)))
+            runner = MultiTurnRollout(
+                text_env,
+                tokenizer,
+                RolloutConfig(
+                    group_size=2, budget=6, max_response_tokens=8, max_context=1024, lanes=lanes
+                ),
+            )
+            results.append(
+                runner(ScriptedPolicy(tokenizer, script(calls)), np.arange(8), jax.random.key(3))
+            )
         finally:
             text_env.close()
         inside.append(sum(any(a <= b0 and b1 <= b for a, b in env.steps) for b0, b1 in calls))
@@ -516,8 +633,9 @@ def test_lanes_overlap_environment_steps_with_sampling_and_play_the_same_convers
     a, b = jax.device_get(one.trajectory), jax.device_get(two.trajectory)
     assert a.success.any() and not a.success.all() and a.action_valid[a.turn_mask].mean() < 1
     for field in dataclasses.fields(a):
-        np.testing.assert_array_equal(getattr(b, field.name), getattr(a, field.name),
-                                      err_msg=field.name)
+        np.testing.assert_array_equal(
+            getattr(b, field.name), getattr(a, field.name), err_msg=field.name
+        )
     assert two.responses == one.responses and two.stats.live_rows == one.stats.live_rows
     assert inside[0] == 0 and inside[1] > 0
     steps = sum(one.stats.live_rows)  # every turn of a row stepped once; 2 workers per step
@@ -528,6 +646,7 @@ def test_lanes_overlap_environment_steps_with_sampling_and_play_the_same_convers
 def test_an_environment_error_in_a_lanes_background_step_reaches_the_caller(lake, tokenizer):
     """The second step raises on the background thread: the rollout raises that error (it does
     not hang or swallow it), after the step threads have finished."""
+
     class Failing:
         def __init__(self, env):
             self.env, self.calls = env, 0
@@ -541,17 +660,29 @@ def test_an_environment_error_in_a_lanes_background_step_reaches_the_caller(lake
                 raise RuntimeError("the environment broke")
             return self.env.step(state, responses, live)
 
-    runner = MultiTurnRollout(Failing(lake), tokenizer, RolloutConfig(
-        group_size=4, budget=5, max_response_tokens=16, max_context=2048, lanes=2))
+    runner = MultiTurnRollout(
+        Failing(lake),
+        tokenizer,
+        RolloutConfig(group_size=4, budget=5, max_response_tokens=16, max_context=2048, lanes=2),
+    )
     with pytest.raises(RuntimeError, match="the environment broke"):
-        runner(ScriptedPolicy(tokenizer, constant("<answer>Up</answer>")), np.array([0]),
-               jax.random.key(0))
+        runner(
+            ScriptedPolicy(tokenizer, constant("<answer>Up</answer>")),
+            np.array([0]),
+            jax.random.key(0),
+        )
 
 
-@pytest.mark.parametrize("seats, group_size, lanes, want", [
-    (16, 4, 2, [8, 8]), (12, 4, 2, [8, 4]), (10, 2, 3, [4, 4, 2]),  # whole groups
-    (4, 4, 2, [2, 2]), (6, 2, 4, [2, 2, 1, 1]),  # fewer groups than lanes: seat by seat
-])
+@pytest.mark.parametrize(
+    "seats, group_size, lanes, want",
+    [
+        (16, 4, 2, [8, 8]),
+        (12, 4, 2, [8, 4]),
+        (10, 2, 3, [4, 4, 2]),  # whole groups
+        (4, 4, 2, [2, 2]),
+        (6, 2, 4, [2, 2, 1, 1]),  # fewer groups than lanes: seat by seat
+    ],
+)
 def test_lane_seats_are_whole_groups_where_they_can_be(seats, group_size, lanes, want):
     assert lane_seats(seats, group_size, lanes) == want
 
@@ -567,24 +698,44 @@ def test_lanes_need_a_policy_that_forks(lake, tokenizer):
 
 
 # ---------------------------------------------------------------------------- config
-@pytest.mark.parametrize("kwargs, match", [
-    ({"group_size": 0}, "group_size"), ({"budget": 0}, "budget"),
-    ({"max_response_tokens": 1.5}, "max_response_tokens"), ({"history_window": 0}, "history_window"),
-    ({"record_tokens": 10, "max_context": 20}, "record_tokens"), ({"invalid_penalty": 1.0}, "invalid_penalty"),
-    ({"end_on_invalid": 1}, "end_on_invalid"), ({"sampling": None}, "sampling"), ({"prompt": "x"}, "prompt"),
-    ({"max_rows_per_call": 0}, "max_rows_per_call"), ({"lanes": 0}, "lanes"),
-    ({"lanes": True}, "lanes"),
-    ({"group_size": 4, "max_rows_per_call": 6}, "max_rows_per_call must be a multiple of group_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"group_size": 0}, "group_size"),
+        ({"budget": 0}, "budget"),
+        ({"max_response_tokens": 1.5}, "max_response_tokens"),
+        ({"history_window": 0}, "history_window"),
+        ({"record_tokens": 10, "max_context": 20}, "record_tokens"),
+        ({"invalid_penalty": 1.0}, "invalid_penalty"),
+        ({"end_on_invalid": 1}, "end_on_invalid"),
+        ({"sampling": None}, "sampling"),
+        ({"prompt": "x"}, "prompt"),
+        ({"max_rows_per_call": 0}, "max_rows_per_call"),
+        ({"lanes": 0}, "lanes"),
+        ({"lanes": True}, "lanes"),
+        (
+            {"group_size": 4, "max_rows_per_call": 6},
+            "max_rows_per_call must be a multiple of group_size",
+        ),
+    ],
+)
 def test_config_errors_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RolloutConfig(**kwargs)
 
 
-@pytest.mark.parametrize("groups, size, max_rows, sizes", [
-    (4, 2, None, [8]), (4, 2, 8, [8]), (4, 2, 100, [8]), (5, 2, 8, [6, 4]), (5, 2, 4, [4, 4, 2]),
-    (32, 16, 128, [128] * 4), (9, 16, 64, [48, 48, 48]),
-])
+@pytest.mark.parametrize(
+    "groups, size, max_rows, sizes",
+    [
+        (4, 2, None, [8]),
+        (4, 2, 8, [8]),
+        (4, 2, 100, [8]),
+        (5, 2, 8, [6, 4]),
+        (5, 2, 4, [4, 4, 2]),
+        (32, 16, 128, [128] * 4),
+        (9, 16, 64, [48, 48, 48]),
+    ],
+)
 def test_row_parts_are_whole_groups_in_order_and_even(groups, size, max_rows, sizes):
     parts = row_parts(groups, size, max_rows)
     assert [len(p) for p in parts] == sizes
@@ -597,5 +748,6 @@ def test_budgets_beyond_t_max_and_bad_tasks_are_rejected(lake, tokenizer):
     with pytest.raises(ValueError, match="t_max"):
         runner_for(lake, tokenizer, budget=11)
     with pytest.raises(ValueError, match="task_ids"):
-        runner_for(lake, tokenizer, budget=3)(ScriptedPolicy(tokenizer, constant("Up")),
-                                              np.array([1]), jax.random.key(0))
+        runner_for(lake, tokenizer, budget=3)(
+            ScriptedPolicy(tokenizer, constant("Up")), np.array([1]), jax.random.key(0)
+        )

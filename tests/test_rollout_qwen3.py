@@ -19,8 +19,8 @@ from agentrl_jax.bench.rollout import frozenlake_token_map, tiny_policy_model
 from agentrl_jax.models import positions_from_mask
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.policy import SamplerPolicy
-from agentrl_jax.sampling import Paging
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+from agentrl_jax.sampling import Paging
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
@@ -54,9 +54,9 @@ def teacher_forced_logprobs(model, token_map, rows, width):
     ids = np.zeros((len(rows), width), np.int32)
     mask = np.zeros((len(rows), width), bool)
     for i, row in enumerate(rows):
-        ids[i, :len(row)], mask[i, :len(row)] = token_map.to_model(row), True
+        ids[i, : len(row)], mask[i, : len(row)] = token_map.to_model(row), True
     logp = np.asarray(_teacher_forced(nnx.graphdef(model), nnx.state(model), ids, mask))
-    return [np.concatenate([[0.0], logp[i, :len(row) - 1]]) for i, row in enumerate(rows)]
+    return [np.concatenate([[0.0], logp[i, : len(row) - 1]]) for i, row in enumerate(rows)]
 
 
 def count_preemptions(policy) -> list[int]:
@@ -71,8 +71,10 @@ def count_preemptions(policy) -> list[int]:
             out = respond(*args)
             counts.append(0 if out.preempted is None else int(out.preempted.sum()))
             return out
+
         p.respond, p.fork = counted, lambda: watch(fork())
         return p
+
     watch(policy)
     return counts
 
@@ -114,11 +116,19 @@ def make_tiny_policy(tokenizer):
     token map of what it can meet, a tiny random Qwen3 over it (also used by child processes)."""
     maps = fl_maps.generate(jax.random.key(1), 64, size=4, p=0.8)
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=20))
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=16, budget=20,
-                                                            max_response_tokens=4, max_context=1536))
+    runner = MultiTurnRollout(
+        env,
+        tokenizer,
+        RolloutConfig(group_size=16, budget=20, max_response_tokens=4, max_context=1536),
+    )
     token_map = frozenlake_token_map(runner, budget_set(20))
-    model = tiny_policy_model(len(token_map), hidden_size=16, intermediate_size=32,
-                              num_hidden_layers=1, num_attention_heads=1)
+    model = tiny_policy_model(
+        len(token_map),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+    )
     return env, runner, token_map, model
 
 
@@ -158,15 +168,20 @@ def test_tiny_qwen3_on_64_tasks_x_16_compiles_a_fixed_number_of_times(tiny_polic
     assert traces["take_rows"] == len(kinds("take_rows"))
     assert len(policy.shapes_used) <= 2 + 3 * len(kinds("decode"))  # a bounded handful
     assert dict(env.trace_counts) == {"reset": 1, "step": 1}
-    for (compiled, shapes), (compiled_next, shapes_next) in zip(watched.marks[2:], watched.marks[3:]):
+    for (compiled, shapes), (compiled_next, shapes_next) in zip(
+        watched.marks[2:], watched.marks[3:]
+    ):
         assert compiled_next == compiled or shapes_next > shapes  # compiles only for a new shape
     # what was recorded is what the model sampled: teacher-forced log-probs match
     picked = (0, n_rows // 2 + 5, n_rows - 1)
     rows = [traj.tokens[r][traj.token_mask[r]] for r in picked]
-    for r, row, expected in zip(picked, rows, teacher_forced_logprobs(model, token_map, rows, 1536)):
+    for r, row, expected in zip(
+        picked, rows, teacher_forced_logprobs(model, token_map, rows, 1536)
+    ):
         sampled = traj.loss_mask[r][traj.token_mask[r]]
-        np.testing.assert_allclose(traj.logprobs[r][traj.token_mask[r]][sampled], expected[sampled],
-                                   atol=2e-4)
+        np.testing.assert_allclose(
+            traj.logprobs[r][traj.token_mask[r]][sampled], expected[sampled], atol=2e-4
+        )
     assert traj.action_valid.any()  # the random policy sometimes says a move
 
 
@@ -174,9 +189,18 @@ def test_window_rollout_logprobs_match_each_turns_context(tiny_policy, shared_po
     """With a window every turn is re-prefilled: re-score each turn on tokens[:prefix] +
     tokens[context_start:] and compare with the sampled log-probs."""
     env, _, token_map, model = tiny_policy
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(
-        group_size=2, budget=5, max_response_tokens=4, max_context=SMALL_CONTEXT, history_window=1,
-        record_tokens=1024))
+    runner = MultiTurnRollout(
+        env,
+        tokenizer,
+        RolloutConfig(
+            group_size=2,
+            budget=5,
+            max_response_tokens=4,
+            max_context=SMALL_CONTEXT,
+            history_window=1,
+            record_tokens=1024,
+        ),
+    )
     result = runner(shared_policy.using(shared_policy.params), np.array([3, 8]), jax.random.key(2))
     traj = jax.device_get(result.trajectory)
     assert (traj.turns_used >= 3).any()
@@ -186,17 +210,25 @@ def test_window_rollout_logprobs_match_each_turns_context(tiny_policy, shared_po
         for t in range(int(traj.turns_used[r])):
             sampled = np.flatnonzero(traj.token_turn[r] == t)
             start = int(traj.context_start[r, t])
-            contexts.append(np.concatenate([traj.tokens[r, :prefix], traj.tokens[r, start:sampled[-1] + 1]]))
+            contexts.append(
+                np.concatenate([traj.tokens[r, :prefix], traj.tokens[r, start : sampled[-1] + 1]])
+            )
             sampled_at.append((r, sampled))
-    for (r, sampled), expected in zip(sampled_at, teacher_forced_logprobs(model, token_map, contexts,
-                                                                          SMALL_CONTEXT)):
-        np.testing.assert_allclose(traj.logprobs[r, sampled], expected[-len(sampled):], atol=2e-4)
+    for (r, sampled), expected in zip(
+        sampled_at, teacher_forced_logprobs(model, token_map, contexts, SMALL_CONTEXT)
+    ):
+        np.testing.assert_allclose(traj.logprobs[r, sampled], expected[-len(sampled) :], atol=2e-4)
 
 
-def test_for_training_gives_the_trainer_fixed_shape_trajectories(tiny_policy, shared_policy, tokenizer):
+def test_for_training_gives_the_trainer_fixed_shape_trajectories(
+    tiny_policy, shared_policy, tokenizer
+):
     env, _, _, model = tiny_policy
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=2, max_response_tokens=4,
-                                                            max_context=SMALL_CONTEXT))
+    runner = MultiTurnRollout(
+        env,
+        tokenizer,
+        RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT),
+    )
     rollout = runner.for_training(shared_policy)
     params = nnx.state(model)
     a = rollout(params, jax.random.key(0), jnp.array([1, 2]))
@@ -207,18 +239,27 @@ def test_for_training_gives_the_trainer_fixed_shape_trajectories(tiny_policy, sh
 
 
 @pytest.mark.parametrize("reuse_cache", [True, False])
-def test_finished_rows_leave_the_batch_and_the_rest_sample_on(tiny_policy, shared_policy, tokenizer,
-                                                             reuse_cache):
+def test_finished_rows_leave_the_batch_and_the_rest_sample_on(
+    tiny_policy, shared_policy, tokenizer, reuse_cache
+):
     """Groups with budgets 1, 2, 3, 6 finish at different turns: the policy's batch shrinks to
     the bucket of the live rows (8, 4, 2, 1) and what every row sampled is still exactly what
     the model gives on its recorded conversation. ``reuse_cache=False`` is the benchmark's
     baseline (re-encoding every turn); it must be just as right."""
     env, _, token_map, model = tiny_policy
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=2, budget=6,
-                                                            max_response_tokens=4, max_context=SMALL_CONTEXT))
-    policy = (shared_policy.using(shared_policy.params) if reuse_cache
-              else SamplerPolicy(model, token_map=token_map, min_rows=1, reuse_cache=False))
-    result = runner(policy, np.array([0, 1, 2, 3]), jax.random.key(3), budgets=np.array([1, 2, 3, 6]))
+    runner = MultiTurnRollout(
+        env,
+        tokenizer,
+        RolloutConfig(group_size=2, budget=6, max_response_tokens=4, max_context=SMALL_CONTEXT),
+    )
+    policy = (
+        shared_policy.using(shared_policy.params)
+        if reuse_cache
+        else SamplerPolicy(model, token_map=token_map, min_rows=1, reuse_cache=False)
+    )
+    result = runner(
+        policy, np.array([0, 1, 2, 3]), jax.random.key(3), budgets=np.array([1, 2, 3, 6])
+    )
     traj = jax.device_get(result.trajectory)
     live = result.stats.live_rows
     assert live[0] == 8 and len(live) == 6 and live[-1] <= 2
@@ -227,13 +268,15 @@ def test_finished_rows_leave_the_batch_and_the_rest_sample_on(tiny_policy, share
     rows = [traj.tokens[r][traj.token_mask[r]] for r in range(8)]
     for r, expected in enumerate(teacher_forced_logprobs(model, token_map, rows, SMALL_CONTEXT)):
         sampled = traj.loss_mask[r][traj.token_mask[r]]
-        np.testing.assert_allclose(traj.logprobs[r][traj.token_mask[r]][sampled], expected[sampled],
-                                   atol=2e-4)
+        np.testing.assert_allclose(
+            traj.logprobs[r][traj.token_mask[r]][sampled], expected[sampled], atol=2e-4
+        )
 
 
 @pytest.mark.parametrize("max_rows", [8, 4])
-def test_a_batch_played_in_parts_is_the_batch_played_at_once(tiny_policy, shared_policy, tokenizer,
-                                                             max_rows):
+def test_a_batch_played_in_parts_is_the_batch_played_at_once(
+    tiny_policy, shared_policy, tokenizer, max_rows
+):
     """``max_rows_per_call``: 4 task groups of 2 rows played in parts of 8 or 4 rows (whole
     groups, one part after another) give the Trajectory of one call, token for token: keys
     are per row and the (slippery) environment keys rows by their index in the whole batch.
@@ -241,11 +284,13 @@ def test_a_batch_played_in_parts_is_the_batch_played_at_once(tiny_policy, shared
     env, _, _, _ = tiny_policy
     config = RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT)
     tasks, key = np.array([4, 9, 2, 7, 11]), jax.random.key(6)
-    whole = MultiTurnRollout(env, tokenizer, config)(shared_policy.using(shared_policy.params),
-                                                     tasks, key)
+    whole = MultiTurnRollout(env, tokenizer, config)(
+        shared_policy.using(shared_policy.params), tasks, key
+    )
     policy = shared_policy.using(shared_policy.params)
-    split = MultiTurnRollout(env, tokenizer, dataclasses.replace(config, max_rows_per_call=max_rows))(
-        policy, tasks, key)
+    split = MultiTurnRollout(
+        env, tokenizer, dataclasses.replace(config, max_rows_per_call=max_rows)
+    )(policy, tasks, key)
     assert max(s[1] for s in policy.shapes_used) <= max_rows
     a, b = jax.device_get(whole.trajectory), jax.device_get(split.trajectory)
     assert jax.tree.map(np.shape, a) == jax.tree.map(np.shape, b)
@@ -257,19 +302,26 @@ def test_a_batch_played_in_parts_is_the_batch_played_at_once(tiny_policy, shared
 
 
 def test_a_group_prefills_its_shared_first_prompt_once_and_plays_the_same_conversations(
-        tiny_policy, shared_policy, tokenizer):
+    tiny_policy, shared_policy, tokenizer
+):
     """``share_prefixes`` (the default): the G rows of a task group start from one context, which
     is prefilled once and copied into each row's cache (one gather). The rollout is the one
     every row prefilling its own copy gives: same tokens, log-probs to 1e-5 (prefills of
     different batch sizes may round differently)."""
     env, _, token_map, model = tiny_policy
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=4, max_response_tokens=4,
-                                                            max_context=SMALL_CONTEXT))  # BudgetMix budgets
+    runner = MultiTurnRollout(
+        env,
+        tokenizer,
+        RolloutConfig(group_size=4, max_response_tokens=4, max_context=SMALL_CONTEXT),
+    )  # BudgetMix budgets
     tasks, key = np.array([3, 8, 12]), jax.random.key(9)
     sharing = shared_policy.using(shared_policy.params)
     shared = jax.device_get(runner(sharing, tasks, key).trajectory)
-    separate = jax.device_get(runner(SamplerPolicy(model, token_map=token_map, min_rows=1, share_prefixes=False),
-                                     tasks, key).trajectory)
+    separate = jax.device_get(
+        runner(
+            SamplerPolicy(model, token_map=token_map, min_rows=1, share_prefixes=False), tasks, key
+        ).trajectory
+    )
     assert len(set(shared.budget.tolist())) > 1 and (shared.turns_used > 1).any()
     assert_same_trajectory(shared, separate)
     # 12 rows, 3 distinct first prompts: the first prefill ran on 4 rows (the 3 prompts and an
@@ -283,21 +335,29 @@ def test_shared_contexts_lists_each_context_once_in_order():
     from agentrl_jax.policy import shared_contexts
 
     unique, index = shared_contexts([(1, 2), (1, 2), (), (3,), (1, 2), ()])
-    assert unique == [(1, 2), (), (3,)] and index.tolist() == [0, 0, 1, 2, 0, 1] and index.dtype == np.int32
+    assert (
+        unique == [(1, 2), (), (3,)]
+        and index.tolist() == [0, 0, 1, 2, 0, 1]
+        and index.dtype == np.int32
+    )
 
 
-@pytest.mark.parametrize("num_rows, min_rows, multiple, expected", [
-    (1528, 8, 1, (1536, 1024, 512, 256, 128, 64, 32, 16, 8)),  # top: a 16th of 2048 = 128
-    (1544, 8, 1, (1664, 1024, 512, 256, 128, 64, 32, 16, 8)),
-    (2304, 8, 1, (2304, 2048, 1024, 512, 256, 128, 64, 32, 16, 8)),  # 2304 = 9 x 256
-    (12, 1, 1, (12, 8, 4, 2, 1)),
-    (12, 1, 8, (16, 8)),  # each a multiple of the mesh's 8 batch shards
-    (6, 4, 1, (6, 4)),
-    (3, 8, 1, (3,)),  # fewer rows than min_rows: no compaction
-    (41, 64, 1, (44,)),  # the same, the batch rounded up to a 16th of 64
-])
+@pytest.mark.parametrize(
+    "num_rows, min_rows, multiple, expected",
+    [
+        (1528, 8, 1, (1536, 1024, 512, 256, 128, 64, 32, 16, 8)),  # top: a 16th of 2048 = 128
+        (1544, 8, 1, (1664, 1024, 512, 256, 128, 64, 32, 16, 8)),
+        (2304, 8, 1, (2304, 2048, 1024, 512, 256, 128, 64, 32, 16, 8)),  # 2304 = 9 x 256
+        (12, 1, 1, (12, 8, 4, 2, 1)),
+        (12, 1, 8, (16, 8)),  # each a multiple of the mesh's 8 batch shards
+        (6, 4, 1, (6, 4)),
+        (3, 8, 1, (3,)),  # fewer rows than min_rows: no compaction
+        (41, 64, 1, (44,)),  # the same, the batch rounded up to a 16th of 64
+    ],
+)
 def test_row_buckets_round_the_batch_a_little_and_compact_to_shared_powers_of_two(
-        num_rows, min_rows, multiple, expected):
+    num_rows, min_rows, multiple, expected
+):
     """Evaluations of nearly the same number of rows (error states per policy pair) share
     their compiled batch sizes: the top is at most 1/8 above ``num_rows``, the rest powers of
     two whatever ``num_rows`` was (hand-computed)."""
@@ -312,8 +372,11 @@ def test_chunked_prefill_and_a_bfloat16_cache_in_a_rollout(tiny_policy, shared_p
     """``SamplerPolicy(prefill_chunk=...)`` plays the same conversations (prompts of a few
     hundred tokens fed 64 at a time); a bfloat16 cache gives a well-formed Trajectory."""
     env, _, token_map, model = tiny_policy
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=2, budget=3, max_response_tokens=4,
-                                                            max_context=SMALL_CONTEXT))
+    runner = MultiTurnRollout(
+        env,
+        tokenizer,
+        RolloutConfig(group_size=2, budget=3, max_response_tokens=4, max_context=SMALL_CONTEXT),
+    )
     tasks, key = np.array([1, 5]), jax.random.key(8)
     whole = jax.device_get(runner(shared_policy.using(shared_policy.params), tasks, key).trajectory)
     chunked_policy = SamplerPolicy(model, token_map=token_map, min_rows=1, prefill_chunk=64)
@@ -328,18 +391,23 @@ def test_chunked_prefill_and_a_bfloat16_cache_in_a_rollout(tiny_policy, shared_p
     assert bf16_policy._state.cache.k.dtype == jnp.bfloat16
 
 
-def test_the_paged_engine_plays_the_static_engines_conversations(tiny_policy, shared_policy,
-                                                                 tokenizer):
+def test_the_paged_engine_plays_the_static_engines_conversations(
+    tiny_policy, shared_policy, tokenizer
+):
     """``SamplerPolicy(paging=...)``: the same rollout as the static cache (the reference) --
     same tokens, log-probs to 1e-5 -- with finished rows releasing their pages each turn,
     prefix sharing copying pages, compaction moving page tables; compilations once per shape."""
     env, _, token_map, model = tiny_policy
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=4, max_response_tokens=4,
-                                                            max_context=SMALL_CONTEXT))
+    runner = MultiTurnRollout(
+        env,
+        tokenizer,
+        RolloutConfig(group_size=4, max_response_tokens=4, max_context=SMALL_CONTEXT),
+    )
     tasks, key = np.array([3, 8, 12, 5]), jax.random.key(11)
     static = jax.device_get(runner(shared_policy.using(shared_policy.params), tasks, key))
-    paged_policy = SamplerPolicy(model, token_map=token_map, min_rows=1,
-                                 paging=Paging(page_size=16, block_pages=4))
+    paged_policy = SamplerPolicy(
+        model, token_map=token_map, min_rows=1, paging=Paging(page_size=16, block_pages=4)
+    )
     paged = jax.device_get(runner(paged_policy, tasks, key))
     a, b = static.trajectory, paged.trajectory
     assert len(set(a.budget.tolist())) > 1 and len(set(a.turns_used.tolist())) > 1
@@ -352,13 +420,16 @@ def test_the_paged_engine_plays_the_static_engines_conversations(tiny_policy, sh
     # every episode ended: rows were released as they finished, so no page is held at the end
     state = paged_policy._state
     assert state is None or int(state.cache.pages_used) <= int(
-        np.ceil(np.asarray(state.cache.lengths) / 16).sum())
+        np.ceil(np.asarray(state.cache.lengths) / 16).sum()
+    )
 
 
-@pytest.mark.parametrize("paging", [None, Paging(page_size=16, block_pages=4)],
-                         ids=["static", "paged"])
-def test_continuous_batching_plays_the_whole_batchs_conversations(tiny_policy, shared_policy,
-                                                                  tokenizer, paging):
+@pytest.mark.parametrize(
+    "paging", [None, Paging(page_size=16, block_pages=4)], ids=["static", "paged"]
+)
+def test_continuous_batching_plays_the_whole_batchs_conversations(
+    tiny_policy, shared_policy, tokenizer, paging
+):
     """``refill``: 6 groups of 2 (BudgetMix budgets, so rows end at different turns) through 4
     seats; each ended row's seat takes the next waiting row (its first prompt prefilled into
     that seat alone, the pair of a group sharing one prefill on pages), so rows at different
@@ -369,10 +440,13 @@ def test_continuous_batching_plays_the_whole_batchs_conversations(tiny_policy, s
     policy = SamplerPolicy(model, token_map=token_map, min_rows=1, paging=paging)
     restarts = []
     original = policy.restart
-    policy.restart = lambda contexts, which: (restarts.append(np.flatnonzero(which).tolist()),
-                                              original(contexts, which))
-    seated = MultiTurnRollout(env, tokenizer, dataclasses.replace(
-        config, max_rows_per_call=4, refill=True))(policy, tasks, key)
+    policy.restart = lambda contexts, which: (
+        restarts.append(np.flatnonzero(which).tolist()),
+        original(contexts, which),
+    )
+    seated = MultiTurnRollout(
+        env, tokenizer, dataclasses.replace(config, max_rows_per_call=4, refill=True)
+    )(policy, tasks, key)
     a, b = jax.device_get(whole.trajectory), jax.device_get(seated.trajectory)
     assert len(set(a.budget.tolist())) > 1 and len(set(a.turns_used.tolist())) > 1
     assert_same_trajectory(b, a)
@@ -387,11 +461,14 @@ def test_continuous_batching_plays_the_whole_batchs_conversations(tiny_policy, s
     assert traces["decode"] == len(kinds("decode")) and traces["append"] == len(kinds("append"))
 
 
-@pytest.mark.parametrize("paging, seats", [
-    (None, {}), (Paging(page_size=16, block_pages=4), {"max_rows_per_call": 4, "refill": True})],
-    ids=["static_all_rows", "paged_4_seats"])
-def test_lanes_play_the_whole_batchs_conversations(tiny_policy, shared_policy, tokenizer, paging,
-                                                   seats):
+@pytest.mark.parametrize(
+    "paging, seats",
+    [(None, {}), (Paging(page_size=16, block_pages=4), {"max_rows_per_call": 4, "refill": True})],
+    ids=["static_all_rows", "paged_4_seats"],
+)
+def test_lanes_play_the_whole_batchs_conversations(
+    tiny_policy, shared_policy, tokenizer, paging, seats
+):
     """``lanes=2``: the rows in two caches (the policy and its fork), the environment of one
     lane stepping while the other samples. The Trajectory is one lane's, token for token
     (log-probs to 1e-5); the fork shares the placed parameters and the compiled programs, and
@@ -404,7 +481,8 @@ def test_lanes_play_the_whole_batchs_conversations(tiny_policy, shared_policy, t
     spied.respond = lambda *args: None
     assert spied.fork().respond.__func__ is SamplerPolicy.respond  # a spy stays with its policy
     laned = MultiTurnRollout(env, tokenizer, dataclasses.replace(config, lanes=2, **seats))(
-        policy, tasks, key)
+        policy, tasks, key
+    )
     a, b = jax.device_get(whole.trajectory), jax.device_get(laned.trajectory)
     assert len(set(a.budget.tolist())) > 1 and len(set(a.turns_used.tolist())) > 1
     assert_same_trajectory(b, a)
@@ -412,25 +490,35 @@ def test_lanes_play_the_whole_batchs_conversations(tiny_policy, shared_policy, t
     assert max(s[1] for s in policy.shapes_used) <= (2 if seats else 6)
     traces = dict(policy.trace_counts)
     MultiTurnRollout(env, tokenizer, dataclasses.replace(config, lanes=2, **seats))(
-        policy, tasks, key)
+        policy, tasks, key
+    )
     assert dict(policy.trace_counts) == traces
 
 
-@pytest.mark.parametrize("refill, lanes", [(True, 1), (False, 1), (True, 2), (False, 2)],
-                         ids=["refill", "parts", "refill_2_lanes", "parts_2_lanes"])
+@pytest.mark.parametrize(
+    "refill, lanes",
+    [(True, 1), (False, 1), (True, 2), (False, 2)],
+    ids=["refill", "parts", "refill_2_lanes", "parts_2_lanes"],
+)
 def test_a_pool_smaller_than_the_rows_preempts_and_replays_the_same_conversations(
-        tiny_policy, shared_policy, tokenizer, refill, lanes):
+    tiny_policy, shared_policy, tokenizer, refill, lanes
+):
     """4 seats whose rows grow to ~760 tokens over a pool of 60 pages of 16 tokens (room for
     ~1.25 such rows): rows that find no page are preempted (their turn dropped, their pages
     released), wait at the front of the queue and replay the turn with the same key. The
     Trajectory is the unbounded engine's, token for token (log-probs to 1e-5)."""
     env, _, token_map, model = tiny_policy
     config, tasks, key, whole = six_groups_of_two(env, tokenizer, shared_policy)
-    policy = SamplerPolicy(model, token_map=token_map, min_rows=1,
-                           paging=Paging(page_size=16, num_pages=60, block_pages=4))
+    policy = SamplerPolicy(
+        model,
+        token_map=token_map,
+        min_rows=1,
+        paging=Paging(page_size=16, num_pages=60, block_pages=4),
+    )
     preempted = count_preemptions(policy)
-    played = MultiTurnRollout(env, tokenizer, dataclasses.replace(
-        config, max_rows_per_call=4, refill=refill, lanes=lanes))(policy, tasks, key)
+    played = MultiTurnRollout(
+        env, tokenizer, dataclasses.replace(config, max_rows_per_call=4, refill=refill, lanes=lanes)
+    )(policy, tasks, key)
     a, b = jax.device_get(whole.trajectory), jax.device_get(played.trajectory)
     assert int(np.asarray(a.token_mask).sum(axis=1).max()) > 60 * 16 // 2  # rows outgrow the pool
     assert_same_trajectory(b, a)
@@ -441,9 +529,15 @@ def test_a_pool_smaller_than_the_rows_preempts_and_replays_the_same_conversation
 
 def test_a_pool_that_cannot_hold_one_row_is_refused(tiny_policy, tokenizer):
     env, _, token_map, model = tiny_policy
-    policy = SamplerPolicy(model, token_map=token_map,
-                           paging=Paging(page_size=16, num_pages=47, block_pages=4))
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(group_size=2, max_response_tokens=4,
-                                                            max_context=SMALL_CONTEXT))
-    with pytest.raises(ValueError, match=r"num_pages=47 \(1 shard\(s\)\) cannot hold one row of max_len=768"):
+    policy = SamplerPolicy(
+        model, token_map=token_map, paging=Paging(page_size=16, num_pages=47, block_pages=4)
+    )
+    runner = MultiTurnRollout(
+        env,
+        tokenizer,
+        RolloutConfig(group_size=2, max_response_tokens=4, max_context=SMALL_CONTEXT),
+    )
+    with pytest.raises(
+        ValueError, match=r"num_pages=47 \(1 shard\(s\)\) cannot hold one row of max_len=768"
+    ):
         runner(policy, np.array([1]), jax.random.key(0))

@@ -3,7 +3,6 @@ re-encoding each turn afresh; plus compilation counts and the context-overflow c
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,9 +40,11 @@ def first_new_token(rows, start):
     raise AssertionError(f"no new token after {start} in any of {rows}")
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(tie_word_embeddings=True, num_attention_heads=8,
-                                                num_key_value_heads=2, head_dim=8)],
-                         ids=["untied_kv2", "tied_kv4"])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, dict(tie_word_embeddings=True, num_attention_heads=8, num_key_value_heads=2, head_dim=8)],
+    ids=["untied_kv2", "tied_kv4"],
+)
 def test_greedy_equals_transformers_generate_on_a_ragged_left_padded_batch(tmp_path, overrides):
     hf = save_random_hf_qwen3(tmp_path, seed=3, **overrides)
     model = load_qwen3(tmp_path)
@@ -54,11 +55,15 @@ def test_greedy_equals_transformers_generate_on_a_ragged_left_padded_batch(tmp_p
 
     def transformers_greedy(eos):
         with torch.no_grad():
-            out = hf.generate(torch.tensor(tokens, dtype=torch.long),
-                              attention_mask=torch.tensor(mask, dtype=torch.long),
-                              do_sample=False, max_new_tokens=new, eos_token_id=eos,
-                              pad_token_id=0)
-        return out[:, tokens.shape[1]:].numpy()
+            out = hf.generate(
+                torch.tensor(tokens, dtype=torch.long),
+                attention_mask=torch.tensor(mask, dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=new,
+                eos_token_id=eos,
+                pad_token_id=0,
+            )
+        return out[:, tokens.shape[1] :].numpy()
 
     row, where, eos = first_new_token(transformers_greedy(None).tolist(), 3)  # stops mid-way
     expected = transformers_greedy(eos)
@@ -69,9 +74,9 @@ def test_greedy_equals_transformers_generate_on_a_ragged_left_padded_batch(tmp_p
     assert len(got[row]) == where + 1 and got[row][-1] == eos
     assert int(out.stop_reason[row]) == StopReason.STOP_TOKEN
     for b, generated in enumerate(got):
-        assert generated == expected[b, :len(generated)].tolist(), b
+        assert generated == expected[b, : len(generated)].tolist(), b
         if generated[-1] == eos:  # transformers pads after the stop token
-            assert (expected[b, len(generated):] == 0).all()
+            assert (expected[b, len(generated) :] == 0).all()
         else:
             assert len(generated) == new and int(out.stop_reason[b]) == StopReason.BUDGET
 
@@ -83,8 +88,9 @@ def test_decode_step_form_equals_the_model_forward(tiny, unrolled):
     _, model, _ = tiny
     rows = random_rows(np.random.default_rng(8), (3, 7, 5))
     tokens, mask = (jnp.asarray(x) for x in pad_rows(rows, 7))
-    _, cache = model.hidden_states(tokens, positions_from_mask(mask), mask,
-                                   KVCache.empty(model.config, 3, 12, jnp.float32))
+    _, cache = model.hidden_states(
+        tokens, positions_from_mask(mask), mask, KVCache.empty(model.config, 3, 12, jnp.float32)
+    )
     step_tokens, write = jnp.array([4, 90, 249]), jnp.array([True, False, True])
     layers = model.split_layers() if unrolled else None
     args = (step_tokens[:, None], cache.lengths[:, None], write[:, None], cache)
@@ -94,8 +100,9 @@ def test_decode_step_form_equals_the_model_forward(tiny, unrolled):
     np.testing.assert_array_equal(our_cache.lengths, their_cache.lengths)
     np.testing.assert_allclose(our_cache.k, their_cache.k, atol=1e-5, rtol=0)
     np.testing.assert_allclose(our_cache.v, their_cache.v, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(model.logits(ours[:, 0], few_rows=True), model.logits(ours[:, 0]),
-                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        model.logits(ours[:, 0], few_rows=True), model.logits(ours[:, 0]), atol=1e-5, rtol=0
+    )
 
 
 def run_conversation(sampler, params, prompts, observations, budgets, keys, sampling, max_len):
@@ -112,7 +119,7 @@ def run_conversation(sampler, params, prompts, observations, budgets, keys, samp
         state, out = sampler.decode(params, state, key, sampling, budget=budgets[turn])
         outputs.append(jax.tree.map(np.asarray, out))
         for b in range(batch):
-            history[b] += out.tokens[b, :out.lengths[b]].tolist()
+            history[b] += out.tokens[b, : out.lengths[b]].tolist()
         np.testing.assert_array_equal(state.lengths, [len(h) for h in history])
     return history, outputs
 
@@ -131,8 +138,9 @@ def test_log_probs_equal_a_teacher_forced_forward_after_continuation_turns(tiny)
     prompts, observations, budgets = conversation_inputs(1, batch=3, turns=4)
     sampler = Sampler(model, max_new_tokens=8, stop_token_ids=(7, 11))
     keys = jax.random.split(jax.random.key(5), 4)
-    history, outputs = run_conversation(sampler, params, prompts, observations, budgets, keys,
-                                        sampling, max_len=96)
+    history, outputs = run_conversation(
+        sampler, params, prompts, observations, budgets, keys, sampling, max_len=96
+    )
     tokens, mask = pad_rows(history, 96)
     tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
     logits, _ = model(tokens, positions_from_mask(mask), mask)
@@ -156,8 +164,9 @@ def test_log_probs_equal_a_teacher_forced_forward_after_continuation_turns(tiny)
                 compared += 1
         assert cursor == len(history[b])
     assert compared >= 30
-    assert any((out.sampling_log_probs[out.mask] - out.log_probs[out.mask] > 0.05).any()
-               for out in outputs), "sampling and model distributions should differ here"
+    assert any(
+        (out.sampling_log_probs[out.mask] - out.log_probs[out.mask] > 0.05).any() for out in outputs
+    ), "sampling and model distributions should differ here"
 
 
 def test_continuation_equals_reencoding_the_history_each_turn(tiny):
@@ -166,8 +175,9 @@ def test_continuation_equals_reencoding_the_history_each_turn(tiny):
     prompts, observations, budgets = conversation_inputs(2, batch, turns)
     sampler = Sampler(model, max_new_tokens=8, stop_token_ids=(7,))
     keys = jax.random.split(jax.random.key(0), turns)
-    history, outputs = run_conversation(sampler, params, prompts, observations, budgets, keys,
-                                        GREEDY, max_len=96)
+    history, outputs = run_conversation(
+        sampler, params, prompts, observations, budgets, keys, GREEDY, max_len=96
+    )
     assert any(o.lengths[b] > 0 for o in outputs for b in range(batch))
     fresh_history = [list(p) for p in prompts]
     for turn in range(turns):
@@ -179,7 +189,7 @@ def test_continuation_equals_reencoding_the_history_each_turn(tiny):
         np.testing.assert_array_equal(out.tokens, outputs[turn].tokens, err_msg=f"turn {turn}")
         np.testing.assert_array_equal(out.lengths, outputs[turn].lengths)
         for b in range(batch):
-            fresh_history[b] += np.asarray(out.tokens)[b, :out.lengths[b]].tolist()
+            fresh_history[b] += np.asarray(out.tokens)[b, : out.lengths[b]].tolist()
     assert fresh_history == history
 
 
@@ -200,8 +210,9 @@ def test_ten_turn_rollout_compiles_a_fixed_small_number_of_times(tiny):
             state = sampler.append(params, state, tokens, mask)
             for turn in range(10):
                 budget = rng.integers(0, 7, 4)
-                state, out = sampler.decode(params, state, keys[10 * rollout + turn], sampling,
-                                            budget=budget)
+                state, out = sampler.decode(
+                    params, state, keys[10 * rollout + turn], sampling, budget=budget
+                )
                 assert (np.asarray(out.lengths) <= budget).all()
                 tokens, mask = pad_rows(random_rows(rng, rng.integers(0, 9, 4)), (4, 8))
                 widths.add(("observation", tokens.shape[1]))
@@ -223,8 +234,11 @@ def test_rows_that_do_not_fit_are_flagged_and_never_truncated(tiny):
     state, out = sampler.decode(params, state, jax.random.key(0), GREEDY, budget=[2, 8, 2])
     # Row 1 had 3 free slots: it samples 3 tokens, then stops for lack of room.
     np.testing.assert_array_equal(out.lengths, [2, 3, 2])
-    assert out.stop_reason.tolist() == [StopReason.BUDGET, StopReason.CONTEXT_FULL,
-                                        StopReason.BUDGET]
+    assert out.stop_reason.tolist() == [
+        StopReason.BUDGET,
+        StopReason.CONTEXT_FULL,
+        StopReason.BUDGET,
+    ]
     np.testing.assert_array_equal(state.lengths, [6, 12, 5])
     np.testing.assert_array_equal(state.overflowed, [False, True, False])
     # Row 0 has room for 6 more tokens, row 2 only for 7: a 7-token observation fits row 2 only.
@@ -234,8 +248,11 @@ def test_rows_that_do_not_fit_are_flagged_and_never_truncated(tiny):
     np.testing.assert_array_equal(state.overflowed, [True, True, False])
     np.testing.assert_array_equal(np.asarray(state.cache.k)[:, :2], cache_k[:, :2])  # untouched
     state, out = sampler.decode(params, state, jax.random.key(1), GREEDY)
-    assert out.stop_reason.tolist() == [StopReason.NOT_RUN, StopReason.NOT_RUN,
-                                        StopReason.CONTEXT_FULL]
+    assert out.stop_reason.tolist() == [
+        StopReason.NOT_RUN,
+        StopReason.NOT_RUN,
+        StopReason.CONTEXT_FULL,
+    ]
     np.testing.assert_array_equal(out.lengths, 0)
     np.testing.assert_array_equal(state.overflowed, True)
 
@@ -245,8 +262,14 @@ def test_inactive_and_zero_budget_rows_write_nothing(tiny):
     sampler = Sampler(model, max_new_tokens=5, stop_token_ids=())
     state = sampler.append(params, sampler.init(3, 20), *pad_rows([[1, 2], [3, 4], [5, 6]], 2))
     cache_k = np.asarray(state.cache.k).copy()
-    state, out = sampler.decode(params, state, jax.random.key(0), SamplingConfig(),
-                                budget=[5, 0, 5], active=[True, True, False])
+    state, out = sampler.decode(
+        params,
+        state,
+        jax.random.key(0),
+        SamplingConfig(),
+        budget=[5, 0, 5],
+        active=[True, True, False],
+    )
     assert out.stop_reason.tolist() == [StopReason.BUDGET, StopReason.NOT_RUN, StopReason.NOT_RUN]
     np.testing.assert_array_equal(out.lengths, [5, 0, 0])
     np.testing.assert_array_equal(out.tokens[1:], 0)  # pad_token_id
@@ -272,8 +295,8 @@ def test_same_key_same_tokens_and_stop_tokens_end_rows(tiny):
     row, where, stop = first_new_token(np.asarray(a.tokens).tolist(), 2)
     stopping = Sampler(model, max_new_tokens=12, stop_token_ids=(stop, VOCAB - 1))
     state, d = run(jax.random.key(9), stopping)
-    kept = np.asarray(a.tokens)[row, :where + 1].tolist()
-    assert np.asarray(d.tokens)[row, :d.lengths[row]].tolist() == kept
+    kept = np.asarray(a.tokens)[row, : where + 1].tolist()
+    assert np.asarray(d.tokens)[row, : d.lengths[row]].tolist() == kept
     assert int(d.stop_reason[row]) == StopReason.STOP_TOKEN
     prompt_length = int(prompt[1][row].sum())
     assert int(state.lengths[row]) == prompt_length + where + 1  # the stop token is cached too
@@ -318,8 +341,11 @@ def test_chunked_prefill_equals_one_wide_append(tiny):
     assert expected.tolist() == [False, False, False, True]
     np.testing.assert_array_equal(wide.overflowed, expected)
     # float32 rounding only: the projections run on [4, 8]- instead of [4, 45]-token blocks
-    for got, want in ((chunked.cache.k, wide.cache.k), (chunked.cache.v, wide.cache.v),
-                      (chunked.hidden, wide.hidden)):
+    for got, want in (
+        (chunked.cache.k, wide.cache.k),
+        (chunked.cache.v, wide.cache.v),
+        (chunked.hidden, wide.hidden),
+    ):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     np.testing.assert_array_equal(chunked_out.tokens, wide_out.tokens)
     np.testing.assert_allclose(chunked_out.log_probs, wide_out.log_probs, atol=1e-5, rtol=0)
@@ -354,8 +380,9 @@ def test_per_row_keys_make_a_rows_tokens_independent_of_its_batch(tiny):
         sampler = Sampler(model, max_new_tokens=8, stop_token_ids=())
 
         def run(order):
-            state = sampler.append(params, sampler.init(len(order), 24),
-                                   *pad_rows([rows[i] for i in order], 8))
+            state = sampler.append(
+                params, sampler.init(len(order), 24), *pad_rows([rows[i] for i in order], 8)
+            )
             _, out = sampler.decode(params, state, keys[np.asarray(order)], sampling)
             return np.asarray(out.tokens)
 

@@ -23,10 +23,14 @@ def test_greedy_equals_transformers_generate_and_the_static_sampler(tiny):
     tokens, mask = pad_rows(rows, 11)
     new = 16
     with torch.no_grad():
-        expected = hf.generate(torch.tensor(tokens, dtype=torch.long),
-                               attention_mask=torch.tensor(mask, dtype=torch.long),
-                               do_sample=False, max_new_tokens=new, eos_token_id=None,
-                               pad_token_id=0)[:, tokens.shape[1]:].numpy()
+        expected = hf.generate(
+            torch.tensor(tokens, dtype=torch.long),
+            attention_mask=torch.tensor(mask, dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=new,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[:, tokens.shape[1] :].numpy()
     outs = {}
     for name, paging in (("static", None), ("paged", PAGING)):
         sampler = Sampler(model, max_new_tokens=new, stop_token_ids=(), paging=paging)
@@ -47,8 +51,9 @@ def test_multi_turn_sampling_equals_the_static_sampler_token_for_token(tiny):
     results = {}
     for name, paging in (("static", None), ("paged", PAGING)):
         sampler = Sampler(model, max_new_tokens=8, stop_token_ids=(7, 11), paging=paging)
-        results[name] = run_conversation(sampler, params, prompts, observations, budgets, keys,
-                                         sampling, max_len=96)
+        results[name] = run_conversation(
+            sampler, params, prompts, observations, budgets, keys, sampling, max_len=96
+        )
     (static_history, static_out), (paged_history, paged_out) = results["static"], results["paged"]
     assert paged_history == static_history
     assert sum(int(o.lengths.sum()) for o in paged_out) >= 30
@@ -61,8 +66,12 @@ def test_multi_turn_sampling_equals_the_static_sampler_token_for_token(tiny):
 def test_a_pool_that_runs_out_stops_rows_for_want_of_a_page_and_spares_the_others(tiny):
     _, model, params = tiny
     # 3 rows of up to 24 tokens but 9 pages of 4 tokens (36 tokens) between them
-    sampler = Sampler(model, max_new_tokens=16, stop_token_ids=(),
-                      paging=Paging(page_size=4, num_pages=9, block_pages=2))
+    sampler = Sampler(
+        model,
+        max_new_tokens=16,
+        stop_token_ids=(),
+        paging=Paging(page_size=4, num_pages=9, block_pages=2),
+    )
     reference = Sampler(model, max_new_tokens=16, stop_token_ids=())
     rows = [[1] * 8, [2] * 8, [3] * 4]  # 2 + 2 + 1 pages
     state = sampler.append(params, sampler.init(3, 24), *pad_rows(rows, 8))
@@ -75,12 +84,11 @@ def test_a_pool_that_runs_out_stops_rows_for_want_of_a_page_and_spares_the_other
     # at 8 (4 sampled) and row 0 at 16 (8 sampled); row 1 spends its budget of 2
     lengths = np.asarray(out.lengths)
     assert lengths.tolist() == [8, 2, 4]
-    assert out.stop_reason.tolist() == [StopReason.NO_PAGE, StopReason.BUDGET,
-                                        StopReason.NO_PAGE]
+    assert out.stop_reason.tolist() == [StopReason.NO_PAGE, StopReason.BUDGET, StopReason.NO_PAGE]
     assert int(state.cache.pages_used) == 9
     assert np.asarray(state.overflowed).tolist() == [True, False, True]
     for b in range(3):  # what was sampled is what the unbounded reference samples
-        np.testing.assert_array_equal(out.tokens[b, :lengths[b]], ref.tokens[b, :lengths[b]])
+        np.testing.assert_array_equal(out.tokens[b, : lengths[b]], ref.tokens[b, : lengths[b]])
     # releasing row 0 lets row 1 grow again
     state = sampler.release(state, [True, False, False])
     assert int(state.cache.pages_used) == 9 - 4
@@ -103,8 +111,7 @@ def test_released_rows_refill_and_nothing_recompiles_per_turn_or_refill(tiny):
         for rollout in range(2):
             before = len(compiles)
             state = sampler.init(4, 64)
-            state = sampler.append(params, state, *pad_rows(random_rows(rng, [5, 9, 3, 7]),
-                                                              (16,)))
+            state = sampler.append(params, state, *pad_rows(random_rows(rng, [5, 9, 3, 7]), (16,)))
             for turn in range(6):
                 state, out = sampler.decode(params, state, keys[10 * rollout + turn], GREEDY)
                 done = np.zeros(4, bool)
@@ -115,11 +122,9 @@ def test_released_rows_refill_and_nothing_recompiles_per_turn_or_refill(tiny):
                 state = sampler.append(params, state, *pad_rows(chunk, (16,)))
                 if rollout == 0 and turn == 2:  # the refilled row equals a fresh one
                     key = keys[10 * rollout + turn + 1]
-                    _, refilled = sampler.decode(params, jax.tree.map(np.copy, state), key,
-                                                 GREEDY)
+                    _, refilled = sampler.decode(params, jax.tree.map(np.copy, state), key, GREEDY)
                     alone = fresh.append(params, fresh.init(4, 64), *pad_rows(chunk, (16,)))
-                    _, alone = fresh.decode(params, alone, key, GREEDY,
-                                            active=done)
+                    _, alone = fresh.decode(params, alone, key, GREEDY, active=done)
                     np.testing.assert_array_equal(refilled.tokens[done], alone.tokens[done])
             jax.block_until_ready(state)
             per_rollout.append(len(compiles) - before)
@@ -129,9 +134,14 @@ def test_released_rows_refill_and_nothing_recompiles_per_turn_or_refill(tiny):
 
 def test_copies_the_pool_cannot_hold_are_flagged_overflowed_not_silently_empty(tiny):
     from agentrl_jax.policy import take_rows
+
     _, model, params = tiny
-    sampler = Sampler(model, max_new_tokens=4, stop_token_ids=(),
-                      paging=Paging(page_size=4, num_pages=6, block_pages=2))
+    sampler = Sampler(
+        model,
+        max_new_tokens=4,
+        stop_token_ids=(),
+        paging=Paging(page_size=4, num_pages=6, block_pages=2),
+    )
     state = sampler.append(params, sampler.init(2, 16), *pad_rows([[1] * 6, [2] * 3], 6))
     out = take_rows(state, jax.numpy.array([0, 0, 0, 1, -1]))  # 2 pages per copy of row 0
     # pages: row 0 holds 2, row 1 holds 1, 3 free: the 1st copy fits, the 2nd does not
@@ -171,9 +181,11 @@ def test_restart_after_compaction_regrows_the_cache_and_keeps_the_other_rows(tin
     cache grows back (kept rows keep their caches), the restarted rows sample what a fresh
     policy samples for their contexts, and the row that played on samples what it would have."""
     from agentrl_jax.policy import PolicySettings, SamplerPolicy
+
     _, model, _ = tiny
-    settings = PolicySettings(max_context=64, max_response_tokens=5, stop_token_ids=(),
-                              sampling=GREEDY)
+    settings = PolicySettings(
+        max_context=64, max_response_tokens=5, stop_token_ids=(), sampling=GREEDY
+    )
     rng = np.random.default_rng(4)
     contexts = random_rows(rng, [6, 3, 8, 5])
     new = random_rows(rng, [0, 7, 4, 0])
@@ -195,13 +207,17 @@ def test_restart_after_compaction_regrows_the_cache_and_keeps_the_other_rows(tin
     np.testing.assert_array_equal(out.lengths, expected.lengths)
 
 
-@pytest.mark.parametrize("fields, match", [
-    ({"page_size": 0}, "paging.page_size: must be an int >= 1, got 0"),
-    ({"num_pages": -3}, "paging.num_pages: must be null or an int >= 1, got -3"),
-    ({"block_pages": 2.5}, "paging.block_pages: must be an int >= 1, got 2.5"),
-    ({"page_size": True}, "paging.page_size"),
-])
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        ({"page_size": 0}, "paging.page_size: must be an int >= 1, got 0"),
+        ({"num_pages": -3}, "paging.num_pages: must be null or an int >= 1, got -3"),
+        ({"block_pages": 2.5}, "paging.block_pages: must be an int >= 1, got 2.5"),
+        ({"page_size": True}, "paging.page_size"),
+    ],
+)
 def test_bad_paging_settings_are_rejected_with_their_names(fields, match):
     from agentrl_jax.errors import ConfigError
+
     with pytest.raises(ConfigError, match=match.replace(".", r"\.")):
         Paging(**fields)

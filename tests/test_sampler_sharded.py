@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
 from fake_devices import fake_devices_env
 
 SCRIPT = textwrap.dedent("""
@@ -67,11 +68,16 @@ SCRIPT = textwrap.dedent("""
 def test_sharded_sampler_matches_one_device():
     env = fake_devices_env(8)
     tests_dir = str(Path(__file__).parent)
-    result = subprocess.run([sys.executable, "-c", SCRIPT, tests_dir], env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, tests_dir],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     line = next(l for l in result.stdout.splitlines() if l.startswith("REPORT"))
-    report = json.loads(line[len("REPORT"):])
+    report = json.loads(line[len("REPORT") :])
     assert len(report) == 3
     for case, r in report.items():
         assert r["same_tokens"], case
@@ -180,11 +186,16 @@ def test_generation_layout_decodes_without_gathering_weights():
     and no ``[B, V]`` logits (per-row keys sample each device's own rows), and the tokens equal
     one device's for the same per-row keys. ``SamplerPolicy``'s "auto" picks it when fsdp > 1."""
     env = fake_devices_env(8)
-    result = subprocess.run([sys.executable, "-c", LAYOUT_SCRIPT, str(Path(__file__).parent)],
-                            env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", LAYOUT_SCRIPT, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     line = next(l for l in result.stdout.splitlines() if l.startswith("REPORT"))
-    report = json.loads(line[len("REPORT"):])
+    report = json.loads(line[len("REPORT") :])
     for case, r in report.items():
         if case.endswith(("/policy", "/inferred")):
             continue
@@ -198,9 +209,12 @@ def test_generation_layout_decodes_without_gathering_weights():
     assert report["(2, 4, 1)/replicated/unroll=False"]["q_proj"] == "P(None, None, None)"
     assert report["(2, 2, 2)/replicated/unroll=False"]["q_proj"] == "P(None, 'tensor', None)"
     # the replicated copy is in the compute dtype (the model casts to it anyway)
-    assert report["(2, 4, 1)/policy"] == {"layout": "replicated", "q_proj": "P(None, None, None)",
-                                          "q_proj_using": "P(None, None, None)",
-                                          "bf16_copy": ["bfloat16"]}
+    assert report["(2, 4, 1)/policy"] == {
+        "layout": "replicated",
+        "q_proj": "P(None, None, None)",
+        "q_proj_using": "P(None, None, None)",
+        "bf16_copy": ["bfloat16"],
+    }
     assert report["(2, 2, 2)/policy"]["layout"] == "replicated"
     assert report["(2, 4, 1)/inferred"] == [True, 8, "replicated"]
     assert report["(2, 2, 2)/inferred"] == [True, 4, "replicated"]

@@ -12,8 +12,13 @@ from agentrl_jax.sampling import filters
 from agentrl_jax.sampling.filters import SamplingConfig
 
 
-def reference_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                    valid_vocab_size: int | None = None) -> np.ndarray:
+def reference_probs(
+    logits: np.ndarray,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    valid_vocab_size: int | None = None,
+) -> np.ndarray:
     """The sampling distribution ``[B, V]``, one row at a time, by a full stable sort."""
     out = np.zeros(logits.shape)
     for b, row in enumerate(logits.astype(np.float64)):
@@ -57,8 +62,9 @@ CONFIGS = [
 @pytest.mark.parametrize("kwargs", CONFIGS, ids=[str(c) for c in CONFIGS])
 def test_filtered_distribution_matches_numpy_reference(kwargs):
     logits = random_logits(0, batch=6, vocab=300, scale=3.0)
-    ours = np.exp(np.asarray(filters.filtered_log_probs(jnp.asarray(logits),
-                                                        SamplingConfig(**kwargs))))
+    ours = np.exp(
+        np.asarray(filters.filtered_log_probs(jnp.asarray(logits), SamplingConfig(**kwargs)))
+    )
     expected = reference_probs(logits, **kwargs)
     np.testing.assert_array_equal(ours > 0, expected > 0)  # the same kept set
     np.testing.assert_allclose(ours, expected, atol=2e-6, rtol=0)
@@ -75,18 +81,21 @@ def test_top_p_prefilter_stages_are_exact_whichever_one_the_batch_needs():
         fits = np.asarray(filters.nucleus_fits_prefilter(jnp.asarray(logits), config, k=k))
         np.testing.assert_array_equal(fits, sizes <= k)
     np.testing.assert_array_equal(
-        filters.nucleus_fits_prefilter(jnp.asarray(logits), config), sizes <= 32)
+        filters.nucleus_fits_prefilter(jnp.asarray(logits), config), sizes <= 32
+    )
     assert sizes.tolist() == [2, 2, 349, 2, 30, 56]
     distribution = jax.jit(filters.filtered_log_probs, static_argnums=1)
     draw = jax.jit(filters.sample, static_argnums=2)  # one compilation for the three batches
     # Batches that the first stage, the second stage and only the whole-vocabulary search serve.
     for rows in ([0, 1, 3, 0, 1, 3], [0, 1, 3, 4, 0, 1], [0, 1, 2, 3, 4, 5]):
         ours = np.exp(np.asarray(distribution(jnp.asarray(logits[rows]), config)))
-        np.testing.assert_allclose(ours, reference_probs(logits[rows], 1.0, top_p=0.9),
-                                   atol=2e-6, rtol=0)
+        np.testing.assert_allclose(
+            ours, reference_probs(logits[rows], 1.0, top_p=0.9), atol=2e-6, rtol=0
+        )
         tokens, log_probs = draw(jax.random.key(0), jnp.asarray(logits[rows]), config)
-        np.testing.assert_allclose(np.exp(np.asarray(log_probs)),
-                                   ours[np.arange(len(rows)), np.asarray(tokens)], rtol=1e-5)
+        np.testing.assert_allclose(
+            np.exp(np.asarray(log_probs)), ours[np.arange(len(rows)), np.asarray(tokens)], rtol=1e-5
+        )
 
 
 def test_a_rows_draw_with_its_own_key_does_not_depend_on_the_other_rows():
@@ -101,8 +110,10 @@ def test_a_rows_draw_with_its_own_key_does_not_depend_on_the_other_rows():
     draw = jax.jit(filters.sample, static_argnums=2)
     for seed in range(20):
         keys = jax.random.split(jax.random.key(seed), 6)
-        alone = [np.asarray(draw(keys[r:r + 1], jnp.asarray(logits[r:r + 1]), config)[0])[0]
-                 for r in range(6)]
+        alone = [
+            np.asarray(draw(keys[r : r + 1], jnp.asarray(logits[r : r + 1]), config)[0])[0]
+            for r in range(6)
+        ]
         for rows in ([0, 1, 3, 4], [0, 1, 2, 3, 4, 5], [2, 0, 4]):
             tokens, _ = draw(keys[np.array(rows)], jnp.asarray(logits[rows]), config)
             assert np.asarray(tokens).tolist() == [alone[r] for r in rows], (seed, rows)
@@ -117,8 +128,9 @@ def test_prefilter_stages_are_ascending_and_capped_by_the_vocabulary():
     assert SamplingConfig(top_p=0.9, prefilter_k=4).prefilter_stages(1000) == (4,)
 
 
-@pytest.mark.parametrize("vocab, k", [(300, 7), (1187 * 128, 1), (1187 * 128, 32),
-                                      (1187 * 128, 256), (64 * 64, 16)])
+@pytest.mark.parametrize(
+    "vocab, k", [(300, 7), (1187 * 128, 1), (1187 * 128, 32), (1187 * 128, 256), (64 * 64, 16)]
+)
 def test_top_k_equals_a_stable_sort_with_ties(vocab, k):
     logits = np.round(random_logits(8, batch=5, vocab=vocab, scale=2.0), 1)  # many ties
     logits[1] = 0.5  # all tied: ids 0..k-1
@@ -169,8 +181,10 @@ def test_greedy_is_argmax_over_the_valid_vocabulary():
     assert (np.isfinite(dist).sum(1) == 1).all()
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.8),
-                                    dict(temperature=1.0, top_k=5)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(temperature=1.0), dict(temperature=0.7, top_p=0.8), dict(temperature=1.0, top_k=5)],
+)
 def test_sample_frequencies_follow_the_filtered_distribution(kwargs):
     vocab, draws = 600, 40_000  # vocab > 256: the two-level inverse CDF spans several blocks
     rng = np.random.default_rng(3)
@@ -185,8 +199,9 @@ def test_sample_frequencies_follow_the_filtered_distribution(kwargs):
     frequencies = np.bincount(tokens, minlength=vocab) / draws
     assert set(np.flatnonzero(frequencies)) <= set(np.flatnonzero(expected))
     # 4 binomial standard deviations per token, plus a tiny allowance for float32 rounding.
-    np.testing.assert_array_less(np.abs(frequencies - expected),
-                                 4 * np.sqrt(expected * (1 - expected) / draws) + 1e-4)
+    np.testing.assert_array_less(
+        np.abs(frequencies - expected), 4 * np.sqrt(expected * (1 - expected) / draws) + 1e-4
+    )
     # Returned log-probabilities are those of the sampling distribution at the drawn token.
     np.testing.assert_allclose(np.exp(np.asarray(log_probs)), expected[tokens], rtol=1e-5)
 
@@ -217,10 +232,18 @@ def test_sample_categorical_never_draws_zero_weight_entries():
     assert set(drawn.tolist()) == {3, 256, 511, 699}
 
 
-@pytest.mark.parametrize("field, value", [("temperature", -1.0), ("top_k", -2), ("top_p", 0.0),
-                                          ("top_p", 1.5), ("prefilter_k", 0),
-                                          ("first_prefilter_k", 0),
-                                          ("valid_vocab_size", 0)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", -1.0),
+        ("top_k", -2),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("prefilter_k", 0),
+        ("first_prefilter_k", 0),
+        ("valid_vocab_size", 0),
+    ],
+)
 def test_config_rejects_bad_fields_by_name(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingConfig(**{field: value})

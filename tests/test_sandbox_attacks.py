@@ -36,8 +36,9 @@ from envs.code.sandbox import (
     run_tests,
 )
 
-LIMITS = SandboxLimits(timeout_s=2.0, total_timeout_s=8.0, memory_mb=256, output_bytes=1 << 16,
-                       processes=16, work_mb=8)
+LIMITS = SandboxLimits(
+    timeout_s=2.0, total_timeout_s=8.0, memory_mb=256, output_bytes=1 << 16, processes=16, work_mb=8
+)
 HARNESS_FILES = [isolation.HARNESS_DIR / name for name in isolation.SCRIPTS]
 
 # A program that finds the answer anywhere it can and gives it back: printed, returned.
@@ -369,7 +370,7 @@ def f(*a, **k):
 def host(tmp_path, monkeypatch):
     """The host's secrets, listeners and sentinel; checks that the attack left all intact."""
     token = "tok" + secrets.token_hex(8)
-    expected_int = secrets.randbelow(9 * 10 ** 8) + 10 ** 8
+    expected_int = secrets.randbelow(9 * 10**8) + 10**8
     expected_out = "tok" + secrets.token_hex(8)
     host_dir = tmp_path / "host"
     host_dir.mkdir()
@@ -379,7 +380,9 @@ def host(tmp_path, monkeypatch):
     victim.write_text("keep me")
     os.chmod(victim, 0o600)
     task_file = host_dir / "task.jsonl"
-    task_file.write_text(f'{{"input": "", "output": "{expected_out}", "expected": {expected_int}}}\n')
+    task_file.write_text(
+        f'{{"input": "", "output": "{expected_out}", "expected": {expected_int}}}\n'
+    )
     monkeypatch.setenv("AGENTRL_TEST_SECRET", token)
     tcp = socket.socket()
     tcp.bind(("127.0.0.1", 0))
@@ -392,15 +395,28 @@ def host(tmp_path, monkeypatch):
     unix.settimeout(0.05)
     sentinel = subprocess.Popen(["sleep", "120"])
     harness = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in HARNESS_FILES}
-    values = dict(host_dir=str(host_dir), outside=str(host_dir / "outside"), victim=str(victim),
-                  secret_file=str(secret_file), task_file=str(task_file), port=tcp.getsockname()[1],
-                  abstract=abstract, sentinel=sentinel.pid, caller=os.getpid(),
-                  expected_int=expected_int, scan=SCAN,
-                  venv_site=sysconfig.get_paths()["purelib"])
+    values = dict(
+        host_dir=str(host_dir),
+        outside=str(host_dir / "outside"),
+        victim=str(victim),
+        secret_file=str(secret_file),
+        task_file=str(task_file),
+        port=tcp.getsockname()[1],
+        abstract=abstract,
+        sentinel=sentinel.pid,
+        caller=os.getpid(),
+        expected_int=expected_int,
+        scan=SCAN,
+        venv_site=sysconfig.get_paths()["purelib"],
+    )
     yield dict(values, secrets=(token, str(expected_int), expected_out), expected_out=expected_out)
     time.sleep(0.1)
     try:
-        assert sorted(p.name for p in host_dir.iterdir()) == ["secret.txt", "task.jsonl", "victim.txt"]
+        assert sorted(p.name for p in host_dir.iterdir()) == [
+            "secret.txt",
+            "task.jsonl",
+            "victim.txt",
+        ]
         assert victim.read_text() == "keep me" and victim.stat().st_mode & 0o777 == 0o600
         assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in HARNESS_FILES} == harness
         for listener in (tcp, unix):
@@ -416,13 +432,17 @@ def host(tmp_path, monkeypatch):
 
 
 def make_tests(host):
-    check = split_check(f"def check(candidate):\n    assert candidate(5) == {host['expected_int']}\n", "f")
+    check = split_check(
+        f"def check(candidate):\n    assert candidate(5) == {host['expected_int']}\n", "f"
+    )
     return [StdioTest("", host["expected_out"]), CallTest("f", (5,), host["expected_int"]), *check]
 
 
 # CI installs what strict isolation needs (README's test command); elsewhere say what is missing.
-needs_strict = pytest.mark.skipif(bool(isolation.strict_problems()),
-                                  reason=f"strict isolation unavailable: {isolation.strict_problems()}")
+needs_strict = pytest.mark.skipif(
+    bool(isolation.strict_problems()),
+    reason=f"strict isolation unavailable: {isolation.strict_problems()}",
+)
 # The attack that switches the guard off itself runs with it on.
 GUARDED = {"unguard_then_shell"}
 
@@ -430,7 +450,7 @@ GUARDED = {"unguard_then_shell"}
 @needs_strict
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_attack_is_contained(name, host):
-    program = (ATTACKS[name].format(**host) + (REPORT if "{scan}" in ATTACKS[name] else ""))
+    program = ATTACKS[name].format(**host) + (REPORT if "{scan}" in ATTACKS[name] else "")
     start = time.monotonic()
     results = run_tests(program, make_tests(host), LIMITS, python_guard=name in GUARDED)
     elapsed = time.monotonic() - start
@@ -444,8 +464,10 @@ def test_attack_is_contained(name, host):
 
 @needs_strict
 def test_an_honest_program_still_passes_all_three_kinds(host):
-    program = (f"print({host['expected_out']!r})\n"
-               f"def f(x):\n    return {host['expected_int']} if x == 5 else 0\n")
+    program = (
+        f"print({host['expected_out']!r})\n"
+        f"def f(x):\n    return {host['expected_int']} if x == 5 else 0\n"
+    )
     results = run_tests(program, make_tests(host), LIMITS)
     assert [r.status for r in results] == ["passed"] * 3
 
@@ -471,8 +493,13 @@ print(len([p for p in os.listdir("/proc") if p.isdigit()]) < 10)
 """
     [result] = run_tests(program, [StdioTest("", "")], LIMITS, python_guard=False)
     lines = result.got.splitlines()
-    assert lines[0] == "['bin', 'dev', 'lib', 'lib64', 'proc', 'root', 'sandbox', 'sbin', 'usr', 'work']" \
-        or "'sandbox'" in lines[0] and "'etc'" not in lines[0] and "'home'" not in lines[0], lines[0]
+    assert (
+        lines[0]
+        == "['bin', 'dev', 'lib', 'lib64', 'proc', 'root', 'sandbox', 'sbin', 'usr', 'work']"
+        or "'sandbox'" in lines[0]
+        and "'etc'" not in lines[0]
+        and "'home'" not in lines[0]
+    ), lines[0]
     assert lines[1] == "True /work"
     assert lines[2] == "inet 1"  # EPERM from seccomp
     assert lines[3] == "ptrace -1 1"
@@ -506,44 +533,71 @@ from hypothesis import strategies as st  # noqa: E402
 
 from envs.code import CodeEnv, CodeEnvConfig, CodeTask  # noqa: E402
 
-QUICK = SandboxLimits(timeout_s=0.5, total_timeout_s=3.0, memory_mb=128, output_bytes=4096, processes=8,
-                      work_mb=2)
+QUICK = SandboxLimits(
+    timeout_s=0.5, total_timeout_s=3.0, memory_mb=128, output_bytes=4096, processes=8, work_mb=2
+)
 # Statements an adversarial or broken program is made of; {t} text, {b} bytes, {n} a number.
-FRAGMENTS = st.sampled_from([
-    "print({t!r})", "import os\nos._exit({n})", "raise SystemExit({n})", "raise SystemExit({t!r})",
-    "import os\nos.write(3, {b!r})", "import os\nos.write(1, {b!r})", "import os\nos.close(3)",
-    "import sys\nsys.stdout.write({t!r})", "import sys\nsys.stdout.buffer.write({b!r})",
-    "def f(*a, **k):\n    return {t!r}", "def f(*a, **k):\n    return {n}",
-    "def f(*a, **k):\n    raise ValueError({t!r})", "def f(*a, **k):\n    import os\n    os._exit({n})",
-    "def f(*a, **k):\n    import os\n    os.write(3, {b!r})\n    return 1",
-    "def f(*a, **k):\n    return float('nan')", "def f(*a, **k):\n    return [f] * 3",
-    "x = [0] * (10 ** 9)", "while True:\n    pass", "import time\ntime.sleep({n} % 3)",
-    "class E(Exception):\n    def __str__(self):\n        raise RuntimeError\nraise E()",
-    "{t}", "input()", "import sys\nsys.stdin.read()", "exec({t!r})",
-])
+FRAGMENTS = st.sampled_from(
+    [
+        "print({t!r})",
+        "import os\nos._exit({n})",
+        "raise SystemExit({n})",
+        "raise SystemExit({t!r})",
+        "import os\nos.write(3, {b!r})",
+        "import os\nos.write(1, {b!r})",
+        "import os\nos.close(3)",
+        "import sys\nsys.stdout.write({t!r})",
+        "import sys\nsys.stdout.buffer.write({b!r})",
+        "def f(*a, **k):\n    return {t!r}",
+        "def f(*a, **k):\n    return {n}",
+        "def f(*a, **k):\n    raise ValueError({t!r})",
+        "def f(*a, **k):\n    import os\n    os._exit({n})",
+        "def f(*a, **k):\n    import os\n    os.write(3, {b!r})\n    return 1",
+        "def f(*a, **k):\n    return float('nan')",
+        "def f(*a, **k):\n    return [f] * 3",
+        "x = [0] * (10 ** 9)",
+        "while True:\n    pass",
+        "import time\ntime.sleep({n} % 3)",
+        "class E(Exception):\n    def __str__(self):\n        raise RuntimeError\nraise E()",
+        "{t}",
+        "input()",
+        "import sys\nsys.stdin.read()",
+        "exec({t!r})",
+    ]
+)
 
 
 @st.composite
 def programs(draw):
     parts = draw(st.lists(FRAGMENTS, max_size=4))
     text = st.text(max_size=40)
-    return "\n".join(p.format(t=draw(text), b=draw(st.binary(max_size=40)), n=draw(st.integers(-300, 300)))
-                     for p in parts)
+    return "\n".join(
+        p.format(t=draw(text), b=draw(st.binary(max_size=40)), n=draw(st.integers(-300, 300)))
+        for p in parts
+    )
 
 
 @needs_strict
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program=programs())
 def test_run_tests_never_raises(program):
-    tests = [StdioTest("1\n", "1"), CallTest("f", (1,), 1),
-             *split_check("def check(candidate):\n    assert candidate(1) == 1\n", "f")]
+    tests = [
+        StdioTest("1\n", "1"),
+        CallTest("f", (1,), 1),
+        *split_check("def check(candidate):\n    assert candidate(1) == 1\n", "f"),
+    ]
     results = run_tests(program, tests, QUICK)
-    assert len(results) == 3 and all(r.status in ("passed", "failed", "error", "timeout") for r in results)
+    assert len(results) == 3 and all(
+        r.status in ("passed", "failed", "error", "timeout") for r in results
+    )
 
 
 @needs_strict
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(program=programs(), fence=st.sampled_from(["```python\n{p}\n```", "{p}", "```\n{p}", "<think>{p}"]))
+@given(
+    program=programs(),
+    fence=st.sampled_from(["```python\n{p}\n```", "{p}", "```\n{p}", "<think>{p}"]),
+)
 def test_code_env_step_never_raises(program, fence):
     task = CodeTask("t", "Print 1.", (StdioTest("", "1"),))
     env = CodeEnv([task], CodeEnvConfig(limits=QUICK))

@@ -17,11 +17,21 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType
+from jax.sharding import PartitionSpec as P
 
-from agentrl_jax.sharding import (KV_CACHE_RULES, MESH_AXES, QWEN3_PARAM_RULES, MeshConfig,
-                                  build_mesh, describe_mesh, device_grid, per_process_mesh_shape,
-                                  per_slice_mesh_shape, spec_for)
+from agentrl_jax.sharding import (
+    KV_CACHE_RULES,
+    MESH_AXES,
+    QWEN3_PARAM_RULES,
+    MeshConfig,
+    build_mesh,
+    describe_mesh,
+    device_grid,
+    per_process_mesh_shape,
+    per_slice_mesh_shape,
+    spec_for,
+)
 
 MESH_SHAPES = [(8, 1, 1), (2, 1, 4), (1, 2, 4), (2, 2, 2)]
 
@@ -44,11 +54,17 @@ def test_rules_split_heads_and_mlp_columns_over_tensor_and_features_over_fsdp():
     assert spec("layers/down_proj", (n, d, i)) == P(None, "fsdp", "tensor")
     assert spec("embed_tokens", (v, d)) == P("tensor", "fsdp")
     assert spec("lm_head", (v, d)) == P("tensor", "fsdp")
-    for norm in ("norm", "layers/input_layernorm", "layers/q_norm", "layers/k_norm",
-                 "layers/post_attention_layernorm"):
+    for norm in (
+        "norm",
+        "layers/input_layernorm",
+        "layers/q_norm",
+        "layers/k_norm",
+        "layers/post_attention_layernorm",
+    ):
         assert spec(norm, (n, d)) == P()
-    assert spec_for("k", (n, 8, 4096, 8, 128), mesh, KV_CACHE_RULES) == \
-        P(None, ("data", "fsdp"), None, "tensor", None)
+    assert spec_for("k", (n, 8, 4096, 8, 128), mesh, KV_CACHE_RULES) == P(
+        None, ("data", "fsdp"), None, "tensor", None
+    )
 
 
 def test_axes_that_do_not_divide_a_dimension_are_replicated():
@@ -97,8 +113,10 @@ def test_single_device_mesh():
 
 def test_gpu_processes_are_laid_along_data():
     # Stand-ins for 2 nodes of 4 GPUs: mesh_utils only reads these attributes off a GPU device.
-    devices = [SimpleNamespace(platform="gpu", device_kind="H200", id=i, process_index=i // 4)
-               for i in range(8)]
+    devices = [
+        SimpleNamespace(platform="gpu", device_kind="H200", id=i, process_index=i // 4)
+        for i in range(8)
+    ]
     grid = device_grid((4, 2, 1), devices)
     assert grid.shape == (4, 2, 1)
     assert [{d.process_index for d in grid[i].flat} for i in range(4)] == [{0}, {0}, {1}, {1}]
@@ -110,21 +128,33 @@ def test_gpu_processes_are_laid_along_data():
 
 def test_meshes_on_8_fake_cpu_devices():
     """One process: the whole mesh is node-local, every device exactly once."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                          " --xla_force_host_platform_device_count=8").strip())
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=(
+            os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        ).strip(),
+    )
     script = (
         "import json; from agentrl_jax.sharding import MeshConfig, build_mesh\n"
         "meshes = [build_mesh(MeshConfig(*c)) for c in [(-1, 1, 1), (-1, 8, 1), (2, 4, 1),"
         " (1, 4, 2), (2, 2, 2), (-1, 1, 4)]]\n"
         "print(json.dumps([[list(m.devices.shape), [d.id for d in m.devices.flat],"
-        " list(m.axis_names), [str(t) for t in m.axis_types]] for m in meshes]))")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=120)
+        " list(m.axis_names), [str(t) for t in m.axis_types]] for m in meshes]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [tuple(shape) for shape, *_ in report] == [(8, 1, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2),
-                                                       (2, 2, 2), (2, 1, 4)]
+    assert [tuple(shape) for shape, *_ in report] == [
+        (8, 1, 1),
+        (1, 8, 1),
+        (2, 4, 1),
+        (1, 4, 2),
+        (2, 2, 2),
+        (2, 1, 4),
+    ]
     for _, ids, names, types in report:
         assert sorted(ids) == list(range(8)) and tuple(names) == MESH_AXES
         assert types == [str(AxisType.Auto)] * 3
@@ -132,10 +162,12 @@ def test_meshes_on_8_fake_cpu_devices():
 
 # --- TPU topologies (compile-only devices from libtpu; skipped where libtpu is absent) ---
 
+
 @functools.cache
 def _tpu_devices(topology: str, **options) -> tuple:
     pytest.importorskip("libtpu")
     from jax.experimental import topologies
+
     return tuple(topologies.get_topology_desc(topology, "tpu", **options).devices)
 
 
@@ -155,19 +187,22 @@ def _is_cuboid(devices) -> bool:
     return len(coords) == len(devices) == box
 
 
-@pytest.mark.parametrize("topology, options, config, shape", [
-    ("v5p:2x2x2", {}, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
-    ("v5p:2x2x2", {}, MeshConfig(data=2, fsdp=4, tensor=1), (2, 4, 1)),
-    ("v5p:2x2x2", {}, MeshConfig(data=1, fsdp=4, tensor=2), (1, 4, 2)),
-    ("v5p:2x2x2", {}, MeshConfig(data=2, fsdp=2, tensor=2), (2, 2, 2)),
-    ("v4:2x2x2", V4_MEGACORE, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
-    ("v4:2x2x2", V4_MEGACORE, MeshConfig(data=2, fsdp=4, tensor=1), (2, 4, 1)),
-    ("v5e:2x4", {}, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
-    ("v5e:2x4", {}, MeshConfig(data=1, fsdp=4, tensor=2), (1, 4, 2)),
-    ("v6e:2x4", {}, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
-    ("v6e:2x4", {}, MeshConfig(data=2, fsdp=2, tensor=2), (2, 2, 2)),
-    ("v5p:2x2x4", {}, MeshConfig(data=-1, fsdp=16, tensor=1), (1, 16, 1)),
-])
+@pytest.mark.parametrize(
+    "topology, options, config, shape",
+    [
+        ("v5p:2x2x2", {}, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
+        ("v5p:2x2x2", {}, MeshConfig(data=2, fsdp=4, tensor=1), (2, 4, 1)),
+        ("v5p:2x2x2", {}, MeshConfig(data=1, fsdp=4, tensor=2), (1, 4, 2)),
+        ("v5p:2x2x2", {}, MeshConfig(data=2, fsdp=2, tensor=2), (2, 2, 2)),
+        ("v4:2x2x2", V4_MEGACORE, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
+        ("v4:2x2x2", V4_MEGACORE, MeshConfig(data=2, fsdp=4, tensor=1), (2, 4, 1)),
+        ("v5e:2x4", {}, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
+        ("v5e:2x4", {}, MeshConfig(data=1, fsdp=4, tensor=2), (1, 4, 2)),
+        ("v6e:2x4", {}, MeshConfig(data=-1, fsdp=8, tensor=1), (1, 8, 1)),
+        ("v6e:2x4", {}, MeshConfig(data=2, fsdp=2, tensor=2), (2, 2, 2)),
+        ("v5p:2x2x4", {}, MeshConfig(data=-1, fsdp=16, tensor=1), (1, 16, 1)),
+    ],
+)
 def test_one_tpu_slice_is_all_ici_across_its_hosts(topology, options, config, shape):
     devices = _tpu_devices(topology, **options)
     assert len({d.process_index for d in devices}) > 1  # hosts of 4 chips: several processes
@@ -180,27 +215,35 @@ def test_one_tpu_slice_is_all_ici_across_its_hosts(topology, options, config, sh
     if topology.startswith(("v5p", "v4")):  # 3-D tori: every axis group is a contiguous block
         assert all(_is_cuboid(group) for group in groups)
         assert all(_is_cuboid(mesh.devices[i, j, :]) for i in range(data) for j in range(fsdp))
-    assert describe_mesh(mesh).endswith(f"{len(devices)} {devices[0].device_kind} devices, "
-                                        f"{len({d.process_index for d in devices})} processes, "
-                                        "1 slice")
+    assert describe_mesh(mesh).endswith(
+        f"{len(devices)} {devices[0].device_kind} devices, "
+        f"{len({d.process_index for d in devices})} processes, "
+        "1 slice"
+    )
 
 
 def test_tpu_slices_are_laid_along_data():
     devices = _tpu_devices("v5p:2x2x2", num_slices=2)
     assert sorted({d.slice_index for d in devices}) == [0, 1]
-    for config, shape in [(MeshConfig(data=-1, fsdp=8), (2, 8, 1)),
-                          (MeshConfig(data=2, fsdp=4, tensor=2), (2, 4, 2)),
-                          (MeshConfig(data=4, fsdp=4), (4, 4, 1))]:
+    for config, shape in [
+        (MeshConfig(data=-1, fsdp=8), (2, 8, 1)),
+        (MeshConfig(data=2, fsdp=4, tensor=2), (2, 4, 2)),
+        (MeshConfig(data=4, fsdp=4), (4, 4, 1)),
+    ]:
         mesh = build_mesh(config, devices)
         _assert_tpu_mesh(mesh, devices, shape)
         half = shape[0] // 2
         assert {d.slice_index for d in mesh.devices[:half].flat} == {0}
         assert {d.slice_index for d in mesh.devices[half:].flat} == {1}
-        assert all(_is_cuboid(mesh.devices[i, :, j]) for i in range(shape[0])
-                   for j in range(shape[2]))
+        assert all(
+            _is_cuboid(mesh.devices[i, :, j]) for i in range(shape[0]) for j in range(shape[2])
+        )
     assert describe_mesh(build_mesh(MeshConfig(), devices)).endswith("2 slices")
-    with pytest.raises(ValueError, match=r"2 slices the data axis \(1\) must be a multiple of "
-                                         "the slice count"):
+    with pytest.raises(
+        ValueError,
+        match=r"2 slices the data axis \(1\) must be a multiple of "
+        "the slice count",
+    ):
         build_mesh(MeshConfig(data=1, fsdp=16), devices)
 
 
@@ -214,11 +257,20 @@ def test_tpu_layouts_mesh_utils_cannot_build_are_clear_errors():
 
 
 def test_sharded_forward_and_cache_equal_single_device_on_8_fake_devices(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                          " --xla_force_host_platform_device_count=8").strip())
-    done = subprocess.run([sys.executable, __file__, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=900)
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=(
+            os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        ).strip(),
+    )
+    done = subprocess.run(
+        [sys.executable, __file__, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["devices"] == 8
@@ -249,19 +301,36 @@ def _child(workdir: Path) -> None:
     import numpy as np
     from flax import nnx
 
-    from agentrl_jax.models import (KVCache, Qwen3Config, Qwen3ForCausalLM, checkpoints,
-                                    export_qwen3, load_qwen3, positions_from_mask)
+    from agentrl_jax.models import (
+        KVCache,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        checkpoints,
+        export_qwen3,
+        load_qwen3,
+        positions_from_mask,
+    )
     from agentrl_jax.sharding import batch_sharding, describe, tree_shardings
 
-    config = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
-                         head_dim=16)
+    config = Qwen3Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=16,
+    )
     random = Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
     # Weights 5x the 0.02 init (norms kept), so attention is far from uniform and logits O(1).
     state = nnx.state(random, nnx.Param)
-    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(
-        lambda path, w: w if "norm" in jax.tree_util.keystr(path) else 5.0 * w,
-        nnx.to_pure_dict(state)))
+    nnx.replace_by_pure_dict(
+        state,
+        jax.tree_util.tree_map_with_path(
+            lambda path, w: w if "norm" in jax.tree_util.keystr(path) else 5.0 * w,
+            nnx.to_pure_dict(state),
+        ),
+    )
     nnx.update(random, state)
     export_qwen3(random, workdir / "model")
 
@@ -319,18 +388,24 @@ def _child(workdir: Path) -> None:
         q_proj_reads = [fraction for name, fraction in reads if name.endswith("q_proj.weight")]
         logits, cache_logits, cache = run(model, mesh)
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-        report["meshes"].append({
-            "mesh": shape,
-            "forward_max_diff": float(np.abs(logits - reference).max()),
-            "cache_max_diff": float(np.abs(cache_logits - reference_cache).max()),
-            "param_devices": len(params["layers"]["q_proj"].sharding.device_set),
-            "q_proj_largest_read": max(q_proj_reads),
-            "specs": describe(params),
-            "cache_layout_kept": all(
-                leaf.sharding.is_equivalent_to(want, leaf.ndim) for leaf, want in
-                zip(jax.tree.leaves(cache),
-                    jax.tree.leaves(tree_shardings(cache, mesh, KV_CACHE_RULES)), strict=True)),
-        })
+        report["meshes"].append(
+            {
+                "mesh": shape,
+                "forward_max_diff": float(np.abs(logits - reference).max()),
+                "cache_max_diff": float(np.abs(cache_logits - reference_cache).max()),
+                "param_devices": len(params["layers"]["q_proj"].sharding.device_set),
+                "q_proj_largest_read": max(q_proj_reads),
+                "specs": describe(params),
+                "cache_layout_kept": all(
+                    leaf.sharding.is_equivalent_to(want, leaf.ndim)
+                    for leaf, want in zip(
+                        jax.tree.leaves(cache),
+                        jax.tree.leaves(tree_shardings(cache, mesh, KV_CACHE_RULES)),
+                        strict=True,
+                    )
+                ),
+            }
+        )
     print(json.dumps(report))
 
 

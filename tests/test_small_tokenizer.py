@@ -2,7 +2,8 @@
 
 import jax
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer, save_small_tokenizer
 from agentrl_jax.models.tokenizer import load_tokenizer, render_chat
@@ -12,8 +13,12 @@ from envs.frozenlake.study import FrozenLakeStudy, frozenlake_corpus
 from envs.frozenlake.text import render
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
-CORPUS = ["P _ _ O\n_ O _ G", "<answer>Left</answer>", "<answer>Down</answer>",
-          "[MAX TURNS] 20 [CURRENT TURN] 3 [REMAINING TURNS] 17"] * 50
+CORPUS = [
+    "P _ _ O\n_ O _ G",
+    "<answer>Left</answer>",
+    "<answer>Down</answer>",
+    "[MAX TURNS] 20 [CURRENT TURN] 3 [REMAINING TURNS] 17",
+] * 50
 
 _TOK = build_small_tokenizer(CORPUS, vocab_size=300)
 
@@ -32,7 +37,9 @@ def test_special_tokens_and_chat_template_match_qwen3(tmp_path):
     chat = ChatTokens(tok)
     assert chat.end_of_turn == (2,) and chat.stop_token_ids == (2,)
     # Frequent corpus strings became single tokens: the vocabulary was learned.
-    assert len(tok("<answer>Left</answer>", add_special_tokens=False)["input_ids"]) <= 8  # of 21 bytes
+    assert (
+        len(tok("<answer>Left</answer>", add_special_tokens=False)["input_ids"]) <= 8
+    )  # of 21 bytes
 
 
 @settings(max_examples=50, deadline=None)
@@ -40,7 +47,9 @@ def test_special_tokens_and_chat_template_match_qwen3(tmp_path):
 def test_any_text_round_trips(text):
     ids = _TOK(text, add_special_tokens=False)["input_ids"]
     assert all(0 <= i < len(_TOK) for i in ids)
-    if not any(s in text for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")):
+    if not any(
+        s in text for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+    ):
         assert _TOK.decode(ids) == text
 
 
@@ -53,11 +62,16 @@ def _grid_tokenizers():
     """FrozenLake's small tokenizer built from its real corpus, without and with the study's
     ``tokenizer_isolate`` (every grid cell its own pre-token)."""
     tiles = fl_maps.generate(jax.random.key(0), 32, size=4, p=0.8, random_start_goal=True)
-    env = FrozenLakeTextEnv(tiles, FrozenLakeTextConfig(t_max=6, is_slippery=True, success_rate=0.8))
+    env = FrozenLakeTextEnv(
+        tiles, FrozenLakeTextConfig(t_max=6, is_slippery=True, success_rate=0.8)
+    )
     corpus = frozenlake_corpus(env.instructions(), env.maps, 6)
-    return (build_small_tokenizer(corpus, 512, split_words=False),
-            build_small_tokenizer(corpus, 512, split_words=False,
-                                  isolate=FrozenLakeStudy.tokenizer_isolate))
+    return (
+        build_small_tokenizer(corpus, 512, split_words=False),
+        build_small_tokenizer(
+            corpus, 512, split_words=False, isolate=FrozenLakeStudy.tokenizer_isolate
+        ),
+    )
 
 
 _MERGED, _CELLS = _grid_tokenizers()
@@ -68,7 +82,12 @@ def test_isolating_the_grid_cells_keeps_every_token_within_one_cell(tmp_path):
     loaded = load_tokenizer(tmp_path)  # the pre-tokenizer travels in tokenizer.json
     tiles = np.array([[0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1], [1, 0, 0, 3]])
     single = 0
-    for pos in (0, 1, 6, 14):  # P in each column, at the grid's first cell, next to a hole and the goal
+    for pos in (
+        0,
+        1,
+        6,
+        14,
+    ):  # P in each column, at the grid's first cell, next to a hole and the goal
         grid_text = render(tiles, pos)
         turn = BudgetPrompt().turn_text(grid_text, budget=6, turn=2)
         start = len(turn) - len(grid_text) - 1  # the grid's cells: "\nP", " _", ..., "\n_", ...
@@ -91,4 +110,3 @@ def test_isolating_the_grid_cells_keeps_every_token_within_one_cell(tmp_path):
 def test_an_isolating_tokenizer_round_trips_grid_like_text(text):
     ids = _CELLS(text, add_special_tokens=False)["input_ids"]
     assert _CELLS.decode(ids) == text
-

@@ -29,22 +29,26 @@ GOLD = "SELECT COUNT(*) FROM books"  # task 0's answer
 # Single SQLite calls that run far past a 1 s limit (about 8 s and 3 s here, in one call each).
 ONE_LONG_CALL = {
     "printf width": "SELECT printf('%.*c', 1000000000, 'x')",
-    "instr over long strings":
-        "SELECT instr(printf('%.*c', 999999, 'a'), printf('%.*c', 99999, 'a') || 'b')",
+    "instr over long strings": "SELECT instr(printf('%.*c', 999999, 'a'), printf('%.*c', 99999, 'a') || 'b')",
 }
 # Other hostile queries: each fails fast (a value over the size cap) or times out.
 HOSTILE = {
     "huge zeroblob": "SELECT zeroblob(1000000000)",
     "huge randomblob": "SELECT randomblob(1000000000)",
-    "recursive CTE of huge rows": ("WITH RECURSIVE r(n, s) AS (SELECT 1, printf('%.*c', 500000, 'x') "
-                                   "UNION ALL SELECT n + 1, s FROM r WHERE n < 10000000) "
-                                   "SELECT count(*) FROM r"),
-    "doubling strings": ("WITH RECURSIVE r(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM r) "
-                         "SELECT length(s) FROM r"),
+    "recursive CTE of huge rows": (
+        "WITH RECURSIVE r(n, s) AS (SELECT 1, printf('%.*c', 500000, 'x') "
+        "UNION ALL SELECT n + 1, s FROM r WHERE n < 10000000) "
+        "SELECT count(*) FROM r"
+    ),
+    "doubling strings": (
+        "WITH RECURSIVE r(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM r) SELECT length(s) FROM r"
+    ),
     "replace growing a huge string": "SELECT replace(printf('%.*c', 999999, 'a'), 'a', 'aa')",
     "LIKE on a huge string": "SELECT printf('%.*c', 999999, 'a') LIKE '%a%a%a%a%a%a%a%a%a%b'",
-    "a cross join of huge strings": ("SELECT count(*) FROM (SELECT replace(printf('%.*c', 999999, 'a'), "
-                                     "'a', 'b') FROM books a, books b, books c, books d)"),
+    "a cross join of huge strings": (
+        "SELECT count(*) FROM (SELECT replace(printf('%.*c', 999999, 'a'), "
+        "'a', 'b') FROM books a, books b, books c, books d)"
+    ),
 }
 
 
@@ -103,8 +107,10 @@ def test_a_long_call_submitted_scores_0_within_the_limit(env):
     _, fb, elapsed = timed_step(env, state, f"<submit>{ONE_LONG_CALL['printf width']}</submit>")
     assert elapsed < BOUND_S
     assert (fb.reward, fb.done, fb.success) == (0.0, True, False)
-    assert fb.observation == ("Submitted. The query failed, so the answer is wrong. Error: "
-                              f"the query ran longer than the {LIMIT_S:g} s limit and was stopped")
+    assert fb.observation == (
+        "Submitted. The query failed, so the answer is wrong. Error: "
+        f"the query ran longer than the {LIMIT_S:g} s limit and was stopped"
+    )
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
@@ -113,8 +119,9 @@ def test_hostile_queries_fail_or_time_out_within_the_limit(env, name):
     state, fb, elapsed = timed_step(env, state, f"<sql>{HOSTILE[name]}</sql>")
     assert elapsed < BOUND_S, f"{name}: the step took {elapsed:.1f} s"
     assert fb.action_valid and not fb.done
-    assert fb.observation.startswith("Error:") or re.fullmatch(r"1 row:\n.*\n\d+", fb.observation), \
-        fb.observation[:200]
+    assert fb.observation.startswith("Error:") or re.fullmatch(
+        r"1 row:\n.*\n\d+", fb.observation
+    ), fb.observation[:200]
     _, fb, _ = timed_step(env, state, f"<submit>{GOLD}</submit>")
     assert fb.reward == 1.0
 
@@ -129,12 +136,16 @@ def test_a_query_the_worker_stops_itself_keeps_the_worker(env, pool):
 
 
 def test_concurrent_hostile_rows_through_the_rollout_wrapper(tasks, pool):
-    env = PythonTextEnv(SqlEnv(tasks, SqlConfig(query_timeout_s=LIMIT_S)), workers=4,
-                        step_timeout_s=30)
+    env = PythonTextEnv(
+        SqlEnv(tasks, SqlConfig(query_timeout_s=LIMIT_S)), workers=4, step_timeout_s=30
+    )
     rows, _ = env.reset(np.zeros(4, int), seed=0)
-    responses = [f"<sql>{ONE_LONG_CALL['printf width']}</sql>",
-                 f"<sql>{ONE_LONG_CALL['instr over long strings']}</sql>",
-                 f"<submit>{GOLD}</submit>", f"<sql>{HOSTILE['recursive CTE of huge rows']}</sql>"]
+    responses = [
+        f"<sql>{ONE_LONG_CALL['printf width']}</sql>",
+        f"<sql>{ONE_LONG_CALL['instr over long strings']}</sql>",
+        f"<submit>{GOLD}</submit>",
+        f"<sql>{HOSTILE['recursive CTE of huge rows']}</sql>",
+    ]
     start = time.monotonic()
     rows, r = env.step(rows, responses, np.ones(4, bool))
     elapsed = time.monotonic() - start
@@ -156,13 +167,16 @@ def test_worker_memory_is_capped(env, pool):
     # An error, not a crash, and the worker lives on.
     small = worker_pool.WorkerPool(memory_bytes=160 << 20)
     worker_pool._pool = small  # the fixture puts the saved pool back
-    many = ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 5000) "
-            "SELECT zeroblob(900000) FROM r")
+    many = (
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 5000) "
+        "SELECT zeroblob(900000) FROM r"
+    )
     try:
         state, fb, elapsed = timed_step(env, state, f"<sql>{many}</sql>")
         assert elapsed < BOUND_S
-        assert fb.observation == ("Error: out of memory: the query needed more memory than the "
-                                  "database worker may use")
+        assert fb.observation == (
+            "Error: out of memory: the query needed more memory than the database worker may use"
+        )
         (small_pid,) = small.pids()
         _, fb, _ = timed_step(env, state, f"<submit>{GOLD}</submit>")
         assert fb.reward == 1.0 and small.pids() == [small_pid]
@@ -192,18 +206,28 @@ def test_a_worker_that_dies_is_replaced_and_never_raises(tasks, pool):
 
 
 def test_results_cross_as_plain_data(tasks, pool):
-    result = run_query(tasks[0].db_path, "SELECT x'00ff', 1.5, NULL, 'é\n', 9223372036854775807, "
-                       "-0.0, 1e308 * 10", QueryLimits())
-    assert result.rows == ((b"\x00\xff", 1.5, None, "é\n", 9223372036854775807, -0.0, float("inf")),)
+    result = run_query(
+        tasks[0].db_path,
+        "SELECT x'00ff', 1.5, NULL, 'é\n', 9223372036854775807, -0.0, 1e308 * 10",
+        QueryLimits(),
+    )
+    assert result.rows == (
+        (b"\x00\xff", 1.5, None, "é\n", 9223372036854775807, -0.0, float("inf")),
+    )
     assert result.columns[0] == "x'00ff'"
 
 
-@pytest.mark.parametrize("response", [
-    {}, {"columns": ["a"]}, {"columns": ["a"], "rows": "ab", "more_rows": False},
-    {"columns": ["a"], "rows": [[{"x": 1}]], "more_rows": False},
-    {"columns": ["a"], "rows": [[["not base64!"]]], "more_rows": False},
-    {"columns": ["a"], "rows": [[[1, 2]]], "more_rows": False},
-])
+@pytest.mark.parametrize(
+    "response",
+    [
+        {},
+        {"columns": ["a"]},
+        {"columns": ["a"], "rows": "ab", "more_rows": False},
+        {"columns": ["a"], "rows": [[{"x": 1}]], "more_rows": False},
+        {"columns": ["a"], "rows": [[["not base64!"]]], "more_rows": False},
+        {"columns": ["a"], "rows": [[[1, 2]]], "more_rows": False},
+    ],
+)
 def test_a_malformed_worker_answer_is_an_error_result(response):
     result = result_of(response)
     assert not result.ok and "answered nonsense" in result.error

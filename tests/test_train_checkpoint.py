@@ -29,10 +29,12 @@ from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))  # train_fakes, also when run as a script
 
+from train_fakes import make_fake_rollout, task_batches, tiny_model  # noqa: E402
+
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig  # noqa: E402
 from agentrl_jax.train import (  # noqa: E402
-    CheckpointMismatchError,
     Checkpointer,
+    CheckpointMismatchError,
     CheckpointRestoreError,
     CorruptCheckpointWarning,
     MetricsLogger,
@@ -42,16 +44,24 @@ from agentrl_jax.train import (  # noqa: E402
     read_metrics,
     train,
 )
-from train_fakes import make_fake_rollout, task_batches, tiny_model  # noqa: E402
 
 # A restore that fails mid-read leaves Orbax's pending read coroutines to be closed with its
 # event loop, whenever the garbage collector gets to them (possibly during a later test);
 # Python reports them as "unraisable" exceptions. They are Orbax's and harmless.
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
-PPO = TrainConfig(algorithm=AlgorithmConfig(advantage="gae", loss_terms=(
-    LossTermConfig("policy_clip"), LossTermConfig("kl", 0.001), LossTermConfig("value_clip"))),
-    checkpoint_every=1, checkpoint_keep=2)
+PPO = TrainConfig(
+    algorithm=AlgorithmConfig(
+        advantage="gae",
+        loss_terms=(
+            LossTermConfig("policy_clip"),
+            LossTermConfig("kl", 0.001),
+            LossTermConfig("value_clip"),
+        ),
+    ),
+    checkpoint_every=1,
+    checkpoint_keep=2,
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,10 +69,19 @@ def _ppo_state():
     """A PPO state (policy, reference, critic, both optimizers) with non-trivial values."""
     state = init_train_state(tiny_model(), PPO)
     rng = np.random.default_rng(0)
-    noisy = jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + rng.standard_normal(x.shape), x.dtype)
-                         if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
-    return noisy.replace(rng=jax.random.PRNGKey(123), data_position=jnp.asarray(17, jnp.int32),
-                         skipped_updates=jnp.asarray(2, jnp.int32))
+    noisy = jax.tree.map(
+        lambda x: (
+            jnp.asarray(np.asarray(x) + rng.standard_normal(x.shape), x.dtype)
+            if jnp.issubdtype(x.dtype, jnp.floating)
+            else x
+        ),
+        state,
+    )
+    return noisy.replace(
+        rng=jax.random.PRNGKey(123),
+        data_position=jnp.asarray(17, jnp.int32),
+        skipped_updates=jnp.asarray(2, jnp.int32),
+    )
 
 
 def _at_step(state, step: int):
@@ -94,7 +113,9 @@ def _save_steps(directory, steps, *, keep=5):
 
 def test_round_trip_restores_everything_bit_for_bit(tmp_path):
     _save_steps(tmp_path, [3]).close()
-    restored = Checkpointer(tmp_path, every=1, keep=2).restore_latest(init_train_state(tiny_model(seed=1), PPO))
+    restored = Checkpointer(tmp_path, every=1, keep=2).restore_latest(
+        init_train_state(tiny_model(seed=1), PPO)
+    )
     assert restored.step == 3 and restored.path == tmp_path / "3" and restored.skipped == ()
     _assert_identical(restored.state, _at_step(_ppo_state(), 3))
     assert restored.train_config == PPO
@@ -126,7 +147,9 @@ def _garble_data(step_dir: Path) -> None:
         f.write_bytes(b"not a checkpoint" * 4)
 
 
-@pytest.mark.parametrize("damage", ["corrupt data", "missing manifest", "missing state", "missing config"])
+@pytest.mark.parametrize(
+    "damage", ["corrupt data", "missing manifest", "missing state", "missing config"]
+)
 def test_a_damaged_latest_checkpoint_is_reported_and_the_previous_one_used(tmp_path, damage):
     _save_steps(tmp_path, [1, 2]).close()
     latest = tmp_path / "2"
@@ -141,7 +164,9 @@ def test_a_damaged_latest_checkpoint_is_reported_and_the_previous_one_used(tmp_p
     else:
         (latest / "config" / "metadata").unlink()
     checkpointer = Checkpointer(tmp_path, every=1, keep=5)
-    with pytest.warns(CorruptCheckpointWarning, match=f"checkpoint {latest} is corrupt or incomplete"):
+    with pytest.warns(
+        CorruptCheckpointWarning, match=f"checkpoint {latest} is corrupt or incomplete"
+    ):
         restored = checkpointer.restore_latest(_ppo_state())
     assert restored.step == 1 and restored.skipped[0][0] == latest
     _assert_identical(restored.state, _at_step(_ppo_state(), 1))
@@ -156,7 +181,9 @@ def test_an_interrupted_save_is_reported_and_removed(tmp_path):
     _save_steps(tmp_path, [1]).close()
     leftover = tmp_path / "2.orbax-checkpoint-tmp-1234567"
     (leftover / "state").mkdir(parents=True)
-    with pytest.warns(CorruptCheckpointWarning, match=f"checkpoint {leftover}: an interrupted save"):
+    with pytest.warns(
+        CorruptCheckpointWarning, match=f"checkpoint {leftover}: an interrupted save"
+    ):
         checkpointer = Checkpointer(tmp_path, every=1, keep=5)
     assert not leftover.exists()
     assert checkpointer.restore_latest(_ppo_state()).step == 1
@@ -168,7 +195,9 @@ def test_when_every_checkpoint_is_damaged_the_error_lists_them(tmp_path):
         _garble_data(tmp_path / step)
     checkpointer = Checkpointer(tmp_path, every=1, keep=5)
     with pytest.warns(CorruptCheckpointWarning):
-        with pytest.raises(CheckpointRestoreError, match=f"{tmp_path / '2'}: .*; {tmp_path / '1'}: "):
+        with pytest.raises(
+            CheckpointRestoreError, match=f"{tmp_path / '2'}: .*; {tmp_path / '1'}: "
+        ):
             checkpointer.restore_latest(_ppo_state())
 
 
@@ -180,8 +209,10 @@ def _mismatch(directory, template, config=None) -> str:
     return str(error.value)
 
 
-LEFT = ("It is left as it is (it is not corrupt): resume with the config that wrote it, or give "
-        "this run another checkpoint directory")
+LEFT = (
+    "It is left as it is (it is not corrupt): resume with the config that wrote it, or give "
+    "this run another checkpoint directory"
+)
 
 
 def test_a_checkpoint_of_another_model_size_is_reported_as_such_and_left_in_place(tmp_path):
@@ -190,7 +221,8 @@ def test_a_checkpoint_of_another_model_size_is_reported_as_such_and_left_in_plac
     assert _mismatch(tmp_path, other) == (
         f"checkpoint step 1 at {tmp_path / '1'} was written by a different config: 101 array(s) "
         "of another shape or dtype, e.g. critic.backbone.embed_tokens.value is float32[16, 16] in "
-        f"the checkpoint, float32[16, 32] in the run's state. {LEFT}")
+        f"the checkpoint, float32[16, 32] in the run's state. {LEFT}"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]  # not moved aside as corrupt
     restored = Checkpointer(tmp_path, every=1, keep=5).restore_latest(_ppo_state())
     _assert_identical(restored.state, _at_step(_ppo_state(), 1))  # and still good for its run
@@ -203,13 +235,16 @@ def test_a_checkpoint_of_another_optimizer_is_reported_with_the_settings_that_di
         f"checkpoint step 2 at {tmp_path / '2'} was written by a different config: 62 array(s) "
         "only in the checkpoint, e.g. critic_opt.1.0.count; 62 array(s) only in the run's state, "
         "e.g. critic_opt.0.count; its train_config differs in max_grad_norm (1.0 there, null "
-        f"here). {LEFT}")
+        f"here). {LEFT}"
+    )
     grpo = TrainConfig(checkpoint_every=1, checkpoint_keep=2)  # no critic
     message = _mismatch(tmp_path, init_train_state(tiny_model(), grpo), grpo)
-    assert message.startswith(f"checkpoint step 2 at {tmp_path / '2'} was written by a different "
-                              "config: 49 array(s) only in the checkpoint, e.g. "
-                              "critic.backbone.embed_tokens.value; its train_config differs in "
-                              'algorithm.advantage ("gae" there, "grpo" here), ')
+    assert message.startswith(
+        f"checkpoint step 2 at {tmp_path / '2'} was written by a different "
+        "config: 49 array(s) only in the checkpoint, e.g. "
+        "critic.backbone.embed_tokens.value; its train_config differs in "
+        'algorithm.advantage ("gae" there, "grpo" here), '
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]
 
 
@@ -234,7 +269,8 @@ def test_resuming_keeps_every_line_up_to_the_restored_step_and_moves_later_ones(
     MetricsLogger(path, resume_step=3)
     assert path.read_text() == _lines(1, 2) + "not json, kept\n" + _lines(3)
     assert (tmp_path / "metrics.jsonl.superseded").read_text() == (
-        _lines(4, 5) + cut + "\n" + '{"step": 4, "loss": 0.4}\n')
+        _lines(4, 5) + cut + "\n" + '{"step": 4, "loss": 0.4}\n'
+    )
 
 
 def test_resuming_at_the_last_step_leaves_the_file_untouched(tmp_path):
@@ -260,7 +296,9 @@ def test_split_after_step_is_pure_and_keeps_non_records():
 # ------------------------------------------------------------------------- exact resume after SIGKILL
 
 STEPS = 4  # N; the killed run is stopped after its N/2 checkpoint
-RUN_CONFIG = TrainConfig(learning_rate=1e-2, total_steps=STEPS, checkpoint_every=STEPS // 2, checkpoint_keep=2)
+RUN_CONFIG = TrainConfig(
+    learning_rate=1e-2, total_steps=STEPS, checkpoint_every=STEPS // 2, checkpoint_keep=2
+)
 MARKER = "CHECKPOINTED"
 
 
@@ -272,7 +310,11 @@ def _run(mode: str, workdir: Path) -> None:
     tasks = task_batches(num_tasks=5, groups_per_batch=2)
     state = init_train_state(model, RUN_CONFIG)
     step = make_train_step(graphdef, RUN_CONFIG, donate=True)
-    checkpointer = Checkpointer.from_config(workdir / "checkpoints", RUN_CONFIG) if mode != "straight" else None
+    checkpointer = (
+        Checkpointer.from_config(workdir / "checkpoints", RUN_CONFIG)
+        if mode != "straight"
+        else None
+    )
     resume_step = None
     if mode == "resume":
         restored = checkpointer.restore_latest(state)
@@ -285,8 +327,17 @@ def _run(mode: str, workdir: Path) -> None:
             time.sleep(600)  # the parent kills us here
 
     logger = MetricsLogger(workdir / "metrics.jsonl", resume_step=resume_step)
-    state = train(state, step, rollout, tasks, RUN_CONFIG, checkpointer=checkpointer, logger=logger,
-                  progress=False, on_step=on_step)
+    state = train(
+        state,
+        step,
+        rollout,
+        tasks,
+        RUN_CONFIG,
+        checkpointer=checkpointer,
+        logger=logger,
+        progress=False,
+        on_step=on_step,
+    )
     leaves = {f"{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(state))}
     np.savez(workdir / "final.npz", **leaves)
     (workdir / "resumed_from.json").write_text(json.dumps(resume_step))
@@ -295,8 +346,13 @@ def _run(mode: str, workdir: Path) -> None:
 def _spawn(mode: str, workdir: Path) -> subprocess.Popen:
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.Popen([sys.executable, __file__, mode, str(workdir)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, __file__, mode, str(workdir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.slow
@@ -309,22 +365,36 @@ def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path):
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     assert killed.returncode == -signal.SIGKILL
-    assert Checkpointer(tmp_path / "killed" / "checkpoints", every=1, keep=5).steps() == [STEPS // 2]
+    assert Checkpointer(tmp_path / "killed" / "checkpoints", every=1, keep=5).steps() == [
+        STEPS // 2
+    ]
 
-    straight, resumed = _spawn("straight", tmp_path / "straight"), _spawn("resume", tmp_path / "killed")
+    straight, resumed = (
+        _spawn("straight", tmp_path / "straight"),
+        _spawn("resume", tmp_path / "killed"),
+    )
     for process in (straight, resumed):
         _, err = process.communicate(timeout=600)
         assert process.returncode == 0, err[-3000:]
     assert json.loads((tmp_path / "killed" / "resumed_from.json").read_text()) == STEPS // 2
-    want, got = np.load(tmp_path / "straight" / "final.npz"), np.load(tmp_path / "killed" / "final.npz")
+    want, got = (
+        np.load(tmp_path / "straight" / "final.npz"),
+        np.load(tmp_path / "killed" / "final.npz"),
+    )
     assert sorted(want.files) == sorted(got.files)
     for name in want.files:  # params, optimizer moments, step, key, data position: every bit
         np.testing.assert_array_equal(_bits(got[name]), _bits(want[name]), err_msg=f"leaf {name}")
-    assert [r["step"] for r in read_metrics(tmp_path / "killed" / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in read_metrics(tmp_path / "killed" / "metrics.jsonl")] == list(
+        range(1, STEPS + 1)
+    )
     initial = jax.tree.leaves(init_train_state(tiny_model(), RUN_CONFIG))  # same leaf order
     assert int(want["0"]) == STEPS  # leaf 0 is the step counter
-    assert all(not np.array_equal(want[str(i)], initial[i]) for i in range(1, 1 + len(jax.tree.leaves(
-        init_train_state(tiny_model(), RUN_CONFIG).policy))))  # every policy parameter was trained
+    assert all(
+        not np.array_equal(want[str(i)], initial[i])
+        for i in range(
+            1, 1 + len(jax.tree.leaves(init_train_state(tiny_model(), RUN_CONFIG).policy))
+        )
+    )  # every policy parameter was trained
 
 
 if __name__ == "__main__":

@@ -12,10 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from train_fakes import make_fake_rollout, random_trajectory, target_token, task_batches, tiny_model
 
 from agentrl_jax.process_rewards import StepScores, scored_turns
-from agentrl_jax.train import MetricsLogger, TrainConfig, init_train_state, make_train_step, read_metrics, train
-from train_fakes import make_fake_rollout, random_trajectory, target_token, task_batches, tiny_model
+from agentrl_jax.train import (
+    MetricsLogger,
+    TrainConfig,
+    init_train_state,
+    make_train_step,
+    read_metrics,
+    train,
+)
 
 GROUP = 16
 NUM_TASKS = 4
@@ -32,8 +39,11 @@ def target_scorer(trajectory, tasks=None) -> StepScores:
 def _setup(config: TrainConfig):
     model = tiny_model()
     graphdef = nnx.split(model)[0]
-    return (init_train_state(model, config), make_train_step(graphdef, config),
-            make_fake_rollout(graphdef, group_size=GROUP))
+    return (
+        init_train_state(model, config),
+        make_train_step(graphdef, config),
+        make_fake_rollout(graphdef, group_size=GROUP),
+    )
 
 
 def test_a_short_grpo_run_increases_mean_reward(tmp_path):
@@ -43,8 +53,16 @@ def test_a_short_grpo_run_increases_mean_reward(tmp_path):
     config = TrainConfig(learning_rate=1e-2, total_steps=12)
     state, step, rollout = _setup(config)
     logger = MetricsLogger(tmp_path / "metrics.jsonl")
-    final = train(state, step, rollout, task_batches(NUM_TASKS, NUM_TASKS), config,
-                  quality_scorer=target_scorer, logger=logger, progress=False)
+    final = train(
+        state,
+        step,
+        rollout,
+        task_batches(NUM_TASKS, NUM_TASKS),
+        config,
+        quality_scorer=target_scorer,
+        logger=logger,
+        progress=False,
+    )
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 13)) and int(final.step) == 12
     assert int(final.data_position) == 12
@@ -53,8 +71,17 @@ def test_a_short_grpo_run_increases_mean_reward(tmp_path):
     # R_single (mean step quality) rises with it here: sampling the target is the good step.
     r_single = np.array([r["R_single"] for r in records])
     assert r_single[-3:].mean() > r_single[:3].mean(), r_single
-    for key in ("loss", "loss/policy_clip", "loss/kl", "grad_norm", "policy_clip/clip_fraction", "turns_mean",
-                "time/update_s", "train_tokens_per_s", "update_skipped"):
+    for key in (
+        "loss",
+        "loss/policy_clip",
+        "loss/kl",
+        "grad_norm",
+        "policy_clip/clip_fraction",
+        "turns_mean",
+        "time/update_s",
+        "train_tokens_per_s",
+        "update_skipped",
+    ):
         assert key in records[0], key
     assert all(r["update_skipped"] == 0 for r in records)
 
@@ -81,13 +108,25 @@ def test_a_non_finite_update_is_skipped_logged_and_the_run_continues(tmp_path, c
             self.scalars.append((tag, value, step))
 
     logger = MetricsLogger(tmp_path / "m.jsonl", writer=Writer())
-    final = train(state, spy_step, rollout, task_batches(NUM_TASKS, 2), config,
-                  process_scorer=poisoned_scorer, quality_scorer=target_scorer, logger=logger, progress=True)
+    final = train(
+        state,
+        spy_step,
+        rollout,
+        task_batches(NUM_TASKS, 2),
+        config,
+        process_scorer=poisoned_scorer,
+        quality_scorer=target_scorer,
+        logger=logger,
+        progress=True,
+    )
     records = read_metrics(tmp_path / "m.jsonl")
     assert [r["update_skipped"] for r in records] == [0, 1, 0]
     assert records[1]["loss"] is None  # a non-finite value is logged as null
     assert int(final.step) == 3 and int(final.skipped_updates) == 1 and seen == [True, True, True]
-    assert "step 2: non-finite loss or gradient, 1 of 1 updates skipped (1 so far)" in capsys.readouterr().err
+    assert (
+        "step 2: non-finite loss or gradient, 1 of 1 updates skipped (1 so far)"
+        in capsys.readouterr().err
+    )
     assert ("R_single", records[0]["R_single"], 1) in Writer.scalars
 
 
@@ -98,13 +137,24 @@ def test_turns_sampled_from_a_history_window_are_refused():
     traj = random_trajectory(0)
     windowed = traj.replace(context_start=traj.context_start.at[2, 1].set(5))
     state = init_train_state(tiny_model(), config)
-    with pytest.raises(ValueError, match=r"Trajectory.context_start: 1 turns were sampled from a windowed "
-                                         r"history \(first: row 2, turn 1\)"):
-        train(state, None, lambda params, key, tasks: windowed, lambda i: None, config, progress=False)
+    with pytest.raises(
+        ValueError,
+        match=r"Trajectory.context_start: 1 turns were sampled from a windowed "
+        r"history \(first: row 2, turn 1\)",
+    ):
+        train(
+            state, None, lambda params, key, tasks: windowed, lambda i: None, config, progress=False
+        )
     full = traj.replace(prefix_len=jnp.full(8, 3), context_start=jnp.where(traj.turn_mask, 3, 0))
     seen = []
-    train(state, lambda s, b: (seen.append(b) or s.replace(step=s.step + 1), {"update_skipped": 0.0}),
-          lambda params, key, tasks: full, lambda i: None, config, progress=False)
+    train(
+        state,
+        lambda s, b: (seen.append(b) or s.replace(step=s.step + 1), {"update_skipped": 0.0}),
+        lambda params, key, tasks: full,
+        lambda i: None,
+        config,
+        progress=False,
+    )
     assert len(seen) == 1
 
 
@@ -120,8 +170,12 @@ def test_resumed_metrics_keep_each_step_once(tmp_path):
     path.write_text("\n".join(lines) + '\n{"step": 6, "lo')  # the last line was cut by a kill
     logger = MetricsLogger(path, resume_step=3)
     logger.log(4, {"loss": 9.0})
-    assert [(r["step"], r["loss"]) for r in read_metrics(path)] == [(1, 0.1), (2, 0.2), (3, 0.30000000000000004),
-                                                                      (4, 9.0)]
+    assert [(r["step"], r["loss"]) for r in read_metrics(path)] == [
+        (1, 0.1),
+        (2, 0.2),
+        (3, 0.30000000000000004),
+        (4, 9.0),
+    ]
 
 
 def test_tensorboard_writer_is_used_when_installed(tmp_path, monkeypatch):
@@ -135,7 +189,9 @@ def test_tensorboard_writer_is_used_when_installed(tmp_path, monkeypatch):
         def add_scalar(self, tag, value, step):
             self.scalars.append((tag, value, step))
 
-    monkeypatch.setitem(sys.modules, "tensorboardX", types.SimpleNamespace(SummaryWriter=SummaryWriter))
+    monkeypatch.setitem(
+        sys.modules, "tensorboardX", types.SimpleNamespace(SummaryWriter=SummaryWriter)
+    )
     logger = MetricsLogger(None, tensorboard_dir=tmp_path / "tb")
     logger.log(7, {"R_multi": 0.5})
     assert made == [str(tmp_path / "tb")] and logger.writer.scalars == [("R_multi", 0.5, 7)]
@@ -154,11 +210,17 @@ def test_rollout_metrics_estimate_the_entropy_from_the_sampled_tokens_log_probs(
     """``entropy_estimate`` = mean ``-log pi`` over sampled tokens of real rows (padding rows
     and prompt tokens left out), by hand on 2 real rows of 3."""
     from agentrl_jax.train.loop import rollout_metrics
+
     traj = random_trajectory(0, rows=3, tokens=4, turns=1, group_size=1)
     loss_mask = np.array([[0, 1, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1]], bool)
-    logprobs = np.array([[-9.0, -1.0, -2.0, -9.0], [-9.0, -9.0, -0.5, -9.0], [-7.0] * 4], np.float32)
-    traj = traj.replace(loss_mask=jnp.asarray(loss_mask), logprobs=jnp.asarray(logprobs),
-                        row_mask=jnp.asarray([True, True, False]))
+    logprobs = np.array(
+        [[-9.0, -1.0, -2.0, -9.0], [-9.0, -9.0, -0.5, -9.0], [-7.0] * 4], np.float32
+    )
+    traj = traj.replace(
+        loss_mask=jnp.asarray(loss_mask),
+        logprobs=jnp.asarray(logprobs),
+        row_mask=jnp.asarray([True, True, False]),
+    )
     assert rollout_metrics(traj, None)["entropy_estimate"] == pytest.approx((1.0 + 2.0 + 0.5) / 3)
 
 

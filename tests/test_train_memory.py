@@ -26,22 +26,44 @@ from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))  # train_fakes, also when run as a script
 
+from train_fakes import random_trajectory, tiny_model  # noqa: E402
+
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig  # noqa: E402
 from agentrl_jax.train import TrainBatch, TrainConfig, compute_gradients, init_train_state  # noqa: E402
 from agentrl_jax.train.logprobs import (  # noqa: E402
-    check_loss_positions, gather_positions, kept_mask, position_logprobs)
-from train_fakes import random_trajectory, tiny_model  # noqa: E402
+    check_loss_positions,
+    gather_positions,
+    kept_mask,
+    position_logprobs,
+)
 
 ATOL = 1e-6
 # every policy term (clip-higher, KL, entropy) and a per-sequence aggregation
-GRPO = TrainConfig(learning_rate=1e-3, algorithm=AlgorithmConfig(
-    aggregation="seq-mean-token-mean", loss_terms=(
-        LossTermConfig("policy_clip", params={"clip_high": 0.28}), LossTermConfig("kl", 0.001),
-        LossTermConfig("entropy", 0.01))))
-PPO = TrainConfig(algorithm=AlgorithmConfig(advantage="gae", loss_terms=(
-    LossTermConfig("policy_clip"), LossTermConfig("kl", 0.001), LossTermConfig("value_clip"))))
+GRPO = TrainConfig(
+    learning_rate=1e-3,
+    algorithm=AlgorithmConfig(
+        aggregation="seq-mean-token-mean",
+        loss_terms=(
+            LossTermConfig("policy_clip", params={"clip_high": 0.28}),
+            LossTermConfig("kl", 0.001),
+            LossTermConfig("entropy", 0.01),
+        ),
+    ),
+)
+PPO = TrainConfig(
+    algorithm=AlgorithmConfig(
+        advantage="gae",
+        loss_terms=(
+            LossTermConfig("policy_clip"),
+            LossTermConfig("kl", 0.001),
+            LossTermConfig("value_clip"),
+        ),
+    )
+)
 ROWS, TOKENS, TURNS = 8, 24, 3
-VOCAB = 97  # a size no other dimension has, so [rows, L, V] buffers can be told apart in the program
+VOCAB = (
+    97  # a size no other dimension has, so [rows, L, V] buffers can be told apart in the program
+)
 
 
 def _with(config: TrainConfig, **changes) -> TrainConfig:
@@ -60,10 +82,17 @@ def _state(config: TrainConfig):
     state = init_train_state(model, config)
     rng = np.random.default_rng(7)
     if state.reference is not None:
-        state = state.replace(reference=jax.tree.map(
-            lambda x: jnp.asarray(np.asarray(x) + 0.05 * rng.standard_normal(x.shape), x.dtype), state.reference))
+        state = state.replace(
+            reference=jax.tree.map(
+                lambda x: jnp.asarray(np.asarray(x) + 0.05 * rng.standard_normal(x.shape), x.dtype),
+                state.reference,
+            )
+        )
     if state.critic is not None:
-        head = {"kernel": jnp.linspace(-0.25, 0.25, model.config.hidden_size), "bias": jnp.asarray(0.3)}
+        head = {
+            "kernel": jnp.linspace(-0.25, 0.25, model.config.hidden_size),
+            "bias": jnp.asarray(0.3),
+        }
         state = state.replace(critic=state.critic.replace(head=head))
     return state
 
@@ -79,7 +108,11 @@ def _max_loss_tokens(batch: TrainBatch) -> int:
 
 def _compiled(config: TrainConfig, batch: TrainBatch):
     graphdef = nnx.graphdef(_model())
-    return jax.jit(functools.partial(compute_gradients, graphdef, config)).lower(_state(config), batch).compile()
+    return (
+        jax.jit(functools.partial(compute_gradients, graphdef, config))
+        .lower(_state(config), batch)
+        .compile()
+    )
 
 
 def _gradients(config: TrainConfig, batch: TrainBatch):
@@ -88,7 +121,9 @@ def _gradients(config: TrainConfig, batch: TrainBatch):
 
 def _assert_close(got, want, what: str) -> None:
     for i, (x, y) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=ATOL, rtol=ATOL, err_msg=f"{what} leaf {i}")
+        np.testing.assert_allclose(
+            np.asarray(x), np.asarray(y), atol=ATOL, rtol=ATOL, err_msg=f"{what} leaf {i}"
+        )
 
 
 def _comparable(metrics):
@@ -104,7 +139,9 @@ def test_gather_positions_orders_drops_and_scatters_back():
     # position 0 is never a loss position; row 0's fourth (position 5) is past the bound
     np.testing.assert_array_equal(positions, [[2, 3, 5], [3, 0, 0], [0, 0, 0]])
     np.testing.assert_array_equal(valid, [[1, 1, 1], [1, 0, 0], [0, 0, 0]])
-    np.testing.assert_array_equal(kept_mask(mask, 2), [[0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 0, 0], [0] * 6])
+    np.testing.assert_array_equal(
+        kept_mask(mask, 2), [[0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 0, 0], [0] * 6]
+    )
 
 
 @pytest.mark.parametrize("width,chunk", [(None, 512), (9, 4), (9, 1), (12, 5)])
@@ -126,8 +163,15 @@ def test_position_logprobs_equal_the_full_log_softmax(width, chunk):
         return pad(lp), pad(ent)
 
     def chunked(hidden, head):
-        return position_logprobs(hidden, tokens, mask, lambda h: jnp.einsum("ncd,vd->ncv", h, head),
-                                 width=width, chunk=chunk, with_entropy=True)
+        return position_logprobs(
+            hidden,
+            tokens,
+            mask,
+            lambda h: jnp.einsum("ncd,vd->ncv", h, head),
+            width=width,
+            chunk=chunk,
+            with_entropy=True,
+        )
 
     for got, want in zip(jax.jit(chunked)(hidden, head), jax.jit(full)(hidden, head), strict=True):
         np.testing.assert_allclose(got, want, atol=ATOL)
@@ -159,7 +203,9 @@ MEMORY_OPTIONS = {
     "remat-dots": dict(remat="dots"),
     "remat-offload": dict(remat="offload"),  # on CPU the host copies are elided: see the jaxpr test
     "blocked-attention": dict(attention="blocked"),
-    "all": dict(remat="full", loss_positions="max", logits_chunk=2, num_micro_batches=2, attention="blocked"),
+    "all": dict(
+        remat="full", loss_positions="max", logits_chunk=2, num_micro_batches=2, attention="blocked"
+    ),
 }
 
 
@@ -167,8 +213,10 @@ _DEFAULT_STEPS: dict = {}  # the default step's outputs per algorithm, computed 
 
 
 # Every option with GRPO; PPO (critic and value loss too) with all of them at once.
-@pytest.mark.parametrize("name,config,option", [("grpo", GRPO, option) for option in MEMORY_OPTIONS]
-                         + [("ppo", PPO, "all")])
+@pytest.mark.parametrize(
+    "name,config,option",
+    [("grpo", GRPO, option) for option in MEMORY_OPTIONS] + [("ppo", PPO, "all")],
+)
 def test_memory_options_give_the_default_step(name, config, option):
     batch = _batch()
     changes = dict(MEMORY_OPTIONS[option])
@@ -180,11 +228,15 @@ def test_memory_options_give_the_default_step(name, config, option):
     compiled = _compiled(_with(config, **changes), batch)
     got = jax.device_get(compiled(_state(_with(config, **changes)), batch))
     assert float(got[2]["loss_tokens_dropped"]) == 0
-    _assert_close((got[0], got[1], _comparable(got[2])), (want[0], want[1], _comparable(want[2])),
-                  f"{name} {option}")
+    _assert_close(
+        (got[0], got[1], _comparable(got[2])),
+        (want[0], want[1], _comparable(want[2])),
+        f"{name} {option}",
+    )
     if "logits_chunk" in changes:
-        _assert_no_vocabulary_sized_activation(compiled.as_text(), changes["logits_chunk"],
-                                               ROWS // changes.get("num_micro_batches", 1))
+        _assert_no_vocabulary_sized_activation(
+            compiled.as_text(), changes["logits_chunk"], ROWS // changes.get("num_micro_batches", 1)
+        )
 
 
 def test_offload_moves_the_saved_matmul_outputs_to_host_memory():
@@ -192,11 +244,17 @@ def test_offload_moves_the_saved_matmul_outputs_to_host_memory():
     the traced gradient puts them there and reads them back (XLA:CPU then elides the copies,
     so the step above checks the numbers; TPU and GPU keep them)."""
     config = _with(GRPO, remat="offload")
-    jaxpr = str(jax.make_jaxpr(functools.partial(compute_gradients, nnx.graphdef(_model()), config))(
-        _state(config), _batch()))
+    jaxpr = str(
+        jax.make_jaxpr(functools.partial(compute_gradients, nnx.graphdef(_model()), config))(
+            _state(config), _batch()
+        )
+    )
     assert "MemorySpace.Host" in jaxpr and "MemorySpace.Device" in jaxpr
-    plain = str(jax.make_jaxpr(functools.partial(compute_gradients, nnx.graphdef(_model()), GRPO))(
-        _state(GRPO), _batch()))
+    plain = str(
+        jax.make_jaxpr(functools.partial(compute_gradients, nnx.graphdef(_model()), GRPO))(
+            _state(GRPO), _batch()
+        )
+    )
     assert "MemorySpace.Host" not in plain
 
 
@@ -204,7 +262,10 @@ def _assert_no_vocabulary_sized_activation(text: str, chunk: int, micro_rows: in
     """With loss positions bounded, no ``[rows, L, V]`` (or ``[rows, L-1, V]``) buffer exists in
     the compiled step, for the batch's rows or a micro-batch's; the head runs on chunks."""
     for rows in {ROWS, micro_rows}:
-        assert f"[{rows},{TOKENS},{VOCAB}]" not in text and f"[{rows},{TOKENS - 1},{VOCAB}]" not in text
+        assert (
+            f"[{rows},{TOKENS},{VOCAB}]" not in text
+            and f"[{rows},{TOKENS - 1},{VOCAB}]" not in text
+        )
     assert re.search(rf"\[{micro_rows},{chunk},{VOCAB}\]", text)  # the head on chunks of positions
 
 
@@ -229,12 +290,22 @@ def _sharded_results(out: Path) -> None:
     for name, config in (("grpo", GRPO), ("ppo", PPO)):
         mesh_name = ON_MESH[name]
         mesh = build_mesh(MeshConfig(*MESHES[mesh_name]))
-        config = _with(config, remat=ON_MESH_REMAT[name], loss_positions=_max_loss_tokens(batch), logits_chunk=3,
-                       attention=ON_MESH_ATTENTION[name], num_micro_batches=1 if name == "ppo" else 2)
+        config = _with(
+            config,
+            remat=ON_MESH_REMAT[name],
+            loss_positions=_max_loss_tokens(batch),
+            logits_chunk=3,
+            attention=ON_MESH_ATTENTION[name],
+            num_micro_batches=1 if name == "ppo" else 2,
+        )
         state = _state(config)
-        fn = jax.jit(functools.partial(compute_gradients, nnx.graphdef(_model()), config, mesh=mesh),
-                     in_shardings=(state_shardings(state, mesh), batch_shardings(batch, mesh)))
-        grads = jax.device_get(fn(shard_state(state, mesh), jax.device_put(batch, batch_shardings(batch, mesh))))
+        fn = jax.jit(
+            functools.partial(compute_gradients, nnx.graphdef(_model()), config, mesh=mesh),
+            in_shardings=(state_shardings(state, mesh), batch_shardings(batch, mesh)),
+        )
+        grads = jax.device_get(
+            fn(shard_state(state, mesh), jax.device_put(batch, batch_shardings(batch, mesh)))
+        )
         for i, leaf in enumerate(jax.tree.leaves((grads[0], grads[1], _comparable(grads[2])))):
             arrays[f"{name}/{i}"] = np.asarray(leaf)
     np.savez(out, **arrays)
@@ -243,8 +314,9 @@ def _sharded_results(out: Path) -> None:
 def test_eight_devices_with_activation_constraints_give_the_single_device_step(tmp_path):
     out = tmp_path / "results.npz"
     env = fake_devices_env(8)
-    child = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True,
-                           timeout=900)
+    child = subprocess.run(
+        [sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, timeout=900
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     results = np.load(out)
     batch = _batch()
@@ -252,8 +324,13 @@ def test_eight_devices_with_activation_constraints_give_the_single_device_step(t
         want = _DEFAULT_STEPS.get(name) or _gradients(config, batch)
         leaves = jax.tree.leaves((want[0], want[1], _comparable(want[2])))
         for i, leaf in enumerate(leaves):
-            np.testing.assert_allclose(results[f"{name}/{i}"], np.asarray(leaf), atol=ATOL, rtol=ATOL,
-                                       err_msg=f"{ON_MESH[name]} {name} leaf {i}")
+            np.testing.assert_allclose(
+                results[f"{name}/{i}"],
+                np.asarray(leaf),
+                atol=ATOL,
+                rtol=ATOL,
+                err_msg=f"{ON_MESH[name]} {name} leaf {i}",
+            )
 
 
 if __name__ == "__main__":

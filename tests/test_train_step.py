@@ -26,6 +26,8 @@ from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))  # train_fakes, also when run as a script
 
+from train_fakes import random_trajectory, tiny_model  # noqa: E402
+
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig  # noqa: E402
 from agentrl_jax.train import (  # noqa: E402
     TrainBatch,
@@ -38,19 +40,35 @@ from agentrl_jax.train import (  # noqa: E402
     state_shardings,
 )
 from agentrl_jax.train.state import commit_state  # noqa: E402
-from train_fakes import random_trajectory, tiny_model  # noqa: E402
 
 ATOL = 1e-6
 # GRPO with clip-higher, KL, an entropy bonus and sequence-mean aggregation: every term and a
 # per-sequence statistic that micro-batching must keep exact. lr 1e-3 makes updates visible;
 # Adam's eps 1e-6 bounds how much its first step amplifies a gradient's float rounding
 # (by lr / eps: a 1e-10 difference on a ~1e-8 gradient element would move it by ~1e-5 at eps 1e-8).
-GRPO = TrainConfig(learning_rate=1e-3, max_grad_norm=0.1, adam_eps=1e-6, algorithm=AlgorithmConfig(
-    aggregation="seq-mean-token-mean", loss_terms=(
-        LossTermConfig("policy_clip", params={"clip_high": 0.28}), LossTermConfig("kl", 0.001),
-        LossTermConfig("entropy", 0.01))))
-PPO = TrainConfig(algorithm=AlgorithmConfig(advantage="gae", loss_terms=(
-    LossTermConfig("policy_clip"), LossTermConfig("kl", 0.001), LossTermConfig("value_clip"))))
+GRPO = TrainConfig(
+    learning_rate=1e-3,
+    max_grad_norm=0.1,
+    adam_eps=1e-6,
+    algorithm=AlgorithmConfig(
+        aggregation="seq-mean-token-mean",
+        loss_terms=(
+            LossTermConfig("policy_clip", params={"clip_high": 0.28}),
+            LossTermConfig("kl", 0.001),
+            LossTermConfig("entropy", 0.01),
+        ),
+    ),
+)
+PPO = TrainConfig(
+    algorithm=AlgorithmConfig(
+        advantage="gae",
+        loss_terms=(
+            LossTermConfig("policy_clip"),
+            LossTermConfig("kl", 0.001),
+            LossTermConfig("value_clip"),
+        ),
+    )
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,7 +90,9 @@ def _step_fn(config: TrainConfig):
 def _perturbed(tree, seed: int):
     """``tree`` plus N(0, 0.05) noise, drawn with NumPy (no per-shape compiles)."""
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + 0.05 * rng.standard_normal(x.shape), x.dtype), tree)
+    return jax.tree.map(
+        lambda x: jnp.asarray(np.asarray(x) + 0.05 * rng.standard_normal(x.shape), x.dtype), tree
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,7 +104,10 @@ def _state(config: TrainConfig):
     if state.reference is not None:
         state = state.replace(reference=_perturbed(state.reference, 7))
     if state.critic is not None:
-        head = {"kernel": jnp.linspace(-0.25, 0.25, model.config.hidden_size), "bias": jnp.asarray(0.3)}
+        head = {
+            "kernel": jnp.linspace(-0.25, 0.25, model.config.hidden_size),
+            "bias": jnp.asarray(0.3),
+        }
         state = state.replace(critic=state.critic.replace(head=head))
     return commit_state(state)  # every leaf where the step's outputs will be: one compilation
 
@@ -93,7 +116,9 @@ def _assert_close(got, want, err_msg: str = "") -> None:
     """Leafwise ``|got - want| <= 1e-6 + 1e-6 |want|``: 1e-6 absolute, and relative above 1,
     where float32 resolves only ~1e-7 per operation and sums in another order differ by ulps."""
     for i, (x, y) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=ATOL, rtol=ATOL, err_msg=f"{err_msg} leaf {i}")
+        np.testing.assert_allclose(
+            np.asarray(x), np.asarray(y), atol=ATOL, rtol=ATOL, err_msg=f"{err_msg} leaf {i}"
+        )
 
 
 def _max_diff(a, b) -> float:
@@ -134,20 +159,29 @@ def _sharded_results(out: Path) -> None:
         state, mesh = _state(config), build_mesh(MeshConfig(*shape))
         sharded_config = TrainConfig.from_dict({**config.to_dict(), "num_micro_batches": micro})
         placed = jax.device_put(batch, batch_shardings(batch, mesh))
-        grads = jax.jit(functools.partial(compute_gradients, _model_and_graphdef()[1], sharded_config),
-                        in_shardings=(state_shardings(state, mesh), batch_shardings(batch, mesh)))(
-                            shard_state(state, mesh), placed)
+        grads = jax.jit(
+            functools.partial(compute_gradients, _model_and_graphdef()[1], sharded_config),
+            in_shardings=(state_shardings(state, mesh), batch_shardings(batch, mesh)),
+        )(shard_state(state, mesh), placed)
         save(f"{name}/grads", (grads[0], grads[1], grads[2]["loss"]))
         if name == "ppo":
             single = _gradients_fn(config)(state, batch)
             save(f"{name}/single_grads", (single[0], single[1], single[2]["loss"]))
-        if name == "grpo":  # the whole sharded step: the same update, and the state keeps its layout
-            step = make_train_step(_model_and_graphdef()[1], sharded_config, mesh=mesh, state_template=state)
+        if (
+            name == "grpo"
+        ):  # the whole sharded step: the same update, and the state keeps its layout
+            step = make_train_step(
+                _model_and_graphdef()[1], sharded_config, mesh=mesh, state_template=state
+            )
             new, _ = step(shard_state(state, mesh), placed)
             save(f"{name}/policy", new.policy)
             opt_specs = describe(new.policy_opt)
-            specs = {"q_proj": describe(new.policy)["layers/q_proj"],
-                     "mu_q_proj": next(v for k, v in opt_specs.items() if k.endswith("mu/layers/q_proj"))}
+            specs = {
+                "q_proj": describe(new.policy)["layers/q_proj"],
+                "mu_q_proj": next(
+                    v for k, v in opt_specs.items() if k.endswith("mu/layers/q_proj")
+                ),
+            }
     np.savez(out, **arrays)
     out.with_suffix(".json").write_text(json.dumps(specs))
 
@@ -161,8 +195,13 @@ def multi_device_child(request, tmp_path_factory):
         return
     out = tmp_path_factory.mktemp("eight_devices") / "results.npz"
     env = fake_devices_env(8)
-    child = subprocess.Popen([sys.executable, __file__, str(out)], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, __file__, str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     yield child, out
     if child.poll() is None:
         child.kill()
@@ -223,7 +262,9 @@ def test_gradient_equals_a_hand_written_grpo_loss():
     traj = _batch(0).trajectory
     grads, _, metrics = _gradients_fn(GRPO)(state, TrainBatch(traj))
     advantages = jnp.asarray(_numpy_grpo_advantages(traj))
-    loss, want = jax.jit(jax.value_and_grad(_hand_written_grpo_loss))(state.policy, state.reference, traj, advantages)
+    loss, want = jax.jit(jax.value_and_grad(_hand_written_grpo_loss))(
+        state.policy, state.reference, traj, advantages
+    )
     np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
     _assert_close(grads, want)
     assert float(optax.tree.norm(want)) > 1e-3  # a real gradient, not zeros compared to zeros
@@ -248,8 +289,11 @@ def test_micro_batched_gradients_equal_the_single_batch_gradient():
 def test_micro_batch_count_must_divide_the_rows():
     config = TrainConfig(num_micro_batches=3)
     with pytest.raises(ValueError, match="num_micro_batches=3 must divide the batch's 16 rows"):
-        jax.eval_shape(functools.partial(compute_gradients, _model_and_graphdef()[1], config),
-                       _state(GRPO), _batch(0))
+        jax.eval_shape(
+            functools.partial(compute_gradients, _model_and_graphdef()[1], config),
+            _state(GRPO),
+            _batch(0),
+        )
 
 
 # ------------------------------------------------------------------------- update and skipping
@@ -260,7 +304,9 @@ def test_update_applies_clipped_adamw_and_compiles_once():
     batch = _batch(2)
     new, metrics = step(state, batch)
     grads, _, _ = _gradients_fn(GRPO)(state, batch)
-    optimizer = optax.chain(optax.clip_by_global_norm(0.1), optax.adamw(1e-3, eps=1e-6, weight_decay=0.01))
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(0.1), optax.adamw(1e-3, eps=1e-6, weight_decay=0.01)
+    )
 
     @jax.jit
     def reference_update(grads, params):
@@ -268,7 +314,11 @@ def test_update_applies_clipped_adamw_and_compiles_once():
         return optax.apply_updates(params, updates)
 
     assert _max_diff(new.policy, reference_update(grads, state.policy)) <= 1e-7
-    assert int(new.step) == 1 and int(new.skipped_updates) == 0 and float(metrics["update_skipped"]) == 0
+    assert (
+        int(new.step) == 1
+        and int(new.skipped_updates) == 0
+        and float(metrics["update_skipped"]) == 0
+    )
     assert _max_diff(new.reference, state.reference) == 0  # the reference is frozen
     step(new, _batch(3))
     assert step.compiled_count() == 1
@@ -283,12 +333,16 @@ def test_non_finite_loss_skips_the_update_and_the_run_continues():
     assert not np.isfinite(float(metrics["loss"]))
     assert float(metrics["update_skipped"]) == 1 and int(after_bad.skipped_updates) == 1
     assert int(after_bad.step) == 1
-    assert _max_diff((after_bad.policy, after_bad.policy_opt), (state.policy, state.policy_opt)) == 0
+    assert (
+        _max_diff((after_bad.policy, after_bad.policy_opt), (state.policy, state.policy_opt)) == 0
+    )
     after_good, metrics = step(after_bad.replace(reference=state.reference), batch)
     assert float(metrics["update_skipped"]) == 0 and int(after_good.skipped_updates) == 1
     assert int(after_good.step) == 2
-    assert all(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(after_good.policy),
-                                                       jax.tree.leaves(state.policy)))
+    assert all(
+        not np.array_equal(x, y)
+        for x, y in zip(jax.tree.leaves(after_good.policy), jax.tree.leaves(state.policy))
+    )
     assert step.compiled_count() == 1
 
 
@@ -299,15 +353,21 @@ def test_ppo_value_loss_matches_a_hand_computation_and_uses_the_critic_learning_
     """PPO defaults: critic lr 1e-5, value clip 0.5, GAE with gamma = lam = 1."""
     state = _state(PPO)
     traj = _batch(5).trajectory
+
     # By hand: V(token p) = head(hidden at p - 1); before the update old values equal values, so
     # the clipped loss is 0.5 (V - R)^2, and with gamma = lam = 1 every return of a row is its
     # outcome reward R (the only reward, on its last sampled token).
     def hidden_states(backbone, tokens, mask):
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-        return nnx.merge(_model_and_graphdef()[1], backbone).hidden_states(tokens, positions, mask)[0]
+        return nnx.merge(_model_and_graphdef()[1], backbone).hidden_states(tokens, positions, mask)[
+            0
+        ]
 
     hidden = jax.jit(hidden_states)(state.critic.backbone, traj.tokens, traj.token_mask)
-    kernel, bias = np.asarray(state.critic.head["kernel"], np.float64), float(state.critic.head["bias"])
+    kernel, bias = (
+        np.asarray(state.critic.head["kernel"], np.float64),
+        float(state.critic.head["bias"]),
+    )
     values = np.zeros(traj.tokens.shape)
     values[:, 1:] = np.asarray(hidden, np.float64)[:, :-1] @ kernel + bias
     mask = np.asarray(traj.loss_mask & traj.row_mask[:, None])
@@ -335,12 +395,20 @@ def test_eight_devices_give_the_single_device_gradients_and_update(multi_device_
     saved = np.load(out)
 
     def leaves(prefix):
-        return [saved[k] for k in sorted((k for k in saved.files if k.startswith(prefix + "/")),
-                                         key=lambda k: int(k.rsplit("/", 1)[1]))]
+        return [
+            saved[k]
+            for k in sorted(
+                (k for k in saved.files if k.startswith(prefix + "/")),
+                key=lambda k: int(k.rsplit("/", 1)[1]),
+            )
+        ]
 
     batch = _batch(6)
     grads, _, metrics = _gradients_fn(GRPO)(_state(GRPO), batch)
-    for name, single in (("grpo", jax.tree.leaves((grads, metrics["loss"]))), ("ppo", leaves("ppo/single_grads"))):
+    for name, single in (
+        ("grpo", jax.tree.leaves((grads, metrics["loss"]))),
+        ("ppo", leaves("ppo/single_grads")),
+    ):
         _assert_close(leaves(f"{name}/grads"), single, name)
         assert float(np.sqrt(sum(np.sum(np.square(x)) for x in single[:-1]))) > 1e-3
     # lr 1e-3 after clipping: Adam would turn any real gradient difference into a visible one.

@@ -19,8 +19,15 @@ from agentrl_jax.algorithms import logprobs_from_logits
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM, positions_from_mask
 from agentrl_jax.trajectory import Trajectory
 
-TINY = dict(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+TINY = dict(
+    vocab_size=16,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=8,
+)
 
 
 def tiny_model(seed: int = 0, std: float = 0.1, **overrides) -> Qwen3ForCausalLM:
@@ -40,8 +47,16 @@ def tiny_model(seed: int = 0, std: float = 0.1, **overrides) -> Qwen3ForCausalLM
     return nnx.merge(graphdef, state)
 
 
-def random_trajectory(seed: int, *, rows: int = 8, tokens: int = 24, turns: int = 3, group_size: int = 4,
-                      vocab: int = 16, padded_rows: int = 0) -> Trajectory:
+def random_trajectory(
+    seed: int,
+    *,
+    rows: int = 8,
+    tokens: int = 24,
+    turns: int = 3,
+    group_size: int = 4,
+    vocab: int = 16,
+    padded_rows: int = 0,
+) -> Trajectory:
     """A synthetic batch with the layout a rollout produces (prompt, then response/observation
     turns, right padding). Sampling log-probs are random (so ratios differ from 1), actions are
     random in -1..3 (-1 invalid), anchors collide often. The last ``padded_rows`` rows are padding."""
@@ -64,8 +79,8 @@ def random_trajectory(seed: int, *, rows: int = 8, tokens: int = 24, turns: int 
             f["logprobs"][i, span] = -rng.uniform(0.5, 4.0, response)
             f["sampling_logprobs"][i, span] = f["logprobs"][i, span]  # drawn at temperature 1
             pos += response
-            f["tokens"][i, pos:pos + observation] = rng.integers(1, vocab, observation)
-            f["token_mask"][i, pos:pos + observation] = True
+            f["tokens"][i, pos : pos + observation] = rng.integers(1, vocab, observation)
+            f["token_mask"][i, pos : pos + observation] = True
             pos += observation
             f["turn_mask"][i, turn] = True
             f["action"][i, turn] = int(rng.integers(-1, 4))
@@ -86,7 +101,7 @@ def random_trajectory(seed: int, *, rows: int = 8, tokens: int = 24, turns: int 
 
 # ------------------------------------------------------------------------- fake rollout
 
-PROMPT = 3           # tokens: [1, task token, 2]
+PROMPT = 3  # tokens: [1, task token, 2]
 OBSERVATION_TOKEN = 3
 
 
@@ -117,7 +132,9 @@ def make_fake_rollout(graphdef: nnx.GraphDef, *, group_size: int, turns: int = 2
             slot = PROMPT + 2 * turn
             logits, _ = model(tokens, positions_from_mask(mask), mask)
             step_logits = logits[:, slot - 1]
-            sampled = jax.random.categorical(jax.random.fold_in(key, turn), step_logits).astype(jnp.int32)
+            sampled = jax.random.categorical(jax.random.fold_in(key, turn), step_logits).astype(
+                jnp.int32
+            )
             active = ~done
             hit = active & (sampled == target)
             tokens = tokens.at[:, slot].set(jnp.where(active, sampled, 0))
@@ -134,14 +151,24 @@ def make_fake_rollout(graphdef: nnx.GraphDef, *, group_size: int, turns: int = 2
             mask = mask.at[:, slot + 1].set(continues)
             done = done | hit
         return t.replace(
-            tokens=tokens, token_mask=mask, loss_mask=loss_mask, token_turn=token_turn, logprobs=logprobs,
+            tokens=tokens,
+            token_mask=mask,
+            loss_mask=loss_mask,
+            token_turn=token_turn,
+            logprobs=logprobs,
             sampling_logprobs=logprobs,  # drawn from the model's own distribution
-            turn_mask=turn_mask, action=action, action_valid=turn_mask, reward=reward,
+            turn_mask=turn_mask,
+            action=action,
+            action_valid=turn_mask,
+            reward=reward,
             anchor_key=jnp.where(turn_mask, jnp.arange(turns)[None, :], 0),
             state_id=jnp.where(turn_mask, jnp.arange(turns)[None, :], -1),
-            group_id=jnp.arange(rows, dtype=jnp.int32) // group_size, task_id=tasks.astype(jnp.int32),
-            budget=jnp.full(rows, turns, jnp.int32), turns_used=jnp.sum(turn_mask, axis=1).astype(jnp.int32),
-            success=done, row_mask=jnp.ones(rows, bool),
+            group_id=jnp.arange(rows, dtype=jnp.int32) // group_size,
+            task_id=tasks.astype(jnp.int32),
+            budget=jnp.full(rows, turns, jnp.int32),
+            turns_used=jnp.sum(turn_mask, axis=1).astype(jnp.int32),
+            success=done,
+            row_mask=jnp.ones(rows, bool),
         )
 
     return rollout
@@ -149,6 +176,7 @@ def make_fake_rollout(graphdef: nnx.GraphDef, *, group_size: int, turns: int = 2
 
 def task_batches(num_tasks: int, groups_per_batch: int):
     """``batch_index -> task ids [groups_per_batch]``: a deterministic cycle over the tasks."""
+
     def tasks(index: int) -> jax.Array:
         start = (index * groups_per_batch) % num_tasks
         return (start + jnp.arange(groups_per_batch, dtype=jnp.int32)) % num_tasks

@@ -51,7 +51,9 @@ def _dense_segment_ids(keys: Sequence[jax.Array], valid: jax.Array) -> jax.Array
     for column in columns:  # a handful of key columns, not data
         ordered = column[order]
         changed = changed | (ordered[1:] != ordered[:-1])
-    segment_in_order = jnp.cumsum(jnp.concatenate([jnp.zeros(1, jnp.int32), changed.astype(jnp.int32)]))
+    segment_in_order = jnp.cumsum(
+        jnp.concatenate([jnp.zeros(1, jnp.int32), changed.astype(jnp.int32)])
+    )
     return jnp.zeros_like(segment_in_order).at[order].set(segment_in_order)
 
 
@@ -73,7 +75,9 @@ def _center(values: jax.Array, segment: jax.Array, valid: jax.Array) -> tuple[ja
     reference = jax.ops.segment_max(values, segment, num_segments=m)
     d = (values - reference[segment]) * weight
     c = d - (jax.ops.segment_sum(d, segment, num_segments=m) / per_group)[segment]
-    c = (c - (jax.ops.segment_sum(c * weight, segment, num_segments=m) / per_group)[segment]) * weight
+    c = (
+        c - (jax.ops.segment_sum(c * weight, segment, num_segments=m) / per_group)[segment]
+    ) * weight
     return c, count[segment] * weight
 
 
@@ -88,7 +92,9 @@ def _std(centered: jax.Array, segment: jax.Array, valid: jax.Array, ddof: int) -
     return std[segment] * weight
 
 
-def group_center(values: jax.Array, keys: Sequence[jax.Array], valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+def group_center(
+    values: jax.Array, keys: Sequence[jax.Array], valid: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Deviations from the group mean, and the size of each element's group.
 
     values [M] float, keys: integer key columns, each [M] (grouping as in
@@ -178,7 +184,9 @@ def broadcast_turns_to_tokens(turn_values: jax.Array, token_turn_index: jax.Arra
     """
     n, _ = turn_values.shape
     if token_turn_index.ndim != 2 or token_turn_index.shape[0] != n:
-        raise ValueError(f"token_turn_index: expected shape [{n}, L], got {tuple(token_turn_index.shape)}")
+        raise ValueError(
+            f"token_turn_index: expected shape [{n}, L], got {tuple(token_turn_index.shape)}"
+        )
     gathered = jnp.take_along_axis(
         turn_values, jnp.maximum(token_turn_index, 0), axis=1, mode="fill", fill_value=jnp.nan
     )
@@ -225,11 +233,18 @@ def grpo_advantages(
     _check_shape("group_ids", group_ids, (n,))
     valid = _rows_mask(traj_mask, n)
     return group_normalize(
-        rewards.astype(jnp.float32), [group_ids], valid, eps=eps, ddof=ddof, scale_by_std=scale_by_std
+        rewards.astype(jnp.float32),
+        [group_ids],
+        valid,
+        eps=eps,
+        ddof=ddof,
+        scale_by_std=scale_by_std,
     )
 
 
-def dr_grpo_advantages(rewards: jax.Array, group_ids: jax.Array, traj_mask: jax.Array | None = None) -> jax.Array:
+def dr_grpo_advantages(
+    rewards: jax.Array, group_ids: jax.Array, traj_mask: jax.Array | None = None
+) -> jax.Array:
     """Dr. GRPO: ``A_i = R_i - mean_g R``, GRPO without the division by the group std.
 
     rewards [N] float, group_ids [N] int, traj_mask [N] bool or None -> advantages [N].
@@ -246,7 +261,9 @@ def dr_grpo_advantages(rewards: jax.Array, group_ids: jax.Array, traj_mask: jax.
     return centered
 
 
-def rloo_advantages(rewards: jax.Array, group_ids: jax.Array, traj_mask: jax.Array | None = None) -> jax.Array:
+def rloo_advantages(
+    rewards: jax.Array, group_ids: jax.Array, traj_mask: jax.Array | None = None
+) -> jax.Array:
     """RLOO: ``A_i = R_i - (1 / (n_g - 1)) sum_{j != i, j in g} R_j``, a leave-one-out baseline.
 
     rewards [N] float, group_ids [N] int, traj_mask [N] bool or None -> advantages [N].
@@ -263,7 +280,9 @@ def rloo_advantages(rewards: jax.Array, group_ids: jax.Array, traj_mask: jax.Arr
     """
     (n,) = rewards.shape
     _check_shape("group_ids", group_ids, (n,))
-    centered, count = group_center(rewards.astype(jnp.float32), [group_ids], _rows_mask(traj_mask, n))
+    centered, count = group_center(
+        rewards.astype(jnp.float32), [group_ids], _rows_mask(traj_mask, n)
+    )
     return centered * (count / jnp.maximum(count - 1.0, 1.0))
 
 
@@ -284,14 +303,18 @@ def discounted_returns(rewards: jax.Array, mask: jax.Array, gamma: float) -> jax
         g = jnp.where(m, r + gamma * carry, carry)
         return g, jnp.where(m, g, 0.0)
 
-    return _scan_backwards(step, jnp.zeros(rewards.shape[0], jnp.float32), (rewards, mask.astype(bool)))
+    return _scan_backwards(
+        step, jnp.zeros(rewards.shape[0], jnp.float32), (rewards, mask.astype(bool))
+    )
 
 
 def _key_columns(anchor_keys: jax.Array, n: int, t: int) -> list[jax.Array]:
     if anchor_keys.ndim == 2:
         anchor_keys = anchor_keys[..., None]
     if anchor_keys.ndim != 3 or anchor_keys.shape[:2] != (n, t):
-        raise ValueError(f"anchor_keys: expected shape [{n}, {t}] or [{n}, {t}, K], got {tuple(anchor_keys.shape)}")
+        raise ValueError(
+            f"anchor_keys: expected shape [{n}, {t}] or [{n}, {t}, K], got {tuple(anchor_keys.shape)}"
+        )
     if not jnp.issubdtype(anchor_keys.dtype, jnp.integer):
         raise ValueError(f"anchor_keys: must be an integer array, got {anchor_keys.dtype}")
     return [anchor_keys[..., k].reshape(-1) for k in range(anchor_keys.shape[-1])]
@@ -325,7 +348,10 @@ def gigpo_step_advantages(
     _check_shape("turn_mask", turn_mask, (n, t))
     valid = turn_mask.astype(bool) & _rows_mask(traj_mask, n)[:, None]
     returns = discounted_returns(step_rewards, valid, gamma)
-    keys = [jnp.broadcast_to(group_ids[:, None], (n, t)).reshape(-1), *_key_columns(anchor_keys, n, t)]
+    keys = [
+        jnp.broadcast_to(group_ids[:, None], (n, t)).reshape(-1),
+        *_key_columns(anchor_keys, n, t),
+    ]
     normalised = group_normalize(
         returns.reshape(-1), keys, valid.reshape(-1), eps=eps, ddof=ddof, scale_by_std=scale_by_std
     )
@@ -357,11 +383,23 @@ def gigpo_advantages(
     n, t = step_rewards.shape
     valid = turn_mask.astype(bool) & _rows_mask(traj_mask, n)[:, None]
     episode = grpo_advantages(
-        rewards, group_ids, _rows_mask(traj_mask, n), eps=eps, ddof=ddof, scale_by_std=episode_scale_by_std
+        rewards,
+        group_ids,
+        _rows_mask(traj_mask, n),
+        eps=eps,
+        ddof=ddof,
+        scale_by_std=episode_scale_by_std,
     )
     step = gigpo_step_advantages(
-        step_rewards, group_ids, anchor_keys, turn_mask, traj_mask,
-        gamma=gamma, eps=eps, ddof=ddof, scale_by_std=step_scale_by_std,
+        step_rewards,
+        group_ids,
+        anchor_keys,
+        turn_mask,
+        traj_mask,
+        gamma=gamma,
+        eps=eps,
+        ddof=ddof,
+        scale_by_std=step_scale_by_std,
     )
     return jnp.where(valid, episode[:, None] + omega * step, 0.0)
 

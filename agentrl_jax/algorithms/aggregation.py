@@ -50,9 +50,17 @@ class LossSum(NamedTuple):
 def validate_mode(mode: str, norm_constant: float = 1.0) -> None:
     """Raises ValueError naming the bad argument if ``mode`` or ``norm_constant`` is invalid."""
     if mode not in AGGREGATION_MODES:
-        raise ValueError(f"aggregation mode: unknown {mode!r}; known: {', '.join(AGGREGATION_MODES)}")
-    if not (isinstance(norm_constant, (int, float)) and norm_constant > 0 and norm_constant != float("inf")):
-        raise ValueError(f"aggregation norm_constant: must be a finite number > 0, got {norm_constant!r}")
+        raise ValueError(
+            f"aggregation mode: unknown {mode!r}; known: {', '.join(AGGREGATION_MODES)}"
+        )
+    if not (
+        isinstance(norm_constant, (int, float))
+        and norm_constant > 0
+        and norm_constant != float("inf")
+    ):
+        raise ValueError(
+            f"aggregation norm_constant: must be a finite number > 0, got {norm_constant!r}"
+        )
 
 
 def aggregate(

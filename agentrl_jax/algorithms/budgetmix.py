@@ -58,7 +58,7 @@ def budget_candidates(t_max: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 class BudgetDraw(NamedTuple):
-    budgets: jax.Array    # [K] int32, one budget per task group
+    budgets: jax.Array  # [K] int32, one budget per task group
     fell_back: jax.Array  # [K] bool, True where the adaptive filter left nothing (B = T_max)
 
 

@@ -86,9 +86,18 @@ def overlong_penalty(
     no floor, which only differs for ``|y| > L_max``, lengths its sampler cannot produce.
     """
     for name, value, ok, what in (
-        ("max_length", max_length, isinstance(max_length, numbers.Integral) and max_length > 0, "an int > 0"),
-        ("cache_length", cache_length,
-         isinstance(cache_length, numbers.Integral) and 0 < cache_length <= max_length, "an int in (0, max_length]"),
+        (
+            "max_length",
+            max_length,
+            isinstance(max_length, numbers.Integral) and max_length > 0,
+            "an int > 0",
+        ),
+        (
+            "cache_length",
+            cache_length,
+            isinstance(cache_length, numbers.Integral) and 0 < cache_length <= max_length,
+            "an int in (0, max_length]",
+        ),
         ("penalty", penalty, isinstance(penalty, numbers.Real) and penalty >= 0, "a number >= 0"),
     ):
         if isinstance(value, bool) or not ok:

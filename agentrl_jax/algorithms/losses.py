@@ -91,7 +91,9 @@ def clipped_surrogate(
     r is far above 1 on a bad action; ``A >= 0`` tokens are unaffected.
     """
     _check_clips(clip_low, clip_high, dual_clip)
-    unclipped, clipped = _clip_losses(policy_ratio(logprobs, old_logprobs), advantages, clip_low, clip_high)
+    unclipped, clipped = _clip_losses(
+        policy_ratio(logprobs, old_logprobs), advantages, clip_low, clip_high
+    )
     loss = jnp.maximum(unclipped, clipped)
     if dual_clip is not None:
         loss = jnp.where(advantages < 0, jnp.minimum(loss, -advantages * dual_clip), loss)
@@ -143,13 +145,25 @@ def tis_weight(old_logprobs: jax.Array, sampler_logprobs: jax.Array, cap: float)
 
 
 def policy_loss(
-    logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array, *,
-    clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
-    mode: str = "token-mean", norm_constant: float = 1.0,
+    logprobs: jax.Array,
+    old_logprobs: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    mode: str = "token-mean",
+    norm_constant: float = 1.0,
 ) -> LossSum:
     """:func:`clipped_surrogate` aggregated under ``mask`` (see :mod:`.aggregation`)."""
     per_token = clipped_surrogate(
-        logprobs, old_logprobs, advantages, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
+        logprobs,
+        old_logprobs,
+        advantages,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
     )
     return aggregate(per_token, mask, mode, norm_constant)
 
@@ -213,8 +227,13 @@ def gspo_surrogate(
 
 
 def gspo_clip_indicator(
-    logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array, *,
-    clip_low: float = 3e-4, clip_high: float = 4e-4,
+    logprobs: jax.Array,
+    old_logprobs: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
 ) -> jax.Array:
     """1.0 on the tokens whose GSPO gradient the sequence-level clip zeroes, ``[N, L]``."""
     _check_clips(clip_low, clip_high, None)
@@ -224,12 +243,20 @@ def gspo_clip_indicator(
 
 
 def gspo_loss(
-    logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array, *,
-    clip_low: float = 3e-4, clip_high: float = 4e-4, mode: str = "seq-mean-token-mean",
+    logprobs: jax.Array,
+    old_logprobs: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    mode: str = "seq-mean-token-mean",
     norm_constant: float = 1.0,
 ) -> LossSum:
     """:func:`gspo_surrogate` aggregated under ``mask`` (default: the paper's sequence mean)."""
-    per_token = gspo_surrogate(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high)
+    per_token = gspo_surrogate(
+        logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high
+    )
     return aggregate(per_token, mask, mode, norm_constant)
 
 
@@ -237,7 +264,11 @@ def gspo_loss(
 
 
 def kl_penalty(
-    logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str = "k3", *, k3_max: float | None = 10.0
+    logprobs: jax.Array,
+    ref_logprobs: jax.Array,
+    estimator: str = "k3",
+    *,
+    k3_max: float | None = 10.0,
 ) -> jax.Array:
     """Per-token estimate of KL(pi || pi_ref) from tokens sampled by pi, ``[N, L]``.
 
@@ -249,7 +280,9 @@ def kl_penalty(
     which zeroes the gradient of tokens past the cap; ``k3_max=None`` disables the cap.
     """
     if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"estimator: unknown KL estimator {estimator!r}; known: {', '.join(KL_ESTIMATORS)}")
+        raise ValueError(
+            f"estimator: unknown KL estimator {estimator!r}; known: {', '.join(KL_ESTIMATORS)}"
+        )
     d = ref_logprobs - logprobs
     if estimator == "k1":
         return -d
@@ -263,11 +296,19 @@ def kl_penalty(
 
 
 def kl_loss(
-    logprobs: jax.Array, ref_logprobs: jax.Array, mask: jax.Array, *, estimator: str = "k3",
-    k3_max: float | None = 10.0, mode: str = "token-mean", norm_constant: float = 1.0,
+    logprobs: jax.Array,
+    ref_logprobs: jax.Array,
+    mask: jax.Array,
+    *,
+    estimator: str = "k3",
+    k3_max: float | None = 10.0,
+    mode: str = "token-mean",
+    norm_constant: float = 1.0,
 ) -> LossSum:
     """:func:`kl_penalty` aggregated under ``mask``."""
-    return aggregate(kl_penalty(logprobs, ref_logprobs, estimator, k3_max=k3_max), mask, mode, norm_constant)
+    return aggregate(
+        kl_penalty(logprobs, ref_logprobs, estimator, k3_max=k3_max), mask, mode, norm_constant
+    )
 
 
 # ------------------------------------------------------------------------- entropy
@@ -303,8 +344,16 @@ def clipped_value_loss(
 
 
 def value_loss(
-    values: jax.Array, old_values: jax.Array, returns: jax.Array, mask: jax.Array, *,
-    clip: float = 0.5, mode: str = "token-mean", norm_constant: float = 1.0,
+    values: jax.Array,
+    old_values: jax.Array,
+    returns: jax.Array,
+    mask: jax.Array,
+    *,
+    clip: float = 0.5,
+    mode: str = "token-mean",
+    norm_constant: float = 1.0,
 ) -> LossSum:
     """:func:`clipped_value_loss` aggregated under ``mask``."""
-    return aggregate(clipped_value_loss(values, old_values, returns, clip=clip), mask, mode, norm_constant)
+    return aggregate(
+        clipped_value_loss(values, old_values, returns, clip=clip), mask, mode, norm_constant
+    )

@@ -59,21 +59,21 @@ TARGETS = ("policy", "critic")
 class AdvantageInputs:
     """What advantage estimators read; fields an estimator does not need may be None."""
 
-    loss_mask: jax.Array                       # [N, L] 1 on the policy's sampled tokens
-    rewards: jax.Array | None = None           # [N] outcome reward per trajectory
-    group_ids: jax.Array | None = None         # [N] int task group
-    traj_mask: jax.Array | None = None         # [N] bool real rows (None: all)
-    step_rewards: jax.Array | None = None      # [N, T] per-turn rewards (process signal)
-    turn_mask: jax.Array | None = None         # [N, T] bool real turns
-    anchor_keys: jax.Array | None = None       # [N, T] or [N, T, K] int anchor state keys
+    loss_mask: jax.Array  # [N, L] 1 on the policy's sampled tokens
+    rewards: jax.Array | None = None  # [N] outcome reward per trajectory
+    group_ids: jax.Array | None = None  # [N] int task group
+    traj_mask: jax.Array | None = None  # [N] bool real rows (None: all)
+    step_rewards: jax.Array | None = None  # [N, T] per-turn rewards (process signal)
+    turn_mask: jax.Array | None = None  # [N, T] bool real turns
+    anchor_keys: jax.Array | None = None  # [N, T] or [N, T, K] int anchor state keys
     token_turn_index: jax.Array | None = None  # [N, L] int turn of each token, -1 if none
-    token_rewards: jax.Array | None = None     # [N, L] reward per response token (GAE)
-    values: jax.Array | None = None            # [N, L] critic values at rollout time (GAE)
+    token_rewards: jax.Array | None = None  # [N, L] reward per response token (GAE)
+    values: jax.Array | None = None  # [N, L] critic values at rollout time (GAE)
 
 
 class AdvantageOutput(NamedTuple):
-    advantages: jax.Array          # [N, L], 0 off the loss mask
-    returns: jax.Array | None      # [N, L] critic targets, or None without a critic
+    advantages: jax.Array  # [N, L], 0 off the loss mask
+    returns: jax.Array | None  # [N, L] critic targets, or None without a critic
 
 
 @jax.tree_util.register_dataclass
@@ -82,14 +82,14 @@ class LossInputs:
     """What loss terms read, all per token ``[N, L]``; unneeded fields may be None."""
 
     loss_mask: jax.Array
-    logprobs: jax.Array | None = None      # current policy (differentiated)
+    logprobs: jax.Array | None = None  # current policy (differentiated)
     old_logprobs: jax.Array | None = None  # policy that sampled the tokens
     ref_logprobs: jax.Array | None = None  # frozen reference policy
     advantages: jax.Array | None = None
-    entropy: jax.Array | None = None       # current policy entropy per position
-    values: jax.Array | None = None        # current critic (differentiated)
-    old_values: jax.Array | None = None    # critic at rollout time
-    returns: jax.Array | None = None       # critic targets
+    entropy: jax.Array | None = None  # current policy entropy per position
+    values: jax.Array | None = None  # current critic (differentiated)
+    old_values: jax.Array | None = None  # critic at rollout time
+    returns: jax.Array | None = None  # critic targets
     sampler_logprobs: jax.Array | None = None  # behaviour policy as the sampler recorded it
     #                                            (Trajectory.sampling_logprobs): what TIS weighs by
 
@@ -110,13 +110,16 @@ def _is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _real(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_open=False) -> Callable[[Any], bool]:
+def _real(
+    lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_open=False
+) -> Callable[[Any], bool]:
     def check(v) -> bool:
         if not _is_real(v):
             return False
         if lo is not None and (v <= lo if lo_open else v < lo):
             return False
         return not (hi is not None and (v >= hi if hi_open else v > hi))
+
     return check
 
 
@@ -173,27 +176,46 @@ def _check_registration(kind, table, name, required, inputs_cls, params) -> dict
     fields = {f.name for f in dataclasses.fields(inputs_cls)}
     unknown = [r for r in required if r not in fields]
     if unknown:
-        raise ValueError(f"{kind} {name!r}: required {unknown} are not {inputs_cls.__name__} fields")
+        raise ValueError(
+            f"{kind} {name!r}: required {unknown} are not {inputs_cls.__name__} fields"
+        )
     params = dict(params or {})
     for key, spec in params.items():
         if not spec.check(spec.default):
-            raise ValueError(f"{kind} {name!r}: default of {key!r} fails its own check ({spec.expect})")
+            raise ValueError(
+                f"{kind} {name!r}: default of {key!r} fails its own check ({spec.expect})"
+            )
     return params
 
 
-def register_advantage(name: str, *, required: tuple[str, ...], params: Mapping[str, Param] | None = None,
-                       uses_critic: bool = False):
+def register_advantage(
+    name: str,
+    *,
+    required: tuple[str, ...],
+    params: Mapping[str, Param] | None = None,
+    uses_critic: bool = False,
+):
     """Decorator registering ``fn(inputs: AdvantageInputs, **params) -> AdvantageOutput``."""
+
     def decorator(fn):
-        specs = _check_registration("advantage estimator", ADVANTAGE_ESTIMATORS, name, required,
-                                    AdvantageInputs, params)
-        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, tuple(required), specs, uses_critic)
+        specs = _check_registration(
+            "advantage estimator", ADVANTAGE_ESTIMATORS, name, required, AdvantageInputs, params
+        )
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(
+            name, fn, tuple(required), specs, uses_critic
+        )
         return fn
+
     return decorator
 
 
-def register_loss_term(name: str, *, required: tuple[str, ...], params: Mapping[str, Param] | None = None,
-                       target: str = "policy"):
+def register_loss_term(
+    name: str,
+    *,
+    required: tuple[str, ...],
+    params: Mapping[str, Param] | None = None,
+    target: str = "policy",
+):
     """Decorator registering ``fn(inputs: LossInputs, **params) -> per-token loss [N, L]``.
 
     ``fn`` may instead return a :class:`TermOutput` (or any pair) ``(loss [N, L], metrics)``
@@ -207,6 +229,7 @@ def register_loss_term(name: str, *, required: tuple[str, ...], params: Mapping[
         specs = _check_registration("loss term", LOSS_TERMS, name, required, LossInputs, params)
         LOSS_TERMS[name] = LossTerm(name, fn, tuple(required), specs, target)
         return fn
+
     return decorator
 
 
@@ -218,10 +241,14 @@ def _resolve_params(where: str, specs: Mapping[str, Param], given) -> tuple[tupl
     try:
         given = dict(given or {})
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: must be a mapping of parameter names to values, got {given!r}") from None
+        raise ValueError(
+            f"{where}: must be a mapping of parameter names to values, got {given!r}"
+        ) from None
     unknown = sorted(set(given) - set(specs))
     if unknown:
-        raise ValueError(f"{where}: unknown parameter {unknown[0]!r}; known: {', '.join(sorted(specs)) or 'none'}")
+        raise ValueError(
+            f"{where}: unknown parameter {unknown[0]!r}; known: {', '.join(sorted(specs)) or 'none'}"
+        )
     resolved = {}
     for key, spec in specs.items():
         value = given.get(key, spec.default)
@@ -249,13 +276,17 @@ class LossTermConfig:
 
     def __post_init__(self):
         if self.name not in LOSS_TERMS:
-            raise ValueError(f"LossTermConfig.name: unknown loss term {self.name!r}; known: {_known(LOSS_TERMS)}")
+            raise ValueError(
+                f"LossTermConfig.name: unknown loss term {self.name!r}; known: {_known(LOSS_TERMS)}"
+            )
         if not (_is_real(self.coef) and self.coef >= 0):
             raise ValueError(
                 f"LossTermConfig(name={self.name!r}).coef: must be a finite number >= 0, got {self.coef!r}"
             )
         where = f"LossTermConfig(name={self.name!r}).params"
-        object.__setattr__(self, "params", _resolve_params(where, LOSS_TERMS[self.name].params, self.params))
+        object.__setattr__(
+            self, "params", _resolve_params(where, LOSS_TERMS[self.name].params, self.params)
+        )
 
     @property
     def term(self) -> LossTerm:
@@ -263,7 +294,10 @@ class LossTermConfig:
 
 
 def _default_loss_terms() -> tuple[LossTermConfig, ...]:
-    return (LossTermConfig("policy_clip"), LossTermConfig("kl", 0.001))  # paper: KL coefficient 0.001
+    return (
+        LossTermConfig("policy_clip"),
+        LossTermConfig("kl", 0.001),
+    )  # paper: KL coefficient 0.001
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,54 +327,92 @@ class AlgorithmConfig:
     def __post_init__(self):
         for field, ok, expect in (
             ("dynamic_sampling", isinstance(self.dynamic_sampling, bool), "true or false"),
-            ("max_rollout_batches", isinstance(self.max_rollout_batches, numbers.Integral)
-             and not isinstance(self.max_rollout_batches, bool) and self.max_rollout_batches >= 1, "an int >= 1"),
-            ("overlong_buffer", _is_real(self.overlong_buffer) and 0 <= self.overlong_buffer <= 1,
-             "a number in [0, 1] (0: off)"),
-            ("overlong_penalty", _is_real(self.overlong_penalty) and self.overlong_penalty >= 0, "a number >= 0"),
+            (
+                "max_rollout_batches",
+                isinstance(self.max_rollout_batches, numbers.Integral)
+                and not isinstance(self.max_rollout_batches, bool)
+                and self.max_rollout_batches >= 1,
+                "an int >= 1",
+            ),
+            (
+                "overlong_buffer",
+                _is_real(self.overlong_buffer) and 0 <= self.overlong_buffer <= 1,
+                "a number in [0, 1] (0: off)",
+            ),
+            (
+                "overlong_penalty",
+                _is_real(self.overlong_penalty) and self.overlong_penalty >= 0,
+                "a number >= 0",
+            ),
         ):
             if not ok:
-                raise ValueError(f"AlgorithmConfig.{field}: must be {expect}, got {getattr(self, field)!r}")
+                raise ValueError(
+                    f"AlgorithmConfig.{field}: must be {expect}, got {getattr(self, field)!r}"
+                )
         if self.advantage not in ADVANTAGE_ESTIMATORS:
             raise ValueError(
                 f"AlgorithmConfig.advantage: unknown advantage estimator {self.advantage!r}; "
                 f"known: {_known(ADVANTAGE_ESTIMATORS)}"
             )
         estimator = ADVANTAGE_ESTIMATORS[self.advantage]
-        object.__setattr__(self, "advantage_params",
-                           _resolve_params("AlgorithmConfig.advantage_params", estimator.params, self.advantage_params))
+        object.__setattr__(
+            self,
+            "advantage_params",
+            _resolve_params(
+                "AlgorithmConfig.advantage_params", estimator.params, self.advantage_params
+            ),
+        )
         object.__setattr__(self, "loss_terms", self._resolve_terms(self.loss_terms))
         try:
-            validate_mode(self.aggregation, 1.0 if self.aggregation_constant is None else self.aggregation_constant)
+            validate_mode(
+                self.aggregation,
+                1.0 if self.aggregation_constant is None else self.aggregation_constant,
+            )
         except ValueError as e:
-            field = "aggregation" if self.aggregation not in AGGREGATION_MODES else "aggregation_constant"
+            field = (
+                "aggregation"
+                if self.aggregation not in AGGREGATION_MODES
+                else "aggregation_constant"
+            )
             raise ValueError(f"AlgorithmConfig.{field}: {e}") from None
         if not self.terms_for("policy"):
-            raise ValueError("AlgorithmConfig.loss_terms: needs at least one policy term "
-                             f"(policy terms: {_terms_of('policy')})")
+            raise ValueError(
+                "AlgorithmConfig.loss_terms: needs at least one policy term "
+                f"(policy terms: {_terms_of('policy')})"
+            )
         if estimator.uses_critic and not self.terms_for("critic"):
-            raise ValueError(f"AlgorithmConfig.loss_terms: advantage {self.advantage!r} uses a critic, so a critic "
-                             f"term is needed (critic terms: {_terms_of('critic')})")
+            raise ValueError(
+                f"AlgorithmConfig.loss_terms: advantage {self.advantage!r} uses a critic, so a critic "
+                f"term is needed (critic terms: {_terms_of('critic')})"
+            )
 
     @staticmethod
     def _resolve_terms(terms) -> tuple[LossTermConfig, ...]:
         if isinstance(terms, (str, Mapping, LossTermConfig)) or not hasattr(terms, "__iter__"):
-            raise ValueError(f"AlgorithmConfig.loss_terms: must be a sequence of loss terms, got {terms!r}")
+            raise ValueError(
+                f"AlgorithmConfig.loss_terms: must be a sequence of loss terms, got {terms!r}"
+            )
         resolved, seen = [], set()
         for i, term in enumerate(terms):
             if isinstance(term, Mapping):
                 extra = sorted(set(term) - {"name", "coef", "params"})
                 if extra or "name" not in term:
-                    raise ValueError(f"AlgorithmConfig.loss_terms[{i}]: needs 'name' and only name/coef/params, "
-                                     f"got {dict(term)!r}")
+                    raise ValueError(
+                        f"AlgorithmConfig.loss_terms[{i}]: needs 'name' and only name/coef/params, "
+                        f"got {dict(term)!r}"
+                    )
                 try:
                     term = LossTermConfig(**term)
                 except ValueError as e:
                     raise ValueError(f"AlgorithmConfig.loss_terms[{i}]: {e}") from None
             if not isinstance(term, LossTermConfig):
-                raise ValueError(f"AlgorithmConfig.loss_terms[{i}]: must be a LossTermConfig or mapping, got {term!r}")
+                raise ValueError(
+                    f"AlgorithmConfig.loss_terms[{i}]: must be a LossTermConfig or mapping, got {term!r}"
+                )
             if term.name in seen:
-                raise ValueError(f"AlgorithmConfig.loss_terms[{i}]: term {term.name!r} appears twice")
+                raise ValueError(
+                    f"AlgorithmConfig.loss_terms[{i}]: term {term.name!r} appears twice"
+                )
             seen.add(term.name)
             resolved.append(term)
         return tuple(resolved)
@@ -351,7 +423,9 @@ class AlgorithmConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"AlgorithmConfig: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"AlgorithmConfig: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}"
+            )
         return cls(**d)
 
     def terms_for(self, target: str) -> tuple[LossTermConfig, ...]:
@@ -369,7 +443,9 @@ class AlgorithmConfig:
         E.g. ``{"logprobs", "old_logprobs", "advantages", "ref_logprobs"}`` for the default
         GRPO; a trainer computes ``entropy`` or ``ref_logprobs`` iff they appear here.
         """
-        return frozenset(name for t in self.terms_for(target) for name in t.term.required) - {"loss_mask"}
+        return frozenset(name for t in self.terms_for(target) for name in t.term.required) - {
+            "loss_mask"
+        }
 
     @property
     def required_advantage_inputs(self) -> frozenset[str]:
@@ -422,8 +498,10 @@ def metric_sum(value: jax.Array, loss_mask: jax.Array) -> LossSum:
         return LossSum(jnp.sum(jnp.where(rows > 0, value, 0.0)), jnp.sum(rows))
     if value.ndim == 0:
         return LossSum(value.astype(jnp.float32), jnp.ones((), jnp.float32))
-    raise ValueError(f"metric: expected shape {tuple(loss_mask.shape)}, {tuple(loss_mask.shape[:1])} or a scalar, "
-                     f"got {tuple(value.shape)}")
+    raise ValueError(
+        f"metric: expected shape {tuple(loss_mask.shape)}, {tuple(loss_mask.shape[:1])} or a scalar, "
+        f"got {tuple(value.shape)}"
+    )
 
 
 def _term_output(term: LossTerm, out, loss_mask: jax.Array) -> tuple[jax.Array, dict[str, LossSum]]:
@@ -432,23 +510,31 @@ def _term_output(term: LossTerm, out, loss_mask: jax.Array) -> tuple[jax.Array, 
     metrics = {}
     if isinstance(out, tuple):
         if len(out) != 2 or not isinstance(out[1], Mapping):
-            raise ValueError(f"{where}: must return a per-token loss or (loss, metrics mapping), got a tuple of "
-                             f"{len(out)}")
+            raise ValueError(
+                f"{where}: must return a per-token loss or (loss, metrics mapping), got a tuple of "
+                f"{len(out)}"
+            )
         out, raw = out
         for key, value in raw.items():
             if not isinstance(key, str) or not key or "/" in key:
-                raise ValueError(f"{where}: metric names must be non-empty strings without '/', got {key!r}")
+                raise ValueError(
+                    f"{where}: metric names must be non-empty strings without '/', got {key!r}"
+                )
             try:
                 metrics[f"{term.name}/{key}"] = metric_sum(jax.lax.stop_gradient(value), loss_mask)
             except ValueError as e:
                 raise ValueError(f"{where}: {key!r} {e}") from None
     if getattr(out, "shape", None) != loss_mask.shape:
-        raise ValueError(f"{where}: per-token loss must have the loss mask's shape {tuple(loss_mask.shape)}, "
-                         f"got {getattr(out, 'shape', type(out).__name__)}")
+        raise ValueError(
+            f"{where}: per-token loss must have the loss mask's shape {tuple(loss_mask.shape)}, "
+            f"got {getattr(out, 'shape', type(out).__name__)}"
+        )
     return out, metrics
 
 
-def compute_loss_with_metrics(config: AlgorithmConfig, inputs: LossInputs, target: str = "policy") -> LossResult:
+def compute_loss_with_metrics(
+    config: AlgorithmConfig, inputs: LossInputs, target: str = "policy"
+) -> LossResult:
     """The weighted sum of ``target``'s terms, aggregated once, each term unweighted, and their metrics.
 
     Returns a :class:`LossResult` ``(total, parts, metrics)``: ``total`` is the
@@ -464,15 +550,21 @@ def compute_loss_with_metrics(config: AlgorithmConfig, inputs: LossInputs, targe
     if not terms:
         raise ValueError(f"compute_loss: config has no {target} loss terms")
     if config.aggregation_constant is None:
-        raise ValueError("compute_loss: aggregation_constant is None (the trainer's max_response_length); "
-                         "resolve it first, e.g. through TrainConfig(max_response_length=...)")
+        raise ValueError(
+            "compute_loss: aggregation_constant is None (the trainer's max_response_length); "
+            "resolve it first, e.g. through TrainConfig(max_response_length=...)"
+        )
     weighted, parts, metrics = None, {}, {}
     for term_config in terms:  # a few configured terms, not data
         term = term_config.term
         _require_inputs(f"loss term {term.name!r}", term.required, inputs)
-        per_token, term_metrics = _term_output(term, term.fn(inputs, **dict(term_config.params)), inputs.loss_mask)
+        per_token, term_metrics = _term_output(
+            term, term.fn(inputs, **dict(term_config.params)), inputs.loss_mask
+        )
         metrics.update(term_metrics)
-        parts[term.name] = aggregate(per_token, inputs.loss_mask, config.aggregation, config.aggregation_constant)
+        parts[term.name] = aggregate(
+            per_token, inputs.loss_mask, config.aggregation, config.aggregation_constant
+        )
         scaled = term_config.coef * per_token
         weighted = scaled if weighted is None else weighted + scaled
     total = aggregate(weighted, inputs.loss_mask, config.aggregation, config.aggregation_constant)
@@ -499,11 +591,20 @@ _FLAG_TRUE = Param(True, _is_bool, "a bool")
 _UNIT = "a number in [0, 1]"
 
 
-@register_advantage("grpo", required=("rewards", "group_ids"),
-                    params={"eps": _EPS, "ddof": _DDOF, "scale_by_std": _FLAG_TRUE})
+@register_advantage(
+    "grpo",
+    required=("rewards", "group_ids"),
+    params={"eps": _EPS, "ddof": _DDOF, "scale_by_std": _FLAG_TRUE},
+)
 def _grpo(inputs: AdvantageInputs, *, eps, ddof, scale_by_std) -> AdvantageOutput:
-    a = adv.grpo_advantages(inputs.rewards, inputs.group_ids, inputs.traj_mask,
-                            eps=eps, ddof=ddof, scale_by_std=scale_by_std)
+    a = adv.grpo_advantages(
+        inputs.rewards,
+        inputs.group_ids,
+        inputs.traj_mask,
+        eps=eps,
+        ddof=ddof,
+        scale_by_std=scale_by_std,
+    )
     return AdvantageOutput(adv.broadcast_trajectories_to_tokens(a, inputs.loss_mask), None)
 
 
@@ -522,30 +623,57 @@ def _rloo(inputs: AdvantageInputs) -> AdvantageOutput:
 
 
 @register_advantage(
-    "gigpo", required=("rewards", "group_ids", "turn_mask", "anchor_keys", "token_turn_index"),
-    params={"omega": Param(1.0, _real(0), "a finite number >= 0"), "gamma": Param(0.95, _real(0, 1), _UNIT),
-            "eps": _EPS, "ddof": _DDOF, "episode_scale_by_std": _FLAG_TRUE, "step_scale_by_std": _FLAG_TRUE},
+    "gigpo",
+    required=("rewards", "group_ids", "turn_mask", "anchor_keys", "token_turn_index"),
+    params={
+        "omega": Param(1.0, _real(0), "a finite number >= 0"),
+        "gamma": Param(0.95, _real(0, 1), _UNIT),
+        "eps": _EPS,
+        "ddof": _DDOF,
+        "episode_scale_by_std": _FLAG_TRUE,
+        "step_scale_by_std": _FLAG_TRUE,
+    },
 )
-def _gigpo(inputs: AdvantageInputs, *, omega, gamma, eps, ddof, episode_scale_by_std, step_scale_by_std):
+def _gigpo(
+    inputs: AdvantageInputs, *, omega, gamma, eps, ddof, episode_scale_by_std, step_scale_by_std
+):
     """Step rewards default to the outcome reward on each trajectory's last real turn."""
     step_rewards = inputs.step_rewards
     if step_rewards is None:
         step_rewards = adv.place_at_last_valid(inputs.rewards, inputs.turn_mask)
     per_turn = adv.gigpo_advantages(
-        inputs.rewards, step_rewards, inputs.group_ids, inputs.anchor_keys, inputs.turn_mask, inputs.traj_mask,
-        omega=omega, gamma=gamma, eps=eps, ddof=ddof,
-        episode_scale_by_std=episode_scale_by_std, step_scale_by_std=step_scale_by_std,
+        inputs.rewards,
+        step_rewards,
+        inputs.group_ids,
+        inputs.anchor_keys,
+        inputs.turn_mask,
+        inputs.traj_mask,
+        omega=omega,
+        gamma=gamma,
+        eps=eps,
+        ddof=ddof,
+        episode_scale_by_std=episode_scale_by_std,
+        step_scale_by_std=step_scale_by_std,
     )
     per_token = adv.broadcast_turns_to_tokens(per_turn, inputs.token_turn_index)
     return AdvantageOutput(per_token * inputs.loss_mask.astype(per_token.dtype), None)
 
 
-@register_advantage("gae", required=("token_rewards", "values"), uses_critic=True,
-                    params={"gamma": Param(1.0, _real(0, 1), _UNIT), "lam": Param(1.0, _real(0, 1), _UNIT),
-                            "whiten": _FLAG_TRUE})
+@register_advantage(
+    "gae",
+    required=("token_rewards", "values"),
+    uses_critic=True,
+    params={
+        "gamma": Param(1.0, _real(0, 1), _UNIT),
+        "lam": Param(1.0, _real(0, 1), _UNIT),
+        "whiten": _FLAG_TRUE,
+    },
+)
 def _gae(inputs: AdvantageInputs, *, gamma, lam, whiten) -> AdvantageOutput:
     """Whitening (verl's default for GAE) applies to advantages only; returns stay raw targets."""
-    a, returns = adv.gae_advantages(inputs.token_rewards, inputs.values, inputs.loss_mask, gamma=gamma, lam=lam)
+    a, returns = adv.gae_advantages(
+        inputs.token_rewards, inputs.values, inputs.loss_mask, gamma=gamma, lam=lam
+    )
     if whiten:
         a = adv.masked_whiten(a, inputs.loss_mask)
     return AdvantageOutput(a, returns)
@@ -555,10 +683,13 @@ _CLIP_LOW = "a number in [0, 1)"
 
 
 @register_loss_term(
-    "policy_clip", required=("logprobs", "old_logprobs", "advantages"),
-    params={"clip_low": Param(0.2, _real(0, 1, hi_open=True), _CLIP_LOW),
-            "clip_high": Param(0.2, _real(0), "a finite number >= 0"),
-            "dual_clip": Param(None, _none_or(_real(1, lo_open=True)), "None or a finite number > 1")},
+    "policy_clip",
+    required=("logprobs", "old_logprobs", "advantages"),
+    params={
+        "clip_low": Param(0.2, _real(0, 1, hi_open=True), _CLIP_LOW),
+        "clip_high": Param(0.2, _real(0), "a finite number >= 0"),
+        "dual_clip": Param(None, _none_or(_real(1, lo_open=True)), "None or a finite number > 1"),
+    },
 )
 def _policy_clip(inputs: LossInputs, *, clip_low, clip_high, dual_clip) -> TermOutput:
     """PPO clip (:func:`~agentrl_jax.algorithms.losses.clipped_surrogate`); DAPO clip-higher with clip_high > clip_low.
@@ -567,20 +698,30 @@ def _policy_clip(inputs: LossInputs, *, clip_low, clip_high, dual_clip) -> TermO
     ``approx_kl`` (token mean of ``(r - 1) - log r``).
     """
     clips = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
-    loss = losses.clipped_surrogate(inputs.logprobs, inputs.old_logprobs, inputs.advantages, **clips)
+    loss = losses.clipped_surrogate(
+        inputs.logprobs, inputs.old_logprobs, inputs.advantages, **clips
+    )
     logprobs = jax.lax.stop_gradient(inputs.logprobs)
-    return TermOutput(loss, {
-        "clip_fraction": losses.clip_indicator(logprobs, inputs.old_logprobs, inputs.advantages, **clips),
-        "approx_kl": losses.approx_kl(logprobs, inputs.old_logprobs),
-    })
+    return TermOutput(
+        loss,
+        {
+            "clip_fraction": losses.clip_indicator(
+                logprobs, inputs.old_logprobs, inputs.advantages, **clips
+            ),
+            "approx_kl": losses.approx_kl(logprobs, inputs.old_logprobs),
+        },
+    )
 
 
 @register_loss_term(
-    "policy_clip_tis", required=("logprobs", "old_logprobs", "advantages", "sampler_logprobs"),
-    params={"clip_low": Param(0.2, _real(0, 1, hi_open=True), _CLIP_LOW),
-            "clip_high": Param(0.2, _real(0), "a finite number >= 0"),
-            "dual_clip": Param(None, _none_or(_real(1, lo_open=True)), "None or a finite number > 1"),
-            "cap": Param(2.0, _real(0, lo_open=True), "a finite number > 0")},
+    "policy_clip_tis",
+    required=("logprobs", "old_logprobs", "advantages", "sampler_logprobs"),
+    params={
+        "clip_low": Param(0.2, _real(0, 1, hi_open=True), _CLIP_LOW),
+        "clip_high": Param(0.2, _real(0), "a finite number >= 0"),
+        "dual_clip": Param(None, _none_or(_real(1, lo_open=True)), "None or a finite number > 1"),
+        "cap": Param(2.0, _real(0, lo_open=True), "a finite number > 0"),
+    },
 )
 def _policy_clip_tis(inputs: LossInputs, *, clip_low, clip_high, dual_clip, cap) -> TermOutput:
     """``policy_clip`` with truncated importance sampling: each token's loss times
@@ -594,14 +735,19 @@ def _policy_clip_tis(inputs: LossInputs, *, clip_low, clip_high, dual_clip, cap)
     """
     plain = _policy_clip(inputs, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
     weight = losses.tis_weight(inputs.old_logprobs, inputs.sampler_logprobs, cap)
-    return TermOutput(plain.loss * weight, {**plain.metrics, "tis_weight": weight,
-                                            "tis_capped": (weight >= cap).astype(jnp.float32)})
+    return TermOutput(
+        plain.loss * weight,
+        {**plain.metrics, "tis_weight": weight, "tis_capped": (weight >= cap).astype(jnp.float32)},
+    )
 
 
 @register_loss_term(
-    "gspo_clip", required=("logprobs", "old_logprobs", "advantages"),
-    params={"clip_low": Param(3e-4, _real(0, 1, hi_open=True), _CLIP_LOW),
-            "clip_high": Param(4e-4, _real(0), "a finite number >= 0")},
+    "gspo_clip",
+    required=("logprobs", "old_logprobs", "advantages"),
+    params={
+        "clip_low": Param(3e-4, _real(0, 1, hi_open=True), _CLIP_LOW),
+        "clip_high": Param(4e-4, _real(0), "a finite number >= 0"),
+    },
 )
 def _gspo_clip(inputs: LossInputs, *, clip_low, clip_high) -> TermOutput:
     """GSPO (:func:`~agentrl_jax.algorithms.losses.gspo_surrogate`): sequence-level ratio, clipped per sequence.
@@ -612,25 +758,48 @@ def _gspo_clip(inputs: LossInputs, *, clip_low, clip_high) -> TermOutput:
     (mean over sequences of ``s_i``).
     """
     mask = inputs.loss_mask
-    loss = losses.gspo_surrogate(inputs.logprobs, inputs.old_logprobs, inputs.advantages, mask,
-                                 clip_low=clip_low, clip_high=clip_high)
+    loss = losses.gspo_surrogate(
+        inputs.logprobs,
+        inputs.old_logprobs,
+        inputs.advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+    )
     logprobs = jax.lax.stop_gradient(inputs.logprobs)
-    clipped = losses.gspo_clip_indicator(logprobs, inputs.old_logprobs, inputs.advantages, mask,
-                                         clip_low=clip_low, clip_high=clip_high)
+    clipped = losses.gspo_clip_indicator(
+        logprobs,
+        inputs.old_logprobs,
+        inputs.advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+    )
     weights = mask.astype(clipped.dtype)
-    return TermOutput(loss, {
-        "clip_fraction": clipped,
-        "seq_clip_fraction": jnp.max(clipped * weights, axis=-1),
-        "approx_kl": losses.approx_kl(logprobs, inputs.old_logprobs),
-        "seq_ratio": jnp.exp(jnp.clip(losses.sequence_log_ratio(logprobs, inputs.old_logprobs, mask),
-                                      -losses.LOG_RATIO_CLAMP, losses.LOG_RATIO_CLAMP)),
-    })
+    return TermOutput(
+        loss,
+        {
+            "clip_fraction": clipped,
+            "seq_clip_fraction": jnp.max(clipped * weights, axis=-1),
+            "approx_kl": losses.approx_kl(logprobs, inputs.old_logprobs),
+            "seq_ratio": jnp.exp(
+                jnp.clip(
+                    losses.sequence_log_ratio(logprobs, inputs.old_logprobs, mask),
+                    -losses.LOG_RATIO_CLAMP,
+                    losses.LOG_RATIO_CLAMP,
+                )
+            ),
+        },
+    )
 
 
 @register_loss_term(
-    "kl", required=("logprobs", "ref_logprobs"),
-    params={"estimator": Param("k3", _one_of(*losses.KL_ESTIMATORS), f"one of {losses.KL_ESTIMATORS}"),
-            "k3_max": Param(10.0, _none_or(_real(0, lo_open=True)), "None or a finite number > 0")},
+    "kl",
+    required=("logprobs", "ref_logprobs"),
+    params={
+        "estimator": Param("k3", _one_of(*losses.KL_ESTIMATORS), f"one of {losses.KL_ESTIMATORS}"),
+        "k3_max": Param(10.0, _none_or(_real(0, lo_open=True)), "None or a finite number > 0"),
+    },
 )
 def _kl(inputs: LossInputs, *, estimator, k3_max):
     return losses.kl_penalty(inputs.logprobs, inputs.ref_logprobs, estimator, k3_max=k3_max)
@@ -641,7 +810,11 @@ def _entropy(inputs: LossInputs):
     return losses.entropy_bonus(inputs.entropy)
 
 
-@register_loss_term("value_clip", required=("values", "old_values", "returns"), target="critic",
-                    params={"clip": Param(0.5, _real(0, lo_open=True), "a finite number > 0")})
+@register_loss_term(
+    "value_clip",
+    required=("values", "old_values", "returns"),
+    target="critic",
+    params={"clip": Param(0.5, _real(0, lo_open=True), "a finite number > 0")},
+)
 def _value_clip(inputs: LossInputs, *, clip):
     return losses.clipped_value_loss(inputs.values, inputs.old_values, inputs.returns, clip=clip)

@@ -38,6 +38,7 @@ def _random_actions(key, shape):
 def _run_ours(keys, states, params):
     """One auto-reset step per key in ``keys``; returns the end state and the total reward
     (so no step is dead code)."""
+
     def body(carry, step_key):
         states, total = carry
         action_key, env_key = jax.random.split(step_key)
@@ -54,12 +55,16 @@ def ours_runner(pool: np.ndarray, batch: int, steps: int, seed: int = 0) -> Call
     params = fl_env.make_params(pool, is_slippery=True, max_steps=MAX_STEPS)
     key = jax.random.key(seed)
     key, reset_key = jax.random.split(key)
-    _, states = jax.vmap(fl_env.reset, in_axes=(0, None))(jax.random.split(reset_key, batch), params)
+    _, states = jax.vmap(fl_env.reset, in_axes=(0, None))(
+        jax.random.split(reset_key, batch), params
+    )
     carry = {"key": key, "states": states}
 
     def run():
         carry["key"], run_key = jax.random.split(carry["key"])
-        carry["states"], total = _run_ours(jax.random.split(run_key, steps), carry["states"], params)
+        carry["states"], total = _run_ours(
+            jax.random.split(run_key, steps), carry["states"], params
+        )
         jax.block_until_ready(total)
 
     return run
@@ -68,7 +73,9 @@ def ours_runner(pool: np.ndarray, batch: int, steps: int, seed: int = 0) -> Call
 class NumpyFrozenLake:
     """The same batched, auto-resetting env as plain vectorized NumPy (the baseline)."""
 
-    def __init__(self, pool: np.ndarray, batch: int, success_rate: float, max_steps: int, seed: int):
+    def __init__(
+        self, pool: np.ndarray, batch: int, success_rate: float, max_steps: int, seed: int
+    ):
         self.n = pool.shape[-1]
         self.pool = pool.reshape(len(pool), -1)
         self.pool_starts = np.argmax(self.pool == grid.START, axis=1)
@@ -129,26 +136,45 @@ def gymnasium_runner(steps: int, seed: int = 0) -> Callable[[], None]:
     return run
 
 
-def run(batch_sizes: Sequence[int] = (4096, 65536), steps: int = 200, repeats: int = 5) -> list[BenchResult]:
+def run(
+    batch_sizes: Sequence[int] = (4096, 65536), steps: int = 200, repeats: int = 5
+) -> list[BenchResult]:
     """Ours vs gymnasium's vector env and vs the NumPy step, one pair of rows per batch size."""
     pool = np.asarray(maps.generate(jax.random.key(0), POOL_SIZE, size=SIZE, p=0.8))
     gym_seconds = median_time(gymnasium_runner(steps), repeats=repeats)
     gym_rate = GYM_ENVS * steps / gym_seconds
     results = []
     for batch in batch_sizes:
-        settings = {"map_size": SIZE, "slippery": True, "envs": batch, "steps": steps,
-                    "map_pool": POOL_SIZE, "max_steps": MAX_STEPS, "repeats": repeats,
-                    "jax_backend": jax.default_backend()}
+        settings = {
+            "map_size": SIZE,
+            "slippery": True,
+            "envs": batch,
+            "steps": steps,
+            "map_pool": POOL_SIZE,
+            "max_steps": MAX_STEPS,
+            "repeats": repeats,
+            "jax_backend": jax.default_backend(),
+        }
         ours_rate = batch * steps / median_time(ours_runner(pool, batch, steps), repeats=repeats)
         numpy_rate = batch * steps / median_time(numpy_runner(pool, batch, steps), repeats=repeats)
-        results.append(BenchResult(
-            name=f"env steps 8x8 slippery, {batch} envs", unit="steps/s", ours=ours_rate,
-            baseline=gym_rate, baseline_name=f"gymnasium SyncVectorEnv({GYM_ENVS}) FrozenLake-v1",
-            settings=settings,
-        ))
-        results.append(BenchResult(
-            name=f"env steps 8x8 slippery, {batch} envs", unit="steps/s", ours=ours_rate,
-            baseline=numpy_rate, baseline_name=f"NumPy vectorized step ({batch} envs)",
-            settings=settings,
-        ))
+        results.append(
+            BenchResult(
+                name=f"env steps 8x8 slippery, {batch} envs",
+                unit="steps/s",
+                ours=ours_rate,
+                baseline=gym_rate,
+                baseline_name=f"gymnasium SyncVectorEnv({GYM_ENVS}) FrozenLake-v1",
+                settings=settings,
+            )
+        )
+        results.append(
+            BenchResult(
+                name=f"env steps 8x8 slippery, {batch} envs",
+                unit="steps/s",
+                ours=ours_rate,
+                baseline=numpy_rate,
+                baseline_name=f"NumPy vectorized step ({batch} envs)",
+                settings=settings,
+            )
+        )
     return results

@@ -19,19 +19,41 @@ from agentrl_jax.bench.report import BenchResult, median_time
 
 # Model shapes. "qwen3-0.6b-2layers" is Qwen3-0.6B's config.json with 28 layers cut to 2.
 CONFIGS = {
-    "tiny": dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-    "qwen3-0.6b-2layers": dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
-                               num_hidden_layers=2, num_attention_heads=16,
-                               num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                               rope_theta=1_000_000.0, max_position_embeddings=40_960,
-                               rms_norm_eps=1e-6),
+    "tiny": dict(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ),
+    "qwen3-0.6b-2layers": dict(
+        vocab_size=151_936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40_960,
+        rms_norm_eps=1e-6,
+    ),
 }
 DTYPES = {"float32": (jnp.float32, "float32"), "bfloat16": (jnp.bfloat16, "bfloat16")}
 
 
-def run(*, configs: Sequence[str] = tuple(CONFIGS), batch: int = 4, seq_len: int = 128,
-        dtype: str = "float32", repeats: int = 3, seed: int = 0) -> list[BenchResult]:
+def run(
+    *,
+    configs: Sequence[str] = tuple(CONFIGS),
+    batch: int = 4,
+    seq_len: int = 128,
+    dtype: str = "float32",
+    repeats: int = 3,
+    seed: int = 0,
+) -> list[BenchResult]:
     """One :class:`BenchResult` (prefill tokens/s) per config name in ``configs``."""
     unknown = [name for name in configs if name not in CONFIGS]
     if unknown:
@@ -43,8 +65,9 @@ def run(*, configs: Sequence[str] = tuple(CONFIGS), batch: int = 4, seq_len: int
     return [_prefill(name, batch, seq_len, dtype, repeats, seed) for name in configs]
 
 
-def _prefill(name: str, batch: int, seq_len: int, dtype: str, repeats: int,
-             seed: int) -> BenchResult:
+def _prefill(
+    name: str, batch: int, seq_len: int, dtype: str, repeats: int, seed: int
+) -> BenchResult:
     """Time both forwards on one random checkpoint of shape ``CONFIGS[name]``."""
     import torch
     import transformers
@@ -58,7 +81,8 @@ def _prefill(name: str, batch: int, seq_len: int, dtype: str, repeats: int,
         random.save_pretrained(model_dir)
         del random
         hf = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=getattr(torch, torch_dtype_name)).eval()
+            model_dir, dtype=getattr(torch, torch_dtype_name)
+        ).eval()
         ours = load_qwen3(model_dir, dtype=jax_dtype, param_dtype=jax_dtype)
 
     tokens = np.random.default_rng(seed).integers(0, CONFIGS[name]["vocab_size"], (batch, seq_len))
@@ -86,8 +110,15 @@ def _prefill(name: str, batch: int, seq_len: int, dtype: str, repeats: int,
         ours=batch * seq_len / ours_s,
         baseline=batch * seq_len / theirs_s,
         baseline_name=f"transformers {transformers.__version__} (torch {torch.__version__}, "
-                      f"{hf.config._attn_implementation})",
-        settings={"config": name, "batch": batch, "seq_len": seq_len, "dtype": dtype,
-                  "repeats": repeats, "logits_max_abs_diff": max_diff,
-                  "jax_backend": jax.default_backend(), "torch_threads": torch.get_num_threads()},
+        f"{hf.config._attn_implementation})",
+        settings={
+            "config": name,
+            "batch": batch,
+            "seq_len": seq_len,
+            "dtype": dtype,
+            "repeats": repeats,
+            "logits_max_abs_diff": max_diff,
+            "jax_backend": jax.default_backend(),
+            "torch_threads": torch.get_num_threads(),
+        },
     )

@@ -36,11 +36,20 @@ def run(count: int = 4096, size: int = 8, repeats: int = 5) -> list[BenchResult]
 
     ours_rate = count / median_time(ours, repeats=repeats)
     baseline_rate = baseline_count / median_time(gymnasium, repeats=repeats)
-    return [BenchResult(
-        name=f"random solvable {size}x{size} maps, {count} at once", unit="maps/s",
-        ours=ours_rate, baseline=baseline_rate,
-        baseline_name="gymnasium generate_random_map",
-        settings={"count": count, "size": size, "p": FROZEN_PROBABILITY,
-                  "baseline_maps_per_run": baseline_count, "repeats": repeats,
-                  "jax_backend": jax.default_backend()},
-    )]
+    return [
+        BenchResult(
+            name=f"random solvable {size}x{size} maps, {count} at once",
+            unit="maps/s",
+            ours=ours_rate,
+            baseline=baseline_rate,
+            baseline_name="gymnasium generate_random_map",
+            settings={
+                "count": count,
+                "size": size,
+                "p": FROZEN_PROBABILITY,
+                "baseline_maps_per_run": baseline_count,
+                "repeats": repeats,
+                "jax_backend": jax.default_backend(),
+            },
+        )
+    ]

@@ -22,7 +22,14 @@ import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
 from agentrl_jax.bench.report import BenchResult, median_time
-from envs.frozenlake.grid import GOAL, NUM_ACTIONS, is_terminal_tile, map_from_strings, move, slip_actions
+from envs.frozenlake.grid import (
+    GOAL,
+    NUM_ACTIONS,
+    is_terminal_tile,
+    map_from_strings,
+    move,
+    slip_actions,
+)
 from envs.frozenlake.qstar import DEFAULT_GAMMA, q_star
 
 AGREEMENT_ATOL = 1e-5  # float32 tables computed in a different order
@@ -30,8 +37,12 @@ AGREEMENT_ATOL = 1e-5  # float32 tables computed in a different order
 
 def random_maps(num_maps: int, size: int = 8, p: float = 0.8, seed: int = 0) -> np.ndarray:
     """``int8[num_maps, size, size]`` from gymnasium's solvable-map generator."""
-    return np.stack([map_from_strings(generate_random_map(size=size, p=p, seed=seed + i))
-                     for i in range(num_maps)])
+    return np.stack(
+        [
+            map_from_strings(generate_random_map(size=size, p=p, seed=seed + i))
+            for i in range(num_maps)
+        ]
+    )
 
 
 def _slip_tables(n: int, success_rate: float):
@@ -42,8 +53,9 @@ def _slip_tables(n: int, success_rate: float):
     return next_cell, np.array([fail, success_rate, fail], np.float32)
 
 
-def numpy_q_star_per_map(tiles: np.ndarray, horizon: int, gamma: float = DEFAULT_GAMMA,
-                         success_rate: float = 1 / 3) -> np.ndarray:
+def numpy_q_star_per_map(
+    tiles: np.ndarray, horizon: int, gamma: float = DEFAULT_GAMMA, success_rate: float = 1 / 3
+) -> np.ndarray:
     """Slippery Q* one map at a time: ``tiles`` ``[B, n, n]`` -> ``float32[B, H+1, S, 4]``."""
     num_maps, n = tiles.shape[0], tiles.shape[-1]
     next_cell, probs = _slip_tables(n, success_rate)
@@ -62,8 +74,9 @@ def numpy_q_star_per_map(tiles: np.ndarray, horizon: int, gamma: float = DEFAULT
     return out
 
 
-def numpy_q_star_batched(tiles: np.ndarray, horizon: int, gamma: float = DEFAULT_GAMMA,
-                         success_rate: float = 1 / 3) -> np.ndarray:
+def numpy_q_star_batched(
+    tiles: np.ndarray, horizon: int, gamma: float = DEFAULT_GAMMA, success_rate: float = 1 / 3
+) -> np.ndarray:
     """Slippery Q* for all maps at once: ``[B, n, n]`` -> ``float32[B, H+1, S, 4]``."""
     num_maps, n = tiles.shape[0], tiles.shape[-1]
     num_cells = n * n
@@ -86,16 +99,24 @@ def numpy_q_star_batched(tiles: np.ndarray, horizon: int, gamma: float = DEFAULT
     return out.reshape(num_maps, horizon + 1, num_cells, NUM_ACTIONS)
 
 
-def run(num_maps: int = 1024, horizon: int = 70, repeats: int = 5, *, size: int = 8,
-        per_map_limit: int | None = None, seed: int = 0) -> list[BenchResult]:
+def run(
+    num_maps: int = 1024,
+    horizon: int = 70,
+    repeats: int = 5,
+    *,
+    size: int = 8,
+    per_map_limit: int | None = None,
+    seed: int = 0,
+) -> list[BenchResult]:
     """Median wall time of Q* for ``num_maps`` random slippery maps, ours vs both baselines.
 
     ``per_map_limit`` times the per-map loop on only that many maps and scales its time
     linearly to ``num_maps`` (it is a loop over independent maps); ``settings`` says so.
     """
     if num_maps < 1 or horizon < 0 or repeats < 1:
-        raise ValueError(f"need num_maps >= 1, horizon >= 0, repeats >= 1; got "
-                         f"{num_maps}, {horizon}, {repeats}")
+        raise ValueError(
+            f"need num_maps >= 1, horizon >= 0, repeats >= 1; got {num_maps}, {horizon}, {repeats}"
+        )
     tiles = random_maps(num_maps, size=size, seed=seed)
     tiles_device = jnp.asarray(tiles)
     per_map_count = num_maps if per_map_limit is None else max(1, min(per_map_limit, num_maps))
@@ -103,33 +124,58 @@ def run(num_maps: int = 1024, horizon: int = 70, repeats: int = 5, *, size: int 
     ours_q = np.asarray(q_star(tiles_device, horizon))
     diffs = {
         "batched": np.abs(numpy_q_star_batched(tiles, horizon) - ours_q).max(),
-        "per_map": np.abs(numpy_q_star_per_map(tiles[:per_map_count], horizon)
-                          - ours_q[:per_map_count]).max(),
+        "per_map": np.abs(
+            numpy_q_star_per_map(tiles[:per_map_count], horizon) - ours_q[:per_map_count]
+        ).max(),
     }
     for name, diff in diffs.items():
         if not diff <= AGREEMENT_ATOL:
             raise RuntimeError(f"{name} NumPy Q* differs from ours by {diff} (> {AGREEMENT_ATOL})")
 
-    ours_s = median_time(lambda: jax.block_until_ready(q_star(tiles_device, horizon)),
-                         repeats=repeats)
+    ours_s = median_time(
+        lambda: jax.block_until_ready(q_star(tiles_device, horizon)), repeats=repeats
+    )
     batched_s = median_time(lambda: numpy_q_star_batched(tiles, horizon), repeats=repeats)
-    per_map_s = median_time(lambda: numpy_q_star_per_map(tiles[:per_map_count], horizon),
-                            repeats=repeats) * (num_maps / per_map_count)
+    per_map_s = median_time(
+        lambda: numpy_q_star_per_map(tiles[:per_map_count], horizon), repeats=repeats
+    ) * (num_maps / per_map_count)
 
     settings = {
-        "maps": num_maps, "size": size, "p_frozen": 0.8, "horizon": horizon,
-        "gamma": DEFAULT_GAMMA, "is_slippery": True, "dtype": "float32",
+        "maps": num_maps,
+        "size": size,
+        "p_frozen": 0.8,
+        "horizon": horizon,
+        "gamma": DEFAULT_GAMMA,
+        "is_slippery": True,
+        "dtype": "float32",
         "output": f"Q[{num_maps}, {horizon + 1}, {size * size}, 4]",
         "map_source": f"gymnasium generate_random_map, seeds {seed}..{seed + num_maps - 1}",
-        "repeats": repeats, "statistic": "median",
-        "backend": jax.default_backend(), "device": str(jax.devices()[0]),
+        "repeats": repeats,
+        "statistic": "median",
+        "backend": jax.default_backend(),
+        "device": str(jax.devices()[0]),
     }
     name = f"Q* {num_maps} random {size}x{size} slippery maps, H={horizon}"
     return [
-        BenchResult(name, "ms", ours_s * 1e3, per_map_s * 1e3, "NumPy per-map loop",
-                    {**settings, "per_map_timed_maps": per_map_count,
-                     "per_map_scaled": per_map_count != num_maps,
-                     "max_abs_diff": float(diffs["per_map"])}),
-        BenchResult(name, "ms", ours_s * 1e3, batched_s * 1e3, "NumPy batched",
-                    {**settings, "max_abs_diff": float(diffs["batched"])}),
+        BenchResult(
+            name,
+            "ms",
+            ours_s * 1e3,
+            per_map_s * 1e3,
+            "NumPy per-map loop",
+            {
+                **settings,
+                "per_map_timed_maps": per_map_count,
+                "per_map_scaled": per_map_count != num_maps,
+                "max_abs_diff": float(diffs["per_map"]),
+            },
+        ),
+        BenchResult(
+            name,
+            "ms",
+            ours_s * 1e3,
+            batched_s * 1e3,
+            "NumPy batched",
+            {**settings, "max_abs_diff": float(diffs["batched"])},
+        ),
     ]

@@ -19,8 +19,8 @@ TIME_UNITS = ("s", "ms", "us")
 
 @dataclasses.dataclass(frozen=True)
 class BenchResult:
-    name: str          # what is measured, e.g. "env steps 8x8 slippery, 4096 envs"
-    unit: str          # e.g. "steps/s" (higher is better) or "ms" (lower is better)
+    name: str  # what is measured, e.g. "env steps 8x8 slippery, 4096 envs"
+    unit: str  # e.g. "steps/s" (higher is better) or "ms" (lower is better)
     ours: float
     baseline: float
     baseline_name: str  # e.g. "gymnasium SyncVectorEnv(64)"

@@ -62,8 +62,9 @@ class BenchModel:
 # The model shapes of ``bench forward``; Qwen3-0.6B's tokenizer has 151,669 ids.
 CONFIGS = {
     "tiny": BenchModel("tiny", MODEL_SHAPES["tiny"]),
-    "qwen3-0.6b-2layers": BenchModel("qwen3-0.6b-2layers", MODEL_SHAPES["qwen3-0.6b-2layers"],
-                                     valid_vocab_size=151_669),
+    "qwen3-0.6b-2layers": BenchModel(
+        "qwen3-0.6b-2layers", MODEL_SHAPES["qwen3-0.6b-2layers"], valid_vocab_size=151_669
+    ),
 }
 
 
@@ -77,7 +78,7 @@ def make_checkpoint(spec: BenchModel, path: Path, seed: int = 0):
     config = transformers.Qwen3Config(**spec.dims)
     hf = transformers.Qwen3ForCausalLM(config).eval()
     with torch.no_grad():  # logit std ~4 (|h| * initializer_range): peaked, like a trained model
-        hidden_norm = config.hidden_size ** 0.5
+        hidden_norm = config.hidden_size**0.5
         hf.model.norm.weight.fill_(LOGIT_STD / (hidden_norm * config.initializer_range))
     hf.save_pretrained(path)
     return hf
@@ -107,8 +108,9 @@ def _median_of(run: Callable[[], float], repeats: int, warmup: int = 1) -> float
 
 
 # ---------------------------------------------------------------------------- measurements
-def time_ours(sampler: Sampler, params, prompt, new: int, sampling: SamplingConfig,
-              key: jax.Array) -> Callable[[], float]:
+def time_ours(
+    sampler: Sampler, params, prompt, new: int, sampling: SamplingConfig, key: jax.Array
+) -> Callable[[], float]:
     """Seconds for init + prefill + decode of ``new`` tokens (what ``generate`` does)."""
     tokens, mask = prompt
     batch = tokens.shape[0]
@@ -126,14 +128,16 @@ def time_ours(sampler: Sampler, params, prompt, new: int, sampling: SamplingConf
     return run
 
 
-def time_decode_only(sampler: Sampler, params, prompt, new: int, sampling: SamplingConfig,
-                     key: jax.Array) -> Callable[[], float]:
+def time_decode_only(
+    sampler: Sampler, params, prompt, new: int, sampling: SamplingConfig, key: jax.Array
+) -> Callable[[], float]:
     """Seconds per decode step, prefill excluded."""
     tokens, mask = prompt
 
     def run() -> float:
-        state = sampler.append(params, sampler.init(tokens.shape[0], tokens.shape[1] + new),
-                               tokens, mask)
+        state = sampler.append(
+            params, sampler.init(tokens.shape[0], tokens.shape[1] + new), tokens, mask
+        )
         jax.block_until_ready(state)
         start = time.perf_counter()
         _, out = sampler.decode(params, state, key, sampling)
@@ -152,9 +156,18 @@ def time_transformers(hf, prompt, new: int, sampling: SamplingConfig) -> Callabl
     def run() -> float:
         start = time.perf_counter()
         with torch.no_grad():
-            out = hf.generate(tokens, attention_mask=mask, do_sample=True, max_new_tokens=new,
-                              min_new_tokens=new, temperature=sampling.temperature,
-                              top_p=sampling.top_p, top_k=0, eos_token_id=None, pad_token_id=0)
+            out = hf.generate(
+                tokens,
+                attention_mask=mask,
+                do_sample=True,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=0,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
         elapsed = time.perf_counter() - start
         if out.shape[1] != tokens.shape[1] + new:
             raise RuntimeError(f"transformers produced {out.shape[1] - tokens.shape[1]} tokens")
@@ -163,22 +176,32 @@ def time_transformers(hf, prompt, new: int, sampling: SamplingConfig) -> Callabl
     return run
 
 
-def time_rollout(sampler: Sampler, params, prompts, observations, new: int,
-                 sampling: SamplingConfig, key: jax.Array, *, continuation: bool,
-                 max_len: int) -> Callable[[], float]:
+def time_rollout(
+    sampler: Sampler,
+    params,
+    prompts,
+    observations,
+    new: int,
+    sampling: SamplingConfig,
+    key: jax.Array,
+    *,
+    continuation: bool,
+    max_len: int,
+) -> Callable[[], float]:
     """Seconds for a ``len(observations) + 1``-turn rollout (``observations[turn][row]``
     token lists). Without ``continuation`` every
     turn starts from an empty cache and prefills the whole history, padded to the next power
     of two (so it compiles a few times, all in the warm-up run)."""
     batch = len(prompts)
-    buckets = [max_len] + [2 ** i for i in range(4, max_len.bit_length()) if 2 ** i < max_len]
+    buckets = [max_len] + [2**i for i in range(4, max_len.bit_length()) if 2**i < max_len]
     keys = jax.random.split(key, len(observations) + 1)
 
     def run() -> float:
         start = time.perf_counter()
         history = [list(p) for p in prompts]
-        state = sampler.append(params, sampler.init(batch, max_len),
-                               *pad_rows(prompts, ROLLOUT_PROMPT_MAX))
+        state = sampler.append(
+            params, sampler.init(batch, max_len), *pad_rows(prompts, ROLLOUT_PROMPT_MAX)
+        )
         for turn in range(len(observations) + 1):
             if turn:
                 obs = observations[turn - 1]
@@ -186,11 +209,12 @@ def time_rollout(sampler: Sampler, params, prompts, observations, new: int,
                 if continuation:
                     state = sampler.append(params, state, *pad_rows(obs, new))
                 else:
-                    state = sampler.append(params, sampler.init(batch, max_len),
-                                           *pad_rows(history, buckets))
+                    state = sampler.append(
+                        params, sampler.init(batch, max_len), *pad_rows(history, buckets)
+                    )
             state, out = sampler.decode(params, state, keys[turn], sampling)
             tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-            history = [h + tokens[b, :lengths[b]].tolist() for b, h in enumerate(history)]
+            history = [h + tokens[b, : lengths[b]].tolist() for b, h in enumerate(history)]
         jax.block_until_ready(state)
         return time.perf_counter() - start
 
@@ -198,13 +222,20 @@ def time_rollout(sampler: Sampler, params, prompts, observations, new: int,
 
 
 # ---------------------------------------------------------------------------- the benchmark
-def run(configs: Sequence[str] = ("tiny", "qwen3-0.6b-2layers"),
-        shapes: Sequence[tuple[int, int]] = ((8, 64), (256, 16)), prompt_len: int = 32,
-        floor_configs: Sequence[str] = ("qwen3-0.6b-2layers",),
-        floor_batches: Sequence[int] = (1, 8),
-        floor_steps: int = 16, turns: int = 10, turn_tokens: int = 16, repeats: int = 3,
-        torch_threads: int = 0, bandwidth_bytes: int = 1 << 29, seed: int = 0
-        ) -> list[BenchResult]:
+def run(
+    configs: Sequence[str] = ("tiny", "qwen3-0.6b-2layers"),
+    shapes: Sequence[tuple[int, int]] = ((8, 64), (256, 16)),
+    prompt_len: int = 32,
+    floor_configs: Sequence[str] = ("qwen3-0.6b-2layers",),
+    floor_batches: Sequence[int] = (1, 8),
+    floor_steps: int = 16,
+    turns: int = 10,
+    turn_tokens: int = 16,
+    repeats: int = 3,
+    torch_threads: int = 0,
+    bandwidth_bytes: int = 1 << 29,
+    seed: int = 0,
+) -> list[BenchResult]:
     """Every measurement described in the module docstring, for each of ``configs``.
 
     ``torch_threads`` > 0 sets transformers' intra-op threads (on a busy machine, 2 threads
@@ -216,16 +247,25 @@ def run(configs: Sequence[str] = ("tiny", "qwen3-0.6b-2layers"),
     if unknown:
         raise ValueError(f"unknown config(s) {unknown}; choose from {list(CONFIGS)}")
     if min(repeats, prompt_len, turns, turn_tokens, floor_steps) < 1 or torch_threads < 0:
-        raise ValueError("repeats, prompt_len, turns, turn_tokens and floor_steps must be >= 1 "
-                         f"and torch_threads >= 0; got {repeats}, {prompt_len}, {turns}, "
-                         f"{turn_tokens}, {floor_steps}, {torch_threads}")
+        raise ValueError(
+            "repeats, prompt_len, turns, turn_tokens and floor_steps must be >= 1 "
+            f"and torch_threads >= 0; got {repeats}, {prompt_len}, {turns}, "
+            f"{turn_tokens}, {floor_steps}, {torch_threads}"
+        )
     if torch_threads:
         torch.set_num_threads(torch_threads)
     rng = np.random.default_rng(seed)
     key = jax.random.key(seed)
-    common = {"backend": jax.default_backend(), "dtype": "float32", "prompt_len": prompt_len,
-              "temperature": TOP_P.temperature, "top_p": TOP_P.top_p, "repeats": repeats,
-              "statistic": "median", "torch_threads": torch.get_num_threads()}
+    common = {
+        "backend": jax.default_backend(),
+        "dtype": "float32",
+        "prompt_len": prompt_len,
+        "temperature": TOP_P.temperature,
+        "top_p": TOP_P.top_p,
+        "repeats": repeats,
+        "statistic": "median",
+        "torch_threads": torch.get_num_threads(),
+    }
     results: list[BenchResult] = []
     for name in configs:
         spec = CONFIGS[name]
@@ -235,13 +275,19 @@ def run(configs: Sequence[str] = ("tiny", "qwen3-0.6b-2layers"),
             model = load_qwen3(tmp)
         params = nnx.state(model)
         vocab = spec.valid_vocab_size or spec.dims["vocab_size"]
-        settings = {**common, "config": name, "layers": spec.dims["num_hidden_layers"],
-                    "hidden_size": spec.dims["hidden_size"], "vocab_size": spec.dims["vocab_size"],
-                    "param_bytes": parameter_bytes(params)}
+        settings = {
+            **common,
+            "config": name,
+            "layers": spec.dims["num_hidden_layers"],
+            "hidden_size": spec.dims["hidden_size"],
+            "vocab_size": spec.dims["vocab_size"],
+            "param_bytes": parameter_bytes(params),
+        }
 
         def prompts(batch: int):
-            return pad_rows([rng.integers(0, vocab, prompt_len).tolist() for _ in range(batch)],
-                            prompt_len)
+            return pad_rows(
+                [rng.integers(0, vocab, prompt_len).tolist() for _ in range(batch)], prompt_len
+            )
 
         for batch, new in shapes:
             prompt = prompts(batch)
@@ -251,24 +297,60 @@ def run(configs: Sequence[str] = ("tiny", "qwen3-0.6b-2layers"),
             fits = _nucleus_fit_fraction(model, params, prompt, sampling)
             shape = {**settings, "batch": batch, "new_tokens": new, "nucleus_fit_fraction": fits}
             label = f"sample {name}, batch {batch} x {new} new tokens, top-p"
-            results.append(BenchResult(label, "tokens/s", batch * new / ours,
-                                       batch * new / theirs, HF_BASELINE, shape))
-            results.append(BenchResult(label + ", time per token position", "ms",
-                                       ours / new * 1e3, theirs / new * 1e3, HF_BASELINE, shape))
+            results.append(
+                BenchResult(
+                    label, "tokens/s", batch * new / ours, batch * new / theirs, HF_BASELINE, shape
+                )
+            )
+            results.append(
+                BenchResult(
+                    label + ", time per token position",
+                    "ms",
+                    ours / new * 1e3,
+                    theirs / new * 1e3,
+                    HF_BASELINE,
+                    shape,
+                )
+            )
         if name in floor_configs:
             bandwidth = copy_bandwidth(bandwidth_bytes)
             floor = settings["param_bytes"] / bandwidth
             for batch in floor_batches:
                 sampler = Sampler(model, max_new_tokens=floor_steps, stop_token_ids=())
-                step = _median_of(time_decode_only(sampler, params, prompts(batch), floor_steps,
-                                                   sampling, key), repeats)
-                results.append(BenchResult(
-                    f"decode step {name}, batch {batch}, top-p (prefill excluded)", "ms",
-                    step * 1e3, floor * 1e3, FLOOR_BASELINE,
-                    {**settings, "batch": batch, "steps": floor_steps,
-                     "copy_bandwidth_GBps": bandwidth / 1e9}))
-        results.append(_rollout_result(model, params, name, settings, sampling, vocab, rng, key,
-                                       turns, turn_tokens, repeats))
+                step = _median_of(
+                    time_decode_only(sampler, params, prompts(batch), floor_steps, sampling, key),
+                    repeats,
+                )
+                results.append(
+                    BenchResult(
+                        f"decode step {name}, batch {batch}, top-p (prefill excluded)",
+                        "ms",
+                        step * 1e3,
+                        floor * 1e3,
+                        FLOOR_BASELINE,
+                        {
+                            **settings,
+                            "batch": batch,
+                            "steps": floor_steps,
+                            "copy_bandwidth_GBps": bandwidth / 1e9,
+                        },
+                    )
+                )
+        results.append(
+            _rollout_result(
+                model,
+                params,
+                name,
+                settings,
+                sampling,
+                vocab,
+                rng,
+                key,
+                turns,
+                turn_tokens,
+                repeats,
+            )
+        )
     return results
 
 
@@ -279,28 +361,58 @@ def _nucleus_fit_fraction(model, params, prompt, sampling: SamplingConfig) -> di
     merged = nnx.merge(nnx.graphdef(model), params)
     hidden, _ = merged.hidden_states(tokens, positions_from_mask(mask), mask)
     logits = merged.logits(hidden[:, -1])
-    return {f"k={k}": float(np.mean(np.asarray(nucleus_fits_prefilter(logits, sampling, k=k))))
-            for k in sampling.prefilter_stages(logits.shape[-1])}
+    return {
+        f"k={k}": float(np.mean(np.asarray(nucleus_fits_prefilter(logits, sampling, k=k))))
+        for k in sampling.prefilter_stages(logits.shape[-1])
+    }
 
 
-def _rollout_result(model, params, name, settings, sampling, vocab, rng, key, turns,
-                    turn_tokens, repeats) -> BenchResult:
+def _rollout_result(
+    model, params, name, settings, sampling, vocab, rng, key, turns, turn_tokens, repeats
+) -> BenchResult:
     batch = ROLLOUT_BATCH
-    prompts = [rng.integers(0, vocab, int(n)).tolist()
-               for n in rng.integers(16, ROLLOUT_PROMPT_MAX + 1, batch)]
-    observations = [[rng.integers(0, vocab, int(n)).tolist()  # [turn - 1][row]
-                     for n in rng.integers(1, turn_tokens + 1, batch)] for _ in range(turns - 1)]
+    prompts = [
+        rng.integers(0, vocab, int(n)).tolist()
+        for n in rng.integers(16, ROLLOUT_PROMPT_MAX + 1, batch)
+    ]
+    observations = [
+        [
+            rng.integers(0, vocab, int(n)).tolist()  # [turn - 1][row]
+            for n in rng.integers(1, turn_tokens + 1, batch)
+        ]
+        for _ in range(turns - 1)
+    ]
     max_len = ROLLOUT_PROMPT_MAX + (2 * turns - 1) * turn_tokens
     sampler = Sampler(model, max_new_tokens=turn_tokens, stop_token_ids=())
     timings = {}
     for continuation in (True, False):
-        timings[continuation] = _median_of(time_rollout(
-            sampler, params, prompts, observations, turn_tokens, sampling, key,
-            continuation=continuation, max_len=max_len), repeats)
+        timings[continuation] = _median_of(
+            time_rollout(
+                sampler,
+                params,
+                prompts,
+                observations,
+                turn_tokens,
+                sampling,
+                key,
+                continuation=continuation,
+                max_len=max_len,
+            ),
+            repeats,
+        )
     return BenchResult(
         f"{turns}-turn rollout {name}, batch {batch}, {turn_tokens} new tokens/turn, "
-        "cache continuation", "s", timings[True], timings[False],
+        "cache continuation",
+        "s",
+        timings[True],
+        timings[False],
         "same sampler re-encoding the history each turn",
-        {**settings, "batch": batch, "turns": turns, "max_len": max_len,
-         "observation_tokens": f"1..{turn_tokens}",
-         "prompt_tokens": f"16..{ROLLOUT_PROMPT_MAX}"})
+        {
+            **settings,
+            "batch": batch,
+            "turns": turns,
+            "max_len": max_len,
+            "observation_tokens": f"1..{turn_tokens}",
+            "prompt_tokens": f"16..{ROLLOUT_PROMPT_MAX}",
+        },
+    )

@@ -39,11 +39,26 @@ from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_tr
 from agentrl_jax.trajectory import Trajectory
 
 SIZES = {
-    "tiny": dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32),
-    "qwen3-0.6b-2l": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=2,
-                          num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                          tie_word_embeddings=True, rope_theta=1_000_000.0),
+    "tiny": dict(
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
+    "qwen3-0.6b-2l": dict(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+    ),
 }
 GROUP_SIZE = 4
 LOSS_AGREEMENT_RTOL = 1e-3
@@ -62,13 +77,17 @@ def synthetic_batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> Trajec
         token_turn[:, response] = min(turn, 3)
     logprobs = np.where(loss_mask, -rng.uniform(0.5, 4.0, (rows, tokens)), 0.0).astype(np.float32)
     turn_mask = np.zeros((rows, 4), bool)
-    turn_mask[:, :int(token_turn.max()) + 1] = True
+    turn_mask[:, : int(token_turn.max()) + 1] = True
     return t.replace(
         tokens=jnp.asarray(rng.integers(0, vocab, (rows, tokens)), jnp.int32),
-        token_mask=jnp.ones((rows, tokens), bool), loss_mask=jnp.asarray(loss_mask),
-        token_turn=jnp.asarray(token_turn), logprobs=jnp.asarray(logprobs), turn_mask=jnp.asarray(turn_mask),
+        token_mask=jnp.ones((rows, tokens), bool),
+        loss_mask=jnp.asarray(loss_mask),
+        token_turn=jnp.asarray(token_turn),
+        logprobs=jnp.asarray(logprobs),
+        turn_mask=jnp.asarray(turn_mask),
         group_id=jnp.arange(rows, dtype=jnp.int32) // GROUP_SIZE,
-        success=jnp.asarray(rng.random(rows) < 0.5), row_mask=jnp.ones(rows, bool),
+        success=jnp.asarray(rng.random(rows) < 0.5),
+        row_mask=jnp.ones(rows, bool),
     )
 
 
@@ -80,7 +99,9 @@ def frozenlake_batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> tuple
     t = synthetic_batch(rows, tokens, vocab, seed)
     loss_mask = np.zeros((rows, tokens), bool)
     token_turn = np.full((rows, tokens), -1, np.int32)
-    first = max(1, min(FROZENLAKE_TURN, tokens) - FROZENLAKE_RESPONSE)  # rows shorter than a turn: one
+    first = max(
+        1, min(FROZENLAKE_TURN, tokens) - FROZENLAKE_RESPONSE
+    )  # rows shorter than a turn: one
     starts = list(range(first, tokens, FROZENLAKE_TURN))
     for turn, start in enumerate(starts):  # the prompt/observation, then the response
         response = slice(start, min(start + FROZENLAKE_RESPONSE, tokens))
@@ -92,9 +113,17 @@ def frozenlake_batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> tuple
     rng = np.random.default_rng(seed + 1)
     logprobs = np.where(loss_mask, -rng.uniform(0.5, 4.0, (rows, tokens)), 0.0).astype(np.float32)
     full = Trajectory.zeros(rows, tokens, turns)
-    t = full.replace(tokens=t.tokens, token_mask=t.token_mask, group_id=t.group_id, success=t.success,
-                     row_mask=t.row_mask, loss_mask=jnp.asarray(loss_mask), token_turn=jnp.asarray(token_turn),
-                     logprobs=jnp.asarray(logprobs), turn_mask=jnp.asarray(turn_mask))
+    t = full.replace(
+        tokens=t.tokens,
+        token_mask=t.token_mask,
+        group_id=t.group_id,
+        success=t.success,
+        row_mask=t.row_mask,
+        loss_mask=jnp.asarray(loss_mask),
+        token_turn=jnp.asarray(token_turn),
+        logprobs=jnp.asarray(logprobs),
+        turn_mask=jnp.asarray(turn_mask),
+    )
     return t, turns * FROZENLAKE_RESPONSE
 
 
@@ -108,13 +137,20 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
     reference = copy.deepcopy(policy).eval()
     for p in reference.parameters():
         p.requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, betas=(config.adam_b1, config.adam_b2),
-                                  eps=config.adam_eps, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        policy.parameters(),
+        lr=config.learning_rate,
+        betas=(config.adam_b1, config.adam_b2),
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+    )
     tokens = torch.from_numpy(np.array(batch.tokens, np.int64))
     mask = torch.from_numpy(np.array(batch.token_mask, np.int64))
     loss_mask = torch.from_numpy(np.array(batch.loss_mask, np.float32))[:, 1:]
     success = torch.from_numpy(np.array(batch.success, np.float32)).view(-1, GROUP_SIZE)
-    advantages = ((success - success.mean(1, keepdim=True)) / (success.std(1, keepdim=True) + 1e-6)).reshape(-1, 1)
+    advantages = (
+        (success - success.mean(1, keepdim=True)) / (success.std(1, keepdim=True) + 1e-6)
+    ).reshape(-1, 1)
     targets = tokens[:, 1:, None]
 
     def logprobs(model):
@@ -123,7 +159,9 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
 
     def step() -> float:
         lp = logprobs(policy)
-        old = lp.detach()  # one update per batch: the old policy is the current one (as ours, and verl's)
+        old = (
+            lp.detach()
+        )  # one update per batch: the old policy is the current one (as ours, and verl's)
         with torch.no_grad():
             ref = logprobs(reference)
         ratio = torch.exp(torch.clamp(lp - old, -20, 20))
@@ -143,15 +181,23 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
 MASKS = ("synthetic", "frozenlake")
 
 
-def run(*, sizes: Sequence[str] = ("tiny", "qwen3-0.6b-2l"), rows: int = 8, tokens: int = 256,
-        repeats: int = 3, masks: Sequence[str] = MASKS) -> list[BenchResult]:
+def run(
+    *,
+    sizes: Sequence[str] = ("tiny", "qwen3-0.6b-2l"),
+    rows: int = 8,
+    tokens: int = 256,
+    repeats: int = 3,
+    masks: Sequence[str] = MASKS,
+) -> list[BenchResult]:
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         raise ValueError(f"unknown size {unknown[0]!r}; known: {', '.join(SIZES)}")
     if rows % GROUP_SIZE:
         raise ValueError(f"rows must be a multiple of the group size {GROUP_SIZE}, got {rows}")
     if [m for m in masks if m not in MASKS]:
-        raise ValueError(f"unknown mask {[m for m in masks if m not in MASKS][0]!r}; known: {', '.join(MASKS)}")
+        raise ValueError(
+            f"unknown mask {[m for m in masks if m not in MASKS][0]!r}; known: {', '.join(MASKS)}"
+        )
     results = []
     for size, mask in [(size, mask) for size in sizes for mask in masks]:
         model_config = Qwen3Config(**SIZES[size])
@@ -171,7 +217,9 @@ def run(*, sizes: Sequence[str] = ("tiny", "qwen3-0.6b-2l"), rows: int = 8, toke
         state, metrics = step(state, TrainBatch(batch))
         ours_loss, torch_loss = float(metrics["loss"]), torch_step()
         if not abs(ours_loss - torch_loss) <= LOSS_AGREEMENT_RTOL * max(abs(torch_loss), 1e-3):
-            raise RuntimeError(f"{size}: first-step losses disagree: ours {ours_loss}, torch {torch_loss}")
+            raise RuntimeError(
+                f"{size}: first-step losses disagree: ours {ours_loss}, torch {torch_loss}"
+            )
 
         def ours():
             nonlocal state
@@ -181,12 +229,24 @@ def run(*, sizes: Sequence[str] = ("tiny", "qwen3-0.6b-2l"), rows: int = 8, toke
         ours_s = median_time(ours, repeats=repeats)
         torch_s = median_time(torch_step, repeats=repeats)
         del state
-        results.append(BenchResult(
-            name=f"GRPO update, {size}, {mask} mask, {rows}x{tokens} tokens", unit="tokens/s",
-            ours=num_tokens / ours_s, baseline=num_tokens / torch_s,
-            baseline_name="PyTorch transformers fwd+ref fwd+bwd+AdamW",
-            settings={"size": size, "mask": mask, "loss_positions": train_config.loss_positions,
-                      "loss_tokens": int(jnp.sum(batch.loss_mask)), "rows": rows, "tokens": tokens, "repeats": repeats,
-                      "backend": jax.default_backend(), "first_step_loss": ours_loss},
-        ))
+        results.append(
+            BenchResult(
+                name=f"GRPO update, {size}, {mask} mask, {rows}x{tokens} tokens",
+                unit="tokens/s",
+                ours=num_tokens / ours_s,
+                baseline=num_tokens / torch_s,
+                baseline_name="PyTorch transformers fwd+ref fwd+bwd+AdamW",
+                settings={
+                    "size": size,
+                    "mask": mask,
+                    "loss_positions": train_config.loss_positions,
+                    "loss_tokens": int(jnp.sum(batch.loss_mask)),
+                    "rows": rows,
+                    "tokens": tokens,
+                    "repeats": repeats,
+                    "backend": jax.default_backend(),
+                    "first_step_loss": ours_loss,
+                },
+            )
+        )
     return results

@@ -6,8 +6,9 @@ import typer
 
 from agentrl_jax.bench.report import emit
 
-app = typer.Typer(help="Benchmarks: ours vs a named baseline, same run, with the ratio.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmarks: ours vs a named baseline, same run, with the ratio.", no_args_is_help=True
+)
 
 JSON_OPT = typer.Option(False, "--json", help="One JSON object per line instead of a table.")
 
@@ -54,29 +55,37 @@ def bench_maps(
 @app.command("forward")
 def bench_forward(
     json_out: bool = JSON_OPT,
-    config: list[str] = typer.Option(["tiny", "qwen3-0.6b-2layers"],
-                                     help="Model shapes: tiny, qwen3-0.6b-2layers."),
+    config: list[str] = typer.Option(
+        ["tiny", "qwen3-0.6b-2layers"], help="Model shapes: tiny, qwen3-0.6b-2layers."
+    ),
     batch: int = typer.Option(4, help="Sequences per forward."),
     seq_len: int = typer.Option(128, help="Tokens per sequence."),
-    dtype: str = typer.Option("float32",
-                              help="float32 or bfloat16 (params and compute, both sides)."),
+    dtype: str = typer.Option(
+        "float32", help="float32 or bfloat16 (params and compute, both sides)."
+    ),
     repeats: int = typer.Option(3, help="Timed runs (median)."),
 ) -> None:
     """Qwen3 prefill tokens/s: our jitted forward vs transformers on the same random checkpoint."""
     from agentrl_jax.bench import forward
 
-    emit(forward.run(configs=config, batch=batch, seq_len=seq_len, dtype=dtype,
-                     repeats=repeats), json_out)
+    emit(
+        forward.run(configs=config, batch=batch, seq_len=seq_len, dtype=dtype, repeats=repeats),
+        json_out,
+    )
 
 
 @app.command("sample")
 def bench_sample(
     json_out: bool = JSON_OPT,
-    config: list[str] = typer.Option(["tiny", "qwen3-0.6b-2layers"],
-                                     help="Model shapes: tiny, qwen3-0.6b-2layers."),
+    config: list[str] = typer.Option(
+        ["tiny", "qwen3-0.6b-2layers"], help="Model shapes: tiny, qwen3-0.6b-2layers."
+    ),
     repeats: int = typer.Option(3, help="Timed runs (median)."),
-    torch_threads: int = typer.Option(0, help="transformers' intra-op threads (0: torch's "
-                                             "default; 1 is steadier on a busy machine)."),
+    torch_threads: int = typer.Option(
+        0,
+        help="transformers' intra-op threads (0: torch's "
+        "default; 1 is steadier on a busy machine).",
+    ),
 ) -> None:
     """Top-p sampling tokens/s vs transformers generate, decode vs weight-streaming floor,
     and a 10-turn rollout with KV-cache continuation vs re-encoding."""
@@ -88,17 +97,23 @@ def bench_sample(
 @app.command("train-step")
 def bench_train_step(
     json_out: bool = JSON_OPT,
-    size: list[str] = typer.Option(["tiny", "qwen3-0.6b-2l"], help="Model sizes: tiny, qwen3-0.6b-2l."),
+    size: list[str] = typer.Option(
+        ["tiny", "qwen3-0.6b-2l"], help="Model sizes: tiny, qwen3-0.6b-2l."
+    ),
     rows: int = typer.Option(8, help="Conversations per batch (a multiple of 4)."),
     tokens: int = typer.Option(256, help="Tokens per conversation."),
     repeats: int = typer.Option(3, help="Timed runs (median)."),
-    mask: list[str] = typer.Option(["synthetic", "frozenlake"], help="Loss masks: synthetic (~55% sampled "
-                                   "tokens), frozenlake (~8 of every 105)."),
+    mask: list[str] = typer.Option(
+        ["synthetic", "frozenlake"],
+        help="Loss masks: synthetic (~55% sampled tokens), frozenlake (~8 of every 105).",
+    ),
 ) -> None:
     """Tokens/s of one GRPO update vs the same update in PyTorch transformers."""
     from agentrl_jax.bench import train_step
 
-    emit(train_step.run(sizes=size, rows=rows, tokens=tokens, repeats=repeats, masks=mask), json_out)
+    emit(
+        train_step.run(sizes=size, rows=rows, tokens=tokens, repeats=repeats, masks=mask), json_out
+    )
 
 
 @app.command("rollout")
@@ -114,11 +129,16 @@ def bench_rollout(
     repeats: int = typer.Option(1, help="Timed runs after a warm-up (median)."),
     decode_rows: int = typer.Option(64, help="Rows of the decode-step comparison."),
     seats: int = typer.Option(256, help="Seats (rows in flight) of the continuous-batching run."),
-    decode_len: int = typer.Option(4096, help="Cache tokens per row of the decode-step comparison."),
-    overlap_tasks: int = typer.Option(8, help="Tasks of the lanes comparison (environment steps "
-                                      "overlapping decoding)."),
-    step_ms: float = typer.Option(20.0, help="Milliseconds per row of each environment step in "
-                                  "the lanes comparison (8 workers)."),
+    decode_len: int = typer.Option(
+        4096, help="Cache tokens per row of the decode-step comparison."
+    ),
+    overlap_tasks: int = typer.Option(
+        8, help="Tasks of the lanes comparison (environment steps overlapping decoding)."
+    ),
+    step_ms: float = typer.Option(
+        20.0,
+        help="Milliseconds per row of each environment step in the lanes comparison (8 workers).",
+    ),
 ) -> None:
     """Multi-turn FrozenLake rollouts of a tiny random Qwen3: turns/s and tokens/s and the time
     in model vs environment, vs one task group at a time; the paged engine vs the static one;
@@ -127,8 +147,21 @@ def bench_rollout(
     slow environment steps overlapping decoding in 2 lanes vs 1."""
     from agentrl_jax.bench import rollout
 
-    emit(rollout.run(num_tasks=tasks, group_size=group_size, budget=budget, map_size=map_size,
-                     max_response_tokens=response_tokens, max_context=max_context,
-                     compare_tasks=compare_tasks, repeats=repeats, decode_rows=decode_rows,
-                     decode_len=decode_len, seats=seats, overlap_tasks=overlap_tasks,
-                     step_ms=step_ms), json_out)
+    emit(
+        rollout.run(
+            num_tasks=tasks,
+            group_size=group_size,
+            budget=budget,
+            map_size=map_size,
+            max_response_tokens=response_tokens,
+            max_context=max_context,
+            compare_tasks=compare_tasks,
+            repeats=repeats,
+            decode_rows=decode_rows,
+            decode_len=decode_len,
+            seats=seats,
+            overlap_tasks=overlap_tasks,
+            step_ms=step_ms,
+        ),
+        json_out,
+    )

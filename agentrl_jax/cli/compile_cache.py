@@ -45,8 +45,9 @@ def use_compile_cache(setting: str | None) -> Path | None:
     if setting is None and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return None
     try:
-        folder = output_folder(Path(setting) if setting is not None else default_folder(),
-                               "--compile-cache")
+        folder = output_folder(
+            Path(setting) if setting is not None else default_folder(), "--compile-cache"
+        )
     except typer.BadParameter:
         if setting is not None:
             raise

@@ -19,10 +19,13 @@ def _writable_ancestor(path: Path, option: str) -> None:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise typer.BadParameter(f"{option} {path}: {probe} is a file, so no folder can be made there")
+        raise typer.BadParameter(
+            f"{option} {path}: {probe} is a file, so no folder can be made there"
+        )
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise typer.BadParameter(f"{option} {path}: {probe} is not writable (read-only file system "
-                                 "or permissions)")
+        raise typer.BadParameter(
+            f"{option} {path}: {probe} is not writable (read-only file system or permissions)"
+        )
 
 
 def output_folder(path: Path, option: str = "--out") -> Path:

@@ -29,22 +29,41 @@ _CHILD = "AGENTRL_JAX_PLAN_CHILD"
 
 @app.command()
 def plan(
-    config: Optional[Path] = typer.Option(None, help="YAML config (default: the built-in CPU config)."),
-    topology: Optional[str] = typer.Option(None, help="A TPU topology, e.g. v5p:2x2x2 (needs libtpu)."),
-    gpus: Optional[int] = typer.Option(None, help="GPUs in one node (estimated on fake CPU devices)."),
+    config: Optional[Path] = typer.Option(
+        None, help="YAML config (default: the built-in CPU config)."
+    ),
+    topology: Optional[str] = typer.Option(
+        None, help="A TPU topology, e.g. v5p:2x2x2 (needs libtpu)."
+    ),
+    gpus: Optional[int] = typer.Option(
+        None, help="GPUs in one node (estimated on fake CPU devices)."
+    ),
     gpu_memory_gib: float = typer.Option(80.0, help="Memory per GPU in GiB."),
-    gpu_stand_in: str = typer.Option("cpu", help="Compiler standing in for XLA:GPU: cpu (fake CPU "
-                                                 "devices, coarse) or tpu (TPU v5p, needs libtpu)."),
+    gpu_stand_in: str = typer.Option(
+        "cpu",
+        help="Compiler standing in for XLA:GPU: cpu (fake CPU "
+        "devices, coarse) or tpu (TPU v5p, needs libtpu).",
+    ),
     headroom: float = typer.Option(0.15, help="Share of device memory to keep free (0.15 = 15%)."),
-    model: Optional[str] = typer.Option(None, help="Architecture when model.model_dir has no "
-                                                   "config.json: qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b."),
-    program: Optional[List[str]] = typer.Option(None, help="Only programs whose name starts with this "
-                                                           "(repeatable): train, rollout, eval."),
-    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field: section.field=value."),
+    model: Optional[str] = typer.Option(
+        None,
+        help="Architecture when model.model_dir has no "
+        "config.json: qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b.",
+    ),
+    program: Optional[List[str]] = typer.Option(
+        None, help="Only programs whose name starts with this (repeatable): train, rollout, eval."
+    ),
+    set_: Optional[List[str]] = typer.Option(
+        None, "--set", help="Override a field: section.field=value."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    plugin: Optional[List[str]] = typer.Option(None, "--plugin", help="A Python file or module to import "
-                                               "first (repeatable; also AGENTRL_JAX_PLUGINS), e.g. one "
-                                               "registering a loss term the config names."),
+    plugin: Optional[List[str]] = typer.Option(
+        None,
+        "--plugin",
+        help="A Python file or module to import "
+        "first (repeatable; also AGENTRL_JAX_PLUGINS), e.g. one "
+        "registering a loss term the config names.",
+    ),
 ) -> None:
     """Per program and device: arguments, outputs, temporaries, peak, largest buffers, fit."""
     if (topology is None) == (gpus is None):
@@ -56,9 +75,15 @@ def plan(
             raise typer.BadParameter(f"--gpus must be >= 1, got {gpus}")
         flag = f"--xla_force_host_platform_device_count={gpus}"
         if os.environ.get(_CHILD) is None and flag not in os.environ.get("XLA_FLAGS", ""):
-            env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
-                       JAX_PLATFORMS="cpu", **{_CHILD: "1"})
-            child = subprocess.run([sys.executable, "-m", "agentrl_jax.cli", "plan", *sys.argv[2:]], env=env)
+            env = dict(
+                os.environ,
+                XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
+                JAX_PLATFORMS="cpu",
+                **{_CHILD: "1"},
+            )
+            child = subprocess.run(
+                [sys.executable, "-m", "agentrl_jax.cli", "plan", *sys.argv[2:]], env=env
+            )
             raise typer.Exit(child.returncode)
 
     from agentrl_jax import plan as planner
@@ -68,11 +93,15 @@ def plan(
     try:
         load_plugins(plugin or ())
         settings = load_config(config, set_ or ())
-        target = (planner.tpu_target(topology) if topology is not None
-                  else planner.gpu_target(gpus, gpu_memory_gib, gpu_stand_in))
-        report = planner.plan(settings, target, headroom=headroom, model_name=model, programs=program)
+        target = (
+            planner.tpu_target(topology)
+            if topology is not None
+            else planner.gpu_target(gpus, gpu_memory_gib, gpu_stand_in)
+        )
+        report = planner.plan(
+            settings, target, headroom=headroom, model_name=model, programs=program
+        )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     typer.echo(json.dumps(report, indent=1) if json_out else planner.format_table(report))
     raise typer.Exit(0 if report["fits"] else 1)
-

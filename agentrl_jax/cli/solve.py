@@ -10,7 +10,9 @@ import typer
 
 from agentrl_jax.cli.paths import output_file
 
-app = typer.Typer(help="Solve environments exactly and show the optimal play.", no_args_is_help=True)
+app = typer.Typer(
+    help="Solve environments exactly and show the optimal play.", no_args_is_help=True
+)
 
 SHOWCASE_EPISODES = 64  # episodes played per shown map; the first success is shown
 
@@ -42,8 +44,8 @@ def frozenlake(
     from agentrl_jax.evaluation.passk import budget_levels
     from agentrl_jax.evaluation.stats import proportion_ci_wilson
     from envs.frozenlake import env as fl_env
-    from envs.frozenlake import maps as fl_maps
     from envs.frozenlake import grid, optimal, qstar, text
+    from envs.frozenlake import maps as fl_maps
 
     t0 = time.perf_counter()
     key_maps, key_play = jax.random.split(jax.random.key(seed))
@@ -55,15 +57,21 @@ def frozenlake(
     t_solve = time.perf_counter() - t0
 
     play = jax.jit(
-        jax.vmap(jax.vmap(optimal.play_greedy, in_axes=(0, None, None, None, None, None)),
-                 in_axes=(0, 0, 0, None, None, None)),
+        jax.vmap(
+            jax.vmap(optimal.play_greedy, in_axes=(0, None, None, None, None, None)),
+            in_axes=(0, 0, 0, None, None, None),
+        ),
         static_argnums=(5,),
     )
     kind = "slippery" if slippery else "deterministic"
-    typer.echo(f"FrozenLake {size}x{size} {kind}: {maps} random solvable maps (test split, p={p}), "
-               f"seed {seed}; exact Q* for H = 0..{t_max} in {t_solve:.2f} s.\n")
-    header = (f"{'budget T':>9}  {'structural bound':>16}  {'optimal success (DP)':>20}  "
-              f"{'Q*-greedy episodes [95% CI]':>30}  {'mean turns':>10}")
+    typer.echo(
+        f"FrozenLake {size}x{size} {kind}: {maps} random solvable maps (test split, p={p}), "
+        f"seed {seed}; exact Q* for H = 0..{t_max} in {t_solve:.2f} s.\n"
+    )
+    header = (
+        f"{'budget T':>9}  {'structural bound':>16}  {'optimal success (DP)':>20}  "
+        f"{'Q*-greedy episodes [95% CI]':>30}  {'mean turns':>10}"
+    )
     typer.echo(header)
     typer.echo("-" * len(header))
     rows = []
@@ -77,40 +85,55 @@ def frozenlake(
             "budget": int(budget),
             "structural_bound": float(np.mean(shortest <= budget)),
             "optimal_success_exact": exact,
-            "greedy_success": ci.mean, "greedy_success_ci": [ci.low, ci.high],
+            "greedy_success": ci.mean,
+            "greedy_success_ci": [ci.low, ci.high],
             "greedy_mean_turns": float(np.mean(turns)),
         }
         rows.append(row)
-        typer.echo(f"{budget:>9}  {row['structural_bound']:>16.3f}  {exact:>20.3f}  "
-                   f"{ci.mean:>8.3f} [{ci.low:.3f}, {ci.high:.3f}]{'':>12}  "
-                   f"{row['greedy_mean_turns']:>10.1f}")
+        typer.echo(
+            f"{budget:>9}  {row['structural_bound']:>16.3f}  {exact:>20.3f}  "
+            f"{ci.mean:>8.3f} [{ci.low:.3f}, {ci.high:.3f}]{'':>12}  "
+            f"{row['greedy_mean_turns']:>10.1f}"
+        )
 
-    showcase = jax.jit(jax.vmap(optimal.play_greedy, in_axes=(0, None, None, None, None, None)),
-                       static_argnums=5)
+    showcase = jax.jit(
+        jax.vmap(optimal.play_greedy, in_axes=(0, None, None, None, None, None)), static_argnums=5
+    )
     for i in range(min(show, maps)):
         # the first of SHOWCASE_EPISODES episodes that reaches the goal, if any does
         keys = jax.random.split(jax.random.fold_in(key_play, 10_000 + i), SHOWCASE_EPISODES)
         success, turns, positions, actions = jax.device_get(
-            showcase(keys, tiles[i], q[i], t_max, params, t_max))
+            showcase(keys, tiles[i], q[i], t_max, params, t_max)
+        )
         wins = np.flatnonzero(success)
         pick = int(wins[0]) if len(wins) else 0
         steps = int(turns[pick])
         moves = _run_lengths([grid.ACTION_NAMES[a] for a in actions[pick][:steps]])
         typer.echo(f"\nMap {i} (shortest path {int(shortest[i])} moves), start:")
         typer.echo(text.render(tiles[i], positions[pick][0]))
-        which = (f"the first to reach the goal, as {len(wins)} of them did" if len(wins)
-                 else "none of them reached the goal")
-        typer.echo(f"Q*-greedy play with budget {t_max}, episode {pick + 1} of "
-                   f"{SHOWCASE_EPISODES} ({which}): {moves or '(none)'}")
-        typer.echo(f"{'reached the goal' if bool(success[pick]) else 'did not reach the goal'} "
-                   f"after {steps} moves; final state:")
+        which = (
+            f"the first to reach the goal, as {len(wins)} of them did"
+            if len(wins)
+            else "none of them reached the goal"
+        )
+        typer.echo(
+            f"Q*-greedy play with budget {t_max}, episode {pick + 1} of "
+            f"{SHOWCASE_EPISODES} ({which}): {moves or '(none)'}"
+        )
+        typer.echo(
+            f"{'reached the goal' if bool(success[pick]) else 'did not reach the goal'} "
+            f"after {steps} moves; final state:"
+        )
         typer.echo(text.render(tiles[i], positions[pick][steps]))
-    typer.echo("\nSymbols: P player, _ ice, O hole, G goal, X player in a hole, W player on the goal.")
+    typer.echo(
+        "\nSymbols: P player, _ ice, O hole, G goal, X player in a hole, W player on the goal."
+    )
 
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        settings = dict(maps=maps, size=size, p=p, t_max=t_max, slippery=slippery,
-                        episodes=episodes, seed=seed)
+        settings = dict(
+            maps=maps, size=size, p=p, t_max=t_max, slippery=slippery, episodes=episodes, seed=seed
+        )
         out.write_text(json.dumps({"settings": settings, "budgets": rows}, indent=2))
         typer.echo(f"Wrote {out}")
 

@@ -69,16 +69,24 @@ class StateValues:
         return np.where(a >= 0, picked, fallback)
 
 
-def state_values(env: FrozenLakeTextEnv, pool: StatePool, *, gamma: float = DEFAULT_GAMMA
-                 ) -> StateValues:
+def state_values(
+    env: FrozenLakeTextEnv, pool: StatePool, *, gamma: float = DEFAULT_GAMMA
+) -> StateValues:
     """Q* of every state of ``pool`` on ``env``'s maps and dynamics (:func:`qstar.q_star`)."""
     tasks, which = np.unique(pool.task_id, return_inverse=True)
     horizon = int(pool.budget.max())
-    q = np.asarray(qstar.q_star(env.maps[tasks], horizon, gamma=gamma,
-                                is_slippery=env.config.is_slippery,
-                                success_rate=env.config.success_rate), np.float64)
+    q = np.asarray(
+        qstar.q_star(
+            env.maps[tasks],
+            horizon,
+            gamma=gamma,
+            is_slippery=env.config.is_slippery,
+            success_rate=env.config.success_rate,
+        ),
+        np.float64,
+    )
     remaining = pool.budget - pool.turn
-    values = q[which, remaining, pool.pos]                       # [S, 4]
+    values = q[which, remaining, pool.pos]  # [S, 4]
     noop = gamma * q[which, remaining - 1, pool.pos].max(axis=1)  # V* one move later, same cell
     return StateValues(values, noop, float(gamma))
 
@@ -129,10 +137,14 @@ class StepQuality:
         return out
 
     def summary(self) -> dict[str, Any]:
-        record = {"states": len(self.pool), "gamma": self.values.gamma,
-                  "invalid_scored_as": self.invalid, "invalid_share": self.invalid_share(),
-                  "states_where_actions_differ": int(self.informative.sum()),
-                  "comparison": self.comparison().to_dict()}
+        record = {
+            "states": len(self.pool),
+            "gamma": self.values.gamma,
+            "invalid_scored_as": self.invalid,
+            "invalid_share": self.invalid_share(),
+            "states_where_actions_differ": int(self.informative.sum()),
+            "comparison": self.comparison().to_dict(),
+        }
         if self.informative.any():
             record["comparison_where_actions_differ"] = self.comparison(True).to_dict()
         return record
@@ -144,29 +156,43 @@ def _check_names(names: tuple[str, str]) -> tuple[str, str]:
     return tuple(names)
 
 
-def compare_actions(names: tuple[str, str], pool: StatePool, values: StateValues,
-                    actions: dict[str, np.ndarray], invalid: str = "noop") -> StepQuality:
+def compare_actions(
+    names: tuple[str, str],
+    pool: StatePool,
+    values: StateValues,
+    actions: dict[str, np.ndarray],
+    invalid: str = "noop",
+) -> StepQuality:
     """:class:`StepQuality` from sampled actions ``{name: [S, G]}`` of both policies."""
     names = _check_names(names)
     missing = [n for n in names if n not in actions]
     if missing:
         raise ValueError(f"compare_actions: no actions for {missing}")
     quality = {n: values.quality(actions[n], invalid).mean(axis=1) for n in names}
-    return StepQuality(names, pool, values, {n: np.asarray(actions[n]) for n in names}, quality,
-                       invalid)
+    return StepQuality(
+        names, pool, values, {n: np.asarray(actions[n]) for n in names}, quality, invalid
+    )
 
 
-def step_quality(starts: StateStarts, values: StateValues, base: Policy, rl: Policy,
-                 key: jax.Array, *, names: tuple[str, str] = ("base", "RL"),
-                 invalid: str = "noop") -> StepQuality:
+def step_quality(
+    starts: StateStarts,
+    values: StateValues,
+    base: Policy,
+    rl: Policy,
+    key: jax.Array,
+    *,
+    names: tuple[str, str] = ("base", "RL"),
+    invalid: str = "noop",
+) -> StepQuality:
     """§7.1: ``G`` one-turn samples of each policy from every state of ``starts.pool``.
 
     ``G`` is ``starts.config.group_size``. Both policies are played with the same key.
     """
     names = _check_names(names)
     played = {n: starts.play(p, key, first_turn_only=True) for n, p in zip(names, (base, rl))}
-    return compare_actions(names, starts.pool, values, {n: p.action for n, p in played.items()},
-                           invalid)
+    return compare_actions(
+        names, starts.pool, values, {n: p.action for n, p in played.items()}, invalid
+    )
 
 
 # ---------------------------------------------------------------- error states (§7.2)
@@ -195,33 +221,51 @@ class ErrorStateResult:
     def paired_success(self) -> stats.PairedComparison:
         """Per-state continuation success of RL vs base on the same error states."""
         base, rl = self.quality.names
-        return stats.paired_comparison(self.success[rl].mean(axis=1),
-                                       self.success[base].mean(axis=1))
+        return stats.paired_comparison(
+            self.success[rl].mean(axis=1), self.success[base].mean(axis=1)
+        )
 
     def summary(self) -> dict[str, Any]:
-        return {"error_states": len(self.errors.states), "quality": self.quality.summary(),
-                "continuation_success": {n: c.to_dict() for n, c in self.continuation().items()},
-                "continuation_paired": self.paired_success().to_dict(),
-                "continuation_overflow_share": {n: float(o.mean()) for n, o in self.overflow.items()}}
+        return {
+            "error_states": len(self.errors.states),
+            "quality": self.quality.summary(),
+            "continuation_success": {n: c.to_dict() for n, c in self.continuation().items()},
+            "continuation_paired": self.paired_success().to_dict(),
+            "continuation_overflow_share": {n: float(o.mean()) for n, o in self.overflow.items()},
+        }
 
 
-def error_state_analysis(starts: StateStarts, errors: ErrorStates, values: StateValues,
-                         base: Policy, rl: Policy, key: jax.Array, *,
-                         names: tuple[str, str] = ("base", "RL"),
-                         invalid: str = "noop") -> ErrorStateResult:
+def error_state_analysis(
+    starts: StateStarts,
+    errors: ErrorStates,
+    values: StateValues,
+    base: Policy,
+    rl: Policy,
+    key: jax.Array,
+    *,
+    names: tuple[str, str] = ("base", "RL"),
+    invalid: str = "noop",
+) -> ErrorStateResult:
     """§7.2 on error states: ``starts`` must be built on ``errors.states`` and ``values`` be
     their :func:`state_values`. Each policy plays ``G`` whole continuations from every error
     state (same key for both); the first turn of each is its action sample."""
     names = _check_names(names)
-    if len(starts.pool) != len(errors.states) or not np.array_equal(starts.pool.pos,
-                                                                    errors.states.pos):
+    if len(starts.pool) != len(errors.states) or not np.array_equal(
+        starts.pool.pos, errors.states.pos
+    ):
         raise ValueError("error_state_analysis: `starts` is not built on `errors.states`")
     played: dict[str, StatePlay] = {
-        n: starts.play(p, key, first_turn_only=False) for n, p in zip(names, (base, rl))}
-    quality = compare_actions(names, errors.states, values,
-                              {n: p.action for n, p in played.items()}, invalid)
-    return ErrorStateResult(errors, quality, {n: p.success for n, p in played.items()},
-                            {n: p.overflow for n, p in played.items()})
+        n: starts.play(p, key, first_turn_only=False) for n, p in zip(names, (base, rl))
+    }
+    quality = compare_actions(
+        names, errors.states, values, {n: p.action for n, p in played.items()}, invalid
+    )
+    return ErrorStateResult(
+        errors,
+        quality,
+        {n: p.success for n, p in played.items()},
+        {n: p.overflow for n, p in played.items()},
+    )
 
 
 # ---------------------------------------------------------------- depth (§7.3)

@@ -60,38 +60,64 @@ class Play:
 
     def rollout(self, policy: Policy, key: jax.Array, *, samples: int, budget: int) -> Trajectory:
         """``samples`` trajectories of every task at ``budget`` (:func:`passt.rollout_tasks`)."""
-        traj = passt.rollout_tasks(self.env, self.tokenizer, policy, self.task_ids, key,
-                                   budget=budget, samples=samples, config=self.config,
-                                   tasks_per_call=self.tasks_per_call)
+        traj = passt.rollout_tasks(
+            self.env,
+            self.tokenizer,
+            policy,
+            self.task_ids,
+            key,
+            budget=budget,
+            samples=samples,
+            config=self.config,
+            tasks_per_call=self.tasks_per_call,
+        )
         self.progress(rollout_units(self.tasks, samples, budget))
         return traj
 
     def starts(self, pool: StatePool, group_size: int) -> StateStarts:
         """Plays from the states of ``pool``, ``group_size`` per state."""
-        return StateStarts(self.env, self.tokenizer, pool,
-                           dataclasses.replace(self.config, group_size=group_size),
-                           states_per_call=self.states_per_call)
+        return StateStarts(
+            self.env,
+            self.tokenizer,
+            pool,
+            dataclasses.replace(self.config, group_size=group_size),
+            states_per_call=self.states_per_call,
+        )
 
 
 # ---------------------------------------------------------------- Pass@K and Pass@T
 
 
-def pass_at_k_counts(play: Play, policies: Mapping[str, Policy], key: jax.Array, *,
-                     samples: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def pass_at_k_counts(
+    play: Play, policies: Mapping[str, Policy], key: jax.Array, *, samples: int
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{policy: (n [tasks], c [tasks])}``: ``samples`` trajectories of every task at the full
     budget, for :mod:`~agentrl_jax.evaluation.analyses.pass_at_k`."""
     t_max, counts = play.env.t_max, {}
     for name, policy in policies.items():
         play.echo(f"Pass@K: {name}, {play.tasks} tasks x {samples} samples at T={t_max}")
         counts[name] = passt.pass_at_k_results(
-            play.env, play.tokenizer, policy, play.task_ids, key, samples=samples,
-            config=play.config, tasks_per_call=play.tasks_per_call)[t_max]
+            play.env,
+            play.tokenizer,
+            policy,
+            play.task_ids,
+            key,
+            samples=samples,
+            config=play.config,
+            tasks_per_call=play.tasks_per_call,
+        )[t_max]
         play.progress(rollout_units(play.tasks, samples, t_max))
     return counts
 
 
-def pass_at_t_counts(play: Play, policies: Mapping[str, Policy], key: jax.Array, *,
-                     budgets: Sequence[int], samples: int) -> dict[str, dict[int, tuple]]:
+def pass_at_t_counts(
+    play: Play,
+    policies: Mapping[str, Policy],
+    key: jax.Array,
+    *,
+    budgets: Sequence[int],
+    samples: int,
+) -> dict[str, dict[int, tuple]]:
     """``{policy: {T: (n [tasks], c [tasks])}}``: ``samples`` trajectories of every task at each
     of ``budgets``, each sampled afresh, for :mod:`~agentrl_jax.evaluation.analyses.pass_at_t`,
     in increasing ``T``. One rollout per budget (the same samples as all budgets at once,
@@ -101,9 +127,19 @@ def pass_at_t_counts(play: Play, policies: Mapping[str, Policy], key: jax.Array,
         play.echo(f"Pass@T: {name}, budgets {list(budgets)}, {samples} samples per task")
         counts[name] = {}
         for budget in sorted({int(b) for b in budgets}):
-            counts[name].update(passt.pass_at_t_results(
-                play.env, play.tokenizer, policy, play.task_ids, key, budgets=[budget],
-                samples=samples, config=play.config, tasks_per_call=play.tasks_per_call))
+            counts[name].update(
+                passt.pass_at_t_results(
+                    play.env,
+                    play.tokenizer,
+                    policy,
+                    play.task_ids,
+                    key,
+                    budgets=[budget],
+                    samples=samples,
+                    config=play.config,
+                    tasks_per_call=play.tasks_per_call,
+                )
+            )
             play.progress(rollout_units(play.tasks, samples, budget))
     return counts
 
@@ -111,8 +147,9 @@ def pass_at_t_counts(play: Play, policies: Mapping[str, Policy], key: jax.Array,
 # ---------------------------------------------------------------- states (§7.1-7.3)
 
 
-def visits(play: Play, policies: Mapping[str, Policy], key: jax.Array, *, samples: int,
-           budget: int) -> dict[str, StatePool]:
+def visits(
+    play: Play, policies: Mapping[str, Policy], key: jax.Array, *, samples: int, budget: int
+) -> dict[str, StatePool]:
     """``{policy: the states its trajectories act from}``: ``samples`` per task at ``budget``,
     what §7.1's matched pools are drawn from (:func:`~agentrl_jax.evaluation.states.
     matched_pool`)."""
@@ -123,37 +160,65 @@ def visits(play: Play, policies: Mapping[str, Policy], key: jax.Array, *, sample
     return out
 
 
-def step_quality(play: Play, pool: StatePool, base: Policy, rl: Policy, key: jax.Array, *,
-                 names: tuple[str, str], group_size: int, gamma: float,
-                 invalid: str) -> tuple[diagnostics.StateValues, diagnostics.StepQuality]:
+def step_quality(
+    play: Play,
+    pool: StatePool,
+    base: Policy,
+    rl: Policy,
+    key: jax.Array,
+    *,
+    names: tuple[str, str],
+    group_size: int,
+    gamma: float,
+    invalid: str,
+) -> tuple[diagnostics.StateValues, diagnostics.StepQuality]:
     """Q* of every action at the states of ``pool`` and each policy's ``group_size`` actions
     there, scored (:func:`diagnostics.step_quality`; ``result.pools()`` feeds
     :mod:`~agentrl_jax.evaluation.analyses.step_quality`, :func:`diagnostics.quality_by_depth`
     :mod:`~agentrl_jax.evaluation.analyses.depth`)."""
     values = diagnostics.state_values(play.env, pool, gamma=gamma)
-    result = diagnostics.step_quality(play.starts(pool, group_size), values, base, rl, key,
-                                      names=names, invalid=invalid)
+    result = diagnostics.step_quality(
+        play.starts(pool, group_size), values, base, rl, key, names=names, invalid=invalid
+    )
     return values, result
 
 
-def error_states(play: Play, errors: ErrorStates, base: Policy, rl: Policy, key: jax.Array, *,
-                 names: tuple[str, str], group_size: int, gamma: float,
-                 invalid: str) -> tuple[diagnostics.StateValues, diagnostics.ErrorStateResult]:
+def error_states(
+    play: Play,
+    errors: ErrorStates,
+    base: Policy,
+    rl: Policy,
+    key: jax.Array,
+    *,
+    names: tuple[str, str],
+    group_size: int,
+    gamma: float,
+    invalid: str,
+) -> tuple[diagnostics.StateValues, diagnostics.ErrorStateResult]:
     """Action quality and ``group_size`` continuations of each policy from injected error
     states (:func:`diagnostics.error_state_analysis`; ``result.quality.pools()`` feeds
     :mod:`~agentrl_jax.evaluation.analyses.step_quality`, ``result.success``
     :mod:`~agentrl_jax.evaluation.analyses.continuation`)."""
     values = diagnostics.state_values(play.env, errors.states, gamma=gamma)
-    result = diagnostics.error_state_analysis(play.starts(errors.states, group_size), errors,
-                                              values, base, rl, key, names=names, invalid=invalid)
+    result = diagnostics.error_state_analysis(
+        play.starts(errors.states, group_size),
+        errors,
+        values,
+        base,
+        rl,
+        key,
+        names=names,
+        invalid=invalid,
+    )
     return values, result
 
 
 # ---------------------------------------------------------------- likelihood (§7.4)
 
 
-def likelihood_rollouts(play: Play, policies: Mapping[str, Policy], key: jax.Array, *,
-                        samples: int, budget: int) -> dict[str, Trajectory]:
+def likelihood_rollouts(
+    play: Play, policies: Mapping[str, Policy], key: jax.Array, *, samples: int, budget: int
+) -> dict[str, Trajectory]:
     """``{policy: Trajectory}``: ``samples`` per task at ``budget``, whose responses
     :func:`~agentrl_jax.evaluation.likelihood.likelihood_data` scores under both models."""
     out = {}

@@ -48,25 +48,30 @@ def _figure(folder: Path, png: str) -> str:
     data = base64.b64encode((folder / png).read_bytes()).decode("ascii")
     pdf = Path(png).with_suffix(".pdf").as_posix()
     name = html.escape(Path(png).stem)
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{name}">'
-            f'<figcaption>{name} · <a href="{html.escape(pdf)}">PDF</a></figcaption></figure>')
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{name}">'
+        f'<figcaption>{name} · <a href="{html.escape(pdf)}">PDF</a></figcaption></figure>'
+    )
 
 
-def write_html(folder: str | Path, sections: Iterable, title: str, preamble: str = "",
-               first: str | None = None) -> Path:
+def write_html(
+    folder: str | Path, sections: Iterable, title: str, preamble: str = "", first: str | None = None
+) -> Path:
     """Write ``folder/report.html`` from ``sections`` (see the module docstring); returns its
     path. ``first``: the title of the section to put first (if present)."""
     folder = Path(folder)
     sections: Sequence = list(sections)
     if first is not None:
-        sections = ([s for s in sections if s.title == first]
-                    + [s for s in sections if s.title != first])
+        sections = [s for s in sections if s.title == first] + [
+            s for s in sections if s.title != first
+        ]
     md = _markdown()
     body = [f"<h1>{html.escape(title)}</h1>"]
     if preamble.strip():
         body.append(md.render(preamble))
-    contents = "".join(f'<li><a href="#{anchor(s.title)}">{html.escape(s.title)}</a></li>'
-                       for s in sections)
+    contents = "".join(
+        f'<li><a href="#{anchor(s.title)}">{html.escape(s.title)}</a></li>' for s in sections
+    )
     body.append(f"<nav><ul>{contents}</ul></nav>")
     for section in sections:
         parts = [f'<section id="{anchor(section.title)}"><h2>{html.escape(section.title)}</h2>']
@@ -76,13 +81,16 @@ def write_html(folder: str | Path, sections: Iterable, title: str, preamble: str
             parts.append(md.render(section.markdown))
         parts += [_figure(folder, png) for png in section.figures]
         if section.files:
-            links = " · ".join(f'<a href="{html.escape(p)}">{html.escape(Path(p).name)}</a>'
-                               for p in section.files)
+            links = " · ".join(
+                f'<a href="{html.escape(p)}">{html.escape(Path(p).name)}</a>' for p in section.files
+            )
             parts.append(f'<p class="data">Data: {links}</p>')
         body.append("".join(parts) + "</section>")
-    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n"
-            f"<body>\n" + "\n".join(body) + "\n</body></html>\n")
+    page = (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n"
+        f"<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
     path = folder / HTML_NAME
     path.write_text(page)
     return path

@@ -34,8 +34,8 @@ from typing import Mapping
 import jax
 import numpy as np
 from flax import nnx
-
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.policy import TokenMap, params_mesh
@@ -48,11 +48,14 @@ from agentrl_jax.trajectory import Trajectory, bucket_width
 _MIN_WIDTH = 64
 
 
-def scoring_config(attention: str = "xla", loss_positions: int | None = None,
-                   logits_chunk: int = 512) -> TrainConfig:
+def scoring_config(
+    attention: str = "xla", loss_positions: int | None = None, logits_chunk: int = 512
+) -> TrainConfig:
     """The trainer's settings the teacher-forced forward uses: the attention implementation,
     the bound on sampled positions per row (None: every position) and the head's chunk."""
-    return TrainConfig(attention=attention, loss_positions=loss_positions, logits_chunk=logits_chunk)
+    return TrainConfig(
+        attention=attention, loss_positions=loss_positions, logits_chunk=logits_chunk
+    )
 
 
 @functools.cache
@@ -64,8 +67,14 @@ def scoring_program(graphdef: nnx.GraphDef, config: TrainConfig, mesh: Mesh | No
     constrain = activation_constraint(mesh)
 
     def score(params, tokens, token_mask, loss_mask):
-        logprobs, _ = sequence_logprobs(nnx.merge(graphdef, params), tokens, token_mask, loss_mask=loss_mask,
-                                        config=config, constrain=constrain)
+        logprobs, _ = sequence_logprobs(
+            nnx.merge(graphdef, params),
+            tokens,
+            token_mask,
+            loss_mask=loss_mask,
+            config=config,
+            constrain=constrain,
+        )
         return logprobs
 
     if mesh is None:
@@ -82,9 +91,14 @@ def _power_of_two(n: int, low: int) -> int:
     return width
 
 
-def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
-                  token_map: TokenMap | None = None, rows_per_batch: int = 16,
-                  attention: str = "xla") -> np.ndarray:
+def turn_logprobs(
+    model: Qwen3ForCausalLM,
+    trajectory: Trajectory,
+    *,
+    token_map: TokenMap | None = None,
+    rows_per_batch: int = 16,
+    attention: str = "xla",
+) -> np.ndarray:
     """Teacher-forced ``log pi(r_t | h_t)`` of every turn's response: ``[N, T]`` float64.
 
     Args:
@@ -104,8 +118,10 @@ def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
     turn_mask = np.asarray(traj.turn_mask, bool)
     windowed = turn_mask & (np.asarray(traj.context_start) != np.asarray(traj.prefix_len)[:, None])
     if np.any(windowed):
-        raise ValueError("turn_logprobs: the trajectory was sampled with a history window "
-                         "(context_start != prefix_len); only whole-history records are supported")
+        raise ValueError(
+            "turn_logprobs: the trajectory was sampled with a history window "
+            "(context_start != prefix_len); only whole-history records are supported"
+        )
     if rows_per_batch < 1:
         raise ValueError(f"turn_logprobs: `rows_per_batch` must be >= 1, got {rows_per_batch}")
     tokens = np.asarray(traj.tokens)
@@ -118,8 +134,15 @@ def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
     width = bucket_width(int(token_mask.sum(axis=1).max(initial=1)), length, _MIN_WIDTH)
     if np.any(token_mask[:, width:]):
         raise ValueError("turn_logprobs: tokens must be left-aligned (token_mask a prefix)")
-    ids = tokens if token_map is None else np.where(token_mask, token_map.to_model(
-        np.where(token_mask, tokens, token_map.tokenizer_ids[0])), 0)
+    ids = (
+        tokens
+        if token_map is None
+        else np.where(
+            token_mask,
+            token_map.to_model(np.where(token_mask, tokens, token_map.tokenizer_ids[0])),
+            0,
+        )
+    )
     # The head runs at most at `bound` sampled positions per row (a power of two: few compilations).
     bound = _power_of_two(int(scored[:, 1:width].sum(axis=1).max(initial=1)), _MIN_WIDTH)
     graphdef, params = nnx.split(model)
@@ -127,17 +150,27 @@ def turn_logprobs(model: Qwen3ForCausalLM, trajectory: Trajectory, *,
     shards = 1 if mesh is None else batch_shards(mesh)
     # Rows per shard: rows_per_batch's share, or, for fewer rows than a batch, the smallest
     # power of two that holds them (a few trajectories are not padded to a whole batch).
-    rows_per_batch = shards * min(-(-rows_per_batch // shards), _power_of_two(-(-rows // shards), 1))
-    program = scoring_program(graphdef, scoring_config(attention, bound if bound < width - 1 else None), mesh)
+    rows_per_batch = shards * min(
+        -(-rows_per_batch // shards), _power_of_two(-(-rows // shards), 1)
+    )
+    program = scoring_program(
+        graphdef, scoring_config(attention, bound if bound < width - 1 else None), mesh
+    )
     logprobs = np.zeros((rows, width), np.float64)
     for start in range(0, rows, rows_per_batch):
         index = np.minimum(np.arange(start, start + rows_per_batch), rows - 1)  # pad: repeat
-        batch = (ids[index, :width].astype(np.int32), token_mask[index, :width], scored[index, :width])
+        batch = (
+            ids[index, :width].astype(np.int32),
+            token_mask[index, :width],
+            scored[index, :width],
+        )
         if mesh is not None:  # placed first: jit takes no host arrays for a sharded input
-            batch = jax.device_put(batch, NamedSharding(mesh, P(BATCH_AXES, None)))  # with several processes
+            batch = jax.device_put(
+                batch, NamedSharding(mesh, P(BATCH_AXES, None))
+            )  # with several processes
         out = program(params, *batch)
         real = min(rows_per_batch, rows - start)
-        logprobs[start:start + real] = np.asarray(out, np.float64)[:real]
+        logprobs[start : start + real] = np.asarray(out, np.float64)[:real]
     per_turn = np.zeros(turn_mask.shape, np.float64)
     row, col = np.nonzero(scored[:, :width])
     np.add.at(per_turn, (row, token_turn[row, col]), logprobs[row, col])
@@ -171,14 +204,26 @@ class LikelihoodData:
     def llr_sets(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """``{"<set> trajectories": (logp_rl, logp_base, turn_mask, success)}`` for
         :func:`agentrl_jax.evaluation.analyses.likelihood.compute`."""
-        return {f"{name} trajectories": (self.logp_rl[name], self.logp_base[name],
-                                         self.turn_mask[name], self.success[name])
-                for name in self.logp_base}
+        return {
+            f"{name} trajectories": (
+                self.logp_rl[name],
+                self.logp_base[name],
+                self.turn_mask[name],
+                self.success[name],
+            )
+            for name in self.logp_base
+        }
 
 
-def likelihood_data(base_model: Qwen3ForCausalLM, rl_model: Qwen3ForCausalLM,
-                    trajectories: Mapping[str, Trajectory], *, token_map: TokenMap | None = None,
-                    rows_per_batch: int = 16, attention: str = "xla") -> LikelihoodData:
+def likelihood_data(
+    base_model: Qwen3ForCausalLM,
+    rl_model: Qwen3ForCausalLM,
+    trajectories: Mapping[str, Trajectory],
+    *,
+    token_map: TokenMap | None = None,
+    rows_per_batch: int = 16,
+    attention: str = "xla",
+) -> LikelihoodData:
     """Teacher-forced log-probs of each set of ``trajectories`` (``{set name: Trajectory}``,
     e.g. ``{"base": ..., "RL": ...}``, all with the same tokenizer) under both models
     (``rows_per_batch`` and ``attention``: see :func:`turn_logprobs`)."""
@@ -190,8 +235,9 @@ def likelihood_data(base_model: Qwen3ForCausalLM, rl_model: Qwen3ForCausalLM,
         real = np.asarray(host.row_mask, bool)
         host = jax.tree.map(lambda x: np.asarray(x)[real], host)
         for model, out in ((base_model, logp_base), (rl_model, logp_rl)):
-            out[name] = turn_logprobs(model, host, token_map=token_map,
-                                      rows_per_batch=rows_per_batch, attention=attention)
+            out[name] = turn_logprobs(
+                model, host, token_map=token_map, rows_per_batch=rows_per_batch, attention=attention
+            )
         turn_mask[name] = np.asarray(host.turn_mask, bool)
         action_valid[name] = np.asarray(host.action_valid, bool)
         success[name] = np.asarray(host.success, bool)

@@ -48,10 +48,16 @@ def eval_rollout_config(**overrides) -> RolloutConfig:
 
 def _task_ids(task_ids, num_tasks: int) -> np.ndarray:
     tasks = np.asarray(task_ids)
-    if tasks.ndim != 1 or tasks.size == 0 or tasks.dtype.kind not in "iu" or \
-            tasks.min() < 0 or tasks.max() >= num_tasks:
-        raise ValueError(f"task_ids must be a non-empty 1-D int array in [0, {num_tasks}), "
-                         f"got {task_ids!r}")
+    if (
+        tasks.ndim != 1
+        or tasks.size == 0
+        or tasks.dtype.kind not in "iu"
+        or tasks.min() < 0
+        or tasks.max() >= num_tasks
+    ):
+        raise ValueError(
+            f"task_ids must be a non-empty 1-D int array in [0, {num_tasks}), got {task_ids!r}"
+        )
     return tasks.astype(np.int64)
 
 
@@ -62,21 +68,31 @@ def _calls(tasks: np.ndarray, tasks_per_call: int | None):
         raise ValueError(f"`tasks_per_call` must be >= 1, got {tasks_per_call}")
     size = tasks_per_call or tasks.size
     for call, start in enumerate(range(0, tasks.size, size)):
-        chunk = tasks[start:start + size]
+        chunk = tasks[start : start + size]
         yield call, np.concatenate([chunk, np.full(size - chunk.size, chunk[-1])]), chunk.size
 
 
 def _runner(env, tokenizer, budget: int, samples: int, config: RolloutConfig | None):
     if samples < 1:
         raise ValueError(f"`samples` must be >= 1, got {samples}")
-    config = dataclasses.replace(config or eval_rollout_config(), group_size=samples,
-                                 budget=int(budget))
+    config = dataclasses.replace(
+        config or eval_rollout_config(), group_size=samples, budget=int(budget)
+    )
     return MultiTurnRollout(env, tokenizer, config)
 
 
-def sample_successes(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *, budget: int,
-                     samples: int, config: RolloutConfig | None = None,
-                     tasks_per_call: int | None = None) -> np.ndarray:
+def sample_successes(
+    env,
+    tokenizer,
+    policy: Policy,
+    task_ids,
+    key: jax.Array,
+    *,
+    budget: int,
+    samples: int,
+    config: RolloutConfig | None = None,
+    tasks_per_call: int | None = None,
+) -> np.ndarray:
     """``samples`` trajectories of every task at ``budget``: ``[tasks, samples]`` bool success.
 
     Args:
@@ -99,14 +115,23 @@ def sample_successes(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *
     for call, chunk, real in _calls(tasks, tasks_per_call):
         result = runner(policy, chunk, jax.random.fold_in(key, call))
         success = np.asarray(jax.device_get(result.trajectory.success)).reshape(chunk.size, samples)
-        out[done:done + real] = success[:real]
+        out[done : done + real] = success[:real]
         done += real
     return out
 
 
-def rollout_tasks(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *, budget: int,
-                  samples: int, config: RolloutConfig | None = None,
-                  tasks_per_call: int | None = None) -> Trajectory:
+def rollout_tasks(
+    env,
+    tokenizer,
+    policy: Policy,
+    task_ids,
+    key: jax.Array,
+    *,
+    budget: int,
+    samples: int,
+    config: RolloutConfig | None = None,
+    tasks_per_call: int | None = None,
+) -> Trajectory:
     """The trajectories themselves (host NumPy leaves), ``samples`` per task, rows of task
     ``i`` at ``i * samples ...``; arguments and keys as :func:`sample_successes`, so with the
     same key these are the trajectories whose successes it counts. ``group_id`` restarts at
@@ -116,23 +141,42 @@ def rollout_tasks(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *, b
     parts = []
     for call, chunk, real in _calls(tasks, tasks_per_call):
         traj = jax.device_get(runner(policy, chunk, jax.random.fold_in(key, call)).trajectory)
-        parts.append(jax.tree.map(lambda x: np.asarray(x)[:real * samples], traj))
+        parts.append(jax.tree.map(lambda x: np.asarray(x)[: real * samples], traj))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
 
-def successes_by_budget(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *,
-                        budgets: Iterable[int], samples: int, config: RolloutConfig | None = None,
-                        tasks_per_call: int | None = None) -> dict[int, np.ndarray]:
+def successes_by_budget(
+    env,
+    tokenizer,
+    policy: Policy,
+    task_ids,
+    key: jax.Array,
+    *,
+    budgets: Iterable[int],
+    samples: int,
+    config: RolloutConfig | None = None,
+    tasks_per_call: int | None = None,
+) -> dict[int, np.ndarray]:
     """``{T: [tasks, samples] success}``: one fresh rollout per budget (see the module doc),
     the successes :func:`counts_by_budget` counts. (Not BudgetMix's
     :func:`~agentrl_jax.algorithms.budgetmix.sample_budgets`, which draws training budgets.)"""
     budgets = sorted({int(b) for b in budgets})
     if not budgets or budgets[0] < 1 or budgets[-1] > env.t_max:
         raise ValueError(f"budgets must be non-empty, in [1, t_max={env.t_max}], got {budgets}")
-    return {b: sample_successes(env, tokenizer, policy, task_ids, jax.random.fold_in(key, b),
-                                budget=b, samples=samples, config=config,
-                                tasks_per_call=tasks_per_call)
-            for b in budgets}
+    return {
+        b: sample_successes(
+            env,
+            tokenizer,
+            policy,
+            task_ids,
+            jax.random.fold_in(key, b),
+            budget=b,
+            samples=samples,
+            config=config,
+            tasks_per_call=tasks_per_call,
+        )
+        for b in budgets
+    }
 
 
 def counts_by_budget(successes: dict[int, np.ndarray]) -> passk.BudgetResults:
@@ -140,26 +184,62 @@ def counts_by_budget(successes: dict[int, np.ndarray]) -> passk.BudgetResults:
     return {b: passk.counts_from_successes(s) for b, s in sorted(successes.items())}
 
 
-def pass_at_k_results(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *,
-                      samples: int = PASS_AT_K_SAMPLES, budget: int | None = None,
-                      config: RolloutConfig | None = None,
-                      tasks_per_call: int | None = None) -> passk.BudgetResults:
+def pass_at_k_results(
+    env,
+    tokenizer,
+    policy: Policy,
+    task_ids,
+    key: jax.Array,
+    *,
+    samples: int = PASS_AT_K_SAMPLES,
+    budget: int | None = None,
+    config: RolloutConfig | None = None,
+    tasks_per_call: int | None = None,
+) -> passk.BudgetResults:
     """Pass@K data: ``{T: (n, c)}`` at the one budget ``T`` (default the full ``T_max``)."""
     budget = env.t_max if budget is None else budget
-    return counts_by_budget(successes_by_budget(env, tokenizer, policy, task_ids, key,
-                                                budgets=[budget], samples=samples, config=config,
-                                                tasks_per_call=tasks_per_call))
+    return counts_by_budget(
+        successes_by_budget(
+            env,
+            tokenizer,
+            policy,
+            task_ids,
+            key,
+            budgets=[budget],
+            samples=samples,
+            config=config,
+            tasks_per_call=tasks_per_call,
+        )
+    )
 
 
-def pass_at_t_results(env, tokenizer, policy: Policy, task_ids, key: jax.Array, *,
-                      budgets: Sequence[int] | None = None, samples: int = passk.PASS_AT_T_K,
-                      config: RolloutConfig | None = None,
-                      tasks_per_call: int | None = None) -> passk.BudgetResults:
+def pass_at_t_results(
+    env,
+    tokenizer,
+    policy: Policy,
+    task_ids,
+    key: jax.Array,
+    *,
+    budgets: Sequence[int] | None = None,
+    samples: int = passk.PASS_AT_T_K,
+    config: RolloutConfig | None = None,
+    tasks_per_call: int | None = None,
+) -> passk.BudgetResults:
     """Pass@T data: ``{T: (n, c)}`` for every budget (default :func:`default_budgets`)."""
     budgets = default_budgets(env.t_max) if budgets is None else budgets
-    return counts_by_budget(successes_by_budget(env, tokenizer, policy, task_ids, key,
-                                                budgets=budgets, samples=samples, config=config,
-                                                tasks_per_call=tasks_per_call))
+    return counts_by_budget(
+        successes_by_budget(
+            env,
+            tokenizer,
+            policy,
+            task_ids,
+            key,
+            budgets=budgets,
+            samples=samples,
+            config=config,
+            tasks_per_call=tasks_per_call,
+        )
+    )
 
 
 def default_budgets(t_max: int) -> tuple[int, ...]:

@@ -70,8 +70,10 @@ SECTIONS_DIR = "sections"  # <folder>/sections/<analysis>.json: an analysis' rep
 
 def write_sections(folder: str | Path, analysis: str, sections: Sequence[Section]) -> Path:
     """``folder/sections/<analysis>.json``: the sections an analysis contributes to a report."""
-    return write_json(Path(folder) / SECTIONS_DIR / f"{analysis}.json",
-                      {"analysis": analysis, "sections": [dataclasses.asdict(s) for s in sections]})
+    return write_json(
+        Path(folder) / SECTIONS_DIR / f"{analysis}.json",
+        {"analysis": analysis, "sections": [dataclasses.asdict(s) for s in sections]},
+    )
 
 
 def read_sections(path: str | Path) -> tuple[str, list[Section]]:
@@ -80,8 +82,10 @@ def read_sections(path: str | Path) -> tuple[str, list[Section]]:
     path = Path(path)
     try:
         record = json.loads(path.read_text())
-        sections = [Section(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
-                    for s in record["sections"]]
+        sections = [
+            Section(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
+            for s in record["sections"]
+        ]
         return record["analysis"], sections
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: not a section record ({error})") from None
@@ -95,8 +99,6 @@ def rel(folder: Path, path: Path) -> str:
 def figure_path(folder: Path, name: str) -> Path:
     """Where a figure ``name`` goes: ``<folder>/figures/<name>`` (``.png`` and ``.pdf``)."""
     return folder / FIGURES_DIR / name
-
-
 
 
 # ---------------------------------------------------------------- the report

@@ -82,8 +82,13 @@ def from_jsonable(hint: Any, value: Any) -> Any:
         return [from_jsonable(args[0] if args else Any, v) for v in value]
     if dataclasses.is_dataclass(hint):
         hints = typing.get_type_hints(hint)
-        return hint(**{f.name: from_jsonable(hints[f.name], value[f.name])
-                       for f in dataclasses.fields(hint) if f.init})
+        return hint(
+            **{
+                f.name: from_jsonable(hints[f.name], value[f.name])
+                for f in dataclasses.fields(hint)
+                if f.init
+            }
+        )
     raise TypeError(f"from_jsonable: cannot read {hint!r} from JSON")
 
 
@@ -95,14 +100,17 @@ def same(a: Any, b: Any) -> bool:
         numeric = a.dtype.kind in "fc" and b.dtype.kind in "fc"
         return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=numeric))
     if dataclasses.is_dataclass(a) and not isinstance(a, type):
-        return type(a) is type(b) and all(same(getattr(a, f.name), getattr(b, f.name))
-                                          for f in dataclasses.fields(a))
+        return type(a) is type(b) and all(
+            same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+        )
     if isinstance(a, Mapping):
-        return (isinstance(b, Mapping) and list(a) == list(b)
-                and all(same(a[k], b[k]) for k in a))
+        return isinstance(b, Mapping) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return (isinstance(b, (list, tuple)) and len(a) == len(b)
-                and all(same(x, y) for x, y in zip(a, b)))
+        return (
+            isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(same(x, y) for x, y in zip(a, b))
+        )
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     return a == b

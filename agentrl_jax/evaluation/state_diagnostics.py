@@ -36,10 +36,16 @@ import numpy as np
 
 from agentrl_jax.evaluation import drivers, passt
 from agentrl_jax.evaluation.states import inject_errors, matched_pool
-from agentrl_jax.evaluation.text_states import (ErrorReply, TextStateStarts, concat_text_pools,
-                                                inject_text_errors, matched_text_pool,
-                                                text_error_states, text_step_quality,
-                                                visited_text_states)
+from agentrl_jax.evaluation.text_states import (
+    ErrorReply,
+    TextStateStarts,
+    concat_text_pools,
+    inject_text_errors,
+    matched_text_pool,
+    text_error_states,
+    text_step_quality,
+    visited_text_states,
+)
 from agentrl_jax.policy import Policy
 
 
@@ -66,36 +72,88 @@ class QStarStates:
     def invalid_note(self, settings: Any) -> str:
         return f"{settings.invalid}-scored"
 
-    def visits(self, play: drivers.Play, policies: Mapping[str, Policy], key: jax.Array, *,
-               samples: int, budget: int) -> dict[str, Any]:
+    def visits(
+        self,
+        play: drivers.Play,
+        policies: Mapping[str, Policy],
+        key: jax.Array,
+        *,
+        samples: int,
+        budget: int,
+    ) -> dict[str, Any]:
         return drivers.visits(play, policies, key, samples=samples, budget=budget)
 
     def matched(self, base: Any, other: Any, *, size: int, seed: int) -> Any:
         return matched_pool(base, other, size=size, seed=seed)
 
-    def steps(self, play: drivers.Play, pool: Any, base: Policy, rl: Policy, key: jax.Array, *,
-              names: tuple[str, str], settings: Any) -> tuple[Any, dict[str, Any]]:
+    def steps(
+        self,
+        play: drivers.Play,
+        pool: Any,
+        base: Policy,
+        rl: Policy,
+        key: jax.Array,
+        *,
+        names: tuple[str, str],
+        settings: Any,
+    ) -> tuple[Any, dict[str, Any]]:
         values, result = drivers.step_quality(
-            play, pool, base, rl, key, names=names, group_size=settings.group_size,
-            gamma=settings.gamma, invalid=settings.invalid)
-        return result, {"states": _columns(pool, names), "action_values": values.action_values,
-                        "noop_value": values.noop_value, "actions": result.actions,
-                        "quality": result.quality}
+            play,
+            pool,
+            base,
+            rl,
+            key,
+            names=names,
+            group_size=settings.group_size,
+            gamma=settings.gamma,
+            invalid=settings.invalid,
+        )
+        return result, {
+            "states": _columns(pool, names),
+            "action_values": values.action_values,
+            "noop_value": values.noop_value,
+            "actions": result.actions,
+            "quality": result.quality,
+        }
 
-    def errors(self, play: drivers.Play, pool: Any, base: Policy, rl: Policy, key: jax.Array, *,
-               names: tuple[str, str], settings: Any) -> tuple[Any, dict[str, Any]]:
+    def errors(
+        self,
+        play: drivers.Play,
+        pool: Any,
+        base: Policy,
+        rl: Policy,
+        key: jax.Array,
+        *,
+        names: tuple[str, str],
+        settings: Any,
+    ) -> tuple[Any, dict[str, Any]]:
         errors = inject_errors(self.env.maps, pool, seed=settings.seed)
         if len(errors.states) == 0:
-            raise ValueError(f"errors: no state of the {names} pool admits an error move with a "
-                             "turn left")
+            raise ValueError(
+                f"errors: no state of the {names} pool admits an error move with a turn left"
+            )
         values, result = drivers.error_states(
-            play, errors, base, rl, key, names=names, group_size=settings.group_size,
-            gamma=settings.gamma, invalid=settings.invalid)
-        return result, {"states": _columns(errors.states, names), "origin": errors.origin,
-                        "injected_action": errors.action, "action_values": values.action_values,
-                        "noop_value": values.noop_value, "actions": result.quality.actions,
-                        "quality": result.quality.quality, "success": result.success,
-                        "overflow": result.overflow}
+            play,
+            errors,
+            base,
+            rl,
+            key,
+            names=names,
+            group_size=settings.group_size,
+            gamma=settings.gamma,
+            invalid=settings.invalid,
+        )
+        return result, {
+            "states": _columns(errors.states, names),
+            "origin": errors.origin,
+            "injected_action": errors.action,
+            "action_values": values.action_values,
+            "noop_value": values.noop_value,
+            "actions": result.quality.actions,
+            "quality": result.quality.quality,
+            "success": result.success,
+            "overflow": result.overflow,
+        }
 
 
 @dataclasses.dataclass
@@ -117,8 +175,15 @@ class RecordedQualityStates:
         del settings
         return "scored by the environment"
 
-    def visits(self, play: drivers.Play, policies: Mapping[str, Policy], key: jax.Array, *,
-               samples: int, budget: int) -> dict[str, Any]:
+    def visits(
+        self,
+        play: drivers.Play,
+        policies: Mapping[str, Policy],
+        key: jax.Array,
+        *,
+        samples: int,
+        budget: int,
+    ) -> dict[str, Any]:
         """Every policy's visited states (:func:`visited_text_states`) from ``samples``
         trajectories per task at ``budget``: the calls of :func:`passt.rollout_tasks`, kept
         with their response texts."""
@@ -127,8 +192,9 @@ class RecordedQualityStates:
         for name, policy in policies.items():
             play.echo(f"Source trajectories: {name}, {play.tasks} tasks x {samples} at T={budget}")
             parts = []
-            for call, chunk, real in passt._calls(np.asarray(play.task_ids, np.int64),
-                                                  play.tasks_per_call):
+            for call, chunk, real in passt._calls(
+                np.asarray(play.task_ids, np.int64), play.tasks_per_call
+            ):
                 result = runner(policy, chunk, jax.random.fold_in(key, call))
                 parts.append(visited_text_states(result, rows=real * samples))
             out[name] = concat_text_pools(parts)
@@ -139,39 +205,72 @@ class RecordedQualityStates:
         return matched_text_pool(base, other, size=size, seed=seed)
 
     def _starts(self, play: drivers.Play, pool: Any, group_size: int) -> TextStateStarts:
-        return TextStateStarts(self.env, play.tokenizer, pool,
-                               dataclasses.replace(play.config, group_size=group_size),
-                               states_per_call=play.states_per_call, workers=self.workers)
+        return TextStateStarts(
+            self.env,
+            play.tokenizer,
+            pool,
+            dataclasses.replace(play.config, group_size=group_size),
+            states_per_call=play.states_per_call,
+            workers=self.workers,
+        )
 
-    def steps(self, play: drivers.Play, pool: Any, base: Policy, rl: Policy, key: jax.Array, *,
-              names: tuple[str, str], settings: Any) -> tuple[Any, dict[str, Any]]:
+    def steps(
+        self,
+        play: drivers.Play,
+        pool: Any,
+        base: Policy,
+        rl: Policy,
+        key: jax.Array,
+        *,
+        names: tuple[str, str],
+        settings: Any,
+    ) -> tuple[Any, dict[str, Any]]:
         starts = self._starts(play, pool, settings.group_size)
         try:
             result = text_step_quality(starts, base, rl, key, names=names)
         finally:
             starts.close()
-        return result, {"states": _columns(result.pool, names), "offered": len(pool),
-                        "samples": result.samples,
-                        "valid": result.valid, "quality": result.quality}
+        return result, {
+            "states": _columns(result.pool, names),
+            "offered": len(pool),
+            "samples": result.samples,
+            "valid": result.valid,
+            "quality": result.quality,
+        }
 
-    def errors(self, play: drivers.Play, pool: Any, base: Policy, rl: Policy, key: jax.Array, *,
-               names: tuple[str, str], settings: Any) -> tuple[Any, dict[str, Any]]:
+    def errors(
+        self,
+        play: drivers.Play,
+        pool: Any,
+        base: Policy,
+        rl: Policy,
+        key: jax.Array,
+        *,
+        names: tuple[str, str],
+        settings: Any,
+    ) -> tuple[Any, dict[str, Any]]:
         errors = inject_text_errors(pool, self.error_reply, seed=settings.seed)
         if len(errors.states) == 0:
-            raise ValueError(f"errors: no state of the {names} pool admits an error reply with a "
-                             "turn left")
+            raise ValueError(
+                f"errors: no state of the {names} pool admits an error reply with a turn left"
+            )
         starts = self._starts(play, errors.states, settings.group_size)
         try:
             result = text_error_states(starts, errors, base, rl, key, names=names)
         finally:
             starts.close()
         kept = result.errors
-        return result, {"states": _columns(kept.states, names), "offered": len(errors.states),
-                        "origin": kept.origin, "injected_reply": list(kept.reply),
-                        "samples": result.quality.samples,
-                        "valid": result.quality.valid, "quality": result.quality.quality,
-                        "success": result.success, "overflow": result.overflow}
-
+        return result, {
+            "states": _columns(kept.states, names),
+            "offered": len(errors.states),
+            "origin": kept.origin,
+            "injected_reply": list(kept.reply),
+            "samples": result.quality.samples,
+            "valid": result.quality.valid,
+            "quality": result.quality.quality,
+            "success": result.success,
+            "overflow": result.overflow,
+        }
 
 
 def default_states(env: Any) -> QStarStates | None:

@@ -87,8 +87,12 @@ class StatePool:
 
 
 def concat_pools(pools: Sequence[StatePool]) -> StatePool:
-    return StatePool(**{f.name: np.concatenate([getattr(p, f.name) for p in pools])
-                        for f in dataclasses.fields(StatePool)})
+    return StatePool(
+        **{
+            f.name: np.concatenate([getattr(p, f.name) for p in pools])
+            for f in dataclasses.fields(StatePool)
+        }
+    )
 
 
 def visited_states(trajectory: Trajectory, source: int = -1) -> StatePool:
@@ -103,10 +107,17 @@ def visited_states(trajectory: Trajectory, source: int = -1) -> StatePool:
     rows, turns = np.nonzero(turn_mask)
     pos = np.asarray(traj.state_id)[rows, turns]
     if np.any(pos < 0):
-        raise ValueError("visited_states: the trajectory has real turns without a state_id "
-                         "(not a FrozenLake rollout?)")
-    return StatePool(task_id=np.asarray(traj.task_id)[rows], pos=pos, turn=turns,
-                     budget=np.asarray(traj.budget)[rows], source=np.full(rows.size, source))
+        raise ValueError(
+            "visited_states: the trajectory has real turns without a state_id "
+            "(not a FrozenLake rollout?)"
+        )
+    return StatePool(
+        task_id=np.asarray(traj.task_id)[rows],
+        pos=pos,
+        turn=turns,
+        budget=np.asarray(traj.budget)[rows],
+        source=np.full(rows.size, source),
+    )
 
 
 def matched_pool(base: StatePool, rl: StatePool, size: int, seed: int = 0) -> StatePool:
@@ -176,8 +187,10 @@ def maps_at_states(maps: np.ndarray, pool: StatePool) -> np.ndarray:
     if np.any(pool.pos < 0) or np.any(pool.pos >= flat.shape[1]):
         raise ValueError(f"maps_at_states: positions must be cells 0..{flat.shape[1] - 1}")
     if np.any(grid.is_terminal_tile(flat[np.arange(len(pool)), pool.pos])):
-        raise ValueError("maps_at_states: a state stands on a hole or the goal (a finished "
-                         "episode has no state to act from)")
+        raise ValueError(
+            "maps_at_states: a state stands on a hole or the goal (a finished "
+            "episode has no state to act from)"
+        )
     flat[flat == grid.START] = grid.FROZEN
     flat[np.arange(len(pool)), pool.pos] = grid.START
     return out
@@ -206,8 +219,9 @@ class StatePrompt(BudgetPrompt):
 
     def _check(self, budget: int) -> None:
         if not 1 <= budget <= self.stated_budget:
-            raise ValueError(f"StatePrompt: remaining budget {budget} is not in "
-                             f"[1, {self.stated_budget}]")
+            raise ValueError(
+                f"StatePrompt: remaining budget {budget} is not in [1, {self.stated_budget}]"
+            )
 
     def system_text(self, instructions: str, budget: int) -> str:
         self._check(budget)
@@ -266,15 +280,24 @@ class StateStarts:
     one), so every call has the same shapes.
     """
 
-    def __init__(self, env: FrozenLakeTextEnv, tokenizer, pool: StatePool, config: RolloutConfig,
-                 *, states_per_call: int | None = None):
+    def __init__(
+        self,
+        env: FrozenLakeTextEnv,
+        tokenizer,
+        pool: StatePool,
+        config: RolloutConfig,
+        *,
+        states_per_call: int | None = None,
+    ):
         if not isinstance(env, FrozenLakeTextEnv):
             raise TypeError(f"StateStarts needs a FrozenLakeTextEnv, got {type(env).__name__}")
         if len(pool) == 0:
             raise ValueError("StateStarts: the pool has no states")
         if np.any(pool.budget > env.t_max):
-            raise ValueError(f"StateStarts: budgets up to {pool.budget.max()} exceed the "
-                             f"environment's t_max={env.t_max}")
+            raise ValueError(
+                f"StateStarts: budgets up to {pool.budget.max()} exceed the "
+                f"environment's t_max={env.t_max}"
+            )
         if states_per_call is not None and states_per_call < 1:
             raise ValueError(f"StateStarts: `states_per_call` must be >= 1, got {states_per_call}")
         self.pool, self.tokenizer, self.states_per_call = pool, tokenizer, states_per_call
@@ -287,7 +310,9 @@ class StateStarts:
         """The rollout runner of the states whose budget is ``budget``."""
         key = (int(budget), bool(first_turn_only))
         if key not in self._runners:
-            config = dataclasses.replace(self.config, prompt=StatePrompt.of(self.config.prompt, budget))
+            config = dataclasses.replace(
+                self.config, prompt=StatePrompt.of(self.config.prompt, budget)
+            )
             env = self._first_turn_env if first_turn_only else self.env
             self._runners[key] = MultiTurnRollout(env, self.tokenizer, config)
         return self._runners[key]
@@ -299,7 +324,7 @@ class StateStarts:
             index = np.flatnonzero(self.pool.budget == budget)
             size = self.states_per_call or index.size
             for start in range(0, index.size, size):
-                chunk = index[start:start + size]
+                chunk = index[start : start + size]
                 padded = np.concatenate([chunk, np.full(size - chunk.size, chunk[-1])])
                 out.append((int(budget), padded, int(chunk.size)))
         return out
@@ -315,18 +340,29 @@ class StateStarts:
             sampled; it would otherwise look like an invalid response).
         """
         size, g = len(self.pool), self.config.group_size
-        fields = {"action": np.full((size, g), -1, np.int64), "success": np.zeros((size, g), bool),
-                  "turns": np.zeros((size, g), np.int64), "overflow": np.zeros((size, g), bool)}
+        fields = {
+            "action": np.full((size, g), -1, np.int64),
+            "success": np.zeros((size, g), bool),
+            "turns": np.zeros((size, g), np.int64),
+            "overflow": np.zeros((size, g), bool),
+        }
         for call, (budget, index, real) in enumerate(self.calls()):
             remaining = budget - self.pool.turn[index]
             result = self.runner(budget, first_turn_only)(
-                policy, index, jax.random.fold_in(key, call), budgets=remaining)
+                policy, index, jax.random.fold_in(key, call), budgets=remaining
+            )
             traj = jax.device_get(result.trajectory)
-            per_row = {"action": np.asarray(traj.action)[:, 0], "success": traj.success,
-                       "turns": traj.turns_used, "overflow": traj.overflow}
+            per_row = {
+                "action": np.asarray(traj.action)[:, 0],
+                "success": traj.success,
+                "turns": traj.turns_used,
+                "overflow": traj.overflow,
+            }
             for name, values in per_row.items():
                 fields[name][index[:real]] = np.asarray(values).reshape(-1, g)[:real]
         if np.any(fields["turns"] == 0):
-            raise ValueError(f"StateStarts.play: the prompt of a state does not fit max_context="
-                             f"{self.config.max_context}; raise it")
+            raise ValueError(
+                f"StateStarts.play: the prompt of a state does not fit max_context="
+                f"{self.config.max_context}; raise it"
+            )
         return StatePlay(**fields)

@@ -232,8 +232,9 @@ def paired_difference(a, b, confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
     return paired_comparison(a, b, confidence=confidence).mean_diff
 
 
-def difference_of_means(before: np.ndarray, after: np.ndarray,
-                        confidence: float = DEFAULT_CONFIDENCE) -> MeanCI:
+def difference_of_means(
+    before: np.ndarray, after: np.ndarray, confidence: float = DEFAULT_CONFIDENCE
+) -> MeanCI:
     """``mean(after) - mean(before)`` of two independent samples with a normal (Welch) CI,
     ``z * sqrt(var_a / n_a + var_b / n_b)``; NaN bounds when either has fewer than 2 values.
     ``n`` is the total number of values."""

@@ -39,7 +39,6 @@ from agentrl_jax.policy import Policy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, RolloutResult
 from envs.protocol import Feedback, PythonEnv, PythonTextEnv
 
-
 # ---------------------------------------------------------------- pools of states
 
 
@@ -60,8 +59,10 @@ class TextStatePool:
         for name in ("task_id", "budget", "source"):
             a = np.asarray(getattr(self, name))
             if a.ndim != 1 or a.shape[0] != len(history) or (a.size and a.dtype.kind not in "iu"):
-                raise ValueError(f"TextStatePool.{name}: must be {len(history)} integers, got "
-                                 f"shape {a.shape} dtype {a.dtype}")
+                raise ValueError(
+                    f"TextStatePool.{name}: must be {len(history)} integers, got "
+                    f"shape {a.shape} dtype {a.dtype}"
+                )
             object.__setattr__(self, name, a.astype(np.int64))
         if np.any(self.turn >= self.budget):
             raise ValueError("TextStatePool: every state needs fewer turns played than its budget")
@@ -76,26 +77,36 @@ class TextStatePool:
 
     def take(self, index: Any) -> "TextStatePool":
         index = np.arange(len(self))[index]
-        return TextStatePool(self.task_id[index], self.budget[index], self.source[index],
-                             tuple(self.history[i] for i in index))
+        return TextStatePool(
+            self.task_id[index],
+            self.budget[index],
+            self.source[index],
+            tuple(self.history[i] for i in index),
+        )
 
     def to_columns(self) -> dict[str, list]:
         """``{field: values}`` for a JSON record (``source`` as its label)."""
-        return {"task_id": self.task_id.tolist(), "turn": self.turn.tolist(),
-                "budget": self.budget.tolist(),
-                "source": [SOURCES[s] if s >= 0 else "" for s in self.source],
-                "history": [list(h) for h in self.history]}
+        return {
+            "task_id": self.task_id.tolist(),
+            "turn": self.turn.tolist(),
+            "budget": self.budget.tolist(),
+            "source": [SOURCES[s] if s >= 0 else "" for s in self.source],
+            "history": [list(h) for h in self.history],
+        }
 
 
 def concat_text_pools(pools: Sequence[TextStatePool]) -> TextStatePool:
-    return TextStatePool(np.concatenate([p.task_id for p in pools]),
-                         np.concatenate([p.budget for p in pools]),
-                         np.concatenate([p.source for p in pools]),
-                         tuple(h for p in pools for h in p.history))
+    return TextStatePool(
+        np.concatenate([p.task_id for p in pools]),
+        np.concatenate([p.budget for p in pools]),
+        np.concatenate([p.source for p in pools]),
+        tuple(h for p in pools for h in p.history),
+    )
 
 
-def visited_text_states(result: RolloutResult, source: int = -1,
-                        rows: int | None = None) -> TextStatePool:
+def visited_text_states(
+    result: RolloutResult, source: int = -1, rows: int | None = None
+) -> TextStatePool:
     """Every state a rollout acted from: one per played turn of each real row (a state
     visited twice counts twice), its history the row's responses before that turn. ``rows``:
     only the first ``rows`` rows (a padded call's repeats left out)."""
@@ -105,20 +116,26 @@ def visited_text_states(result: RolloutResult, source: int = -1,
         turn_mask[rows:] = False
     rows, turns = np.nonzero(turn_mask)
     history = tuple(tuple(result.responses[r][:t]) for r, t in zip(rows, turns))
-    return TextStatePool(np.asarray(traj.task_id)[rows], np.asarray(traj.budget)[rows],
-                         np.full(rows.size, source), history)
+    return TextStatePool(
+        np.asarray(traj.task_id)[rows],
+        np.asarray(traj.budget)[rows],
+        np.full(rows.size, source),
+        history,
+    )
 
 
-def matched_text_pool(base: TextStatePool, rl: TextStatePool, size: int,
-                      seed: int = 0) -> TextStatePool:
+def matched_text_pool(
+    base: TextStatePool, rl: TextStatePool, size: int, seed: int = 0
+) -> TextStatePool:
     """§7.1's matched pool: ``size // 2`` states drawn from each policy's visits without
     replacement (both halves shrink to the smaller count); ``source`` 0 base, 1 RL."""
     if size < 2:
         raise ValueError(f"matched_text_pool: `size` must be >= 2, got {size}")
     half = min(size // 2, len(base), len(rl))
     if half == 0:
-        raise ValueError(f"matched_text_pool: no states to draw from (base {len(base)}, "
-                         f"RL {len(rl)})")
+        raise ValueError(
+            f"matched_text_pool: no states to draw from (base {len(base)}, RL {len(rl)})"
+        )
     rng = np.random.default_rng(seed)
     halves = []
     for code, pool in enumerate((base, rl)):
@@ -146,8 +163,9 @@ class TextErrorStates:
     reply: tuple[str, ...]
 
 
-def inject_text_errors(pool: TextStatePool, error_reply: ErrorReply,
-                       seed: int = 0) -> TextErrorStates:
+def inject_text_errors(
+    pool: TextStatePool, error_reply: ErrorReply, seed: int = 0
+) -> TextErrorStates:
     """From each state of ``pool`` with a turn left after the error (``t + 1 < B``), play
     ``error_reply(task, rng)`` as its next response. States whose task has no error reply are
     skipped."""
@@ -160,8 +178,9 @@ def inject_text_errors(pool: TextStatePool, error_reply: ErrorReply,
             replies.append(str(reply))
     origin = np.asarray(origin, np.int64)
     source = pool.take(origin)
-    states = dataclasses.replace(source, history=tuple(
-        h + (r,) for h, r in zip(source.history, replies)))
+    states = dataclasses.replace(
+        source, history=tuple(h + (r,) for h, r in zip(source.history, replies))
+    )
     return TextErrorStates(states, origin, tuple(replies))
 
 
@@ -207,8 +226,10 @@ class ReplayedEnv(PythonEnv):
             state, feedback = self.env.step_task(state, response)
             if feedback.done:
                 self.env.close_task(state)
-                raise ValueError(f"ReplayedEnv: state {task_id}'s history ends the episode at "
-                                 f"turn {k}; it has no turn {len(self.pool.history[task_id])}")
+                raise ValueError(
+                    f"ReplayedEnv: state {task_id}'s history ends the episode at "
+                    f"turn {k}; it has no turn {len(self.pool.history[task_id])}"
+                )
             turns.append((response, feedback.observation))
         return state, render_history(first, turns)
 
@@ -249,22 +270,35 @@ class TextStateStarts:
     :class:`~agentrl_jax.evaluation.states.StateStarts` (``group_size`` = ``G``, its budget
     ignored); ``states_per_call`` bounds (and pads) the states of one rollout call."""
 
-    def __init__(self, env: PythonEnv, tokenizer, pool: TextStatePool, config: RolloutConfig, *,
-                 states_per_call: int | None = None, workers: int = 8,
-                 step_timeout_s: float = 60.0):
+    def __init__(
+        self,
+        env: PythonEnv,
+        tokenizer,
+        pool: TextStatePool,
+        config: RolloutConfig,
+        *,
+        states_per_call: int | None = None,
+        workers: int = 8,
+        step_timeout_s: float = 60.0,
+    ):
         if not isinstance(env, PythonEnv):
             raise TypeError(f"TextStateStarts needs a PythonEnv, got {type(env).__name__}")
         if len(pool) == 0:
             raise ValueError("TextStateStarts: the pool has no states")
         if np.any(pool.budget > env.t_max):
-            raise ValueError(f"TextStateStarts: budgets up to {pool.budget.max()} exceed the "
-                             f"environment's t_max={env.t_max}")
+            raise ValueError(
+                f"TextStateStarts: budgets up to {pool.budget.max()} exceed the "
+                f"environment's t_max={env.t_max}"
+            )
         if states_per_call is not None and states_per_call < 1:
-            raise ValueError(f"TextStateStarts: `states_per_call` must be >= 1, got {states_per_call}")
+            raise ValueError(
+                f"TextStateStarts: `states_per_call` must be >= 1, got {states_per_call}"
+            )
         self.pool, self.tokenizer, self.states_per_call = pool, tokenizer, states_per_call
         self.config = dataclasses.replace(config, budget=None)
-        self.env = PythonTextEnv(ReplayedEnv(env, pool), workers=workers,
-                                 step_timeout_s=step_timeout_s)
+        self.env = PythonTextEnv(
+            ReplayedEnv(env, pool), workers=workers, step_timeout_s=step_timeout_s
+        )
 
     def close(self) -> None:
         self.env.close()
@@ -277,9 +311,14 @@ class TextStateStarts:
             index = np.flatnonzero(self.pool.budget == budget)
             size = self.states_per_call or index.size
             for start in range(0, index.size, size):
-                chunk = index[start:start + size]
-                out.append((int(budget), np.concatenate([chunk, np.full(size - chunk.size, chunk[-1])]),
-                            int(chunk.size)))
+                chunk = index[start : start + size]
+                out.append(
+                    (
+                        int(budget),
+                        np.concatenate([chunk, np.full(size - chunk.size, chunk[-1])]),
+                        int(chunk.size),
+                    )
+                )
         return out
 
     def play(self, policy: Policy, key: jax.Array, *, first_turn_only: bool) -> TextStatePlay:
@@ -287,21 +326,33 @@ class TextStateStarts:
         ``first_turn_only``); call ``c`` uses ``fold_in(key, c)``, so two policies played with
         the same key are paired."""
         size, g = len(self.pool), self.config.group_size
-        fields = {"quality": np.full((size, g), np.nan), "valid": np.zeros((size, g), bool),
-                  "success": np.zeros((size, g), bool), "turns": np.zeros((size, g), np.int64),
-                  "overflow": np.zeros((size, g), bool)}
+        fields = {
+            "quality": np.full((size, g), np.nan),
+            "valid": np.zeros((size, g), bool),
+            "success": np.zeros((size, g), bool),
+            "turns": np.zeros((size, g), np.int64),
+            "overflow": np.zeros((size, g), bool),
+        }
         env = _FirstTurnOnly(self.env) if first_turn_only else self.env
         runners: dict[int, MultiTurnRollout] = {}
         for call, (budget, index, real) in enumerate(self.calls()):
             if budget not in runners:
-                config = dataclasses.replace(self.config, prompt=StatePrompt.of(self.config.prompt, budget))
+                config = dataclasses.replace(
+                    self.config, prompt=StatePrompt.of(self.config.prompt, budget)
+                )
                 runners[budget] = MultiTurnRollout(env, self.tokenizer, config)
             remaining = budget - self.pool.turn[index]
-            result = runners[budget](policy, index, jax.random.fold_in(key, call), budgets=remaining)
+            result = runners[budget](
+                policy, index, jax.random.fold_in(key, call), budgets=remaining
+            )
             traj = jax.device_get(result.trajectory)
-            per_row = {"quality": np.asarray(traj.step_quality)[:, 0],
-                       "valid": np.asarray(traj.action_valid)[:, 0], "success": traj.success,
-                       "turns": traj.turns_used, "overflow": traj.overflow}
+            per_row = {
+                "quality": np.asarray(traj.step_quality)[:, 0],
+                "valid": np.asarray(traj.action_valid)[:, 0],
+                "success": traj.success,
+                "turns": traj.turns_used,
+                "overflow": traj.overflow,
+            }
             for name, values in per_row.items():
                 fields[name][index[:real]] = np.asarray(values).reshape(-1, g)[:real]
         # a turn the environment could not score (a step that timed out) counts as 0
@@ -353,8 +404,9 @@ class TextErrorResult:
 
     def paired_success(self) -> stats.PairedComparison:
         base, rl = self.quality.names
-        return stats.paired_comparison(self.success[rl].mean(axis=1),
-                                       self.success[base].mean(axis=1))
+        return stats.paired_comparison(
+            self.success[rl].mean(axis=1), self.success[base].mean(axis=1)
+        )
 
 
 def _fitting(starts: TextStateStarts, played: dict[str, TextStatePlay]) -> np.ndarray:
@@ -362,25 +414,38 @@ def _fitting(starts: TextStateStarts, played: dict[str, TextStatePlay]) -> np.nd
     left out for every policy alike); raises when none does."""
     fits = np.logical_and.reduce([p.fits for p in played.values()])
     if not fits.any():
-        raise ValueError(f"no state's prompt fits max_context={starts.config.max_context} "
-                         f"(of {len(fits)} states); raise it")
+        raise ValueError(
+            f"no state's prompt fits max_context={starts.config.max_context} "
+            f"(of {len(fits)} states); raise it"
+        )
     return np.flatnonzero(fits)
 
 
-def text_step_quality(starts: TextStateStarts, base: Policy, rl: Policy, key: jax.Array, *,
-                      names: tuple[str, str]) -> TextStepQuality:
+def text_step_quality(
+    starts: TextStateStarts, base: Policy, rl: Policy, key: jax.Array, *, names: tuple[str, str]
+) -> TextStepQuality:
     """§7.1 on text states: ``G`` one-turn samples of each policy from every state (same key),
     each scored by the environment; states whose prompt does not fit the context are left
     out (``result.pool`` is those kept)."""
     played = {n: starts.play(p, key, first_turn_only=True) for n, p in zip(names, (base, rl))}
     keep = _fitting(starts, played)
-    return TextStepQuality(tuple(names), starts.pool.take(keep),
-                           {n: p.quality[keep] for n, p in played.items()},
-                           {n: p.valid[keep] for n, p in played.items()})
+    return TextStepQuality(
+        tuple(names),
+        starts.pool.take(keep),
+        {n: p.quality[keep] for n, p in played.items()},
+        {n: p.valid[keep] for n, p in played.items()},
+    )
 
 
-def text_error_states(starts: TextStateStarts, errors: TextErrorStates, base: Policy, rl: Policy,
-                      key: jax.Array, *, names: tuple[str, str]) -> TextErrorResult:
+def text_error_states(
+    starts: TextStateStarts,
+    errors: TextErrorStates,
+    base: Policy,
+    rl: Policy,
+    key: jax.Array,
+    *,
+    names: tuple[str, str],
+) -> TextErrorResult:
     """§7.2 on text states: ``starts`` built on ``errors.states``; each policy plays ``G``
     whole continuations from every error state (same key), the first turn of each its
     response sample. Error states whose prompt does not fit are left out (``result.errors``
@@ -389,10 +454,18 @@ def text_error_states(starts: TextStateStarts, errors: TextErrorStates, base: Po
         raise ValueError("text_error_states: `starts` is not built on `errors.states`")
     played = {n: starts.play(p, key, first_turn_only=False) for n, p in zip(names, (base, rl))}
     keep = _fitting(starts, played)
-    kept = TextErrorStates(errors.states.take(keep), errors.origin[keep],
-                           tuple(errors.reply[i] for i in keep))
-    quality = TextStepQuality(tuple(names), kept.states,
-                              {n: p.quality[keep] for n, p in played.items()},
-                              {n: p.valid[keep] for n, p in played.items()})
-    return TextErrorResult(kept, quality, {n: p.success[keep] for n, p in played.items()},
-                           {n: p.overflow[keep] for n, p in played.items()})
+    kept = TextErrorStates(
+        errors.states.take(keep), errors.origin[keep], tuple(errors.reply[i] for i in keep)
+    )
+    quality = TextStepQuality(
+        tuple(names),
+        kept.states,
+        {n: p.quality[keep] for n, p in played.items()},
+        {n: p.valid[keep] for n, p in played.items()},
+    )
+    return TextErrorResult(
+        kept,
+        quality,
+        {n: p.success[keep] for n, p in played.items()},
+        {n: p.overflow[keep] for n, p in played.items()},
+    )

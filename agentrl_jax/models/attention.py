@@ -102,11 +102,13 @@ def cache_limit(lengths: jax.Array, attention_mask: jax.Array) -> jax.Array:
     including its own: ``lengths + cumsum(attention_mask)``.
     """
     return (lengths[:, None] + jnp.cumsum(attention_mask.astype(jnp.int32), axis=1)).astype(
-        jnp.int32)
+        jnp.int32
+    )
 
 
-def visibility(key_limit: jax.Array | None, key_valid: jax.Array | None,
-               length: int, keys: int) -> jax.Array:
+def visibility(
+    key_limit: jax.Array | None, key_valid: jax.Array | None, length: int, keys: int
+) -> jax.Array:
     """``[B, L, S]`` bool: key ``j`` visible to query ``i`` (the rule of the module docstring).
 
     With both arguments None the batch axis is 1.
@@ -149,19 +151,31 @@ def select_implementation(q: jax.Array, k: jax.Array, key_limit: jax.Array | Non
     """
     backend = jax.default_backend()
     length, keys, head_dim = q.shape[1], k.shape[1], q.shape[-1]
-    if (backend == "tpu" and key_limit is None and length == keys
-            and head_dim % _SPLASH_LANES == 0):
+    if backend == "tpu" and key_limit is None and length == keys and head_dim % _SPLASH_LANES == 0:
         return "splash"
-    if (backend in ("gpu", "cuda") and key_limit is None
-            and q.dtype in (jnp.bfloat16, jnp.float16) and head_dim <= 128 and head_dim % 8 == 0):
+    if (
+        backend in ("gpu", "cuda")
+        and key_limit is None
+        and q.dtype in (jnp.bfloat16, jnp.float16)
+        and head_dim <= 128
+        and head_dim % 8 == 0
+    ):
         return "cudnn"
     return "blocked" if length * keys > _XLA_MAX_SCORES else "xla"
 
 
 # ------------------------------------------------------------------------------- entry point
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_limit: jax.Array | None,
-              key_valid: jax.Array | None = None, *, implementation: Implementation = "xla",
-              block_q: int = 512, block_k: int = 512) -> jax.Array:
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    key_limit: jax.Array | None,
+    key_valid: jax.Array | None = None,
+    *,
+    implementation: Implementation = "xla",
+    block_q: int = 512,
+    block_k: int = 512,
+) -> jax.Array:
     """Grouped-query attention under the module's visibility rule.
 
     q ``[B, L, H, hd]``; k, v ``[B, S, KV, hd]``; key_limit ``[B, L]`` int or None (causal);
@@ -190,7 +204,7 @@ def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array)
     kv_heads = k.shape[2]
     grouped = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
     scores = jnp.einsum("blkgd,bskd->bkgls", grouped, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(visible[:, None, None], scores * head_dim ** -0.5, _MASKED_SCORE)
+    scores = jnp.where(visible[:, None, None], scores * head_dim**-0.5, _MASKED_SCORE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgls,bskd->blkgd", probs, v)
     return out.reshape(batch, length, heads, head_dim)
@@ -212,14 +226,14 @@ def _pad_axis(x: jax.Array, axis: int, target: int, value=0) -> jax.Array:
 def _to_blocks(x: jax.Array, axis: int, size: int) -> jax.Array:
     """Split ``axis`` (a multiple of ``size``) into tiles and move the tile index to the front."""
     shape = x.shape
-    x = x.reshape(shape[:axis] + (shape[axis] // size, size) + shape[axis + 1:])
+    x = x.reshape(shape[:axis] + (shape[axis] // size, size) + shape[axis + 1 :])
     return jnp.moveaxis(x, axis, 0)
 
 
 def _from_blocks(x: jax.Array, axis: int) -> jax.Array:
     """Inverse of :func:`_to_blocks`."""
     x = jnp.moveaxis(x, 0, axis)
-    return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2:])
+    return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2 :])
 
 
 def _blocked_attention(q, k, v, key_limit, key_valid, block_q, block_k):
@@ -282,8 +296,11 @@ def _flash_forward(q, k, v, limit, valid, bq, bk):
     def query_block(_, xs):
         q_blk, limit_blk = xs
         stats = q_blk.shape[:-1]  # [B, KV, G, bq]
-        init = (jnp.full(stats, _MASKED_SCORE, jnp.float32), jnp.zeros(stats, jnp.float32),
-                jnp.zeros(q_blk.shape, jnp.float32))
+        init = (
+            jnp.full(stats, _MASKED_SCORE, jnp.float32),
+            jnp.zeros(stats, jnp.float32),
+            jnp.zeros(q_blk.shape, jnp.float32),
+        )
 
         def key_block(carry, ys):
             k_blk, v_blk, valid_blk, k_start = ys
@@ -294,8 +311,12 @@ def _flash_forward(q, k, v, limit, valid, bq, bk):
                 m_new = jnp.maximum(m, scores.max(-1))
                 p = jnp.where(visible, jnp.exp(scores - m_new[..., None]), 0.0)
                 rescale = jnp.exp(m - m_new)
-                pv = jnp.einsum("bkgqs,bksd->bkgqd", p.astype(v.dtype), v_blk,
-                                preferred_element_type=jnp.float32)
+                pv = jnp.einsum(
+                    "bkgqs,bksd->bkgqd",
+                    p.astype(v.dtype),
+                    v_blk,
+                    preferred_element_type=jnp.float32,
+                )
                 return m_new, l * rescale + p.sum(-1), acc * rescale[..., None] + pv
 
             touched = _pair_visible(limit_blk, valid_blk, k_start)
@@ -340,25 +361,41 @@ def _flash_backward(q, k, v, limit, valid, out, lse, dout, bq, bk):
                 dq, dk, dv = carry
                 scores, visible = _block_scores(q_blk, k_blk, limit_blk, valid_blk, k_start)
                 p = jnp.where(visible, jnp.exp(scores - lse_blk[..., None]), 0.0)
-                dv = dv + jnp.einsum("bkgqs,bkgqd->bksd", p.astype(do_blk.dtype), do_blk,
-                                     preferred_element_type=jnp.float32)
-                dp = jnp.einsum("bkgqd,bksd->bkgqs", do_blk, v_blk,
-                                preferred_element_type=jnp.float32)
+                dv = dv + jnp.einsum(
+                    "bkgqs,bkgqd->bksd",
+                    p.astype(do_blk.dtype),
+                    do_blk,
+                    preferred_element_type=jnp.float32,
+                )
+                dp = jnp.einsum(
+                    "bkgqd,bksd->bkgqs", do_blk, v_blk, preferred_element_type=jnp.float32
+                )
                 ds = p * (dp - delta_blk[..., None]) * scale
-                dq_blk = jnp.einsum("bkgqs,bksd->bkgqd", ds.astype(k_blk.dtype), k_blk,
-                                    preferred_element_type=jnp.float32)
+                dq_blk = jnp.einsum(
+                    "bkgqs,bksd->bkgqd",
+                    ds.astype(k_blk.dtype),
+                    k_blk,
+                    preferred_element_type=jnp.float32,
+                )
                 dq = lax.dynamic_update_index_in_dim(
-                    dq, lax.dynamic_index_in_dim(dq, qi, 0, keepdims=False) + dq_blk, qi, 0)
-                dk = dk + jnp.einsum("bkgqs,bkgqd->bksd", ds.astype(q_blk.dtype), q_blk,
-                                     preferred_element_type=jnp.float32)
+                    dq, lax.dynamic_index_in_dim(dq, qi, 0, keepdims=False) + dq_blk, qi, 0
+                )
+                dk = dk + jnp.einsum(
+                    "bkgqs,bkgqd->bksd",
+                    ds.astype(q_blk.dtype),
+                    q_blk,
+                    preferred_element_type=jnp.float32,
+                )
                 return dq, dk, dv
 
             touched = _pair_visible(limit_blk, valid_blk, k_start)
             return lax.cond(touched, update, lambda c: c, carry), None
 
         (dq, dk, dv), _ = lax.scan(
-            query_block, init,
-            (q_blocks, dout_blocks, lse_blocks, delta_blocks, limit_blocks, q_index))
+            query_block,
+            init,
+            (q_blocks, dout_blocks, lse_blocks, delta_blocks, limit_blocks, q_index),
+        )
         return dq, (dk.astype(k.dtype), dv.astype(v.dtype))
 
     dq0 = jnp.zeros(q_blocks.shape, jnp.float32)
@@ -390,11 +427,17 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 def _cudnn_attention(q, k, v, key_limit, key_valid):
     """cuDNN flash attention with the visibility as a ``[B, 1, L, S]`` mask (NVIDIA GPU only)."""
     length, keys = q.shape[1], k.shape[1]
-    visible = jnp.broadcast_to(visibility(key_limit, key_valid, length, keys),
-                               (q.shape[0], length, keys))
+    visible = jnp.broadcast_to(
+        visibility(key_limit, key_valid, length, keys), (q.shape[0], length, keys)
+    )
     out = jax.nn.dot_product_attention(
-        q, k, v, mask=visible[:, None], is_causal=key_limit is None and length == keys,
-        implementation="cudnn")
+        q,
+        k,
+        v,
+        mask=visible[:, None],
+        is_causal=key_limit is None and length == keys,
+        implementation="cudnn",
+    )
     return out.astype(v.dtype)
 
 
@@ -412,11 +455,18 @@ def _splash_kernel(heads: int, length: int, bq: int, bk: int, interpret: bool = 
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * heads)
-    blocks = splash.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk,
-                               block_q_dkv=bq, block_kv_dkv=bk, block_kv_dkv_compute=bk,
-                               use_fused_bwd_kernel=True)
-    return splash.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
-                                  interpret=interpret)
+    blocks = splash.BlockSizes(
+        block_q=bq,
+        block_kv=bk,
+        block_kv_compute=bk,
+        block_q_dkv=bq,
+        block_kv_dkv=bk,
+        block_kv_dkv_compute=bk,
+        use_fused_bwd_kernel=True,
+    )
+    return splash.make_splash_mha(
+        mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret
+    )
 
 
 def _splash_attention(q, k, v, key_limit, key_valid, block_q, block_k, interpret=False):
@@ -425,22 +475,27 @@ def _splash_attention(q, k, v, key_limit, key_valid, block_q, block_k, interpret
 
     batch, length, heads, head_dim = q.shape
     if not is_causal_limit(key_limit):
-        raise ValueError("splash attention expresses only the causal no-cache form: pass "
-                         "key_limit=None (a traced or non-causal key_limit, e.g. a KV cache's, "
-                         "is not supported; use 'blocked' or 'xla')")
+        raise ValueError(
+            "splash attention expresses only the causal no-cache form: pass "
+            "key_limit=None (a traced or non-causal key_limit, e.g. a KV cache's, "
+            "is not supported; use 'blocked' or 'xla')"
+        )
     if k.shape[1] != length:
-        raise ValueError(f"splash attention needs as many keys as queries, got {k.shape[1]} "
-                         f"keys for {length} queries")
+        raise ValueError(
+            f"splash attention needs as many keys as queries, got {k.shape[1]} "
+            f"keys for {length} queries"
+        )
     if block_q % _SPLASH_LANES or block_k % _SPLASH_LANES:
-        raise ValueError(f"splash block sizes must be multiples of {_SPLASH_LANES}, "
-                         f"got {block_q}, {block_k}")
+        raise ValueError(
+            f"splash block sizes must be multiples of {_SPLASH_LANES}, got {block_q}, {block_k}"
+        )
     bq = min(block_q, _round_up(length, _SPLASH_LANES))
     bk = min(block_k, _round_up(length, _SPLASH_LANES))
     padded = _round_up(length, math.lcm(bq, bk))
     valid = jnp.ones((batch, length), bool) if key_valid is None else key_valid.astype(bool)
     # Padding tokens (segment 0) attend among themselves, so no query row is empty.
     segments = _pad_axis(valid.astype(jnp.int32), 1, padded)
-    scaled = (q * head_dim ** -0.5).astype(q.dtype)
+    scaled = (q * head_dim**-0.5).astype(q.dtype)
     qh = _pad_axis(scaled.transpose(0, 2, 1, 3), 2, padded)  # [B, H, Lp, hd]
     kh = _pad_axis(k.transpose(0, 2, 1, 3), 2, padded)  # [B, KV, Lp, hd]
     vh = _pad_axis(v.transpose(0, 2, 1, 3), 2, padded)

@@ -35,35 +35,64 @@ from safetensors.numpy import save_file
 
 from agentrl_jax.errors import CheckpointError
 from agentrl_jax.models.config import Qwen3Config
-from agentrl_jax.models.safetensors_reader import (INDEX_FILE, SINGLE_FILE, TensorEntry,
-                                                   index_checkpoint, read_safetensors_header)
 from agentrl_jax.models.qwen3 import LAYER_PARAM_NAMES, Qwen3ForCausalLM
+from agentrl_jax.models.safetensors_reader import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    TensorEntry,
+    index_checkpoint,
+    read_safetensors_header,
+)
 from agentrl_jax.sharding import QWEN3_PARAM_RULES, PartitionRule, path_string, tree_shardings
 
 __all__ = [
-    "AUXILIARY_FILES", "CheckpointError", "DEFAULT_MAX_SHARD_BYTES", "INDEX_FILE", "SINGLE_FILE",
-    "TensorEntry", "abstract_qwen3", "check_tensors", "export_qwen3", "hf_tensor_names",
-    "index_checkpoint", "load_qwen3", "read_safetensors_header",
+    "AUXILIARY_FILES",
+    "CheckpointError",
+    "DEFAULT_MAX_SHARD_BYTES",
+    "INDEX_FILE",
+    "SINGLE_FILE",
+    "TensorEntry",
+    "abstract_qwen3",
+    "check_tensors",
+    "export_qwen3",
+    "hf_tensor_names",
+    "index_checkpoint",
+    "load_qwen3",
+    "read_safetensors_header",
 ]
 
 # Files besides the weights that serving tools want next to them; copied on export if present.
-AUXILIARY_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                   "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json",
-                   "chat_template.jinja")
+AUXILIARY_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
-_TORCH_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
-                      np.dtype(np.float16): "float16"}
+_TORCH_DTYPE_NAMES = {
+    np.dtype(np.float32): "float32",
+    np.dtype(ml_dtypes.bfloat16): "bfloat16",
+    np.dtype(np.float16): "float16",
+}
 
 # Our stacked layer parameter -> its per-layer Hugging Face name after "model.layers.{i}.".
 _LAYER_SUFFIX = {
     "input_layernorm": "input_layernorm.weight",
-    "q_proj": "self_attn.q_proj.weight", "k_proj": "self_attn.k_proj.weight",
-    "v_proj": "self_attn.v_proj.weight", "q_norm": "self_attn.q_norm.weight",
-    "k_norm": "self_attn.k_norm.weight", "o_proj": "self_attn.o_proj.weight",
+    "q_proj": "self_attn.q_proj.weight",
+    "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+    "o_proj": "self_attn.o_proj.weight",
     "post_attention_layernorm": "post_attention_layernorm.weight",
-    "gate_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight",
+    "gate_proj": "mlp.gate_proj.weight",
+    "up_proj": "mlp.up_proj.weight",
     "down_proj": "mlp.down_proj.weight",
 }
 
@@ -73,8 +102,9 @@ def hf_tensor_names(config: Qwen3Config) -> dict[str, list[str]]:
     """Our parameter path -> its Hugging Face tensor names (one per layer for stacked weights)."""
     names = {"embed_tokens": ["model.embed_tokens.weight"]}
     for param in LAYER_PARAM_NAMES:
-        names[f"layers/{param}"] = [f"model.layers.{i}.{_LAYER_SUFFIX[param]}"
-                                    for i in range(config.num_hidden_layers)]
+        names[f"layers/{param}"] = [
+            f"model.layers.{i}.{_LAYER_SUFFIX[param]}" for i in range(config.num_hidden_layers)
+        ]
     names["norm"] = ["model.norm.weight"]
     if not config.tie_word_embeddings:
         names["lm_head"] = ["lm_head.weight"]
@@ -84,12 +114,17 @@ def hf_tensor_names(config: Qwen3Config) -> dict[str, list[str]]:
 def _is_ignorable(name: str, config: Qwen3Config) -> bool:
     # Tied checkpoints may still store lm_head (the official Qwen3-0.6B does); transformers ties
     # it to the embedding and ignores it, and so do we. Old exports may store RoPE buffers.
-    return ((name == "lm_head.weight" and config.tie_word_embeddings)
-            or name.endswith(".rotary_emb.inv_freq"))
+    return (name == "lm_head.weight" and config.tie_word_embeddings) or name.endswith(
+        ".rotary_emb.inv_freq"
+    )
 
 
-def check_tensors(entries: Mapping[str, TensorEntry], config: Qwen3Config,
-                  expected_shapes: Mapping[str, tuple[int, ...]], where: str) -> None:
+def check_tensors(
+    entries: Mapping[str, TensorEntry],
+    config: Qwen3Config,
+    expected_shapes: Mapping[str, tuple[int, ...]],
+    where: str,
+) -> None:
     """Raise :class:`CheckpointError` for missing, unexpected, mis-shaped or non-float tensors.
 
     ``expected_shapes`` maps our parameter path to its shape (stacked layers included).
@@ -98,36 +133,58 @@ def check_tensors(entries: Mapping[str, TensorEntry], config: Qwen3Config,
     wanted = {hf for hfs in names.values() for hf in hfs}
     missing = sorted(wanted - set(entries))
     if missing:
-        raise CheckpointError(f"{where}: missing {len(missing)} tensor(s) that config.json "
-                              f"requires, e.g. {missing[:5]}")
+        raise CheckpointError(
+            f"{where}: missing {len(missing)} tensor(s) that config.json "
+            f"requires, e.g. {missing[:5]}"
+        )
     unexpected = sorted(n for n in set(entries) - wanted if not _is_ignorable(n, config))
     if unexpected:
         listed = [f"{n!r} in {entries[n].file.name}" for n in unexpected[:5]]
-        raise CheckpointError(f"{where}: {len(unexpected)} unexpected tensor(s) not part of a "
-                              f"Qwen3ForCausalLM with this config.json: {', '.join(listed)}")
+        raise CheckpointError(
+            f"{where}: {len(unexpected)} unexpected tensor(s) not part of a "
+            f"Qwen3ForCausalLM with this config.json: {', '.join(listed)}"
+        )
     for path, hfs in names.items():
         shape = expected_shapes[path][1:] if path.startswith("layers/") else expected_shapes[path]
         for hf in hfs:
             entry = entries[hf]
             if entry.shape != tuple(shape):
-                raise CheckpointError(f"{entry.file}: tensor {hf!r} has shape {list(entry.shape)}, "
-                                      f"but config.json implies {list(shape)}")
+                raise CheckpointError(
+                    f"{entry.file}: tensor {hf!r} has shape {list(entry.shape)}, "
+                    f"but config.json implies {list(shape)}"
+                )
             if entry.dtype_name not in _FLOAT_DTYPES:
-                raise CheckpointError(f"{entry.file}: tensor {hf!r} has dtype {entry.dtype_name}, "
-                                      f"expected one of {list(_FLOAT_DTYPES)}")
+                raise CheckpointError(
+                    f"{entry.file}: tensor {hf!r} has dtype {entry.dtype_name}, "
+                    f"expected one of {list(_FLOAT_DTYPES)}"
+                )
 
 
 # ---------------------------------------------------------------------------- loading
-def abstract_qwen3(config: Qwen3Config, *, dtype: Any = jnp.float32,
-                   param_dtype: Any = jnp.float32, remat: bool = False) -> Qwen3ForCausalLM:
+def abstract_qwen3(
+    config: Qwen3Config,
+    *,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = jnp.float32,
+    remat: bool = False,
+) -> Qwen3ForCausalLM:
     """The model's structure with ``ShapeDtypeStruct`` leaves; allocates nothing."""
-    return nnx.eval_shape(lambda: Qwen3ForCausalLM(
-        config, dtype=dtype, param_dtype=param_dtype, remat=remat, rngs=nnx.Rngs(0)))
+    return nnx.eval_shape(
+        lambda: Qwen3ForCausalLM(
+            config, dtype=dtype, param_dtype=param_dtype, remat=remat, rngs=nnx.Rngs(0)
+        )
+    )
 
 
-def load_qwen3(model_dir: str | Path, *, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,
-               mesh: Mesh | None = None, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
-               remat: bool = False) -> Qwen3ForCausalLM:
+def load_qwen3(
+    model_dir: str | Path,
+    *,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = jnp.float32,
+    mesh: Mesh | None = None,
+    rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
+    remat: bool = False,
+) -> Qwen3ForCausalLM:
     """Load a Hugging Face Qwen3 directory into a :class:`Qwen3ForCausalLM`.
 
     Parameters are cast to ``param_dtype`` on the host, shard by shard, and placed on ``mesh``
@@ -136,12 +193,15 @@ def load_qwen3(model_dir: str | Path, *, dtype: Any = jnp.float32, param_dtype: 
     model_dir = Path(model_dir)
     config = Qwen3Config.from_model_dir(model_dir)
     entries = index_checkpoint(model_dir)
-    graphdef, state = nnx.split(abstract_qwen3(config, dtype=dtype, param_dtype=param_dtype,
-                                               remat=remat))
+    graphdef, state = nnx.split(
+        abstract_qwen3(config, dtype=dtype, param_dtype=param_dtype, remat=remat)
+    )
     abstract = nnx.to_pure_dict(state)
     where = str(model_dir / (INDEX_FILE if (model_dir / INDEX_FILE).is_file() else SINGLE_FILE))
-    shapes = {path_string(path): leaf.shape
-              for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+    shapes = {
+        path_string(path): leaf.shape
+        for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]
+    }
     check_tensors(entries, config, shapes, where)
     if mesh is None:
         device = jax.local_devices()[0]
@@ -152,16 +212,21 @@ def load_qwen3(model_dir: str | Path, *, dtype: Any = jnp.float32, param_dtype: 
 
     def place(keypath, leaf, sharding):
         path = path_string(keypath)
-        return _array_from_tensors([entries[n] for n in names[path]], path.startswith("layers/"),
-                                   leaf, sharding)
+        return _array_from_tensors(
+            [entries[n] for n in names[path]], path.startswith("layers/"), leaf, sharding
+        )
 
     params = jax.tree_util.tree_map_with_path(place, abstract, shardings)
     nnx.replace_by_pure_dict(state, params)
     return nnx.merge(graphdef, state)
 
 
-def _array_from_tensors(tensors: list[TensorEntry], stacked: bool, leaf: jax.ShapeDtypeStruct,
-                        sharding: jax.sharding.Sharding) -> jax.Array:
+def _array_from_tensors(
+    tensors: list[TensorEntry],
+    stacked: bool,
+    leaf: jax.ShapeDtypeStruct,
+    sharding: jax.sharding.Sharding,
+) -> jax.Array:
     """One (possibly layer-stacked) parameter, each device shard read from the files directly."""
     dtype = np.dtype(leaf.dtype)
 
@@ -179,9 +244,15 @@ def _array_from_tensors(tensors: list[TensorEntry], stacked: bool, leaf: jax.Sha
 
 
 # ---------------------------------------------------------------------------- export
-def export_qwen3(model: Qwen3ForCausalLM, out_dir: str | Path, *, dtype: Any = None,
-                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                 copy_files_from: str | Path | None = None, overwrite: bool = False) -> Path:
+def export_qwen3(
+    model: Qwen3ForCausalLM,
+    out_dir: str | Path,
+    *,
+    dtype: Any = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    copy_files_from: str | Path | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write ``model`` as a Hugging Face directory; returns ``out_dir``.
 
     ``dtype`` (default: the parameters' own) is the stored dtype. Tensors are fetched to the
@@ -193,14 +264,17 @@ def export_qwen3(model: Qwen3ForCausalLM, out_dir: str | Path, *, dtype: Any = N
         raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
     old = list(out_dir.glob("*.safetensors")) + list(out_dir.glob(INDEX_FILE))
     if old and not overwrite:
-        raise FileExistsError(f"{out_dir} already holds a checkpoint ({old[0].name}); "
-                              "pass overwrite=True to replace it")
+        raise FileExistsError(
+            f"{out_dir} already holds a checkpoint ({old[0].name}); "
+            "pass overwrite=True to replace it"
+        )
     config = model.config
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     out_dtype = np.dtype(dtype if dtype is not None else model.param_dtype)
     if out_dtype not in _TORCH_DTYPE_NAMES:
-        raise ValueError(f"export dtype must be one of {list(_TORCH_DTYPE_NAMES.values())}, "
-                         f"got {out_dtype}")
+        raise ValueError(
+            f"export dtype must be one of {list(_TORCH_DTYPE_NAMES.values())}, got {out_dtype}"
+        )
     tensors = list(_hf_tensors(params, config))  # nothing fetched yet
     itemsize = out_dtype.itemsize
     sizes = [math.prod(shape) * itemsize for _, shape, _ in tensors]
@@ -211,8 +285,11 @@ def export_qwen3(model: Qwen3ForCausalLM, out_dir: str | Path, *, dtype: Any = N
         for stale in old:
             stale.unlink()
     count = len(shards)
-    file_names = ([SINGLE_FILE] if count == 1 else
-                  [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)])
+    file_names = (
+        [SINGLE_FILE]
+        if count == 1
+        else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+    )
     weight_map = {}
     for file_name, members in zip(file_names, shards, strict=True):
         arrays = {}

@@ -17,7 +17,16 @@ from typing import Any, Mapping
 
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.models.strict_json import json_kind, load_json_object
-from agentrl_jax.validation import BOOL, Check, integer, is_int, optional, real, short_repr, validate
+from agentrl_jax.validation import (
+    BOOL,
+    Check,
+    integer,
+    is_int,
+    optional,
+    real,
+    short_repr,
+    validate,
+)
 
 SUPPORTED_ARCHITECTURE = "Qwen3ForCausalLM"
 SUPPORTED_MODEL_TYPE = "qwen3"
@@ -51,20 +60,34 @@ class RopeScaling:
         if self.rope_type not in SUPPORTED_ROPE_TYPES or self.rope_type == "default":
             raise ConfigError(
                 f"rope_scaling.rope_type: {short_repr(self.rope_type)} is not supported; "
-                f"supported: {[t for t in SUPPORTED_ROPE_TYPES if t != 'default']} (or no scaling)")
-        validate("rope_scaling", self, {
-            "factor": real(0, lo_open=True),
-            "original_max_position_embeddings": _POSITIVE_INT if self.rope_type == "yarn"
-            else optional(_POSITIVE_INT),
-            "beta_fast": real(), "beta_slow": real(),
-            "attention_factor": optional(real(0, lo_open=True)),
-            "mscale": optional(real()), "mscale_all_dim": optional(real()), "truncate": BOOL})
+                f"supported: {[t for t in SUPPORTED_ROPE_TYPES if t != 'default']} (or no scaling)"
+            )
+        validate(
+            "rope_scaling",
+            self,
+            {
+                "factor": real(0, lo_open=True),
+                "original_max_position_embeddings": _POSITIVE_INT
+                if self.rope_type == "yarn"
+                else optional(_POSITIVE_INT),
+                "beta_fast": real(),
+                "beta_slow": real(),
+                "attention_factor": optional(real(0, lo_open=True)),
+                "mscale": optional(real()),
+                "mscale_all_dim": optional(real()),
+                "truncate": BOOL,
+            },
+        )
 
     def to_hf_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rope_type": self.rope_type, "factor": self.factor}
         if self.rope_type == "yarn":
-            out.update(original_max_position_embeddings=self.original_max_position_embeddings,
-                       beta_fast=self.beta_fast, beta_slow=self.beta_slow, truncate=self.truncate)
+            out.update(
+                original_max_position_embeddings=self.original_max_position_embeddings,
+                beta_fast=self.beta_fast,
+                beta_slow=self.beta_slow,
+                truncate=self.truncate,
+            )
             for key in ("attention_factor", "mscale", "mscale_all_dim"):
                 if getattr(self, key) is not None:
                     out[key] = getattr(self, key)
@@ -98,16 +121,21 @@ class Qwen3Config:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_key_value_heads: must divide num_attention_heads "
-                f"({self.num_attention_heads}), got {self.num_key_value_heads}")
+                f"({self.num_attention_heads}), got {self.num_key_value_heads}"
+            )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim: must be even for rotate-half RoPE, got {self.head_dim}")
-        for name, ids in (("bos_token_id", (self.bos_token_id,)),
-                          ("pad_token_id", (self.pad_token_id,)),
-                          ("eos_token_id", self.eos_token_ids)):
+        for name, ids in (
+            ("bos_token_id", (self.bos_token_id,)),
+            ("pad_token_id", (self.pad_token_id,)),
+            ("eos_token_id", self.eos_token_ids),
+        ):
             for token_id in ids:
                 if token_id is not None and token_id >= self.vocab_size:
-                    raise ConfigError(f"{name}: {token_id} is not a token of vocab_size="
-                                      f"{self.vocab_size} (ids run 0..{self.vocab_size - 1})")
+                    raise ConfigError(
+                        f"{name}: {token_id} is not a token of vocab_size="
+                        f"{self.vocab_size} (ids run 0..{self.vocab_size - 1})"
+                    )
 
     @property
     def num_query_groups(self) -> int:
@@ -159,9 +187,11 @@ class Qwen3Config:
             raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
         if not path.is_file():
             raise FileNotFoundError(
-                f"{path} not found: a Hugging Face model directory needs config.json")
-        d = load_json_object(path.read_bytes(), source=str(path), what="the file",
-                             error=ConfigError)
+                f"{path} not found: a Hugging Face model directory needs config.json"
+            )
+        d = load_json_object(
+            path.read_bytes(), source=str(path), what="the file", error=ConfigError
+        )
         return cls.from_hf_dict(d, source=str(path))
 
     # ------------------------------------------------------------------ writing
@@ -169,8 +199,13 @@ class Qwen3Config:
         """A ``config.json`` dict that ``transformers`` (old and new) loads as this model."""
         scaling = self.rope_scaling.to_hf_dict() if self.rope_scaling else None
         eos: int | list[int] | None
-        eos = (None if not self.eos_token_ids else self.eos_token_ids[0]
-               if len(self.eos_token_ids) == 1 else list(self.eos_token_ids))
+        eos = (
+            None
+            if not self.eos_token_ids
+            else self.eos_token_ids[0]
+            if len(self.eos_token_ids) == 1
+            else list(self.eos_token_ids)
+        )
         return {
             "architectures": [SUPPORTED_ARCHITECTURE],
             "model_type": SUPPORTED_MODEL_TYPE,
@@ -194,8 +229,10 @@ class Qwen3Config:
             "rope_theta": self.rope_theta,
             "rope_scaling": scaling,
             # ... and the form transformers >= 5 writes.
-            "rope_parameters": {"rope_theta": self.rope_theta,
-                                **(scaling or {"rope_type": "default"})},
+            "rope_parameters": {
+                "rope_theta": self.rope_theta,
+                **(scaling or {"rope_type": "default"}),
+            },
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
             "pad_token_id": self.pad_token_id,
@@ -207,16 +244,24 @@ class Qwen3Config:
 _POSITIVE_INT = integer(1, 2**31 - 1)  # sizes are int32 in JAX shapes and indexing
 _TOKEN_ID = optional(integer(0))
 _CHECKS = {
-    "vocab_size": _POSITIVE_INT, "hidden_size": _POSITIVE_INT, "intermediate_size": _POSITIVE_INT,
-    "num_hidden_layers": _POSITIVE_INT, "num_attention_heads": _POSITIVE_INT,
-    "num_key_value_heads": _POSITIVE_INT, "head_dim": _POSITIVE_INT,
+    "vocab_size": _POSITIVE_INT,
+    "hidden_size": _POSITIVE_INT,
+    "intermediate_size": _POSITIVE_INT,
+    "num_hidden_layers": _POSITIVE_INT,
+    "num_attention_heads": _POSITIVE_INT,
+    "num_key_value_heads": _POSITIVE_INT,
+    "head_dim": _POSITIVE_INT,
     "max_position_embeddings": _POSITIVE_INT,
-    "rms_norm_eps": real(0, lo_open=True), "rope_theta": real(1, lo_open=True),
+    "rms_norm_eps": real(0, lo_open=True),
+    "rope_theta": real(1, lo_open=True),
     "tie_word_embeddings": BOOL,
     "rope_scaling": ((lambda v: v is None or isinstance(v, RopeScaling)), "null or a RopeScaling"),
-    "bos_token_id": _TOKEN_ID, "pad_token_id": _TOKEN_ID,
-    "eos_token_ids": ((lambda v: isinstance(v, tuple) and all(is_int(i, 0) for i in v)),
-                      "a tuple of ints >= 0"),  # read from config.json's eos_token_id
+    "bos_token_id": _TOKEN_ID,
+    "pad_token_id": _TOKEN_ID,
+    "eos_token_ids": (
+        (lambda v: isinstance(v, tuple) and all(is_int(i, 0) for i in v)),
+        "a tuple of ints >= 0",
+    ),  # read from config.json's eos_token_id
 }
 
 
@@ -238,8 +283,10 @@ def _derived_head_dim(hidden: Any, heads: Any) -> Any:
         if not is_int(value, 1):  # reported in the field's own words
             raise ConfigError(f"{key}: must be {_POSITIVE_INT[1]}, got {short_repr(value)}")
     if hidden % heads:
-        raise ConfigError(f"hidden_size: must be a multiple of num_attention_heads ({heads}) "
-                          f"when head_dim is not given, got {hidden}")
+        raise ConfigError(
+            f"hidden_size: must be a multiple of num_attention_heads ({heads}) "
+            f"when head_dim is not given, got {hidden}"
+        )
     return hidden // heads
 
 
@@ -247,8 +294,9 @@ def _eos_ids(d: Mapping[str, Any]) -> tuple[Any, ...]:
     eos = d.get("eos_token_id")
     ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
     if not all(is_int(i, 0) for i in ids):
-        raise ConfigError(f"eos_token_id: must be null, an int >= 0 or a list of them, "
-                          f"got {short_repr(eos)}")
+        raise ConfigError(
+            f"eos_token_id: must be null, an int >= 0 or a list of them, got {short_repr(eos)}"
+        )
     return ids
 
 
@@ -261,7 +309,8 @@ def _check_architecture(d: Mapping[str, Any]) -> None:
         raise UnsupportedArchitectureError(
             f"unsupported architecture (model_type={model_type!r}, "
             f"architectures={archs!r}); only model_type={SUPPORTED_MODEL_TYPE!r} "
-            f"{SUPPORTED_ARCHITECTURE} (dense Qwen3) is implemented")
+            f"{SUPPORTED_ARCHITECTURE} (dense Qwen3) is implemented"
+        )
 
 
 def _reject_unsupported_features(d: Mapping[str, Any]) -> None:
@@ -276,8 +325,9 @@ def _reject_unsupported_features(d: Mapping[str, Any]) -> None:
     if _given(d, "attention_bias", False):
         raise ConfigError("attention_bias: true is not supported (Qwen3 has no q/k/v/o bias)")
     if _given(d, "use_sliding_window", False) or "sliding_attention" in layer_types:
-        raise ConfigError("use_sliding_window/layer_types: sliding-window attention is not "
-                          "supported")
+        raise ConfigError(
+            "use_sliding_window/layer_types: sliding-window attention is not supported"
+        )
 
 
 def _read_rope(d: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
@@ -297,10 +347,14 @@ def _read_rope(d: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
         return value
 
     if key == "rope_parameters" and not isinstance(_given(d, "rope_scaling", {}), Mapping):
-        raise ConfigError(f"rope_scaling: must be an object or null, got {short_repr(d['rope_scaling'])}")
+        raise ConfigError(
+            f"rope_scaling: must be an object or null, got {short_repr(d['rope_scaling'])}"
+        )
     theta_check = real(1, lo_open=True)
-    for theta_key, theta in (("rope_theta", d.get("rope_theta")),
-                             (f"{key}.rope_theta", params.get("rope_theta"))):
+    for theta_key, theta in (
+        ("rope_theta", d.get("rope_theta")),
+        (f"{key}.rope_theta", params.get("rope_theta")),
+    ):
         if theta is not None and not theta_check[0](theta):
             raise ConfigError(f"{theta_key}: must be {theta_check[1]}, got {short_repr(theta)}")
     theta = _given(params, "rope_theta", _given(d, "rope_theta", 10_000.0))
@@ -308,27 +362,35 @@ def _read_rope(d: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
     if rope_type == "default":
         return float(theta), None
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ConfigError(f"{key}.rope_type: {short_repr(rope_type)} is not supported; "
-                          f"supported: {list(SUPPORTED_ROPE_TYPES)}")
+        raise ConfigError(
+            f"{key}.rope_type: {short_repr(rope_type)} is not supported; "
+            f"supported: {list(SUPPORTED_ROPE_TYPES)}"
+        )
     if field("partial_rotary_factor", real(), 1.0) != 1.0:
         raise ConfigError(f"{key}.partial_rotary_factor: values other than 1 are not supported")
     original = None
     if rope_type == "yarn":
-        original = params.get("original_max_position_embeddings",
-                              _given(d, "max_position_embeddings"))
+        original = params.get(
+            "original_max_position_embeddings", _given(d, "max_position_embeddings")
+        )
         if not _POSITIVE_INT[0](original):
-            raise ConfigError(f"{key}.original_max_position_embeddings: must be "
-                              f"{_POSITIVE_INT[1]}, got {short_repr(original)}")
+            raise ConfigError(
+                f"{key}.original_max_position_embeddings: must be "
+                f"{_POSITIVE_INT[1]}, got {short_repr(original)}"
+            )
     factor = params.get("factor")
     if factor is None and rope_type == "yarn":  # the context it was stretched to / the original
         longest = _given(d, "max_position_embeddings", original)
         if not is_int(longest, 1):
-            raise ConfigError(f"max_position_embeddings: must be an int >= 1, "
-                              f"got {short_repr(longest)}")
+            raise ConfigError(
+                f"max_position_embeddings: must be an int >= 1, got {short_repr(longest)}"
+            )
         factor = longest / original
     if not real(0, lo_open=True)[0](factor):
-        raise ConfigError(f"{key}.factor: rope scaling ({rope_type}) needs a finite number > 0, "
-                          f"got {short_repr(factor)}")
+        raise ConfigError(
+            f"{key}.factor: rope scaling ({rope_type}) needs a finite number > 0, "
+            f"got {short_repr(factor)}"
+        )
     positive_or_null = optional(real(0, lo_open=True))
     return float(theta), RopeScaling(
         rope_type=rope_type,

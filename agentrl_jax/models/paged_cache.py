@@ -55,11 +55,11 @@ _MASKED_SCORE = -1e30
 class PagedKVCache:
     """Pages of keys/values plus each row's page table and fill level (module docstring)."""
 
-    k: jax.Array           # [kv_heads, num_layers, num_pages, page_size, head_dim]
-    v: jax.Array           # [kv_heads, num_layers, num_pages, page_size, head_dim]
+    k: jax.Array  # [kv_heads, num_layers, num_pages, page_size, head_dim]
+    v: jax.Array  # [kv_heads, num_layers, num_pages, page_size, head_dim]
     page_table: jax.Array  # [B, pages_per_row] int32, num_pages = unassigned
-    lengths: jax.Array     # [B] int32
-    free: jax.Array        # [num_pages] bool
+    lengths: jax.Array  # [B] int32
+    free: jax.Array  # [num_pages] bool
     block_pages: int = struct.field(pytree_node=False, default=8)
     # the decode step's attention: "xla" (paged_attention), "pallas_tpu" or "pallas_gpu"
     # (paged_kernels); interpret: a Pallas kernel run by its interpreter (tests on a CPU)
@@ -67,25 +67,46 @@ class PagedKVCache:
     interpret: bool = struct.field(pytree_node=False, default=False)
 
     @classmethod
-    def empty(cls, config: Qwen3Config, batch_size: int, max_len: int, *, page_size: int = 32,
-              num_pages: int | None = None, block_pages: int = 8, kernel: str = "xla",
-              interpret: bool = False, dtype: jnp.dtype = jnp.bfloat16) -> "PagedKVCache":
+    def empty(
+        cls,
+        config: Qwen3Config,
+        batch_size: int,
+        max_len: int,
+        *,
+        page_size: int = 32,
+        num_pages: int | None = None,
+        block_pages: int = 8,
+        kernel: str = "xla",
+        interpret: bool = False,
+        dtype: jnp.dtype = jnp.bfloat16,
+    ) -> "PagedKVCache":
         """``batch_size`` empty rows of up to ``max_len`` tokens (rounded up to whole pages)
         over a pool of ``num_pages`` pages (default: enough for every row to be full)."""
         if page_size < 1 or block_pages < 1:
-            raise ValueError(f"page_size and block_pages must be >= 1, got {page_size}, "
-                             f"{block_pages}")
+            raise ValueError(
+                f"page_size and block_pages must be >= 1, got {page_size}, {block_pages}"
+            )
         pages_per_row = -(-max_len // page_size)
         num_pages = batch_size * pages_per_row if num_pages is None else num_pages
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
-        shape = (config.num_key_value_heads, config.num_hidden_layers, num_pages, page_size,
-                 config.head_dim)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                   page_table=jnp.full((batch_size, pages_per_row), num_pages, jnp.int32),
-                   lengths=jnp.zeros((batch_size,), jnp.int32),
-                   free=jnp.ones((num_pages,), bool), block_pages=min(block_pages, pages_per_row),
-                   kernel=kernel, interpret=interpret)
+        shape = (
+            config.num_key_value_heads,
+            config.num_hidden_layers,
+            num_pages,
+            page_size,
+            config.head_dim,
+        )
+        return cls(
+            k=jnp.zeros(shape, dtype),
+            v=jnp.zeros(shape, dtype),
+            page_table=jnp.full((batch_size, pages_per_row), num_pages, jnp.int32),
+            lengths=jnp.zeros((batch_size,), jnp.int32),
+            free=jnp.ones((num_pages,), bool),
+            block_pages=min(block_pages, pages_per_row),
+            kernel=kernel,
+            interpret=interpret,
+        )
 
     @property
     def num_pages(self) -> int:
@@ -136,8 +157,9 @@ def allocate(cache: PagedKVCache, new_lengths: jax.Array) -> tuple[PagedKVCache,
     fresh = (logical >= held[:, None]) & (logical < (held + need)[:, None])  # [B, R]
     rank = jnp.clip(start[:, None] + logical - held[:, None], 0, num_pages - 1)
     table = jnp.where(fresh, free_ids[rank], cache.page_table)
-    taken = jnp.zeros((num_pages,), bool).at[jnp.where(fresh, table, num_pages)].set(
-        True, mode="drop")
+    taken = (
+        jnp.zeros((num_pages,), bool).at[jnp.where(fresh, table, num_pages)].set(True, mode="drop")
+    )
     return cache.replace(page_table=table, free=cache.free & ~taken), ok
 
 
@@ -148,7 +170,8 @@ def release(cache: PagedKVCache, rows: jax.Array) -> PagedKVCache:
     return cache.replace(
         free=cache.free.at[pages.reshape(-1)].set(True, mode="drop"),
         page_table=jnp.where(rows[:, None], cache.num_pages, cache.page_table),
-        lengths=jnp.where(rows, 0, cache.lengths))
+        lengths=jnp.where(rows, 0, cache.lengths),
+    )
 
 
 def take_rows(cache: PagedKVCache, index: jax.Array) -> PagedKVCache:
@@ -165,8 +188,9 @@ def take_rows(cache: PagedKVCache, index: jax.Array) -> PagedKVCache:
     source = jnp.where(valid, index, 0)
     earlier = jnp.tril(source[:, None] == source[None, :], k=-1) & valid[None, :]
     first = valid & ~jnp.any(earlier, axis=1)  # [B'] this row keeps its source's pages
-    kept = jnp.zeros(cache.lengths.shape, bool).at[jnp.where(first, source, -1)].set(
-        True, mode="drop")
+    kept = (
+        jnp.zeros(cache.lengths.shape, bool).at[jnp.where(first, source, -1)].set(True, mode="drop")
+    )
     cache = release(cache, ~kept)
     src_table = cache.page_table[source]
     table = jnp.where(first[:, None], src_table, cache.num_pages)
@@ -181,16 +205,19 @@ def take_rows(cache: PagedKVCache, index: jax.Array) -> PagedKVCache:
         held = out.page_table[i] < out.num_pages
         dst = jnp.where(held & copied[i], out.page_table[i], out.num_pages)
         src = jnp.clip(src_table[i], 0, out.num_pages - 1)
-        return (k.at[:, :, dst].set(k[:, :, src], mode="drop"),
-                v.at[:, :, dst].set(v[:, :, src], mode="drop"))
+        return (
+            k.at[:, :, dst].set(k[:, :, src], mode="drop"),
+            v.at[:, :, dst].set(v[:, :, src], mode="drop"),
+        )
 
     k, v = jax.lax.fori_loop(0, count, copy_row, (out.k, out.v))
     out = out.replace(k=k, v=v, lengths=jnp.where(first | copied, lengths, 0))
     return release(out, copies & ~ok)
 
 
-def copy_rows(cache: PagedKVCache, dst: jax.Array, src: jax.Array) -> tuple[PagedKVCache,
-                                                                             jax.Array]:
+def copy_rows(
+    cache: PagedKVCache, dst: jax.Array, src: jax.Array
+) -> tuple[PagedKVCache, jax.Array]:
     """Row ``dst[i]`` becomes a copy of row ``src[i]``: fresh pages holding a copy of the
     data, one pair at a time (``dst`` distinct, empty rows, not among ``src``; ``dst < 0``:
     no pair). Returns ``(cache, copied [k] bool)``: a copy the pool has no room for leaves its
@@ -210,12 +237,16 @@ def copy_rows(cache: PagedKVCache, dst: jax.Array, src: jax.Array) -> tuple[Page
         held = (cache.page_table[row] < cache.num_pages) & copied[i]
         to = jnp.where(held, cache.page_table[row], cache.num_pages)
         start = jnp.clip(src_table[i], 0, cache.num_pages - 1)
-        return (k.at[:, :, to].set(k[:, :, start], mode="drop"),
-                v.at[:, :, to].set(v[:, :, start], mode="drop"))
+        return (
+            k.at[:, :, to].set(k[:, :, start], mode="drop"),
+            v.at[:, :, to].set(v[:, :, start], mode="drop"),
+        )
 
     k, v = jax.lax.fori_loop(0, dst.shape[0], copy_pair, (cache.k, cache.v))
     landed = jnp.where(copied, target, batch)
-    return cache.replace(k=k, v=v, lengths=cache.lengths.at[landed].set(lengths, mode="drop")), copied
+    return cache.replace(
+        k=k, v=v, lengths=cache.lengths.at[landed].set(lengths, mode="drop")
+    ), copied
 
 
 def physical_slots(cache: PagedKVCache, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -227,8 +258,9 @@ def physical_slots(cache: PagedKVCache, slots: jax.Array) -> tuple[jax.Array, ja
     return jnp.where(inside, page, cache.num_pages), slots % size
 
 
-def write(pool: jax.Array, layer: int | jax.Array, page: jax.Array, offset: jax.Array,
-          values: jax.Array) -> jax.Array:
+def write(
+    pool: jax.Array, layer: int | jax.Array, page: jax.Array, offset: jax.Array, values: jax.Array
+) -> jax.Array:
     """``pool [KV, layers, P, S, hd]`` with ``values [B, L, KV, hd]`` stored at layer ``layer``,
     ``(page, offset) [B, L]`` (a page of ``P`` is dropped).
 
@@ -237,11 +269,19 @@ def write(pool: jax.Array, layer: int | jax.Array, page: jax.Array, offset: jax.
     copy the whole pool (``plan`` on v5p; a test checks the compiled temporaries)."""
     heads = jnp.arange(pool.shape[0])
     return pool.at[heads, layer, page[..., None], offset[..., None]].set(
-        values.astype(pool.dtype), mode="drop")
+        values.astype(pool.dtype), mode="drop"
+    )
 
 
-def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: int | jax.Array,
-                    page_table: jax.Array, key_limit: jax.Array, block_pages: int) -> jax.Array:
+def paged_attention(
+    q: jax.Array,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    layer: int | jax.Array,
+    page_table: jax.Array,
+    key_limit: jax.Array,
+    block_pages: int,
+) -> jax.Array:
     """Grouped-query attention of ``q [B, L, H, hd]`` against each row's pages.
 
     ``k_pool, v_pool [KV, layers, P, S, hd]`` at ``layer``; ``page_table [B, R]``; query
@@ -256,16 +296,19 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
     groups = heads // kv_heads
     block = block_pages * size
     blocks = -(-per_row // block_pages)
-    table = jnp.pad(page_table, ((0, 0), (0, blocks * block_pages - per_row)),
-                    constant_values=num_pages)
-    grouped = (q.reshape(batch, length, kv_heads, groups, head_dim).astype(jnp.float32)
-               * head_dim ** -0.5)
+    table = jnp.pad(
+        page_table, ((0, 0), (0, blocks * block_pages - per_row)), constant_values=num_pages
+    )
+    grouped = (
+        q.reshape(batch, length, kv_heads, groups, head_dim).astype(jnp.float32) * head_dim**-0.5
+    )
     used = -(-jnp.max(key_limit) // block)  # blocks any query reaches
 
     def body(carry):
         i, best, total, acc = carry
-        pages = jnp.clip(jax.lax.dynamic_slice_in_dim(table, i * block_pages, block_pages, 1),
-                         0, num_pages - 1)                               # [B, block_pages]
+        pages = jnp.clip(
+            jax.lax.dynamic_slice_in_dim(table, i * block_pages, block_pages, 1), 0, num_pages - 1
+        )  # [B, block_pages]
         keys = k_pool[:, layer, pages].reshape(kv_heads, batch, block, head_dim)
         values = v_pool[:, layer, pages].reshape(kv_heads, batch, block, head_dim)
         scores = jnp.einsum("blkgd,kbsd->bkgls", grouped, keys.astype(jnp.float32))
@@ -276,18 +319,31 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
         probs = jnp.where(visible, jnp.exp(scores - new_best[..., None]), 0.0)
         scale = jnp.exp(best - new_best)
         total = total * scale + jnp.sum(probs, axis=-1)
-        acc = acc * scale[..., None] + jnp.einsum("bkgls,kbsd->bkgld", probs,
-                                                   values.astype(jnp.float32))
+        acc = acc * scale[..., None] + jnp.einsum(
+            "bkgls,kbsd->bkgld", probs, values.astype(jnp.float32)
+        )
         return i + 1, new_best, total, acc
 
     stats = (batch, kv_heads, groups, length)
-    init = (jnp.int32(0), jnp.full(stats, _MASKED_SCORE, jnp.float32),
-            jnp.zeros(stats, jnp.float32), jnp.zeros(stats + (head_dim,), jnp.float32))
+    init = (
+        jnp.int32(0),
+        jnp.full(stats, _MASKED_SCORE, jnp.float32),
+        jnp.zeros(stats, jnp.float32),
+        jnp.zeros(stats + (head_dim,), jnp.float32),
+    )
     _, _, total, acc = jax.lax.while_loop(lambda c: c[0] < used, body, init)
     out = acc / jnp.where(total > 0, total, 1.0)[..., None]
     out = jnp.moveaxis(out, 3, 1).reshape(batch, length, heads, head_dim)  # [B, L, KV, G, hd]
     return out.astype(q.dtype)
 
 
-__all__ = ["PagedKVCache", "allocate", "copy_rows", "paged_attention", "physical_slots",
-           "release", "take_rows", "write"]
+__all__ = [
+    "PagedKVCache",
+    "allocate",
+    "copy_rows",
+    "paged_attention",
+    "physical_slots",
+    "release",
+    "take_rows",
+    "write",
+]

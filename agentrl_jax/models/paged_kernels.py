@@ -42,13 +42,17 @@ def unmet(kernel: str, *, page_size: int, head_dim: int, dtype) -> str | None:
     and ``page_size`` multiples of 16 (Triton's matrix tiles)."""
     if kernel == "pallas_tpu":
         if jnp.dtype(dtype) != jnp.bfloat16:
-            return (f"it computes on bfloat16 pages, and this pool is {jnp.dtype(dtype)} (its "
-                    "keys would be rounded)")
+            return (
+                f"it computes on bfloat16 pages, and this pool is {jnp.dtype(dtype)} (its "
+                "keys would be rounded)"
+            )
         if head_dim % 128 or page_size % 16:
-            return (f"it needs head_dim a multiple of 128 and pages a multiple of 16 tokens, "
-                    f"got {head_dim} and {page_size}")
+            return (
+                f"it needs head_dim a multiple of 128 and pages a multiple of 16 tokens, "
+                f"got {head_dim} and {page_size}"
+            )
     if kernel == "pallas_gpu" and (head_dim % 16 or page_size % 16):
-        return (f"it needs head_dim and pages multiples of 16, got {head_dim} and {page_size}")
+        return f"it needs head_dim and pages multiples of 16, got {head_dim} and {page_size}"
     return None
 
 
@@ -56,8 +60,12 @@ def select_kernel(platform: str, *, page_size: int, head_dim: int, dtype) -> str
     """The decode attention for ``platform`` (``jax.Device.platform``: "tpu", "gpu" or
     "cuda", "cpu", ...): the platform's Pallas kernel where :func:`unmet` finds nothing
     against it, else "xla"."""
-    kernel = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu",
-              "rocm": "pallas_gpu"}.get(platform, "xla")
+    kernel = {
+        "tpu": "pallas_tpu",
+        "gpu": "pallas_gpu",
+        "cuda": "pallas_gpu",
+        "rocm": "pallas_gpu",
+    }.get(platform, "xla")
     fits = unmet(kernel, page_size=page_size, head_dim=head_dim, dtype=dtype) is None
     return kernel if fits else "xla"
 
@@ -67,9 +75,17 @@ def _divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
 
 
-def decode_attention(kernel: str, q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
-                     layer: int | jax.Array, page_table: jax.Array, lengths: jax.Array,
-                     block_pages: int, interpret: bool = False) -> jax.Array:
+def decode_attention(
+    kernel: str,
+    q: jax.Array,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    layer: int | jax.Array,
+    page_table: jax.Array,
+    lengths: jax.Array,
+    block_pages: int,
+    interpret: bool = False,
+) -> jax.Array:
     """One query per row against its first ``lengths[b]`` cached slots, by a Pallas kernel.
 
     ``q [B, H, hd]``; ``k_pool, v_pool [KV, layers, P, S, hd]`` at ``layer``; ``page_table
@@ -83,24 +99,38 @@ def decode_attention(kernel: str, q: jax.Array, k_pool: jax.Array, v_pool: jax.A
     flat = (kv_heads, layers * pages, size, head_dim)
     table = jnp.minimum(page_table, pages - 1).astype(jnp.int32) + layer * pages
     lengths = jnp.maximum(lengths, 1).astype(jnp.int32)
-    scaled = (q.astype(jnp.float32) * head_dim ** -0.5).astype(q.dtype)
+    scaled = (q.astype(jnp.float32) * head_dim**-0.5).astype(q.dtype)
     if kernel == "pallas_tpu":
         from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention  # noqa: PLC0415
+
         call = lambda: paged_attention(  # noqa: E731
-            scaled, k_pool.reshape(flat), v_pool.reshape(flat), lengths, table,
-            pages_per_compute_block=_divisor(per_row, block_pages))
+            scaled,
+            k_pool.reshape(flat),
+            v_pool.reshape(flat),
+            lengths,
+            table,
+            pages_per_compute_block=_divisor(per_row, block_pages),
+        )
         if not interpret:
             return call()
         from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415
+
         with pltpu.force_tpu_interpret_mode():
             return call()
     if kernel == "pallas_gpu":
         from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention  # noqa: PLC0415
+
         splits = next(s for s in _SPLITS if per_row % s == 0)
-        return paged_attention(scaled, k_pool.reshape(flat), v_pool.reshape(flat), table,
-                               lengths, pages_per_compute_block=math.gcd(block_pages,
-                                                                         per_row // splits),
-                               k_splits=splits, interpret=interpret)
+        return paged_attention(
+            scaled,
+            k_pool.reshape(flat),
+            v_pool.reshape(flat),
+            table,
+            lengths,
+            pages_per_compute_block=math.gcd(block_pages, per_row // splits),
+            k_splits=splits,
+            interpret=interpret,
+        )
     raise ValueError(f"decode_attention: kernel must be one of {KERNELS[1:]}, got {kernel!r}")
 
 

@@ -69,17 +69,25 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from agentrl_jax.models import paged_cache, paged_kernels
 from agentrl_jax.models.attention import _xla_attention as xla_attention
 from agentrl_jax.models.attention import attention as attention_fn
-from agentrl_jax.models import paged_cache, paged_kernels
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.models.paged_cache import PagedKVCache
 
-
 # Stacked per-layer parameter names (Hugging Face leaf names), in checkpoint order.
 LAYER_PARAM_NAMES = (
-    "input_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "o_proj",
-    "post_attention_layernorm", "gate_proj", "up_proj", "down_proj",
+    "input_layernorm",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "q_norm",
+    "k_norm",
+    "o_proj",
+    "post_attention_layernorm",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
 )
 
 
@@ -102,17 +110,21 @@ def rope_inverse_frequencies(config: Qwen3Config) -> tuple[np.ndarray, float]:
     """
     dim, base = config.head_dim, config.rope_theta
     exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
-    inv_freq = 1.0 / base ** exponents
+    inv_freq = 1.0 / base**exponents
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq.astype(np.float32), 1.0
     if scaling.rope_type == "linear":
         return (inv_freq / scaling.factor).astype(np.float32), 1.0
+
     # yarn: keep high frequencies (many rotations over the original context), interpolate low
     # ones by `factor`, and blend linearly in between.
     def correction_dim(rotations: float) -> float:
-        return (dim * math.log(scaling.original_max_position_embeddings / (rotations * 2 * math.pi))
-                / (2 * math.log(base)))
+        return (
+            dim
+            * math.log(scaling.original_max_position_embeddings / (rotations * 2 * math.pi))
+            / (2 * math.log(base))
+        )
 
     low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
     if scaling.truncate:
@@ -133,18 +145,22 @@ def _yarn_attention_scale(scaling) -> float:
     if scaling.attention_factor is not None:
         return float(scaling.attention_factor)
     if scaling.mscale and scaling.mscale_all_dim:
-        return (mscale(scaling.factor, scaling.mscale)
-                / mscale(scaling.factor, scaling.mscale_all_dim))
+        return mscale(scaling.factor, scaling.mscale) / mscale(
+            scaling.factor, scaling.mscale_all_dim
+        )
     return mscale(scaling.factor)
 
 
-def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, attention_scale: float,
-                 dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:
+def rope_cos_sin(
+    positions: jax.Array, inv_freq: np.ndarray, attention_scale: float, dtype: jnp.dtype
+) -> tuple[jax.Array, jax.Array]:
     """cos and sin tables ``[B, L, head_dim]`` (each half repeated), computed in float32."""
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
     angles = jnp.concatenate([angles, angles], axis=-1)
-    return ((jnp.cos(angles) * attention_scale).astype(dtype),
-            (jnp.sin(angles) * attention_scale).astype(dtype))
+    return (
+        (jnp.cos(angles) * attention_scale).astype(dtype),
+        (jnp.sin(angles) * attention_scale).astype(dtype),
+    )
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -180,15 +196,21 @@ def linear(x: jax.Array, weight: jax.Array, few_rows: bool = False) -> jax.Array
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def swiglu_mlp(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array,
-               few_rows: bool = False) -> jax.Array:
+def swiglu_mlp(
+    x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, few_rows: bool = False
+) -> jax.Array:
     """``down(silu(gate(x)) * up(x))``; x ``[..., D]``, gate/up ``[I, D]``, down ``[D, I]``."""
     return linear(jax.nn.silu(linear(x, gate, few_rows)) * linear(x, up, few_rows), down, few_rows)
 
 
-def attention_inputs(p: dict[str, jax.Array], x: jax.Array, cos: jax.Array, sin: jax.Array,
-                     config: Qwen3Config, few_rows: bool = False
-                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def attention_inputs(
+    p: dict[str, jax.Array],
+    x: jax.Array,
+    cos: jax.Array,
+    sin: jax.Array,
+    config: Qwen3Config,
+    few_rows: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer's ``q [B, L, H, hd]`` and ``k, v [B, L, KV, hd]`` (q, k normed and rotated)."""
     batch, length, _ = x.shape
     hd, eps = config.head_dim, config.rms_norm_eps
@@ -201,8 +223,13 @@ def attention_inputs(p: dict[str, jax.Array], x: jax.Array, cos: jax.Array, sin:
     return q, k, v
 
 
-def layer_output(p: dict[str, jax.Array], x: jax.Array, attended: jax.Array,
-                 config: Qwen3Config, few_rows: bool = False) -> jax.Array:
+def layer_output(
+    p: dict[str, jax.Array],
+    x: jax.Array,
+    attended: jax.Array,
+    config: Qwen3Config,
+    few_rows: bool = False,
+) -> jax.Array:
     """Residual stream after one layer, given its attention output ``attended [B, L, H, hd]``."""
     x = x + linear(attended.reshape(*x.shape[:2], -1), p["o_proj"], few_rows)
     h = rms_norm(x, p["post_attention_layernorm"], config.rms_norm_eps)
@@ -238,12 +265,15 @@ def remat_layer(body: Callable, policy: bool | str) -> Callable:
     if policy == "full":
         return jax.checkpoint(body, prevent_cse=False)
     if policy == "dots":
-        return jax.checkpoint(body, prevent_cse=False,
-                              policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+        return jax.checkpoint(
+            body, prevent_cse=False, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+        )
     if policy == "offload":
-        return jax.checkpoint(body, prevent_cse=False,
-                              policy=jax.checkpoint_policies.offload_dot_with_no_batch_dims(
-                                  "device", "pinned_host"))
+        return jax.checkpoint(
+            body,
+            prevent_cse=False,
+            policy=jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+        )
     raise ValueError(f"remat policy must be one of {REMAT_POLICIES} (or a bool), got {policy!r}")
 
 
@@ -252,17 +282,26 @@ def remat_layer(body: Callable, policy: bool | str) -> Callable:
 class KVCache:
     """Static-shape per-layer keys/values plus each row's fill level (see module docstring)."""
 
-    k: jax.Array        # [num_layers, B, max_len, kv_heads, head_dim]
-    v: jax.Array        # [num_layers, B, max_len, kv_heads, head_dim]
+    k: jax.Array  # [num_layers, B, max_len, kv_heads, head_dim]
+    v: jax.Array  # [num_layers, B, max_len, kv_heads, head_dim]
     lengths: jax.Array  # [B] int32: slots [0, lengths[b]) of row b hold real tokens
 
     @classmethod
-    def empty(cls, config: Qwen3Config, batch_size: int, max_len: int,
-              dtype: jnp.dtype = jnp.bfloat16) -> "KVCache":
-        shape = (config.num_hidden_layers, batch_size, max_len, config.num_key_value_heads,
-                 config.head_dim)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                   lengths=jnp.zeros((batch_size,), jnp.int32))
+    def empty(
+        cls, config: Qwen3Config, batch_size: int, max_len: int, dtype: jnp.dtype = jnp.bfloat16
+    ) -> "KVCache":
+        shape = (
+            config.num_hidden_layers,
+            batch_size,
+            max_len,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        return cls(
+            k=jnp.zeros(shape, dtype),
+            v=jnp.zeros(shape, dtype),
+            lengths=jnp.zeros((batch_size,), jnp.int32),
+        )
 
     @property
     def max_len(self) -> int:
@@ -282,10 +321,16 @@ class Qwen3DecoderLayers(nnx.Module):
         q_out = config.num_attention_heads * config.head_dim
         kv_out = config.num_key_value_heads * config.head_dim
         shapes = {
-            "input_layernorm": (n, d), "q_proj": (n, q_out, d), "k_proj": (n, kv_out, d),
-            "v_proj": (n, kv_out, d), "q_norm": (n, config.head_dim),
-            "k_norm": (n, config.head_dim), "o_proj": (n, d, q_out),
-            "post_attention_layernorm": (n, d), "gate_proj": (n, i, d), "up_proj": (n, i, d),
+            "input_layernorm": (n, d),
+            "q_proj": (n, q_out, d),
+            "k_proj": (n, kv_out, d),
+            "v_proj": (n, kv_out, d),
+            "q_norm": (n, config.head_dim),
+            "k_norm": (n, config.head_dim),
+            "o_proj": (n, d, q_out),
+            "post_attention_layernorm": (n, d),
+            "gate_proj": (n, i, d),
+            "up_proj": (n, i, d),
             "down_proj": (n, d, i),
         }
         for name in LAYER_PARAM_NAMES:
@@ -308,8 +353,15 @@ def _normal_init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> ja
 class Qwen3ForCausalLM(nnx.Module):
     """Qwen3 causal LM. See the module docstring for the call signature and the cache."""
 
-    def __init__(self, config: Qwen3Config, *, dtype: jnp.dtype = jnp.float32,
-                 param_dtype: jnp.dtype = jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        config: Qwen3Config,
+        *,
+        dtype: jnp.dtype = jnp.float32,
+        param_dtype: jnp.dtype = jnp.float32,
+        remat: bool = False,
+        rngs: nnx.Rngs,
+    ):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         self.param_dtype = jnp.dtype(param_dtype)
@@ -318,11 +370,20 @@ class Qwen3ForCausalLM(nnx.Module):
         self.embed_tokens = nnx.Param(_normal_init(rngs.params(), shape, param_dtype))
         self.layers = Qwen3DecoderLayers(config, param_dtype=param_dtype, rngs=rngs)
         self.norm = nnx.Param(jnp.ones((config.hidden_size,), param_dtype))
-        self.lm_head = (None if config.tie_word_embeddings
-                        else nnx.Param(_normal_init(rngs.params(), shape, param_dtype)))
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nnx.Param(_normal_init(rngs.params(), shape, param_dtype))
+        )
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                 cache: KVCache | PagedKVCache | None = None, **options) -> tuple[jax.Array, KVCache | None]:
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        attention_mask: jax.Array,
+        cache: KVCache | PagedKVCache | None = None,
+        **options,
+    ) -> tuple[jax.Array, KVCache | None]:
         hidden, cache = self.hidden_states(tokens, positions, attention_mask, cache, **options)
         return self.logits(hidden), cache
 
@@ -345,14 +406,24 @@ class Qwen3ForCausalLM(nnx.Module):
         moves each weight twice) but keeps arrays made before the loop in place. Costs one
         copy of the layer weights while they live."""
         stacked = self.layers.stacked()
-        return [{name: w[i].astype(self.dtype) for name, w in stacked.items()}
-                for i in range(self.config.num_hidden_layers)]
+        return [
+            {name: w[i].astype(self.dtype) for name, w in stacked.items()}
+            for i in range(self.config.num_hidden_layers)
+        ]
 
-    def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                      cache: KVCache | PagedKVCache | None = None, *, remat: bool | str | None = None,
-                      constrain: Constrain | None = None, attention: str = "xla",
-                      few_rows: bool = False, layers: Sequence[dict[str, jax.Array]] | None = None
-                      ) -> tuple[jax.Array, KVCache | None]:
+    def hidden_states(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        attention_mask: jax.Array,
+        cache: KVCache | PagedKVCache | None = None,
+        *,
+        remat: bool | str | None = None,
+        constrain: Constrain | None = None,
+        attention: str = "xla",
+        few_rows: bool = False,
+        layers: Sequence[dict[str, jax.Array]] | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
         """Final (normed) hidden states ``[B, L, hidden_size]`` and the updated cache.
 
         ``remat``: a :data:`REMAT_POLICIES` name (or a bool), overriding the model's own.
@@ -378,6 +449,7 @@ class Qwen3ForCausalLM(nnx.Module):
             return {name: w.astype(dtype) for name, w in p.items()}
 
         if cache is None:
+
             def body(x, p):
                 p = cast(p)
                 q, k, v = attention_inputs(p, x, cos, sin, config)
@@ -399,11 +471,20 @@ class Qwen3ForCausalLM(nnx.Module):
                     v_all = paged_cache.write(v_all, layer, page, offset, v)
                     if kernel == "xla":
                         attended = paged_cache.paged_attention(
-                            q, k_all, v_all, layer, cache.page_table, filled, cache.block_pages)
+                            q, k_all, v_all, layer, cache.page_table, filled, cache.block_pages
+                        )
                     else:
                         attended = paged_kernels.decode_attention(
-                            kernel, q[:, 0], k_all, v_all, layer, cache.page_table, filled[:, 0],
-                            cache.block_pages, cache.interpret)[:, None]
+                            kernel,
+                            q[:, 0],
+                            k_all,
+                            v_all,
+                            layer,
+                            cache.page_table,
+                            filled[:, 0],
+                            cache.block_pages,
+                            cache.interpret,
+                        )[:, None]
                     return attended, k_all, v_all
             else:
                 mask = jnp.arange(cache.max_len)[None, None, :] < filled[:, :, None]  # [B, L, T]
@@ -413,7 +494,8 @@ class Qwen3ForCausalLM(nnx.Module):
                     k_all = k_all.at[layer, rows, slots].set(k.astype(k_all.dtype), mode="drop")
                     v_all = v_all.at[layer, rows, slots].set(v.astype(v_all.dtype), mode="drop")
                     attended = grouped_query_attention(
-                        q, k_all[layer].astype(dtype), v_all[layer].astype(dtype), mask)
+                        q, k_all[layer].astype(dtype), v_all[layer].astype(dtype), mask
+                    )
                     return attended, k_all, v_all
 
             def body(carry, xs):
@@ -427,8 +509,11 @@ class Qwen3ForCausalLM(nnx.Module):
 
             carry = (x, cache.k, cache.v)
             if layers is None:
-                carry, _ = jax.lax.scan(remat_layer(body, policy), carry,
-                                        (layer_params, jnp.arange(config.num_hidden_layers)))
+                carry, _ = jax.lax.scan(
+                    remat_layer(body, policy),
+                    carry,
+                    (layer_params, jnp.arange(config.num_hidden_layers)),
+                )
             else:
                 for index, p in enumerate(layers):
                     carry, _ = body(carry, (p, index))

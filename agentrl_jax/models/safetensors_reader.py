@@ -41,12 +41,21 @@ MAX_HEADER_BYTES = 100_000_000  # the reference implementation's limit
 METADATA_KEY = "__metadata__"
 
 DTYPES: dict[str, np.dtype] = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2), "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
-    "U64": np.dtype(np.uint64), "U32": np.dtype(np.uint32), "U16": np.dtype(np.uint16),
-    "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_),
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U64": np.dtype(np.uint64),
+    "U32": np.dtype(np.uint32),
+    "U16": np.dtype(np.uint16),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
 }
 
 
@@ -56,9 +65,9 @@ class TensorEntry:
 
     name: str
     file: Path
-    dtype_name: str          # safetensors dtype tag, e.g. "BF16"
+    dtype_name: str  # safetensors dtype tag, e.g. "BF16"
     shape: tuple[int, ...]
-    offset: int              # absolute byte offset of the data in the file
+    offset: int  # absolute byte offset of the data in the file
 
     @property
     def dtype(self) -> np.dtype:
@@ -68,8 +77,9 @@ class TensorEntry:
         """The tensor as a read-only memory map: indexing it reads only the pages it touches."""
         if math.prod(self.shape) == 0:
             return np.zeros(self.shape, self.dtype)
-        return np.memmap(self.file, dtype=self.dtype, mode="r", offset=self.offset,
-                         shape=self.shape)
+        return np.memmap(
+            self.file, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape
+        )
 
     def read(self, index: Any = (), dtype: Any = None) -> np.ndarray:
         """``tensor[index]`` as a new array (cast to ``dtype`` while copying)."""
@@ -91,18 +101,25 @@ class HeaderEntry:
 def header_length(prefix: bytes, file_size: int, source: str) -> int:
     """The header length the first 8 bytes give, checked against the file's size."""
     if len(prefix) < 8:
-        raise CheckpointError(f"{source}: not a safetensors file: {file_size} bytes, fewer than "
-                              "the 8 of the header length")
+        raise CheckpointError(
+            f"{source}: not a safetensors file: {file_size} bytes, fewer than "
+            "the 8 of the header length"
+        )
     n = int.from_bytes(prefix[:8], "little")
     if n < 2:
-        raise CheckpointError(f"{source}: not a safetensors file: header length {n} is too "
-                              "small for a JSON object")
+        raise CheckpointError(
+            f"{source}: not a safetensors file: header length {n} is too small for a JSON object"
+        )
     if n > MAX_HEADER_BYTES:
-        raise CheckpointError(f"{source}: not a safetensors file: header length {n} is over "
-                              f"the {MAX_HEADER_BYTES}-byte limit")
+        raise CheckpointError(
+            f"{source}: not a safetensors file: header length {n} is over "
+            f"the {MAX_HEADER_BYTES}-byte limit"
+        )
     if 8 + n > file_size:
-        raise CheckpointError(f"{source}: not a safetensors file: header length {n} is more "
-                              f"than the {file_size - 8} bytes after the length field")
+        raise CheckpointError(
+            f"{source}: not a safetensors file: header length {n} is more "
+            f"than the {file_size - 8} bytes after the length field"
+        )
     return n
 
 
@@ -113,12 +130,15 @@ def parse_header(header: bytes, data_size: int, source: str) -> list[HeaderEntry
     header and its length field. Raises :class:`CheckpointError` naming ``source`` and the
     tensor or field for anything the format does not allow.
     """
-    parsed = load_json_object(header, source=source, what="safetensors header",
-                              error=CheckpointError)
+    parsed = load_json_object(
+        header, source=source, what="safetensors header", error=CheckpointError
+    )
     metadata = parsed.get(METADATA_KEY, {})
     if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
-        raise CheckpointError(f"{source}: safetensors header field {METADATA_KEY!r} must be an "
-                              f"object of strings, got {short_repr(metadata)}")
+        raise CheckpointError(
+            f"{source}: safetensors header field {METADATA_KEY!r} must be an "
+            f"object of strings, got {short_repr(metadata)}"
+        )
     entries = [_entry(name, meta, source) for name, meta in parsed.items() if name != METADATA_KEY]
     _check_layout(entries, data_size, source)
     return entries
@@ -127,26 +147,40 @@ def parse_header(header: bytes, data_size: int, source: str) -> list[HeaderEntry
 def _entry(name: str, meta: Any, source: str) -> HeaderEntry:
     where = f"{source}: tensor {name!r}"
     if not isinstance(meta, dict):
-        raise CheckpointError(f"{where}: header entry must be an object with dtype, shape and "
-                              f"data_offsets, got {json_kind(meta)}")
+        raise CheckpointError(
+            f"{where}: header entry must be an object with dtype, shape and "
+            f"data_offsets, got {json_kind(meta)}"
+        )
     for key in ("dtype", "shape", "data_offsets"):
         if key not in meta:
             raise CheckpointError(f"{where}: header entry has no {key!r}")
     dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
     if not (isinstance(dtype, str) and dtype in DTYPES):
-        raise CheckpointError(f"{where}: dtype {short_repr(dtype)} is not a supported "
-                              f"safetensors dtype ({', '.join(DTYPES)})")
+        raise CheckpointError(
+            f"{where}: dtype {short_repr(dtype)} is not a supported "
+            f"safetensors dtype ({', '.join(DTYPES)})"
+        )
     if not (isinstance(shape, list) and all(is_int(d, 0) for d in shape)):
-        raise CheckpointError(f"{where}: shape must be a list of ints >= 0, got {short_repr(shape)}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_int(o) for o in offsets)
-            and 0 <= offsets[0] <= offsets[1]):
-        raise CheckpointError(f"{where}: data_offsets must be [begin, end] with "
-                              f"0 <= begin <= end, got {short_repr(offsets)}")
+        raise CheckpointError(
+            f"{where}: shape must be a list of ints >= 0, got {short_repr(shape)}"
+        )
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(is_int(o) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
+        raise CheckpointError(
+            f"{where}: data_offsets must be [begin, end] with "
+            f"0 <= begin <= end, got {short_repr(offsets)}"
+        )
     begin, end = offsets
     needed = math.prod(shape) * DTYPES[dtype].itemsize
     if end - begin != needed:
-        raise CheckpointError(f"{where}: shape {shape} of {dtype} needs {needed} bytes, but "
-                              f"data_offsets [{begin}, {end}] hold {end - begin}")
+        raise CheckpointError(
+            f"{where}: shape {shape} of {dtype} needs {needed} bytes, but "
+            f"data_offsets [{begin}, {end}] hold {end - begin}"
+        )
     return HeaderEntry(name, dtype, tuple(shape), begin, end)
 
 
@@ -159,22 +193,27 @@ def _check_layout(entries: list[HeaderEntry], data_size: int, source: str) -> No
             raise CheckpointError(
                 f"{source}: tensor {entry.name!r}: data_offsets [{entry.begin}, {entry.end}] "
                 f"run past the end of the data ({data_size} bytes after the header); the file "
-                "is truncated or corrupt")
+                "is truncated or corrupt"
+            )
         if entry.begin < position:
             raise CheckpointError(
                 f"{source}: tensors {previous.name!r} (data_offsets [{previous.begin}, "
                 f"{previous.end}]) and {entry.name!r} (data_offsets [{entry.begin}, "
-                f"{entry.end}]) overlap")
+                f"{entry.end}]) overlap"
+            )
         if entry.begin > position:
             after = f"after tensor {previous.name!r}" if previous else "at the start of the data"
             raise CheckpointError(
                 f"{source}: tensor {entry.name!r}: data_offsets [{entry.begin}, {entry.end}] "
                 f"leave bytes [{position}, {entry.begin}) {after} unused; tensors must be "
-                "contiguous")
+                "contiguous"
+            )
         position, previous = entry.end, entry
     if position != data_size:
-        raise CheckpointError(f"{source}: {data_size - position} bytes after the last tensor's "
-                              f"data (which ends at {position}) belong to no tensor")
+        raise CheckpointError(
+            f"{source}: {data_size - position} bytes after the last tensor's "
+            f"data (which ends at {position}) belong to no tensor"
+        )
 
 
 def read_safetensors_header(path: str | Path) -> dict[str, TensorEntry]:
@@ -187,8 +226,9 @@ def read_safetensors_header(path: str | Path) -> dict[str, TensorEntry]:
         n = header_length(f.read(8), size, str(path))
         header = f.read(n)
     entries = parse_header(header, size - 8 - n, str(path))
-    return {e.name: TensorEntry(e.name, path, e.dtype_name, e.shape, 8 + n + e.begin)
-            for e in entries}
+    return {
+        e.name: TensorEntry(e.name, path, e.dtype_name, e.shape, 8 + n + e.begin) for e in entries
+    }
 
 
 # ---------------------------------------------------------------------------- a model directory
@@ -205,12 +245,15 @@ def index_checkpoint(model_dir: str | Path) -> dict[str, TensorEntry]:
             tensor = next(n for n, f in weight_map.items() if f == file_name)
             where = f"{index_path}: weight_map[{tensor!r}] = {file_name!r}"
             headers[file_name] = read_safetensors_header(
-                contained_file(model_dir, file_name, where))
+                contained_file(model_dir, file_name, where)
+            )
         entries = {}
         for name, file_name in weight_map.items():
             if name not in headers[file_name]:
-                raise CheckpointError(f"{index_path}: weight_map[{name!r}] = {file_name!r}, but "
-                                      f"that file holds no tensor {name!r}")
+                raise CheckpointError(
+                    f"{index_path}: weight_map[{name!r}] = {file_name!r}, but "
+                    f"that file holds no tensor {name!r}"
+                )
             entries[name] = headers[file_name][name]
         return entries
     single = model_dir / SINGLE_FILE
@@ -222,18 +265,23 @@ def index_checkpoint(model_dir: str | Path) -> dict[str, TensorEntry]:
 def read_weight_map(index_path: Path) -> dict[str, str]:
     """The ``weight_map`` of a shard index: tensor name -> shard file name (not yet checked
     against the directory, see :func:`contained_file`)."""
-    index = load_json_object(index_path.read_bytes(), source=str(index_path), what="the index",
-                             error=CheckpointError)
+    index = load_json_object(
+        index_path.read_bytes(), source=str(index_path), what="the index", error=CheckpointError
+    )
     if "weight_map" not in index:
         raise CheckpointError(f"{index_path}: field 'weight_map' is missing")
     weight_map = index["weight_map"]
     if not isinstance(weight_map, dict):
-        raise CheckpointError(f"{index_path}: field 'weight_map' must be an object of tensor "
-                              f"name -> file name, got {json_kind(weight_map)}")
+        raise CheckpointError(
+            f"{index_path}: field 'weight_map' must be an object of tensor "
+            f"name -> file name, got {json_kind(weight_map)}"
+        )
     for name, file_name in weight_map.items():
         if not (isinstance(file_name, str) and file_name):
-            raise CheckpointError(f"{index_path}: weight_map[{name!r}] must be a file name, "
-                                  f"got {short_repr(file_name)}")
+            raise CheckpointError(
+                f"{index_path}: weight_map[{name!r}] must be a file name, "
+                f"got {short_repr(file_name)}"
+            )
     return weight_map
 
 
@@ -241,8 +289,10 @@ def contained_file(model_dir: Path, name: str, where: str) -> Path:
     """``model_dir / name``, after checking that it is a relative name of an existing file that
     stays inside ``model_dir`` with symlinks followed (see the module docstring)."""
     if os.path.isabs(name):
-        raise CheckpointError(f"{where} is an absolute path; shard files must be named "
-                              "relative to the model directory")
+        raise CheckpointError(
+            f"{where} is an absolute path; shard files must be named "
+            "relative to the model directory"
+        )
     root = model_dir.resolve()
     target = (root / name).resolve()
     if not any(target.is_relative_to(allowed) for allowed in _allowed_roots(root)):
@@ -258,8 +308,10 @@ def _allowed_roots(root: Path) -> tuple[Path, ...]:
     """The model directory, and for a Hugging Face hub cache snapshot
     (``models--org--name/snapshots/<rev>``) that repository's ``blobs`` folder."""
     blobs = root.parent.parent / "blobs"
-    if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--") \
-            and blobs.is_dir():
+    if (
+        root.parent.name == "snapshots"
+        and root.parent.parent.name.startswith("models--")
+        and blobs.is_dir()
+    ):
         return root, blobs
     return (root,)
-

@@ -34,8 +34,13 @@ def qwen3_chat_template() -> str:
     return config["chat_template"]
 
 
-def build_small_tokenizer(corpus: Iterable[str], vocab_size: int = 512, *, split_words: bool = True,
-                          isolate: str | None = None) -> transformers.PreTrainedTokenizerFast:
+def build_small_tokenizer(
+    corpus: Iterable[str],
+    vocab_size: int = 512,
+    *,
+    split_words: bool = True,
+    isolate: str | None = None,
+) -> transformers.PreTrainedTokenizerFast:
     """Train a byte-level BPE of ``vocab_size`` tokens (specials included) on ``corpus``.
 
     Every string encodes (the 256 byte tokens are always in the vocabulary); ids 0..2 are
@@ -52,26 +57,37 @@ def build_small_tokenizer(corpus: Iterable[str], vocab_size: int = 512, *, split
     """
     reserved = len(SPECIAL_TOKENS) + len(THINK_TOKENS)
     if vocab_size < 256 + reserved:
-        raise ValueError(f"vocab_size must be >= {256 + reserved} (bytes + special tokens), "
-                         f"got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be >= {256 + reserved} (bytes + special tokens), got {vocab_size}"
+        )
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_words)
     if isolate is not None:
-        core.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(isolate), behavior="isolated"), core.pre_tokenizer])
+        core.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(isolate), behavior="isolated"), core.pre_tokenizer]
+        )
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS + THINK_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS + THINK_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     core.train_from_iterator(list(corpus), trainer=trainer)
     tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"], clean_up_tokenization_spaces=False)
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        clean_up_tokenization_spaces=False,
+    )
     tok.chat_template = qwen3_chat_template()
     return tok
 
 
-def save_small_tokenizer(tokenizer: transformers.PreTrainedTokenizerBase, model_dir: str | Path) -> None:
+def save_small_tokenizer(
+    tokenizer: transformers.PreTrainedTokenizerBase, model_dir: str | Path
+) -> None:
     """Write the tokenizer files into ``model_dir`` (next to a model's config and weights)."""
     Path(model_dir).mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(model_dir))

@@ -16,19 +16,23 @@ class _Rejected(Exception):
     """Raised inside ``json.loads`` hooks; turned into the caller's error."""
 
 
-def load_json_object(data: bytes | str, *, source: str, what: str,
-                     error: type[ValueError]) -> dict[str, Any]:
+def load_json_object(
+    data: bytes | str, *, source: str, what: str, error: type[ValueError]
+) -> dict[str, Any]:
     """``data`` parsed as a JSON object; ``error(f"{source}: {what} ...")`` if it is not one."""
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise error(f"{source}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+            raise error(
+                f"{source}: {what} is not UTF-8 text ({e.reason} at byte {e.start})"
+            ) from None
     try:
         value = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constants)
     except json.JSONDecodeError as e:
-        raise error(f"{source}: {what} is not valid JSON ({e.msg} at line {e.lineno}, "
-                    f"column {e.colno})") from None
+        raise error(
+            f"{source}: {what} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        ) from None
     except _Rejected as e:
         raise error(f"{source}: {what} {e}") from None
     except RecursionError:
@@ -40,8 +44,15 @@ def load_json_object(data: bytes | str, *, source: str, what: str,
 
 def json_kind(value: Any) -> str:
     """The JSON name of ``value``'s type ("an array", "a string", ...), for messages."""
-    kinds = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"),
-             (list, "an array"), (dict, "an object"), (type(None), "null"))
+    kinds = (
+        (bool, "a boolean"),
+        (int, "a number"),
+        (float, "a number"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "an object"),
+        (type(None), "null"),
+    )
     return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
 
 

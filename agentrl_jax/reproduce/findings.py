@@ -38,7 +38,12 @@ from agentrl_jax.reproduce import results
 from agentrl_jax.reproduce.results import ANALYSES
 
 SHOWS, UNDERPOWERED, NOT_SHOWN, REFUTED, NOT_MEASURED = (
-    "shows", "underpowered", "does not show", "refuted", "not measured")
+    "shows",
+    "underpowered",
+    "does not show",
+    "refuted",
+    "not measured",
+)
 VERDICT_ORDER = (REFUTED, NOT_SHOWN, UNDERPOWERED, SHOWS)  # weakest first
 Z95 = NormalDist().inv_cdf(0.975)
 POWER_Z = Z95 + NormalDist().inv_cdf(0.80)  # 80% power at a two-sided 5% level: 2.80 SE
@@ -53,17 +58,22 @@ FULL_BUDGET_DYNAMICS = "Full-budget RL: R_multi rises while R_single falls"
 BUDGETMIX_DYNAMICS = "BudgetMix keeps R_single"
 
 # short names of the headlines (PaperFigures.texts, a study's paper_figures)
-HEADLINES = {"pass_at_k": PASS_AT_K, "lead_grows": LEAD_GROWS, "budgetmix_small": BUDGETMIX_SMALL,
-             "error_recovery": ERROR_RECOVERY, "full_budget_dynamics": FULL_BUDGET_DYNAMICS,
-             "budgetmix_dynamics": BUDGETMIX_DYNAMICS}
+HEADLINES = {
+    "pass_at_k": PASS_AT_K,
+    "lead_grows": LEAD_GROWS,
+    "budgetmix_small": BUDGETMIX_SMALL,
+    "error_recovery": ERROR_RECOVERY,
+    "full_budget_dynamics": FULL_BUDGET_DYNAMICS,
+    "budgetmix_dynamics": BUDGETMIX_DYNAMICS,
+}
 
 PAPER = {
     PASS_AT_K: "RL above base for k = 1..128 (§9)",
     LEAD_GROWS: "FrozenLake 4B at 25%: GRPO 28.7% vs base 30.3%; the lead grows with T (§9)",
     BUDGETMIX_SMALL: "+7.5 pt at 25%, +5.3 at 50% (+4.0 at 75%, +1.1 at 100%), averaged; "
-                     "FrozenLake GRPO 4B at 25%: 37.6 vs 28.7 (§9)",
+    "FrozenLake GRPO 4B at 25%: 37.6 vs 28.7 (§9)",
     ERROR_RECOVERY: "FrozenLake: RL better on 42.8% of matched states (mean -0.018) but 65.7% of "
-                    "error states; continuation 51.3% vs 38.6% (§7.1, §7.2)",
+    "error states; continuation 51.3% vs 38.6% (§7.1, §7.2)",
     FULL_BUDGET_DYNAMICS: "FrozenLake R_multi +0.568, R_single -0.091 (§7.5)",
     BUDGETMIX_DYNAMICS: "R_single +0.006 with R_multi +0.323 (§7.5)",
 }
@@ -71,7 +81,7 @@ PAPER = {
 
 # The paper's effect sizes the verdicts measure power against (PAPER's numbers).
 BUDGETMIX_SMALL_SIZES = (0.075, 0.053)  # BudgetMix - full budget at 25%, 50% of T_max
-ERROR_RECOVERY_GAIN = 0.513 - 0.386   # continuation from error states, RL - base
+ERROR_RECOVERY_GAIN = 0.513 - 0.386  # continuation from error states, RL - base
 FULL_BUDGET_R_MULTI, FULL_BUDGET_R_SINGLE = 0.568, 0.091  # |change| over training
 PAPER_JSON = "paper.json"  # under raw/: the figures a run's findings cite (PaperFigures)
 
@@ -94,8 +104,9 @@ class PaperFigures:
     def __post_init__(self):
         unknown = sorted(set(self.texts) - set(HEADLINES))
         if unknown:
-            raise ValueError(f"PaperFigures.texts: unknown headlines {unknown}; known: "
-                             f"{list(HEADLINES)}")
+            raise ValueError(
+                f"PaperFigures.texts: unknown headlines {unknown}; known: {list(HEADLINES)}"
+            )
         object.__setattr__(self, "texts", dict(self.texts))
         object.__setattr__(self, "budgetmix_small", tuple(float(x) for x in self.budgetmix_small))
 
@@ -120,8 +131,9 @@ class PaperFigures:
             raise ValueError(f"{path}: not the paper's figures ({error})") from None
 
     def write(self, out: str | Path) -> Path:
-        return eval_report.write_json(Path(out) / results.RAW_DIR / PAPER_JSON,
-                                      dataclasses.asdict(self))
+        return eval_report.write_json(
+            Path(out) / results.RAW_DIR / PAPER_JSON, dataclasses.asdict(self)
+        )
 
 
 DEFAULT_FIGURES = PaperFigures()
@@ -169,7 +181,7 @@ def judge(effect: Effect) -> str:
     if not (math.isfinite(ci.low) and math.isfinite(ci.high)):
         return UNDERPOWERED
     if ci.low == ci.high == 0:  # every difference exactly 0 (e.g. both fail every task, or a
-        return UNDERPOWERED    # metric stuck at 0): a zero-width interval at 0 says nothing
+        return UNDERPOWERED  # metric stuck at 0): a zero-width interval at 0 says nothing
     low, high = sorted((d * ci.low, d * ci.high))  # in the paper's direction
     if high < 0:
         return REFUTED
@@ -197,8 +209,15 @@ def _power(*effects: Effect) -> str:
 
 
 def _effects_json(*effects: Effect) -> dict[str, Any]:
-    return {e.name: {"verdict": judge(e), "detectable": detectable(e.ci), "paper_size": e.size,
-                     "margin": e.margin} for e in effects}
+    return {
+        e.name: {
+            "verdict": judge(e),
+            "detectable": detectable(e.ci),
+            "paper_size": e.size,
+            "margin": e.margin,
+        }
+        for e in effects
+    }
 
 
 def _difference(a: stats.MeanCI, b: stats.MeanCI) -> stats.MeanCI:
@@ -218,7 +237,9 @@ def _pt(ci: stats.MeanCI) -> str:
 
 def _num(ci: stats.MeanCI, digits: int = 3) -> str:
     text = f"{ci.mean:+.{digits}f}"
-    return text + (f" [{ci.low:+.{digits}f}, {ci.high:+.{digits}f}]" if math.isfinite(ci.low) else "")
+    return text + (
+        f" [{ci.low:+.{digits}f}, {ci.high:+.{digits}f}]" if math.isfinite(ci.low) else ""
+    )
 
 
 def _absent(headline: str, why: str, figures: PaperFigures = DEFAULT_FIGURES) -> Finding:
@@ -228,8 +249,9 @@ def _absent(headline: str, why: str, figures: PaperFigures = DEFAULT_FIGURES) ->
 # ---------------------------------------------------------------- Pass@K and Pass@T (§9)
 
 
-def check_pass_at_k(record: Mapping[str, Any],
-                    figures: PaperFigures = DEFAULT_FIGURES) -> list[Finding]:
+def check_pass_at_k(
+    record: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
     """RL above base at every k: the lead at each k and, at the k where it is smallest, the
     CI of the paired per-task difference (the weakest point decides)."""
     base, out = record["policies"][0], []
@@ -242,24 +264,41 @@ def check_pass_at_k(record: Mapping[str, Any],
         ci = stats.paired_difference(per_task[policy][:, weakest], per_task[base][:, weakest])
         ahead = int((lead > 0).sum())
         curve = {p: per_task[p].mean(axis=0) for p in (base, policy)}
-        observed = (f"pass@1 {curve[policy][0]:.3f} vs {base} {curve[base][0]:.3f}; "
-                    f"pass@{ks[-1]} {curve[policy][-1]:.3f} vs {curve[base][-1]:.3f}; ahead at "
-                    f"{ahead} of {ks.size} k; smallest lead at k = {ks[weakest]}: {_pt(ci)}")
+        observed = (
+            f"pass@1 {curve[policy][0]:.3f} vs {base} {curve[base][0]:.3f}; "
+            f"pass@{ks[-1]} {curve[policy][-1]:.3f} vs {curve[base][-1]:.3f}; ahead at "
+            f"{ahead} of {ks.size} k; smallest lead at k = {ks[weakest]}: {_pt(ci)}"
+        )
         effect = Effect(f"lead at k = {ks[weakest]}", ci)
-        out.append(Finding(PASS_AT_K, policy, figures.text(PASS_AT_K), observed + _power(effect),
-                           _verdict(effect),
-                           {"k": ks, "lead": lead, "weakest_k": int(ks[weakest]),
-                            "weakest_lead": ci, "effects": _effects_json(effect)}))
+        out.append(
+            Finding(
+                PASS_AT_K,
+                policy,
+                figures.text(PASS_AT_K),
+                observed + _power(effect),
+                _verdict(effect),
+                {
+                    "k": ks,
+                    "lead": lead,
+                    "weakest_k": int(ks[weakest]),
+                    "weakest_lead": ci,
+                    "effects": _effects_json(effect),
+                },
+            )
+        )
     return out
 
 
 def _level_differences(record, a: str, b: str) -> list[np.ndarray]:
-    return [results.per_task_pass(record, a, t) - results.per_task_pass(record, b, t)
-            for t in record["levels"]]
+    return [
+        results.per_task_pass(record, a, t) - results.per_task_pass(record, b, t)
+        for t in record["levels"]
+    ]
 
 
-def check_lead_grows(record: Mapping[str, Any],
-                     figures: PaperFigures = DEFAULT_FIGURES) -> list[Finding]:
+def check_lead_grows(
+    record: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
     """The lead over base at 100% minus the lead at 25% of T_max (per-task, paired), for the
     full-budget RL policies (all others if none is full-budget)."""
     base, others = record["policies"][0], record["policies"][1:]
@@ -270,37 +309,73 @@ def check_lead_grows(record: Mapping[str, Any],
         leads = [float(d.mean()) for d in diffs]
         growth = stats.paired_difference(diffs[-1], diffs[0])
         monotone = all(x < y for x, y in zip(leads, leads[1:]))
-        small = ("reverses (<= 0)" if leads[0] <= 0 else
-                 "shrinks" if leads[0] < leads[-1] else "does not shrink")
-        observed = (f"lead at 25/50/75/100%: {', '.join(f'{100 * v:+.1f}' for v in leads)} pt "
-                    f"({'increasing' if monotone else 'not monotone'}); at 25% it {small}; "
-                    f"lead at 100% minus lead at 25%: {_pt(growth)}")
+        small = (
+            "reverses (<= 0)"
+            if leads[0] <= 0
+            else "shrinks"
+            if leads[0] < leads[-1]
+            else "does not shrink"
+        )
+        observed = (
+            f"lead at 25/50/75/100%: {', '.join(f'{100 * v:+.1f}' for v in leads)} pt "
+            f"({'increasing' if monotone else 'not monotone'}); at 25% it {small}; "
+            f"lead at 100% minus lead at 25%: {_pt(growth)}"
+        )
         effect = Effect("lead growth", growth)
-        out.append(Finding(LEAD_GROWS, policy, figures.text(LEAD_GROWS), observed + _power(effect),
-                           _verdict(effect),
-                           {"levels": record["levels"], "lead": leads, "growth": growth,
-                            "effects": _effects_json(effect)}))
+        out.append(
+            Finding(
+                LEAD_GROWS,
+                policy,
+                figures.text(LEAD_GROWS),
+                observed + _power(effect),
+                _verdict(effect),
+                {
+                    "levels": record["levels"],
+                    "lead": leads,
+                    "growth": growth,
+                    "effects": _effects_json(effect),
+                },
+            )
+        )
     return out
 
 
-def check_budgetmix_small(record: Mapping[str, Any],
-                          figures: PaperFigures = DEFAULT_FIGURES) -> list[Finding]:
+def check_budgetmix_small(
+    record: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
     """BudgetMix minus its full-budget counterpart at 25% and 50% of T_max (paired per task);
     75% and 100% are reported alongside."""
     pairs = results.budgetmix_counterparts(record["policies"])
     if not pairs:
-        return [_absent(BUDGETMIX_SMALL, "no BudgetMix policy evaluated with its full-budget "
-                                         "counterpart", figures=figures)]
+        return [
+            _absent(
+                BUDGETMIX_SMALL,
+                "no BudgetMix policy evaluated with its full-budget counterpart",
+                figures=figures,
+            )
+        ]
     out = []
     for mix, full in pairs.items():
         deltas = [stats.mean_ci_normal(d) for d in _level_differences(record, mix, full)]
-        effects = [Effect(f"{p}%", d, size=size) for p, d, size in
-                   zip(record["percents"][:2], deltas[:2], figures.budgetmix_small)]
+        effects = [
+            Effect(f"{p}%", d, size=size)
+            for p, d, size in zip(record["percents"][:2], deltas[:2], figures.budgetmix_small)
+        ]
         observed = "; ".join(f"{p}%: {_pt(d)}" for p, d in zip(record["percents"], deltas))
-        out.append(Finding(BUDGETMIX_SMALL, f"{mix} vs {full}", figures.text(BUDGETMIX_SMALL),
-                           observed + _power(*effects), _verdict(*effects),
-                           {"levels": record["levels"], "difference": deltas,
-                            "effects": _effects_json(*effects)}))
+        out.append(
+            Finding(
+                BUDGETMIX_SMALL,
+                f"{mix} vs {full}",
+                figures.text(BUDGETMIX_SMALL),
+                observed + _power(*effects),
+                _verdict(*effects),
+                {
+                    "levels": record["levels"],
+                    "difference": deltas,
+                    "effects": _effects_json(*effects),
+                },
+            )
+        )
     return out
 
 
@@ -311,8 +386,9 @@ def _comparison(pair: Mapping[str, Any], base: str, policy: str) -> stats.Paired
     return stats.paired_comparison(pair["quality"][policy], pair["quality"][base])
 
 
-def check_error_recovery(steps: Mapping[str, Any], errors: Mapping[str, Any],
-                         figures: PaperFigures = DEFAULT_FIGURES) -> list[Finding]:
+def check_error_recovery(
+    steps: Mapping[str, Any], errors: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
     """Per policy: continuation success from error states above base's (paired per state), and
     RL better on a larger share of error states than of matched states."""
     base, out = errors["policies"][0], []
@@ -326,21 +402,36 @@ def check_error_recovery(steps: Mapping[str, Any], errors: Mapping[str, Any],
         gain = stats.paired_difference(success[policy].mean(axis=1), success[base].mean(axis=1))
         rates = {p: float(s.mean()) for p, s in success.items()}
         symbol = errors.get("quality_symbol", "Q*")
-        observed = (f"better on {100 * matched.share_rl_better:.1f}% of matched states (mean "
-                    f"{symbol} diff {_num(matched.mean_diff)}) vs "
-                    f"{100 * at_errors.share_rl_better:.1f}% of error states "
-                    f"({_num(at_errors.mean_diff)}); continuation "
-                    f"{100 * rates[policy]:.1f}% vs {base} {100 * rates[base]:.1f}%: {_pt(gain)}")
+        observed = (
+            f"better on {100 * matched.share_rl_better:.1f}% of matched states (mean "
+            f"{symbol} diff {_num(matched.mean_diff)}) vs "
+            f"{100 * at_errors.share_rl_better:.1f}% of error states "
+            f"({_num(at_errors.mean_diff)}); continuation "
+            f"{100 * rates[policy]:.1f}% vs {base} {100 * rates[base]:.1f}%: {_pt(gain)}"
+        )
         advantage = _difference(at_errors.mean_diff, matched.mean_diff)
-        effects = (Effect("continuation gain", gain, size=figures.error_recovery_gain),
-                   Effect("error-state minus matched-state quality gain", advantage, points=False))
+        effects = (
+            Effect("continuation gain", gain, size=figures.error_recovery_gain),
+            Effect("error-state minus matched-state quality gain", advantage, points=False),
+        )
         observed += f"; error-state minus matched-state quality gain {_num(advantage)}"
-        out.append(Finding(ERROR_RECOVERY, policy, figures.text(ERROR_RECOVERY),
-                           observed + _power(*effects), _verdict(*effects),
-                           {"matched": matched, "error_states": at_errors,
-                            "continuation": rates, "continuation_gain": gain,
-                            "quality_gain_difference": advantage,
-                            "effects": _effects_json(*effects)}))
+        out.append(
+            Finding(
+                ERROR_RECOVERY,
+                policy,
+                figures.text(ERROR_RECOVERY),
+                observed + _power(*effects),
+                _verdict(*effects),
+                {
+                    "matched": matched,
+                    "error_states": at_errors,
+                    "continuation": rates,
+                    "continuation_gain": gain,
+                    "quality_gain_difference": advantage,
+                    "effects": _effects_json(*effects),
+                },
+            )
+        )
     return out
 
 
@@ -351,12 +442,15 @@ def _changes(entry: Mapping[str, Any]) -> dict[str, stats.MeanCI | None]:
     out = {}
     for key in ("R_multi", "R_single"):
         c = entry["change"].get(key)
-        out[key] = None if not c or c.get("change") is None else results.mean_ci_from_json(c["change"])
+        out[key] = (
+            None if not c or c.get("change") is None else results.mean_ci_from_json(c["change"])
+        )
     return out
 
 
-def check_dynamics(record: Mapping[str, Any],
-                   figures: PaperFigures = DEFAULT_FIGURES) -> list[Finding]:
+def check_dynamics(
+    record: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
     """Full-budget runs: R_multi up and R_single down; BudgetMix runs: R_single kept (its
     change >= 0, inconclusive if negative with a CI reaching 0)."""
     out, changes = [], {run: _changes(entry) for run, entry in record["runs"].items()}
@@ -364,37 +458,60 @@ def check_dynamics(record: Mapping[str, Any],
         multi, single = change["R_multi"], change["R_single"]
         if results.is_budgetmix(run):
             if single is None:
-                out.append(_absent(BUDGETMIX_DYNAMICS, f"{run}: no R_single in its log",
-                                   figures=figures))
+                out.append(
+                    _absent(BUDGETMIX_DYNAMICS, f"{run}: no R_single in its log", figures=figures)
+                )
                 continue
             full = record.get("counterparts", {}).get(run)
-            versus = (f"; {full}: {_num(changes[full]['R_single'])}"
-                      if full and changes[full]["R_single"] is not None else "")
+            versus = (
+                f"; {full}: {_num(changes[full]['R_single'])}"
+                if full and changes[full]["R_single"] is not None
+                else ""
+            )
             kept = Effect("R_single", single, margin=figures.r_single, points=False)
-            out.append(Finding(BUDGETMIX_DYNAMICS, run, figures.text(BUDGETMIX_DYNAMICS),
-                               f"R_single {_num(single)}{versus}{_power(kept)}", _verdict(kept),
-                               {"R_single": single, "effects": _effects_json(kept)}))
+            out.append(
+                Finding(
+                    BUDGETMIX_DYNAMICS,
+                    run,
+                    figures.text(BUDGETMIX_DYNAMICS),
+                    f"R_single {_num(single)}{versus}{_power(kept)}",
+                    _verdict(kept),
+                    {"R_single": single, "effects": _effects_json(kept)},
+                )
+            )
             continue
         if multi is None or single is None:
-            out.append(_absent(FULL_BUDGET_DYNAMICS, f"{run}: R_multi and R_single need two "
-                                                     "logged values each", figures=figures))
+            out.append(
+                _absent(
+                    FULL_BUDGET_DYNAMICS,
+                    f"{run}: R_multi and R_single need two logged values each",
+                    figures=figures,
+                )
+            )
             continue
-        effects = (Effect("R_multi", multi, size=figures.r_multi, points=False),
-                   Effect("R_single", single, direction=-1, size=figures.r_single,
-                          points=False))
-        out.append(Finding(FULL_BUDGET_DYNAMICS, run, figures.text(FULL_BUDGET_DYNAMICS),
-                           f"R_multi {_num(multi)}, R_single {_num(single)}{_power(*effects)}",
-                           _verdict(*effects),
-                           {"R_multi": multi, "R_single": single,
-                            "effects": _effects_json(*effects)}))
+        effects = (
+            Effect("R_multi", multi, size=figures.r_multi, points=False),
+            Effect("R_single", single, direction=-1, size=figures.r_single, points=False),
+        )
+        out.append(
+            Finding(
+                FULL_BUDGET_DYNAMICS,
+                run,
+                figures.text(FULL_BUDGET_DYNAMICS),
+                f"R_multi {_num(multi)}, R_single {_num(single)}{_power(*effects)}",
+                _verdict(*effects),
+                {"R_multi": multi, "R_single": single, "effects": _effects_json(*effects)},
+            )
+        )
     return out
 
 
 # ---------------------------------------------------------------- all of them
 
 
-def check_findings(out: str | Path, analyses: Sequence[str] = ANALYSES,
-                   figures: PaperFigures | None = None) -> list[Finding]:
+def check_findings(
+    out: str | Path, analyses: Sequence[str] = ANALYSES, figures: PaperFigures | None = None
+) -> list[Finding]:
     """Every headline, checked on the raw results of ``analyses`` saved under ``out``, against
     ``figures`` (default: the run's own, :meth:`PaperFigures.load`)."""
     figures = PaperFigures.load(out) if figures is None else figures
@@ -403,38 +520,57 @@ def check_findings(out: str | Path, analyses: Sequence[str] = ANALYSES,
     if raw["passk"] is not None and len(raw["passk"]["policies"]) > 1:
         found += check_pass_at_k(raw["passk"], figures)
     else:
-        found.append(_absent(PASS_AT_K, "Pass@K of base and an RL policy not run",
-                             figures=figures))
+        found.append(_absent(PASS_AT_K, "Pass@K of base and an RL policy not run", figures=figures))
     if raw["table"] is not None and len(raw["table"]["policies"]) > 1:
-        found += check_lead_grows(raw["table"], figures) + check_budgetmix_small(raw["table"], figures)
+        found += check_lead_grows(raw["table"], figures) + check_budgetmix_small(
+            raw["table"], figures
+        )
     else:
-        found += [_absent(LEAD_GROWS, "Pass@T of base and an RL policy not run", figures=figures),
-                  _absent(BUDGETMIX_SMALL, "Pass@T not run", figures=figures)]
-    recovery = (check_error_recovery(raw["steps"], raw["errors"], figures)
-                if raw["steps"] is not None and raw["errors"] is not None else [])
-    found += recovery or [_absent(ERROR_RECOVERY, "needs both the steps and errors analyses "
-                                                  "of the same policies", figures=figures)]
+        found += [
+            _absent(LEAD_GROWS, "Pass@T of base and an RL policy not run", figures=figures),
+            _absent(BUDGETMIX_SMALL, "Pass@T not run", figures=figures),
+        ]
+    recovery = (
+        check_error_recovery(raw["steps"], raw["errors"], figures)
+        if raw["steps"] is not None and raw["errors"] is not None
+        else []
+    )
+    found += recovery or [
+        _absent(
+            ERROR_RECOVERY,
+            "needs both the steps and errors analyses of the same policies",
+            figures=figures,
+        )
+    ]
     dynamics = check_dynamics(raw["dynamics"], figures) if raw["dynamics"] is not None else []
     if not any(f.headline == FULL_BUDGET_DYNAMICS for f in dynamics):
-        dynamics.append(_absent(FULL_BUDGET_DYNAMICS, "no full-budget run's training log",
-                                figures=figures))
+        dynamics.append(
+            _absent(FULL_BUDGET_DYNAMICS, "no full-budget run's training log", figures=figures)
+        )
     if not any(f.headline == BUDGETMIX_DYNAMICS for f in dynamics):
-        dynamics.append(_absent(BUDGETMIX_DYNAMICS, "no BudgetMix run's training log",
-                                figures=figures))
+        dynamics.append(
+            _absent(BUDGETMIX_DYNAMICS, "no BudgetMix run's training log", figures=figures)
+        )
     return found + dynamics
 
 
 # The report section each headline is checked on (a title prefix; a section naming the finding's
 # subject is preferred), so each verdict links to the numbers behind it.
-SOURCES = {PASS_AT_K: "Pass@K", LEAD_GROWS: "Table 1", BUDGETMIX_SMALL: "Table 1",
-           ERROR_RECOVERY: "Continuation success from error states",
-           FULL_BUDGET_DYNAMICS: "Training dynamics", BUDGETMIX_DYNAMICS: "Training dynamics"}
+SOURCES = {
+    PASS_AT_K: "Pass@K",
+    LEAD_GROWS: "Table 1",
+    BUDGETMIX_SMALL: "Table 1",
+    ERROR_RECOVERY: "Continuation success from error states",
+    FULL_BUDGET_DYNAMICS: "Training dynamics",
+    BUDGETMIX_DYNAMICS: "Training dynamics",
+}
 
 
 def source_anchor(finding: Finding, titles: Sequence[str]) -> str | None:
     """The anchor (:func:`~agentrl_jax.evaluation.html.anchor`) of the section among ``titles``
     a finding was checked on, None if the report has none."""
     from agentrl_jax.evaluation.html import anchor
+
     prefix = SOURCES.get(finding.headline)
     candidates = [t for t in titles if prefix is not None and t.startswith(prefix)]
     named = [t for t in candidates if finding.subject and finding.subject.split(" vs ")[0] in t]
@@ -444,7 +580,10 @@ def source_anchor(finding: Finding, titles: Sequence[str]) -> str | None:
 def findings_markdown(found: Sequence[Finding], titles: Sequence[str] = ()) -> str:
     """The findings table; with the report's section ``titles`` each verdict links to the
     section it was checked on."""
-    lines = ["| Paper headline | Checked on | Paper | This run | Verdict |", "|---|---|---|---|---|"]
+    lines = [
+        "| Paper headline | Checked on | Paper | This run | Verdict |",
+        "|---|---|---|---|---|",
+    ]
     for f in found:
         target = source_anchor(f, titles)
         verdict = f"**{f.verdict}**" if target is None else f"[**{f.verdict}**](#{target})"
@@ -453,23 +592,31 @@ def findings_markdown(found: Sequence[Finding], titles: Sequence[str] = ()) -> s
     return "\n".join(lines) + "\n"
 
 
-def write_findings(out: str | Path, found: Sequence[Finding], titles: Sequence[str] = ()) -> Section:
+def write_findings(
+    out: str | Path, found: Sequence[Finding], titles: Sequence[str] = ()
+) -> Section:
     """``findings.json`` and the report's section with the findings table (its verdicts
     linking to the sections among ``titles`` they were checked on)."""
     out = Path(out)
     path = eval_report.write_json(out / FINDINGS_JSON, [dataclasses.asdict(f) for f in found])
-    text = ("Each §9 / §7.5 headline checked in kind on this run's raw results, each of its "
-            "effects by one rule. shows: the 95% CI excludes no effect on the paper's side; "
-            "refuted: it excludes no effect on the other side; does not show: the CI includes no "
-            "effect although the run could have detected an effect of the paper's size (its "
-            "smallest detectable effect, 80% power at the 5% level, is at most that size); "
-            "underpowered: the CI includes no effect and the run could not have detected the "
-            "paper's size (or the paper gives none, or every difference is exactly 0): it says "
-            "nothing. A headline takes its "
-            "weakest effect's verdict; BudgetMix keeping R_single is tested against a fall as "
-            "large as full-budget RL's; not measured: the analysis was not run. Differences are paired "
-            "per task (Pass@k) or per state (continuation); training changes compare the means "
-            "of the first and last tenth of the logged steps. A small model on a few tasks can miss effects "
-            "the paper measured at scale: a verdict describes this run only.")
-    return Section(FINDINGS_TITLE, text, files=(path.relative_to(out).as_posix(),),
-                   markdown=findings_markdown(found, titles))
+    text = (
+        "Each §9 / §7.5 headline checked in kind on this run's raw results, each of its "
+        "effects by one rule. shows: the 95% CI excludes no effect on the paper's side; "
+        "refuted: it excludes no effect on the other side; does not show: the CI includes no "
+        "effect although the run could have detected an effect of the paper's size (its "
+        "smallest detectable effect, 80% power at the 5% level, is at most that size); "
+        "underpowered: the CI includes no effect and the run could not have detected the "
+        "paper's size (or the paper gives none, or every difference is exactly 0): it says "
+        "nothing. A headline takes its "
+        "weakest effect's verdict; BudgetMix keeping R_single is tested against a fall as "
+        "large as full-budget RL's; not measured: the analysis was not run. Differences are paired "
+        "per task (Pass@k) or per state (continuation); training changes compare the means "
+        "of the first and last tenth of the logged steps. A small model on a few tasks can miss effects "
+        "the paper measured at scale: a verdict describes this run only."
+    )
+    return Section(
+        FINDINGS_TITLE,
+        text,
+        files=(path.relative_to(out).as_posix(),),
+        markdown=findings_markdown(found, titles),
+    )

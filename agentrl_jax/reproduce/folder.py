@@ -31,8 +31,9 @@ class Phases:
 
     def __init__(self, out: Path):
         self.path = out / PHASES_FILE
-        self.done: dict[str, dict[str, Any]] = (json.loads(self.path.read_text())
-                                                if self.path.exists() else {})
+        self.done: dict[str, dict[str, Any]] = (
+            json.loads(self.path.read_text()) if self.path.exists() else {}
+        )
 
     def finish(self, name: str, seconds: float, **info: Any) -> None:
         self.done[name] = {"seconds": round(seconds, 2), **info}
@@ -55,8 +56,10 @@ def plugins_hint(out: Path) -> str:
     records = recorded_plugins(out)
     if not records:
         return ""
-    return (f"; {out} was made with the plugins {', '.join(str(r.get('spec')) for r in records)}: "
-            "pass them again with --plugin (or AGENTRL_JAX_PLUGINS)")
+    return (
+        f"; {out} was made with the plugins {', '.join(str(r.get('spec')) for r in records)}: "
+        "pass them again with --plugin (or AGENTRL_JAX_PLUGINS)"
+    )
 
 
 def record_plugins(out: Path) -> list[dict[str, Any]]:
@@ -68,8 +71,11 @@ def record_plugins(out: Path) -> list[dict[str, Any]]:
         before = records.pop(record["module"], None)
         earlier = list(before.get("earlier_sha256", [])) if before is not None else []
         if before is not None and before.get("sha256") != record["sha256"]:
-            warnings.warn(f"plugin {record['spec']} changed since {out}'s runs began (sha256 "
-                          f"{str(before.get('sha256'))[:12]} -> {str(record['sha256'])[:12]})", stacklevel=2)
+            warnings.warn(
+                f"plugin {record['spec']} changed since {out}'s runs began (sha256 "
+                f"{str(before.get('sha256'))[:12]} -> {str(record['sha256'])[:12]})",
+                stacklevel=2,
+            )
             earlier.append(before.get("sha256"))
         records[record["module"]] = {**record, **({"earlier_sha256": earlier} if earlier else {})}
     if records:
@@ -87,16 +93,26 @@ def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
         try:
             previous = load_config(saved)
         except ValueError as error:  # ConfigError, naming the file and the field
-            raise ResultsFolderError(f"{error}{plugins_hint(out)}; use --fresh or another --out") from None
+            raise ResultsFolderError(
+                f"{error}{plugins_hint(out)}; use --fresh or another --out"
+            ) from None
         if previous != config:
             before = previous.to_dict()
-            changed = [f"{s}.{k}" for s, fields in config.to_dict().items()
-                       for k, v in fields.items() if before[s][k] != v]
-            raise ResultsFolderError(f"{out} holds a run of another config (differs in "
-                                     f"{', '.join(changed)}); use --fresh to start over or "
-                                     "another --out")
+            changed = [
+                f"{s}.{k}"
+                for s, fields in config.to_dict().items()
+                for k, v in fields.items()
+                if before[s][k] != v
+            ]
+            raise ResultsFolderError(
+                f"{out} holds a run of another config (differs in "
+                f"{', '.join(changed)}); use --fresh to start over or "
+                "another --out"
+            )
     elif out.exists() and any(out.iterdir()):
-        raise ResultsFolderError(f"{out} is not empty and holds no {CONFIG_FILE}; choose another --out")
+        raise ResultsFolderError(
+            f"{out} is not empty and holds no {CONFIG_FILE}; choose another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     saved.write_text(dump_config(config))
     record_plugins(out)

@@ -47,13 +47,13 @@ from tqdm.auto import tqdm
 
 from agentrl_jax import distributed
 from agentrl_jax.models import load_qwen3
+from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.models.tokenizer import load_tokenizer
+from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce import demos as demo_lib
 from agentrl_jax.reproduce import evaluate, findings, sft, training
 from agentrl_jax.reproduce.config import ReproduceConfig
 from agentrl_jax.reproduce.folder import Phases, ReproduceError, prepare_folder, recorded_plugins
-from agentrl_jax.models.small_tokenizer import build_small_tokenizer
-from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce.policy_init import random_qwen3, save_policy
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.sharding import build_mesh
@@ -118,10 +118,19 @@ def check_until(config: ReproduceConfig, until: str | None) -> None:
 # counts predicted seconds, so its ETA (the rest at the rate so far) holds across phases whose
 # cost per unit differs ~10x (counting units, a 1-unit setup of 1.7 s made the first ETA 285 h).
 # Only the ratios matter: a faster or slower machine scales them all.
-PHASE_COST = {"setup": 1.7, "demos": 2.5e-4, "warm_start": 2.0e-3, "train": 1.7e-3,
-              "eval:table": 1.0e-3, "eval:passk": 1.0e-3, "eval:steps": 2.0e-3,
-              "eval:errors": 8.2e-4, "eval:likelihood": 1.8e-3, "eval:dynamics": 0.5,
-              "report": 0.05}
+PHASE_COST = {
+    "setup": 1.7,
+    "demos": 2.5e-4,
+    "warm_start": 2.0e-3,
+    "train": 1.7e-3,
+    "eval:table": 1.0e-3,
+    "eval:passk": 1.0e-3,
+    "eval:steps": 2.0e-3,
+    "eval:errors": 8.2e-4,
+    "eval:likelihood": 1.8e-3,
+    "eval:dynamics": 0.5,
+    "report": 0.05,
+}
 BAR_FORMAT = "{desc}{percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
 
 
@@ -133,8 +142,15 @@ def phase_cost(phase: str) -> float:
 class Reproduction:
     """Runs the phases of one config into one folder (see the module docstring)."""
 
-    def __init__(self, config: ReproduceConfig, out: str | Path, *, fresh: bool = False,
-                 progress: bool = True, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        config: ReproduceConfig,
+        out: str | Path,
+        *,
+        fresh: bool = False,
+        progress: bool = True,
+        log: Callable[[str], None] = print,
+    ):
         self.config, self.out = config, Path(out)
         self.main = distributed.is_main()
         if self.main:
@@ -148,17 +164,24 @@ class Reproduction:
         self.study = config.task.entry.study
         task = config.task
         self.runs = training.run_specs(
-            config.rl, training.loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
-            max_response_length=task.t_max * task.max_response_tokens)
+            config.rl,
+            training.loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
+            max_response_length=task.t_max * task.max_response_tokens,
+        )
         self.log = log
         self.mesh = self._mesh()
         self.local_mesh = distributed.local_mesh(self.mesh)  # rollouts and evaluation
         self._cost = 1.0  # seconds per unit of the phase running (PHASE_COST)
         # smoothing=0: the rate is all the work so far over all the time so far, so a stall
         # (the first update of a run compiles for ~20 s) does not make the ETA leap
-        self.bar = tqdm(total=self.total_work(), disable=not (progress and self.main),
-                        dynamic_ncols=True,
-                        desc="reproduce", bar_format=BAR_FORMAT, smoothing=0)
+        self.bar = tqdm(
+            total=self.total_work(),
+            disable=not (progress and self.main),
+            dynamic_ncols=True,
+            desc="reproduce",
+            bar_format=BAR_FORMAT,
+            smoothing=0,
+        )
 
     # -- layout
     def model_dir(self, name: str) -> Path:
@@ -181,13 +204,16 @@ class Reproduction:
         return build_mesh(mesh)
 
     def _dtype(self):
-        return {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[self.config.model.dtype]
+        return {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[
+            self.config.model.dtype
+        ]
 
     def load_model(self, model_dir: Path, *, local: bool = False):
         """A policy directory's model, its parameters placed by the rules of the global mesh
         (``local``: of this process's part of it, where rollouts and evaluation run)."""
-        return load_qwen3(model_dir, dtype=self._dtype(),
-                          mesh=self.local_mesh if local else self.mesh)
+        return load_qwen3(
+            model_dir, dtype=self._dtype(), mesh=self.local_mesh if local else self.mesh
+        )
 
     # -- phases
     def phase_names(self) -> list[str]:
@@ -199,13 +225,25 @@ class Reproduction:
         if phase == "demos":
             return demo_lib.demo_calls(self.demo_tasks, DEMO_TASKS_PER_CALL) * self.demo_call_units
         if phase == "warm_start":
-            return sft.num_sft_steps(self.demo_tasks * ws.demos_per_task, ws.batch_size,
-                                     ws.epochs, ws.group_by_length) * self.sft_step_units
+            return (
+                sft.num_sft_steps(
+                    self.demo_tasks * ws.demos_per_task,
+                    ws.batch_size,
+                    ws.epochs,
+                    ws.group_by_length,
+                )
+                * self.sft_step_units
+            )
         if phase.startswith("train:"):
             return rl.steps * self.rl_step_units
         if phase.startswith("eval:"):
-            return evaluate.analysis_units(phase[5:], ev, len(self.tasks.test.names), self.policy_names(),
-                                           self.config.task.t_max)
+            return evaluate.analysis_units(
+                phase[5:],
+                ev,
+                len(self.tasks.test.names),
+                self.policy_names(),
+                self.config.task.t_max,
+            )
         return 1
 
     @functools.cached_property
@@ -218,9 +256,11 @@ class Reproduction:
         except StudyError as error:
             raise ReproduceError(f"warm start ({self.config.task.env}): {error}") from None
         if len(ids) == 0:
-            raise ReproduceError(f"warm start ({self.config.task.env}): the demonstrator can play "
-                                 "none of the training tasks (their first observations do not "
-                                 "tell them apart)")
+            raise ReproduceError(
+                f"warm start ({self.config.task.env}): the demonstrator can play "
+                "none of the training tasks (their first observations do not "
+                "tell them apart)"
+            )
         return ids
 
     @property
@@ -238,7 +278,9 @@ class Reproduction:
     @property
     def rl_step_units(self) -> int:
         # a rollout plus an update that costs about as much again
-        return 2 * self.config.rl.tasks_per_step * self.config.rl.group_size * self.config.task.t_max
+        return (
+            2 * self.config.rl.tasks_per_step * self.config.rl.group_size * self.config.task.t_max
+        )
 
     def total_units(self) -> int:
         return sum(self._units(p) for p in self.phase_names())
@@ -263,7 +305,7 @@ class Reproduction:
         check_until(self.config, until)
         names = self.phase_names()
         if until is not None:
-            names = names[:names.index(until) + 1]
+            names = names[: names.index(until) + 1]
         started = time.perf_counter()
         try:
             for phase in names:
@@ -286,9 +328,11 @@ class Reproduction:
             if not self.main:
                 shutil.rmtree(self.written, ignore_errors=True)
         report = self.out / "report.md"
-        self.log(f"reproduce: {'done' if 'report' in self.phases.done else f'stopped after {until}'} "
-                 f"in {time.perf_counter() - started:.0f} s (this invocation)"
-                 + (f"; report: {report}" if report.exists() else ""))
+        self.log(
+            f"reproduce: {'done' if 'report' in self.phases.done else f'stopped after {until}'} "
+            f"in {time.perf_counter() - started:.0f} s (this invocation)"
+            + (f"; report: {report}" if report.exists() else "")
+        )
         return report
 
     def _run_phase(self, phase: str) -> dict[str, Any] | None:
@@ -307,18 +351,27 @@ class Reproduction:
     # -- setup, demos, warm start
     def setup(self) -> dict[str, Any]:
         m, t = self.config.model, self.config.task
-        corpus = self.study.corpus(self.tasks.train, self.demo_ids, t_max=t.t_max,
-                                   prompt=BudgetPrompt())
-        isolate = self.study.tokenizer_isolate if m.tokenizer_isolate else None  # checked by the config
-        tokenizer = build_small_tokenizer(corpus, vocab_size=m.tokenizer_vocab, split_words=False,
-                                          isolate=isolate)
-        model = random_qwen3(len(tokenizer), hidden_size=m.hidden_size,
-                             intermediate_size=m.intermediate_size,
-                             num_hidden_layers=m.num_hidden_layers,
-                             num_attention_heads=m.num_attention_heads,
-                             num_key_value_heads=m.num_key_value_heads, head_dim=m.head_dim,
-                             max_position_embeddings=max(t.max_context, 2048), seed=m.seed,
-                             eos_token_ids=tokenizer.convert_tokens_to_ids(["<|im_end|>"]))
+        corpus = self.study.corpus(
+            self.tasks.train, self.demo_ids, t_max=t.t_max, prompt=BudgetPrompt()
+        )
+        isolate = (
+            self.study.tokenizer_isolate if m.tokenizer_isolate else None
+        )  # checked by the config
+        tokenizer = build_small_tokenizer(
+            corpus, vocab_size=m.tokenizer_vocab, split_words=False, isolate=isolate
+        )
+        model = random_qwen3(
+            len(tokenizer),
+            hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size,
+            num_hidden_layers=m.num_hidden_layers,
+            num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_key_value_heads,
+            head_dim=m.head_dim,
+            max_position_embeddings=max(t.max_context, 2048),
+            seed=m.seed,
+            eos_token_ids=tokenizer.convert_tokens_to_ids(["<|im_end|>"]),
+        )
         save_policy(model, tokenizer, self.init_dir)
         params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
         return {"parameters": int(params), "vocab_size": len(tokenizer)}
@@ -331,29 +384,47 @@ class Reproduction:
     def collect_demos(self) -> dict[str, Any]:
         ws, t = self.config.warm_start, self.config.task
         env = self.tasks.train.env
-        demonstrator = self.study.demonstrator(self.tasks.train, self.demo_ids,
-                                               t_max=t.t_max, mistake_rate=ws.mistake_rate,
-                                               seed=ws.seed)
+        demonstrator = self.study.demonstrator(
+            self.tasks.train,
+            self.demo_ids,
+            t_max=t.t_max,
+            mistake_rate=ws.mistake_rate,
+            seed=ws.seed,
+        )
         demos = demo_lib.collect_demos(
-            env, self.tokenizer, demonstrator, self.demo_ids,
-            jax.random.key(ws.seed), demos_per_task=ws.demos_per_task,
-            max_response_tokens=t.max_response_tokens, max_context=t.max_context,
-            tasks_per_call=DEMO_TASKS_PER_CALL, on_call=lambda: self._advance(self.demo_call_units))
+            env,
+            self.tokenizer,
+            demonstrator,
+            self.demo_ids,
+            jax.random.key(ws.seed),
+            demos_per_task=ws.demos_per_task,
+            max_response_tokens=t.max_response_tokens,
+            max_context=t.max_context,
+            tasks_per_call=DEMO_TASKS_PER_CALL,
+            on_call=lambda: self._advance(self.demo_call_units),
+        )
         overflow = float(np.mean(demos.overflow))
         if overflow == 1.0:
-            raise ReproduceError(f"every demonstration overflowed task.max_context={t.max_context} "
-                             "tokens (the prompt alone does not fit); raise task.max_context")
+            raise ReproduceError(
+                f"every demonstration overflowed task.max_context={t.max_context} "
+                "tokens (the prompt alone does not fit); raise task.max_context"
+            )
         if overflow > 0:
-            self.bar.write(f"warning: {overflow:.1%} of the demonstrations overflowed "
-                           f"task.max_context={t.max_context}; consider raising it")
+            self.bar.write(
+                f"warning: {overflow:.1%} of the demonstrations overflowed "
+                f"task.max_context={t.max_context}; consider raising it"
+            )
         path = self.out / "warm_start" / "demos.npz"
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(path, **{f.name: np.asarray(getattr(demos, f.name))
-                                     for f in dataclasses.fields(demos)})
-        return {"trajectories": int(demos.tokens.shape[0]),
-                "success_rate": float(np.mean(demos.success)),
-                "mistake_share": demonstrator.mistakes / max(demonstrator.moves, 1),
-                "overflow_rate": overflow}
+        np.savez_compressed(
+            path, **{f.name: np.asarray(getattr(demos, f.name)) for f in dataclasses.fields(demos)}
+        )
+        return {
+            "trajectories": int(demos.tokens.shape[0]),
+            "success_rate": float(np.mean(demos.success)),
+            "mistake_share": demonstrator.mistakes / max(demonstrator.moves, 1),
+            "overflow_rate": overflow,
+        }
 
     def warm_start(self) -> dict[str, Any]:
         ws = self.config.warm_start
@@ -362,22 +433,34 @@ class Reproduction:
         model = self.load_model(self.init_dir, local=True)  # the main process's devices
         log_path = self.out / "warm_start" / "history.jsonl"
 
-        steps = sft.num_sft_steps(self.demo_tasks * ws.demos_per_task, ws.batch_size, ws.epochs,
-                                  ws.group_by_length)
+        steps = sft.num_sft_steps(
+            self.demo_tasks * ws.demos_per_task, ws.batch_size, ws.epochs, ws.group_by_length
+        )
 
         def on_step(step: int, record: dict) -> None:
             self._advance(self.sft_step_units)
             self.bar.set_postfix_str(f"step {step}/{steps}, nll {record['nll']:.3f}")
 
-        params, history = sft.warm_start(model, demos, batch_size=ws.batch_size, epochs=ws.epochs,
-                                         learning_rate=ws.learning_rate,
-                                         weight_decay=ws.weight_decay, seed=ws.seed,
-                                         group_by_length=ws.group_by_length,
-                                         attention=self.config.rl.attention, on_step=on_step)
+        params, history = sft.warm_start(
+            model,
+            demos,
+            batch_size=ws.batch_size,
+            epochs=ws.epochs,
+            learning_rate=ws.learning_rate,
+            weight_decay=ws.weight_decay,
+            seed=ws.seed,
+            group_by_length=ws.group_by_length,
+            attention=self.config.rl.attention,
+            on_step=on_step,
+        )
         log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
         nnx.update(model, params)
         save_policy(model, self.tokenizer, self.model_dir(BASE))
-        return {"steps": len(history), "nll_first": history[0]["nll"], "nll_last": history[-1]["nll"]}
+        return {
+            "steps": len(history),
+            "nll_first": history[0]["nll"],
+            "nll_last": history[-1]["nll"],
+        }
 
     # -- RL
     def train(self, spec: training.RunSpec) -> dict[str, Any]:
@@ -387,18 +470,35 @@ class Reproduction:
 
         def on_step(step: int, metrics: dict) -> None:
             self._advance(self.rl_step_units)
-            self.bar.set_postfix_str(", ".join([f"update {step}/{self.config.rl.steps}"] + [
-                f"{k} {metrics[k]:.3f}" for k in ("R_multi", "R_single") if k in metrics]))
+            self.bar.set_postfix_str(
+                ", ".join(
+                    [f"update {step}/{self.config.rl.steps}"]
+                    + [f"{k} {metrics[k]:.3f}" for k in ("R_multi", "R_single") if k in metrics]
+                )
+            )
 
         already = _checkpointed_steps(run_dir)
         self._advance(already * self.rl_step_units)
         params = training.run_training(
-            spec, model, self.tasks.train.env, self.tokenizer, self.config.rl, run_dir=run_dir,
-            t_max=t.t_max, max_response_tokens=t.max_response_tokens, max_context=t.max_context,
-            metadata={"model_dir": str(self.base_dir.resolve()), "run": spec.name,
-                      "plugins": recorded_plugins(self.out)},
-            quality_scorer=self.study.step_scorer(self.tasks.train), mesh=self.mesh,
-            sample_mesh=self.local_mesh, on_step=on_step)
+            spec,
+            model,
+            self.tasks.train.env,
+            self.tokenizer,
+            self.config.rl,
+            run_dir=run_dir,
+            t_max=t.t_max,
+            max_response_tokens=t.max_response_tokens,
+            max_context=t.max_context,
+            metadata={
+                "model_dir": str(self.base_dir.resolve()),
+                "run": spec.name,
+                "plugins": recorded_plugins(self.out),
+            },
+            quality_scorer=self.study.step_scorer(self.tasks.train),
+            mesh=self.mesh,
+            sample_mesh=self.local_mesh,
+            on_step=on_step,
+        )
         if self.main:
             nnx.update(model, params)
             save_policy(model, self.tokenizer, self.model_dir(spec.name))
@@ -420,19 +520,31 @@ class Reproduction:
         test, task = self.tasks.test, self.config.task
         with distributed.split_rollouts():
             evaluate.run_analysis(
-                analysis, self.written, test.env, np.arange(len(test.names)), self.tokenizer,
-                self.eval_models if analysis != "dynamics"  # reads the logs only
+                analysis,
+                self.written,
+                test.env,
+                np.arange(len(test.names)),
+                self.tokenizer,
+                self.eval_models
+                if analysis != "dynamics"  # reads the logs only
                 else dict.fromkeys(self.policy_names()),
-                self.config.eval, training_logs=logs, progress=self._advance,
+                self.config.eval,
+                training_logs=logs,
+                progress=self._advance,
                 min_turns=self.study.min_turns(test),
                 bound_note=self.study.bound_note_for(task.options),
-                states=(self.study.state_diagnostics(test)
-                        if analysis in ("steps", "errors") else None))
+                states=(
+                    self.study.state_diagnostics(test) if analysis in ("steps", "errors") else None
+                ),
+            )
         return {}
 
     def report(self) -> dict[str, Any]:
-        path = write_report(self.out, header_markdown=self.header_markdown(),
-                            title=f"{self.config.task.entry.label} reproduction")
+        path = write_report(
+            self.out,
+            header_markdown=self.header_markdown(),
+            title=f"{self.config.task.entry.label} reproduction",
+        )
         return {"report": str(path)}
 
     def header_markdown(self) -> str:
@@ -440,9 +552,16 @@ class Reproduction:
         seconds = sum(p["seconds"] for p in done.values())
         lines = [
             f"Policies: base = {'a random-init Qwen3 warm-started on ' + self.study.demonstrations + ' with mistakes' if c.warm_start.enabled else c.model.model_dir}; "
-            + "; ".join(f"{r.label} = {r.name} ({c.rl.steps} updates)" for r in self.runs) + ".",
-            "Tasks: " + self.study.describe(c.task.entry, c.task.options, t_max=c.task.t_max,
-                                           train=self.tasks.train, test=self.tasks.test),
+            + "; ".join(f"{r.label} = {r.name} ({c.rl.steps} updates)" for r in self.runs)
+            + ".",
+            "Tasks: "
+            + self.study.describe(
+                c.task.entry,
+                c.task.options,
+                t_max=c.task.t_max,
+                train=self.tasks.train,
+                test=self.tasks.test,
+            ),
             f"Machine: {platform.machine()}, {jax.device_count()} x {jax.devices()[0].device_kind}"
             f"{f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''}; "
             f"phases so far took {seconds:.0f} s in all (see phases.json).",
@@ -450,8 +569,13 @@ class Reproduction:
         ]
         plugins = recorded_plugins(self.out)
         if plugins:
-            lines.append("Plugins (user code the runs used, [plugins.json](plugins.json)): " + ", ".join(
-                f"`{r.get('spec')}` (sha256 {str(r.get('sha256'))[:12]})" for r in plugins) + ".")
+            lines.append(
+                "Plugins (user code the runs used, [plugins.json](plugins.json)): "
+                + ", ".join(
+                    f"`{r.get('spec')}` (sha256 {str(r.get('sha256'))[:12]})" for r in plugins
+                )
+                + "."
+            )
         return "\n".join(f"- {line}" for line in lines)
 
 
@@ -460,8 +584,14 @@ def _checkpointed_steps(run_dir: Path) -> int:
     return max(steps, default=0)
 
 
-def reproduce(config: ReproduceConfig, out: str | Path, *, fresh: bool = False,
-              progress: bool = True, until: str | None = None) -> Path:
+def reproduce(
+    config: ReproduceConfig,
+    out: str | Path,
+    *,
+    fresh: bool = False,
+    progress: bool = True,
+    until: str | None = None,
+) -> Path:
     """Run (or resume) the reproduction of ``config`` in ``out``, up to phase ``until``
     (default: all); returns the report's path."""
     check_until(config, until)  # before the folder is touched

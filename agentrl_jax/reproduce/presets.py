@@ -38,7 +38,9 @@ from agentrl_jax.errors import ConfigError
 from agentrl_jax.train.inputs import check_inputs
 from agentrl_jax.validation import short_repr
 
-AlgorithmBuilder = Callable[[Any], Mapping[str, Any]]  # rl settings -> AlgorithmConfig.from_dict data
+AlgorithmBuilder = Callable[
+    [Any], Mapping[str, Any]
+]  # rl settings -> AlgorithmConfig.from_dict data
 
 
 BUDGET_MIX = (False, True, "adaptive")
@@ -60,25 +62,40 @@ class RunPreset(NamedTuple):
 def paper_policy_terms(rl: Any) -> list[dict[str, Any]]:
     """Paper §4: the clipped ratio (``rl.clip_low`` / ``rl.clip_high``) and, if ``rl.kl_coef``
     is positive, the k3 KL to the reference."""
-    terms = [{"name": "policy_clip", "params": {"clip_low": rl.clip_low, "clip_high": rl.clip_high}}]
+    terms = [
+        {"name": "policy_clip", "params": {"clip_low": rl.clip_low, "clip_high": rl.clip_high}}
+    ]
     return terms + ([{"name": "kl", "coef": rl.kl_coef}] if rl.kl_coef > 0 else [])
 
 
 def grpo_algorithm(rl: Any) -> dict[str, Any]:
     """GRPO (paper §4): group-relative advantages, clipped ratio, KL (``rl.aggregation``)."""
-    return {"advantage": "grpo", "aggregation": rl.aggregation, "loss_terms": paper_policy_terms(rl)}
+    return {
+        "advantage": "grpo",
+        "aggregation": rl.aggregation,
+        "loss_terms": paper_policy_terms(rl),
+    }
 
 
 def gigpo_algorithm(rl: Any) -> dict[str, Any]:
     """GiGPO (paper §4): episode plus anchor-state step advantages (omega, gamma)."""
-    return {"advantage": "gigpo", "advantage_params": {"omega": rl.gigpo_omega, "gamma": rl.gigpo_gamma},
-            "aggregation": rl.aggregation, "loss_terms": paper_policy_terms(rl)}
+    return {
+        "advantage": "gigpo",
+        "advantage_params": {"omega": rl.gigpo_omega, "gamma": rl.gigpo_gamma},
+        "aggregation": rl.aggregation,
+        "loss_terms": paper_policy_terms(rl),
+    }
 
 
 def ppo_algorithm(rl: Any) -> dict[str, Any]:
     """PPO (paper §4): GAE on a learned critic, clipped ratio, KL, clipped value loss."""
-    return {"advantage": "gae", "advantage_params": {"gamma": rl.gae_gamma, "lam": rl.gae_lambda},
-            "aggregation": rl.aggregation, "loss_terms": paper_policy_terms(rl) + [{"name": "value_clip", "params": {"clip": rl.value_clip}}]}
+    return {
+        "advantage": "gae",
+        "advantage_params": {"gamma": rl.gae_gamma, "lam": rl.gae_lambda},
+        "aggregation": rl.aggregation,
+        "loss_terms": paper_policy_terms(rl)
+        + [{"name": "value_clip", "params": {"clip": rl.value_clip}}],
+    }
 
 
 def dapo_algorithm(rl: Any) -> dict[str, Any]:
@@ -88,8 +105,13 @@ def dapo_algorithm(rl: Any) -> dict[str, Any]:
     off here: over a multi-turn row it would punish taking more turns, which is what the
     paper's budget study varies; turn it on with ``algorithm: {overlong_buffer: 0.2}``
     (``L_cache = 0.2 L_max``, DAPO's 4096 / 20480)."""
-    return {"advantage": "grpo", "aggregation": "token-mean", "dynamic_sampling": True, "max_rollout_batches": 4,
-            "loss_terms": [{"name": "policy_clip", "params": {"clip_low": 0.2, "clip_high": 0.28}}]}
+    return {
+        "advantage": "grpo",
+        "aggregation": "token-mean",
+        "dynamic_sampling": True,
+        "max_rollout_batches": 4,
+        "loss_terms": [{"name": "policy_clip", "params": {"clip_low": 0.2, "clip_high": 0.28}}],
+    }
 
 
 def dr_grpo_algorithm(rl: Any) -> dict[str, Any]:
@@ -97,13 +119,21 @@ def dr_grpo_algorithm(rl: Any) -> dict[str, Any]:
     each row's token losses summed and divided by one constant, the most sampled tokens a
     row can hold (``aggregation_constant`` None: the trainer's ``max_response_length``), then
     averaged over rows; the paper's clip and KL, for comparability with GRPO."""
-    return {"advantage": "dr_grpo", "aggregation": "seq-mean-token-sum", "aggregation_constant": None,
-            "loss_terms": paper_policy_terms(rl)}
+    return {
+        "advantage": "dr_grpo",
+        "aggregation": "seq-mean-token-sum",
+        "aggregation_constant": None,
+        "loss_terms": paper_policy_terms(rl),
+    }
 
 
 def rloo_algorithm(rl: Any) -> dict[str, Any]:
     """RLOO: leave-one-out baseline advantages with the paper's clip and KL."""
-    return {"advantage": "rloo", "aggregation": rl.aggregation, "loss_terms": paper_policy_terms(rl)}
+    return {
+        "advantage": "rloo",
+        "aggregation": rl.aggregation,
+        "loss_terms": paper_policy_terms(rl),
+    }
 
 
 def gspo_algorithm(rl: Any) -> dict[str, Any]:
@@ -127,19 +157,23 @@ RUN_PRESETS: dict[str, RunPreset] = {
 }
 
 
-def register_run_preset(name: str, *, label: str, algorithm: AlgorithmBuilder,
-                        budget_mix: bool | str = False) -> RunPreset:
+def register_run_preset(
+    name: str, *, label: str, algorithm: AlgorithmBuilder, budget_mix: bool | str = False
+) -> RunPreset:
     """Adds a preset to :data:`RUN_PRESETS` (``rl.runs`` can then name it); refuses a taken name."""
     if not (isinstance(name, str) and RUN_NAME.fullmatch(name)) or name in RESERVED_NAMES:
-        raise ValueError(f"run preset name: must match {RUN_NAME.pattern} and not be one of "
-                         f"{RESERVED_NAMES}, got {name!r}")
+        raise ValueError(
+            f"run preset name: must match {RUN_NAME.pattern} and not be one of "
+            f"{RESERVED_NAMES}, got {name!r}"
+        )
     if name in RUN_PRESETS:
         raise ValueError(f"run preset {name!r} is already registered")
     if not callable(algorithm):
         raise ValueError(f"run preset {name!r}: algorithm must be a function of the rl settings")
     if budget_mix not in BUDGET_MIX:
-        raise ValueError(f"run preset {name!r}: budget_mix must be true, false or 'adaptive', "
-                         f"got {budget_mix!r}")
+        raise ValueError(
+            f"run preset {name!r}: budget_mix must be true, false or 'adaptive', got {budget_mix!r}"
+        )
     RUN_PRESETS[name] = RunPreset(label, algorithm, budget_mix)
     return RUN_PRESETS[name]
 
@@ -170,11 +204,15 @@ def _is_mapping(value: Any) -> bool:
 def check_algorithm_overrides(where: str, value: Any) -> dict[str, Any]:
     """``value`` as a dict of AlgorithmConfig fields; ConfigError naming ``where`` otherwise."""
     if not _is_mapping(value):
-        raise ConfigError(f"{where}: must be a mapping of AlgorithmConfig fields "
-                          f"({', '.join(ALGORITHM_FIELDS)}), got {short_repr(value)}")
+        raise ConfigError(
+            f"{where}: must be a mapping of AlgorithmConfig fields "
+            f"({', '.join(ALGORITHM_FIELDS)}), got {short_repr(value)}"
+        )
     unknown = sorted(set(value) - set(ALGORITHM_FIELDS))
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join(ALGORITHM_FIELDS)}")
+        raise ConfigError(
+            f"{where}: unknown field {unknown[0]!r}; known: {', '.join(ALGORITHM_FIELDS)}"
+        )
     return dict(value)
 
 
@@ -185,7 +223,9 @@ def _loss_term(term: Any) -> Any:
 def merge_algorithm(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` with ``override``'s fields (see the module docstring; pure)."""
     merged = dict(base)
-    if "advantage" in override and override["advantage"] != base.get("advantage", AlgorithmConfig.advantage):
+    if "advantage" in override and override["advantage"] != base.get(
+        "advantage", AlgorithmConfig.advantage
+    ):
         merged.pop("advantage_params", None)
     merged.update(override)
     if isinstance(merged.get("loss_terms"), (list, tuple)):
@@ -210,12 +250,16 @@ def build_algorithm(where: str, data: Mapping[str, Any]) -> AlgorithmConfig:
 def _entry_fields(where: str, entry: Any) -> dict[str, Any]:
     if isinstance(entry, str):
         if entry not in RUN_PRESETS:
-            raise ConfigError(f"{where}: unknown run preset {entry!r}; presets: {', '.join(RUN_PRESETS)} "
-                              "(or a mapping {name, preset, label, budget_mix, algorithm})")
+            raise ConfigError(
+                f"{where}: unknown run preset {entry!r}; presets: {', '.join(RUN_PRESETS)} "
+                "(or a mapping {name, preset, label, budget_mix, algorithm})"
+            )
         return {"name": entry}
     if not _is_mapping(entry):
-        raise ConfigError(f"{where}: must be a preset name ({', '.join(RUN_PRESETS)}) or a mapping "
-                          f"{{name, preset, label, budget_mix, algorithm}}, got {short_repr(entry)}")
+        raise ConfigError(
+            f"{where}: must be a preset name ({', '.join(RUN_PRESETS)}) or a mapping "
+            f"{{name, preset, label, budget_mix, algorithm}}, got {short_repr(entry)}"
+        )
     unknown = sorted(set(entry) - set(RUN_FIELDS))
     if unknown:
         raise ConfigError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join(RUN_FIELDS)}")
@@ -230,21 +274,31 @@ def resolve_run(where: str, entry: Any, rl: Any) -> RunSettings:
     fields = _entry_fields(where, entry)
     name = fields["name"]
     if not (isinstance(name, str) and RUN_NAME.fullmatch(name)) or name in RESERVED_NAMES:
-        raise ConfigError(f"{where}.name: must be a folder name ({RUN_NAME.pattern}) other than "
-                          f"{' and '.join(RESERVED_NAMES)}, got {short_repr(name)}")
+        raise ConfigError(
+            f"{where}.name: must be a folder name ({RUN_NAME.pattern}) other than "
+            f"{' and '.join(RESERVED_NAMES)}, got {short_repr(name)}"
+        )
     preset_name = fields.get("preset", name if name in RUN_PRESETS else None)
-    if preset_name is not None and (not isinstance(preset_name, str) or preset_name not in RUN_PRESETS):
-        raise ConfigError(f"{where}.preset: must be one of {', '.join(RUN_PRESETS)}, got {short_repr(preset_name)}")
+    if preset_name is not None and (
+        not isinstance(preset_name, str) or preset_name not in RUN_PRESETS
+    ):
+        raise ConfigError(
+            f"{where}.preset: must be one of {', '.join(RUN_PRESETS)}, got {short_repr(preset_name)}"
+        )
     preset = RUN_PRESETS.get(preset_name)
     label = fields.get("label", preset.label if preset else name)
     if not (isinstance(label, str) and label.strip()):
         raise ConfigError(f"{where}.label: must be a non-empty string, got {short_repr(label)}")
     budget_mix = fields.get("budget_mix", preset.budget_mix if preset else False)
     if not (isinstance(budget_mix, bool) or budget_mix == "adaptive"):
-        raise ConfigError(f"{where}.budget_mix: must be true, false or adaptive, got "
-                          f"{short_repr(budget_mix)}")
+        raise ConfigError(
+            f"{where}.budget_mix: must be true, false or adaptive, got {short_repr(budget_mix)}"
+        )
     data = dict(preset.algorithm(rl)) if preset else {}
-    for override in (rl.algorithm, check_algorithm_overrides(f"{where}.algorithm", fields.get("algorithm", {}))):
+    for override in (
+        rl.algorithm,
+        check_algorithm_overrides(f"{where}.algorithm", fields.get("algorithm", {})),
+    ):
         data = merge_algorithm(data, override)
     return RunSettings(name, label, budget_mix, build_algorithm(f"{where}.algorithm", data))
 
@@ -256,7 +310,11 @@ def resolve_runs(rl: Any) -> tuple[RunSettings, ...]:
         values = [getattr(r, field) for r in runs]
         twice = next((v for v in values if values.count(v) > 1), None)
         if twice is not None:
-            raise ConfigError(f"rl.runs: two runs have the {field} {twice!r}; {field}s must be distinct")
+            raise ConfigError(
+                f"rl.runs: two runs have the {field} {twice!r}; {field}s must be distinct"
+            )
     if any(r.label == BASE_LABEL for r in runs):
-        raise ConfigError(f"rl.runs: a run's label may not be {BASE_LABEL!r} (the warm-started policy's)")
+        raise ConfigError(
+            f"rl.runs: a run's label may not be {BASE_LABEL!r} (the warm-started policy's)"
+        )
     return runs

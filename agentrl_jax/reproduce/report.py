@@ -44,11 +44,24 @@ def write_table1(out: str | Path, record: Mapping[str, Any], section: Section) -
     policy, then every policy after the base minus the base and every BudgetMix policy minus
     its counterpart): ``table1.csv`` and ``section`` (Pass@T's Table 1) with its Markdown."""
     policies = list(record["policies"])
-    pairs = [(p, policies[0]) for p in policies[1:]] + list(results.budgetmix_counterparts(policies).items())
-    res = table1.compute({p: results.budget_counts(record, p) for p in policies}, k=int(record["k"]),
-                         t_max=int(record["t_max"]), levels=record["levels"], pairs=pairs)
-    return table1.section(out, res, section, tasks=len(record["task_ids"]), samples=record["samples"],
-                          files=(results.RAW_DIR + "/table.json",))
+    pairs = [(p, policies[0]) for p in policies[1:]] + list(
+        results.budgetmix_counterparts(policies).items()
+    )
+    res = table1.compute(
+        {p: results.budget_counts(record, p) for p in policies},
+        k=int(record["k"]),
+        t_max=int(record["t_max"]),
+        levels=record["levels"],
+        pairs=pairs,
+    )
+    return table1.section(
+        out,
+        res,
+        section,
+        tasks=len(record["task_ids"]),
+        samples=record["samples"],
+        files=(results.RAW_DIR + "/table.json",),
+    )
 
 
 def write_robustness(out: str | Path, record: Mapping[str, Any]) -> Section:
@@ -56,8 +69,9 @@ def write_robustness(out: str | Path, record: Mapping[str, Any]) -> Section:
     over the raw ``table`` record's budgets, with its CI: ``budget_robustness.json`` and a
     section."""
     counts = {p: results.budget_counts(record, p) for p in record["policies"]}
-    return robustness.section(out, robustness.compute(counts, int(record["k"]),
-                                                      record["shortest_paths"]))
+    return robustness.section(
+        out, robustness.compute(counts, int(record["k"]), record["shortest_paths"])
+    )
 
 
 # ---------------------------------------------------------------- training dynamics
@@ -73,22 +87,30 @@ def _change(entry: Mapping[str, Any] | None) -> str:
 
 def dynamics_markdown(record: Mapping[str, Any]) -> str:
     """One row per run: R_multi and R_single start -> end and the change with its CI."""
-    lines = ["| run | steps | R_multi start -> end: change | R_single start -> end: change |",
-             "|---|---|---|---|"]
+    lines = [
+        "| run | steps | R_multi start -> end: change | R_single start -> end: change |",
+        "|---|---|---|---|",
+    ]
     for run, entry in record["runs"].items():
         change = entry["change"]
         steps = len(entry["step"])
-        lines.append(f"| {run.replace('|', chr(92) + '|')} | {steps} | "
-                     f"{_change(change.get('R_multi'))} | {_change(change.get('R_single'))} |")
+        lines.append(
+            f"| {run.replace('|', chr(92) + '|')} | {steps} | "
+            f"{_change(change.get('R_multi'))} | {_change(change.get('R_single'))} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- report.md
 
 
-def write_report(out: str | Path, *, header_markdown: str = "",
-                 analyses: Sequence[str] = ANALYSES,
-                 title: str = "Reproduction") -> Path:
+def write_report(
+    out: str | Path,
+    *,
+    header_markdown: str = "",
+    analyses: Sequence[str] = ANALYSES,
+    title: str = "Reproduction",
+) -> Path:
     """Assemble ``out/report.md`` (see the module docstring) and ``out/findings.json``.
 
     Args:
@@ -112,5 +134,10 @@ def write_report(out: str | Path, *, header_markdown: str = "",
     checked = findings.check_findings(out, [a for a in analyses if a in by_analysis])
     sections = table1 + rest
     found = findings.write_findings(out, checked, [s.title for s in sections])
-    return eval_report.write_report(out, sections + [found], title=title,
-                                    preamble=header_markdown, first=findings.FINDINGS_TITLE)
+    return eval_report.write_report(
+        out,
+        sections + [found],
+        title=title,
+        preamble=header_markdown,
+        first=findings.FINDINGS_TITLE,
+    )

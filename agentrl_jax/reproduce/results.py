@@ -83,8 +83,9 @@ def budgetmix_counterparts(names: Sequence[str]) -> dict[str, str]:
         after = re.split(BUDGETMIX, name, maxsplit=1, flags=re.IGNORECASE)[1]
         for rest in (whole, after):  # "Adaptive BudgetMix GRPO": "Adaptive GRPO", then "GRPO"
             rest = re.sub(r"[\s_\-+/]+", " ", rest).strip() or DEFAULT_FULL_BUDGET
-            match = [n for n in names if n != name and not is_budgetmix(n)
-                     and n.lower() == rest.lower()]
+            match = [
+                n for n in names if n != name and not is_budgetmix(n) and n.lower() == rest.lower()
+            ]
             if match:
                 out[name] = match[0]
                 break
@@ -94,14 +95,18 @@ def budgetmix_counterparts(names: Sequence[str]) -> dict[str, str]:
 # ---------------------------------------------------------------- budget counts
 
 
-def budget_counts(record: Mapping[str, Any], policy: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def budget_counts(
+    record: Mapping[str, Any], policy: str
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """``{T: (n [tasks], c [tasks])}`` of ``policy`` from a raw ``table`` record."""
     try:
         by_budget = record["counts"][policy]
     except KeyError:
         raise ValueError(f"raw table results: no counts for policy {policy!r}") from None
-    return {int(b): (np.asarray(v["n"], np.int64), np.asarray(v["c"], np.int64))
-            for b, v in by_budget.items()}
+    return {
+        int(b): (np.asarray(v["n"], np.int64), np.asarray(v["c"], np.int64))
+        for b, v in by_budget.items()
+    }
 
 
 def table1_from_record(record: Mapping[str, Any]) -> dict[str, dict[int, float]]:

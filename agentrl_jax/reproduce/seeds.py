@@ -39,12 +39,19 @@ def across_seeds(out: str | Path, seeds: Sequence[int]) -> list[dict[str, Any]]:
     for seed in seeds:
         path = seed_folder(out, seed) / findings.FINDINGS_JSON
         if not path.is_file():
-            raise FileNotFoundError(f"across_seeds: {path} is missing (the seed-{seed} run has "
-                                    "not finished its report)")
+            raise FileNotFoundError(
+                f"across_seeds: {path} is missing (the seed-{seed} run has not finished its report)"
+            )
         for f in json.loads(path.read_text()):
-            row = rows.setdefault((f["headline"], f["subject"]), {
-                "headline": f["headline"], "subject": f["subject"],
-                "verdicts": {}, "observed": {}})
+            row = rows.setdefault(
+                (f["headline"], f["subject"]),
+                {
+                    "headline": f["headline"],
+                    "subject": f["subject"],
+                    "verdicts": {},
+                    "observed": {},
+                },
+            )
             row["verdicts"][str(seed)] = f["verdict"]
             row["observed"][str(seed)] = f["observed"]
     for row in rows.values():
@@ -59,22 +66,31 @@ def write_across_seeds(out: str | Path, seeds: Sequence[int]) -> Path:
     rows = across_seeds(out, seeds)
     eval_report.write_json(out / SEEDS_JSON, {"seeds": [int(s) for s in seeds], "findings": rows})
     cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
-    lines = [f"# Findings across seeds {', '.join(str(s) for s in seeds)}", "",
-             "Each seed is a whole run of the study (`seed_<s>/`, every seed of the config set "
-             "to s). Verdicts by the findings' rule (see any seed's report); the effects are "
-             "each seed's own numbers.", "",
-             "| Paper headline | Checked on | " + " | ".join(f"seed {s}" for s in seeds)
-             + " | shows at |",
-             "|---|---|" + "---|" * len(seeds) + "---|"]
+    lines = [
+        f"# Findings across seeds {', '.join(str(s) for s in seeds)}",
+        "",
+        "Each seed is a whole run of the study (`seed_<s>/`, every seed of the config set "
+        "to s). Verdicts by the findings' rule (see any seed's report); the effects are "
+        "each seed's own numbers.",
+        "",
+        "| Paper headline | Checked on | "
+        + " | ".join(f"seed {s}" for s in seeds)
+        + " | shows at |",
+        "|---|---|" + "---|" * len(seeds) + "---|",
+    ]
     for row in rows:
         verdicts = [row["verdicts"].get(str(s), "-") for s in seeds]
-        lines.append(f"| {cell(row['headline'])} | {cell(row['subject'] or '-')} | "
-                     + " | ".join(f"**{v}**" for v in verdicts)
-                     + f" | {len(row['shows'])} of {len(seeds)} |")
+        lines.append(
+            f"| {cell(row['headline'])} | {cell(row['subject'] or '-')} | "
+            + " | ".join(f"**{v}**" for v in verdicts)
+            + f" | {len(row['shows'])} of {len(seeds)} |"
+        )
     lines += ["", "## Effects per seed", ""]
     for row in rows:
-        lines.append(f"- **{row['headline']}** ({row['subject'] or '-'}): " + "; ".join(
-            f"seed {s}: {row['observed'].get(str(s), 'not run')}" for s in seeds))
+        lines.append(
+            f"- **{row['headline']}** ({row['subject'] or '-'}): "
+            + "; ".join(f"seed {s}: {row['observed'].get(str(s), 'not run')}" for s in seeds)
+        )
     path = out / SEEDS_MD
     path.write_text("\n".join(lines) + "\n")
     return path

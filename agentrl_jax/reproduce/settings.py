@@ -16,11 +16,26 @@ from agentrl_jax.errors import ConfigError
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
 from agentrl_jax.reproduce.eval_settings import KV_PAGE_SIZE
-from agentrl_jax.reproduce.presets import RUN_PRESETS, RunSettings, check_algorithm_overrides, resolve_runs
+from agentrl_jax.reproduce.presets import (
+    RUN_PRESETS,
+    RunSettings,
+    check_algorithm_overrides,
+    resolve_runs,
+)
 from agentrl_jax.sampling import GENERATION_LAYOUTS
 from agentrl_jax.train.config import SCORING
-from agentrl_jax.validation import (BOOL, Check, integer, is_int, is_real, one_of, optional, real,
-                                    short_repr, validate)
+from agentrl_jax.validation import (
+    BOOL,
+    Check,
+    integer,
+    is_int,
+    is_real,
+    one_of,
+    optional,
+    real,
+    short_repr,
+    validate,
+)
 
 # ---------------------------------------------------------------- checks
 
@@ -63,19 +78,33 @@ class TaskSettings:
 
     env: str = "frozenlake"
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    t_max: int = 12                   # largest budget (paper §2: 70 on 8x8 FrozenLake, 10 SQL)
+    t_max: int = 12  # largest budget (paper §2: 70 on 8x8 FrozenLake, 10 SQL)
     train_tasks: int = 512
-    eval_tasks: int = 288             # held-out tasks: Table 1's Pass@8 cells within +-5.8 pt (95%)
+    eval_tasks: int = 288  # held-out tasks: Table 1's Pass@8 cells within +-5.8 pt (95%)
     seed: int = 0
-    max_response_tokens: int = 8      # most tokens of one response (a FrozenLake answer is 3 + stop)
-    max_context: int = 384            # tokens of context per trajectory (T_max 12 needs ~310)
+    max_response_tokens: int = 8  # most tokens of one response (a FrozenLake answer is 3 + stop)
+    max_context: int = 384  # tokens of context per trajectory (T_max 12 needs ~310)
 
     def __post_init__(self):
-        _validate(self, {
-            "env": (lambda v: isinstance(v, str) and v != "", "a registered environment's name"),
-            "options": (lambda v: isinstance(v, Mapping), "a mapping of the environment's options"),
-            "t_max": _T_MAX, "train_tasks": _int(1), "eval_tasks": _int(1), "seed": _int(0),
-            "max_response_tokens": _int(1), "max_context": _int(16)})
+        _validate(
+            self,
+            {
+                "env": (
+                    lambda v: isinstance(v, str) and v != "",
+                    "a registered environment's name",
+                ),
+                "options": (
+                    lambda v: isinstance(v, Mapping),
+                    "a mapping of the environment's options",
+                ),
+                "t_max": _T_MAX,
+                "train_tasks": _int(1),
+                "eval_tasks": _int(1),
+                "seed": _int(0),
+                "max_response_tokens": _int(1),
+                "max_context": _int(16),
+            },
+        )
         import envs  # noqa: PLC0415 (the registry; plugins may have added to it)
 
         try:
@@ -83,9 +112,15 @@ class TaskSettings:
             options = entry.study.check_options(entry, plain_data(self.options))
         except ValueError as error:
             message = str(error)
-            field = "task" if message.startswith("task.") else (
-                "task.env" if isinstance(error, envs.EnvOptionError) and "unknown environment" in message
-                else "task.options")
+            field = (
+                "task"
+                if message.startswith("task.")
+                else (
+                    "task.env"
+                    if isinstance(error, envs.EnvOptionError) and "unknown environment" in message
+                    else "task.options"
+                )
+            )
             raise ConfigError(message if field == "task" else f"{field}: {message}") from None
         object.__setattr__(self, "options", options)
 
@@ -118,23 +153,39 @@ class ModelSettings:
     head_dim: int = 16
     tokenizer_vocab: int = 768
     tokenizer_isolate: bool = False
-    dtype: str = "float32"            # compute dtype (parameters stay float32)
+    dtype: str = "float32"  # compute dtype (parameters stay float32)
     seed: int = 0
 
     def __post_init__(self):
-        _validate(self, {
-            "model_dir": (lambda v: v is None or (isinstance(v, str) and v != ""), "null or a path"),
-            "hidden_size": _int(2), "intermediate_size": _int(1), "num_hidden_layers": _int(1),
-            "num_attention_heads": _int(1), "num_key_value_heads": _int(1),
-            "head_dim": (lambda v: _int(2)[0](v) and v % 2 == 0, "an even int >= 2"),
-            "tokenizer_vocab": _int(261), "tokenizer_isolate": _BOOL, "dtype": one_of(DTYPES),
-            "seed": _int(0)})
+        _validate(
+            self,
+            {
+                "model_dir": (
+                    lambda v: v is None or (isinstance(v, str) and v != ""),
+                    "null or a path",
+                ),
+                "hidden_size": _int(2),
+                "intermediate_size": _int(1),
+                "num_hidden_layers": _int(1),
+                "num_attention_heads": _int(1),
+                "num_key_value_heads": _int(1),
+                "head_dim": (lambda v: _int(2)[0](v) and v % 2 == 0, "an even int >= 2"),
+                "tokenizer_vocab": _int(261),
+                "tokenizer_isolate": _BOOL,
+                "dtype": one_of(DTYPES),
+                "seed": _int(0),
+            },
+        )
         if self.tokenizer_isolate and self.model_dir is not None:
-            raise ConfigError("model.tokenizer_isolate: only for the tokenizer built from the task's "
-                              "text (model.model_dir is null); a loaded model keeps its own")
+            raise ConfigError(
+                "model.tokenizer_isolate: only for the tokenizer built from the task's "
+                "text (model.model_dir is null); a loaded model keeps its own"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"model.num_key_value_heads: must divide num_attention_heads "
-                             f"({self.num_attention_heads}), got {self.num_key_value_heads}")
+            raise ConfigError(
+                f"model.num_key_value_heads: must divide num_attention_heads "
+                f"({self.num_attention_heads}), got {self.num_key_value_heads}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,21 +201,32 @@ class WarmStartSettings:
     """
 
     enabled: bool = True
-    demo_tasks: int = 256             # training tasks demonstrated (the first ones)
+    demo_tasks: int = 256  # training tasks demonstrated (the first ones)
     demos_per_task: int = 4
     mistake_rate: float = 0.25
     epochs: int = 3
     batch_size: int = 32
     learning_rate: float = 3e-3
     weight_decay: float = 0.01
-    group_by_length: bool = False     # batch demos of similar lengths, each batch at its own width
+    group_by_length: bool = False  # batch demos of similar lengths, each batch at its own width
     seed: int = 0
 
     def __post_init__(self):
-        _validate(self, {
-            "enabled": _BOOL, "group_by_length": _BOOL, "demo_tasks": _int(1), "demos_per_task": _int(1),
-            "mistake_rate": _real(0.0, 1.0), "epochs": _int(1), "batch_size": _int(1),
-            "learning_rate": _real(0.0, lo_open=True), "weight_decay": _real(0.0), "seed": _int(0)})
+        _validate(
+            self,
+            {
+                "enabled": _BOOL,
+                "group_by_length": _BOOL,
+                "demo_tasks": _int(1),
+                "demos_per_task": _int(1),
+                "mistake_rate": _real(0.0, 1.0),
+                "epochs": _int(1),
+                "batch_size": _int(1),
+                "learning_rate": _real(0.0, lo_open=True),
+                "weight_decay": _real(0.0),
+                "seed": _int(0),
+            },
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,14 +295,18 @@ class RLSettings:
     algorithm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     steps: int = 40
     tasks_per_step: int = 8
-    group_size: int = 8               # G (paper: 16)
-    temperature: float = 1.0          # rollout temperature (paper: 1.0)
+    group_size: int = 8  # G (paper: 16)
+    temperature: float = 1.0  # rollout temperature (paper: 1.0)
     top_p: float = 1.0
-    scoring: str = "model"            # log-probs under the model's or the rollout's distribution
-    learning_rate: float = 1e-3       # paper: 1e-6 (Qwen3-4B/8B); 2e-3 breaks the tiny default (notebooks/rl_sweep.md)
+    scoring: str = "model"  # log-probs under the model's or the rollout's distribution
+    learning_rate: float = (
+        1e-3  # paper: 1e-6 (Qwen3-4B/8B); 2e-3 breaks the tiny default (notebooks/rl_sweep.md)
+    )
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0
-    kl_coef: float = 0.05            # paper: 0.001; 0.05 keeps the tiny default's answer format (notebooks/rl_sweep.md)
+    kl_coef: float = (
+        0.05  # paper: 0.001; 0.05 keeps the tiny default's answer format (notebooks/rl_sweep.md)
+    )
     # how GRPO, GiGPO, PPO and RLOO average their token losses (presets with their own keep it):
     # GRPO's own per-sequence mean (DeepSeekMath); with token-mean, failed episodes (longer)
     # outweigh successes and push every sampled token down (notebooks/rl_sweep.md)
@@ -273,60 +339,100 @@ class RLSettings:
 
     def __post_init__(self):
         if isinstance(self.runs, str) or not isinstance(self.runs, Sequence) or not self.runs:
-            raise ConfigError(f"rl.runs: must be a non-empty list of runs, each a preset name "
-                              f"({', '.join(RUN_PRESETS)}) or a mapping {{name, preset, label, budget_mix, "
-                              f"algorithm}}, got {short_repr(self.runs)}")
+            raise ConfigError(
+                f"rl.runs: must be a non-empty list of runs, each a preset name "
+                f"({', '.join(RUN_PRESETS)}) or a mapping {{name, preset, label, budget_mix, "
+                f"algorithm}}, got {short_repr(self.runs)}"
+            )
         object.__setattr__(self, "runs", tuple(plain_data(r) for r in self.runs))
-        object.__setattr__(self, "algorithm", plain_data(check_algorithm_overrides("rl.algorithm", self.algorithm)))
-        _validate(self, {
-            "steps": _int(1), "tasks_per_step": _int(1), "group_size": _int(2),
-            "temperature": _real(0.0, lo_open=True), "top_p": _real(0.0, 1.0, lo_open=True),
-            "scoring": one_of(SCORING),
-            "learning_rate": _real(0.0, lo_open=True), "weight_decay": _real(0.0),
-            "max_grad_norm": _optional(_real(0.0, lo_open=True)), "kl_coef": _real(0.0),
-            "aggregation": one_of(AGGREGATION_MODES),
-            "clip_low": _CLIP_LOW, "clip_high": _real(0.0, lo_open=True),
-            "gigpo_omega": _real(0.0),
-            "gigpo_gamma": _real(0.0, 1.0), "critic_learning_rate": _real(0.0, lo_open=True),
-            "value_clip": _real(0.0, lo_open=True), "gae_gamma": _real(0.0, 1.0),
-            "gae_lambda": _real(0.0, 1.0), "epochs": _int(1), "mini_batches": _int(1),
-            "num_micro_batches": _int(1),
-            "checkpoint_every": _int(1), "seed": _int(0),
-            "kv_cache_dtype": one_of(DTYPES, nullable=True),
-            "max_rows_per_call": _optional(_int(1)), "prefill_chunk": _optional(_int(1)),
-            "generation_layout": one_of(GENERATION_LAYOUTS),
-            "kv_page_size": _optional(_int(1)), "kv_pages": _optional(_int(1)), "refill": BOOL,
-            "remat": one_of(REMAT_POLICIES, nullable=True),
-            "attention": one_of(ATTENTION_IMPLEMENTATIONS),
-            "logits_chunk": _int(1), "tensorboard": one_of(TENSORBOARD),
-            "wandb_project": (lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
-                              "null or a W&B project name")})
+        object.__setattr__(
+            self, "algorithm", plain_data(check_algorithm_overrides("rl.algorithm", self.algorithm))
+        )
+        _validate(
+            self,
+            {
+                "steps": _int(1),
+                "tasks_per_step": _int(1),
+                "group_size": _int(2),
+                "temperature": _real(0.0, lo_open=True),
+                "top_p": _real(0.0, 1.0, lo_open=True),
+                "scoring": one_of(SCORING),
+                "learning_rate": _real(0.0, lo_open=True),
+                "weight_decay": _real(0.0),
+                "max_grad_norm": _optional(_real(0.0, lo_open=True)),
+                "kl_coef": _real(0.0),
+                "aggregation": one_of(AGGREGATION_MODES),
+                "clip_low": _CLIP_LOW,
+                "clip_high": _real(0.0, lo_open=True),
+                "gigpo_omega": _real(0.0),
+                "gigpo_gamma": _real(0.0, 1.0),
+                "critic_learning_rate": _real(0.0, lo_open=True),
+                "value_clip": _real(0.0, lo_open=True),
+                "gae_gamma": _real(0.0, 1.0),
+                "gae_lambda": _real(0.0, 1.0),
+                "epochs": _int(1),
+                "mini_batches": _int(1),
+                "num_micro_batches": _int(1),
+                "checkpoint_every": _int(1),
+                "seed": _int(0),
+                "kv_cache_dtype": one_of(DTYPES, nullable=True),
+                "max_rows_per_call": _optional(_int(1)),
+                "prefill_chunk": _optional(_int(1)),
+                "generation_layout": one_of(GENERATION_LAYOUTS),
+                "kv_page_size": _optional(_int(1)),
+                "kv_pages": _optional(_int(1)),
+                "refill": BOOL,
+                "remat": one_of(REMAT_POLICIES, nullable=True),
+                "attention": one_of(ATTENTION_IMPLEMENTATIONS),
+                "logits_chunk": _int(1),
+                "tensorboard": one_of(TENSORBOARD),
+                "wandb_project": (
+                    lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+                    "null or a W&B project name",
+                ),
+            },
+        )
         rows = self.tasks_per_step * self.group_size
         if rows % self.mini_batches:
-            raise ConfigError(f"rl.mini_batches: must divide tasks_per_step x group_size "
-                              f"({rows}), got {self.mini_batches}")
+            raise ConfigError(
+                f"rl.mini_batches: must divide tasks_per_step x group_size "
+                f"({rows}), got {self.mini_batches}"
+            )
         per_update = rows // self.mini_batches
         if per_update % self.num_micro_batches:
             divided = " / mini_batches" if self.mini_batches > 1 else ""
-            raise ConfigError(f"rl.num_micro_batches: must divide tasks_per_step x group_size{divided} "
-                              f"({per_update}), got {self.num_micro_batches}")
+            raise ConfigError(
+                f"rl.num_micro_batches: must divide tasks_per_step x group_size{divided} "
+                f"({per_update}), got {self.num_micro_batches}"
+            )
         if self.max_rows_per_call is not None and self.max_rows_per_call % self.group_size:
-            raise ConfigError(f"rl.max_rows_per_call: must be a multiple of group_size "
-                              f"({self.group_size}), so task groups stay whole, got "
-                              f"{self.max_rows_per_call}")
+            raise ConfigError(
+                f"rl.max_rows_per_call: must be a multiple of group_size "
+                f"({self.group_size}), so task groups stay whole, got "
+                f"{self.max_rows_per_call}"
+            )
         from agentrl_jax.train.loop import tensorboard_available  # noqa: PLC0415 (jax, lazily)
+
         if self.tensorboard is True and not tensorboard_available():
-            raise ConfigError("rl.tensorboard: true needs tensorboardX (pip install -e '.[tensorboard]') "
-                              "or tensorboard with torch; neither is installed ('auto' skips it)")
+            raise ConfigError(
+                "rl.tensorboard: true needs tensorboardX (pip install -e '.[tensorboard]') "
+                "or tensorboard with torch; neither is installed ('auto' skips it)"
+            )
         if self.wandb_project is not None and importlib.util.find_spec("wandb") is None:
-            raise ConfigError(f"rl.wandb_project: logging to W&B project {self.wandb_project!r} needs "
-                              "the wandb package (pip install wandb); it is not installed")
+            raise ConfigError(
+                f"rl.wandb_project: logging to W&B project {self.wandb_project!r} needs "
+                "the wandb package (pip install wandb); it is not installed"
+            )
         if self.kv_pages is not None and self.kv_page_size is None:
-            raise ConfigError(f"rl.kv_pages: a pool of {self.kv_pages} pages needs the paged KV "
-                              "cache (rl.kv_page_size), got kv_page_size: null")
+            raise ConfigError(
+                f"rl.kv_pages: a pool of {self.kv_pages} pages needs the paged KV "
+                "cache (rl.kv_page_size), got kv_page_size: null"
+            )
         if self.refill and self.max_rows_per_call is None:
-            raise ConfigError("rl.refill: continuous batching needs rl.max_rows_per_call (the "
-                              "rows in flight), got refill: true with max_rows_per_call: null")
+            raise ConfigError(
+                "rl.refill: continuous batching needs rl.max_rows_per_call (the "
+                "rows in flight), got refill: true with max_rows_per_call: null"
+            )
         self.resolved_runs()  # every run's algorithm builds (errors name rl.runs[i])
 
     def resolved_runs(self) -> tuple[RunSettings, ...]:
@@ -338,5 +444,9 @@ class RLSettings:
         return tuple(run.name for run in self.resolved_runs())
 
 
-_SECTION_NAMES = {TaskSettings: "task", ModelSettings: "model", WarmStartSettings: "warm_start",
-                  RLSettings: "rl"}
+_SECTION_NAMES = {
+    TaskSettings: "task",
+    ModelSettings: "model",
+    WarmStartSettings: "warm_start",
+    RLSettings: "rl",
+}

@@ -34,21 +34,25 @@ class SFTBatch:
     loss_mask: jax.Array
 
 
-def nll_sum(graphdef: nnx.GraphDef, params: Any, batch: SFTBatch, attention: str = "xla"
-            ) -> tuple[jax.Array, jax.Array]:
+def nll_sum(
+    graphdef: nnx.GraphDef, params: Any, batch: SFTBatch, attention: str = "xla"
+) -> tuple[jax.Array, jax.Array]:
     """``(sum of -log pi over loss-mask tokens, their count)`` -- unreduced, so micro-batches and
     devices add up exactly. ``attention``: the forward's implementation
     (:mod:`agentrl_jax.models.attention`; "blocked" keeps no ``L x L`` score matrix)."""
     model = nnx.merge(graphdef, params)
-    logprobs, _ = sequence_logprobs(model, batch.tokens, batch.token_mask,
-                                    config=TrainConfig(attention=attention))
+    logprobs, _ = sequence_logprobs(
+        model, batch.tokens, batch.token_mask, config=TrainConfig(attention=attention)
+    )
     mask = batch.loss_mask.astype(jnp.float32)
     return -jnp.sum(logprobs * mask), jnp.sum(mask)
 
 
-def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
-                  attention: str = "xla") -> Callable[[Any, Any, SFTBatch], tuple[Any, Any, dict[str, jax.Array]]]:
+def make_sft_step(
+    graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, attention: str = "xla"
+) -> Callable[[Any, Any, SFTBatch], tuple[Any, Any, dict[str, jax.Array]]]:
     """``step(params, opt_state, batch) -> (params, opt_state, {"nll", "tokens"})`` (jitted)."""
+
     def loss(params, batch):
         total, count = nll_sum(graphdef, params, batch, attention)
         return total / jnp.maximum(count, 1.0), count
@@ -72,24 +76,30 @@ def batch_width(trajectory: Trajectory, multiple: int = 64) -> int:
     return min(-(-used // multiple) * multiple, np.asarray(trajectory.tokens).shape[1])
 
 
-def batch_rows(order: np.ndarray, lengths: np.ndarray, batch_size: int, group_by_length: bool,
-               rng: np.random.Generator) -> list[np.ndarray]:
+def batch_rows(
+    order: np.ndarray,
+    lengths: np.ndarray,
+    batch_size: int,
+    group_by_length: bool,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
     """One epoch's batches of row indices from the shuffled ``order``. With
     ``group_by_length`` each window of :data:`LENGTH_WINDOW` batches is sorted by length and cut,
     and the batches are then shuffled: rows of a batch have similar lengths, so a batch at its
     own width wastes little on padding (every row is still seen once per epoch)."""
     if not group_by_length:
-        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     window, batches = batch_size * LENGTH_WINDOW, []
     for start in range(0, len(order), window):
-        chunk = order[start:start + window]
+        chunk = order[start : start + window]
         chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def sft_batches(trajectory: Trajectory, batch_size: int, epochs: int, seed: int,
-                group_by_length: bool = False):
+def sft_batches(
+    trajectory: Trajectory, batch_size: int, epochs: int, seed: int, group_by_length: bool = False
+):
     """``(epoch, SFTBatch)`` over shuffled rows; the last batch of an epoch (of a window, with
     ``group_by_length``) is padded with all-zero-mask rows, so every batch has ``batch_size``
     rows. Without ``group_by_length`` every batch has the record's width
@@ -112,7 +122,9 @@ def sft_batches(trajectory: Trajectory, batch_size: int, epochs: int, seed: int,
             yield epoch, SFTBatch(pick(tokens), pick(token_mask), pick(loss_mask))
 
 
-def num_sft_steps(num_rows: int, batch_size: int, epochs: int, group_by_length: bool = False) -> int:
+def num_sft_steps(
+    num_rows: int, batch_size: int, epochs: int, group_by_length: bool = False
+) -> int:
     """Optimizer steps of :func:`sft_batches` over ``num_rows`` rows."""
     if not group_by_length:
         return epochs * -(-num_rows // batch_size)
@@ -121,10 +133,19 @@ def num_sft_steps(num_rows: int, batch_size: int, epochs: int, group_by_length: 
     return epochs * (full * LENGTH_WINDOW + -(-rest // batch_size))
 
 
-def warm_start(model: nnx.Module, demos: Trajectory, *, batch_size: int, epochs: int,
-               learning_rate: float, weight_decay: float = 0.0, seed: int = 0,
-               group_by_length: bool = False, attention: str = "xla",
-               on_step: Callable[[int, dict[str, float]], None] | None = None) -> tuple[Any, list[dict]]:
+def warm_start(
+    model: nnx.Module,
+    demos: Trajectory,
+    *,
+    batch_size: int,
+    epochs: int,
+    learning_rate: float,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    group_by_length: bool = False,
+    attention: str = "xla",
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> tuple[Any, list[dict]]:
     """Behaviour-clone ``demos`` into ``model``'s parameters (AdamW with a cosine decay).
     ``group_by_length``: see :func:`sft_batches`; ``attention``: see :func:`nll_sum`.
 
@@ -136,12 +157,15 @@ def warm_start(model: nnx.Module, demos: Trajectory, *, batch_size: int, epochs:
         raise ValueError("warm_start: no demonstration has a response token to learn from")
     total = num_sft_steps(rows, batch_size, epochs, group_by_length)
     schedule = optax.cosine_decay_schedule(learning_rate, max(total, 1), alpha=0.1)
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0),
-                            optax.adamw(schedule, weight_decay=weight_decay))
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay)
+    )
     opt_state = optimizer.init(params)
     step = make_sft_step(graphdef, optimizer, attention)
     history = []
-    for i, (epoch, batch) in enumerate(sft_batches(demos, batch_size, epochs, seed, group_by_length)):
+    for i, (epoch, batch) in enumerate(
+        sft_batches(demos, batch_size, epochs, seed, group_by_length)
+    ):
         params, opt_state, metrics = step(params, opt_state, batch)
         record = {"step": i + 1, "epoch": epoch, "nll": float(metrics["nll"])}
         history.append(record)

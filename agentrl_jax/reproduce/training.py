@@ -41,12 +41,19 @@ from agentrl_jax.reproduce.config import RLSettings
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import Paging, SamplingConfig
 from agentrl_jax.sharding import BATCH_AXES
-from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory, bucket_width, row_lengths
-from agentrl_jax.train import (Checkpointer, MetricsLogger, TrainConfig, init_train_state,
-                               make_train_step, train)
+from agentrl_jax.train import (
+    Checkpointer,
+    MetricsLogger,
+    TrainConfig,
+    init_train_state,
+    make_train_step,
+    train,
+)
 from agentrl_jax.train.inputs import step_inputs
 from agentrl_jax.train.loop import WandbSink, tensorboard_available
 from agentrl_jax.train.state import place_state
+from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory, bucket_width, row_lengths
+
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
@@ -65,23 +72,38 @@ def loss_position_bound(t_max: int, max_response_tokens: int, max_context: int) 
     return bound if bound < max_context - 1 else None
 
 
-def run_specs(rl: RLSettings, loss_positions: int | None = None,
-              max_response_length: int | None = None) -> list[RunSpec]:
+def run_specs(
+    rl: RLSettings, loss_positions: int | None = None, max_response_length: int | None = None
+) -> list[RunSpec]:
     """The runs of ``rl.runs``, in order; ``loss_positions``: see :func:`loss_position_bound`;
     ``max_response_length``: the most sampled tokens a row can hold (``t_max x
     max_response_tokens``; DAPO's overlong ``L_max``, Dr. GRPO's constant)."""
     specs = []
     for run in rl.resolved_runs():
         config = TrainConfig(
-            algorithm=run.algorithm, learning_rate=rl.learning_rate,
-            weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm,
-            critic_learning_rate=rl.critic_learning_rate, epochs=rl.epochs, mini_batches=rl.mini_batches,
+            algorithm=run.algorithm,
+            learning_rate=rl.learning_rate,
+            weight_decay=rl.weight_decay,
+            max_grad_norm=rl.max_grad_norm,
+            critic_learning_rate=rl.critic_learning_rate,
+            epochs=rl.epochs,
+            mini_batches=rl.mini_batches,
             num_micro_batches=rl.num_micro_batches,
-            budget_anchors=bool(run.budget_mix) and "anchor_keys" in step_inputs(run.algorithm).advantage,
-            total_steps=rl.steps, checkpoint_every=rl.checkpoint_every, checkpoint_keep=2, seed=rl.seed,
-            remat=rl.remat, attention=rl.attention, logits_chunk=rl.logits_chunk,
-            loss_positions=loss_positions, max_response_length=max_response_length, scoring=rl.scoring, sampling_temperature=rl.temperature,
-            sampling_top_p=rl.top_p)
+            budget_anchors=bool(run.budget_mix)
+            and "anchor_keys" in step_inputs(run.algorithm).advantage,
+            total_steps=rl.steps,
+            checkpoint_every=rl.checkpoint_every,
+            checkpoint_keep=2,
+            seed=rl.seed,
+            remat=rl.remat,
+            attention=rl.attention,
+            logits_chunk=rl.logits_chunk,
+            loss_positions=loss_positions,
+            max_response_length=max_response_length,
+            scoring=rl.scoring,
+            sampling_temperature=rl.temperature,
+            sampling_top_p=rl.top_p,
+        )
         specs.append(RunSpec(run.name, run.label, config, run.budget_mix))
     return specs
 
@@ -90,11 +112,14 @@ def task_batch_fn(num_tasks: int, tasks_per_step: int, seed: int) -> Callable[[i
     """``position -> int[tasks_per_step]`` distinct task ids, a pure function of (seed, position),
     so every run (and a resumed one) sees the same batches."""
     if tasks_per_step > num_tasks:
-        raise ValueError(f"tasks_per_step ({tasks_per_step}) exceeds the {num_tasks} training tasks")
+        raise ValueError(
+            f"tasks_per_step ({tasks_per_step}) exceeds the {num_tasks} training tasks"
+        )
 
     def batch(position: int) -> np.ndarray:
         rng = np.random.default_rng([seed, position])
         return np.sort(rng.choice(num_tasks, tasks_per_step, replace=False))
+
     return batch
 
 
@@ -104,21 +129,35 @@ def trim_tokens(trajectory: Trajectory, smallest: int = 64) -> Trajectory:
     grows with ``L`` (attention with ``L^2``), and conversations are usually far shorter than
     the context they may use. A handful of widths, so the train step compiles a few times."""
     length = trajectory.tokens.shape[1]
-    width = bucket_width(int(np.max(row_lengths(trajectory.token_mask), initial=1)), length, smallest)
+    width = bucket_width(
+        int(np.max(row_lengths(trajectory.token_mask), initial=1)), length, smallest
+    )
     if width == length:
         return trajectory
     return trajectory.replace(**{f: getattr(trajectory, f)[:, :width] for f in TOKEN_FIELDS})
 
 
-def rollout_config(spec: RunSpec, rl: RLSettings, *, t_max: int, max_response_tokens: int,
-                   max_context: int, valid_vocab_size: int | None) -> RolloutConfig:
+def rollout_config(
+    spec: RunSpec,
+    rl: RLSettings,
+    *,
+    t_max: int,
+    max_response_tokens: int,
+    max_context: int,
+    valid_vocab_size: int | None,
+) -> RolloutConfig:
     return RolloutConfig(
-        group_size=rl.group_size, budget=None if spec.budget_mix else t_max,
+        group_size=rl.group_size,
+        budget=None if spec.budget_mix else t_max,
         adaptive_budgets=spec.budget_mix == "adaptive",
-        max_response_tokens=max_response_tokens, max_context=max_context,
-        sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p,
-                                valid_vocab_size=valid_vocab_size),
-        max_rows_per_call=rl.max_rows_per_call, refill=rl.refill)
+        max_response_tokens=max_response_tokens,
+        max_context=max_context,
+        sampling=SamplingConfig(
+            temperature=rl.temperature, top_p=rl.top_p, valid_vocab_size=valid_vocab_size
+        ),
+        max_rows_per_call=rl.max_rows_per_call,
+        refill=rl.refill,
+    )
 
 
 def sampler_policy(model: nnx.Module, rl: RLSettings, mesh=None) -> SamplerPolicy:
@@ -127,13 +166,20 @@ def sampler_policy(model: nnx.Module, rl: RLSettings, mesh=None) -> SamplerPolic
     paging = None
     if rl.kv_page_size is not None:
         if mesh is not None and mesh.shape["tensor"] > 1:
-            raise ConfigError(f"rl.kv_page_size: the paged KV cache splits rows over the batch "
-                              f"axes only, this run's mesh has tensor={mesh.shape['tensor']}; "
-                              "set it to null or use tensor: 1")
+            raise ConfigError(
+                f"rl.kv_page_size: the paged KV cache splits rows over the batch "
+                f"axes only, this run's mesh has tensor={mesh.shape['tensor']}; "
+                "set it to null or use tensor: 1"
+            )
         paging = Paging(page_size=rl.kv_page_size, num_pages=rl.kv_pages)
-    return SamplerPolicy(model, mesh=mesh, cache_dtype=rl.kv_cache_dtype,
-                         prefill_chunk=rl.prefill_chunk, generation_layout=rl.generation_layout,
-                         paging=paging)
+    return SamplerPolicy(
+        model,
+        mesh=mesh,
+        cache_dtype=rl.kv_cache_dtype,
+        prefill_chunk=rl.prefill_chunk,
+        generation_layout=rl.generation_layout,
+        paging=paging,
+    )
 
 
 def _tensorboard(rl: RLSettings) -> bool:
@@ -141,10 +187,23 @@ def _tensorboard(rl: RLSettings) -> bool:
     return rl.tensorboard is True or (rl.tensorboard == "auto" and tensorboard_available())
 
 
-def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSettings, *,
-                 run_dir: Path, t_max: int, max_response_tokens: int, max_context: int,
-                 metadata: dict[str, Any], quality_scorer=None, mesh=None, sample_mesh=None,
-                 on_step: Callable[[int, dict[str, float]], None] | None = None) -> Any:
+def run_training(
+    spec: RunSpec,
+    model: nnx.Module,
+    env,
+    tokenizer,
+    rl: RLSettings,
+    *,
+    run_dir: Path,
+    t_max: int,
+    max_response_tokens: int,
+    max_context: int,
+    metadata: dict[str, Any],
+    quality_scorer=None,
+    mesh=None,
+    sample_mesh=None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> Any:
     """Train ``spec`` from ``model``'s parameters (or from the newest checkpoint in
     ``run_dir/checkpoints``); metrics go to ``run_dir/metrics.jsonl`` (R_single from
     ``quality_scorer``, the environment study's step scorer, where given). Returns the final
@@ -166,9 +225,18 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
     config = spec.train_config
     if config.scoring == "sampling":  # the rollout never samples embedding rows past the tokenizer
         config = dataclasses.replace(config, valid_vocab_size=valid)
-    runner = MultiTurnRollout(env, tokenizer, rollout_config(
-        spec, rl, t_max=t_max, max_response_tokens=max_response_tokens, max_context=max_context,
-        valid_vocab_size=valid))
+    runner = MultiTurnRollout(
+        env,
+        tokenizer,
+        rollout_config(
+            spec,
+            rl,
+            t_max=t_max,
+            max_response_tokens=max_response_tokens,
+            max_context=max_context,
+            valid_vocab_size=valid,
+        ),
+    )
     processes = distributed.is_multiprocess()
     policy = sampler_policy(model, rl, sample_mesh if processes else mesh)
     state = place_state(init_train_state(model, config), mesh)
@@ -178,13 +246,25 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
     restored = checkpointer.restore_latest(state, config)
     if restored is not None:
         state = restored.state
-    step_fn = make_train_step(nnx.graphdef(model), config, mesh=mesh, donate=True,
-                              state_template=state if mesh is not None else None)
-    logger = None if not distributed.is_main() else MetricsLogger(
-        run_dir / "metrics.jsonl", resume_step=int(state.step),
-        tensorboard_dir=run_dir / "tensorboard" if _tensorboard(rl) else None,
-        sinks=[] if rl.wandb_project is None else [WandbSink(
-            rl.wandb_project, name=spec.name, directory=run_dir, config=metadata)])
+    step_fn = make_train_step(
+        nnx.graphdef(model),
+        config,
+        mesh=mesh,
+        donate=True,
+        state_template=state if mesh is not None else None,
+    )
+    logger = (
+        None
+        if not distributed.is_main()
+        else MetricsLogger(
+            run_dir / "metrics.jsonl",
+            resume_step=int(state.step),
+            tensorboard_dir=run_dir / "tensorboard" if _tensorboard(rl) else None,
+            sinks=[]
+            if rl.wandb_project is None
+            else [WandbSink(rl.wandb_project, name=spec.name, directory=run_dir, config=metadata)],
+        )
+    )
     callback = None if on_step is None else (lambda s, m: on_step(int(s.step), m))
     play = runner.for_training(policy)
 
@@ -198,11 +278,21 @@ def run_training(spec: RunSpec, model: nnx.Module, env, tokenizer, rl: RLSetting
         if processes:  # every process holds the whole batch; each places its rows
             batch = distributed.global_batch(batch, mesh, (BATCH_AXES,))
         return step_fn(state, batch)
+
     try:
-        state = train(state, step, rollout,
-                      task_batch_fn(env.num_tasks(), rl.tasks_per_step, rl.seed), config,
-                      quality_scorer=quality_scorer, checkpointer=checkpointer,
-                      checkpoint_metadata=metadata, logger=logger, progress=False, on_step=callback)
+        state = train(
+            state,
+            step,
+            rollout,
+            task_batch_fn(env.num_tasks(), rl.tasks_per_step, rl.seed),
+            config,
+            quality_scorer=quality_scorer,
+            checkpointer=checkpointer,
+            checkpoint_metadata=metadata,
+            logger=logger,
+            progress=False,
+            on_step=callback,
+        )
     finally:
         if logger is not None:
             logger.close()

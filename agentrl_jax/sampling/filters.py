@@ -87,8 +87,9 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
-            raise ValueError(f"SamplingConfig.temperature must be >= 0 (0 = greedy), "
-                             f"got {self.temperature!r}")
+            raise ValueError(
+                f"SamplingConfig.temperature must be >= 0 (0 = greedy), got {self.temperature!r}"
+            )
         for name in ("top_k", "first_prefilter_k", "prefilter_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -99,10 +100,13 @@ class SamplingConfig:
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
         valid = self.valid_vocab_size
-        if valid is not None and (isinstance(valid, bool) or not isinstance(valid, int)
-                                  or valid < 1):
-            raise ValueError(f"SamplingConfig.valid_vocab_size must be a positive int or None, "
-                             f"got {self.valid_vocab_size!r}")
+        if valid is not None and (
+            isinstance(valid, bool) or not isinstance(valid, int) or valid < 1
+        ):
+            raise ValueError(
+                f"SamplingConfig.valid_vocab_size must be a positive int or None, "
+                f"got {self.valid_vocab_size!r}"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -192,9 +196,9 @@ def nucleus_keep(sorted_logits: jax.Array, log_normaliser: jax.Array, top_p: flo
     return mass_before < top_p
 
 
-def _candidates(scaled: jax.Array, config: SamplingConfig, k: int,
-                log_normaliser: jax.Array | None = None
-                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _candidates(
+    scaled: jax.Array, config: SamplingConfig, k: int, log_normaliser: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The ``k`` largest scaled logits with the filters applied.
 
     ``log_normaliser [B]``: ``logsumexp(scaled)`` for top-p without top-k (computed if None).
@@ -208,8 +212,7 @@ def _candidates(scaled: jax.Array, config: SamplingConfig, k: int,
         log_norm = jax.nn.logsumexp(jnp.where(keep, values, -jnp.inf), axis=-1)
         exact = jnp.ones(values.shape[:1], bool)  # callers pass k = min(top_k, V)
     else:  # normalised over the whole vocabulary, not just the k candidates
-        log_norm = (jax.nn.logsumexp(scaled, axis=-1) if log_normaliser is None
-                    else log_normaliser)
+        log_norm = jax.nn.logsumexp(scaled, axis=-1) if log_normaliser is None else log_normaliser
         covered = jnp.sum(jnp.exp(values - log_norm[:, None]), axis=-1)
         exact = (covered >= config.top_p) | (k == scaled.shape[-1])
     if config.top_p < 1:
@@ -245,8 +248,11 @@ def nucleus_by_threshold(scaled: jax.Array, top_p: float) -> jax.Array:
     return keys >= threshold[:, None]
 
 
-def _over_candidates(scaled: jax.Array, config: SamplingConfig,
-                     use: Callable[[jax.Array | None, jax.Array], jax.Array | tuple]):
+def _over_candidates(
+    scaled: jax.Array,
+    config: SamplingConfig,
+    use: Callable[[jax.Array | None, jax.Array], jax.Array | tuple],
+):
     """``use(ids, log_probs)`` over the filtered candidates, exact for every row, and each row's
     result a function of its own row only.
 
@@ -271,8 +277,9 @@ def _over_candidates(scaled: jax.Array, config: SamplingConfig,
         log_probs = jnp.pad(log_probs, padding, constant_values=-jnp.inf)
         if len(stages) == 1:
             return ids, log_probs, exact
-        return jax.lax.cond(jnp.all(exact), lambda _: (ids, log_probs, exact),
-                            lambda _: ranked(stages[1:]), None)
+        return jax.lax.cond(
+            jnp.all(exact), lambda _: (ids, log_probs, exact), lambda _: ranked(stages[1:]), None
+        )
 
     ids, log_probs, exact = ranked(stages)
     if stages[-1] == vocab:
@@ -285,8 +292,11 @@ def _over_candidates(scaled: jax.Array, config: SamplingConfig,
         whole = use(None, jax.nn.log_softmax(kept, axis=-1))
         # only the rows that need it take the whole-vocabulary result (its order of candidates
         # differs, so a draw from it differs): every row's result is its own
-        return jax.tree.map(lambda a, b: jnp.where(exact.reshape(exact.shape + (1,) * (a.ndim - 1)),
-                                                   a, b), prefiltered, whole)
+        return jax.tree.map(
+            lambda a, b: jnp.where(exact.reshape(exact.shape + (1,) * (a.ndim - 1)), a, b),
+            prefiltered,
+            whole,
+        )
 
     return jax.lax.cond(jnp.all(exact), lambda _: prefiltered, whole_vocabulary, None)
 
@@ -324,7 +334,9 @@ def scoring_logits(logits: jax.Array, targets: jax.Array, config: SamplingConfig
     finite log-probability. Greedy decoding has no density to score under: ValueError.
     """
     if config.greedy:
-        raise ValueError("scoring_logits: greedy decoding (temperature 0) has no sampling distribution to score under")
+        raise ValueError(
+            "scoring_logits: greedy decoding (temperature 0) has no sampling distribution to score under"
+        )
     scaled = scaled_logits(logits, config)
     if not config.truncated:
         return scaled
@@ -333,8 +345,9 @@ def scoring_logits(logits: jax.Array, targets: jax.Array, config: SamplingConfig
     return jnp.where(kept, scaled, -jnp.inf)
 
 
-def nucleus_fits_prefilter(logits: jax.Array, config: SamplingConfig,
-                           k: int | None = None) -> jax.Array:
+def nucleus_fits_prefilter(
+    logits: jax.Array, config: SamplingConfig, k: int | None = None
+) -> jax.Array:
     """``[B]`` bool: whether each row's top-p nucleus fits in its ``k`` largest candidates
     (default ``config.prefilter_k``), so that stage is exact for it. Always True when top-k is
     on or top-p is off."""
@@ -372,8 +385,9 @@ def _inverse_cdf(u: jax.Array, weights: jax.Array) -> jax.Array:
     return jnp.minimum(index, weights.shape[-1] - 1).astype(jnp.int32)
 
 
-def sample(key: jax.Array, logits: jax.Array, config: SamplingConfig
-           ) -> tuple[jax.Array, jax.Array]:
+def sample(
+    key: jax.Array, logits: jax.Array, config: SamplingConfig
+) -> tuple[jax.Array, jax.Array]:
     """Draw the next token of each row.
 
     logits: ``[B, V]`` float32; key: one key, or ``[B]`` typed keys (one per row, see

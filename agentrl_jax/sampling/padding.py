@@ -15,8 +15,9 @@ def bucket_width(length: int, buckets: Sequence[int]) -> int:
     return min(fitting)
 
 
-def pad_rows(rows: Sequence[Sequence[int]], buckets: int | Sequence[int], *,
-             pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def pad_rows(
+    rows: Sequence[Sequence[int]], buckets: int | Sequence[int], *, pad_id: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Left-pad ragged rows to one width: ``(tokens int32 [B, W], mask bool [B, W])``.
 
     ``W`` is the smallest of ``buckets`` holding the longest row, so a rollout whose chunks
@@ -28,6 +29,6 @@ def pad_rows(rows: Sequence[Sequence[int]], buckets: int | Sequence[int], *,
     mask = np.zeros((len(rows), width), bool)
     for b, row in enumerate(rows):
         if len(row):
-            tokens[b, width - len(row):] = np.asarray(row, np.int32)
-            mask[b, width - len(row):] = True
+            tokens[b, width - len(row) :] = np.asarray(row, np.int32)
+            mask[b, width - len(row) :] = True
     return tokens, mask

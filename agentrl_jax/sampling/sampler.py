@@ -82,16 +82,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.models import paged_cache, paged_kernels
-from agentrl_jax.models.paged_kernels import select_kernel
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.models.paged_cache import PagedKVCache
+from agentrl_jax.models.paged_kernels import select_kernel
 from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM, positions_from_mask
 from agentrl_jax.sampling.filters import SamplingConfig, model_log_probs, sample
-from agentrl_jax.sharding import (BATCH_AXES, KV_CACHE_RULES, QWEN3_PARAM_RULES, PartitionRule,
-                                  tree_shardings)
+from agentrl_jax.sharding import (
+    BATCH_AXES,
+    KV_CACHE_RULES,
+    QWEN3_PARAM_RULES,
+    PartitionRule,
+    tree_shardings,
+)
 from agentrl_jax.validation import integer, one_of, optional, validate
 
 GENERATION_LAYOUTS = ("auto", "replicated", "training")
@@ -100,12 +106,12 @@ GENERATION_LAYOUTS = ("auto", "replicated", "training")
 class StopReason(enum.IntEnum):
     """Why a row's decode ended (``SampleOutput.stop_reason``, int32)."""
 
-    NOT_RUN = 0       # inactive, overflowed earlier, nothing cached, or a budget of 0
-    STOP_TOKEN = 1    # sampled a stop token (it is the row's last output token)
-    BUDGET = 2        # produced its budget of tokens
+    NOT_RUN = 0  # inactive, overflowed earlier, nothing cached, or a budget of 0
+    STOP_TOKEN = 1  # sampled a stop token (it is the row's last output token)
+    BUDGET = 2  # produced its budget of tokens
     CONTEXT_FULL = 3  # no cache slot left for the next token; the row is now ``overflowed``
-    NO_PAGE = 4       # a paged cache had no free page for the next token (the row's context had
-                      # room); the row is now ``overflowed`` (a caller may release and replay it)
+    NO_PAGE = 4  # a paged cache had no free page for the next token (the row's context had
+    # room); the row is now ``overflowed`` (a caller may release and replay it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,10 +136,17 @@ class Paging:
     interpret: bool = False
 
     def __post_init__(self) -> None:
-        validate("paging", self, {"page_size": integer(1), "num_pages": optional(integer(1)),
-                                  "block_pages": integer(1),
-                                  "kernel": one_of(("auto",) + paged_kernels.KERNELS),
-                                  "interpret": one_of((False, True))})
+        validate(
+            "paging",
+            self,
+            {
+                "page_size": integer(1),
+                "num_pages": optional(integer(1)),
+                "block_pages": integer(1),
+                "kernel": one_of(("auto",) + paged_kernels.KERNELS),
+                "interpret": one_of((False, True)),
+            },
+        )
 
 
 @struct.dataclass
@@ -141,7 +154,7 @@ class SamplerState:
     """Everything a row needs to continue: its cache and its pending next-token state."""
 
     cache: KVCache | PagedKVCache
-    hidden: jax.Array      # [B, hidden_size] final hidden state of each row's last cached token
+    hidden: jax.Array  # [B, hidden_size] final hidden state of each row's last cached token
     overflowed: jax.Array  # [B] bool, sticky: a chunk or a sampled token did not fit
 
     @property
@@ -154,11 +167,11 @@ class SamplerState:
 class SampleOutput:
     """One decode call's result; entries at or after ``lengths[b]`` are padding."""
 
-    tokens: jax.Array              # [B, N] int32, pad_token_id after the row's length
-    log_probs: jax.Array           # [B, N] float32: under the model (temperature 1, untruncated)
+    tokens: jax.Array  # [B, N] int32, pad_token_id after the row's length
+    log_probs: jax.Array  # [B, N] float32: under the model (temperature 1, untruncated)
     sampling_log_probs: jax.Array  # [B, N] float32: under the sampling distribution (greedy: 0)
-    lengths: jax.Array             # [B] int32
-    stop_reason: jax.Array         # [B] int32, a StopReason
+    lengths: jax.Array  # [B] int32
+    stop_reason: jax.Array  # [B] int32, a StopReason
 
     @property
     def mask(self) -> jax.Array:
@@ -167,9 +180,14 @@ class SampleOutput:
 
 
 # ---------------------------------------------------------------------------- pure functions
-def init_state(config: Qwen3Config, batch_size: int, max_len: int,
-               dtype: Any = jnp.float32, hidden_dtype: Any = None,
-               paging: Paging | None = None) -> SamplerState:
+def init_state(
+    config: Qwen3Config,
+    batch_size: int,
+    max_len: int,
+    dtype: Any = jnp.float32,
+    hidden_dtype: Any = None,
+    paging: Paging | None = None,
+) -> SamplerState:
     """An empty state: ``batch_size`` rows of ``max_len`` cache slots in ``dtype`` (a static
     cache, or pages when ``paging`` is given; ``max_len`` then rounds up to whole pages); the
     pending hidden states in ``hidden_dtype`` (default ``dtype``; the Sampler uses the compute
@@ -179,17 +197,27 @@ def init_state(config: Qwen3Config, batch_size: int, max_len: int,
     if paging is None:
         cache = KVCache.empty(config, batch_size, max_len, dtype)
     else:
-        cache = PagedKVCache.empty(config, batch_size, max_len, page_size=paging.page_size,
-                                   num_pages=paging.num_pages, block_pages=paging.block_pages,
-                                   kernel="xla" if paging.kernel == "auto" else paging.kernel,
-                                   interpret=paging.interpret, dtype=dtype)
-    return SamplerState(cache=cache,
-                        hidden=jnp.zeros((batch_size, config.hidden_size), hidden_dtype or dtype),
-                        overflowed=jnp.zeros((batch_size,), bool))
+        cache = PagedKVCache.empty(
+            config,
+            batch_size,
+            max_len,
+            page_size=paging.page_size,
+            num_pages=paging.num_pages,
+            block_pages=paging.block_pages,
+            kernel="xla" if paging.kernel == "auto" else paging.kernel,
+            interpret=paging.interpret,
+            dtype=dtype,
+        )
+    return SamplerState(
+        cache=cache,
+        hidden=jnp.zeros((batch_size, config.hidden_size), hidden_dtype or dtype),
+        overflowed=jnp.zeros((batch_size,), bool),
+    )
 
 
-def _reserve(state: SamplerState, count: jax.Array, fits: jax.Array
-             ) -> tuple[SamplerState, jax.Array]:
+def _reserve(
+    state: SamplerState, count: jax.Array, fits: jax.Array
+) -> tuple[SamplerState, jax.Array]:
     """A paged cache's pages for ``count [B]`` new tokens of the rows that ``fits`` and are not
     overflowed; a row that finds none left no longer fits. A static cache: unchanged."""
     if not isinstance(state.cache, PagedKVCache):
@@ -200,9 +228,14 @@ def _reserve(state: SamplerState, count: jax.Array, fits: jax.Array
     return state.replace(cache=cache), fits & got
 
 
-def append(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.Array, mask: jax.Array,
-           constrain: Callable[[Any], Any] = lambda x: x, chunk: int | None = None
-           ) -> SamplerState:
+def append(
+    model: Qwen3ForCausalLM,
+    state: SamplerState,
+    tokens: jax.Array,
+    mask: jax.Array,
+    constrain: Callable[[Any], Any] = lambda x: x,
+    chunk: int | None = None,
+) -> SamplerState:
     """Cache each row's real tokens after its existing ones (prefill and continuation).
 
     tokens: ``[B, L]`` int; mask: ``[B, L]`` bool (True = real token, anywhere in the row).
@@ -223,15 +256,23 @@ def append(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.Array, mask
     last = mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)  # each row's last real token
     last_hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
     wrote = jnp.any(mask, axis=1)
-    return constrain(SamplerState(
-        cache=cache,
-        hidden=jnp.where(wrote[:, None], last_hidden.astype(state.hidden.dtype), state.hidden),
-        overflowed=state.overflowed | ~fits))
+    return constrain(
+        SamplerState(
+            cache=cache,
+            hidden=jnp.where(wrote[:, None], last_hidden.astype(state.hidden.dtype), state.hidden),
+            overflowed=state.overflowed | ~fits,
+        )
+    )
 
 
-def append_in_chunks(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.Array,
-                     mask: jax.Array, chunk: int,
-                     constrain: Callable[[Any], Any] = lambda x: x) -> SamplerState:
+def append_in_chunks(
+    model: Qwen3ForCausalLM,
+    state: SamplerState,
+    tokens: jax.Array,
+    mask: jax.Array,
+    chunk: int,
+    constrain: Callable[[Any], Any] = lambda x: x,
+) -> SamplerState:
     """:func:`append` of ``[B, L]`` as successive appends of ``[B, chunk]`` (``L`` padded up to
     a multiple of ``chunk`` with padding columns), in one ``lax.scan``.
 
@@ -259,9 +300,15 @@ def append_in_chunks(model: Qwen3ForCausalLM, state: SamplerState, tokens: jax.A
     return constrain(state.replace(overflowed=state.overflowed | ~fits))
 
 
-def append_rows(model: Qwen3ForCausalLM, state: SamplerState, rows: jax.Array,
-                tokens: jax.Array, mask: jax.Array, constrain: Callable[[Any], Any] = lambda x: x,
-                chunk: int | None = None) -> SamplerState:
+def append_rows(
+    model: Qwen3ForCausalLM,
+    state: SamplerState,
+    rows: jax.Array,
+    tokens: jax.Array,
+    mask: jax.Array,
+    constrain: Callable[[Any], Any] = lambda x: x,
+    chunk: int | None = None,
+) -> SamplerState:
     """:func:`append` to the rows ``rows int[k]`` only (distinct; ``-1``: padding, writes
     nothing); ``tokens``, ``mask`` ``[k, L]``. Paged caches only: the rows' page tables are
     taken out, appended to over the shared pool, and put back, so the work is that of ``k``
@@ -273,18 +320,26 @@ def append_rows(model: Qwen3ForCausalLM, state: SamplerState, rows: jax.Array,
     valid = rows >= 0
     index = jnp.where(valid, rows, 0)
     sub = SamplerState(
-        cache=cache.replace(page_table=jnp.where(valid[:, None], cache.page_table[index],
-                                                 cache.num_pages),
-                            lengths=jnp.where(valid, cache.lengths[index], 0)),
-        hidden=state.hidden[index], overflowed=~valid | state.overflowed[index])
+        cache=cache.replace(
+            page_table=jnp.where(valid[:, None], cache.page_table[index], cache.num_pages),
+            lengths=jnp.where(valid, cache.lengths[index], 0),
+        ),
+        hidden=state.hidden[index],
+        overflowed=~valid | state.overflowed[index],
+    )
     sub = append(model, sub, tokens, mask.astype(bool) & valid[:, None], chunk=chunk)
     put = jnp.where(valid, rows, batch)  # padding rows: dropped
     cache = sub.cache.replace(
         page_table=cache.page_table.at[put].set(sub.cache.page_table, mode="drop"),
-        lengths=cache.lengths.at[put].set(sub.cache.lengths, mode="drop"))
-    return constrain(SamplerState(
-        cache=cache, hidden=state.hidden.at[put].set(sub.hidden, mode="drop"),
-        overflowed=state.overflowed.at[put].set(sub.overflowed, mode="drop")))
+        lengths=cache.lengths.at[put].set(sub.cache.lengths, mode="drop"),
+    )
+    return constrain(
+        SamplerState(
+            cache=cache,
+            hidden=state.hidden.at[put].set(sub.hidden, mode="drop"),
+            overflowed=state.overflowed.at[put].set(sub.overflowed, mode="drop"),
+        )
+    )
 
 
 def copy_rows(state: SamplerState, dst: jax.Array, src: jax.Array) -> SamplerState:
@@ -295,10 +350,11 @@ def copy_rows(state: SamplerState, dst: jax.Array, src: jax.Array) -> SamplerSta
     batch = cache.lengths.shape[0]
     put = jnp.where(dst >= 0, dst, batch)
     source = jnp.where(dst >= 0, src, 0)
-    return SamplerState(cache=cache,
-                        hidden=state.hidden.at[put].set(state.hidden[source], mode="drop"),
-                        overflowed=state.overflowed.at[put].set(
-                            state.overflowed[source] | ~copied, mode="drop"))
+    return SamplerState(
+        cache=cache,
+        hidden=state.hidden.at[put].set(state.hidden[source], mode="drop"),
+        overflowed=state.overflowed.at[put].set(state.overflowed[source] | ~copied, mode="drop"),
+    )
 
 
 def release_rows(state: SamplerState, rows: jax.Array) -> SamplerState:
@@ -310,8 +366,11 @@ def release_rows(state: SamplerState, rows: jax.Array) -> SamplerState:
         cache = paged_cache.release(cache, rows)
     else:
         cache = cache.replace(lengths=jnp.where(rows, 0, cache.lengths))
-    return SamplerState(cache=cache, hidden=jnp.where(rows[:, None], 0, state.hidden).astype(
-        state.hidden.dtype), overflowed=state.overflowed & ~rows)
+    return SamplerState(
+        cache=cache,
+        hidden=jnp.where(rows[:, None], 0, state.hidden).astype(state.hidden.dtype),
+        overflowed=state.overflowed & ~rows,
+    )
 
 
 def step_keys(key: jax.Array, t: jax.Array) -> jax.Array:
@@ -329,19 +388,35 @@ def rows_local_sample(mesh: Mesh) -> Sample:
     own rows (``shard_map`` over ``BATCH_AXES``): XLA would otherwise gather the whole
     ``[B, V]`` logits onto every device for the top-k/sort of each step. Needs ``[B]`` keys
     and ``B`` divisible by the batch shards."""
+
     def local(keys, logits, sampling):
         rows = P(BATCH_AXES)
-        return jax.shard_map(lambda k, x: sample(k, x, sampling), mesh=mesh,
-                             in_specs=(rows, P(BATCH_AXES, None)), out_specs=(rows, rows),
-                             check_vma=False)(keys, logits)
+        return jax.shard_map(
+            lambda k, x: sample(k, x, sampling),
+            mesh=mesh,
+            in_specs=(rows, P(BATCH_AXES, None)),
+            out_specs=(rows, rows),
+            check_vma=False,
+        )(keys, logits)
+
     return local
 
 
-def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget: jax.Array,
-           active: jax.Array, *, sampling: SamplingConfig, max_new_tokens: int,
-           stop_token_ids: Sequence[int], pad_token_id: int = 0, unroll_layers: bool = False,
-           constrain: Callable[[Any], Any] = lambda x: x,
-           sample_fn: Sample = sample) -> tuple[SamplerState, SampleOutput]:
+def decode(
+    model: Qwen3ForCausalLM,
+    state: SamplerState,
+    key: jax.Array,
+    budget: jax.Array,
+    active: jax.Array,
+    *,
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    stop_token_ids: Sequence[int],
+    pad_token_id: int = 0,
+    unroll_layers: bool = False,
+    constrain: Callable[[Any], Any] = lambda x: x,
+    sample_fn: Sample = sample,
+) -> tuple[SamplerState, SampleOutput]:
     """Sample up to ``min(budget[b], max_new_tokens)`` tokens for each ``active`` row.
 
     key: one key, or ``[B]`` typed keys (one per row); budget: ``[B]`` int; active: ``[B]``
@@ -362,7 +437,8 @@ def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget:
         log_probs=jnp.zeros((batch, max_new_tokens), jnp.float32),
         sampling_log_probs=jnp.zeros((batch, max_new_tokens), jnp.float32),
         lengths=jnp.zeros((batch,), jnp.int32),
-        stop_reason=jnp.full((batch,), StopReason.NOT_RUN, jnp.int32))
+        stop_reason=jnp.full((batch,), StopReason.NOT_RUN, jnp.int32),
+    )
 
     def step(carry):
         t, state, running, out = carry
@@ -371,7 +447,8 @@ def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget:
         no_page = jnp.zeros_like(no_room)
         if isinstance(state.cache, PagedKVCache):  # a page for the token if it starts one
             cache, got = paged_cache.allocate(
-                state.cache, state.cache.lengths + (running & ~no_room))
+                state.cache, state.cache.lengths + (running & ~no_room)
+            )
             state, no_page = state.replace(cache=cache), running & ~no_room & ~got
         running = running & ~no_room & ~no_page
         tokens, sampling_lp = sample_fn(step_keys(key, t), logits, sampling)
@@ -379,25 +456,40 @@ def decode(model: Qwen3ForCausalLM, state: SamplerState, key: jax.Array, budget:
         def column(buffer, values):
             old = jax.lax.dynamic_index_in_dim(buffer, t, axis=1, keepdims=False)
             return jax.lax.dynamic_update_index_in_dim(
-                buffer, jnp.where(running, values, old), t, axis=1)
+                buffer, jnp.where(running, values, old), t, axis=1
+            )
 
-        hidden, cache = model.hidden_states(tokens[:, None], state.cache.lengths[:, None], running[:, None],
-                                            state.cache, few_rows=True, layers=layers)
+        hidden, cache = model.hidden_states(
+            tokens[:, None],
+            state.cache.lengths[:, None],
+            running[:, None],
+            state.cache,
+            few_rows=True,
+            layers=layers,
+        )
         hidden = hidden[:, 0]
         lengths = out.lengths + running
         hit_stop = running & jnp.isin(tokens, stop_ids)
         spent = running & ~hit_stop & (lengths >= budget)
-        reason = jnp.select([no_room, no_page, hit_stop, spent],
-                            [StopReason.CONTEXT_FULL, StopReason.NO_PAGE, StopReason.STOP_TOKEN,
-                             StopReason.BUDGET], out.stop_reason)
-        out = SampleOutput(tokens=column(out.tokens, tokens),
-                           log_probs=column(out.log_probs, model_log_probs(logits, tokens)),
-                           sampling_log_probs=column(out.sampling_log_probs, sampling_lp),
-                           lengths=lengths, stop_reason=reason.astype(jnp.int32))
-        state = constrain(SamplerState(
-            cache=cache,
-            hidden=jnp.where(running[:, None], hidden.astype(state.hidden.dtype), state.hidden),
-            overflowed=state.overflowed | no_room | no_page))
+        reason = jnp.select(
+            [no_room, no_page, hit_stop, spent],
+            [StopReason.CONTEXT_FULL, StopReason.NO_PAGE, StopReason.STOP_TOKEN, StopReason.BUDGET],
+            out.stop_reason,
+        )
+        out = SampleOutput(
+            tokens=column(out.tokens, tokens),
+            log_probs=column(out.log_probs, model_log_probs(logits, tokens)),
+            sampling_log_probs=column(out.sampling_log_probs, sampling_lp),
+            lengths=lengths,
+            stop_reason=reason.astype(jnp.int32),
+        )
+        state = constrain(
+            SamplerState(
+                cache=cache,
+                hidden=jnp.where(running[:, None], hidden.astype(state.hidden.dtype), state.hidden),
+                overflowed=state.overflowed | no_room | no_page,
+            )
+        )
         return t + 1, state, running & ~hit_stop & ~spent, out
 
     def not_done(carry):
@@ -419,12 +511,14 @@ def _drop_axis(axes: Any, axis: str) -> Any:
     return kept[0] if len(kept) == 1 else (kept or None)
 
 
-def generation_rules(rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
-                     drop: str = "fsdp") -> tuple[PartitionRule, ...]:
+def generation_rules(
+    rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES, drop: str = "fsdp"
+) -> tuple[PartitionRule, ...]:
     """``rules`` with mesh axis ``drop`` removed from every spec: the parameters replicated
     over that axis (``P(None, "tensor", "fsdp")`` -> ``P(None, "tensor", None)``)."""
-    return tuple((pattern, P(*(_drop_axis(axes, drop) for axes in spec)))
-                 for pattern, spec in rules)
+    return tuple(
+        (pattern, P(*(_drop_axis(axes, drop) for axes in spec))) for pattern, spec in rules
+    )
 
 
 def resolve_layout(layout: str, mesh: Mesh | None) -> str:
@@ -437,9 +531,14 @@ def resolve_layout(layout: str, mesh: Mesh | None) -> str:
     return layout
 
 
-def generation_params(params: Any, mesh: Mesh | None = None, layout: str = "auto",
-                      device: Any = None, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
-                      dtype: Any = None) -> Any:
+def generation_params(
+    params: Any,
+    mesh: Mesh | None = None,
+    layout: str = "auto",
+    device: Any = None,
+    rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
+    dtype: Any = None,
+) -> Any:
     """``params`` placed where decode reads them from (one ``device_put`` per update).
 
     Without a mesh: committed to ``device`` (default ``jax.local_devices()[0]``; a no-op for
@@ -451,12 +550,15 @@ def generation_params(params: Any, mesh: Mesh | None = None, layout: str = "auto
     ``"training"`` keeps them as they are (the caller placed them by ``rules``).
     """
     if mesh is None:
-        return jax.device_put(params, jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0]))
+        return jax.device_put(
+            params, jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
+        )
     if resolve_layout(layout, mesh) == "training":
         return params
     if dtype is not None:
         params = jax.tree.map(
-            lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+            lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+        )
     return jax.device_put(params, tree_shardings(params, mesh, generation_rules(rules)))
 
 
@@ -467,8 +569,7 @@ def paged_state_specs(state: SamplerState) -> SamplerState:
     every paged program per shard (``shard_map``) and no page ever crosses devices."""
     rows = P(BATCH_AXES)
     pages = P(None, None, BATCH_AXES)  # [KV, layers, P, S, hd]
-    cache = state.cache.replace(k=pages, v=pages, page_table=rows,
-                                lengths=rows, free=rows)
+    cache = state.cache.replace(k=pages, v=pages, page_table=rows, lengths=rows, free=rows)
     return SamplerState(cache=cache, hidden=rows, overflowed=rows)
 
 
@@ -507,26 +608,39 @@ class Sampler:
     decode call (:meth:`Qwen3ForCausalLM.split_layers`).
     """
 
-    def __init__(self, model: Qwen3ForCausalLM, *, max_new_tokens: int,
-                 stop_token_ids: Sequence[int] | None = None, pad_token_id: int = 0,
-                 mesh: Mesh | None = None, unroll_layers: bool | None = None,
-                 prefill_chunk: int | None = None, device: Any = None,
-                 paging: Paging | None = None):
+    def __init__(
+        self,
+        model: Qwen3ForCausalLM,
+        *,
+        max_new_tokens: int,
+        stop_token_ids: Sequence[int] | None = None,
+        pad_token_id: int = 0,
+        mesh: Mesh | None = None,
+        unroll_layers: bool | None = None,
+        prefill_chunk: int | None = None,
+        device: Any = None,
+        paging: Paging | None = None,
+    ):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or
-                                          not isinstance(prefill_chunk, int) or prefill_chunk < 1):
+        if prefill_chunk is not None and (
+            isinstance(prefill_chunk, bool)
+            or not isinstance(prefill_chunk, int)
+            or prefill_chunk < 1
+        ):
             raise ValueError(f"prefill_chunk must be None or an int >= 1, got {prefill_chunk!r}")
         self.graphdef = nnx.graphdef(model)
         self.config: Qwen3Config = model.config
         self.dtype = model.dtype
         self.max_new_tokens = max_new_tokens
-        self.stop_token_ids = tuple(model.config.eos_token_ids if stop_token_ids is None
-                                    else stop_token_ids)
+        self.stop_token_ids = tuple(
+            model.config.eos_token_ids if stop_token_ids is None else stop_token_ids
+        )
         for token in self.stop_token_ids:
             if not 0 <= token < self.config.vocab_size:
-                raise ValueError(f"stop token id {token} is outside vocab_size="
-                                 f"{self.config.vocab_size}")
+                raise ValueError(
+                    f"stop token id {token} is outside vocab_size={self.config.vocab_size}"
+                )
         self.pad_token_id = pad_token_id
         self.mesh = mesh
         self.device = None if mesh is not None else (device or jax.local_devices()[0])
@@ -535,12 +649,14 @@ class Sampler:
             raise NotImplementedError(
                 f"a paged KV cache on a mesh splits rows and pages over {BATCH_AXES} only; this "
                 f"mesh has tensor={mesh.shape['tensor']}: use tensor=1 or the static cache "
-                "(paging=None)")
+                "(paging=None)"
+            )
         self.paging = paging
         self.platform = (mesh.devices.flat[0] if mesh is not None else self.device).platform
         self.sharded_pages = paging is not None and mesh is not None
-        self.unroll_layers = (jax.default_backend() == "cpu" if unroll_layers is None
-                              else unroll_layers)
+        self.unroll_layers = (
+            jax.default_backend() == "cpu" if unroll_layers is None else unroll_layers
+        )
         self.trace_counts: collections.Counter[str] = collections.Counter()
         self._init = jax.jit(self._init_impl, static_argnums=(0, 1, 2, 3))
         self._release = jax.jit(self._release_impl, donate_argnums=0)
@@ -561,12 +677,17 @@ class Sampler:
         if self.mesh is None:
             return jax.tree.map(lambda _: self.replicated, state)
         if isinstance(state.cache, PagedKVCache):
-            return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec),
-                                paged_state_specs(state), is_leaf=_is_spec)
+            return jax.tree.map(
+                lambda spec: NamedSharding(self.mesh, spec),
+                paged_state_specs(state),
+                is_leaf=_is_spec,
+            )
         batch = NamedSharding(self.mesh, P(BATCH_AXES))
-        return SamplerState(cache=tree_shardings(state.cache, self.mesh, KV_CACHE_RULES),
-                            hidden=NamedSharding(self.mesh, P(BATCH_AXES, None)),
-                            overflowed=batch)
+        return SamplerState(
+            cache=tree_shardings(state.cache, self.mesh, KV_CACHE_RULES),
+            hidden=NamedSharding(self.mesh, P(BATCH_AXES, None)),
+            overflowed=batch,
+        )
 
     @property
     def replicated(self) -> jax.sharding.Sharding:
@@ -594,13 +715,16 @@ class Sampler:
         if data.shape == (2,):  # a raw (uint32[2]) key
             return jax.device_put(data, self.replicated)
         if data.shape != (batch, 2):
-            raise ValueError(f"decode: key must be one key or [batch={batch}] keys (threefry), "
-                             f"got key data of shape {data.shape}")
+            raise ValueError(
+                f"decode: key must be one key or [batch={batch}] keys (threefry), "
+                f"got key data of shape {data.shape}"
+            )
         return self._batch_put(data, np.uint32)
 
     # -- calls
-    def init(self, batch_size: int, max_len: int, dtype: Any = None,
-             pool_rows: int | None = None) -> SamplerState:
+    def init(
+        self, batch_size: int, max_len: int, dtype: Any = None, pool_rows: int | None = None
+    ) -> SamplerState:
         """An empty state, cache in ``dtype`` (default: the model's compute dtype; e.g.
         bfloat16 halves a float32 model's cache), pending hidden states in the compute dtype;
         paged when the Sampler was made with ``paging`` (a pool of ``paging.num_pages``, or by
@@ -611,53 +735,76 @@ class Sampler:
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
         dtype = jnp.dtype(dtype or self.dtype)
-        state = self._init(batch_size, max_len, dtype, self.pool(batch_size, max_len, pool_rows,
-                                                                 dtype))
+        state = self._init(
+            batch_size, max_len, dtype, self.pool(batch_size, max_len, pool_rows, dtype)
+        )
         return jax.device_put(state, self.state_shardings(state))  # committed: see the module doc
 
-    def pool(self, batch_size: int, max_len: int, pool_rows: int | None = None,
-             dtype: Any = None) -> Paging | None:
+    def pool(
+        self, batch_size: int, max_len: int, pool_rows: int | None = None, dtype: Any = None
+    ) -> Paging | None:
         """The paging of a state from ``init(batch_size, max_len, dtype, pool_rows=...)``, its
         ``num_pages`` and ``kernel`` resolved (None for a static cache). A pool must hold one
         row of ``max_len`` tokens (per batch shard): a row alone can always play."""
         paging = self.paging
         if paging is None:
             return None
-        shape = dict(page_size=paging.page_size, head_dim=self.config.head_dim,
-                     dtype=jnp.dtype(dtype or self.dtype))
+        shape = dict(
+            page_size=paging.page_size,
+            head_dim=self.config.head_dim,
+            dtype=jnp.dtype(dtype or self.dtype),
+        )
         if paging.kernel == "auto":
             paging = dataclasses.replace(paging, kernel=select_kernel(self.platform, **shape))
         elif (why := paged_kernels.unmet(paging.kernel, **shape)) is not None:
-            raise ValueError(f"paging.kernel={paging.kernel!r} cannot serve this cache: {why}; "
-                             "use kernel='auto' (the XLA version where no kernel fits)")
+            raise ValueError(
+                f"paging.kernel={paging.kernel!r} cannot serve this cache: {why}; "
+                "use kernel='auto' (the XLA version where no kernel fits)"
+            )
         shards = batch_shards(self.mesh) if self.sharded_pages else 1
         if paging.num_pages is None:
             rows = batch_size if pool_rows is None else max(pool_rows, 1)
             pages = -(-rows * -(-max_len // paging.page_size) // shards) * shards
             paging = dataclasses.replace(paging, num_pages=pages)
         if batch_size % shards or paging.num_pages % shards:
-            raise ValueError(f"a paged state on this mesh needs batch_size and paging.num_pages "
-                             f"divisible by its {shards} batch shards (each holds its share of "
-                             f"rows and pages), got {batch_size} and {paging.num_pages}")
+            raise ValueError(
+                f"a paged state on this mesh needs batch_size and paging.num_pages "
+                f"divisible by its {shards} batch shards (each holds its share of "
+                f"rows and pages), got {batch_size} and {paging.num_pages}"
+            )
         need = -(-max_len // paging.page_size)
         if paging.num_pages // shards < need:  # a row alone must fit, so preemption can end
-            raise ValueError(f"paging.num_pages={paging.num_pages} ({shards} shard(s)) cannot hold "
-                             f"one row of max_len={max_len} tokens: it needs {need} pages of "
-                             f"{paging.page_size} per shard")
+            raise ValueError(
+                f"paging.num_pages={paging.num_pages} ({shards} shard(s)) cannot hold "
+                f"one row of max_len={max_len} tokens: it needs {need} pages of "
+                f"{paging.page_size} per shard"
+            )
         return paging
 
-    def append_rows(self, params: nnx.State, state: SamplerState, rows: Any, tokens: Any,
-                    mask: Any) -> SamplerState:
+    def append_rows(
+        self, params: nnx.State, state: SamplerState, rows: Any, tokens: Any, mask: Any
+    ) -> SamplerState:
         """Jitted :func:`append_rows` (paged states): ``rows int[k]`` (``-1`` padding),
         tokens and mask ``[k, L]``; one program per ``(k, L)``."""
         rows = np.asarray(rows)
-        if rows.ndim != 1 or np.shape(tokens) != np.shape(mask) or np.shape(tokens)[:1] != rows.shape:
-            raise ValueError(f"append_rows: rows {rows.shape}, tokens {np.shape(tokens)} and mask "
-                             f"{np.shape(mask)} must be [k] and [k, L]")
+        if (
+            rows.ndim != 1
+            or np.shape(tokens) != np.shape(mask)
+            or np.shape(tokens)[:1] != rows.shape
+        ):
+            raise ValueError(
+                f"append_rows: rows {rows.shape}, tokens {np.shape(tokens)} and mask "
+                f"{np.shape(mask)} must be [k] and [k, L]"
+            )
         if self.sharded_pages:
             rows, (tokens, mask) = self._by_shard(state, rows, np.asarray(tokens), np.asarray(mask))
-        return self._append_rows(params, state, self._batch_put(rows, jnp.int32),
-                                 self._batch_put(tokens, jnp.int32), self._batch_put(mask, bool))
+        return self._append_rows(
+            params,
+            state,
+            self._batch_put(rows, jnp.int32),
+            self._batch_put(tokens, jnp.int32),
+            self._batch_put(mask, bool),
+        )
 
     def copy_rows(self, state: SamplerState, dst: Any, src: Any) -> SamplerState:
         """Jitted :func:`copy_rows` (paged states): ``dst``, ``src`` ``int[k]``. On a mesh a
@@ -668,15 +815,19 @@ class Sampler:
             crossing = (dst >= 0) & (dst // local != src // local)
             if crossing.any():
                 i = int(np.flatnonzero(crossing)[0])
-                raise ValueError(f"copy_rows: row {src[i]} cannot be copied to row {dst[i]}: "
-                                 f"they are on different batch shards ({local} rows each)")
+                raise ValueError(
+                    f"copy_rows: row {src[i]} cannot be copied to row {dst[i]}: "
+                    f"they are on different batch shards ({local} rows each)"
+                )
             dst, (src,) = self._by_shard(state, dst, src)
             src = np.where(dst >= 0, src % local, 0)
-        return self._copy_rows(state, self._batch_put(dst, jnp.int32),
-                               self._batch_put(src, jnp.int32))
+        return self._copy_rows(
+            state, self._batch_put(dst, jnp.int32), self._batch_put(src, jnp.int32)
+        )
 
-    def _by_shard(self, state: SamplerState, rows: np.ndarray, *columns: np.ndarray
-                  ) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _by_shard(
+        self, state: SamplerState, rows: np.ndarray, *columns: np.ndarray
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         """Rows ``int[k]`` (``-1``: padding) of a paged state on a mesh, regrouped so that each
         batch shard's block of ``k'`` entries (``k'``: the most rows any shard gets, rounded up
         to a power of two) names that shard's rows by their local index; ``columns`` (``[k,
@@ -701,48 +852,73 @@ class Sampler:
         pool; a static cache's rows are reset); consumes ``state``."""
         return self._release(state, self._batch_put(rows, bool))
 
-    def append(self, params: nnx.State, state: SamplerState, tokens: Any,
-               mask: Any) -> SamplerState:
+    def append(
+        self, params: nnx.State, state: SamplerState, tokens: Any, mask: Any
+    ) -> SamplerState:
         """Jitted :func:`append` (prefill or an observation). tokens, mask: ``[B, L]``."""
         batch = state.hidden.shape[0]
         shape, mask_shape = np.shape(tokens), np.shape(mask)
         if len(shape) != 2 or shape != mask_shape or shape[0] != batch:
-            raise ValueError(f"append: tokens {shape} and mask {mask_shape} must both be "
-                             f"[batch={batch}, L]")
-        return self._append(params, state, self._batch_put(tokens, jnp.int32),
-                            self._batch_put(mask, bool))
+            raise ValueError(
+                f"append: tokens {shape} and mask {mask_shape} must both be [batch={batch}, L]"
+            )
+        return self._append(
+            params, state, self._batch_put(tokens, jnp.int32), self._batch_put(mask, bool)
+        )
 
     prefill = append
 
-    def decode(self, params: nnx.State, state: SamplerState, key: jax.Array,
-               sampling: SamplingConfig, budget: Any = None, active: Any = None
-               ) -> tuple[SamplerState, SampleOutput]:
+    def decode(
+        self,
+        params: nnx.State,
+        state: SamplerState,
+        key: jax.Array,
+        sampling: SamplingConfig,
+        budget: Any = None,
+        active: Any = None,
+    ) -> tuple[SamplerState, SampleOutput]:
         """Jitted :func:`decode`. key: one key, or one per row (``[B]`` typed keys or their
         ``[B, 2]`` uint32 data); budget: ``[B]`` int (default ``max_new_tokens``); active:
         ``[B]`` bool (default all rows)."""
-        return self._decode(*self._decode_args(params, state, key, budget, active),
-                            sampling=sampling)
+        return self._decode(
+            *self._decode_args(params, state, key, budget, active), sampling=sampling
+        )
 
-    def lower_decode(self, params: nnx.State, state: SamplerState, key: jax.Array,
-                     sampling: SamplingConfig, budget: Any = None,
-                     active: Any = None) -> jax.stages.Lowered:
+    def lower_decode(
+        self,
+        params: nnx.State,
+        state: SamplerState,
+        key: jax.Array,
+        sampling: SamplingConfig,
+        budget: Any = None,
+        active: Any = None,
+    ) -> jax.stages.Lowered:
         """The decode program for these inputs, lowered but not run (``.compile().as_text()``
         shows its collectives, ``.compile().memory_analysis()`` its memory)."""
-        return self._decode.lower(*self._decode_args(params, state, key, budget, active),
-                                  sampling=sampling)
+        return self._decode.lower(
+            *self._decode_args(params, state, key, budget, active), sampling=sampling
+        )
 
     def _decode_args(self, params, state, key, budget, active) -> tuple:
         batch = state.hidden.shape[0]
         budget = np.full(batch, self.max_new_tokens) if budget is None else budget
         active = np.ones(batch, bool) if active is None else active
         if np.shape(budget) != (batch,) or np.shape(active) != (batch,):
-            raise ValueError(f"decode: budget {np.shape(budget)} and active {np.shape(active)} "
-                             f"must be [batch={batch}]")
-        return (params, state, self._key_put(key, batch), self._batch_put(budget, jnp.int32),
-                self._batch_put(active, bool))
+            raise ValueError(
+                f"decode: budget {np.shape(budget)} and active {np.shape(active)} "
+                f"must be [batch={batch}]"
+            )
+        return (
+            params,
+            state,
+            self._key_put(key, batch),
+            self._batch_put(budget, jnp.int32),
+            self._batch_put(active, bool),
+        )
 
-    def _per_shard(self, fn: Callable, params: Any, state: SamplerState, *rows: Any,
-                   with_output: bool = False) -> Any:
+    def _per_shard(
+        self, fn: Callable, params: Any, state: SamplerState, *rows: Any, with_output: bool = False
+    ) -> Any:
         """``fn(params, state, *rows)`` (no ``params`` when None) run by each batch shard on its
         own rows and pages (a paged state on a mesh, :func:`paged_state_specs`): parameters
         replicated, ``rows`` batch-major. Returns the state, or ``(state, batch-major output)``
@@ -753,30 +929,56 @@ class Sampler:
         if params is not None:
             specs, inputs = (P(),) + specs, (params,) + inputs
         out_specs = (state_specs, P(BATCH_AXES)) if with_output else state_specs
-        return jax.shard_map(fn, mesh=self.mesh, in_specs=specs, out_specs=out_specs,
-                             check_vma=False)(*inputs)
+        return jax.shard_map(
+            fn, mesh=self.mesh, in_specs=specs, out_specs=out_specs, check_vma=False
+        )(*inputs)
 
     def _init_impl(self, batch_size, max_len, dtype, paging):
         self.trace_counts["init"] += 1
         if self.sharded_pages:  # each batch shard: its rows over its own share of the pages
             shards = batch_shards(self.mesh)
             local = dataclasses.replace(paging, num_pages=paging.num_pages // shards)
-            make = lambda: init_state(self.config, batch_size // shards, max_len, dtype,  # noqa: E731
-                                      self.dtype, local)
-            return jax.shard_map(make, mesh=self.mesh, in_specs=(),
-                                 out_specs=paged_state_specs(jax.eval_shape(make)),
-                                 check_vma=False)()
-        return self._constrain(init_state(self.config, batch_size, max_len, dtype, self.dtype,
-                                          paging))
+            make = lambda: init_state(
+                self.config,
+                batch_size // shards,
+                max_len,
+                dtype,  # noqa: E731
+                self.dtype,
+                local,
+            )
+            return jax.shard_map(
+                make,
+                mesh=self.mesh,
+                in_specs=(),
+                out_specs=paged_state_specs(jax.eval_shape(make)),
+                check_vma=False,
+            )()
+        return self._constrain(
+            init_state(self.config, batch_size, max_len, dtype, self.dtype, paging)
+        )
 
     def _append_rows_impl(self, params, state, rows, tokens, mask):
         self.trace_counts["append_rows"] += 1
         if self.sharded_pages:
-            return self._per_shard(lambda p, *a: append_rows(
-                nnx.merge(self.graphdef, p), *a, chunk=self.prefill_chunk),
-                params, state, rows, tokens, mask)
-        return append_rows(nnx.merge(self.graphdef, params), state, rows, tokens, mask,
-                           self._constrain, self.prefill_chunk)
+            return self._per_shard(
+                lambda p, *a: append_rows(
+                    nnx.merge(self.graphdef, p), *a, chunk=self.prefill_chunk
+                ),
+                params,
+                state,
+                rows,
+                tokens,
+                mask,
+            )
+        return append_rows(
+            nnx.merge(self.graphdef, params),
+            state,
+            rows,
+            tokens,
+            mask,
+            self._constrain,
+            self.prefill_chunk,
+        )
 
     def _copy_rows_impl(self, state, dst, src):
         self.trace_counts["copy_rows"] += 1
@@ -793,31 +995,64 @@ class Sampler:
     def _append_impl(self, params, state, tokens, mask):
         self.trace_counts["append"] += 1
         if self.sharded_pages:
-            return self._per_shard(lambda p, *a: append(
-                nnx.merge(self.graphdef, p), *a, chunk=self.prefill_chunk),
-                params, state, tokens, mask)
-        return append(nnx.merge(self.graphdef, params), state, tokens, mask, self._constrain,
-                      self.prefill_chunk)
+            return self._per_shard(
+                lambda p, *a: append(nnx.merge(self.graphdef, p), *a, chunk=self.prefill_chunk),
+                params,
+                state,
+                tokens,
+                mask,
+            )
+        return append(
+            nnx.merge(self.graphdef, params),
+            state,
+            tokens,
+            mask,
+            self._constrain,
+            self.prefill_chunk,
+        )
 
     def _decode_impl(self, params, state, key, budget, active, *, sampling):
         self.trace_counts["decode"] += 1
         run = functools.partial(self._decode_local, sampling=sampling)
         if self.sharded_pages:
             if key.ndim != 2:
-                raise ValueError("decode: a paged KV cache on a mesh samples each row with its "
-                                 "own key: pass [B] keys (one key would be split per shard)")
+                raise ValueError(
+                    "decode: a paged KV cache on a mesh samples each row with its "
+                    "own key: pass [B] keys (one key would be split per shard)"
+                )
             return self._per_shard(run, params, state, key, budget, active, with_output=True)
         sample_fn = sample
         if key.ndim == 2 and self.mesh is not None and key.shape[0] % batch_shards(self.mesh) == 0:
             sample_fn = rows_local_sample(self.mesh)
-        return run(params, state, key, budget, active, constrain=self._constrain,
-                   sample_fn=sample_fn)
+        return run(
+            params, state, key, budget, active, constrain=self._constrain, sample_fn=sample_fn
+        )
 
-    def _decode_local(self, params, state, key, budget, active, *, sampling,
-                      constrain=lambda x: x, sample_fn=sample):
+    def _decode_local(
+        self,
+        params,
+        state,
+        key,
+        budget,
+        active,
+        *,
+        sampling,
+        constrain=lambda x: x,
+        sample_fn=sample,
+    ):
         if key.ndim == 2:  # per-row key data
             key = jax.random.wrap_key_data(key)
-        return decode(nnx.merge(self.graphdef, params), state, key, budget, active,
-                      sampling=sampling, max_new_tokens=self.max_new_tokens,
-                      stop_token_ids=self.stop_token_ids, pad_token_id=self.pad_token_id,
-                      unroll_layers=self.unroll_layers, constrain=constrain, sample_fn=sample_fn)
+        return decode(
+            nnx.merge(self.graphdef, params),
+            state,
+            key,
+            budget,
+            active,
+            sampling=sampling,
+            max_new_tokens=self.max_new_tokens,
+            stop_token_ids=self.stop_token_ids,
+            pad_token_id=self.pad_token_id,
+            unroll_layers=self.unroll_layers,
+            constrain=constrain,
+            sample_fn=sample_fn,
+        )

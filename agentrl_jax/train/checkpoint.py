@@ -63,7 +63,7 @@ class Restored:
     state: TrainState
     step: int
     path: Path
-    config: dict[str, Any]                     # the saved JSON: {"train_config": ..., **metadata}
+    config: dict[str, Any]  # the saved JSON: {"train_config": ..., **metadata}
     skipped: tuple[tuple[Path, str], ...] = ()  # (path, reason) of newer checkpoints that failed
 
     @property
@@ -89,16 +89,20 @@ class Checkpointer:
         return cls(directory, every=config.checkpoint_every, keep=config.checkpoint_keep, **kwargs)
 
     def _open(self) -> ocp.CheckpointManager:
-        options = ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True,
-                                               enable_async_checkpointing=self.async_save)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=self.keep, create=True, enable_async_checkpointing=self.async_save
+        )
         # Handlers named up front, so a freshly opened manager can read the items' metadata.
         handlers = {"state": ocp.StandardCheckpointHandler(), "config": ocp.JsonCheckpointHandler()}
         return ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     def _report_interrupted_saves(self) -> None:
         for tmp in sorted(self.directory.glob(f"*{_TMP_MARKER}*")):
-            warnings.warn(f"checkpoint {tmp}: an interrupted save (incomplete); removing it",
-                          CorruptCheckpointWarning, stacklevel=3)
+            warnings.warn(
+                f"checkpoint {tmp}: an interrupted save (incomplete); removing it",
+                CorruptCheckpointWarning,
+                stacklevel=3,
+            )
             shutil.rmtree(tmp, ignore_errors=True)
 
     # ------------------------------------------------------------------ saving
@@ -112,7 +116,9 @@ class Checkpointer:
     def should_save(self, step: int, total_steps: int | None = None) -> bool:
         return step % self.every == 0 or step == total_steps
 
-    def save(self, state: TrainState, config: TrainConfig, metadata: Mapping[str, Any] | None = None) -> Path:
+    def save(
+        self, state: TrainState, config: TrainConfig, metadata: Mapping[str, Any] | None = None
+    ) -> Path:
         """Saves ``state`` at its step; returns the step's directory.
 
         Returns once the arrays are copied to host memory; files are written in the background
@@ -120,8 +126,13 @@ class Checkpointer:
         """
         step = int(state.step)
         payload = {"train_config": config.to_dict(), **dict(metadata or {})}
-        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                         config=ocp.args.JsonSave(payload)), force=True)
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(payload)
+            ),
+            force=True,
+        )
         return self.path(step)
 
     def wait(self) -> None:
@@ -137,7 +148,9 @@ class Checkpointer:
         self.close()
 
     # ------------------------------------------------------------------ restoring
-    def restore_latest(self, template: TrainState, config: TrainConfig | None = None) -> Restored | None:
+    def restore_latest(
+        self, template: TrainState, config: TrainConfig | None = None
+    ) -> Restored | None:
         """The newest checkpoint that restores into ``template``'s structure, or None if none exist.
 
         ``template`` is a state of the same run (arrays or ShapeDtypeStructs; their shardings,
@@ -156,17 +169,25 @@ class Checkpointer:
                 raise CheckpointMismatchError(
                     f"checkpoint step {step} at {path} was written by a different config: "
                     f"{mismatch}. It is left as it is (it is not corrupt): resume with the config "
-                    "that wrote it, or give this run another checkpoint directory")
+                    "that wrote it, or give this run another checkpoint directory"
+                )
             try:
-                restored = self._manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract), config=ocp.args.JsonRestore()))
+                restored = self._manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract), config=ocp.args.JsonRestore()
+                    ),
+                )
                 _check_restored(restored.state, abstract, restored.config)
             except Exception as e:  # noqa: BLE001 - any failure means this checkpoint is unusable
                 reason = f"{type(e).__name__}: {str(e).splitlines()[0][:500] if str(e) else ''}"
                 skipped.append((path, reason))
-                warnings.warn(f"checkpoint {path} is corrupt or incomplete and was skipped ({reason}); "
-                              f"moving it to {path}{CORRUPT_SUFFIX} and trying the previous one",
-                              CorruptCheckpointWarning, stacklevel=2)
+                warnings.warn(
+                    f"checkpoint {path} is corrupt or incomplete and was skipped ({reason}); "
+                    f"moving it to {path}{CORRUPT_SUFFIX} and trying the previous one",
+                    CorruptCheckpointWarning,
+                    stacklevel=2,
+                )
                 self._set_aside(path)
                 # Orbax leaves the failed restore's pending read coroutines behind; collect them
                 # now, so Python's "exception ignored" reports come here, not at a random later time.
@@ -175,7 +196,9 @@ class Checkpointer:
             return Restored(restored.state, step, path, dict(restored.config), tuple(skipped))
         if skipped:
             details = "; ".join(f"{p}: {r}" for p, r in skipped)
-            raise CheckpointRestoreError(f"no checkpoint under {self.directory} could be restored: {details}")
+            raise CheckpointRestoreError(
+                f"no checkpoint under {self.directory} could be restored: {details}"
+            )
         return None
 
     def _mismatch(self, step: int, abstract: Any, config: TrainConfig | None) -> str:
@@ -196,8 +219,9 @@ class Checkpointer:
 
     def _config_differences(self, step: int, config: TrainConfig) -> list[str]:
         try:
-            saved = self._manager.restore(step, args=ocp.args.Composite(
-                config=ocp.args.JsonRestore())).config["train_config"]
+            saved = self._manager.restore(
+                step, args=ocp.args.Composite(config=ocp.args.JsonRestore())
+            ).config["train_config"]
         except Exception:  # noqa: BLE001 - the arrays' differences are reported anyway
             return []
         return config_differences(saved, config.to_dict())
@@ -217,7 +241,9 @@ def _check_restored(state: Any, abstract: Any, config: Any) -> None:
         raise ValueError("restored state tree does not match the run's state structure")
     for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(abstract)):
         if got.shape != want.shape or got.dtype != want.dtype:
-            raise ValueError(f"restored array {got.shape} {got.dtype} does not match {want.shape} {want.dtype}")
+            raise ValueError(
+                f"restored array {got.shape} {got.dtype} does not match {want.shape} {want.dtype}"
+            )
     if not isinstance(config, Mapping) or "train_config" not in config:
         raise ValueError("the config item has no 'train_config'")
 
@@ -238,28 +264,39 @@ def tree_differences(saved: Mapping[tuple, Any], wanted: Mapping[tuple, Any]) ->
     saved = {k: v for k, v in saved.items() if hasattr(v, "shape")}
     wanted = {k: v for k, v in wanted.items() if hasattr(v, "shape")}
     out = []
-    for keys, where in ((sorted(set(saved) - set(wanted)), "only in the checkpoint"),
-                        (sorted(set(wanted) - set(saved)), "only in the run's state")):
+    for keys, where in (
+        (sorted(set(saved) - set(wanted)), "only in the checkpoint"),
+        (sorted(set(wanted) - set(saved)), "only in the run's state"),
+    ):
         if keys:
             out.append(f"{len(keys)} array(s) {where}, e.g. {_path_name(keys[0])}")
-    changed = [k for k in sorted(set(saved) & set(wanted))
-               if tuple(saved[k].shape) != tuple(wanted[k].shape)
-               or np.dtype(saved[k].dtype) != np.dtype(wanted[k].dtype)]
+    changed = [
+        k
+        for k in sorted(set(saved) & set(wanted))
+        if tuple(saved[k].shape) != tuple(wanted[k].shape)
+        or np.dtype(saved[k].dtype) != np.dtype(wanted[k].dtype)
+    ]
     if changed:
         k = changed[0]
-        out.append(f"{len(changed)} array(s) of another shape or dtype, e.g. {_path_name(k)} is "
-                   f"{_describe(saved[k])} in the checkpoint, {_describe(wanted[k])} in the run's state")
+        out.append(
+            f"{len(changed)} array(s) of another shape or dtype, e.g. {_path_name(k)} is "
+            f"{_describe(saved[k])} in the checkpoint, {_describe(wanted[k])} in the run's state"
+        )
     return out
 
 
-def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
-                       limit: int = 8) -> list[str]:
+def config_differences(
+    saved: Mapping[str, Any], current: Mapping[str, Any], limit: int = 8
+) -> list[str]:
     """``["its train_config differs in <field> (<saved> there, <current> here), ..."]`` with
     nested fields dotted (``algorithm.advantage``), compared as plain JSON data; ``[]`` when
     they agree. At most ``limit`` fields are listed."""
     saved, current = _flat_json(saved), _flat_json(json.loads(json.dumps(current)))
-    changed = [f"{f} ({_short_json(saved.get(f))} there, {_short_json(current.get(f))} here)"
-               for f in sorted(set(saved) | set(current)) if saved.get(f) != current.get(f)]
+    changed = [
+        f"{f} ({_short_json(saved.get(f))} there, {_short_json(current.get(f))} here)"
+        for f in sorted(set(saved) | set(current))
+        if saved.get(f) != current.get(f)
+    ]
     if not changed:
         return []
     more = f" and {len(changed) - limit} more" if len(changed) > limit else ""
@@ -278,4 +315,4 @@ def _flat_json(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _short_json(value: Any, limit: int = 80) -> str:
     text = json.dumps(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -44,8 +44,8 @@ import numbers
 from typing import Any, Mapping
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
-from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.errors import ConfigError
+from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
 from agentrl_jax.sampling.filters import SamplingConfig
 from agentrl_jax.train.inputs import check_inputs, step_inputs
@@ -124,17 +124,28 @@ class TrainConfig:
             except ValueError as e:
                 raise ValueError(f"TrainConfig.algorithm: {e}") from None
         if not isinstance(self.algorithm, AlgorithmConfig):
-            raise ValueError(f"TrainConfig.algorithm: must be an AlgorithmConfig or mapping, got {self.algorithm!r}")
+            raise ValueError(
+                f"TrainConfig.algorithm: must be an AlgorithmConfig or mapping, got {self.algorithm!r}"
+            )
         validate("TrainConfig", self, _CHECKS)
         if self.max_response_length is None:
-            for field, used in (("aggregation_constant", self.algorithm.aggregation_constant is None),
-                                ("overlong_buffer", self.algorithm.overlong_buffer > 0)):
+            for field, used in (
+                ("aggregation_constant", self.algorithm.aggregation_constant is None),
+                ("overlong_buffer", self.algorithm.overlong_buffer > 0),
+            ):
                 if used:
-                    raise ConfigError(f"TrainConfig.max_response_length: must be set (an int >= 1) when the "
-                                      f"algorithm's {field} reads it, got None")
+                    raise ConfigError(
+                        f"TrainConfig.max_response_length: must be set (an int >= 1) when the "
+                        f"algorithm's {field} reads it, got None"
+                    )
         elif self.algorithm.aggregation_constant is None:
-            object.__setattr__(self, "algorithm", dataclasses.replace(
-                self.algorithm, aggregation_constant=float(self.max_response_length)))
+            object.__setattr__(
+                self,
+                "algorithm",
+                dataclasses.replace(
+                    self.algorithm, aggregation_constant=float(self.max_response_length)
+                ),
+            )
         try:
             check_inputs(self.algorithm)
         except ValueError as e:
@@ -162,8 +173,12 @@ class TrainConfig:
         None for the model's own distribution."""
         if self.scoring == "model":
             return None
-        return SamplingConfig(temperature=self.sampling_temperature, top_k=self.sampling_top_k,
-                              top_p=self.sampling_top_p, valid_vocab_size=self.valid_vocab_size)
+        return SamplingConfig(
+            temperature=self.sampling_temperature,
+            top_k=self.sampling_top_k,
+            top_p=self.sampling_top_p,
+            valid_vocab_size=self.valid_vocab_size,
+        )
 
     @property
     def updates_per_batch(self) -> int:
@@ -173,7 +188,9 @@ class TrainConfig:
     # ------------------------------------------------------------------ plain data
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data; ``TrainConfig.from_dict(c.to_dict()) == c``."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "algorithm"}
+        out = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "algorithm"
+        }
         out["algorithm"] = algorithm_to_dict(self.algorithm)
         return out
 
@@ -183,12 +200,15 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"TrainConfig: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"TrainConfig: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}"
+            )
         return cls(**d)
 
 
 def algorithm_to_dict(config: AlgorithmConfig) -> dict[str, Any]:
     """An :class:`AlgorithmConfig` as plain data that ``AlgorithmConfig.from_dict`` reads back."""
+
     def term(t: LossTermConfig) -> dict[str, Any]:
         return {"name": t.name, "coef": t.coef, "params": dict(t.params)}
 
@@ -234,7 +254,10 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "logits_chunk": (_positive_int, "an int >= 1"),
     "attention": (lambda v: v in ATTENTION_IMPLEMENTATIONS, f"one of {ATTENTION_IMPLEMENTATIONS}"),
     "scoring": (lambda v: v in SCORING, f"one of {SCORING}"),
-    "sampling_temperature": (_positive_real, "a finite number > 0 (greedy rollouts have no distribution to score under)"),
+    "sampling_temperature": (
+        _positive_real,
+        "a finite number > 0 (greedy rollouts have no distribution to score under)",
+    ),
     "sampling_top_k": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (0: off)"),
     "sampling_top_p": (lambda v: _is_real(v) and 0 < v <= 1, "a number in (0, 1]"),
     "valid_vocab_size": (lambda v: v is None or _positive_int(v), "None or an int >= 1"),

@@ -88,8 +88,10 @@ def assemble(draws: list[Draw]) -> tuple[Trajectory, np.ndarray | None, dict[str
     first = draws[0]
     rows = first.trajectory.row_mask.shape[0]
     chosen, group_of = pack(draws, rows)
-    groups_seen = sum(len(np.unique(np.asarray(d.trajectory.group_id)[np.asarray(d.trajectory.row_mask, bool)]))
-                      for d in draws)
+    groups_seen = sum(
+        len(np.unique(np.asarray(d.trajectory.group_id)[np.asarray(d.trajectory.row_mask, bool)]))
+        for d in draws
+    )
     kept = len(set(group_of))
     filler = rows - len(chosen)
     # filler: rows of the first draw not chosen, masked out (any rows would do: they are not real)
@@ -100,17 +102,28 @@ def assemble(draws: list[Draw]) -> tuple[Trajectory, np.ndarray | None, dict[str
     picked = jax.tree.map(lambda x: np.take(x, index, axis=0), merged)
     # as wide as the draws rows were taken from (the first gives the filler), not wider
     sizes = np.cumsum([d.trajectory.row_mask.shape[0] for d in draws])
-    width = max(draws[int(np.searchsorted(sizes, i, side="right"))].trajectory.tokens.shape[1] for i in index)
+    width = max(
+        draws[int(np.searchsorted(sizes, i, side="right"))].trajectory.tokens.shape[1]
+        for i in index
+    )
     picked = picked.replace(**{f: getattr(picked, f)[:, :width] for f in TOKEN_FIELDS})
     row_mask = np.arange(rows) < len(chosen)
-    group_id = np.concatenate([np.asarray(group_of, np.int32), kept + np.arange(filler, dtype=np.int32)])
-    trajectory = picked.replace(row_mask=row_mask & np.asarray(picked.row_mask, bool), group_id=group_id)
+    group_id = np.concatenate(
+        [np.asarray(group_of, np.int32), kept + np.arange(filler, dtype=np.int32)]
+    )
+    trajectory = picked.replace(
+        row_mask=row_mask & np.asarray(picked.row_mask, bool), group_id=group_id
+    )
     scores = None
     if first.step_scores is not None:
         scores = np.take(np.concatenate([np.asarray(d.step_scores) for d in draws]), index, axis=0)
         scores = np.where(row_mask[:, None], scores, 0.0).astype(np.float32)
-    metrics = {"dynamic_sampling/rollout_batches": float(len(draws)),
-               "dynamic_sampling/kept_groups": float(kept),
-               "dynamic_sampling/dropped_groups": float(groups_seen - sum(len(kept_groups(d)) for d in draws)),
-               "dynamic_sampling/filler_rows": float(filler)}
+    metrics = {
+        "dynamic_sampling/rollout_batches": float(len(draws)),
+        "dynamic_sampling/kept_groups": float(kept),
+        "dynamic_sampling/dropped_groups": float(
+            groups_seen - sum(len(kept_groups(d)) for d in draws)
+        ),
+        "dynamic_sampling/filler_rows": float(filler),
+    }
     return trajectory, scores, metrics

@@ -30,15 +30,25 @@ from __future__ import annotations
 
 import dataclasses
 
-from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, AlgorithmConfig, LossInputs
+from agentrl_jax.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    AlgorithmConfig,
+    LossInputs,
+)
 
 TARGETS = ("policy", "critic")
-LIVE_INPUTS: dict[str, frozenset[str]] = {"policy": frozenset({"logprobs", "entropy"}),
-                                          "critic": frozenset({"values"})}
-BATCH_INPUTS = frozenset({"old_logprobs", "ref_logprobs", "advantages", "old_values", "returns",
-                          "sampler_logprobs"})
+LIVE_INPUTS: dict[str, frozenset[str]] = {
+    "policy": frozenset({"logprobs", "entropy"}),
+    "critic": frozenset({"values"}),
+}
+BATCH_INPUTS = frozenset(
+    {"old_logprobs", "ref_logprobs", "advantages", "old_values", "returns", "sampler_logprobs"}
+)
 CRITIC_BATCH_INPUTS = frozenset({"old_values", "returns"})  # need a critic
-ADVANTAGE_INPUTS = frozenset(f.name for f in dataclasses.fields(AdvantageInputs))  # the step fills all
+ADVANTAGE_INPUTS = frozenset(
+    f.name for f in dataclasses.fields(AdvantageInputs)
+)  # the step fills all
 CRITIC_ADVANTAGE_INPUTS = frozenset({"values", "token_rewards"})  # filled only with a critic
 
 
@@ -73,16 +83,20 @@ class StepInputs:
 
 
 def _term_inputs(algorithm: AlgorithmConfig, target: str) -> frozenset[str]:
-    return frozenset(f for t in algorithm.terms_for(target) for f in t.term.required) - {"loss_mask"}
+    return frozenset(f for t in algorithm.terms_for(target) for f in t.term.required) - {
+        "loss_mask"
+    }
 
 
 def step_inputs(algorithm: AlgorithmConfig) -> StepInputs:
     """The inputs ``algorithm``'s estimator and terms declare (pure; see the module docstring)."""
     estimator = ADVANTAGE_ESTIMATORS[algorithm.advantage]
     return StepInputs(
-        policy=_term_inputs(algorithm, "policy"), critic=_term_inputs(algorithm, "critic"),
+        policy=_term_inputs(algorithm, "policy"),
+        critic=_term_inputs(algorithm, "critic"),
         advantage=frozenset(estimator.required) - {"loss_mask"},
-        critic_model=bool(estimator.uses_critic or algorithm.terms_for("critic")))
+        critic_model=bool(estimator.uses_critic or algorithm.terms_for("critic")),
+    )
 
 
 def _missing(field: str, target: str, inputs: StepInputs, uses_critic: bool) -> str | None:
@@ -112,12 +126,18 @@ def check_inputs(algorithm: AlgorithmConfig) -> None:
         for field in sorted(set(term.required) - {"loss_mask"}):
             reason = _missing(field, term.target, inputs, estimator.uses_critic)
             if reason is not None:
-                raise ValueError(f"loss_terms[{i}]: loss term {term.name!r} ({term.target}) needs "
-                                 f"{LossInputs.__name__}.{field}, but {reason}")
+                raise ValueError(
+                    f"loss_terms[{i}]: loss term {term.name!r} ({term.target}) needs "
+                    f"{LossInputs.__name__}.{field}, but {reason}"
+                )
     for field in sorted(inputs.advantage):
         if field not in ADVANTAGE_INPUTS:
-            raise ValueError(f"advantage: estimator {estimator.name!r} needs {AdvantageInputs.__name__}.{field}, "
-                             "which the train step does not compute")
+            raise ValueError(
+                f"advantage: estimator {estimator.name!r} needs {AdvantageInputs.__name__}.{field}, "
+                "which the train step does not compute"
+            )
         if field in CRITIC_ADVANTAGE_INPUTS and not inputs.critic_model:
-            raise ValueError(f"advantage: estimator {estimator.name!r} needs {AdvantageInputs.__name__}.{field}, "
-                             "which needs a critic: register the estimator with uses_critic=True")
+            raise ValueError(
+                f"advantage: estimator {estimator.name!r} needs {AdvantageInputs.__name__}.{field}, "
+                "which needs a critic: register the estimator with uses_critic=True"
+            )

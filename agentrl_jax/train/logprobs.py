@@ -45,8 +45,11 @@ def gather_positions(loss_mask: jax.Array, width: int) -> tuple[jax.Array, jax.A
     rank = jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1  # slot of each loss position
     slot = jnp.where(mask, rank, width)  # width = out of range: dropped
     rows = jnp.arange(n)[:, None]
-    positions = jnp.zeros((n, width), jnp.int32).at[rows, slot].set(
-        jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (n, length)), mode="drop")
+    positions = (
+        jnp.zeros((n, width), jnp.int32)
+        .at[rows, slot]
+        .set(jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (n, length)), mode="drop")
+    )
     count = jnp.sum(mask, axis=1, dtype=jnp.int32)
     valid = jnp.arange(width)[None, :] < jnp.minimum(count, width)[:, None]
     return positions, valid
@@ -60,8 +63,9 @@ def kept_mask(loss_mask: jax.Array, width: int) -> jax.Array:
     return mask & (jnp.cumsum(mask, axis=1) <= width)
 
 
-def scatter_positions(values: jax.Array, positions: jax.Array, valid: jax.Array,
-                      length: int) -> jax.Array:
+def scatter_positions(
+    values: jax.Array, positions: jax.Array, valid: jax.Array, length: int
+) -> jax.Array:
     """Inverse of the gather: ``values [N, R]`` at ``positions`` -> ``[N, L]``, 0 elsewhere."""
     n, width = values.shape
     target = jnp.where(valid, positions, length)  # invalid slots: out of range, dropped
@@ -69,9 +73,15 @@ def scatter_positions(values: jax.Array, positions: jax.Array, valid: jax.Array,
     return jnp.zeros((n, length), values.dtype).at[rows, target].set(values, mode="drop")
 
 
-def head_logprobs(hidden: jax.Array, targets: jax.Array, logits_fn: Callable[[jax.Array], jax.Array],
-                  *, chunk: int, with_entropy: bool = False, sampling: SamplingConfig | None = None
-                  ) -> tuple[jax.Array, jax.Array | None]:
+def head_logprobs(
+    hidden: jax.Array,
+    targets: jax.Array,
+    logits_fn: Callable[[jax.Array], jax.Array],
+    *,
+    chunk: int,
+    with_entropy: bool = False,
+    sampling: SamplingConfig | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
     """``log softmax(logits_fn(hidden))[target]`` (and the entropy) per position, in chunks.
 
     hidden: ``[N, R, D]``; targets: ``[N, R]`` int; logits_fn: ``[N, C, D] -> [N, C, V]``
@@ -91,8 +101,9 @@ def head_logprobs(hidden: jax.Array, targets: jax.Array, logits_fn: Callable[[ja
     def one(h, t):
         logits = logits_fn(h).astype(jnp.float32)  # [N, C, V]
         if sampling is not None:  # -inf outside the sampling distribution's support
-            logits = scoring_logits(logits.reshape(-1, logits.shape[-1]), t.reshape(-1),
-                                    sampling).reshape(logits.shape)
+            logits = scoring_logits(
+                logits.reshape(-1, logits.shape[-1]), t.reshape(-1), sampling
+            ).reshape(logits.shape)
         normaliser = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0] - normaliser
         if not with_entropy:
@@ -106,16 +117,25 @@ def head_logprobs(hidden: jax.Array, targets: jax.Array, logits_fn: Callable[[ja
     else:
         h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(n, num, chunk, dim)
         t = jnp.pad(targets, ((0, 0), (0, pad))).reshape(n, num, chunk)
-        picked, entropy = jax.lax.map(lambda xs: one(*xs), (jnp.swapaxes(h, 0, 1), jnp.swapaxes(t, 0, 1)))
+        picked, entropy = jax.lax.map(
+            lambda xs: one(*xs), (jnp.swapaxes(h, 0, 1), jnp.swapaxes(t, 0, 1))
+        )
         picked = jnp.swapaxes(picked, 0, 1).reshape(n, num * chunk)[:, :width]
         entropy = jnp.swapaxes(entropy, 0, 1).reshape(n, num * chunk)[:, :width]
     return picked, (entropy if with_entropy else None)
 
 
-def position_logprobs(hidden: jax.Array, tokens: jax.Array, loss_mask: jax.Array,
-                      logits_fn: Callable[[jax.Array], jax.Array], *, width: int | None = None,
-                      chunk: int = 512, with_entropy: bool = False, sampling: SamplingConfig | None = None
-                      ) -> tuple[jax.Array, jax.Array | None]:
+def position_logprobs(
+    hidden: jax.Array,
+    tokens: jax.Array,
+    loss_mask: jax.Array,
+    logits_fn: Callable[[jax.Array], jax.Array],
+    *,
+    width: int | None = None,
+    chunk: int = 512,
+    with_entropy: bool = False,
+    sampling: SamplingConfig | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
     """Teacher-forced ``log pi(token_p | tokens_<p)`` at the loss positions, ``[N, L]``.
 
     hidden: ``[N, L, D]`` final hidden states; tokens, loss_mask: ``[N, L]``. Values at
@@ -128,10 +148,13 @@ def position_logprobs(hidden: jax.Array, tokens: jax.Array, loss_mask: jax.Array
     positions, valid = gather_positions(loss_mask, width)
     states = jnp.take_along_axis(hidden, jnp.maximum(positions - 1, 0)[..., None], axis=1)
     targets = jnp.take_along_axis(tokens, positions, axis=1)
-    picked, entropy = head_logprobs(states, targets, logits_fn, chunk=chunk, with_entropy=with_entropy,
-                                    sampling=sampling)
+    picked, entropy = head_logprobs(
+        states, targets, logits_fn, chunk=chunk, with_entropy=with_entropy, sampling=sampling
+    )
     logprobs = scatter_positions(picked, positions, valid, length)
-    return logprobs, None if entropy is None else scatter_positions(entropy, positions, valid, length)
+    return logprobs, None if entropy is None else scatter_positions(
+        entropy, positions, valid, length
+    )
 
 
 def check_loss_positions(trajectory, width: int | None) -> None:
@@ -139,9 +162,13 @@ def check_loss_positions(trajectory, width: int | None) -> None:
     bound ``width`` (host-side; the loop runs it on every batch)."""
     if width is None:
         return
-    mask = (np.asarray(trajectory.loss_mask, bool) & np.asarray(trajectory.row_mask, bool)[:, None])[:, 1:]
+    mask = (
+        np.asarray(trajectory.loss_mask, bool) & np.asarray(trajectory.row_mask, bool)[:, None]
+    )[:, 1:]
     counts = mask.sum(axis=1)
     if counts.size and counts.max() > width:
         row = int(np.argmax(counts))
-        raise ValueError(f"TrainConfig.loss_positions={width} is below the {int(counts[row])} sampled "
-                         f"tokens of row {row}: raise it (at least turns x response tokens per row)")
+        raise ValueError(
+            f"TrainConfig.loss_positions={width} is below the {int(counts[row])} sampled "
+            f"tokens of row {row}: raise it (at least turns x response tokens per row)"
+        )

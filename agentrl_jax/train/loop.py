@@ -51,13 +51,13 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from agentrl_jax.algorithms import dynamic_sampling_keep
 from agentrl_jax.process_rewards import StepScorer, StepScores, mean_step_score
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import TrainConfig
+from agentrl_jax.train.dynamic_sampling import Draw, assemble, packed_rows
 from agentrl_jax.train.logprobs import check_loss_positions
 from agentrl_jax.train.state import TrainState
-from agentrl_jax.algorithms import dynamic_sampling_keep
-from agentrl_jax.train.dynamic_sampling import Draw, assemble, packed_rows
 from agentrl_jax.train.step import TrainBatch, check_full_history, shaped_rewards
 from agentrl_jax.trajectory import Trajectory, concatenate_rows
 
@@ -81,19 +81,35 @@ class WandbSink:
     where W&B keeps its files; steps a resumed run logs again are ignored by W&B (its steps
     only grow), so ``metrics.jsonl`` stays the record of truth."""
 
-    def __init__(self, project: str, *, name: str, directory: str | Path,
-                 config: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        project: str,
+        *,
+        name: str,
+        directory: str | Path,
+        config: Mapping[str, Any] | None = None,
+    ):
         import wandb  # optional: only when asked for
+
         directory = Path(directory)
         run_id = hashlib.sha1(str(directory.resolve()).encode()).hexdigest()[:16]
-        self.run = wandb.init(project=project, name=name, dir=str(directory), id=run_id,
-                              resume="allow", config=dict(config or {}))
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            dir=str(directory),
+            id=run_id,
+            resume="allow",
+            config=dict(config or {}),
+        )
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         values = {}
         for name, value in metrics.items():
-            number = _json_number(float(np.mean(value))) if isinstance(value, (list, tuple)) \
+            number = (
+                _json_number(float(np.mean(value)))
+                if isinstance(value, (list, tuple))
                 else _json_number(value)
+            )
             if number is not None:
                 values[name] = number
         self.run.log(values, step=int(step))
@@ -133,8 +149,15 @@ class MetricsLogger:
     :class:`WandbSink`).
     """
 
-    def __init__(self, path: str | Path | None, *, tensorboard_dir: str | Path | None = None,
-                 resume_step: int | None = None, writer: Any = None, sinks: Sequence[Any] = ()):
+    def __init__(
+        self,
+        path: str | Path | None,
+        *,
+        tensorboard_dir: str | Path | None = None,
+        resume_step: int | None = None,
+        writer: Any = None,
+        sinks: Sequence[Any] = (),
+    ):
         self.path = None if path is None else Path(path)
         self.sinks = tuple(sinks)
         self.superseded = 0
@@ -146,8 +169,11 @@ class MetricsLogger:
         if writer is None and tensorboard_dir is not None:
             self.writer = tensorboard_writer(tensorboard_dir)
             if self.writer is None:
-                warnings.warn("TensorBoard logging asked for but neither tensorboardX nor tensorboard is "
-                              "installed; writing JSONL only", stacklevel=2)
+                warnings.warn(
+                    "TensorBoard logging asked for but neither tensorboardX nor tensorboard is "
+                    "installed; writing JSONL only",
+                    stacklevel=2,
+                )
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """One record: numbers, and lists of numbers (one per update of the step, see the
@@ -187,9 +213,11 @@ def _json_value(v: Any) -> float | list[float | None] | None:
 
 def host_metrics(metrics: Mapping[str, Any]) -> dict[str, float | list[float]]:
     """Device metrics as Python numbers: scalars as floats, ``[updates]`` arrays as lists."""
+
     def plain(v):
         v = np.asarray(v)
         return float(v) if v.ndim == 0 else [float(x) for x in v.reshape(-1)]
+
     return {k: plain(v) for k, v in jax.device_get(dict(metrics)).items()}
 
 
@@ -263,7 +291,8 @@ def rollout_metrics(trajectory: Trajectory, quality: StepScores | None) -> dict[
         "R_multi": jnp.sum(trajectory.success.astype(jnp.float32) * rows) / count,
         "turns_mean": jnp.sum(trajectory.turns_used.astype(jnp.float32) * rows) / count,
         "overflow_rate": jnp.sum(trajectory.overflow.astype(jnp.float32) * rows) / count,
-        "entropy_estimate": -jnp.sum(trajectory.logprobs * sampled) / jnp.maximum(jnp.sum(sampled), 1.0),
+        "entropy_estimate": -jnp.sum(trajectory.logprobs * sampled)
+        / jnp.maximum(jnp.sum(sampled), 1.0),
     }
     if quality is not None:
         out["R_single"] = mean_step_score(quality)
@@ -297,23 +326,33 @@ def train(
     """
     if process_scorer is None and config.process_reward_coef > 0:
         raise ValueError("train: config.process_reward_coef > 0 needs a process_scorer")
-    bar = tqdm(total=config.total_steps, initial=int(state.step), disable=not progress, desc="train",
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=config.total_steps,
+        initial=int(state.step),
+        disable=not progress,
+        desc="train",
+        dynamic_ncols=True,
+    )
     try:
         while int(state.step) < config.total_steps:
-            state, metrics = _iteration(state, train_step, rollout, task_batches, config,
-                                        process_scorer, quality_scorer)
+            state, metrics = _iteration(
+                state, train_step, rollout, task_batches, config, process_scorer, quality_scorer
+            )
             step = int(state.step)
             if metrics["update_skipped"]:
-                bar.write(f"step {step}: non-finite loss or gradient, {int(metrics['update_skipped'])} of "
-                          f"{config.updates_per_batch} updates skipped ({int(metrics['skipped_updates'])} so far)",
-                          file=sys.stderr)
+                bar.write(
+                    f"step {step}: non-finite loss or gradient, {int(metrics['update_skipped'])} of "
+                    f"{config.updates_per_batch} updates skipped ({int(metrics['skipped_updates'])} so far)",
+                    file=sys.stderr,
+                )
             if logger is not None:
                 logger.log(step, metrics)
             if checkpointer is not None and checkpointer.should_save(step, config.total_steps):
                 checkpointer.save(state, config, checkpoint_metadata)
             bar.update(1)
-            bar.set_postfix({k: f"{metrics[k]:.3g}" for k in ("R_multi", "R_single", "loss") if k in metrics})
+            bar.set_postfix(
+                {k: f"{metrics[k]:.3g}" for k in ("R_multi", "R_single", "loss") if k in metrics}
+            )
             if on_step is not None:
                 on_step(state, metrics)
     finally:
@@ -347,15 +386,26 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
             quality = quality_scorer(trajectory, tasks)
         scoring += time.perf_counter() - rolled
         rolling += rolled - start
-        step_scores = process.scores if process is not None and config.process_reward_coef > 0 else None
+        step_scores = (
+            process.scores if process is not None and config.process_reward_coef > 0 else None
+        )
         qualities.append(quality)
         if not algorithm.dynamic_sampling:
             draws.append(Draw(trajectory, np.ones(trajectory.row_mask.shape, bool), step_scores))
             break
         episode, _ = shaped_rewards(TrainBatch(trajectory, step_scores), config)
         keep = dynamic_sampling_keep(episode, trajectory.group_id, trajectory.row_mask.astype(bool))
-        draws.append(Draw(trajectory, np.asarray(keep), None if step_scores is None else np.asarray(step_scores)))
-        if packed_rows(draws, draws[0].trajectory.row_mask.shape[0]) == draws[0].trajectory.row_mask.shape[0]:
+        draws.append(
+            Draw(
+                trajectory,
+                np.asarray(keep),
+                None if step_scores is None else np.asarray(step_scores),
+            )
+        )
+        if (
+            packed_rows(draws, draws[0].trajectory.row_mask.shape[0])
+            == draws[0].trajectory.row_mask.shape[0]
+        ):
             break
     extra = {}
     if algorithm.dynamic_sampling:
@@ -383,14 +433,21 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
     metrics["time/rollout_s"] = rolling
     metrics["time/score_s"] = scoring
     metrics["time/update_s"] = updated - before_update
-    real_tokens = np.asarray(trajectory.token_mask, bool) & np.asarray(trajectory.row_mask, bool)[:, None]
+    real_tokens = (
+        np.asarray(trajectory.token_mask, bool) & np.asarray(trajectory.row_mask, bool)[:, None]
+    )
     metrics["train_tokens_per_s"] = float(real_tokens.sum()) / max(updated - before_update, 1e-9)
     return state, metrics
 
 
-def _all_draws(draws: list[Draw], qualities: list[StepScores | None]) -> tuple[Trajectory, StepScores | None]:
+def _all_draws(
+    draws: list[Draw], qualities: list[StepScores | None]
+) -> tuple[Trajectory, StepScores | None]:
     if len(draws) == 1:
         return draws[0].trajectory, qualities[0]
-    quality = None if qualities[0] is None else jax.tree.map(
-        lambda *x: np.concatenate([np.asarray(v) for v in x]), *qualities)
+    quality = (
+        None
+        if qualities[0] is None
+        else jax.tree.map(lambda *x: np.concatenate([np.asarray(v) for v in x]), *qualities)
+    )
     return concatenate_rows([d.trajectory for d in draws]), quality

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.sharding import QWEN3_PARAM_RULES, PartitionRule, path_string, spec_for
 from agentrl_jax.train.config import TrainConfig
@@ -66,10 +67,17 @@ class TrainState:
     skipped_updates: jax.Array
 
 
-def make_optimizer(learning_rate: float, weight_decay: float, config: TrainConfig) -> optax.GradientTransformation:
+def make_optimizer(
+    learning_rate: float, weight_decay: float, config: TrainConfig
+) -> optax.GradientTransformation:
     """Global-norm clipping (``config.max_grad_norm``, if set) then AdamW."""
-    adamw = optax.adamw(learning_rate, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
-                        weight_decay=weight_decay)
+    adamw = optax.adamw(
+        learning_rate,
+        b1=config.adam_b1,
+        b2=config.adam_b2,
+        eps=config.adam_eps,
+        weight_decay=weight_decay,
+    )
     if config.max_grad_norm is None:
         return adamw
     return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
@@ -86,8 +94,10 @@ def critic_optimizer(config: TrainConfig) -> optax.GradientTransformation:
 def init_critic(policy_params: Any, hidden_size: int) -> CriticParams:
     """A critic whose backbone copies the policy and whose value head is zero (V = 0 at first)."""
     backbone = jax.tree.map(jnp.copy, policy_params)
-    return CriticParams(backbone, {"kernel": jnp.zeros((hidden_size,), jnp.float32),
-                                   "bias": jnp.zeros((), jnp.float32)})
+    return CriticParams(
+        backbone,
+        {"kernel": jnp.zeros((hidden_size,), jnp.float32), "bias": jnp.zeros((), jnp.float32)},
+    )
 
 
 def init_train_state(model: nnx.Module, config: TrainConfig) -> TrainState:
@@ -98,18 +108,22 @@ def init_train_state(model: nnx.Module, config: TrainConfig) -> TrainState:
     is committed (:func:`commit_state`).
     """
     _, params = nnx.split(model)
-    policy_opt, reference, critic, critic_opt = _derived_state(params, config, model.config.hidden_size)
-    return commit_state(TrainState(
-        step=jnp.zeros((), jnp.int32),
-        policy=params,
-        policy_opt=policy_opt,
-        reference=reference,
-        critic=critic,
-        critic_opt=critic_opt,
-        rng=jax.random.PRNGKey(config.seed),
-        data_position=jnp.zeros((), jnp.int32),
-        skipped_updates=jnp.zeros((), jnp.int32),
-    ))
+    policy_opt, reference, critic, critic_opt = _derived_state(
+        params, config, model.config.hidden_size
+    )
+    return commit_state(
+        TrainState(
+            step=jnp.zeros((), jnp.int32),
+            policy=params,
+            policy_opt=policy_opt,
+            reference=reference,
+            critic=critic,
+            critic_opt=critic_opt,
+            rng=jax.random.PRNGKey(config.seed),
+            data_position=jnp.zeros((), jnp.int32),
+            skipped_updates=jnp.zeros((), jnp.int32),
+        )
+    )
 
 
 def commit_state(state: TrainState) -> TrainState:
@@ -126,15 +140,20 @@ def commit_state(state: TrainState) -> TrainState:
         replicated = NamedSharding(sharding.mesh, P())
 
         def place(x):
-            return x if isinstance(getattr(x, "sharding", None), NamedSharding) else \
-                jax.device_put(x, replicated)
+            return (
+                x
+                if isinstance(getattr(x, "sharding", None), NamedSharding)
+                else jax.device_put(x, replicated)
+            )
+
         return jax.tree.map(place, state)
     device = next(iter(sharding.device_set)) if sharding is not None else jax.local_devices()[0]
     return jax.device_put(state, SingleDeviceSharding(device))
 
 
-def place_state(state: TrainState, mesh: Mesh | None = None,
-                rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES) -> TrainState:
+def place_state(
+    state: TrainState, mesh: Mesh | None = None, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES
+) -> TrainState:
     """``state`` in the layout the train step keeps: :func:`shard_state` on a mesh, else
     :func:`commit_state` (one device)."""
     return commit_state(state) if mesh is None else shard_state(state, mesh, rules)
@@ -171,8 +190,11 @@ def _param_spec(path: str, shape: Sequence[int], mesh: Mesh, rules: Sequence[Par
     return P()
 
 
-def state_shardings(state: TrainState, mesh: Mesh, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES) -> TrainState:
+def state_shardings(
+    state: TrainState, mesh: Mesh, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES
+) -> TrainState:
     """A ``NamedSharding`` for every leaf of ``state`` (arrays or ShapeDtypeStructs)."""
+
     def sharding(path, leaf):
         field = path_string(path[:1])
         if field in _PARAM_FIELDS:
@@ -182,6 +204,8 @@ def state_shardings(state: TrainState, mesh: Mesh, rules: Sequence[PartitionRule
     return jax.tree_util.tree_map_with_path(sharding, state)
 
 
-def shard_state(state: TrainState, mesh: Mesh, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES) -> TrainState:
+def shard_state(
+    state: TrainState, mesh: Mesh, rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES
+) -> TrainState:
     """``jax.device_put`` of ``state`` onto :func:`state_shardings`."""
     return jax.device_put(state, state_shardings(state, mesh, rules))

@@ -67,7 +67,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx, struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.algorithms import (
     AdvantageInputs,
@@ -86,7 +87,13 @@ from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, PartitionRule
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.inputs import step_inputs
 from agentrl_jax.train.logprobs import kept_mask, position_logprobs
-from agentrl_jax.train.state import CriticParams, TrainState, critic_optimizer, policy_optimizer, state_shardings
+from agentrl_jax.train.state import (
+    CriticParams,
+    TrainState,
+    critic_optimizer,
+    policy_optimizer,
+    state_shardings,
+)
 from agentrl_jax.trajectory import Trajectory
 
 
@@ -106,10 +113,16 @@ def _shift_right(x: jax.Array) -> jax.Array:
     return jnp.pad(x, ((0, 0), (1, 0)))
 
 
-def sequence_logprobs(model: nnx.Module, tokens: jax.Array, token_mask: jax.Array, *,
-                      loss_mask: jax.Array | None = None, with_entropy: bool = False,
-                      config: TrainConfig | None = None, constrain: Constrain | None = None
-                      ) -> tuple[jax.Array, jax.Array | None]:
+def sequence_logprobs(
+    model: nnx.Module,
+    tokens: jax.Array,
+    token_mask: jax.Array,
+    *,
+    loss_mask: jax.Array | None = None,
+    with_entropy: bool = False,
+    config: TrainConfig | None = None,
+    constrain: Constrain | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
     """Teacher-forced ``log pi(token_p | tokens_<p)`` ``[N, L]`` (and the entropy at each
     position's predicting distribution, ``[N, L]``, if asked); 0 at position 0.
 
@@ -121,12 +134,25 @@ def sequence_logprobs(model: nnx.Module, tokens: jax.Array, token_mask: jax.Arra
     :func:`activation_constraint`).
     """
     config = config or TrainConfig()
-    hidden, _ = model.hidden_states(tokens, positions_from_mask(token_mask), token_mask,
-                                    remat=config.remat, constrain=constrain, attention=config.attention)
+    hidden, _ = model.hidden_states(
+        tokens,
+        positions_from_mask(token_mask),
+        token_mask,
+        remat=config.remat,
+        constrain=constrain,
+        attention=config.attention,
+    )
     mask = jnp.ones_like(token_mask, bool) if loss_mask is None else loss_mask
-    return position_logprobs(hidden, tokens, mask, lambda h: model.logits((constrain or _same)(h)),
-                             width=config.loss_positions, chunk=config.logits_chunk,
-                             with_entropy=with_entropy, sampling=config.scoring_sampling)
+    return position_logprobs(
+        hidden,
+        tokens,
+        mask,
+        lambda h: model.logits((constrain or _same)(h)),
+        width=config.loss_positions,
+        chunk=config.logits_chunk,
+        with_entropy=with_entropy,
+        sampling=config.scoring_sampling,
+    )
 
 
 def _same(x):
@@ -140,19 +166,35 @@ def activation_constraint(mesh: Mesh | None) -> Constrain | None:
         return None
 
     def constrain(x: jax.Array) -> jax.Array:
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1)))))
+        return jax.lax.with_sharding_constraint(
+            x, NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1))))
+        )
 
     return constrain
 
 
-def critic_values(model: nnx.Module, head: dict[str, jax.Array], tokens: jax.Array,
-                  token_mask: jax.Array, *, config: TrainConfig | None = None,
-                  constrain: Constrain | None = None) -> jax.Array:
+def critic_values(
+    model: nnx.Module,
+    head: dict[str, jax.Array],
+    tokens: jax.Array,
+    token_mask: jax.Array,
+    *,
+    config: TrainConfig | None = None,
+    constrain: Constrain | None = None,
+) -> jax.Array:
     """``V`` of the state each token was sampled in, ``[N, L]`` float32 (0 at position 0)."""
     config = config or TrainConfig()
-    hidden, _ = model.hidden_states(tokens, positions_from_mask(token_mask), token_mask,
-                                    remat=config.remat, constrain=constrain, attention=config.attention)
-    values = jnp.einsum("nld,d->nl", hidden[:, :-1].astype(jnp.float32), head["kernel"]) + head["bias"]
+    hidden, _ = model.hidden_states(
+        tokens,
+        positions_from_mask(token_mask),
+        token_mask,
+        remat=config.remat,
+        constrain=constrain,
+        attention=config.attention,
+    )
+    values = (
+        jnp.einsum("nld,d->nl", hidden[:, :-1].astype(jnp.float32), head["kernel"]) + head["bias"]
+    )
     return _shift_right(values)
 
 
@@ -161,6 +203,7 @@ def critic_values(model: nnx.Module, head: dict[str, jax.Array], tokens: jax.Arr
 
 def split_micro_batches(tree: Any, num: int) -> Any:
     """``[N, ...]`` leaves -> ``[num, N / num, ...]``; micro-batch m holds rows m, m + num, ..."""
+
     def split(x):
         if x.shape[0] % num:
             raise ValueError(f"num_micro_batches={num} must divide the batch's {x.shape[0]} rows")
@@ -185,8 +228,13 @@ def _add(a: Any, b: Any) -> Any:
     return jax.tree.map(jnp.add, a, b)
 
 
-def accumulate_gradients(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], params: Any,
-                         data: Any, num: int, combine: Callable[[Any, Any], Any] = _add) -> tuple[Any, Any]:
+def accumulate_gradients(
+    loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]],
+    params: Any,
+    data: Any,
+    num: int,
+    combine: Callable[[Any, Any], Any] = _add,
+) -> tuple[Any, Any]:
     """Sums ``grad(loss_fn)(params, micro_batch)`` over ``num`` micro-batches, and combines
     their aux with ``combine`` (default: summed; pass :class:`~agentrl_jax.algorithms.LossSum`
     parts). ``loss_fn(params, batch) -> (value to differentiate, aux pytree)``. One
@@ -202,7 +250,9 @@ def accumulate_gradients(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], p
         return (_add(carry[0], grads), combine(carry[1], aux)), None
 
     first = jax.tree.map(lambda x: x[0], micro)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grad_fn, params, first))
+    zeros = jax.tree.map(
+        lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grad_fn, params, first)
+    )
     total, _ = jax.lax.scan(body, zeros, micro)
     return total
 
@@ -239,14 +289,17 @@ def check_full_history(trajectory: Trajectory) -> None:
     need each turn re-scored on its own context, which this step does not do.
     """
     real = np.asarray(trajectory.turn_mask, bool) & np.asarray(trajectory.row_mask, bool)[:, None]
-    windowed = real & (np.asarray(trajectory.context_start) != np.asarray(trajectory.prefix_len)[:, None])
+    windowed = real & (
+        np.asarray(trajectory.context_start) != np.asarray(trajectory.prefix_len)[:, None]
+    )
     if windowed.any():
         row, turn = (int(i[0]) for i in np.nonzero(windowed))
         raise ValueError(
             f"Trajectory.context_start: {int(windowed.sum())} turns were sampled from a windowed history "
             f"(first: row {row}, turn {turn}); the train step scores each response with the whole "
             "conversation as its context, so it needs rollouts with the whole history kept "
-            "(history_window=None)")
+            "(history_window=None)"
+        )
 
 
 def overlong_rewards(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
@@ -258,9 +311,12 @@ def overlong_rewards(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
     if algorithm.overlong_buffer == 0:
         return jnp.zeros(trajectory.row_mask.shape, jnp.float32)
     length = config.max_response_length
-    return overlong_penalty(jnp.sum(batch_loss_mask(trajectory), axis=-1), max_length=length,
-                            cache_length=max(1, int(algorithm.overlong_buffer * length + 0.5)),
-                            penalty=algorithm.overlong_penalty)
+    return overlong_penalty(
+        jnp.sum(batch_loss_mask(trajectory), axis=-1),
+        max_length=length,
+        cache_length=max(1, int(algorithm.overlong_buffer * length + 0.5)),
+        penalty=algorithm.overlong_penalty,
+    )
 
 
 def shaped_rewards(batch: TrainBatch, config: TrainConfig) -> tuple[jax.Array, jax.Array]:
@@ -278,7 +334,9 @@ def shaped_rewards(batch: TrainBatch, config: TrainConfig) -> tuple[jax.Array, j
     return shape_rewards(outcome, batch.step_scores, turn_mask, config.process_reward_coef)
 
 
-def advantage_inputs(batch: TrainBatch, config: TrainConfig, old_values: jax.Array | None) -> AdvantageInputs:
+def advantage_inputs(
+    batch: TrainBatch, config: TrainConfig, old_values: jax.Array | None
+) -> AdvantageInputs:
     """What the configured estimator reads, from a batch (:func:`shaped_rewards`).
 
     Every field is filled (estimators also read optional ones, such as ``traj_mask``, that
@@ -286,12 +344,23 @@ def advantage_inputs(batch: TrainBatch, config: TrainConfig, old_values: jax.Arr
     traj = batch.trajectory
     turn_mask = traj.turn_mask.astype(bool) & traj.row_mask.astype(bool)[:, None]
     episode, per_turn = shaped_rewards(batch, config)
-    anchors = budget_anchor_keys(traj.anchor_key, traj.budget) if config.budget_anchors else traj.anchor_key
+    anchors = (
+        budget_anchor_keys(traj.anchor_key, traj.budget)
+        if config.budget_anchors
+        else traj.anchor_key
+    )
     return AdvantageInputs(
-        loss_mask=batch_loss_mask(traj), rewards=episode, group_ids=traj.group_id,
-        traj_mask=traj.row_mask.astype(bool), step_rewards=per_turn, turn_mask=turn_mask,
-        anchor_keys=anchors, token_turn_index=traj.token_turn,
-        token_rewards=turn_rewards_to_tokens(per_turn, traj.token_turn) if old_values is not None else None,
+        loss_mask=batch_loss_mask(traj),
+        rewards=episode,
+        group_ids=traj.group_id,
+        traj_mask=traj.row_mask.astype(bool),
+        step_rewards=per_turn,
+        turn_mask=turn_mask,
+        anchor_keys=anchors,
+        token_turn_index=traj.token_turn,
+        token_rewards=turn_rewards_to_tokens(per_turn, traj.token_turn)
+        if old_values is not None
+        else None,
         values=old_values,
     )
 
@@ -302,18 +371,33 @@ def recorded_logprobs(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
     return trajectory.sampling_logprobs if config.scoring == "sampling" else trajectory.logprobs
 
 
-def sampler_gap(trainer: jax.Array, sampler: jax.Array, mask: jax.Array) -> tuple[LossSum, jax.Array]:
+def sampler_gap(
+    trainer: jax.Array, sampler: jax.Array, mask: jax.Array
+) -> tuple[LossSum, jax.Array]:
     """The sampler-trainer log-prob gap ``|trainer - sampler|`` over ``mask``: its token-mean
     sum (:class:`LossSum`, exact over micro-batches) and its maximum (0 for an empty mask)."""
     gap = jnp.abs(trainer - sampler)
     return _token_mean_sum(gap, mask), jnp.max(jnp.where(mask, gap, 0.0), initial=0.0)
 
 
-def _model_scores(graphdef: nnx.GraphDef, config: TrainConfig, params: Any, mb: Mapping[str, jax.Array],
-                  constrain: Constrain | None, with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+def _model_scores(
+    graphdef: nnx.GraphDef,
+    config: TrainConfig,
+    params: Any,
+    mb: Mapping[str, jax.Array],
+    constrain: Constrain | None,
+    with_entropy: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
     """``(logprobs, entropy or None)`` ``[n, L]`` of a (micro-)batch's tokens under ``params``."""
-    return sequence_logprobs(nnx.merge(graphdef, params), mb["tokens"], mb["token_mask"], loss_mask=mb["loss_mask"],
-                             with_entropy=with_entropy, config=config, constrain=constrain)
+    return sequence_logprobs(
+        nnx.merge(graphdef, params),
+        mb["tokens"],
+        mb["token_mask"],
+        loss_mask=mb["loss_mask"],
+        with_entropy=with_entropy,
+        config=config,
+        constrain=constrain,
+    )
 
 
 def _chunks(config: TrainConfig) -> int:
@@ -328,8 +412,13 @@ def _records_old_logprobs(config: TrainConfig) -> bool:
     return config.updates_per_batch > 1 and "old_logprobs" in step_inputs(config.algorithm).batch
 
 
-def prepare_batch(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState, batch: TrainBatch,
-                  mesh: Mesh | None = None) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+def prepare_batch(
+    graphdef: nnx.GraphDef,
+    config: TrainConfig,
+    state: TrainState,
+    batch: TrainBatch,
+    mesh: Mesh | None = None,
+) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     """What one rollout batch's updates share, computed once before the first: ``(data, metrics)``.
 
     ``data`` holds ``[N, ...]`` rows: ``tokens``, ``token_mask``, ``loss_mask`` and the batch
@@ -346,9 +435,15 @@ def prepare_batch(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState
     constrain = activation_constraint(mesh)
     traj = batch.trajectory
     full_mask = batch_loss_mask(traj)
-    loss_mask = full_mask if config.loss_positions is None else kept_mask(full_mask, config.loss_positions)
-    data = {"tokens": traj.tokens, "token_mask": traj.token_mask.astype(bool), "loss_mask": loss_mask,
-            "recorded_logprobs": recorded_logprobs(traj, config)}
+    loss_mask = (
+        full_mask if config.loss_positions is None else kept_mask(full_mask, config.loss_positions)
+    )
+    data = {
+        "tokens": traj.tokens,
+        "token_mask": traj.token_mask.astype(bool),
+        "loss_mask": loss_mask,
+        "recorded_logprobs": recorded_logprobs(traj, config),
+    }
     chunks = _chunks(config)
     weights = loss_mask.astype(jnp.float32)
     tokens = jnp.sum(weights)
@@ -361,28 +456,46 @@ def prepare_batch(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState
     if needs.critic_model:
         backbone = nnx.merge(graphdef, state.critic.backbone)
         old_values = map_micro_batches(
-            lambda mb: critic_values(backbone, state.critic.head, mb["tokens"], mb["token_mask"],
-                                     config=config, constrain=constrain), data, chunks)
+            lambda mb: critic_values(
+                backbone,
+                state.critic.head,
+                mb["tokens"],
+                mb["token_mask"],
+                config=config,
+                constrain=constrain,
+            ),
+            data,
+            chunks,
+        )
         metrics["value_mean"] = token_mean(old_values)
     computed = {"old_values": old_values, "sampler_logprobs": traj.sampling_logprobs}
     if needs.batch & {"advantages", "returns"}:
-        advantages = compute_advantages(config.algorithm, advantage_inputs(batch, config, old_values))
+        advantages = compute_advantages(
+            config.algorithm, advantage_inputs(batch, config, old_values)
+        )
         computed.update(advantages=advantages.advantages, returns=advantages.returns)
         metrics["advantage_mean"] = token_mean(advantages.advantages)
     if config.algorithm.overlong_buffer > 0:
         rows = traj.row_mask.astype(jnp.float32)
-        metrics["overlong_penalty_mean"] = jnp.sum(overlong_rewards(traj, config) * rows) / jnp.maximum(jnp.sum(rows), 1.0)
+        metrics["overlong_penalty_mean"] = jnp.sum(
+            overlong_rewards(traj, config) * rows
+        ) / jnp.maximum(jnp.sum(rows), 1.0)
     if _records_old_logprobs(config):
         computed["old_logprobs"] = map_micro_batches(
-            lambda mb: _model_scores(graphdef, config, state.policy, mb, constrain)[0], data, chunks)
-        gap_sum, metrics["sampler_gap_max"] = sampler_gap(computed["old_logprobs"], data["recorded_logprobs"],
-                                                          loss_mask)
+            lambda mb: _model_scores(graphdef, config, state.policy, mb, constrain)[0], data, chunks
+        )
+        gap_sum, metrics["sampler_gap_max"] = sampler_gap(
+            computed["old_logprobs"], data["recorded_logprobs"], loss_mask
+        )
         metrics["sampler_gap_mean"] = aggregation.mean(gap_sum)
     if needs.reference:
         reference = jax.lax.stop_gradient(state.reference)
         computed["ref_logprobs"] = map_micro_batches(
-            lambda mb: _model_scores(graphdef, config, reference, mb, constrain)[0], data, chunks)
-    data.update({name: jax.lax.stop_gradient(computed[name]) for name in needs.batch if name in computed})
+            lambda mb: _model_scores(graphdef, config, reference, mb, constrain)[0], data, chunks
+        )
+    data.update(
+        {name: jax.lax.stop_gradient(computed[name]) for name in needs.batch if name in computed}
+    )
     return data, metrics
 
 
@@ -412,20 +525,31 @@ def ratio_sums(logprobs: jax.Array, old_logprobs: jax.Array, mask: jax.Array) ->
     ``approx_kl``, mean ``(r - 1) - log r`` (an estimate of KL(pi_old || pi), k3)."""
     ratio = policy_ratio(logprobs, old_logprobs)
     log_ratio = jnp.log(ratio)
-    return {"ratio_mean": _token_mean_sum(ratio, mask),
-            "ratio_deviation": _token_mean_sum(jnp.abs(ratio - 1.0), mask),
-            "approx_kl": _token_mean_sum((ratio - 1.0) - log_ratio, mask)}
+    return {
+        "ratio_mean": _token_mean_sum(ratio, mask),
+        "ratio_deviation": _token_mean_sum(jnp.abs(ratio - 1.0), mask),
+        "approx_kl": _token_mean_sum((ratio - 1.0) - log_ratio, mask),
+    }
 
 
-def explained_variance_sums(values: jax.Array, returns: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+def explained_variance_sums(
+    values: jax.Array, returns: jax.Array, mask: jax.Array
+) -> dict[str, jax.Array]:
     """Sums over ``mask`` from which :func:`explained_variance` follows (add them over micro-batches)."""
     w = mask.astype(jnp.float32)
     residual = returns - values
-    return {"count": jnp.sum(w), "returns": jnp.sum(w * returns), "returns_sq": jnp.sum(w * returns ** 2),
-            "residual": jnp.sum(w * residual), "residual_sq": jnp.sum(w * residual ** 2)}
+    return {
+        "count": jnp.sum(w),
+        "returns": jnp.sum(w * returns),
+        "returns_sq": jnp.sum(w * returns**2),
+        "residual": jnp.sum(w * residual),
+        "residual_sq": jnp.sum(w * residual**2),
+    }
 
 
-EV_RELATIVE_FLOOR = 1e-4  # Var(returns) below this share of E[returns^2] is rounding: constant returns
+EV_RELATIVE_FLOOR = (
+    1e-4  # Var(returns) below this share of E[returns^2] is rounding: constant returns
+)
 
 
 def explained_variance(sums: Mapping[str, jax.Array]) -> jax.Array:
@@ -449,9 +573,15 @@ def _term_sums(result: Any) -> dict[str, LossSum]:
     return {**{f"loss/{name}": part for name, part in result.parts.items()}, **result.metrics}
 
 
-def policy_gradients(graphdef: nnx.GraphDef, config: TrainConfig, params: Any, data: Mapping[str, jax.Array],
-                     mesh: Mesh | None = None, *, first_update: bool | jax.Array = False
-                     ) -> tuple[Any, dict[str, jax.Array]]:
+def policy_gradients(
+    graphdef: nnx.GraphDef,
+    config: TrainConfig,
+    params: Any,
+    data: Mapping[str, jax.Array],
+    mesh: Mesh | None = None,
+    *,
+    first_update: bool | jax.Array = False,
+) -> tuple[Any, dict[str, jax.Array]]:
     """Mean gradient of the policy loss over ``data`` (one update's rows) at ``params``, and metrics.
 
     ``data``: rows of :func:`prepare_batch`'s data. Gradients are accumulated over
@@ -478,36 +608,59 @@ def policy_gradients(graphdef: nnx.GraphDef, config: TrainConfig, params: Any, d
     track_gap = first_update is True and "old_logprobs" not in data and "recorded_logprobs" in data
 
     def loss_fn(params, mb):
-        logprobs, entropy = _model_scores(graphdef, config, params, mb, constrain, "entropy" in live)
+        logprobs, entropy = _model_scores(
+            graphdef, config, params, mb, constrain, "entropy" in live
+        )
         fields = {name: mb[name] for name in batch_fields if name in mb}
         if "old_logprobs" in batch_fields:
             own = jax.lax.stop_gradient(logprobs)
-            fields["old_logprobs"] = jnp.where(first_update, own, mb["old_logprobs"]) if "old_logprobs" in mb else own
-        fields.update({name: value for name, value in (("logprobs", logprobs), ("entropy", entropy))
-                       if name in live})
-        result = compute_loss_with_metrics(config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields),
-                                           "policy")
+            fields["old_logprobs"] = (
+                jnp.where(first_update, own, mb["old_logprobs"]) if "old_logprobs" in mb else own
+            )
+        fields.update(
+            {
+                name: value
+                for name, value in (("logprobs", logprobs), ("entropy", entropy))
+                if name in live
+            }
+        )
+        result = compute_loss_with_metrics(
+            config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields), "policy"
+        )
         sums, peaks = _term_sums(result), {}
         if "old_logprobs" in fields:
-            sums.update(ratio_sums(jax.lax.stop_gradient(logprobs), fields["old_logprobs"], mb["loss_mask"]))
+            sums.update(
+                ratio_sums(jax.lax.stop_gradient(logprobs), fields["old_logprobs"], mb["loss_mask"])
+            )
         if track_gap:
             sums["sampler_gap_mean"], peaks["sampler_gap_max"] = sampler_gap(
-                jax.lax.stop_gradient(logprobs), mb["recorded_logprobs"], mb["loss_mask"])
+                jax.lax.stop_gradient(logprobs), mb["recorded_logprobs"], mb["loss_mask"]
+            )
         return result.total.total, (result.total, sums, peaks)
 
     def combine(a, b):  # sums add over micro-batches, peaks take the maximum
         return _add(a[0], b[0]), _add(a[1], b[1]), jax.tree.map(jnp.maximum, a[2], b[2])
 
-    grads, (total, sums, peaks) = accumulate_gradients(loss_fn, params, data, config.num_micro_batches, combine)
+    grads, (total, sums, peaks) = accumulate_gradients(
+        loss_fn, params, data, config.num_micro_batches, combine
+    )
     grads = _divide(grads, total.denom)
-    metrics = {"loss": aggregation.mean(total), **{k: aggregation.mean(v) for k, v in sums.items()},
-               **peaks, "grad_norm": optax.tree.norm(grads)}
+    metrics = {
+        "loss": aggregation.mean(total),
+        **{k: aggregation.mean(v) for k, v in sums.items()},
+        **peaks,
+        "grad_norm": optax.tree.norm(grads),
+    }
     return grads, metrics
 
 
-def critic_gradients(graphdef: nnx.GraphDef, config: TrainConfig, critic: CriticParams,
-                     data: Mapping[str, jax.Array], mesh: Mesh | None = None
-                     ) -> tuple[CriticParams, dict[str, jax.Array]]:
+def critic_gradients(
+    graphdef: nnx.GraphDef,
+    config: TrainConfig,
+    critic: CriticParams,
+    data: Mapping[str, jax.Array],
+    mesh: Mesh | None = None,
+) -> tuple[CriticParams, dict[str, jax.Array]]:
     """Mean gradient of the critic loss over ``data`` at ``critic``, and metrics: ``value_loss``,
     ``loss/<term>``, term metrics, ``explained_variance`` (of the returns by the values before
     this update, when the terms read returns) and ``critic_grad_norm``."""
@@ -516,28 +669,45 @@ def critic_gradients(graphdef: nnx.GraphDef, config: TrainConfig, critic: Critic
     batch_fields = needs.critic & needs.batch
 
     def loss_fn(critic, mb):
-        values = critic_values(nnx.merge(graphdef, critic.backbone), critic.head, mb["tokens"], mb["token_mask"],
-                               config=config, constrain=constrain)
+        values = critic_values(
+            nnx.merge(graphdef, critic.backbone),
+            critic.head,
+            mb["tokens"],
+            mb["token_mask"],
+            config=config,
+            constrain=constrain,
+        )
         fields = {name: mb[name] for name in batch_fields}
         fields.update({"values": values} if "values" in needs.critic else {})
-        result = compute_loss_with_metrics(config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields),
-                                           "critic")
-        ev = (explained_variance_sums(jax.lax.stop_gradient(values), mb["returns"], mb["loss_mask"])
-              if "returns" in mb else {})
+        result = compute_loss_with_metrics(
+            config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields), "critic"
+        )
+        ev = (
+            explained_variance_sums(jax.lax.stop_gradient(values), mb["returns"], mb["loss_mask"])
+            if "returns" in mb
+            else {}
+        )
         return result.total.total, (result.total, _term_sums(result), ev)
 
     grads, (total, sums, ev) = accumulate_gradients(loss_fn, critic, data, config.num_micro_batches)
     grads = _divide(grads, total.denom)
-    metrics = {"value_loss": aggregation.mean(total), **{k: aggregation.mean(v) for k, v in sums.items()},
-               "critic_grad_norm": optax.tree.norm(grads)}
+    metrics = {
+        "value_loss": aggregation.mean(total),
+        **{k: aggregation.mean(v) for k, v in sums.items()},
+        "critic_grad_norm": optax.tree.norm(grads),
+    }
     if ev:
         metrics["explained_variance"] = explained_variance(ev)
     return grads, metrics
 
 
-def compute_gradients(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState,
-                      batch: TrainBatch, mesh: Mesh | None = None
-                      ) -> tuple[Any, CriticParams | None, dict[str, jax.Array]]:
+def compute_gradients(
+    graphdef: nnx.GraphDef,
+    config: TrainConfig,
+    state: TrainState,
+    batch: TrainBatch,
+    mesh: Mesh | None = None,
+) -> tuple[Any, CriticParams | None, dict[str, jax.Array]]:
     """The gradients of one update on the whole batch at ``state``'s parameters, and metrics.
 
     Pure: :func:`prepare_batch`, then :func:`policy_gradients` (and :func:`critic_gradients`)
@@ -547,7 +717,9 @@ def compute_gradients(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainS
     constraints on activations (rows over the batch axes).
     """
     data, metrics = prepare_batch(graphdef, config, state, batch, mesh)
-    policy_grads, policy_metrics = policy_gradients(graphdef, config, state.policy, data, mesh, first_update=True)
+    policy_grads, policy_metrics = policy_gradients(
+        graphdef, config, state.policy, data, mesh, first_update=True
+    )
     metrics = {**metrics, **policy_metrics}
     critic_grads = None
     if config.uses_critic:
@@ -556,23 +728,32 @@ def compute_gradients(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainS
     return policy_grads, critic_grads, metrics
 
 
-def _apply(optimizer: optax.GradientTransformation, ok: jax.Array, grads: Any, opt_state: Any, params: Any):
+def _apply(
+    optimizer: optax.GradientTransformation, ok: jax.Array, grads: Any, opt_state: Any, params: Any
+):
     """One optimizer step, kept only if ``ok``: ``(params, opt_state)``."""
     updates, new_opt = optimizer.update(grads, opt_state, params)
-    return _keep_if(ok, optax.apply_updates(params, updates), params), _keep_if(ok, new_opt, opt_state)
+    return _keep_if(ok, optax.apply_updates(params, updates), params), _keep_if(
+        ok, new_opt, opt_state
+    )
 
 
-def _update_fn(graphdef: nnx.GraphDef, config: TrainConfig, data: Mapping[str, jax.Array], mesh: Mesh | None):
+def _update_fn(
+    graphdef: nnx.GraphDef, config: TrainConfig, data: Mapping[str, jax.Array], mesh: Mesh | None
+):
     """``(carry, (index, rows or None)) -> (carry, metrics)``: update number ``index`` on
     ``data`` at ``rows`` (all rows if None).
 
     ``carry = (policy, policy_opt, critic, critic_opt)``. If the loss or any gradient is not
     finite, nothing is updated and the metric ``update_skipped`` is 1.
     """
+
     def update(carry, xs):
         (policy, policy_opt, critic, critic_opt), (index, rows) = carry, xs
         mb = data if rows is None else select_rows(data, rows, mesh)
-        policy_grads, metrics = policy_gradients(graphdef, config, policy, mb, mesh, first_update=index == 0)
+        policy_grads, metrics = policy_gradients(
+            graphdef, config, policy, mb, mesh, first_update=index == 0
+        )
         finite = jnp.isfinite(metrics["loss"]) & _all_finite(policy_grads)
         if critic is not None:
             critic_grads, critic_metrics = critic_gradients(graphdef, config, critic, mb, mesh)
@@ -583,7 +764,9 @@ def _update_fn(graphdef: nnx.GraphDef, config: TrainConfig, data: Mapping[str, j
         empty = ~jnp.any(mb["loss_mask"])
         ok = finite & ~empty
         if critic is not None:
-            critic, critic_opt = _apply(critic_optimizer(config), ok, critic_grads, critic_opt, critic)
+            critic, critic_opt = _apply(
+                critic_optimizer(config), ok, critic_grads, critic_opt, critic
+            )
         policy, policy_opt = _apply(policy_optimizer(config), ok, policy_grads, policy_opt, policy)
         metrics["update_skipped"] = (~finite).astype(jnp.float32)
         metrics["update_empty"] = empty.astype(jnp.float32)
@@ -592,14 +775,21 @@ def _update_fn(graphdef: nnx.GraphDef, config: TrainConfig, data: Mapping[str, j
     return update
 
 
-def train_step(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState,
-               batch: TrainBatch, mesh: Mesh | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+    graphdef: nnx.GraphDef,
+    config: TrainConfig,
+    state: TrainState,
+    batch: TrainBatch,
+    mesh: Mesh | None = None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """All the updates of one rollout batch (see the module docstring). Pure; jit it with
     :func:`make_train_step`."""
     rows = batch.trajectory.tokens.shape[0]
     if rows % _chunks(config):
-        raise ValueError(f"mini_batches={config.mini_batches} x num_micro_batches={config.num_micro_batches} "
-                         f"must divide the batch's {rows} rows")
+        raise ValueError(
+            f"mini_batches={config.mini_batches} x num_micro_batches={config.num_micro_batches} "
+            f"must divide the batch's {rows} rows"
+        )
     data, batch_metrics = prepare_batch(graphdef, config, state, batch, mesh)
     update = _update_fn(graphdef, config, data, mesh)
     carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
@@ -615,11 +805,21 @@ def train_step(graphdef: nnx.GraphDef, config: TrainConfig, state: TrainState,
         carry, per_update = jax.lax.scan(update, carry, (jnp.arange(count), order))
     policy, policy_opt, critic, critic_opt = carry
     skipped = jnp.sum(per_update["update_skipped"]).astype(jnp.int32)
-    new = state.replace(policy=policy, policy_opt=policy_opt, critic=critic, critic_opt=critic_opt, rng=rng,
-                        step=state.step + 1, skipped_updates=state.skipped_updates + skipped)
-    metrics = {**batch_metrics, **{name: jnp.mean(v) for name, v in per_update.items()},
-               "update_skipped": skipped.astype(jnp.float32),
-               "skipped_updates": new.skipped_updates.astype(jnp.float32)}
+    new = state.replace(
+        policy=policy,
+        policy_opt=policy_opt,
+        critic=critic,
+        critic_opt=critic_opt,
+        rng=rng,
+        step=state.step + 1,
+        skipped_updates=state.skipped_updates + skipped,
+    )
+    metrics = {
+        **batch_metrics,
+        **{name: jnp.mean(v) for name, v in per_update.items()},
+        "update_skipped": skipped.astype(jnp.float32),
+        "skipped_updates": new.skipped_updates.astype(jnp.float32),
+    }
     if count > 1:
         metrics.update({f"{UPDATES_PREFIX}{name}": v for name, v in per_update.items()})
     return new, metrics
@@ -630,7 +830,9 @@ UPDATES_PREFIX = "updates/"
 
 def batch_shardings(batch: Any, mesh: Mesh) -> Any:
     """Every leaf split along its first (row) axis over the mesh's batch axes."""
-    return jax.tree.map(lambda x: NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1)))), batch)
+    return jax.tree.map(
+        lambda x: NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1)))), batch
+    )
 
 
 class JittedTrainStep:
@@ -644,13 +846,22 @@ class JittedTrainStep:
     (= compilations) per batch structure.
     """
 
-    def __init__(self, graphdef: nnx.GraphDef, config: TrainConfig, *, mesh: Mesh | None = None,
-                 state_template: TrainState | None = None,
-                 rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES, donate: bool = False):
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        config: TrainConfig,
+        *,
+        mesh: Mesh | None = None,
+        state_template: TrainState | None = None,
+        rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
+        donate: bool = False,
+    ):
         if mesh is not None and state_template is None:
             raise ValueError("make_train_step: a mesh needs state_template to lay out the state")
         self.graphdef, self.config, self.mesh, self.donate = graphdef, config, mesh, donate
-        self.state_shardings = None if mesh is None else state_shardings(state_template, mesh, rules)
+        self.state_shardings = (
+            None if mesh is None else state_shardings(state_template, mesh, rules)
+        )
         self.traces = 0
         self._jitted: dict[Any, Any] = {}
 
@@ -667,12 +878,16 @@ class JittedTrainStep:
                 self._jitted[key] = jax.jit(self._step, donate_argnums=donate)
             else:
                 self._jitted[key] = jax.jit(
-                    self._step, in_shardings=(self.state_shardings, batch_shardings(batch, self.mesh)),
+                    self._step,
+                    in_shardings=(self.state_shardings, batch_shardings(batch, self.mesh)),
                     out_shardings=(self.state_shardings, NamedSharding(self.mesh, P())),
-                    donate_argnums=donate)
+                    donate_argnums=donate,
+                )
         return self._jitted[key]
 
-    def __call__(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+    def __call__(
+        self, state: TrainState, batch: TrainBatch
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
         return self.jitted(batch)(state, batch)
 
     def compiled_count(self) -> int:
@@ -680,10 +895,15 @@ class JittedTrainStep:
         return sum(j._cache_size() for j in self._jitted.values())
 
 
-def make_train_step(graphdef: nnx.GraphDef, config: TrainConfig, *, mesh: Mesh | None = None,
-                    state_template: TrainState | None = None,
-                    rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES, donate: bool = False
-                    ) -> JittedTrainStep:
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    config: TrainConfig,
+    *,
+    mesh: Mesh | None = None,
+    state_template: TrainState | None = None,
+    rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
+    donate: bool = False,
+) -> JittedTrainStep:
     """The jitted :func:`train_step` for one model structure and config (a :class:`JittedTrainStep`).
 
     With ``mesh`` (and a ``state_template``, arrays or ShapeDtypeStructs, for the layout),
@@ -692,5 +912,6 @@ def make_train_step(graphdef: nnx.GraphDef, config: TrainConfig, *, mesh: Mesh |
     axes; place the inputs with ``shard_state``/``jax.device_put`` first. ``donate`` reuses
     the input state's buffers for the output state (the caller must not use them again).
     """
-    return JittedTrainStep(graphdef, config, mesh=mesh, state_template=state_template, rules=rules,
-                           donate=donate)
+    return JittedTrainStep(
+        graphdef, config, mesh=mesh, state_template=state_template, rules=rules, donate=donate
+    )

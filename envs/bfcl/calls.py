@@ -155,7 +155,7 @@ def _unfence(text: str) -> str | None:
     if text.startswith("\n", start):
         start += 1
     # None of those runs can cross the closing backticks, so start <= len(text) - 3.
-    inside = text[start:len(text) - 3].rstrip(" \t")
+    inside = text[start : len(text) - 3].rstrip(" \t")
     return inside[:-1] if inside.endswith("\n") else inside
 
 
@@ -164,7 +164,7 @@ def _drop_thinking(response: str) -> str | None:
     last_close = None
     for last_close in _THINK_CLOSE.finditer(response):
         pass
-    answer = response[last_close.end():] if last_close is not None else response
+    answer = response[last_close.end() :] if last_close is not None else response
     return None if _THINK_OPEN.search(answer) else answer
 
 
@@ -186,8 +186,10 @@ def _call_of(node: ast.expr) -> Call | Malformed:
             return Malformed(f"{node.func.id}: **arguments are not allowed")
         value = _literal(keyword.value)
         if value is _NOT_LITERAL:
-            return Malformed(f"{node.func.id}: argument {keyword.arg}={_unparse(keyword.value)} "
-                             "is not a literal value")
+            return Malformed(
+                f"{node.func.id}: argument {keyword.arg}={_unparse(keyword.value)} "
+                "is not a literal value"
+            )
         kwargs.append((keyword.arg, value))
     return Call(node.func.id, tuple(args), tuple(kwargs), _unparse(node))
 
@@ -227,8 +229,9 @@ def result_text(value: Any) -> str:
 class ApiSet:
     """The API instances of one episode, and the public methods the calls dispatch to."""
 
-    def __init__(self, class_names: Sequence[str], initial_config: Mapping[str, Any],
-                 long_context: bool):
+    def __init__(
+        self, class_names: Sequence[str], initial_config: Mapping[str, Any], long_context: bool
+    ):
         config = data.backend_config()
         self.instances: dict[str, Any] = {}
         self._methods: dict[str, tuple[str, Callable]] = {}
@@ -262,9 +265,10 @@ class ApiSet:
 
     def state_text(self) -> str:
         """The public attributes of every instance (what the state check compares), as text."""
-        state = {name: {key: value for key, value in vars(instance).items()
-                        if not key.startswith("_")}
-                 for name, instance in self.instances.items()}
+        state = {
+            name: {key: value for key, value in vars(instance).items() if not key.startswith("_")}
+            for name, instance in self.instances.items()
+        }
         try:
             return repr(state)
         except (ValueError, RecursionError):  # e.g. an int too long to print

@@ -37,8 +37,10 @@ CATEGORIES = (
     "multi_turn_long_context",
 )
 
-INSTALL_HINT = ("the BFCL environment needs the bfcl-eval package installed without its declared "
-                "dependencies: pip install --no-deps bfcl-eval && pip install mpmath")
+INSTALL_HINT = (
+    "the BFCL environment needs the bfcl-eval package installed without its declared "
+    "dependencies: pip install --no-deps bfcl-eval && pip install mpmath"
+)
 
 _BACKEND_CONFIG = "bfcl_eval.constants.executable_backend_config"
 
@@ -103,8 +105,9 @@ def backend_config():
         raise ModuleNotFoundError(f"{error}: {INSTALL_HINT}") from error
 
 
-def load_tasks(categories: Sequence[str] = ("multi_turn_base",),
-               data_dir: str | pathlib.Path | None = None) -> list[BfclTask]:
+def load_tasks(
+    categories: Sequence[str] = ("multi_turn_base",), data_dir: str | pathlib.Path | None = None
+) -> list[BfclTask]:
     """All tasks of ``categories``, in the order given and, within one, the file's order.
 
     ``data_dir``: a folder laid out like the package's ``data`` (default: the installed one).
@@ -121,8 +124,9 @@ def load_tasks(categories: Sequence[str] = ("multi_turn_base",),
         questions = _read_jsonl(_versioned_file(root, category))
         answers = _read_jsonl(_versioned_file(root / "possible_answer", category))
         if len(questions) != len(answers):
-            raise ValueError(f"{category}: {len(questions)} tasks but {len(answers)} "
-                             "possible answers")
+            raise ValueError(
+                f"{category}: {len(questions)} tasks but {len(answers)} possible answers"
+            )
         for (where, question), (answer_where, answer) in zip(questions, answers):
             tasks.append(_make_task(category, where, question, answer_where, answer, docs))
     return tasks
@@ -131,13 +135,17 @@ def load_tasks(categories: Sequence[str] = ("multi_turn_base",),
 def _make_task(category, where, question, answer_where, answer, docs) -> BfclTask:
     task_id = _field(question, "id", str, where)
     if _field(answer, "id", str, answer_where) != task_id:
-        raise ValueError(f"{answer_where}: possible answer id {answer['id']!r} does not match "
-                         f"the task id {task_id!r} at {where}")
+        raise ValueError(
+            f"{answer_where}: possible answer id {answer['id']!r} does not match "
+            f"the task id {task_id!r} at {where}"
+        )
     raw_turns = _field(question, "question", list, where)
     truth = _field(answer, "ground_truth", list, answer_where)
     if len(truth) != len(raw_turns):
-        raise ValueError(f"{answer_where}: {len(truth)} ground-truth turns for {len(raw_turns)} "
-                         f"user turns of {task_id}")
+        raise ValueError(
+            f"{answer_where}: {len(truth)} ground-truth turns for {len(raw_turns)} "
+            f"user turns of {task_id}"
+        )
     turns = tuple(_messages(turn, f"{where}: question[{k}]") for k, turn in enumerate(raw_turns))
     for k, calls in enumerate(truth):
         if not isinstance(calls, list) or not all(isinstance(c, str) for c in calls):
@@ -160,17 +168,24 @@ def _make_task(category, where, question, answer_where, answer, docs) -> BfclTas
             raise ValueError(f"{where}: missed_function {names} names functions not documented")
         functions = [doc for doc in functions if doc["name"] not in names]
         added[int(turn)] = tuple(held)
-    return BfclTask(id=task_id, category=category, turns=turns,
-                    initial_config=_field(question, "initial_config", dict, where),
-                    involved_classes=classes, functions=tuple(functions), added_functions=added,
-                    ground_truth=tuple(tuple(calls) for calls in truth))
+    return BfclTask(
+        id=task_id,
+        category=category,
+        turns=turns,
+        initial_config=_field(question, "initial_config", dict, where),
+        involved_classes=classes,
+        functions=tuple(functions),
+        added_functions=added,
+        ground_truth=tuple(tuple(calls) for calls in truth),
+    )
 
 
 def _messages(turn, where: str) -> tuple[Message, ...]:
     if not isinstance(turn, list) or not all(isinstance(m, dict) for m in turn):
         raise ValueError(f"{where} must be a list of {{'role', 'content'}} messages")
-    return tuple(Message(_field(m, "role", str, where), _field(m, "content", str, where))
-                 for m in turn)
+    return tuple(
+        Message(_field(m, "role", str, where), _field(m, "content", str, where)) for m in turn
+    )
 
 
 class _DocCache:
@@ -183,8 +198,9 @@ class _DocCache:
         if class_name not in self.docs:
             files = backend_config().MULTI_TURN_FUNC_DOC_FILE_MAPPING
             if class_name not in files:
-                raise ValueError(f"{where}: unknown API class {class_name!r}; "
-                                 f"known: {sorted(files)}")
+                raise ValueError(
+                    f"{where}: unknown API class {class_name!r}; known: {sorted(files)}"
+                )
             docs = [doc for _, doc in _read_jsonl(self.folder / files[class_name])]
             for doc in docs:
                 _field(doc, "name", str, str(self.folder / files[class_name]))
@@ -195,8 +211,11 @@ class _DocCache:
 def _versioned_file(folder: pathlib.Path, category: str) -> pathlib.Path:
     """``folder/BFCL_v<N>_<category>.json`` with the highest ``N``."""
     pattern = re.compile(rf"BFCL_v(\d+)_{re.escape(category)}\.json")
-    found = sorted((int(m.group(1)), path) for path in folder.glob(f"BFCL_v*_{category}.json")
-                   if (m := pattern.fullmatch(path.name)))
+    found = sorted(
+        (int(m.group(1)), path)
+        for path in folder.glob(f"BFCL_v*_{category}.json")
+        if (m := pattern.fullmatch(path.name))
+    )
     if not found:
         raise FileNotFoundError(f"no BFCL_v<N>_{category}.json in {folder}")
     return found[-1][1]
@@ -225,6 +244,7 @@ def _field(row: Mapping, key: str, kind: type, where: str):
     if key not in row:
         raise ValueError(f"{where}: missing field {key!r}")
     if not isinstance(row[key], kind):
-        raise ValueError(f"{where}: field {key!r} must be a {kind.__name__}, "
-                         f"got {type(row[key]).__name__}")
+        raise ValueError(
+            f"{where}: field {key!r} must be a {kind.__name__}, got {type(row[key]).__name__}"
+        )
     return row[key]

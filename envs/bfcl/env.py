@@ -49,9 +49,11 @@ from envs.protocol import Feedback, PythonEnv, text_key
 _CHECKER_MODULE = "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker"
 # BFCL's user message of a miss-func turn, after the added functions.
 ADDED_FUNCTIONS_MESSAGE = "I have updated some more functions you can choose from. What about now?"
-CALL_FORMAT = ("To call functions, answer with only a Python list of calls with literal "
-               "arguments, e.g. [cd(folder='documents'), ls(a=True)]. To finish the current "
-               "request, answer without a function call.")
+CALL_FORMAT = (
+    "To call functions, answer with only a Python list of calls with literal "
+    "arguments, e.g. [cd(folder='documents'), ls(a=True)]. To finish the current "
+    "request, answer without a function call."
+)
 
 INSTRUCTIONS = f"""You are an expert in composing functions. A user makes several requests, one \
 after another; you fulfil each one by calling the functions you are given (listed as JSON in \
@@ -82,15 +84,19 @@ class BfclConfig:
 
     def __post_init__(self):
         if isinstance(self.categories, str) or not self.categories:
-            raise ValueError(f"BfclConfig.categories must be a non-empty tuple of names, "
-                             f"got {self.categories!r}")
+            raise ValueError(
+                f"BfclConfig.categories must be a non-empty tuple of names, got {self.categories!r}"
+            )
         for category in self.categories:
             if category not in data.CATEGORIES:
-                raise ValueError(f"BfclConfig.categories: unknown category {category!r}; "
-                                 f"expected some of {data.CATEGORIES}")
+                raise ValueError(
+                    f"BfclConfig.categories: unknown category {category!r}; "
+                    f"expected some of {data.CATEGORIES}"
+                )
         if self.max_result_chars is not None and self.max_result_chars < 1:
-            raise ValueError(f"BfclConfig.max_result_chars must be >= 1 or None, "
-                             f"got {self.max_result_chars}")
+            raise ValueError(
+                f"BfclConfig.max_result_chars must be >= 1 or None, got {self.max_result_chars}"
+            )
 
 
 @dataclasses.dataclass
@@ -126,11 +132,15 @@ class BfclEnv(PythonEnv):
     name = "bfcl"
     t_max = 24
 
-    def __init__(self, config: BfclConfig | None = None, *,
-                 tasks: Sequence[data.BfclTask] | None = None):
+    def __init__(
+        self, config: BfclConfig | None = None, *, tasks: Sequence[data.BfclTask] | None = None
+    ):
         self.config = config if config is not None else BfclConfig()
-        self.tasks = list(tasks) if tasks is not None else data.load_tasks(
-            self.config.categories, self.config.data_dir)
+        self.tasks = (
+            list(tasks)
+            if tasks is not None
+            else data.load_tasks(self.config.categories, self.config.data_dir)
+        )
         if not self.tasks:
             raise ValueError("BfclEnv: no tasks")
         self._truth_calls = [_parse_ground_truth(task) for task in self.tasks]
@@ -152,8 +162,9 @@ class BfclEnv(PythonEnv):
     def step_task(self, episode: Episode, response: str) -> tuple[Episode, Feedback]:
         action = calls_lib.parse_response(response)
         if isinstance(action, calls_lib.Malformed):
-            return episode, Feedback(f"Invalid function call: {action.reason}. {CALL_FORMAT}",
-                                     action_valid=False)
+            return episode, Feedback(
+                f"Invalid function call: {action.reason}. {CALL_FORMAT}", action_valid=False
+            )
         if isinstance(action, calls_lib.Calls):
             results = episode.agent.run(action.calls)
             episode.results.extend(results)
@@ -198,8 +209,7 @@ class BfclEnv(PythonEnv):
         if turn == 0:
             parts.append(_functions_text("Functions you can call", task.functions))
         if turn in task.added_functions:
-            parts.append(_functions_text("New functions you can call",
-                                         task.added_functions[turn]))
+            parts.append(_functions_text("New functions you can call", task.added_functions[turn]))
         messages = task.turns[turn] or (data.Message("user", ADDED_FUNCTIONS_MESSAGE),)
         parts.append("\n".join(f"{m.role.capitalize()}: {m.content}" for m in messages))
         return "\n\n".join(parts)
@@ -217,8 +227,9 @@ class BfclEnv(PythonEnv):
     def _key(episode: Episode) -> int:
         # The state the outcome depends on: the request, the APIs' public state, and the
         # results so far (a later request's response check may be met by an earlier result).
-        return text_key(episode.task_id, episode.turn, episode.agent.state_text(),
-                        sorted(episode.results))
+        return text_key(
+            episode.task_id, episode.turn, episode.agent.state_text(), sorted(episode.results)
+        )
 
 
 def reference_responses(task: data.BfclTask) -> list[str]:

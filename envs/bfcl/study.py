@@ -20,21 +20,47 @@ class BfclStudy(Study):
     """The study of the ``bfcl`` environment (module docstring)."""
 
     demonstrations = "annotated-call demonstrations"
-    paper_figures = {"texts": {  # PAPER.md §9
-        "lead_grows": "BFCL 25%: GRPO 2.5% vs base 3.0%; the lead grows with T (§9)"}}
+    paper_figures = {
+        "texts": {  # PAPER.md §9
+            "lead_grows": "BFCL 25%: GRPO 2.5% vs base 3.0%; the lead grows with T (§9)"
+        }
+    }
     bound = "a necessary condition: every request needs an answer and, with annotated calls, a call"
     # the CPU default of `agentrl-jax reproduce bfcl` (configs/bfcl_cpu.yaml holds the same values)
     config_defaults = {
-        "task": {"t_max": 24, "train_tasks": 1000, "eval_tasks": 16,
-                 "max_response_tokens": 128, "max_context": 8192},
+        "task": {
+            "t_max": 24,
+            "train_tasks": 1000,
+            "eval_tasks": 16,
+            "max_response_tokens": 128,
+            "max_context": 8192,
+        },
         "model": {"tokenizer_vocab": 2048},
-        "warm_start": {"demo_tasks": 1000, "demos_per_task": 2, "batch_size": 4, "epochs": 2,
-                       "group_by_length": True},
-        "rl": {"runs": ["grpo", "budgetmix"], "steps": 6, "tasks_per_step": 2, "group_size": 4,
-               "attention": "blocked"},
-        "eval": {"max_response_tokens": 128, "max_context": 8192, "samples": 4, "k": 4,
-                 "budgets": [6], "pass_k_samples": 4, "likelihood_samples": 1,
-                 "diagnostic_tasks": 8, "attention": "blocked"},
+        "warm_start": {
+            "demo_tasks": 1000,
+            "demos_per_task": 2,
+            "batch_size": 4,
+            "epochs": 2,
+            "group_by_length": True,
+        },
+        "rl": {
+            "runs": ["grpo", "budgetmix"],
+            "steps": 6,
+            "tasks_per_step": 2,
+            "group_size": 4,
+            "attention": "blocked",
+        },
+        "eval": {
+            "max_response_tokens": 128,
+            "max_context": 8192,
+            "samples": 4,
+            "k": 4,
+            "budgets": [6],
+            "pass_k_samples": 4,
+            "likelihood_samples": 1,
+            "diagnostic_tasks": 8,
+            "attention": "blocked",
+        },
     }
 
     def plan(self, tasks: EnvTasks, task_id: int) -> list[str]:

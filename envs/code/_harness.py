@@ -46,18 +46,40 @@ MAX_MESSAGE = 500
 JUDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_judge.py")
 
 # Audit events that programs may never raise (prefixes end with ".").
-BLOCKED_EVENTS = frozenset({
-    "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn", "os.system",
-    "os.kill", "os.killpg", "signal.pthread_kill", "subprocess.Popen", "pty.spawn",
-    "resource.setrlimit", "resource.prlimit", "os.setxattr", "os.removexattr",
-})
+BLOCKED_EVENTS = frozenset(
+    {
+        "os.fork",
+        "os.forkpty",
+        "os.exec",
+        "os.spawn",
+        "os.posix_spawn",
+        "os.system",
+        "os.kill",
+        "os.killpg",
+        "signal.pthread_kill",
+        "subprocess.Popen",
+        "pty.spawn",
+        "resource.setrlimit",
+        "resource.prlimit",
+        "os.setxattr",
+        "os.removexattr",
+    }
+)
 BLOCKED_PREFIXES = ("socket.", "ctypes.")
 BLOCKED_MODULES = frozenset({"ctypes", "_ctypes", "_posixsubprocess", "_cffi_backend", "cffi"})
 PATH_EVENTS = {
-    "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),),
-    "os.chmod": ((0, 2),), "os.chown": ((0, 3),), "os.truncate": ((0, None),),
-    "os.utime": ((0, 3),), "os.chflags": ((0, None),), "os.lchflags": ((0, None),),
-    "os.symlink": ((1, 2),), "os.link": ((0, 2), (1, 3)), "os.rename": ((0, 2), (1, 3)),
+    "os.remove": ((0, 1),),
+    "os.rmdir": ((0, 1),),
+    "os.mkdir": ((0, 2),),
+    "os.chmod": ((0, 2),),
+    "os.chown": ((0, 3),),
+    "os.truncate": ((0, None),),
+    "os.utime": ((0, 3),),
+    "os.chflags": ((0, None),),
+    "os.lchflags": ((0, None),),
+    "os.symlink": ((1, 2),),
+    "os.link": ((0, 2), (1, 3)),
+    "os.rename": ((0, 2), (1, 3)),
 }
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -66,8 +88,13 @@ def install_guard(root):
     """Reject, in this process, writes outside ``root``, sockets, new processes, signals,
     limit changes and native-code modules, with a clear message. A courtesy for ordinary
     programs, not a boundary: the isolation layers are (see isolation.py)."""
-    realpath, fsdecode, join, isabs, sep = (os.path.realpath, os.fsdecode, os.path.join,
-                                            os.path.isabs, os.sep)
+    realpath, fsdecode, join, isabs, sep = (
+        os.path.realpath,
+        os.fsdecode,
+        os.path.join,
+        os.path.isabs,
+        os.sep,
+    )
     root = realpath(root)
 
     def inside(path, dir_fd=None, root_too=False):
@@ -85,8 +112,9 @@ def install_guard(root):
     def hook(event, args):
         if event == "open":
             path, mode, flags = args
-            writing = ((isinstance(mode, str) and any(c in mode for c in "wax+"))
-                       or (isinstance(flags, int) and flags & WRITE_FLAGS))
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & WRITE_FLAGS
+            )
             if writing and not inside(path, root_too=True):
                 deny(f"writing {path!r} outside the working directory")
         elif event in PATH_EVENTS:
@@ -139,6 +167,7 @@ def resolve(namespace, name):
 
 # ----------------------------------------------------------------------------- candidate side
 
+
 def load(kind, code, prelude):
     """Run the prelude and the program in a module of their own; its namespace."""
     module = types.ModuleType("__main__" if kind == "stdio" else "solution")
@@ -161,21 +190,30 @@ def run_test(job, test, code, prelude):
             try:
                 encoded = json.dumps(value, allow_nan=True)
             except (TypeError, ValueError, RecursionError):
-                raise TypeError(f"the function returned a {type(value).__name__}, which is "
-                                "not JSON data (lists, dicts, strings, numbers, booleans, "
-                                "None)") from None
+                raise TypeError(
+                    f"the function returned a {type(value).__name__}, which is "
+                    "not JSON data (lists, dicts, strings, numbers, booleans, "
+                    "None)"
+                ) from None
             if len(encoded) > job["output_bytes"] // 2:
                 raise ValueError(f"the returned value is too large ({len(encoded)} bytes as JSON)")
             record["value"] = value
     except SystemExit as exit_:
         if test["kind"] != "stdio":
-            record = {"status": "error", "message": "the program exited (SystemExit) before the "
-                      "test finished"}
+            record = {
+                "status": "error",
+                "message": "the program exited (SystemExit) before the test finished",
+            }
         elif exit_.code not in (None, 0):
-            record = {"status": "error", "message": f"the program exited with status {exit_.code!r}"}
+            record = {
+                "status": "error",
+                "message": f"the program exited with status {exit_.code!r}",
+            }
     except MemoryError:
-        record = {"status": "error",
-                  "message": f"MemoryError: the memory limit is {job['memory_bytes'] >> 20} MiB"}
+        record = {
+            "status": "error",
+            "message": f"MemoryError: the memory limit is {job['memory_bytes'] >> 20} MiB",
+        }
     except BaseException as error:
         record = {"status": "error", "message": describe(error)}
     try:
@@ -205,7 +243,9 @@ def serve_calls(job, test, code, prelude):
     try:
         candidate = resolve(load("assert", code, prelude), test["entry_point"])
     except BaseException as error:
-        os.write(RESULT_FD, (json.dumps({"loaded": False, "message": describe(error)}) + "\n").encode())
+        os.write(
+            RESULT_FD, (json.dumps({"loaded": False, "message": describe(error)}) + "\n").encode()
+        )
         return
     os.write(RESULT_FD, b'{"loaded": true}\n')
     while True:
@@ -218,11 +258,18 @@ def serve_calls(job, test, code, prelude):
             try:
                 reply = '{"value":' + _plain.encode(value, limit) + "}"
             except (TypeError, ValueError, RecursionError) as error:
-                reply = json.dumps({"error": f"the function returned a value that cannot be "
-                                             f"checked: {error}"})
+                reply = json.dumps(
+                    {"error": f"the function returned a value that cannot be checked: {error}"}
+                )
         except MemoryError:
-            reply = json.dumps({"raised": ["MemoryError",
-                                           f"MemoryError: the memory limit is {job['memory_bytes'] >> 20} MiB"]})
+            reply = json.dumps(
+                {
+                    "raised": [
+                        "MemoryError",
+                        f"MemoryError: the memory limit is {job['memory_bytes'] >> 20} MiB",
+                    ]
+                }
+            )
         except BaseException as error:
             reply = json.dumps({"raised": [type(error).__name__, describe(error)]})
         os.write(RESULT_FD, reply.encode("utf-8", "surrogatepass") + b"\n")
@@ -279,6 +326,7 @@ def candidate(job, test, files, code, prelude, pipes):
 
 # ----------------------------------------------------------------------------- runner side
 
+
 class Channel:
     """Lines from a descriptor, read with a deadline and a size bound."""
 
@@ -291,7 +339,7 @@ class Channel:
         while True:
             cut = self.buffer.find(b"\n")
             if cut >= 0:
-                line, self.buffer = self.buffer[:cut], self.buffer[cut + 1:]
+                line, self.buffer = self.buffer[:cut], self.buffer[cut + 1 :]
                 return line
             if len(self.buffer) > self.limit:
                 self.why = "long"
@@ -319,7 +367,7 @@ def send(fd, text):
     data = text.encode("utf-8", "surrogatepass") + b"\n"
     try:
         while data:
-            data = data[os.write(fd, data):]
+            data = data[os.write(fd, data) :]
     except (BrokenPipeError, OSError):
         return False
     return True
@@ -340,9 +388,19 @@ class Judge:
             try:
                 null = os.open(os.devnull, os.O_RDWR)
                 # stderr stays the runner's: the judge's own errors are seen.
-                place_fds([(null, 0), (null, 1), (2, 2), (from_runner, 3), (to_runner, 4),
-                           (self.job["judge_fd"], 5)])
-                resource.setrlimit(resource.RLIMIT_AS, (max(self.job["memory_bytes"], 1 << 30),) * 2)
+                place_fds(
+                    [
+                        (null, 0),
+                        (null, 1),
+                        (2, 2),
+                        (from_runner, 3),
+                        (to_runner, 4),
+                        (self.job["judge_fd"], 5),
+                    ]
+                )
+                resource.setrlimit(
+                    resource.RLIMIT_AS, (max(self.job["memory_bytes"], 1 << 30),) * 2
+                )
                 if self.job["isolated"]:
                     resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
                     drop_to(self.job["judge_uid"])
@@ -440,8 +498,11 @@ def collect(pid, channel, deadline):
             channel.fill(min(deadline, time.monotonic() + 0.01))
         waited = wait_for(pid, 0)
         if waited is not None:
-            while len(channel.buffer) <= channel.limit and not channel.closed and channel.fill(
-                    time.monotonic() + 0.001):
+            while (
+                len(channel.buffer) <= channel.limit
+                and not channel.closed
+                and channel.fill(time.monotonic() + 0.001)
+            ):
                 pass
             return waited
         if time.monotonic() >= deadline:
@@ -496,7 +557,9 @@ def living(uid):
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields.get("Uid", "").split()[:1] == [str(uid)] and fields.get("State", "").split()[:1] != ["Z"]:
+        if fields.get("Uid", "").split()[:1] == [str(uid)] and fields.get("State", "").split()[
+            :1
+        ] != ["Z"]:
             return True
     return False
 
@@ -534,8 +597,12 @@ def run_one(job, index, test, code, prelude, deadline, judge):
         try:
             pid = os.fork()
         except OSError as error:
-            return {"i": index, "stdout": "", "status": "error",
-                    "message": f"the sandbox could not start the test's process: {error}"}
+            return {
+                "i": index,
+                "stdout": "",
+                "status": "error",
+                "message": f"the sandbox could not start the test's process: {error}",
+            }
         if pid == 0:
             candidate(job, test, files, code, prelude, (replies_w, requests_r))
         os.close(replies_w)
@@ -546,8 +613,12 @@ def run_one(job, index, test, code, prelude, deadline, judge):
             verdict, gone = judge.check(index, replies, requests_w, test_deadline)
             os.close(requests_w)
             # A candidate that stopped answering gets a moment to exit, to tell how it ended.
-            waited = wait_for(pid, test_deadline if gone is None or gone[0] != "eof"
-                              else min(test_deadline, time.monotonic() + 1.0))
+            waited = wait_for(
+                pid,
+                test_deadline
+                if gone is None or gone[0] != "eof"
+                else min(test_deadline, time.monotonic() + 1.0),
+            )
         else:
             os.close(requests_w)
             waited = collect(pid, replies, test_deadline)
@@ -603,7 +674,10 @@ def read_outcome(raw):
         if not isinstance(outcome, dict) or outcome.get("status") not in ("ok", "error"):
             return None
         message = outcome.get("message", "")
-        clean = {"status": outcome["status"], "message": clip(message) if isinstance(message, str) else ""}
+        clean = {
+            "status": outcome["status"],
+            "message": clip(message) if isinstance(message, str) else "",
+        }
         if "value" in outcome:
             json.dumps(outcome["value"], allow_nan=True)  # it can be sent on (not too deep)
             clean["value"] = outcome["value"]
@@ -624,6 +698,7 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
     try:
         import site
+
         site.setquit()  # exit() and quit(), which -S leaves out
     except Exception:
         pass

@@ -83,7 +83,7 @@ class Line:
 def write(message):
     data = (json.dumps(message, allow_nan=True) + "\n").encode("utf-8", "surrogatepass")
     while data:
-        data = data[os.write(TO_RUNNER, data):]
+        data = data[os.write(TO_RUNNER, data) :]
 
 
 def make_proxy(lines):
@@ -91,13 +91,16 @@ def make_proxy(lines):
         try:
             payload = _plain.encode([list(args), kwargs], ARGUMENT_LIMIT)
         except (TypeError, ValueError) as error:
-            raise TypeError(f"the check passed the candidate a value that cannot cross the "
-                            f"sandbox boundary: {error}") from None
+            raise TypeError(
+                f"the check passed the candidate a value that cannot cross the "
+                f"sandbox boundary: {error}"
+            ) from None
         write({"call": payload})
         answer = lines.read()
         if "gone" in answer:
             raise CandidateGone(answer["gone"])
         return read_reply(answer.get("reply"))
+
     return candidate
 
 
@@ -108,12 +111,17 @@ def read_reply(text):
         reply = json.loads(text)
         if type(reply) is not dict or len(reply) != 1:
             raise ValueError("not a one-key object")
-        (kind, body), = reply.items()
+        ((kind, body),) = reply.items()
         if kind == "value":
             return _plain.from_json(body)
     except (ValueError, TypeError, RecursionError) as error:
         raise CandidateGone(f"a malformed answer: {clip(str(error), 100)}") from None
-    if kind == "raised" and type(body) is list and len(body) == 2 and all(type(x) is str for x in body):
+    if (
+        kind == "raised"
+        and type(body) is list
+        and len(body) == 2
+        and all(type(x) is str for x in body)
+    ):
         raise raised(body[0][:100], body[1])
     if kind == "error" and type(body) is str:
         raise Unanswerable(body)
@@ -139,7 +147,11 @@ def judge(check, prelude, lines):
     """Run one check: the verdict record."""
     reporter = Reporter()
     candidate = make_proxy(lines)
-    namespace = {"__name__": "check", "__builtins__": PRISTINE_BUILTINS, "_sandbox_report": reporter}
+    namespace = {
+        "__name__": "check",
+        "__builtins__": PRISTINE_BUILTINS,
+        "_sandbox_report": reporter,
+    }
     try:
         if prelude:
             exec(compile(prelude, "<prelude>", "exec"), namespace)

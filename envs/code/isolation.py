@@ -51,17 +51,63 @@ WORK = "/work"
 UID_RANGE = (0x4000_0000, 0x7FFF_0000)
 # Denied with EPERM by the seccomp filter (names libseccomp knows; absent ones are skipped).
 DENIED_SYSCALLS = (
-    "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root",
-    "chroot", "unshare", "setns", "bpf", "perf_event_open", "keyctl", "add_key", "request_key",
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
-    "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "acct", "swapon",
-    "swapoff", "reboot", "syslog", "quotactl", "mknod", "mknodat", "open_by_handle_at",
-    "name_to_handle_at", "fanotify_init", "lookup_dcookie", "iopl", "ioperm", "vhangup",
-    "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick", "mount_setattr",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "acct",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "syslog",
+    "quotactl",
+    "mknod",
+    "mknodat",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fanotify_init",
+    "lookup_dcookie",
+    "iopl",
+    "ioperm",
+    "vhangup",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "mount_setattr",
 )
 # clone(2) flags that make namespaces.
-NAMESPACE_FLAGS = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
-                   | 0x20000000 | 0x40000000 | 0x00000080)
+NAMESPACE_FLAGS = (
+    0x00020000
+    | 0x02000000
+    | 0x04000000
+    | 0x08000000
+    | 0x10000000
+    | 0x20000000
+    | 0x40000000
+    | 0x00000080
+)
 AF_UNIX = 1
 
 
@@ -76,10 +122,12 @@ def resolve_isolation(isolation: str | None) -> str:
         problems = strict_problems()
         if problems:
             raise SandboxUnavailable(
-                "the code sandbox cannot isolate model-written code here: " + "; ".join(problems)
+                "the code sandbox cannot isolate model-written code here: "
+                + "; ".join(problems)
                 + f". Fix that, or pass isolation={UNSAFE!r} (CodeEnvConfig.isolation, "
                 "--code-isolation) to run programs as your own user on this host, behind limits "
-                "and a Python audit hook that the program can switch off")
+                "and a Python audit hook that the program can switch off"
+            )
         return STRICT
     if isolation == UNSAFE:
         return UNSAFE
@@ -97,8 +145,10 @@ def strict_problems() -> tuple[str, ...]:
     try:
         seccomp_program()
     except Exception as error:  # pyseccomp missing, libseccomp missing or too old
-        problems.append(f"no seccomp filter ({type(error).__name__}: {error}; "
-                        "pip install pyseccomp, and libseccomp2 from the system)")
+        problems.append(
+            f"no seccomp filter ({type(error).__name__}: {error}; "
+            "pip install pyseccomp, and libseccomp2 from the system)"
+        )
     if problems:
         return tuple(problems)
     fd = seccomp_fd()
@@ -111,7 +161,9 @@ def strict_problems() -> tuple[str, ...]:
         os.close(fd)
     if done.returncode != 0:
         detail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-        return (f"bwrap cannot make a sandbox here (exit status {done.returncode}: {detail[0][:200]})",)
+        return (
+            f"bwrap cannot make a sandbox here (exit status {done.returncode}: {detail[0][:200]})",
+        )
     return ()
 
 
@@ -165,7 +217,9 @@ def python_paths() -> tuple[str, str]:
     prefix = os.path.realpath(sys.base_prefix)
     real = os.path.realpath(sys.executable)
     if not real.startswith(prefix + os.sep):
-        real = os.path.join(prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")
+        real = os.path.join(
+            prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}"
+        )
     return prefix, real
 
 
@@ -183,9 +237,21 @@ def sandbox_command(*, seccomp: int, work_bytes: int) -> list[str]:
     docstring. ``seccomp``: a descriptor from :func:`seccomp_fd`, inherited by bwrap;
     ``work_bytes``: size of the writable ``/work``."""
     prefix, python = python_paths()
-    command = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-               "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-               "--ro-bind", "/usr", "/usr"]
+    command = [
+        "bwrap",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = Path("/") / name
         if path.is_symlink():
@@ -195,20 +261,67 @@ def sandbox_command(*, seccomp: int, work_bytes: int) -> list[str]:
     if not prefix.startswith("/usr/"):
         command += [*_mkdirs(prefix + "/x"), "--ro-bind", prefix, prefix]
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for site in (f"{prefix}/lib/{version}/site-packages", f"{prefix}/local/lib/{version}/dist-packages",
-                 f"{prefix}/lib/python3/dist-packages"):
+    for site in (
+        f"{prefix}/lib/{version}/site-packages",
+        f"{prefix}/local/lib/{version}/dist-packages",
+        f"{prefix}/lib/python3/dist-packages",
+    ):
         if os.path.isdir(site):
             command += ["--tmpfs", site]  # the standard library only
     command += ["--perms", "0755", "--dir", INSIDE_SCRIPTS]
     for script in SCRIPTS:
         command += ["--ro-bind", str(HARNESS_DIR / script), f"{INSIDE_SCRIPTS}/{script}"]
-    command += ["--proc", "/proc", "--dev", "/dev",
-                "--perms", "1777", "--size", str(int(work_bytes)), "--tmpfs", WORK, "--chdir", WORK,
-                "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK,
-                "--setenv", "TMPDIR", WORK, "--setenv", "LANG", "C.UTF-8", "--setenv", "LC_ALL", "C.UTF-8",
-                "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PYTHONIOENCODING", "utf-8",
-                "--setenv", "OMP_NUM_THREADS", "1",
-                "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                "--cap-add", "CAP_KILL", "--seccomp", str(seccomp),
-                python, "-S", "-s", "-B"]
+    command += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(int(work_bytes)),
+        "--tmpfs",
+        WORK,
+        "--chdir",
+        WORK,
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        WORK,
+        "--setenv",
+        "TMPDIR",
+        WORK,
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--setenv",
+        "LC_ALL",
+        "C.UTF-8",
+        "--setenv",
+        "PYTHONHASHSEED",
+        "0",
+        "--setenv",
+        "PYTHONIOENCODING",
+        "utf-8",
+        "--setenv",
+        "OMP_NUM_THREADS",
+        "1",
+        "--cap-drop",
+        "ALL",
+        "--cap-add",
+        "CAP_SETUID",
+        "--cap-add",
+        "CAP_SETGID",
+        "--cap-add",
+        "CAP_KILL",
+        "--seccomp",
+        str(seccomp),
+        python,
+        "-S",
+        "-s",
+        "-B",
+    ]
     return command

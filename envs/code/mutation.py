@@ -14,11 +14,25 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-_FLIP_COMPARE = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt,
-                 ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In,
-                 ast.Is: ast.IsNot, ast.IsNot: ast.Is}
-_FLIP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.FloorDiv: ast.Mult,
-               ast.Mod: ast.FloorDiv}
+_FLIP_COMPARE = {
+    ast.Lt: ast.GtE,
+    ast.GtE: ast.Lt,
+    ast.Gt: ast.LtE,
+    ast.LtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
+_FLIP_BINOP = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Add,
+    ast.FloorDiv: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+}
 
 
 def _sites(tree: ast.AST) -> list[tuple[int, str]]:
@@ -70,8 +84,9 @@ def mutants(program: str) -> list[str]:
     return out
 
 
-def failing_mutant(program: str, pass_share: Callable[[str], float], rng: np.random.Generator,
-                   *, tries: int = 8) -> tuple[str, float] | None:
+def failing_mutant(
+    program: str, pass_share: Callable[[str], float], rng: np.random.Generator, *, tries: int = 8
+) -> tuple[str, float] | None:
     """A mutant of ``program`` that passes a smaller share of the tests than ``program``
     (``pass_share(program)``, e.g. by running the task's tests), and that share; up to
     ``tries`` mutants are tried in a random order. None when none of them fails more."""

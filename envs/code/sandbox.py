@@ -60,8 +60,19 @@ from envs.code.isolation import (
     strict_problems,
 )
 
-__all__ = ["AssertTest", "CallTest", "SandboxLimits", "SandboxUnavailable", "StdioTest", "Test",
-           "TestResult", "outputs_match", "run_tests", "strict_problems", "values_match"]
+__all__ = [
+    "AssertTest",
+    "CallTest",
+    "SandboxLimits",
+    "SandboxUnavailable",
+    "StdioTest",
+    "Test",
+    "TestResult",
+    "outputs_match",
+    "run_tests",
+    "strict_problems",
+    "values_match",
+]
 
 HARNESS = pathlib.Path(__file__).with_name("_harness.py")
 STATUSES = ("passed", "failed", "error", "timeout")
@@ -96,11 +107,14 @@ class SandboxLimits:
         if not self.timeout_s > 0:
             raise ValueError(f"SandboxLimits.timeout_s must be > 0, got {self.timeout_s}")
         if not self.total_timeout_s >= self.timeout_s:
-            raise ValueError(f"SandboxLimits.total_timeout_s must be >= timeout_s "
-                             f"({self.timeout_s}), got {self.total_timeout_s}")
+            raise ValueError(
+                f"SandboxLimits.total_timeout_s must be >= timeout_s "
+                f"({self.timeout_s}), got {self.total_timeout_s}"
+            )
         if self.memory_mb < 64:
-            raise ValueError(f"SandboxLimits.memory_mb must be >= 64 (Python needs it), "
-                             f"got {self.memory_mb}")
+            raise ValueError(
+                f"SandboxLimits.memory_mb must be >= 64 (Python needs it), got {self.memory_mb}"
+            )
         if self.output_bytes < 1024:
             raise ValueError(f"SandboxLimits.output_bytes must be >= 1024, got {self.output_bytes}")
         if self.processes < 1:
@@ -179,9 +193,16 @@ class TestResult:
         return self.status == "passed"
 
 
-def run_tests(program: str, tests: Sequence[Test], limits: SandboxLimits = SandboxLimits(), *,
-              prelude: str = "", isolation: str | None = None, python_guard: bool = True,
-              tmp_root: str | os.PathLike | None = None) -> list[TestResult]:
+def run_tests(
+    program: str,
+    tests: Sequence[Test],
+    limits: SandboxLimits = SandboxLimits(),
+    *,
+    prelude: str = "",
+    isolation: str | None = None,
+    python_guard: bool = True,
+    tmp_root: str | os.PathLike | None = None,
+) -> list[TestResult]:
     """Run ``program`` against ``tests``: one :class:`TestResult` per test, in order.
 
     Args:
@@ -203,21 +224,40 @@ def run_tests(program: str, tests: Sequence[Test], limits: SandboxLimits = Sandb
     tests = list(tests)
     for i, test in enumerate(tests):
         if not isinstance(test, (StdioTest, CallTest, AssertTest)):
-            raise ValueError(f"run_tests: tests[{i}] is a {type(test).__name__}, not a "
-                             "StdioTest, CallTest or AssertTest")
+            raise ValueError(
+                f"run_tests: tests[{i}] is a {type(test).__name__}, not a "
+                "StdioTest, CallTest or AssertTest"
+            )
     isolation = resolve_isolation(isolation)
     if not tests:
         return []
     strict = isolation == STRICT
     workdir = None if strict else tempfile.mkdtemp(prefix="agentrl-code-", dir=tmp_root)
     uid, judge_uid = candidate_uids()
-    job = dict(program=program, prelude=prelude, tests=[_job_test(t) for t in tests],
-               timeout_s=limits.timeout_s, cpu_s=limits.cpu_s,
-               total_timeout_s=limits.total_timeout_s, memory_bytes=limits.memory_mb << 20,
-               output_bytes=limits.output_bytes, processes=limits.processes, isolated=strict,
-               uid=uid, judge_uid=judge_uid, guard=python_guard, python=python_paths()[1])
-    checks = {"prelude": prelude, "tests": {str(i): {"source": t.source, "entry_point": t.entry_point}
-                                           for i, t in enumerate(tests) if isinstance(t, AssertTest)}}
+    job = dict(
+        program=program,
+        prelude=prelude,
+        tests=[_job_test(t) for t in tests],
+        timeout_s=limits.timeout_s,
+        cpu_s=limits.cpu_s,
+        total_timeout_s=limits.total_timeout_s,
+        memory_bytes=limits.memory_mb << 20,
+        output_bytes=limits.output_bytes,
+        processes=limits.processes,
+        isolated=strict,
+        uid=uid,
+        judge_uid=judge_uid,
+        guard=python_guard,
+        python=python_paths()[1],
+    )
+    checks = {
+        "prelude": prelude,
+        "tests": {
+            str(i): {"source": t.source, "entry_point": t.entry_point}
+            for i, t in enumerate(tests)
+            if isinstance(t, AssertTest)
+        },
+    }
     try:
         records, missing = _launch(job, checks, workdir, limits)
     finally:
@@ -239,33 +279,55 @@ def _memfd(name: str, data: bytes) -> int:
     fd = os.memfd_create(name, 0)
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
-def _launch(job: dict, checks: dict, workdir: str | None,
-            limits: SandboxLimits) -> tuple[dict[int, dict], tuple[str, str]]:
+def _launch(
+    job: dict, checks: dict, workdir: str | None, limits: SandboxLimits
+) -> tuple[dict[int, dict], tuple[str, str]]:
     """Run the runner: ``(records by test index, (status, message) of tests without one)``."""
-    fds = [_memfd("agentrl-checks", json.dumps(checks, allow_nan=True).encode("utf-8", "surrogatepass"))]
+    fds = [
+        _memfd(
+            "agentrl-checks", json.dumps(checks, allow_nan=True).encode("utf-8", "surrogatepass")
+        )
+    ]
     job["judge_fd"] = fds[0]
     if job["isolated"]:
         fds.append(seccomp_fd())
         command = sandbox_command(seccomp=fds[1], work_bytes=limits.work_mb << 20) + [
-            f"{INSIDE_SCRIPTS}/_harness.py"]
+            f"{INSIDE_SCRIPTS}/_harness.py"
+        ]
         cwd, env = "/", {}
     else:
         command = [job["python"], "-S", "-s", "-B", str(HARNESS)]
         cwd = workdir
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-               "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir, "PYTHONHASHSEED": "0",
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "HOME": workdir,
+            "TMPDIR": workdir,
+            "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONIOENCODING": "utf-8",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
     payload = json.dumps(job, allow_nan=True).encode("utf-8", "surrogatepass")
     try:
-        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, cwd=cwd, env=env, pass_fds=fds,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            pass_fds=fds,
+            start_new_session=True,
+        )
     finally:
         for fd in fds:
             os.close(fd)
@@ -283,10 +345,15 @@ def _launch(job: dict, checks: dict, workdir: str | None,
         return {}, ("error", records)
     if not timed_out and process.returncode != 0:
         detail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-        return records, ("error", f"the sandbox stopped unexpectedly (exit status "
-                                  f"{process.returncode}) {detail[0][:300]}".strip())
-    return records, ("timeout", f"not run: the run's total time limit "
-                                f"({limits.total_timeout_s:g} s) ran out")
+        return records, (
+            "error",
+            f"the sandbox stopped unexpectedly (exit status "
+            f"{process.returncode}) {detail[0][:300]}".strip(),
+        )
+    return records, (
+        "timeout",
+        f"not run: the run's total time limit ({limits.total_timeout_s:g} s) ran out",
+    )
 
 
 def _read_records(out: bytes, count: int) -> dict[int, dict] | str:
@@ -309,15 +376,19 @@ def _read_records(out: bytes, count: int) -> dict[int, dict] | str:
         index = record.get("i")
         if type(index) is not int or not 0 <= index < count or index in records:
             continue
-        records[index] = record if _well_formed(record) else {
-            "status": "error", "message": "the sandbox sent a malformed record for this test"}
+        records[index] = (
+            record
+            if _well_formed(record)
+            else {"status": "error", "message": "the sandbox sent a malformed record for this test"}
+        )
     return records
 
 
 def _well_formed(record: dict) -> bool:
     strings = ("message", "stdout", "got", "want")
-    return (record.get("status") in ("ok", "passed", "failed", "error", "timeout")
-            and all(record.get(k) is None or isinstance(record[k], str) for k in strings))
+    return record.get("status") in ("ok", "passed", "failed", "error", "timeout") and all(
+        record.get(k) is None or isinstance(record[k], str) for k in strings
+    )
 
 
 def _kill_session(sid: int, settle_s: float = 2.0) -> None:
@@ -347,7 +418,7 @@ def _signal_session(sid: int) -> int:
         except OSError:  # it ended meanwhile
             continue
         # Fields after the command name: state, ppid, pgrp, session, ...
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 3 and int(fields[3]) == sid and fields[0] not in ("Z", "X"):
             alive += 1
             try:
@@ -377,24 +448,39 @@ def _verdict(test: Test, record: dict | None, missing: tuple[str, str]) -> TestR
     try:
         return _judge(test, record, missing)
     except (RecursionError, ValueError, TypeError, OverflowError):
-        return TestResult("error", "the sandbox sent a record that cannot be judged", _kind(test),
-                          _describe(test))
+        return TestResult(
+            "error", "the sandbox sent a record that cannot be judged", _kind(test), _describe(test)
+        )
 
 
 def _judge(test: Test, record: dict | None, missing: tuple[str, str]) -> TestResult:
     kind, shown = _kind(test), _describe(test)
-    expected = (test.output if isinstance(test, StdioTest) else
-                _show(test.expected) if isinstance(test, CallTest) else None)
+    expected = (
+        test.output
+        if isinstance(test, StdioTest)
+        else _show(test.expected)
+        if isinstance(test, CallTest)
+        else None
+    )
     if record is None:
         return TestResult(*missing, kind, shown, expected)
     status, message = record.get("status"), record.get("message", "")
     if isinstance(test, AssertTest):
         if status not in STATUSES:
-            status, message = "error", f"the sandbox reported an unknown status {str(status)[:40]!r}"
+            status, message = (
+                "error",
+                f"the sandbox reported an unknown status {str(status)[:40]!r}",
+            )
         return TestResult(status, message, kind, shown, record.get("want"), record.get("got"))
     if status not in ("ok", "error", "timeout"):  # only the caller decides a pass
-        return TestResult("error", f"the sandbox reported an unknown status {str(status)[:40]!r}",
-                          kind, shown, expected, None)
+        return TestResult(
+            "error",
+            f"the sandbox reported an unknown status {str(status)[:40]!r}",
+            kind,
+            shown,
+            expected,
+            None,
+        )
     if isinstance(test, StdioTest):
         got = record.get("stdout", "")
         if status != "ok":
@@ -406,14 +492,20 @@ def _judge(test: Test, record: dict | None, missing: tuple[str, str]) -> TestRes
         return TestResult(status, message, kind, shown, expected, None)
     got_value = record.get("value")
     if values_match(got_value, test.expected) or (
-            test.wrapped_expected and values_match([got_value], test.expected)):
+        test.wrapped_expected and values_match([got_value], test.expected)
+    ):
         return TestResult("passed", "", kind, shown, expected, _show(got_value))
     return TestResult("failed", "wrong answer", kind, shown, expected, _show(got_value))
 
 
 def _kind(test: Test) -> str:
-    return ("stdio" if isinstance(test, StdioTest) else
-            "call" if isinstance(test, CallTest) else "assert")
+    return (
+        "stdio"
+        if isinstance(test, StdioTest)
+        else "call"
+        if isinstance(test, CallTest)
+        else "assert"
+    )
 
 
 def _describe(test: Test) -> str:
@@ -462,10 +554,12 @@ def values_match(got: Any, expected: Any) -> bool:
         if isinstance(expected, int) and isinstance(got, int):
             return got == expected
         return math.isclose(got, expected, rel_tol=REAL_TOLERANCE, abs_tol=REAL_TOLERANCE) or (
-            math.isnan(got) and math.isnan(expected))
+            math.isnan(got) and math.isnan(expected)
+        )
     if isinstance(expected, list) and isinstance(got, list):
         return len(got) == len(expected) and all(map(values_match, got, expected))
     if isinstance(expected, dict) and isinstance(got, dict):
-        return got.keys() == expected.keys() and all(values_match(got[k], expected[k])
-                                                     for k in expected)
+        return got.keys() == expected.keys() and all(
+            values_match(got[k], expected[k]) for k in expected
+        )
     return type(got) is type(expected) and got == expected

@@ -37,31 +37,63 @@ class CodeStudy(Study):
     demonstrations = "reference-program demonstrations"
     records_quality = True
     paper_figures = {  # PAPER.md §7.1, §7.2, §7.5: DeepCoder-MT's own figures
-        "texts": {"error_recovery": "DeepCoder-MT: RL better on 46.8% of matched states (mean "
-                                    "-0.005) but 67.3% of error states; continuation 38.5% vs "
-                                    "22.9% (§7.1, §7.2)",
-                  "full_budget_dynamics": "DeepCoder-MT R_multi +0.331, R_single -0.097 (§7.5)"},
-        "error_recovery_gain": 0.385 - 0.229, "r_multi": 0.331, "r_single": 0.097}
+        "texts": {
+            "error_recovery": "DeepCoder-MT: RL better on 46.8% of matched states (mean "
+            "-0.005) but 67.3% of error states; continuation 38.5% vs "
+            "22.9% (§7.1, §7.2)",
+            "full_budget_dynamics": "DeepCoder-MT R_multi +0.331, R_single -0.097 (§7.5)",
+        },
+        "error_recovery_gain": 0.385 - 0.229,
+        "r_multi": 0.331,
+        "r_single": 0.097,
+    }
     # the CPU default of `agentrl-jax reproduce code` (configs/code_cpu.yaml holds the same values)
     config_defaults = {
-        "task": {"t_max": 10, "train_tasks": 1000, "eval_tasks": 16,
-                 "max_response_tokens": 256, "max_context": 2048},
+        "task": {
+            "t_max": 10,
+            "train_tasks": 1000,
+            "eval_tasks": 16,
+            "max_response_tokens": 256,
+            "max_context": 2048,
+        },
         "model": {"tokenizer_vocab": 2048},
-        "warm_start": {"demo_tasks": 1000, "demos_per_task": 2, "batch_size": 8,
-                       "epochs": 10, "group_by_length": True},
-        "rl": {"runs": ["grpo", "budgetmix"], "steps": 8, "tasks_per_step": 2, "group_size": 4,
-               "attention": "blocked"},
-        "eval": {"max_response_tokens": 256, "max_context": 2048, "samples": 4, "k": 4,
-                 "budgets": [2], "pass_k_samples": 4, "likelihood_samples": 1,
-                 "diagnostic_tasks": 8, "states": 8, "group_size": 4, "source_samples": 1,
-                 "attention": "blocked"},
+        "warm_start": {
+            "demo_tasks": 1000,
+            "demos_per_task": 2,
+            "batch_size": 8,
+            "epochs": 10,
+            "group_by_length": True,
+        },
+        "rl": {
+            "runs": ["grpo", "budgetmix"],
+            "steps": 8,
+            "tasks_per_step": 2,
+            "group_size": 4,
+            "attention": "blocked",
+        },
+        "eval": {
+            "max_response_tokens": 256,
+            "max_context": 2048,
+            "samples": 4,
+            "k": 4,
+            "budgets": [2],
+            "pass_k_samples": 4,
+            "likelihood_samples": 1,
+            "diagnostic_tasks": 8,
+            "states": 8,
+            "group_size": 4,
+            "source_samples": 1,
+            "attention": "blocked",
+        },
     }
 
     def plan(self, tasks: EnvTasks, task_id: int) -> list[str]:
         task = inner_env(tasks.env).tasks[int(task_id)]
         if task.reference is None:
-            raise StudyError(f"code task {task.task_id!r} has no reference program to demonstrate; "
-                             "give a pretrained model (model.model_dir) with warm_start.enabled: false")
+            raise StudyError(
+                f"code task {task.task_id!r} has no reference program to demonstrate; "
+                "give a pretrained model (model.model_dir) with warm_start.enabled: false"
+            )
         return [fenced(task.reference)]
 
     def corpus(self, tasks: EnvTasks, task_ids, *, t_max: int, prompt: Any) -> list[str]:
@@ -69,8 +101,9 @@ class CodeStudy(Study):
         prompts, :func:`~agentrl_jax.evaluation.text_states.render_history`)."""
         from agentrl_jax.evaluation.text_states import HISTORY_HEADER
 
-        headers = [HISTORY_HEADER] + [f"[TURN {k} {part}]" for k in range(t_max)
-                                      for part in ("RESPONSE", "RESULT")]
+        headers = [HISTORY_HEADER] + [
+            f"[TURN {k} {part}]" for k in range(t_max) for part in ("RESPONSE", "RESULT")
+        ]
         return super().corpus(tasks, task_ids, t_max=t_max, prompt=prompt) + headers * 16
 
     def state_diagnostics(self, tasks: EnvTasks) -> Any:
@@ -78,11 +111,15 @@ class CodeStudy(Study):
 
         env = inner_env(tasks.env)
         return RecordedQualityStates(
-            env, error_reply=MutatedReference(env), quality_name="test pass share",
-            quality_symbol="pass share", suite="deepcoder-mt-error-recovery/v1",
+            env,
+            error_reply=MutatedReference(env),
+            quality_name="test pass share",
+            quality_symbol="pass share",
+            suite="deepcoder-mt-error-recovery/v1",
             error_note="one injected submission: the reference program with one mutation "
-                       "that fails a test",
-            success_note="passing every test within the remaining budget")
+            "that fails a test",
+            success_note="passing every test within the remaining budget",
+        )
 
 
 class MutatedReference:
@@ -103,7 +140,12 @@ class MutatedReference:
         task_id = int(task_id)
         if task_id not in self._replies:
             reference = self.env.tasks[task_id].reference
-            found = (None if reference is None else failing_mutant(
-                reference, lambda p: self.pass_share(task_id, p), rng, tries=self.tries))
+            found = (
+                None
+                if reference is None
+                else failing_mutant(
+                    reference, lambda p: self.pass_share(task_id, p), rng, tries=self.tries
+                )
+            )
             self._replies[task_id] = None if found is None else fenced(found[0])
         return self._replies[task_id]

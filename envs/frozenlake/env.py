@@ -66,7 +66,9 @@ class EnvParams:
         if self.max_steps is not None and (
             not isinstance(self.max_steps, (int, np.integer)) or self.max_steps < 1
         ):
-            raise ValueError(f"EnvParams.max_steps must be a positive int or None, got {self.max_steps!r}")
+            raise ValueError(
+                f"EnvParams.max_steps must be a positive int or None, got {self.max_steps!r}"
+            )
         # Leaves may be tracers or placeholders when JAX rebuilds the pytree: check only shapes.
         shape = getattr(self.maps, "shape", None)
         if shape is not None and (len(shape) != 3 or shape[1] != shape[2] or shape[0] < 1):
@@ -100,10 +102,10 @@ class EnvState:
 class Transition:
     """What :func:`rollout` records per step (stacked on a leading time axis)."""
 
-    obs: jax.Array     # int32, observation after the step
+    obs: jax.Array  # int32, observation after the step
     action: jax.Array  # int32, the intended action
     reward: jax.Array  # float32
-    done: jax.Array    # bool
+    done: jax.Array  # bool
 
 
 def _as_map_pool(maps) -> np.ndarray:
@@ -302,6 +304,7 @@ def rollout(key, state: EnvState, actions, params: EnvParams) -> tuple[EnvState,
     Returns the final state and a :class:`Transition` stacked on a leading axis of T. Steps
     after ``done`` keep the state and pay 0. ``vmap`` it for a batch.
     """
+
     def body(state, inputs):
         step_key, action = inputs
         obs, state, reward, done, _ = step(step_key, state, action, params)

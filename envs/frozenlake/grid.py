@@ -61,7 +61,9 @@ def map_from_strings(rows: list[str] | tuple[str, ...]) -> np.ndarray:
     """Gymnasium's list-of-strings map (e.g. ``["SFFF", "FHFH", ...]``) to an int8 array."""
     n = len(rows)
     if n == 0 or any(len(r) != n for r in rows):
-        raise ValueError(f"map must be square and non-empty, got row lengths {[len(r) for r in rows]}")
+        raise ValueError(
+            f"map must be square and non-empty, got row lengths {[len(r) for r in rows]}"
+        )
     try:
         return np.array([[TILE_LETTERS.index(c) for c in r] for r in rows], dtype=np.int8)
     except ValueError as e:

@@ -51,7 +51,7 @@ def _shift(x, drow: int, dcol: int):
     pad = [(0, 0)] * (x.ndim - 2) + [(max(drow, 0), max(-drow, 0)), (max(dcol, 0), max(-dcol, 0))]
     padded = jnp.pad(x, pad)
     r0, c0 = max(-drow, 0), max(-dcol, 0)
-    return padded[..., r0:r0 + n, c0:c0 + n]
+    return padded[..., r0 : r0 + n, c0 : c0 + n]
 
 
 def reachable(tiles):
@@ -141,7 +141,15 @@ def _check_args(num_maps, size, p, split, oversample, max_rounds):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("num_maps", "size", "p", "random_start_goal", "split", "oversample", "max_rounds"),
+    static_argnames=(
+        "num_maps",
+        "size",
+        "p",
+        "random_start_goal",
+        "split",
+        "oversample",
+        "max_rounds",
+    ),
 )
 def generate_with_status(
     key,
@@ -170,7 +178,9 @@ def generate_with_status(
 
     def body(carry):
         round_, maps, filled = carry
-        candidates = candidate_maps(jax.random.fold_in(key, round_), pool, size, p, random_start_goal)
+        candidates = candidate_maps(
+            jax.random.fold_in(key, round_), pool, size, p, random_start_goal
+        )
         ok = acceptable(candidates)
         slot = filled + jnp.cumsum(ok) - 1  # accepted candidates fill slots in pool order
         slot = jnp.where(ok, slot, num_maps)  # out of range => dropped
@@ -204,8 +214,14 @@ def generate(
     ``ValueError`` if ``max_rounds`` rounds do not suffice (p too small for the size).
     """
     maps, filled = generate_with_status(
-        key, num_maps, size=size, p=p, random_start_goal=random_start_goal, split=split,
-        oversample=oversample, max_rounds=max_rounds,
+        key,
+        num_maps,
+        size=size,
+        p=p,
+        random_start_goal=random_start_goal,
+        split=split,
+        oversample=oversample,
+        max_rounds=max_rounds,
     )
     if not bool(jnp.all(filled)):
         raise ValueError(

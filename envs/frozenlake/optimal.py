@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from envs.frozenlake import env as fl_env
-from envs.frozenlake import grid
-from envs.frozenlake import qstar
+from envs.frozenlake import grid, qstar
 
 
 def success_probability(q_undiscounted, tiles, budget):

@@ -109,8 +109,9 @@ def transition_operator(n: int, success_rate, *, is_slippery: bool, dtype=jnp.fl
     return kernel.reshape(num_cells, num_cells * NUM_ACTIONS)
 
 
-def backward_induction(tiles, horizon: int, gamma, success_rate, *, is_slippery: bool,
-                       dtype=jnp.float32):
+def backward_induction(
+    tiles, horizon: int, gamma, success_rate, *, is_slippery: bool, dtype=jnp.float32
+):
     """Unjitted core of :func:`q_star` for ``tiles`` ``[B, n, n]``: ``Q`` ``[B, H+1, S, 4]``.
 
     Maps are rows of every array, so each step is one ``[B, S] @ [S, 4 S]`` product.
@@ -142,11 +143,19 @@ def backward_induction(tiles, horizon: int, gamma, success_rate, *, is_slippery:
 
 
 _backward_induction_jit = jax.jit(
-    backward_induction, static_argnames=("horizon", "is_slippery", "dtype"))
+    backward_induction, static_argnames=("horizon", "is_slippery", "dtype")
+)
 
 
-def q_star(tiles, horizon: int, *, gamma=DEFAULT_GAMMA, is_slippery: bool = True,
-           success_rate=1.0 / 3.0, dtype=jnp.float32):
+def q_star(
+    tiles,
+    horizon: int,
+    *,
+    gamma=DEFAULT_GAMMA,
+    is_slippery: bool = True,
+    success_rate=1.0 / 3.0,
+    dtype=jnp.float32,
+):
     """Exact finite-horizon ``Q[..., h, s, a]`` for ``h = 0..horizon`` (see module doc).
 
     Args:
@@ -174,8 +183,14 @@ def q_star(tiles, horizon: int, *, gamma=DEFAULT_GAMMA, is_slippery: bool = True
         raise ValueError("dtype float64 needs jax_enable_x64 (e.g. jax.experimental.enable_x64())")
     tiles = jnp.asarray(tiles)
     batch_shape, n = tiles.shape[:-2], tiles.shape[-1]
-    q = _backward_induction_jit(tiles.reshape(-1, n, n), int(horizon), gamma, success_rate,
-                                is_slippery=bool(is_slippery), dtype=dtype)
+    q = _backward_induction_jit(
+        tiles.reshape(-1, n, n),
+        int(horizon),
+        gamma,
+        success_rate,
+        is_slippery=bool(is_slippery),
+        dtype=dtype,
+    )
     return q.reshape(*batch_shape, *q.shape[1:])
 
 
@@ -190,6 +205,7 @@ def v_star(tiles, horizon: int, **kwargs):
 
 
 # The accessors read one map's table; jnp.vectorize broadcasts them over batch dims.
+
 
 def _action_values_one(q, remaining, pos):
     horizon_plus_one, num_cells = q.shape[-3], q.shape[-2]

@@ -36,17 +36,25 @@ class FrozenLakeOptions:
     """``task.options`` of a FrozenLake study (the CPU default's values)."""
 
     map_size: int = 4
-    frozen_p: float = 0.8             # probability that a cell is frozen
-    random_start_goal: bool = True    # else start top-left, goal bottom-right
+    frozen_p: float = 0.8  # probability that a cell is frozen
+    random_start_goal: bool = True  # else start top-left, goal bottom-right
     slippery: bool = True
-    success_rate: float = 0.8         # P(intended move) when slippery (gymnasium: 1/3)
+    success_rate: float = 0.8  # P(intended move) when slippery (gymnasium: 1/3)
 
     def __post_init__(self):
         from agentrl_jax.validation import BOOL, integer, real, validate
 
-        validate("task.options", self, {
-            "map_size": integer(2), "frozen_p": real(0.0, 1.0, lo_open=True),
-            "random_start_goal": BOOL, "slippery": BOOL, "success_rate": real(0.0, 1.0)})
+        validate(
+            "task.options",
+            self,
+            {
+                "map_size": integer(2),
+                "frozen_p": real(0.0, 1.0, lo_open=True),
+                "random_start_goal": BOOL,
+                "slippery": BOOL,
+                "success_rate": real(0.0, 1.0),
+            },
+        )
 
 
 # The last user message of a context: its remaining budget and grid (the default BudgetPrompt).
@@ -67,13 +75,24 @@ class QStarDemonstrator:
     mistake_rate: probability of a uniformly random move other than the greedy one.
     """
 
-    def __init__(self, maps: Any, horizon: int, *, is_slippery: bool, success_rate: float,
-                 mistake_rate: float = 0.0, seed: int = 0):
+    def __init__(
+        self,
+        maps: Any,
+        horizon: int,
+        *,
+        is_slippery: bool,
+        success_rate: float,
+        mistake_rate: float = 0.0,
+        seed: int = 0,
+    ):
         if not 0.0 <= mistake_rate <= 1.0:
             raise ValueError(f"mistake_rate must be in [0, 1], got {mistake_rate!r}")
         maps = np.asarray(maps, np.int8)
-        q = np.asarray(qstar.q_star(maps, horizon, gamma=1.0, is_slippery=is_slippery,
-                                    success_rate=success_rate))  # [M, H + 1, S, 4]
+        q = np.asarray(
+            qstar.q_star(
+                maps, horizon, gamma=1.0, is_slippery=is_slippery, success_rate=success_rate
+            )
+        )  # [M, H + 1, S, 4]
         self._q = {_map_key(m): q[i] for i, m in enumerate(maps)}
         self.horizon, self.mistake_rate = horizon, mistake_rate
         self.rng = np.random.default_rng(seed)
@@ -104,9 +123,9 @@ class QStarDemonstrator:
         return [self.reply(c) if on else "" for c, on in zip(contexts, live)]
 
 
-
-def frozenlake_corpus(instructions: str, maps: np.ndarray, t_max: int,
-                      prompt: Any = None, grids_per_map: int = 4) -> list[str]:
+def frozenlake_corpus(
+    instructions: str, maps: np.ndarray, t_max: int, prompt: Any = None, grids_per_map: int = 4
+) -> list[str]:
     """The texts between the special tokens of a FrozenLake conversation in Qwen3's chat
     format, weighted by how often they recur: the system prompt at every budget, each turn's
     user message (header and grid), the assistant header and the answers (``prompt``: the
@@ -120,11 +139,18 @@ def frozenlake_corpus(instructions: str, maps: np.ndarray, t_max: int,
     for tiles in maps:
         cells = np.flatnonzero(np.asarray(tiles).reshape(-1) != grid.HOLE)[:grids_per_map]
         grids += [render(tiles, int(pos)) for pos in cells]
-    turns = [f"user\n{prompt.turn_text(grids[(b * t_max + t) % len(grids)], b, t)}"
-             for b in range(1, t_max + 1) for t in range(b)]
+    turns = [
+        f"user\n{prompt.turn_text(grids[(b * t_max + t) % len(grids)], b, t)}"
+        for b in range(1, t_max + 1)
+        for t in range(b)
+    ]
     answers = [f"\n\n<answer>{name}</answer>" for name in grid.ACTION_NAMES]
-    return (system * 32 + turns * 8 + [f"user\n{g}" for g in grids]
-            + (answers + ["assistant\n", "\n\n", "\n"]) * 256)
+    return (
+        system * 32
+        + turns * 8
+        + [f"user\n{g}" for g in grids]
+        + (answers + ["assistant\n", "\n\n", "\n"]) * 256
+    )
 
 
 class FrozenLakeStudy(Study):
@@ -141,12 +167,22 @@ class FrozenLakeStudy(Study):
         known = [f.name for f in dataclasses.fields(FrozenLakeOptions)]
         unknown = [k for k in options if k not in known]
         if unknown:
-            raise ValueError(f"task.options: FrozenLake takes no option "
-                             f"{', '.join(map(repr, unknown))}; it takes: {', '.join(known)}")
+            raise ValueError(
+                f"task.options: FrozenLake takes no option "
+                f"{', '.join(map(repr, unknown))}; it takes: {', '.join(known)}"
+            )
         return dataclasses.asdict(FrozenLakeOptions(**options))
 
-    def tasks(self, entry: EnvEntry, options: Mapping[str, Any], *, split: str, count: int,
-              seed: int, t_max: int) -> EnvTasks:
+    def tasks(
+        self,
+        entry: EnvEntry,
+        options: Mapping[str, Any],
+        *,
+        split: str,
+        count: int,
+        seed: int,
+        t_max: int,
+    ) -> EnvTasks:
         import jax
 
         from envs.frozenlake import maps as fl_maps
@@ -154,41 +190,79 @@ class FrozenLakeStudy(Study):
 
         o = FrozenLakeOptions(**options)
         stream = {"train": 0, "test": 1}[split]
-        tiles = np.asarray(fl_maps.generate(
-            jax.random.fold_in(jax.random.key(seed), stream), count, size=o.map_size,
-            p=o.frozen_p, random_start_goal=o.random_start_goal, split=split))
-        env = FrozenLakeTextEnv(tiles, FrozenLakeTextConfig(
-            t_max=t_max, is_slippery=o.slippery, success_rate=o.success_rate))
-        return EnvTasks(env, tuple(f"{split} map {i}" for i in range(count)),
-                        np.asarray(env.structural_bounds(np.arange(count)), np.int64))
+        tiles = np.asarray(
+            fl_maps.generate(
+                jax.random.fold_in(jax.random.key(seed), stream),
+                count,
+                size=o.map_size,
+                p=o.frozen_p,
+                random_start_goal=o.random_start_goal,
+                split=split,
+            )
+        )
+        env = FrozenLakeTextEnv(
+            tiles,
+            FrozenLakeTextConfig(t_max=t_max, is_slippery=o.slippery, success_rate=o.success_rate),
+        )
+        return EnvTasks(
+            env,
+            tuple(f"{split} map {i}" for i in range(count)),
+            np.asarray(env.structural_bounds(np.arange(count)), np.int64),
+        )
 
     def has_split(self, entry: EnvEntry) -> bool:
         return True
 
-    def describe(self, entry: EnvEntry, options: Mapping[str, Any], *, t_max: int,
-                 train: EnvTasks, test: EnvTasks) -> str:
+    def describe(
+        self,
+        entry: EnvEntry,
+        options: Mapping[str, Any],
+        *,
+        t_max: int,
+        train: EnvTasks,
+        test: EnvTasks,
+    ) -> str:
         o = FrozenLakeOptions(**options)
-        dynamics = (f"slippery (intended move {o.success_rate:.0%})" if o.slippery
-                    else "deterministic")
-        return (f"{o.map_size}x{o.map_size} FrozenLake, {dynamics}, T_max {t_max}; "
-                f"{len(train.names)} train maps, {len(test.names)} test maps (disjoint splits).")
+        dynamics = (
+            f"slippery (intended move {o.success_rate:.0%})" if o.slippery else "deterministic"
+        )
+        return (
+            f"{o.map_size}x{o.map_size} FrozenLake, {dynamics}, T_max {t_max}; "
+            f"{len(train.names)} train maps, {len(test.names)} test maps (disjoint splits)."
+        )
 
     def bound_note_for(self, options: Mapping[str, Any]) -> str:
-        return ("a necessary condition only on slippery maps" if FrozenLakeOptions(**options).slippery
-                else "exact for a Q*-optimal policy on these deterministic maps")
+        return (
+            "a necessary condition only on slippery maps"
+            if FrozenLakeOptions(**options).slippery
+            else "exact for a Q*-optimal policy on these deterministic maps"
+        )
 
     def demonstrable(self, tasks: EnvTasks, task_ids: Sequence[int]) -> np.ndarray:
         return np.asarray(task_ids, np.int64)  # Q* reads the grid: every map can be played
 
-    def demonstrator(self, tasks: EnvTasks, task_ids: Sequence[int], *, t_max: int,
-                     mistake_rate: float, seed: int):
+    def demonstrator(
+        self,
+        tasks: EnvTasks,
+        task_ids: Sequence[int],
+        *,
+        t_max: int,
+        mistake_rate: float,
+        seed: int,
+    ):
         env = tasks.env
-        return QStarDemonstrator(env.maps, t_max, is_slippery=env.config.is_slippery,
-                                 success_rate=env.config.success_rate,
-                                 mistake_rate=mistake_rate, seed=seed)
+        return QStarDemonstrator(
+            env.maps,
+            t_max,
+            is_slippery=env.config.is_slippery,
+            success_rate=env.config.success_rate,
+            mistake_rate=mistake_rate,
+            seed=seed,
+        )
 
-    def corpus(self, tasks: EnvTasks, task_ids: Sequence[int], *, t_max: int,
-               prompt: Any) -> list[str]:
+    def corpus(
+        self, tasks: EnvTasks, task_ids: Sequence[int], *, t_max: int, prompt: Any
+    ) -> list[str]:
         return frozenlake_corpus(tasks.env.instructions(), tasks.env.maps, t_max, prompt)
 
     def state_diagnostics(self, tasks: EnvTasks):
@@ -200,5 +274,9 @@ class FrozenLakeStudy(Study):
         from agentrl_jax.process_rewards import FrozenLakeQStar
 
         env = tasks.env
-        return FrozenLakeQStar(env.maps, gamma=STEP_QUALITY_GAMMA, is_slippery=env.config.is_slippery,
-                               success_rate=env.config.success_rate)
+        return FrozenLakeQStar(
+            env.maps,
+            gamma=STEP_QUALITY_GAMMA,
+            is_slippery=env.config.is_slippery,
+            success_rate=env.config.success_rate,
+        )

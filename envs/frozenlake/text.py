@@ -58,7 +58,9 @@ _THINK_OPEN = re.compile(r"<\s{0,4}think\s{0,4}>", re.IGNORECASE | re.ASCII)
 _THINK_CLOSE = re.compile(r"<\s{0,4}/\s{0,4}think\s{0,4}>", re.IGNORECASE | re.ASCII)
 _ANSWER_OPEN = re.compile(r"<\s{0,4}answer\s{0,4}>", re.IGNORECASE | re.ASCII)
 _ANSWER_CLOSE = re.compile(r"<\s{0,4}/\s{0,4}answer\s{0,4}>", re.IGNORECASE | re.ASCII)
-_DIRECTION = re.compile(r"(?<![A-Za-z0-9_])(left|down|right|up)(?![A-Za-z0-9_])", re.IGNORECASE | re.ASCII)
+_DIRECTION = re.compile(
+    r"(?<![A-Za-z0-9_])(left|down|right|up)(?![A-Za-z0-9_])", re.IGNORECASE | re.ASCII
+)
 _ACTION_OF_WORD = {name.lower(): code for code, name in enumerate(grid.ACTION_NAMES)}
 
 
@@ -75,7 +77,7 @@ def render(tiles, pos) -> str:
     cells = [CELL_SYMBOLS[c] for c in tiles.reshape(-1)]
     cells[pos] = PLAYER_SYMBOLS[tiles.reshape(-1)[pos]]
     n = tiles.shape[1]
-    return "\n".join(" ".join(cells[r * n:(r + 1) * n]) for r in range(tiles.shape[0]))
+    return "\n".join(" ".join(cells[r * n : (r + 1) * n]) for r in range(tiles.shape[0]))
 
 
 def parse_grid(text: str) -> tuple[np.ndarray, int]:
@@ -108,16 +110,16 @@ def answer_part(text: str) -> str:
     """The part of a response that counts (steps 1 and 2 of the grammar)."""
     close = _last_match(_THINK_CLOSE, text)
     if close is not None:
-        text = text[close.end():]
+        text = text[close.end() :]
     unfinished = _THINK_OPEN.search(text)
     if unfinished is not None:
-        text = text[:unfinished.start()]
+        text = text[: unfinished.start()]
     opening = _last_match(_ANSWER_OPEN, text)
     if opening is not None:
-        text = text[opening.end():]
+        text = text[opening.end() :]
         end = _ANSWER_CLOSE.search(text)
         if end is not None:
-            text = text[:end.start()]
+            text = text[: end.start()]
     return text
 
 

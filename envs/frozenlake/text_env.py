@@ -52,8 +52,10 @@ Reach the goal without falling into a hole. Each turn, move one cell: Left, Down
 Reply with your move inside answer tags, for example <answer>Left</answer>. You may think \
 before answering; only the answer is read."""
 
-SLIP_TEXT = (" The ice is slippery: you move in the intended direction with probability "
-             "{intended:.0%}, otherwise to one of the two directions at right angles to it.")
+SLIP_TEXT = (
+    " The ice is slippery: you move in the intended direction with probability "
+    "{intended:.0%}, otherwise to one of the two directions at right angles to it."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +70,13 @@ class FrozenLakeTextConfig:
         if isinstance(self.t_max, bool) or not isinstance(self.t_max, int) or self.t_max < 1:
             raise ValueError(f"FrozenLakeTextConfig.t_max must be an int >= 1, got {self.t_max!r}")
         if not isinstance(self.is_slippery, bool):
-            raise ValueError(f"FrozenLakeTextConfig.is_slippery must be a bool, "
-                             f"got {self.is_slippery!r}")
+            raise ValueError(
+                f"FrozenLakeTextConfig.is_slippery must be a bool, got {self.is_slippery!r}"
+            )
         if not 0.0 <= float(self.success_rate) <= 1.0:
-            raise ValueError(f"FrozenLakeTextConfig.success_rate must be in [0, 1], "
-                             f"got {self.success_rate!r}")
+            raise ValueError(
+                f"FrozenLakeTextConfig.success_rate must be in [0, 1], got {self.success_rate!r}"
+            )
 
 
 @struct.dataclass
@@ -80,17 +84,17 @@ class FrozenLakeRows:
     """The batch state: ``N`` environments (leading axis), their keys, turns and outcomes."""
 
     env: fl_env.EnvState  # tiles [N, n, n], pos [N], t [N], done [N]
-    keys: jax.Array       # [N] typed PRNG keys, one per row
-    turn: jax.Array       # [N] int32 turns played (invalid ones included)
-    done: jax.Array       # [N] bool
-    success: jax.Array    # [N] bool
-    task_id: jax.Array    # [N] int32
+    keys: jax.Array  # [N] typed PRNG keys, one per row
+    turn: jax.Array  # [N] int32 turns played (invalid ones included)
+    done: jax.Array  # [N] bool
+    success: jax.Array  # [N] bool
+    task_id: jax.Array  # [N] int32
 
 
 @struct.dataclass
 class _StepOut:
-    reward: jax.Array     # [N] float32
-    valid: jax.Array      # [N] bool: the row acted with a parsed action
+    reward: jax.Array  # [N] float32
+    valid: jax.Array  # [N] bool: the row acted with a parsed action
     pos_before: jax.Array  # [N] int32
 
 
@@ -100,22 +104,32 @@ def reset_rows(maps: jax.Array, task_ids: jax.Array, seed: jax.Array) -> FrozenL
     base = jax.random.key(seed)
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(task_ids.shape[0]))
     n = task_ids.shape[0]
-    return FrozenLakeRows(env=env, keys=keys, turn=jnp.zeros(n, jnp.int32),
-                          done=jnp.zeros(n, bool), success=jnp.zeros(n, bool),
-                          task_id=task_ids.astype(jnp.int32))
+    return FrozenLakeRows(
+        env=env,
+        keys=keys,
+        turn=jnp.zeros(n, jnp.int32),
+        done=jnp.zeros(n, bool),
+        success=jnp.zeros(n, bool),
+        task_id=task_ids.astype(jnp.int32),
+    )
 
 
-def step_rows(rows: FrozenLakeRows, actions: jax.Array, live: jax.Array,
-              params: fl_env.EnvParams, t_max: int) -> tuple[FrozenLakeRows, _StepOut]:
+def step_rows(
+    rows: FrozenLakeRows, actions: jax.Array, live: jax.Array, params: fl_env.EnvParams, t_max: int
+) -> tuple[FrozenLakeRows, _StepOut]:
     """One turn for ``live`` rows that are not done; ``actions`` ``int32[N]``, -1 = invalid."""
     acting = live & ~rows.done
     moving = acting & (actions >= 0)
     turn_key = lambda key, t: jax.random.split(key, t_max)[t]  # noqa: E731  (play_greedy's keys)
     keys = jax.vmap(turn_key)(rows.keys, jnp.minimum(rows.turn, t_max - 1))
     _, stepped, reward, _, _ = jax.vmap(fl_env.step, in_axes=(0, 0, 0, None))(
-        keys, rows.env, jnp.maximum(actions, 0), params)
-    env = jax.tree.map(lambda new, old: jnp.where(
-        moving.reshape(moving.shape + (1,) * (new.ndim - 1)), new, old), stepped, rows.env)
+        keys, rows.env, jnp.maximum(actions, 0), params
+    )
+    env = jax.tree.map(
+        lambda new, old: jnp.where(moving.reshape(moving.shape + (1,) * (new.ndim - 1)), new, old),
+        stepped,
+        rows.env,
+    )
     reward = jnp.where(moving, reward, 0.0)
     turn = rows.turn + acting.astype(jnp.int32)
     success = rows.success | (reward > 0)
@@ -135,8 +149,9 @@ class FrozenLakeTextEnv:
         self.config = config
         self.t_max = config.t_max
         # max_steps=None: only the rollout's budget (and t_max) ends an episode by time.
-        self.params = fl_env.make_params(maps, is_slippery=config.is_slippery,
-                                         success_rate=config.success_rate, max_steps=None)
+        self.params = fl_env.make_params(
+            maps, is_slippery=config.is_slippery, success_rate=config.success_rate, max_steps=None
+        )
         self.maps = np.asarray(self.params.maps)
         self.trace_counts: collections.Counter[str] = collections.Counter()
         self._reset = jax.jit(self._traced("reset", reset_rows))
@@ -147,11 +162,13 @@ class FrozenLakeTextEnv:
         def counted(*args, **kwargs):
             self.trace_counts[name] += 1
             return fn(*args, **kwargs)
+
         return counted
 
     def instructions(self) -> str:
-        slip = (SLIP_TEXT.format(intended=self.config.success_rate)
-                if self.config.is_slippery else "")
+        slip = (
+            SLIP_TEXT.format(intended=self.config.success_rate) if self.config.is_slippery else ""
+        )
         return INSTRUCTIONS.format(slip=slip)
 
     def num_tasks(self) -> int:
@@ -172,39 +189,62 @@ class FrozenLakeTextEnv:
 
     def reset(self, task_ids: np.ndarray, seed: int) -> tuple[FrozenLakeRows, list[str]]:
         task_ids = np.asarray(task_ids)
-        if (task_ids.ndim != 1 or not np.issubdtype(task_ids.dtype, np.integer)
-                or np.any(task_ids < 0) or np.any(task_ids >= self.num_tasks())):
-            raise ValueError(f"task_ids must be a 1-D int array in [0, {self.num_tasks()}), "
-                             f"got {task_ids!r}")
-        if (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
-                or not 0 <= seed < 2**31):
+        if (
+            task_ids.ndim != 1
+            or not np.issubdtype(task_ids.dtype, np.integer)
+            or np.any(task_ids < 0)
+            or np.any(task_ids >= self.num_tasks())
+        ):
+            raise ValueError(
+                f"task_ids must be a 1-D int array in [0, {self.num_tasks()}), got {task_ids!r}"
+            )
+        if (
+            isinstance(seed, bool)
+            or not isinstance(seed, (int, np.integer))
+            or not 0 <= seed < 2**31
+        ):
             raise ValueError(f"seed must be an int in [0, 2**31), got {seed!r}")
-        rows = self._reset(jnp.asarray(self.maps), jnp.asarray(task_ids, jnp.int32),
-                           jnp.asarray(seed, jnp.int32))
+        rows = self._reset(
+            jnp.asarray(self.maps), jnp.asarray(task_ids, jnp.int32), jnp.asarray(seed, jnp.int32)
+        )
         pos = np.asarray(rows.env.pos)
         return rows, [self._render(int(t), int(p)) for t, p in zip(task_ids, pos)]
 
     def parse(self, responses: Sequence[str], live: np.ndarray) -> np.ndarray:
         """``int32[N]`` action codes of the live rows' responses (-1: invalid or not live)."""
-        return np.array([fl_text.parse_action(r) if on else fl_text.INVALID
-                         for r, on in zip(responses, live)], np.int32)
+        return np.array(
+            [fl_text.parse_action(r) if on else fl_text.INVALID for r, on in zip(responses, live)],
+            np.int32,
+        )
 
-    def step(self, rows: FrozenLakeRows, responses: Sequence[str],
-             live: np.ndarray) -> tuple[FrozenLakeRows, TurnResult]:
+    def step(
+        self, rows: FrozenLakeRows, responses: Sequence[str], live: np.ndarray
+    ) -> tuple[FrozenLakeRows, TurnResult]:
         live = np.asarray(live, bool)
         if len(responses) != live.shape[0] or live.shape != rows.done.shape:
-            raise ValueError(f"step: {len(responses)} responses and live {live.shape} must match "
-                             f"the {rows.done.shape[0]} rows")
+            raise ValueError(
+                f"step: {len(responses)} responses and live {live.shape} must match "
+                f"the {rows.done.shape[0]} rows"
+            )
         actions = self.parse(responses, live)
-        rows, out = self._step(rows, jnp.asarray(actions), jnp.asarray(live), self.params,
-                               t_max=self.t_max)
+        rows, out = self._step(
+            rows, jnp.asarray(actions), jnp.asarray(live), self.params, t_max=self.t_max
+        )
         done, success, pos, task, out = jax.device_get(
-            (rows.done, rows.success, rows.env.pos, rows.task_id, out))
-        observations = [self._render(int(task[i]), int(pos[i])) if live[i] and not done[i] else ""
-                        for i in range(live.shape[0])]
+            (rows.done, rows.success, rows.env.pos, rows.task_id, out)
+        )
+        observations = [
+            self._render(int(task[i]), int(pos[i])) if live[i] and not done[i] else ""
+            for i in range(live.shape[0])
+        ]
         return rows, TurnResult(
-            observations=observations, reward=out.reward.astype(np.float32), done=done,
-            success=success, action=np.where(out.valid, actions, -1).astype(np.int32),
-            action_valid=out.valid, anchor_key=out.pos_before.astype(np.int32),
+            observations=observations,
+            reward=out.reward.astype(np.float32),
+            done=done,
+            success=success,
+            action=np.where(out.valid, actions, -1).astype(np.int32),
+            action_valid=out.valid,
+            anchor_key=out.pos_before.astype(np.int32),
             quality=np.full(live.shape[0], np.nan, np.float32),
-            state_id=out.pos_before.astype(np.int32))
+            state_id=out.pos_before.astype(np.int32),
+        )

@@ -21,9 +21,15 @@ from envs.sql.spider import SPLITS, load_spider
 from envs.sql.verify import is_ordered, normalise_value, results_match
 
 
-def make_env(spider_dir: str | pathlib.Path | None = None, split: str = "dev", *,
-             limit: int | None = None, config: SqlConfig = SqlConfig(), workers: int = 8,
-             step_timeout_s: float = 60.0) -> PythonTextEnv:
+def make_env(
+    spider_dir: str | pathlib.Path | None = None,
+    split: str = "dev",
+    *,
+    limit: int | None = None,
+    config: SqlConfig = SqlConfig(),
+    workers: int = 8,
+    step_timeout_s: float = 60.0,
+) -> PythonTextEnv:
     """The rollout's text environment: Spider data from ``spider_dir`` (its ``split``, first
     ``limit`` tasks), or the bookshop demo tasks when ``spider_dir`` is None."""
     tasks = demo_tasks() if spider_dir is None else load_spider(spider_dir, split, limit=limit)

@@ -43,7 +43,9 @@ class QueryLimits:
         if self.max_rows < 1:
             raise ValueError(f"QueryLimits.max_rows must be >= 1, got {self.max_rows}")
         if self.max_value_bytes < 1:
-            raise ValueError(f"QueryLimits.max_value_bytes must be >= 1, got {self.max_value_bytes}")
+            raise ValueError(
+                f"QueryLimits.max_value_bytes must be >= 1, got {self.max_value_bytes}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +79,15 @@ def run_query(db_path: str | pathlib.Path, query: str, limits: QueryLimits) -> Q
     path = pathlib.Path(db_path).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"SQLite database not found: {path}")
-    response = worker_pool.shared_pool().run({
-        "db": str(path), "query": query, "timeout_s": limits.timeout_s,
-        "max_rows": limits.max_rows, "max_value_bytes": limits.max_value_bytes})
+    response = worker_pool.shared_pool().run(
+        {
+            "db": str(path),
+            "query": query,
+            "timeout_s": limits.timeout_s,
+            "max_rows": limits.max_rows,
+            "max_value_bytes": limits.max_value_bytes,
+        }
+    )
     return result_of(response)
 
 
@@ -89,7 +97,9 @@ def result_of(response: dict) -> QueryResult:
         return QueryResult(error=str(response["error"]), timed_out=bool(response.get("timed_out")))
     try:
         columns = tuple(str(c) for c in response["columns"])
-        rows = tuple(tuple(query_worker.decode_cell(v) for v in _list(row)) for row in response["rows"])
+        rows = tuple(
+            tuple(query_worker.decode_cell(v) for v in _list(row)) for row in response["rows"]
+        )
         return QueryResult(columns, rows, more_rows=bool(response["more_rows"]))
     except (KeyError, TypeError, ValueError) as error:
         return QueryResult(error=f"the database worker answered nonsense ({error})")
@@ -105,8 +115,10 @@ def schema_text(db_path: str | pathlib.Path) -> str:
     """The ``CREATE`` statements of the database's tables and views, one per paragraph."""
     conn = connect_read_only(db_path)
     try:
-        rows = conn.execute("SELECT sql FROM sqlite_master WHERE type IN ('table', 'view') "
-                            "AND sql IS NOT NULL AND name NOT LIKE 'sqlite_%' ORDER BY rowid").fetchall()
+        rows = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type IN ('table', 'view') "
+            "AND sql IS NOT NULL AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
+        ).fetchall()
     except sqlite3.Error as error:
         raise ValueError(f"cannot read the schema of {db_path}: {error}") from error
     finally:

@@ -94,69 +94,129 @@ TABLES: dict[str, tuple[tuple, ...]] = {
         (8, "Hugo Weber", "Montreal"),
     ),
     "orders": (
-        (1, 1, "2022-11-03"), (2, 2, "2022-12-15"), (3, 1, "2023-01-09"), (4, 3, "2023-01-21"),
-        (5, 4, "2023-02-02"), (6, 5, "2023-02-14"), (7, 2, "2023-03-30"), (8, 6, "2023-03-31"),
-        (9, 3, "2023-05-06"), (10, 4, "2024-01-12"), (11, 5, "2024-02-20"), (12, 1, "2024-03-03"),
+        (1, 1, "2022-11-03"),
+        (2, 2, "2022-12-15"),
+        (3, 1, "2023-01-09"),
+        (4, 3, "2023-01-21"),
+        (5, 4, "2023-02-02"),
+        (6, 5, "2023-02-14"),
+        (7, 2, "2023-03-30"),
+        (8, 6, "2023-03-31"),
+        (9, 3, "2023-05-06"),
+        (10, 4, "2024-01-12"),
+        (11, 5, "2024-02-20"),
+        (12, 1, "2024-03-03"),
     ),
     "order_items": (
-        (1, 1, 1), (1, 3, 2), (2, 9, 1), (3, 10, 2), (3, 5, 1), (4, 11, 1), (4, 12, 3),
-        (5, 9, 1), (5, 4, 1), (5, 15, 2), (6, 1, 1), (7, 13, 1), (7, 3, 1), (8, 10, 1),
-        (9, 6, 2), (9, 9, 1), (10, 15, 1), (10, 7, 1), (11, 2, 1), (12, 9, 2), (12, 14, 1),
+        (1, 1, 1),
+        (1, 3, 2),
+        (2, 9, 1),
+        (3, 10, 2),
+        (3, 5, 1),
+        (4, 11, 1),
+        (4, 12, 3),
+        (5, 9, 1),
+        (5, 4, 1),
+        (5, 15, 2),
+        (6, 1, 1),
+        (7, 13, 1),
+        (7, 3, 1),
+        (8, 10, 1),
+        (9, 6, 2),
+        (9, 9, 1),
+        (10, 15, 1),
+        (10, 7, 1),
+        (11, 2, 1),
+        (12, 9, 2),
+        (12, 14, 1),
     ),
 }
 
 # (question, gold query), from easy to hard.
 QUESTIONS: tuple[tuple[str, str], ...] = (
-    ("How many books does the shop sell?",
-     "SELECT COUNT(*) FROM books"),
-    ("List the titles of the books published before 1990.",
-     "SELECT title FROM books WHERE year < 1990"),
-    ("Which authors come from Canada? Give their names.",
-     "SELECT name FROM authors WHERE country = 'Canada'"),
-    ("In which cities do the customers live? List each city once.",
-     "SELECT DISTINCT city FROM customers"),
-    ("What is the name of the oldest author, the one with the earliest known birth year?",
-     "SELECT name FROM authors WHERE birth_year = (SELECT MIN(birth_year) FROM authors)"),
-    ("How many books are there in each genre? Give the genre and the number of books, "
-     "leaving out books without a genre.",
-     "SELECT genre, COUNT(*) FROM books WHERE genre IS NOT NULL GROUP BY genre"),
-    ("Give the title of each book by an author from Canada, together with the author's name.",
-     "SELECT b.title, a.name FROM books AS b JOIN authors AS a ON a.author_id = b.author_id "
-     "WHERE a.country = 'Canada'"),
-    ("What is the average price of the fantasy books?",
-     "SELECT AVG(price) FROM books WHERE genre = 'fantasy'"),
-    ("Give the titles of the three most expensive books, the most expensive first.",
-     "SELECT title FROM books ORDER BY price DESC LIMIT 3"),
-    ("Which authors have no books in the shop? Give their names.",
-     "SELECT name FROM authors WHERE author_id NOT IN (SELECT author_id FROM books)"),
-    ("Which customers have never placed an order? Give their names.",
-     "SELECT name FROM customers WHERE customer_id NOT IN (SELECT customer_id FROM orders)"),
-    ("How many orders were placed in 2023?",
-     "SELECT COUNT(*) FROM orders WHERE order_date BETWEEN '2023-01-01' AND '2023-12-31'"),
-    ("For each customer who has placed an order, give their name and the total number of books "
-     "they bought, from the most books to the fewest.",
-     "SELECT c.name, SUM(i.quantity) AS total FROM customers AS c "
-     "JOIN orders AS o ON o.customer_id = c.customer_id "
-     "JOIN order_items AS i ON i.order_id = o.order_id "
-     "GROUP BY c.customer_id ORDER BY total DESC"),
-    ("What is the title of the best-selling book, by total quantity ordered?",
-     "SELECT b.title FROM books AS b JOIN order_items AS i ON i.book_id = b.book_id "
-     "GROUP BY b.book_id ORDER BY SUM(i.quantity) DESC LIMIT 1"),
-    ("What was the total revenue, quantity times price, of the orders placed in 2023?",
-     "SELECT SUM(i.quantity * b.price) FROM order_items AS i "
-     "JOIN books AS b ON b.book_id = i.book_id JOIN orders AS o ON o.order_id = i.order_id "
-     "WHERE o.order_date LIKE '2023-%'"),
-    ("Which genres have an average book price above the average price of all books? "
-     "Give the genre names.",
-     "SELECT genre FROM books WHERE genre IS NOT NULL GROUP BY genre "
-     "HAVING AVG(price) > (SELECT AVG(price) FROM books)"),
-    ("Which authors have books in more than one genre? Give their names.",
-     "SELECT a.name FROM authors AS a JOIN books AS b ON b.author_id = a.author_id "
-     "GROUP BY a.author_id HAVING COUNT(DISTINCT b.genre) > 1"),
-    ("How many orders were placed in each month of 2023? Give the month as a number and the "
-     "number of orders, in month order.",
-     "SELECT CAST(strftime('%m', order_date) AS INTEGER) AS month, COUNT(*) FROM orders "
-     "WHERE order_date LIKE '2023-%' GROUP BY month ORDER BY month"),
+    ("How many books does the shop sell?", "SELECT COUNT(*) FROM books"),
+    (
+        "List the titles of the books published before 1990.",
+        "SELECT title FROM books WHERE year < 1990",
+    ),
+    (
+        "Which authors come from Canada? Give their names.",
+        "SELECT name FROM authors WHERE country = 'Canada'",
+    ),
+    (
+        "In which cities do the customers live? List each city once.",
+        "SELECT DISTINCT city FROM customers",
+    ),
+    (
+        "What is the name of the oldest author, the one with the earliest known birth year?",
+        "SELECT name FROM authors WHERE birth_year = (SELECT MIN(birth_year) FROM authors)",
+    ),
+    (
+        "How many books are there in each genre? Give the genre and the number of books, "
+        "leaving out books without a genre.",
+        "SELECT genre, COUNT(*) FROM books WHERE genre IS NOT NULL GROUP BY genre",
+    ),
+    (
+        "Give the title of each book by an author from Canada, together with the author's name.",
+        "SELECT b.title, a.name FROM books AS b JOIN authors AS a ON a.author_id = b.author_id "
+        "WHERE a.country = 'Canada'",
+    ),
+    (
+        "What is the average price of the fantasy books?",
+        "SELECT AVG(price) FROM books WHERE genre = 'fantasy'",
+    ),
+    (
+        "Give the titles of the three most expensive books, the most expensive first.",
+        "SELECT title FROM books ORDER BY price DESC LIMIT 3",
+    ),
+    (
+        "Which authors have no books in the shop? Give their names.",
+        "SELECT name FROM authors WHERE author_id NOT IN (SELECT author_id FROM books)",
+    ),
+    (
+        "Which customers have never placed an order? Give their names.",
+        "SELECT name FROM customers WHERE customer_id NOT IN (SELECT customer_id FROM orders)",
+    ),
+    (
+        "How many orders were placed in 2023?",
+        "SELECT COUNT(*) FROM orders WHERE order_date BETWEEN '2023-01-01' AND '2023-12-31'",
+    ),
+    (
+        "For each customer who has placed an order, give their name and the total number of books "
+        "they bought, from the most books to the fewest.",
+        "SELECT c.name, SUM(i.quantity) AS total FROM customers AS c "
+        "JOIN orders AS o ON o.customer_id = c.customer_id "
+        "JOIN order_items AS i ON i.order_id = o.order_id "
+        "GROUP BY c.customer_id ORDER BY total DESC",
+    ),
+    (
+        "What is the title of the best-selling book, by total quantity ordered?",
+        "SELECT b.title FROM books AS b JOIN order_items AS i ON i.book_id = b.book_id "
+        "GROUP BY b.book_id ORDER BY SUM(i.quantity) DESC LIMIT 1",
+    ),
+    (
+        "What was the total revenue, quantity times price, of the orders placed in 2023?",
+        "SELECT SUM(i.quantity * b.price) FROM order_items AS i "
+        "JOIN books AS b ON b.book_id = i.book_id JOIN orders AS o ON o.order_id = i.order_id "
+        "WHERE o.order_date LIKE '2023-%'",
+    ),
+    (
+        "Which genres have an average book price above the average price of all books? "
+        "Give the genre names.",
+        "SELECT genre FROM books WHERE genre IS NOT NULL GROUP BY genre "
+        "HAVING AVG(price) > (SELECT AVG(price) FROM books)",
+    ),
+    (
+        "Which authors have books in more than one genre? Give their names.",
+        "SELECT a.name FROM authors AS a JOIN books AS b ON b.author_id = a.author_id "
+        "GROUP BY a.author_id HAVING COUNT(DISTINCT b.genre) > 1",
+    ),
+    (
+        "How many orders were placed in each month of 2023? Give the month as a number and the "
+        "number of orders, in month order.",
+        "SELECT CAST(strftime('%m', order_date) AS INTEGER) AS month, COUNT(*) FROM orders "
+        "WHERE order_date LIKE '2023-%' GROUP BY month ORDER BY month",
+    ),
 )
 
 

@@ -131,7 +131,7 @@ def render_result(result: QueryResult, config: SqlConfig) -> str:
     if not result.rows:
         return f"The query returned no rows. Columns: {columns}"
     count = f"more than {config.max_rows}" if result.more_rows else str(len(result.rows))
-    shown = result.rows[:config.display_rows]
+    shown = result.rows[: config.display_rows]
     if len(shown) < len(result.rows) or result.more_rows:
         head = f"{count} rows (truncated: showing the first {len(shown)}):"
     else:
@@ -151,8 +151,9 @@ class SqlEnv(PythonEnv):
             raise ValueError("SqlEnv: tasks is empty")
         for i, task in enumerate(tasks):
             if not task.db_path.is_file():
-                raise FileNotFoundError(f"SqlEnv: task {i} ({task.db_id!r}): database file "
-                                        f"not found: {task.db_path}")
+                raise FileNotFoundError(
+                    f"SqlEnv: task {i} ({task.db_id!r}): database file not found: {task.db_path}"
+                )
         self.tasks = tuple(tasks)
         self.config = config
         self._gold: dict[int, GoldAnswer] = {}
@@ -160,8 +161,9 @@ class SqlEnv(PythonEnv):
         self._lock = threading.Lock()  # guards the two caches across worker threads
 
     def instructions(self) -> str:
-        return INSTRUCTIONS.format(display_rows=self.config.display_rows,
-                                   timeout_s=self.config.query_timeout_s)
+        return INSTRUCTIONS.format(
+            display_rows=self.config.display_rows, timeout_s=self.config.query_timeout_s
+        )
 
     def num_tasks(self) -> int:
         return len(self.tasks)
@@ -177,8 +179,10 @@ class SqlEnv(PythonEnv):
         result = run_query(task.db_path, task.gold_query, self.config.limits(gold=True))
         if not result.ok or result.more_rows:
             problem = result.error or f"returns more than max_rows={self.config.max_rows} rows"
-            raise ValueError(f"SqlEnv: the gold query of task {task_id} ({task.db_id!r}) "
-                             f"fails: {problem}; query: {task.gold_query}")
+            raise ValueError(
+                f"SqlEnv: the gold query of task {task_id} ({task.db_id!r}) "
+                f"fails: {problem}; query: {task.gold_query}"
+            )
         answer = GoldAnswer(result.rows, is_ordered(task.gold_query))
         with self._lock:
             self._gold[task_id] = answer
@@ -203,9 +207,11 @@ class SqlEnv(PythonEnv):
     def step_task(self, row_state: SqlRowState, response: str) -> tuple[SqlRowState, Feedback]:
         action = grammar.parse_response(response)
         if isinstance(action, grammar.Invalid):
-            observation = (f"Invalid action: {action.reason}. Example: {grammar.EXAMPLE}")
-            return (dataclasses.replace(row_state, last_observation=observation),
-                    Feedback(observation, action_valid=False))
+            observation = f"Invalid action: {action.reason}. Example: {grammar.EXAMPLE}"
+            return (
+                dataclasses.replace(row_state, last_observation=observation),
+                Feedback(observation, action_valid=False),
+            )
         if isinstance(action, grammar.Execute):
             return self._execute(row_state, action.query)
         return self._submit(row_state, action.query)
@@ -220,17 +226,27 @@ class SqlEnv(PythonEnv):
     def _submit(self, row_state: SqlRowState, query: str | None) -> tuple[SqlRowState, Feedback]:
         query = query or row_state.last_ok_query
         if query is None:
-            observation = ("Invalid action: <submit></submit> submits the last query that ran "
-                           "without error, and none has. Run one with <sql>QUERY</sql> first, "
-                           "or put your answer inside the tags: <submit>QUERY</submit>.")
-            return (dataclasses.replace(row_state, last_observation=observation),
-                    Feedback(observation, action_valid=False))
+            observation = (
+                "Invalid action: <submit></submit> submits the last query that ran "
+                "without error, and none has. Run one with <sql>QUERY</sql> first, "
+                "or put your answer inside the tags: <submit>QUERY</submit>."
+            )
+            return (
+                dataclasses.replace(row_state, last_observation=observation),
+                Feedback(observation, action_valid=False),
+            )
         task = self.tasks[row_state.task_id]
         gold = self.gold_answer(row_state.task_id)
         result = run_query(task.db_path, query, self.config.limits())
-        correct = result.ok and not result.more_rows and results_match(gold.rows, result.rows, gold.ordered)
+        correct = (
+            result.ok
+            and not result.more_rows
+            and results_match(gold.rows, result.rows, gold.ordered)
+        )
         if not result.ok:
-            observation = f"Submitted. The query failed, so the answer is wrong. Error: {result.error}"
+            observation = (
+                f"Submitted. The query failed, so the answer is wrong. Error: {result.error}"
+            )
         elif correct:
             observation = "Submitted. The result matches the reference answer."
         else:

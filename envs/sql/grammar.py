@@ -33,8 +33,10 @@ import re
 _THINK_OPEN = re.compile(r"<\s{0,4}think\s{0,4}>", re.IGNORECASE | re.ASCII)
 _THINK_CLOSE = re.compile(r"<\s{0,4}/\s{0,4}think\s{0,4}>", re.IGNORECASE | re.ASCII)
 _TAG_OPEN = re.compile(r"<\s{0,4}(sql|submit)\s{0,4}>", re.IGNORECASE | re.ASCII)
-_TAG_CLOSE = {name: re.compile(rf"<\s{{0,4}}/\s{{0,4}}{name}\s{{0,4}}>", re.IGNORECASE | re.ASCII)
-              for name in ("sql", "submit")}
+_TAG_CLOSE = {
+    name: re.compile(rf"<\s{{0,4}}/\s{{0,4}}{name}\s{{0,4}}>", re.IGNORECASE | re.ASCII)
+    for name in ("sql", "submit")
+}
 # Fences are found by hand-written scanners (str.find and these single runs, which cannot
 # backtrack), so parsing takes time linear in the text's length whatever it holds.
 _SPACES = re.compile(r"[ \t]*")
@@ -74,9 +76,9 @@ def strip_thinking(text: str) -> str:
     for last_close in _THINK_CLOSE.finditer(text):
         pass
     if last_close is not None:
-        text = text[last_close.end():]
+        text = text[last_close.end() :]
     still_open = _THINK_OPEN.search(text)
-    return text[:still_open.start()] if still_open else text
+    return text[: still_open.start()] if still_open else text
 
 
 def fenced_blocks(text: str):
@@ -92,7 +94,7 @@ def fenced_blocks(text: str):
         label_start = _SPACES.match(text, start + 3).end()
         label_end = _LABEL.match(text, label_start).end()
         close = text.find("```", label_end)
-        yield text[label_start:label_end], text[label_end:len(text) if close < 0 else close]
+        yield text[label_start:label_end], text[label_end : len(text) if close < 0 else close]
         if close < 0:
             return
         start = text.find("```", close + 3)
@@ -111,7 +113,7 @@ def unfence(query: str) -> str | None:
     newline = text.find("\n", 3)
     if newline < 0:
         return None
-    rest = text[newline + 1:].rstrip()
+    rest = text[newline + 1 :].rstrip()
     if not rest.endswith("```"):
         return None
     return rest[:-3].rstrip()
@@ -123,7 +125,7 @@ def clean_query(query: str) -> str:
     query = (query if inside is None else inside).strip()
     # Trailing semicolons and the whitespace around them; the query ends in neither otherwise.
     trailing = _SEMICOLONS_AND_SPACE.match(query[::-1]).end()
-    return query[:len(query) - trailing]
+    return query[: len(query) - trailing]
 
 
 def parse_response(text: str) -> Action:
@@ -132,12 +134,14 @@ def parse_response(text: str) -> Action:
     first = _TAG_OPEN.search(text)
     if first is not None and _TAG_OPEN.search(text, first.end()) is not None:
         names = [f"<{t.group(1).lower()}>" for t in _TAG_OPEN.finditer(text)]
-        return Invalid(f"found {len(names)} actions ({', '.join(names)}); write exactly one per turn")
+        return Invalid(
+            f"found {len(names)} actions ({', '.join(names)}); write exactly one per turn"
+        )
     if first is not None:
         name = first.group(1).lower()
-        body = text[first.end():]
+        body = text[first.end() :]
         close = _TAG_CLOSE[name].search(body)
-        query = clean_query(body[:close.start()] if close else body)
+        query = clean_query(body[: close.start()] if close else body)
         if name == "submit":
             return Submit(query or None)
         return Execute(query) if query else Invalid("the <sql> tag holds no query")
@@ -147,5 +151,7 @@ def parse_response(text: str) -> Action:
         return Execute(query) if query else Invalid("the ```sql block holds no query")
     if sql_blocks:
         return Invalid(f"found {len(sql_blocks)} ```sql blocks; write exactly one action per turn")
-    return Invalid("no action found: put one query in <sql>...</sql> to run it, "
-                   "or in <submit>...</submit> to submit your final answer")
+    return Invalid(
+        "no action found: put one query in <sql>...</sql> to run it, "
+        "or in <submit>...</submit> to submit your final answer"
+    )

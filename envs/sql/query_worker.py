@@ -40,16 +40,44 @@ import sys
 import time
 
 # Authorizer action codes a reading query needs; everything else is denied.
-_READ_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                           sqlite3.SQLITE_RECURSIVE})
+_READ_ACTIONS = frozenset(
+    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+)
 # Names of the actions a write attempt is refused for, to tell the agent what was refused.
-_ACTION_NAMES = {getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ") for name in (
-    "INSERT", "UPDATE", "DELETE", "ALTER_TABLE", "ATTACH", "DETACH", "PRAGMA", "TRANSACTION",
-    "SAVEPOINT", "ANALYZE", "REINDEX", "CREATE_TABLE", "CREATE_TEMP_TABLE", "CREATE_INDEX",
-    "CREATE_TEMP_INDEX", "CREATE_VIEW", "CREATE_TEMP_VIEW", "CREATE_TRIGGER",
-    "CREATE_TEMP_TRIGGER", "CREATE_VTABLE", "DROP_TABLE", "DROP_TEMP_TABLE", "DROP_INDEX",
-    "DROP_TEMP_INDEX", "DROP_VIEW", "DROP_TEMP_VIEW", "DROP_TRIGGER", "DROP_TEMP_TRIGGER",
-    "DROP_VTABLE")}
+_ACTION_NAMES = {
+    getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ")
+    for name in (
+        "INSERT",
+        "UPDATE",
+        "DELETE",
+        "ALTER_TABLE",
+        "ATTACH",
+        "DETACH",
+        "PRAGMA",
+        "TRANSACTION",
+        "SAVEPOINT",
+        "ANALYZE",
+        "REINDEX",
+        "CREATE_TABLE",
+        "CREATE_TEMP_TABLE",
+        "CREATE_INDEX",
+        "CREATE_TEMP_INDEX",
+        "CREATE_VIEW",
+        "CREATE_TEMP_VIEW",
+        "CREATE_TRIGGER",
+        "CREATE_TEMP_TRIGGER",
+        "CREATE_VTABLE",
+        "DROP_TABLE",
+        "DROP_TEMP_TABLE",
+        "DROP_INDEX",
+        "DROP_TEMP_INDEX",
+        "DROP_VIEW",
+        "DROP_TEMP_VIEW",
+        "DROP_TRIGGER",
+        "DROP_TEMP_TRIGGER",
+        "DROP_VTABLE",
+    )
+}
 _PROGRESS_EVERY = 1000  # SQLite virtual-machine instructions between deadline checks
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # a larger result is an error, not a response
 _CPU_MARGIN_S = 5  # CPU seconds a query may use past its time limit before SIGXCPU ends the process
@@ -89,11 +117,13 @@ def _deny_writes(denied: list):
         what = _ACTION_NAMES.get(action, f"action {action}")
         denied.append(f"{what} on {arg1}" if arg1 else what)
         return sqlite3.SQLITE_DENY
+
     return authorize
 
 
-def execute(db_path: str, query: str, timeout_s: float, max_rows: int,
-            max_value_bytes: int) -> dict:
+def execute(
+    db_path: str, query: str, timeout_s: float, max_rows: int, max_value_bytes: int
+) -> dict:
     """Run ``query`` under the guards; the response dict (module docstring), cells undecoded.
 
     Never raises on the query; a missing or unreadable file is an ``error`` too.
@@ -116,19 +146,30 @@ def execute(db_path: str, query: str, timeout_s: float, max_rows: int,
         conn.set_authorizer(_deny_writes(denied))
         conn.set_progress_handler(past_deadline, _PROGRESS_EVERY)
         cursor = conn.execute(query)
-        if cursor.description is None:  # a statement that yields no rows: a no-op, or nothing at all
-            return {"error": "not a query: only a single SELECT statement (WITH and VALUES also "
-                             "work) may run", "timed_out": False}
+        if (
+            cursor.description is None
+        ):  # a statement that yields no rows: a no-op, or nothing at all
+            return {
+                "error": "not a query: only a single SELECT statement (WITH and VALUES also "
+                "work) may run",
+                "timed_out": False,
+            }
         columns = [d[0] for d in cursor.description]
         rows = cursor.fetchmany(max_rows + 1)
-        return {"columns": columns, "rows": [[encode_cell(v) for v in row] for row in rows[:max_rows]],
-                "more_rows": len(rows) > max_rows}
+        return {
+            "columns": columns,
+            "rows": [[encode_cell(v) for v in row] for row in rows[:max_rows]],
+            "more_rows": len(rows) > max_rows,
+        }
     except (sqlite3.Error, ValueError) as error:  # ValueError: a NUL or lone surrogate in the text
         if stopped:
             return {"error": timeout_message(timeout_s), "timed_out": True}
         if denied:
-            return {"error": "not allowed: the database is read-only and only a reading query "
-                             f"may run (refused: {denied[0]})", "timed_out": False}
+            return {
+                "error": "not allowed: the database is read-only and only a reading query "
+                f"may run (refused: {denied[0]})",
+                "timed_out": False,
+            }
         return {"error": str(error) or type(error).__name__, "timed_out": False}
     finally:
         conn.close()
@@ -162,22 +203,41 @@ def answer(line: bytes, before_query=None) -> bytes:
         request = json.loads(line)
         if before_query is not None:
             before_query(request)
-        response = execute(request["db"], request["query"], float(request["timeout_s"]),
-                           int(request["max_rows"]), int(request["max_value_bytes"]))
+        response = execute(
+            request["db"],
+            request["query"],
+            float(request["timeout_s"]),
+            int(request["max_rows"]),
+            int(request["max_value_bytes"]),
+        )
         text = json.dumps(response, ensure_ascii=True, allow_nan=True)
         response = None
     except MemoryError:
         out_of_memory = True  # answered below, once the frames holding the rows are gone
     except Exception as error:  # a malformed request: the parent's bug, reported, not fatal
-        text = json.dumps({"error": f"the database worker failed: {type(error).__name__}: "
-                                    f"{error}", "timed_out": False})
+        text = json.dumps(
+            {
+                "error": f"the database worker failed: {type(error).__name__}: {error}",
+                "timed_out": False,
+            }
+        )
     if out_of_memory:
-        text = json.dumps({"error": "out of memory: the query needed more memory than the "
-                                    "database worker may use", "timed_out": False})
+        text = json.dumps(
+            {
+                "error": "out of memory: the query needed more memory than the "
+                "database worker may use",
+                "timed_out": False,
+            }
+        )
     if len(text) > MAX_RESPONSE_BYTES:
-        text = json.dumps({"error": f"the result is too large ({len(text) // 1_000_000} MB "
-                                    f"encoded; at most {MAX_RESPONSE_BYTES // 1_000_000} MB): "
-                                    "select fewer rows or columns", "timed_out": False})
+        text = json.dumps(
+            {
+                "error": f"the result is too large ({len(text) // 1_000_000} MB "
+                f"encoded; at most {MAX_RESPONSE_BYTES // 1_000_000} MB): "
+                "select fewer rows or columns",
+                "timed_out": False,
+            }
+        )
     return text.encode("ascii") + b"\n"
 
 
@@ -185,6 +245,7 @@ def serve(memory_bytes: int, stdin=None, stdout=None) -> None:
     """The worker loop: cap memory, say ready, answer requests until stdin closes."""
     import resource
     import signal
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _, as_hard = resource.getrlimit(resource.RLIMIT_AS)
     if as_hard != resource.RLIM_INFINITY:  # an unprivileged process cannot raise its hard limit

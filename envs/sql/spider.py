@@ -30,7 +30,9 @@ SPLITS: dict[str, tuple[str, str]] = {
 _FIELDS = ("db_id", "question", "query")
 
 
-def load_spider(root: str | pathlib.Path, split: str = "dev", *, limit: int | None = None) -> list[SqlTask]:
+def load_spider(
+    root: str | pathlib.Path, split: str = "dev", *, limit: int | None = None
+) -> list[SqlTask]:
     """The tasks of one split of a Spider-format folder, in file order.
 
     Args:
@@ -52,24 +54,32 @@ def load_spider(root: str | pathlib.Path, split: str = "dev", *, limit: int | No
     questions_name, databases_name = SPLITS[split]
     questions_file = root / questions_name
     if not questions_file.is_file():
-        raise FileNotFoundError(f"load_spider: split {split!r} needs {questions_file}, which is missing")
+        raise FileNotFoundError(
+            f"load_spider: split {split!r} needs {questions_file}, which is missing"
+        )
     try:
         entries = json.loads(questions_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"load_spider: {questions_file} is not valid JSON: {error}") from error
     if not isinstance(entries, list):
-        raise ValueError(f"load_spider: {questions_file} must hold a JSON list, got {type(entries).__name__}")
+        raise ValueError(
+            f"load_spider: {questions_file} must hold a JSON list, got {type(entries).__name__}"
+        )
     tasks = []
     for index, entry in enumerate(entries[:limit]):
         for field in _FIELDS:
             value = entry.get(field) if isinstance(entry, dict) else None
             if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"load_spider: {questions_file} entry {index}: field {field!r} "
-                                 f"must be a non-empty string, got {value!r}")
+                raise ValueError(
+                    f"load_spider: {questions_file} entry {index}: field {field!r} "
+                    f"must be a non-empty string, got {value!r}"
+                )
         db_path = root / databases_name / entry["db_id"] / f"{entry['db_id']}.sqlite"
         if not db_path.is_file():
-            raise FileNotFoundError(f"load_spider: {questions_file} entry {index}: database "
-                                    f"{entry['db_id']!r} not found at {db_path}")
+            raise FileNotFoundError(
+                f"load_spider: {questions_file} entry {index}: database "
+                f"{entry['db_id']!r} not found at {db_path}"
+            )
         tasks.append(SqlTask(entry["db_id"], db_path, entry["question"], entry["query"]))
     if not tasks:
         raise ValueError(f"load_spider: {questions_file} holds no tasks")

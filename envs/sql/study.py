@@ -25,26 +25,56 @@ class SqlStudy(Study):
     """The study of the ``sql`` environment (module docstring)."""
 
     demonstrations = "gold-query demonstrations"
-    paper_figures = {"texts": {  # PAPER.md gives no InterCode-SQL figure for these
-        "lead_grows": "no InterCode-SQL figure; FrozenLake 4B at 25%: GRPO 28.7% vs base 30.3%; "
-                      "the lead grows with T (§9)",
-        "full_budget_dynamics": "no InterCode-SQL figure; FrozenLake R_multi +0.568, "
-                                "R_single -0.091 (§7.5)"}}
+    paper_figures = {
+        "texts": {  # PAPER.md gives no InterCode-SQL figure for these
+            "lead_grows": "no InterCode-SQL figure; FrozenLake 4B at 25%: GRPO 28.7% vs base 30.3%; "
+            "the lead grows with T (§9)",
+            "full_budget_dynamics": "no InterCode-SQL figure; FrozenLake R_multi +0.568, "
+            "R_single -0.091 (§7.5)",
+        }
+    }
     # the CPU default of `agentrl-jax reproduce sql` (configs/sql_cpu.yaml holds the same values)
     config_defaults = {
-        "task": {"t_max": 10, "train_tasks": 1000, "eval_tasks": 1000,
-                 "max_response_tokens": 96, "max_context": 2048},
+        "task": {
+            "t_max": 10,
+            "train_tasks": 1000,
+            "eval_tasks": 1000,
+            "max_response_tokens": 96,
+            "max_context": 2048,
+        },
         "model": {"tokenizer_vocab": 1024},
-        "warm_start": {"demo_tasks": 1000, "demos_per_task": 32, "batch_size": 16,
-                       "epochs": 8, "group_by_length": True},
-        "rl": {"runs": ["grpo", "budgetmix"], "steps": 10, "tasks_per_step": 4, "group_size": 4,
-               "attention": "xla"},
-        "eval": {"max_response_tokens": 96, "max_context": 2048, "pass_k_samples": 16,
-                 "diagnostic_tasks": None},
+        "warm_start": {
+            "demo_tasks": 1000,
+            "demos_per_task": 32,
+            "batch_size": 16,
+            "epochs": 8,
+            "group_by_length": True,
+        },
+        "rl": {
+            "runs": ["grpo", "budgetmix"],
+            "steps": 10,
+            "tasks_per_step": 4,
+            "group_size": 4,
+            "attention": "xla",
+        },
+        "eval": {
+            "max_response_tokens": 96,
+            "max_context": 2048,
+            "pass_k_samples": 16,
+            "diagnostic_tasks": None,
+        },
     }
 
-    def tasks(self, entry: EnvEntry, options: Mapping[str, Any], *, split: str, count: int,
-              seed: int, t_max: int) -> EnvTasks:
+    def tasks(
+        self,
+        entry: EnvEntry,
+        options: Mapping[str, Any],
+        *,
+        split: str,
+        count: int,
+        seed: int,
+        t_max: int,
+    ) -> EnvTasks:
         from envs.registry import make
 
         del seed  # the split is fixed by the data

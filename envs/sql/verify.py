@@ -80,8 +80,9 @@ def is_ordered(gold_query: str) -> bool:
     return bool(_ORDER_BY.search(top_level_text(gold_query)))
 
 
-def results_match(gold_rows: Sequence[Sequence[Any]], rows: Sequence[Sequence[Any]],
-                  ordered: bool) -> bool:
+def results_match(
+    gold_rows: Sequence[Sequence[Any]], rows: Sequence[Sequence[Any]], ordered: bool
+) -> bool:
     """Whether ``rows`` equal ``gold_rows`` under the rules of the module docstring."""
     gold, mine = normalise_rows(gold_rows), normalise_rows(rows)
     if ordered:

@@ -48,15 +48,21 @@ class _Worker:
     def __init__(self, memory_bytes: int):
         self.process = subprocess.Popen(
             [sys.executable, "-I", "-S", _WORKER_FILE, str(memory_bytes)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, close_fds=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+            close_fds=True,
+        )
         try:
             ready = self.read_line(time.monotonic() + START_TIMEOUT_S, 1024)
         except (EOFError, OverflowError):
             ready = b"(it exited or wrote too much)"
         if ready != b'{"ready": true}':
             self.kill()
-            raise OSError("the SQL worker process did not start: "
-                          + ("no answer" if ready is None else f"it said {ready[:200]!r}"))
+            raise OSError(
+                "the SQL worker process did not start: "
+                + ("no answer" if ready is None else f"it said {ready[:200]!r}")
+            )
 
     def send(self, request: dict) -> None:
         """Write one request; raises ``OSError`` if the process is gone."""
@@ -149,12 +155,16 @@ class WorkerPool:
             return {"error": f"the query could not run: {failure}", "timed_out": False}
         timeout_s = float(request["timeout_s"])
         try:
-            line = worker.read_line(time.monotonic() + timeout_s + GRACE_S,
-                                    query_worker.MAX_RESPONSE_BYTES + 1024)
+            line = worker.read_line(
+                time.monotonic() + timeout_s + GRACE_S, query_worker.MAX_RESPONSE_BYTES + 1024
+            )
         except EOFError:
             self._drop(worker)  # reaps it, so its exit status is known
-            return {"error": "the database worker died during the query (exit status "
-                             f"{worker.process.returncode})", "timed_out": False}
+            return {
+                "error": "the database worker died during the query (exit status "
+                f"{worker.process.returncode})",
+                "timed_out": False,
+            }
         except OverflowError:
             self._drop(worker)
             return {"error": "the result is too large to return", "timed_out": False}

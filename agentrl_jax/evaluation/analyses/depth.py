@@ -28,8 +28,9 @@ def compute(depth: Any, quality: Mapping[str, Any], *, bins: int = 10, seed: int
     "RL - base": ...}``) against ``depth`` (``[N]`` normalised depth of each state,
     :func:`stats.normalised_depth`) in ``bins`` equal bins over [0, 1]; each label's bin ``b``
     bootstraps with seed ``seed + b``."""
-    return Depth({label: stats.binned_curve(depth, q, bins=bins, seed=seed)
-                  for label, q in quality.items()})
+    return Depth(
+        {label: stats.binned_curve(depth, q, bins=bins, seed=seed) for label, q in quality.items()}
+    )
 
 
 def plot_quality_vs_depth(
@@ -51,8 +52,14 @@ def plot_quality_vs_depth(
     for name, curve in curves.items():
         x, mean = figures.field(curve, "centers"), figures.field(curve, "mean")
         (line,) = ax.plot(x, mean, marker="o", markersize=3, label=name)
-        ax.fill_between(x, figures.field(curve, "low"), figures.field(curve, "high"), color=line.get_color(),
-                        alpha=0.2, linewidth=0)
+        ax.fill_between(
+            x,
+            figures.field(curve, "low"),
+            figures.field(curve, "high"),
+            color=line.get_color(),
+            alpha=0.2,
+            linewidth=0,
+        )
     ax.set(xlabel="normalised depth t / T_max", ylabel=ylabel, title=title, xlim=(0, 1))
     ax.grid(alpha=0.3)
     ax.legend()
@@ -65,8 +72,10 @@ def section(folder: str | Path, res: Depth, *, name: str = "quality_vs_depth") -
     folder = Path(folder)
     json_path = write_json(folder / f"{name}.json", res.curves)
     first = next(iter(res.curves.values()))
-    columns: dict[str, list] = {"bin_low": first.edges[:-1].tolist(),
-                                "bin_high": first.edges[1:].tolist()}
+    columns: dict[str, list] = {
+        "bin_low": first.edges[:-1].tolist(),
+        "bin_high": first.edges[1:].tolist(),
+    }
     for label, curve in res.curves.items():
         columns[f"{label}_mean"] = curve.mean.tolist()
         columns[f"{label}_ci_low"] = curve.low.tolist()
@@ -74,5 +83,9 @@ def section(folder: str | Path, res: Depth, *, name: str = "quality_vs_depth") -
         columns[f"{label}_count"] = curve.count.tolist()
     csv_path = write_csv(folder / f"{name}.csv", columns)
     png, _ = plot_quality_vs_depth(res.curves, figure_path(folder, name))
-    return Section("Action quality vs normalised depth", "Bands: 95% percentile bootstrap per bin.",
-                   (rel(folder, png),), (rel(folder, json_path), rel(folder, csv_path)))
+    return Section(
+        "Action quality vs normalised depth",
+        "Bands: 95% percentile bootstrap per bin.",
+        (rel(folder, png),),
+        (rel(folder, json_path), rel(folder, csv_path)),
+    )

@@ -66,8 +66,10 @@ def change_text(change: Change) -> str:
     ci = change.change
     interval = "" if not np.isfinite(ci.low) else f" [{ci.low:+.3f}, {ci.high:+.3f}]"
     w = change.window
-    return (f"{change.start:.3f} -> {change.end:.3f}: {ci.mean:+.3f}{interval} "
-            f"(means of the first and last {w} logged step{'s' if w > 1 else ''})")
+    return (
+        f"{change.start:.3f} -> {change.end:.3f}: {ci.mean:+.3f}{interval} "
+        f"(means of the first and last {w} logged step{'s' if w > 1 else ''})"
+    )
 
 
 # ---------------------------------------------------------------- the analysis
@@ -127,21 +129,37 @@ class Dynamics(Result):
     change: dict[str, Change]
 
 
-def compute(steps, series: Mapping[str, np.ndarray], *, log: str = "", run: str = "",
-            step_key: str = "step") -> Dynamics:
+def compute(
+    steps, series: Mapping[str, np.ndarray], *, log: str = "", run: str = "", step_key: str = "step"
+) -> Dynamics:
     """The start-to-end change of each of ``series`` (``{key: [S]}`` against ``steps [S]``)."""
     arrays = {k: np.asarray(v, np.float64) for k, v in series.items()}
-    return Dynamics(log, run, step_key, np.asarray(steps, np.float64), arrays,
-                    {k: start_to_end(v) for k, v in arrays.items()})
+    return Dynamics(
+        log,
+        run,
+        step_key,
+        np.asarray(steps, np.float64),
+        arrays,
+        {k: start_to_end(v) for k, v in arrays.items()},
+    )
 
 
-def from_log(log_path: str | Path, keys: Sequence[str] = ("R_multi", "R_single"),
-             step_key: str = "step", run: str | None = None) -> Dynamics:
+def from_log(
+    log_path: str | Path,
+    keys: Sequence[str] = ("R_multi", "R_single"),
+    step_key: str = "step",
+    run: str | None = None,
+) -> Dynamics:
     """:func:`compute` of a metrics log (:func:`read_training_log`); ``run`` names the run
     (default: the log's folder)."""
     steps, series = read_training_log(log_path, keys, step_key)
-    return compute(steps, series, log=str(log_path), step_key=step_key,
-                   run=run or Path(log_path).parent.name or str(log_path))
+    return compute(
+        steps,
+        series,
+        log=str(log_path),
+        step_key=step_key,
+        run=run or Path(log_path).parent.name or str(log_path),
+    )
 
 
 def plot_training_dynamics(
@@ -174,9 +192,11 @@ def plot_training_dynamics(
             w, xs = change.window, x[keep]
             for span, level in ((xs[:w], change.start), (xs[-w:], change.end)):
                 ax.hlines(level, span[0], span[-1], colors="C1", linewidth=2)
-            ax.set_title(f"{name}: {change.start:.3f} -> {change.end:.3f} "
-                         f"({change.change.mean:+.3f}; means of the first and last {w})",
-                         fontsize=9)
+            ax.set_title(
+                f"{name}: {change.start:.3f} -> {change.end:.3f} "
+                f"({change.change.mean:+.3f}; means of the first and last {w})",
+                fontsize=9,
+            )
         ax.set(ylabel=name)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("training step")
@@ -190,13 +210,31 @@ def section(folder: str | Path, res: Dynamics, *, name: str = "training_dynamics
     <run>" states each curve's change (one computation for the text, the figure and the
     JSON)."""
     folder = Path(folder)
-    json_path = write_json(folder / f"{name}.json", {
-        "log": res.log, "run": res.run, "step": res.step, "series": res.series,
-        "change_start_to_end": res.change})
-    csv_path = write_csv(folder / f"{name}.csv", {
-        res.step_key: res.step.tolist(), **{k: v.tolist() for k, v in res.series.items()}})
-    png, _ = plot_training_dynamics(res.step, res.series, figure_path(folder, name),
-                                    title=f"Training dynamics: {res.run}", changes=res.change)
+    json_path = write_json(
+        folder / f"{name}.json",
+        {
+            "log": res.log,
+            "run": res.run,
+            "step": res.step,
+            "series": res.series,
+            "change_start_to_end": res.change,
+        },
+    )
+    csv_path = write_csv(
+        folder / f"{name}.csv",
+        {res.step_key: res.step.tolist(), **{k: v.tolist() for k, v in res.series.items()}},
+    )
+    png, _ = plot_training_dynamics(
+        res.step,
+        res.series,
+        figure_path(folder, name),
+        title=f"Training dynamics: {res.run}",
+        changes=res.change,
+    )
     text = "; ".join(f"{k}: {change_text(c)}" for k, c in res.change.items())
-    return Section(f"Training dynamics: {res.run}", text, (rel(folder, png),),
-                   (rel(folder, json_path), rel(folder, csv_path)))
+    return Section(
+        f"Training dynamics: {res.run}",
+        text,
+        (rel(folder, png),),
+        (rel(folder, json_path), rel(folder, csv_path)),
+    )

@@ -55,21 +55,27 @@ class ErrorRecovery(Result):
     rows: dict[str, Recovery]
 
 
-def recovery(quality_base: Any, quality_policy: Any, success_base: Any,
-             success_policy: Any) -> Recovery:
+def recovery(
+    quality_base: Any, quality_policy: Any, success_base: Any, success_policy: Any
+) -> Recovery:
     """One row from per-state qualities ``[E]`` and continuation successes ``[E, G]``."""
     compared = stats.paired_comparison(quality_policy, quality_base)
     base_s = np.asarray(success_base, np.float64)
     policy_s = np.asarray(success_policy, np.float64)
     if base_s.ndim != 2 or base_s.shape != policy_s.shape or base_s.shape[0] != compared.n:
-        raise ValueError(f"error_recovery: successes must be [E, G] for the {compared.n} states "
-                         f"of both policies, got {base_s.shape} and {policy_s.shape}")
+        raise ValueError(
+            f"error_recovery: successes must be [E, G] for the {compared.n} states "
+            f"of both policies, got {base_s.shape} and {policy_s.shape}"
+        )
     return Recovery(
-        states=compared.n, better_share=compared.share_rl_better, tie_share=compared.share_tie,
+        states=compared.n,
+        better_share=compared.share_rl_better,
+        tie_share=compared.share_tie,
         quality_diff=compared.mean_diff,
         continuation=stats.proportion_ci_wilson(policy_s.reshape(-1)),
         base_continuation=stats.proportion_ci_wilson(base_s.reshape(-1)),
-        continuation_gain=stats.paired_difference(policy_s.mean(axis=1), base_s.mean(axis=1)))
+        continuation_gain=stats.paired_difference(policy_s.mean(axis=1), base_s.mean(axis=1)),
+    )
 
 
 def compute(errors_record: Mapping[str, Any]) -> ErrorRecovery:
@@ -82,8 +88,12 @@ def compute(errors_record: Mapping[str, Any]) -> ErrorRecovery:
         pair = errors_record["pairs"].get(policy)
         if pair is None:
             continue
-        rows[policy] = recovery(pair["quality"][base], pair["quality"][policy],
-                                pair["success"][base], pair["success"][policy])
+        rows[policy] = recovery(
+            pair["quality"][base],
+            pair["quality"][policy],
+            pair["success"][base],
+            pair["success"][policy],
+        )
     return ErrorRecovery(errors_record.get("suite", SUITE), base, rows)
 
 
@@ -91,35 +101,52 @@ def _ci(c: stats.MeanCI, points: bool = True, signed: bool = False) -> str:
     """``mean [low, high]``: rates in percent (points), signed for differences; else 3 places."""
     scale = 100.0 if points else 1.0
     fmt = ("{:+.1f}" if signed else "{:.1f}") if points else "{:+.3f}"
-    return f"{fmt.format(scale * c.mean)} [{fmt.format(scale * c.low)}, {fmt.format(scale * c.high)}]"
+    return (
+        f"{fmt.format(scale * c.mean)} [{fmt.format(scale * c.low)}, {fmt.format(scale * c.high)}]"
+    )
 
 
 _INTERVALS = ("quality_diff", "continuation", "base_continuation", "continuation_gain")
-_CSV_COLUMNS = ("states", *(f"{field}_{part}" for field in _INTERVALS for part in ("mean", "low", "high")),
-                "better_share", "tie_share")
+_CSV_COLUMNS = (
+    "states",
+    *(f"{field}_{part}" for field in _INTERVALS for part in ("mean", "low", "high")),
+    "better_share",
+    "tie_share",
+)
 
 
 def _csv_row(r: Recovery) -> dict[str, Any]:
     """``r``'s values by CSV column (:data:`_CSV_COLUMNS`)."""
     row = {"states": r.states, "better_share": r.better_share, "tie_share": r.tie_share}
-    row.update({f"{field}_{part}": getattr(getattr(r, field), part)
-                for field in _INTERVALS for part in ("mean", "low", "high")})
+    row.update(
+        {
+            f"{field}_{part}": getattr(getattr(r, field), part)
+            for field in _INTERVALS
+            for part in ("mean", "low", "high")
+        }
+    )
     return row
 
 
-FROZENLAKE_WORDING = {"quality_symbol": "Q*", "quality_name": "action quality",
-                      "error_note": "one injected move that lengthens the shortest path",
-                      "success_note": "reaching the goal within the remaining budget"}
+FROZENLAKE_WORDING = {
+    "quality_symbol": "Q*",
+    "quality_name": "action quality",
+    "error_note": "one injected move that lengthens the shortest path",
+    "success_note": "reaching the goal within the remaining budget",
+}
 
 
-def section(folder: str | Path, res: ErrorRecovery,
-            wording: Mapping[str, str] | None = None) -> Section:
+def section(
+    folder: str | Path, res: ErrorRecovery, wording: Mapping[str, str] | None = None
+) -> Section:
     """``error_recovery.json`` (the result), ``error_recovery.csv`` and the section;
     ``wording``: what the quality (``quality_symbol``, ``quality_name``), the injected error
     (``error_note``) and success (``success_note``) are called (default FrozenLake's, what a
     raw ``errors`` record without them holds)."""
-    words = {**FROZENLAKE_WORDING, **{k: v for k, v in (wording or {}).items()
-                                      if k in FROZENLAKE_WORDING}}
+    words = {
+        **FROZENLAKE_WORDING,
+        **{k: v for k, v in (wording or {}).items() if k in FROZENLAKE_WORDING},
+    }
     folder = Path(folder)
     json_path = write_json(folder / ERROR_RECOVERY_JSON, res)
     rows = [_csv_row(r) for r in res.rows.values()]
@@ -128,21 +155,31 @@ def section(folder: str | Path, res: ErrorRecovery,
     cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
     symbol, name = words["quality_symbol"], words["quality_name"]
     quality = name if symbol in name else f"{symbol} {name}"
-    lines = [f"| policy | error states | better than {cell(res.base)} (ties) | mean "
-             f"{cell(words['quality_symbol'])} diff "
-             f"[95% CI] | continuation % [95% CI] | {cell(res.base)} continuation % | "
-             "gain (pt) [95% CI] |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| policy | error states | better than {cell(res.base)} (ties) | mean "
+        f"{cell(words['quality_symbol'])} diff "
+        f"[95% CI] | continuation % [95% CI] | {cell(res.base)} continuation % | "
+        "gain (pt) [95% CI] |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for policy, r in res.rows.items():
-        lines.append(f"| {cell(policy)} | {r.states} | {100 * r.better_share:.1f}% "
-                     f"({100 * r.tie_share:.1f}%) | {_ci(r.quality_diff, points=False)} | "
-                     f"{_ci(r.continuation)} | {_ci(r.base_continuation)} | "
-                     f"{_ci(r.continuation_gain, signed=True)} |")
-    text = (f"Suite `{res.suite}`: each policy against {res.base} on their own error states "
-            f"(§7.1's matched pool, half visited by each, with {words['error_note']}; the errors "
-            f"analysis' samples). Better: strictly higher mean {quality} at the state. "
-            f"Continuation: {words['success_note']} "
-            "(Wilson CI over all continuations); gain: the paired per-state difference "
-            "(normal CI over states).")
-    return Section("Error-recovery suite", text,
-                   files=(rel(folder, json_path), rel(folder, csv_path)),
-                   markdown="\n".join(lines) + "\n")
+        lines.append(
+            f"| {cell(policy)} | {r.states} | {100 * r.better_share:.1f}% "
+            f"({100 * r.tie_share:.1f}%) | {_ci(r.quality_diff, points=False)} | "
+            f"{_ci(r.continuation)} | {_ci(r.base_continuation)} | "
+            f"{_ci(r.continuation_gain, signed=True)} |"
+        )
+    text = (
+        f"Suite `{res.suite}`: each policy against {res.base} on their own error states "
+        f"(§7.1's matched pool, half visited by each, with {words['error_note']}; the errors "
+        f"analysis' samples). Better: strictly higher mean {quality} at the state. "
+        f"Continuation: {words['success_note']} "
+        "(Wilson CI over all continuations); gain: the paired per-state difference "
+        "(normal CI over states)."
+    )
+    return Section(
+        "Error-recovery suite",
+        text,
+        files=(rel(folder, json_path), rel(folder, csv_path)),
+        markdown="\n".join(lines) + "\n",
+    )

@@ -77,8 +77,9 @@ class OutcomeLLR(Result):
     final: MeanCI
 
 
-def llr_by_outcome(cum_llr, turn_mask, success,
-                   confidence: float = DEFAULT_CONFIDENCE) -> dict[str, OutcomeLLR]:
+def llr_by_outcome(
+    cum_llr, turn_mask, success, confidence: float = DEFAULT_CONFIDENCE
+) -> dict[str, OutcomeLLR]:
     """``{"success": OutcomeLLR, "failure": OutcomeLLR}`` of ``cum_llr`` ``[N, T]``
     (:func:`cumulative_llr`) with its ``[N, T]`` prefix mask and ``success`` ``[N]``."""
     v, m = stats.turn_arrays("cum_llr", cum_llr, turn_mask)
@@ -87,9 +88,12 @@ def llr_by_outcome(cum_llr, turn_mask, success,
         raise ValueError(
             f"llr_by_outcome: `success` has {ok.size} entries for {v.shape[0]} trajectories"
         )
-    return {label: OutcomeLLR(stats.turn_curve(v, m, sel, confidence),
-                              stats.mean_ci_normal(v[sel, -1], confidence))
-            for label, sel in zip(OUTCOMES, (ok, ~ok))}
+    return {
+        label: OutcomeLLR(
+            stats.turn_curve(v, m, sel, confidence), stats.mean_ci_normal(v[sel, -1], confidence)
+        )
+        for label, sel in zip(OUTCOMES, (ok, ~ok))
+    }
 
 
 @result
@@ -101,9 +105,13 @@ class LengthMatched(Result):
     groups: dict[str, MeanCI]
 
 
-def length_matched_llr(cum_llr, turn_mask, groups: Mapping[str, np.ndarray],
-                       length: int | None = None,
-                       confidence: float = DEFAULT_CONFIDENCE) -> LengthMatched:
+def length_matched_llr(
+    cum_llr,
+    turn_mask,
+    groups: Mapping[str, np.ndarray],
+    length: int | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> LengthMatched:
     """Length-matched cumulative LLR: every group compared after the same number of turns.
 
     Total LLR grows with length, so comparing totals of, say, long successful and short failed
@@ -123,8 +131,10 @@ def length_matched_llr(cum_llr, turn_mask, groups: Mapping[str, np.ndarray],
     for name, sel in groups.items():
         s = np.asarray(sel, dtype=bool).reshape(-1)
         if s.size != v.shape[0]:
-            raise ValueError(f"length_matched_llr: group {name!r} has {s.size} entries "
-                             f"for {v.shape[0]} trajectories")
+            raise ValueError(
+                f"length_matched_llr: group {name!r} has {s.size} entries "
+                f"for {v.shape[0]} trajectories"
+            )
         selections[name] = s
     if length is None:
         medians = [np.median(lengths[s]) for s in selections.values() if s.any()]
@@ -135,9 +145,13 @@ def length_matched_llr(cum_llr, turn_mask, groups: Mapping[str, np.ndarray],
         raise ValueError(
             f"length_matched_llr: `length` must lie in [1, {v.shape[1]}], got {length}"
         )
-    return LengthMatched(int(length), {
-        name: stats.mean_ci_normal(v[s & (lengths >= length), length - 1], confidence)
-        for name, s in selections.items()})
+    return LengthMatched(
+        int(length),
+        {
+            name: stats.mean_ci_normal(v[s & (lengths >= length), length - 1], confidence)
+            for name, s in selections.items()
+        },
+    )
 
 
 @result
@@ -165,9 +179,14 @@ def action_nll_summary(nll, mask=None, confidence: float = DEFAULT_CONFIDENCE) -
     if v.size == 0:
         raise ValueError("action_nll_summary: no values")
     q05, median, q95 = np.quantile(v, [0.05, 0.5, 0.95])
-    return NLLSummary(n=int(v.size), mean=stats.mean_ci_normal(v, confidence),
-                      std=float(v.std(ddof=1)) if v.size > 1 else float("nan"),
-                      median=float(median), q05=float(q05), q95=float(q95))
+    return NLLSummary(
+        n=int(v.size),
+        mean=stats.mean_ci_normal(v, confidence),
+        std=float(v.std(ddof=1)) if v.size > 1 else float("nan"),
+        median=float(median),
+        q05=float(q05),
+        q95=float(q95),
+    )
 
 
 def histogram_overlap(a, b, bins: int = 50) -> float:
@@ -211,8 +230,12 @@ class Likelihood(Result):
     llr: dict[str, LLRSet]
 
 
-def compute(action_nll: Mapping[str, Any], llr_sets: Mapping[str, tuple[Any, Any, Any, Any]],
-            *, match_length: int | None = None) -> Likelihood:
+def compute(
+    action_nll: Mapping[str, Any],
+    llr_sets: Mapping[str, tuple[Any, Any, Any, Any]],
+    *,
+    match_length: int | None = None,
+) -> Likelihood:
     """The likelihood statistics.
 
     Args:
@@ -228,9 +251,13 @@ def compute(action_nll: Mapping[str, Any], llr_sets: Mapping[str, tuple[Any, Any
     for label, (logp_rl, logp_base, mask, success) in llr_sets.items():
         cum = cumulative_llr(logp_rl, logp_base, mask)
         ok, m = np.asarray(success, dtype=bool), np.asarray(mask, dtype=bool)
-        sets[label] = LLRSet(cum, m, ok, llr_by_outcome(cum, m, ok),
-                             length_matched_llr(cum, m, {"success": ok, "failure": ~ok},
-                                                match_length))
+        sets[label] = LLRSet(
+            cum,
+            m,
+            ok,
+            llr_by_outcome(cum, m, ok),
+            length_matched_llr(cum, m, {"success": ok, "failure": ~ok}, match_length),
+        )
     return Likelihood(nll, {k: action_nll_summary(v) for k, v in nll.items()}, overlap, sets)
 
 
@@ -308,11 +335,21 @@ def plot_cumulative_llr(
                 )
                 # the report's "final" is each trajectory's own last value, averaged: drawn
                 # at their mean last turn (the curve's end holds only the longest ones)
-                last = np.where(mask[sel].any(axis=1), mask[sel].shape[1] - np.argmax(
-                    mask[sel][:, ::-1], axis=1), 0)
-                ax.plot([last[last > 0].mean()], [final.mean], marker="D", markersize=7,
-                        color=color, markeredgecolor="black", linestyle="none",
-                        label=f"{outcome}: mean at each one's last turn {final.mean:+.1f}")
+                last = np.where(
+                    mask[sel].any(axis=1),
+                    mask[sel].shape[1] - np.argmax(mask[sel][:, ::-1], axis=1),
+                    0,
+                )
+                ax.plot(
+                    [last[last > 0].mean()],
+                    [final.mean],
+                    marker="D",
+                    markersize=7,
+                    color=color,
+                    markeredgecolor="black",
+                    linestyle="none",
+                    label=f"{outcome}: mean at each one's last turn {final.mean:+.1f}",
+                )
                 ax.fill_between(
                     curve.turn, curve.low, curve.high, color=color, alpha=0.25, linewidth=0
                 )
@@ -326,8 +363,17 @@ def plot_cumulative_llr(
 
 # ---------------------------------------------------------------- files and section
 
-_LLR_COLUMNS = ("set", "outcome", "final_llr_mean", "ci_low", "ci_high", "n", "matched_length",
-                "matched_llr_mean", "matched_n")
+_LLR_COLUMNS = (
+    "set",
+    "outcome",
+    "final_llr_mean",
+    "ci_low",
+    "ci_high",
+    "n",
+    "matched_length",
+    "matched_llr_mean",
+    "matched_n",
+)
 
 
 def _llr_rows(res: Likelihood) -> dict[str, list]:
@@ -337,9 +383,20 @@ def _llr_rows(res: Likelihood) -> dict[str, list]:
         for outcome in OUTCOMES:
             final = llr.by_outcome[outcome].final
             matched = llr.length_matched.groups[outcome]
-            for key, value in zip(_LLR_COLUMNS, (
-                    label, outcome, final.mean, final.low, final.high, final.n,
-                    llr.length_matched.length, matched.mean, matched.n)):
+            for key, value in zip(
+                _LLR_COLUMNS,
+                (
+                    label,
+                    outcome,
+                    final.mean,
+                    final.low,
+                    final.high,
+                    final.n,
+                    llr.length_matched.length,
+                    matched.mean,
+                    matched.n,
+                ),
+            ):
                 rows[key].append(value)
     return rows
 
@@ -351,13 +408,18 @@ def section(folder: str | Path, res: Likelihood, *, name: str = "likelihood") ->
     record: dict[str, Any] = {"action_nll": res.nll_summary}
     if res.overlap is not None:
         record["action_nll_overlap"] = res.overlap
-    record["cumulative_llr"] = {label: {"by_outcome": llr.by_outcome,
-                                        "length_matched": llr.length_matched}
-                                for label, llr in res.llr.items()}
+    record["cumulative_llr"] = {
+        label: {"by_outcome": llr.by_outcome, "length_matched": llr.length_matched}
+        for label, llr in res.llr.items()
+    }
     json_path = write_json(folder / f"{name}.json", record)
-    nll_csv = write_csv(folder / f"{name}_action_nll.csv", {
-        "source": [k for k, v in res.action_nll.items() for _ in np.ravel(v)],
-        "nll": [float(x) for v in res.action_nll.values() for x in np.ravel(v)]})
+    nll_csv = write_csv(
+        folder / f"{name}_action_nll.csv",
+        {
+            "source": [k for k, v in res.action_nll.items() for _ in np.ravel(v)],
+            "nll": [float(x) for v in res.action_nll.values() for x in np.ravel(v)],
+        },
+    )
     llr_csv = write_csv(folder / f"{name}_llr.csv", _llr_rows(res))
     pngs = [plot_action_nll_hist(res.action_nll, figure_path(folder, f"{name}_action_nll"))[0]]
     if res.llr:
@@ -365,6 +427,9 @@ def section(folder: str | Path, res: Likelihood, *, name: str = "likelihood") ->
     text = "; ".join(f"ActionNLL {k}: mean {s.mean.mean:.2f}" for k, s in res.nll_summary.items())
     if res.overlap is not None:
         text += f"; histogram overlap {res.overlap:.2f}"
-    return Section("Likelihood: ActionNLL and cumulative LLR", text,
-                   tuple(rel(folder, p) for p in pngs),
-                   (rel(folder, json_path), rel(folder, nll_csv), rel(folder, llr_csv)))
+    return Section(
+        "Likelihood: ActionNLL and cumulative LLR",
+        text,
+        tuple(rel(folder, p) for p in pngs),
+        (rel(folder, json_path), rel(folder, nll_csv), rel(folder, llr_csv)),
+    )

@@ -34,8 +34,9 @@ class PassAtK(Result):
     k_dropped_for_too_few_samples: dict[str, tuple[int, ...]]
 
 
-def compute(counts_by_policy: Mapping[str, tuple[Any, Any]],
-            ks: Sequence[int] = passk.PASS_AT_K_RANGE) -> PassAtK:
+def compute(
+    counts_by_policy: Mapping[str, tuple[Any, Any]], ks: Sequence[int] = passk.PASS_AT_K_RANGE
+) -> PassAtK:
     """Pass@K curves of ``{policy: (n [tasks], c [tasks])}``; ``ks`` above a policy's smallest
     ``n`` are dropped for that policy (``ValueError`` when that leaves none)."""
     curves, dropped = {}, {}
@@ -91,11 +92,16 @@ def section(folder: str | Path, res: PassAtK, name: str = "pass_at_k") -> Sectio
         lookup = dict(zip(curve.k.tolist(), curve.pass_at_k.tolist()))
         columns[policy] = [lookup.get(k) for k in all_k]
     csv_path = write_csv(folder / f"{name}.csv", columns)
-    png, _ = plot_pass_at_k({p: (c.k, c.pass_at_k) for p, c in res.curves.items()},
-                            figure_path(folder, name))
+    png, _ = plot_pass_at_k(
+        {p: (c.k, c.pass_at_k) for p, c in res.curves.items()}, figure_path(folder, name)
+    )
     summary = ", ".join(
         f"{p}: pass@1 {c.pass_at_k[0]:.3f}, pass@{int(c.k[-1])} {c.pass_at_k[-1]:.3f}"
         for p, c in res.curves.items()
     )
-    return Section("Pass@K (full budget)", summary, (rel(folder, png),),
-                   (rel(folder, json_path), rel(folder, csv_path)))
+    return Section(
+        "Pass@K (full budget)",
+        summary,
+        (rel(folder, png),),
+        (rel(folder, json_path), rel(folder, csv_path)),
+    )

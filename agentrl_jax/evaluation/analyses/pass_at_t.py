@@ -44,8 +44,13 @@ class PassAtT(Result):
     table: dict[str, dict[int, float]] | None = None
 
 
-def compute(results_by_policy: Mapping[str, passk.BudgetResults], *, k: int = PASS_AT_T_K,
-            t_max: int | None = None, shortest_paths: Any = None) -> PassAtT:
+def compute(
+    results_by_policy: Mapping[str, passk.BudgetResults],
+    *,
+    k: int = PASS_AT_T_K,
+    t_max: int | None = None,
+    shortest_paths: Any = None,
+) -> PassAtT:
     """Pass@T of ``{policy: {T: (n [tasks], c [tasks])}}``.
 
     Args:
@@ -227,24 +232,39 @@ def section(folder: str | Path, res: PassAtT, name: str = "pass_at_t") -> list[S
     json_path = write_json(folder / f"{name}.json", record)
     csv_path = write_csv(folder / f"{name}.csv", _curve_columns(res))
     bound = None if res.bound is None else (res.bound.budget, res.bound.value)
-    png, _ = plot_pass_at_t({p: (c.budget, c.value) for p, c in res.curves.items()},
-                            figure_path(folder, name), bound=bound, k=res.k, t_max=res.t_max)
-    sections = [Section(f"Pass@T at k = {res.k}",
-                        "Each budget sampled afresh with its own budget in the prompt.",
-                        (rel(folder, png),), (rel(folder, json_path), rel(folder, csv_path)))]
+    png, _ = plot_pass_at_t(
+        {p: (c.budget, c.value) for p, c in res.curves.items()},
+        figure_path(folder, name),
+        bound=bound,
+        k=res.k,
+        t_max=res.t_max,
+    )
+    sections = [
+        Section(
+            f"Pass@T at k = {res.k}",
+            "Each budget sampled afresh with its own budget in the prompt.",
+            (rel(folder, png),),
+            (rel(folder, json_path), rel(folder, csv_path)),
+        )
+    ]
     if res.table is not None:
         k, t_max, table = res.k, res.t_max, res.table
         table_name = f"{name}_table"
-        table_json = write_json(folder / f"{table_name}.json",
-                                {"k": k, "t_max": t_max, "budgets": budget_levels(t_max),
-                                 "table": table})
+        table_json = write_json(
+            folder / f"{table_name}.json",
+            {"k": k, "t_max": t_max, "budgets": budget_levels(t_max), "table": table},
+        )
         table_csv = folder / f"{table_name}.csv"
         labels = budget_level_labels(t_max)
         table_csv.write_text(budget_table_csv(table, labels=labels))
-        table_png, _ = plot_budget_table(table, figure_path(folder, table_name), k=k,
-                                         labels=labels)
-        sections.append(Section(f"Pass@{k} at 25/50/75/100% of T_max = {t_max} (Table 1)",
-                                "Budgets are (p * T_max) // 100.", (rel(folder, table_png),),
-                                (rel(folder, table_json), rel(folder, table_csv)),
-                                budget_table_markdown(table, k=k, labels=labels)))
+        table_png, _ = plot_budget_table(table, figure_path(folder, table_name), k=k, labels=labels)
+        sections.append(
+            Section(
+                f"Pass@{k} at 25/50/75/100% of T_max = {t_max} (Table 1)",
+                "Budgets are (p * T_max) // 100.",
+                (rel(folder, table_png),),
+                (rel(folder, table_json), rel(folder, table_csv)),
+                budget_table_markdown(table, k=k, labels=labels),
+            )
+        )
     return sections

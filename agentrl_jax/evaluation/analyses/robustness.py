@@ -32,8 +32,11 @@ from agentrl_jax.evaluation.result import Result, result
 ROBUSTNESS_JSON = "budget_robustness.json"
 
 
-def robustness_score(pass_by_budget: Mapping[int, np.ndarray], shortest_paths: Sequence[int],
-                     confidence: float = stats.DEFAULT_CONFIDENCE) -> stats.MeanCI:
+def robustness_score(
+    pass_by_budget: Mapping[int, np.ndarray],
+    shortest_paths: Sequence[int],
+    confidence: float = stats.DEFAULT_CONFIDENCE,
+) -> stats.MeanCI:
     """``R`` with its CI (module docstring). ``pass_by_budget``: ``{T: [tasks] pass@k}``;
     ``shortest_paths``: ``[tasks]`` fewest moves per task. ``n`` is the number of tasks."""
     budgets = sorted(pass_by_budget)
@@ -43,8 +46,10 @@ def robustness_score(pass_by_budget: Mapping[int, np.ndarray], shortest_paths: S
     achieved = np.sum([np.asarray(pass_by_budget[b], np.float64) for b in budgets], axis=0)
     allowed = np.sum([(shortest <= b).astype(np.float64) for b in budgets], axis=0)
     if achieved.shape != shortest.shape:
-        raise ValueError(f"robustness_score: {achieved.shape[0]} tasks of pass@k but "
-                         f"{shortest.shape[0]} shortest paths")
+        raise ValueError(
+            f"robustness_score: {achieved.shape[0]} tasks of pass@k but "
+            f"{shortest.shape[0]} shortest paths"
+        )
     n, mean_allowed = shortest.size, float(allowed.mean())
     if mean_allowed == 0:
         return stats.MeanCI(math.nan, math.nan, math.nan, n)
@@ -56,11 +61,13 @@ def robustness_score(pass_by_budget: Mapping[int, np.ndarray], shortest_paths: S
     return stats.MeanCI(score, score - half, score + half, n)
 
 
-def robustness_from_counts(counts: Mapping[int, tuple[np.ndarray, np.ndarray]], k: int,
-                           shortest_paths: Sequence[int]) -> stats.MeanCI:
+def robustness_from_counts(
+    counts: Mapping[int, tuple[np.ndarray, np.ndarray]], k: int, shortest_paths: Sequence[int]
+) -> stats.MeanCI:
     """:func:`robustness_score` of ``{T: (n [tasks], c [tasks])}`` success counts at pass@``k``."""
-    return robustness_score({int(b): passk.pass_at_k(n, c, k) for b, (n, c) in counts.items()},
-                            shortest_paths)
+    return robustness_score(
+        {int(b): passk.pass_at_k(n, c, k) for b, (n, c) in counts.items()}, shortest_paths
+    )
 
 
 @result
@@ -72,12 +79,15 @@ class Robustness(Result):
     scores: dict[str, stats.MeanCI]
 
 
-def compute(counts_by_policy: Mapping[str, passk.BudgetResults], k: int,
-            shortest_paths: Sequence[int]) -> Robustness:
+def compute(
+    counts_by_policy: Mapping[str, passk.BudgetResults], k: int, shortest_paths: Sequence[int]
+) -> Robustness:
     """Each policy's score from ``{policy: {T: (n [tasks], c [tasks])}}`` (all at the same
     budgets) and the tasks' ``[tasks]`` shortest paths."""
-    scores = {p: robustness_from_counts(counts, k, shortest_paths)
-              for p, counts in counts_by_policy.items()}
+    scores = {
+        p: robustness_from_counts(counts, k, shortest_paths)
+        for p, counts in counts_by_policy.items()
+    }
     budgets = sorted({int(b) for counts in counts_by_policy.values() for b in counts})
     return Robustness(int(k), tuple(budgets), scores)
 
@@ -87,12 +97,17 @@ def section(folder: str | Path, res: Robustness) -> Section:
     folder = Path(folder)
     path = write_json(folder / ROBUSTNESS_JSON, res)
     rows = ["| policy | robustness [95% CI] |", "|---|---|"]
-    rows += [f"| {p.replace('|', chr(92) + '|')} | {s.mean:.3f} "
-             f"[{s.low:.3f}, {s.high:.3f}] |" for p, s in res.scores.items()]
+    rows += [
+        f"| {p.replace('|', chr(92) + '|')} | {s.mean:.3f} [{s.low:.3f}, {s.high:.3f}] |"
+        for p, s in res.scores.items()
+    ]
     budgets = res.budgets
-    text = (f"Area under each policy's Pass@{res.k} curve over the budgets T = {budgets[0]}.."
-            f"{budgets[-1]} ({len(budgets)} budgets) divided by the structural bound's area (the "
-            "share of tasks whose shortest path fits in T): 1 solves every task whenever its "
-            "budget allows. 95% CI: delta method over tasks (a ratio of two means).")
-    return Section("Budget robustness", text, files=(rel(folder, path),),
-                   markdown="\n".join(rows) + "\n")
+    text = (
+        f"Area under each policy's Pass@{res.k} curve over the budgets T = {budgets[0]}.."
+        f"{budgets[-1]} ({len(budgets)} budgets) divided by the structural bound's area (the "
+        "share of tasks whose shortest path fits in T): 1 solves every task whenever its "
+        "budget allows. 95% CI: delta method over tasks (a ratio of two means)."
+    )
+    return Section(
+        "Budget robustness", text, files=(rel(folder, path),), markdown="\n".join(rows) + "\n"
+    )

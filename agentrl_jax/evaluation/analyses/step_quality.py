@@ -39,10 +39,17 @@ class StepQuality(Result):
 def compute(pools: Mapping[str, tuple[Any, Any]], *, method: str = "normal") -> StepQuality:
     """Compare ``{pool: (q_base [S], q_rl [S])}`` state by state (``method``: the CI of the mean
     difference, ``"normal"`` or ``"bootstrap"``)."""
-    arrays = {pool: Pool(np.asarray(q_base, np.float64), np.asarray(q_rl, np.float64))
-              for pool, (q_base, q_rl) in pools.items()}
-    return StepQuality(arrays, {pool: stats.paired_comparison(p.q_rl, p.q_base, method=method)
-                                for pool, p in arrays.items()})
+    arrays = {
+        pool: Pool(np.asarray(q_base, np.float64), np.asarray(q_rl, np.float64))
+        for pool, (q_base, q_rl) in pools.items()
+    }
+    return StepQuality(
+        arrays,
+        {
+            pool: stats.paired_comparison(p.q_rl, p.q_base, method=method)
+            for pool, p in arrays.items()
+        },
+    )
 
 
 def plot_step_quality(
@@ -95,9 +102,14 @@ def plot_step_quality(
     return figures.save_figure(fig, out_path)
 
 
-def section(folder: str | Path, res: StepQuality, *, name: str = "step_quality",
-            policy_names: tuple[str, str] = ("base", "RL"),
-            title: str = "Step-level action quality") -> Section:
+def section(
+    folder: str | Path,
+    res: StepQuality,
+    *,
+    name: str = "step_quality",
+    policy_names: tuple[str, str] = ("base", "RL"),
+    title: str = "Step-level action quality",
+) -> Section:
     """Write ``<name>.json`` (the comparisons), ``<name>_<pool>.csv`` (per-state qualities) and
     the figure; ``title`` names the section and the figure (name the states and the policies:
     the matched-state and error-state figures must not look alike)."""
@@ -106,12 +118,21 @@ def section(folder: str | Path, res: StepQuality, *, name: str = "step_quality",
     files = [rel(folder, json_path)]
     base_name, rl_name = policy_names
     for pool, p in res.pools.items():
-        csv_path = write_csv(folder / f"{name}_{pool}.csv", {
-            "state": list(range(len(p.q_base))), f"q_{base_name}": list(p.q_base),
-            f"q_{rl_name}": list(p.q_rl)})
+        csv_path = write_csv(
+            folder / f"{name}_{pool}.csv",
+            {
+                "state": list(range(len(p.q_base))),
+                f"q_{base_name}": list(p.q_base),
+                f"q_{rl_name}": list(p.q_rl),
+            },
+        )
         files.append(rel(folder, csv_path))
-    png, _ = plot_step_quality({pool: (p.q_base, p.q_rl) for pool, p in res.pools.items()},
-                               figure_path(folder, name), policy_names=policy_names, title=title)
+    png, _ = plot_step_quality(
+        {pool: (p.q_base, p.q_rl) for pool, p in res.pools.items()},
+        figure_path(folder, name),
+        policy_names=policy_names,
+        title=title,
+    )
     text = "; ".join(
         f"{pool}: {rl_name} better on {100 * c.share_rl_better:.1f}% of {c.n} states "
         f"(ties {100 * c.share_tie:.1f}%), mean diff {c.mean_diff.mean:+.4f} "

@@ -35,18 +35,29 @@ class Table1(Result):
     rows: dict[str, dict[int, stats.MeanCI]]
 
 
-def compute(counts_by_policy: Mapping[str, passk.BudgetResults], *, k: int, t_max: int,
-            levels: Sequence[int], pairs: Sequence[tuple[str, str]]) -> Table1:
+def compute(
+    counts_by_policy: Mapping[str, passk.BudgetResults],
+    *,
+    k: int,
+    t_max: int,
+    levels: Sequence[int],
+    pairs: Sequence[tuple[str, str]],
+) -> Table1:
     """Table 1 of ``{policy: {T: (n [tasks], c [tasks])}}`` at ``levels`` (the budget levels of
     ``t_max``) with the difference rows of ``pairs`` ``(a, b)``: a - b per task."""
     levels = tuple(int(t) for t in levels)
-    per_task = {p: {t: passk.pass_at_k(*counts[t], k) for t in levels}
-                for p, counts in counts_by_policy.items()}
-    rows = {p: {t: stats.mean_ci_normal(by_level[t]) for t in levels}
-            for p, by_level in per_task.items()}
+    per_task = {
+        p: {t: passk.pass_at_k(*counts[t], k) for t in levels}
+        for p, counts in counts_by_policy.items()
+    }
+    rows = {
+        p: {t: stats.mean_ci_normal(by_level[t]) for t in levels}
+        for p, by_level in per_task.items()
+    }
     for a, b in pairs:
         rows[f"{a} - {b}{DIFFERENCE}"] = {
-            t: stats.paired_difference(per_task[a][t], per_task[b][t]) for t in levels}
+            t: stats.paired_difference(per_task[a][t], per_task[b][t]) for t in levels
+        }
     return Table1(int(k), int(t_max), levels, rows)
 
 
@@ -70,8 +81,15 @@ def markdown(res: Table1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def section(folder: str | Path, res: Table1, into: Section, *, tasks: int, samples: int,
-            files: Sequence[str] = ()) -> Section:
+def section(
+    folder: str | Path,
+    res: Table1,
+    into: Section,
+    *,
+    tasks: int,
+    samples: int,
+    files: Sequence[str] = (),
+) -> Section:
     """Write ``table1.csv`` (wide: one row per policy and difference, a value and CI bounds in
     % per level) and return ``into`` (e.g. Pass@T's Table 1 section) retitled, with the
     Markdown of :func:`markdown`, and linking ``files`` and the CSV."""
@@ -79,16 +97,23 @@ def section(folder: str | Path, res: Table1, into: Section, *, tasks: int, sampl
     labels = budget_level_labels(res.t_max)
     columns: dict[str, list] = {
         "row": list(res.rows),
-        "kind": ["difference" if r.endswith(DIFFERENCE) else "policy" for r in res.rows]}
+        "kind": ["difference" if r.endswith(DIFFERENCE) else "policy" for r in res.rows],
+    }
     for t in res.levels:
         for field in ("mean", "low", "high"):
             name = labels[t] if field == "mean" else f"{labels[t]} ci_{field}"
             columns[name] = [100 * getattr(by_level[t], field) for by_level in res.rows.values()]
     csv_path = write_csv(folder / TABLE1_CSV, columns)
-    text = (f"Pass@{res.k} at 25/50/75/100% of T_max = {res.t_max} (budgets "
-            f"(p * T_max) // 100), {tasks} tasks x {samples} samples per budget, each budget sampled "
-            "afresh with it in the prompt. Rows ending in (pt): mean per-task difference in "
-            "points with a 95% normal CI over tasks (paired: the same tasks).")
-    return dataclasses.replace(into, title=f"{TABLE1_PREFIX}: Pass@{res.k} by budget level",
-                               text=text, markdown=markdown(res),
-                               files=into.files + tuple(files) + (rel(folder, csv_path),))
+    text = (
+        f"Pass@{res.k} at 25/50/75/100% of T_max = {res.t_max} (budgets "
+        f"(p * T_max) // 100), {tasks} tasks x {samples} samples per budget, each budget sampled "
+        "afresh with it in the prompt. Rows ending in (pt): mean per-task difference in "
+        "points with a 95% normal CI over tasks (paired: the same tasks)."
+    )
+    return dataclasses.replace(
+        into,
+        title=f"{TABLE1_PREFIX}: Pass@{res.k} by budget level",
+        text=text,
+        markdown=markdown(res),
+        files=into.files + tuple(files) + (rel(folder, csv_path),),
+    )
