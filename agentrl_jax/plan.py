@@ -602,13 +602,18 @@ def format_table(report: dict[str, Any]) -> str:
         return f"{b / GIB:.3g}"
 
     lines = [
-        f"target: {report['target']}; mesh {report['mesh']}; {gib(report['device_memory_bytes'])} GiB "
+        f"target: {report['target']}; mesh {report['mesh']}; "
+        f"{gib(report['device_memory_bytes'])} GiB "
         f"per device, headroom asked {report['headroom']:.0%}"
         + (f"; ESTIMATE ({report['stand_in']} compiler)" if report["estimate"] else ""),
-        f"train rows per device per micro-batch: {report['train_rows_per_device_per_micro_batch']}, "
+        f"train rows per device per micro-batch: "
+        f"{report['train_rows_per_device_per_micro_batch']}, "
         f"length {report['length']}",
         "",
-        "| program | arguments | outputs | aliased | temporaries | peak (GiB) | headroom | fits | largest buffer |",
+        (
+            "| program | arguments | outputs | aliased | temporaries | peak (GiB) | headroom "
+            "| fits | largest buffer |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in report["programs"]:

@@ -82,7 +82,8 @@ def env_plugins(environ: Mapping[str, str] = os.environ) -> list[str]:
 
 
 def is_path(spec: str) -> bool:
-    """Whether ``spec`` names a file (ends in ``.py`` or holds a path separator) rather than a module."""
+    """Whether ``spec`` names a file (ends in ``.py`` or holds a path separator) rather than a
+    module."""
     return spec.endswith(".py") or "/" in spec or os.sep in spec
 
 

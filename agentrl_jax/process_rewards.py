@@ -146,7 +146,8 @@ def qstar_step_quality(
 
 
 class FrozenLakeQStar:
-    """Oracle step scorer for FrozenLake: the exact Q* of each step (see :func:`qstar_step_quality`).
+    """Oracle step scorer for FrozenLake: the exact Q* of each step (see
+    :func:`qstar_step_quality`).
 
     ``maps`` int8[M, n, n] is the task set (``trajectory.task_id`` indexes it); the dynamics
     (``is_slippery``, ``success_rate``) must be the rollout environment's.
@@ -168,7 +169,8 @@ class FrozenLakeQStar:
             or not jnp.issubdtype(maps.dtype, jnp.integer)
         ):
             raise ValueError(
-                f"FrozenLakeQStar maps: expected int[M, n, n] tile codes, got {maps.dtype}{maps.shape}"
+                f"FrozenLakeQStar maps: expected int[M, n, n] tile codes, "
+                f"got {maps.dtype}{maps.shape}"
             )
         _check_score("FrozenLakeQStar invalid_score", invalid_score)
         self.maps = maps

@@ -50,10 +50,10 @@ Budgets (§6): the system prompt states ``B``; turn ``t``'s user message states 
 invalid action.
 
 Throughput: the model work is batched over live rows every turn and the environment steps the
-whole batch in one call (one per lane with ``lanes``); the policy drops finished rows from its cache once at most half are
-live (see :class:`~agentrl_jax.policy.SamplerPolicy`). Shapes are fixed by the config, so no
-turn recompiles. The loop itself is host Python: templating, tokenizing and decoding are per
-row and cached where texts repeat.
+whole batch in one call (one per lane with ``lanes``); the policy drops finished rows from its cache
+once at most half are live (see :class:`~agentrl_jax.policy.SamplerPolicy`). Shapes are fixed by the
+config, so no turn recompiles. The loop itself is host Python: templating, tokenizing and decoding
+are per row and cached where texts repeat.
 
 Memory (``max_rows_per_call``): a policy's KV cache holds all its rows for the whole
 conversation, so a large batch (the paper's 32 tasks x 16) can need more memory than a device

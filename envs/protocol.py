@@ -142,6 +142,7 @@ class PythonEnv(abc.ABC):
 
     def close_task(self, row_state: Any) -> None:
         """Release what a row holds (temporary folders, connections). Optional."""
+        return None
 
 
 @dataclasses.dataclass

@@ -7,11 +7,11 @@ rollout needs to know about its texts.
 An entry declares what it needs, and its ``study`` (:mod:`envs.study`) what the reproduction
 pipeline needs beyond the rollout (train/test tasks, demonstrations, R_single, analyses). Its
 factory's keyword parameters are the options it takes: an option it does not take is
-refused, naming those it does (:class:`EnvOptionError`), before anything is loaded. Its ``label`` names it in reports, ``max_response_tokens`` and
-``max_context`` are the token limits its texts need (a DeepCoder-MT turn is a whole program;
-BFCL's first message lists every function as JSON) and ``lanes`` the rollout lanes that suit it
-(2 where a step runs tests in a sandbox, long enough to hide behind decoding; 1 where a step is
-a query or a function call, so decode batches stay whole).
+refused, naming those it does (:class:`EnvOptionError`), before anything is loaded. Its ``label``
+names it in reports, ``max_response_tokens`` and ``max_context`` are the token limits its texts need
+(a DeepCoder-MT turn is a whole program; BFCL's first message lists every function as JSON) and
+``lanes`` the rollout lanes that suit it (2 where a step runs tests in a sandbox, long enough to
+hide behind decoding; 1 where a step is a query or a function call, so decode batches stay whole).
 
 A factory returns :class:`EnvTasks`: an environment ready for the rollout (a
 :class:`~envs.protocol.TextEnv`: FrozenLake's jitted one, or a Python environment in its worker

@@ -81,7 +81,8 @@ def pytest_terminal_summary(terminalreporter):
     testing = sum(_test_seconds.values())
     write = terminalreporter.write_line
     write(
-        f"compile report: {compiling:.0f} s tracing, lowering and compiling in {testing:.0f} s of tests "
+        f"compile report: {compiling:.0f} s tracing, lowering and compiling "
+        f"in {testing:.0f} s of tests "
         f"(this process; child processes not seen)"
     )
     for name, (count, seconds, files) in sorted(programs.items(), key=lambda kv: -kv[1][1])[:15]:

@@ -2,7 +2,8 @@
 2 x 2 x 2 mesh, fed by each process's share of the rows, with an Orbax checkpoint after every
 update written (and, on start, restored) by every process.
 
-    python multihost_worker.py OUT MODE [--updates N] [--coordinator H:P --num-processes N --process-id I]
+    python multihost_worker.py OUT MODE [--updates N]
+        [--coordinator H:P --num-processes N --process-id I]
 
 MODE ``train``: updates ``N`` batches from the newest checkpoint in ``OUT`` (or the start),
 checks the last checkpoint restores to the live state, and the main process saves the

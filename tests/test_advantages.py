@@ -83,7 +83,8 @@ def gae_reference(rewards, values, mask, gamma, lam):
 def test_grpo_hand_computed():
     # group 7: R = [1, 0, 1], mean 2/3, deviations [1/3, -2/3, 1/3];
     #   ddof=1: var = (1/9 + 4/9 + 1/9) / 2 = 1/3, std = 0.57735 -> A = [0.57735, -1.1547, 0.57735]
-    # group -3: R = [1, 0] interleaved with group 7: mean 0.5, std(ddof=1) = sqrt(0.5) -> A = +-0.70711
+    # group -3: R = [1, 0] interleaved with group 7: mean 0.5, std(ddof=1) = sqrt(0.5)
+    #   -> A = +-0.70711
     # group 42: a single trajectory -> 0; the masked row (reward 100) enters no statistic.
     rewards = jnp.array([1.0, 1.0, 0.0, 0.0, 1.0, 2.0, 100.0])
     groups = jnp.array([7, -3, 7, -3, 7, 42, 7])
@@ -147,7 +148,8 @@ def test_rloo_hand_computed():
     got = adv.rloo_advantages(rewards, groups, mask)
     # group 5: a success's other three are [0, 1, 1] -> baseline 2/3 -> A = 1/3;
     #          the failure's others are [1, 1, 1] -> baseline 1 -> A = -1
-    # group -1: 2 - 5 = -3 and 5 - 2 = 3; group 9 (alone) and the masked row: 0; group 4: ties, exactly 0
+    # group -1: 2 - 5 = -3 and 5 - 2 = 3; group 9 (alone) and the masked row: 0;
+    # group 4: ties, exactly 0
     want = [1 / 3, -3.0, -1.0, 0.0, 1 / 3, 0.0, 3.0, 1 / 3, 0.0, 0.0, 0.0]
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert np.all(np.asarray(got)[8:] == 0.0)
@@ -198,7 +200,8 @@ def _gigpo_example():
 
 def test_gigpo_step_advantage_hand_computed():
     keys, step_rewards, turn_mask, traj_mask, groups = _gigpo_example()
-    # gamma = 0.5. Returns-to-go: traj 0: [0.25, 0.5, 1]; traj 1: [0, 0, 0]; traj 2: [0.5, 1] (padding skipped).
+    # gamma = 0.5. Returns-to-go: traj 0: [0.25, 0.5, 1]; traj 1: [0, 0, 0];
+    #   traj 2: [0.5, 1] (padding skipped).
     # Group 0, key 10: {0.25, 0} mean 0.125, std(ddof=1) = 0.17678 -> +-0.70711
     # Group 0, key 20: {0.5 (traj 0), 0, 0 (traj 1 twice)} mean 1/6, deviations [1/3, -1/6, -1/6],
     #   var = (1/9 + 1/36 + 1/36) / 2 = 1/12, std = 0.28868 -> [1.1547, -0.57735, -0.57735]
@@ -373,7 +376,8 @@ def test_shape_errors_name_the_tensor():
 
 
 def test_gae_hand_computed_skips_observation_tokens():
-    # Response tokens at 0, 1, 4; tokens 2, 3 are an observation (their reward 9 and value 7 are ignored).
+    # Response tokens at 0, 1, 4; tokens 2, 3 are an observation
+    # (their reward 9 and value 7 are ignored).
     # gamma = lam = 0.5:
     #   A4 = 1 - 0.5 = 0.5                       (last response token: next V = 0)
     #   A1 = (0 + 0.5 * 0.5 - 0.25) + 0.25 * 0.5 = 0 + 0.125 = 0.125       (next is token 4)

@@ -1,6 +1,7 @@
 """Each analysis' ``compute`` against numbers worked out by hand on a small fixed input, and its
 result's JSON round trip (``Result.from_json(json of r.to_json()) == r``)."""
 
+import dataclasses
 import json
 import math
 
@@ -248,5 +249,5 @@ def test_equality_treats_nan_as_equal_and_arrays_by_value():
     assert a != pass_at_k.Curve(np.array([1, 2, 3]), np.array([0.5, np.nan, 1.0]))
     assert same({"x": 1.0, "y": float("nan")}, {"x": 1.0, "y": float("nan")})
     assert not same({"x": 1, "y": 2}, {"y": 2, "x": 1})  # order is part of a report
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         a.k = np.array([3])  # frozen

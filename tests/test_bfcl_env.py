@@ -99,9 +99,9 @@ def test_multi_turn_base_loads_fully():
         for cls in task.involved_classes:
             doc_file = data_lib.backend_config().MULTI_TURN_FUNC_DOC_FILE_MAPPING[cls]
             names |= {
-                json.loads(l)["name"]
-                for l in (docs_dir / doc_file).read_text().splitlines()
-                if l.strip()
+                json.loads(line)["name"]
+                for line in (docs_dir / doc_file).read_text().splitlines()
+                if line.strip()
             }
         assert {doc["name"] for doc in task.functions} == names and not task.added_functions
         assert task.min_turns == len(task.turns) + sum(1 for t in task.ground_truth if t)

@@ -202,7 +202,8 @@ import jax, jax.numpy as jnp
 from agentrl_jax.cli.compile_cache import use_compile_cache
 hits = []
 jax.monitoring.register_event_listener(
-    lambda event, **kw: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
+    lambda event, **kw: hits.append(event)
+    if event == "/jax/compilation_cache/cache_hits" else None)
 folder = use_compile_cache(None if sys.argv[1] == "default" else sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # tiny programs too
 def make():  # a new jitted function each time, as each phase's new sampler makes its own

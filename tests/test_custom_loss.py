@@ -147,7 +147,8 @@ def test_training_with_the_term_through_the_public_api(tmp_path):
     records = read_metrics(tmp_path / "m.jsonl")
     assert int(final.step) == 3 and [r["update_skipped"] for r in records] == [0, 0, 0]
     assert all(math.isfinite(r[f"loss/{TERM}"]) and r[f"{TERM}/entropy"] > 0 for r in records)
-    # The step's value of the term is the term computed by hand, with entropy and reference log-probs.
+    # The step's value of the term is the term computed by hand, with entropy and reference
+    # log-probs.
     params, traj = seen[0]
     want, entropy = jax.jit(_hand_term, static_argnums=2)(params, state.reference, graphdef, traj)
     np.testing.assert_allclose(records[0][f"loss/{TERM}"], float(want), rtol=1e-5, atol=1e-6)

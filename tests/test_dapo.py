@@ -1,4 +1,5 @@
-"""DAPO pieces: dynamic-sampling mask, overlong shaping, clip-higher with token-level aggregation."""
+"""DAPO pieces: dynamic-sampling mask, overlong shaping, clip-higher with token-level
+aggregation."""
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,8 @@ from agentrl_jax.algorithms.registry import (
 
 def _groups_example():
     near = float(np.nextafter(np.float32(0.9025), np.float32(1)))
-    #        group 3 (all solved; the masked 0 does not count)  group 8     group -2   9    group 4       group 6
+    # group 3 (all solved; the masked 0 does not count)
+    #          group 3             group 8   group -2  9    group 4       group 6
     rewards = [1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 5.0, 0.9025, near, np.nan, 1.0]
     groups = [3, 3, 3, 3, 8, 8, -2, -2, 9, 4, 4, 6, 6]
     mask = [True, True, False, True, True, True, True, True, True, True, True, True, True]
@@ -33,7 +35,8 @@ def test_dynamic_sampling_keep_hand_computed():
     rewards, groups, mask = _groups_example()
     keep = np.asarray(dynamic_sampling_keep(rewards, groups, mask))
     # group 3: three 1s (masked row not counted, never kept) -> drop; group 8 [0, 1] -> keep;
-    # group -2 [0, 0] -> drop; group 9 alone -> drop; group 4: one ulp apart -> keep; group 6 has a NaN -> drop
+    # group -2 [0, 0] -> drop; group 9 alone -> drop; group 4: one ulp apart -> keep;
+    # group 6 has a NaN -> drop
     want = [False, False, False, False, True, True, False, False, False, True, True, False, False]
     np.testing.assert_array_equal(keep, want)
     singles = np.asarray(dynamic_sampling_keep(rewards, groups, mask, keep_singletons=True))
@@ -96,7 +99,7 @@ def test_overlong_penalty_arguments_are_validated(kwargs, field):
         overlong_penalty(jnp.array([1, 2]), **kwargs)
 
 
-# ------------------------------------------------------------------------- clip-higher, token-level loss
+# -------------------------------------------------------------------- clip-higher, token-level loss
 
 
 def test_dapo_loss_settings_hand_computed():
@@ -113,7 +116,8 @@ def test_dapo_loss_settings_hand_computed():
     # group [1, 0]: +-0.5 / std(ddof=1) = +-0.5 / sqrt(0.5) = +-0.707107 on each row's tokens
     s = float(np.sqrt(0.5))
     np.testing.assert_allclose(a, [[s, s, 0, 0], [-s] * 4], atol=1e-5)
-    # row 0, token 0 has ratio 1.25: inside [0.8, 1.28] -> -1.25 s (a symmetric 0.2 clip would give -1.2 s)
+    # row 0, token 0 has ratio 1.25: inside [0.8, 1.28] -> -1.25 s
+    # (a symmetric 0.2 clip would give -1.2 s)
     old = jnp.zeros((2, 4))
     logp = old.at[0, 0].set(float(np.log(1.25)))
     x = LossInputs(loss_mask=mask, logprobs=logp, old_logprobs=old, advantages=a)

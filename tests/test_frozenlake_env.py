@@ -160,7 +160,8 @@ def _jit_step_branch():
     "map_index,success_rate", [(1, 1.0 / 3.0), (0, 1.0 / 3.0), (1, 0.6), (5, 1.0 / 3.0), (13, 0.75)]
 )
 def test_stochastic_trajectory_equals_gymnasium_step_by_step(map_index, success_rate):
-    """Feed the branch gymnasium's np_random is about to pick into step_branch; compare everything."""
+    """Feed the branch gymnasium's np_random is about to pick into step_branch; compare
+    everything."""
     tiles = PARITY_MAPS[map_index]
     genv = gym.make(
         "FrozenLake-v1",
@@ -301,7 +302,8 @@ def test_time_limit_truncates_like_gymnasium_timelimit():
 
 
 def test_sampled_branches_follow_probabilities():
-    """step_batch / step_autoreset_batch from an open cell: the three outcomes at the right rates."""
+    """step_batch / step_autoreset_batch from an open cell: the three outcomes at the right
+    rates."""
     tiles = grid.map_from_strings(["FFF", "FSF", "FFG"])
     num = 200_000
     _, one = env.reset_to_map(tiles)

@@ -1,7 +1,7 @@
-"""Short GRPO, PPO and DAPO runs learn FrozenLake 4x4 (issues #6 and #16), end to end through the real
-pieces: the real Qwen3 tokenizer and chat template, the multi-turn rollout
-(``MultiTurnRollout.for_training``), a tiny random Qwen3 policy, the train step and the
-training loop.
+"""Short GRPO, PPO and DAPO runs learn FrozenLake 4x4 (issues #6 and #16), end to end through the
+real pieces: the real Qwen3 tokenizer and chat template, the multi-turn rollout
+(``MultiTurnRollout.for_training``), a tiny random Qwen3 policy, the train step and the training
+loop.
 
 Setting (fixed seeds throughout; tests/frozenlake_learning.py builds it):
 

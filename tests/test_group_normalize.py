@@ -87,7 +87,8 @@ def test_gigpo_identical_trajectories_get_exactly_zero():
     step = adv.gigpo_step_advantages(step_rewards, group_ids, anchors, turn_mask)
     np.testing.assert_array_equal(np.asarray(step)[:7, 1:], np.zeros((7, 3)))
     # state 0 mixes seven returns a = 10 * 0.95^3 with one 0: mean 7a/8, deviations a/8 and -7a/8,
-    # var = (7 (a/8)^2 + (7a/8)^2) / 7 = a^2/8 -> A = sqrt(8)/8 = 0.353553 (seven), -7/sqrt(8) = -2.474874
+    # var = (7 (a/8)^2 + (7a/8)^2) / 7 = a^2/8 -> A = sqrt(8)/8 = 0.353553 (seven),
+    #   -7/sqrt(8) = -2.474874
     # (eps = 1e-6 against std = a/sqrt(8) = 3.03 moves these by 3e-7 relative)
     want = [np.sqrt(8) / 8] * 7 + [-7 / np.sqrt(8)]
     np.testing.assert_allclose(np.asarray(step)[:, 0], want, rtol=1e-6)

@@ -360,7 +360,8 @@ def test_a_single_file_symlinked_out_of_the_directory_is_refused(tiny_dir, tmp_p
     (model_dir / "config.json").write_bytes((tiny_dir / "config.json").read_bytes())
     (model_dir / "model.safetensors").symlink_to(tiny_dir / "model.safetensors")
     assert _raises(CheckpointError, load_qwen3, model_dir) == (
-        f"{model_dir / 'model.safetensors'} resolves to {(tiny_dir / 'model.safetensors').resolve()}, "
+        f"{model_dir / 'model.safetensors'} resolves to "
+        f"{(tiny_dir / 'model.safetensors').resolve()}, "
         f"outside the model directory {model_dir.resolve()}"
     )
 
@@ -755,16 +756,15 @@ YAML_CASES = {
     ),
     "a number for the runs": (
         "rl:\n  runs: 3\n",
-        "rl.runs: must be a non-empty list of runs, each a preset "
-        "name (grpo, budgetmix, budgetmix-adaptive, gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, "
-        "dapo-budgetmix, dr-grpo, rloo, gspo) or a mapping {name, preset, label, budget_mix, "
-        "algorithm}, got 3",
+        "rl.runs: must be a non-empty list of runs, each a preset name (grpo, budgetmix, "
+        "budgetmix-adaptive, gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, dapo-budgetmix, "
+        "dr-grpo, rloo, gspo) or a mapping {name, preset, label, budget_mix, algorithm}, got 3",
     ),
     "a list in the runs": (
         "rl:\n  runs: [[grpo]]\n",
-        "rl.runs[0]: must be a preset name (grpo, budgetmix, "
-        "budgetmix-adaptive, gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, dapo-budgetmix, dr-grpo, rloo, gspo) "
-        "or a mapping {name, preset, label, budget_mix, algorithm}, got ['grpo']",
+        "rl.runs[0]: must be a preset name (grpo, budgetmix, budgetmix-adaptive, gigpo, "
+        "gigpo-budgetmix, ppo, ppo-budgetmix, dapo, dapo-budgetmix, dr-grpo, rloo, gspo) or a "
+        "mapping {name, preset, label, budget_mix, algorithm}, got ['grpo']",
     ),
     "a huge int for a number": (
         "eval:\n  gamma: " + "9" * 400 + "\n",
@@ -822,35 +822,38 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
         (
             "rl:\n  steps: 3\n",
             ["rl.steps=three"],
-            "config {path} with override 'rl.steps=three': rl.steps: must be an int >= 1, got 'three'",
+            "config {path} with override 'rl.steps=three': "
+            "rl.steps: must be an int >= 1, got 'three'",
         ),
         (
             "rl:\n  steps: 3\n",
             ["rl.stepz=3"],
-            "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: aggregation, algorithm, attention, "
-            "checkpoint_every, clip_high, clip_low, critic_learning_rate, epochs, gae_gamma, gae_lambda, "
-            "generation_layout, gigpo_gamma, gigpo_omega, group_size, kl_coef, kv_cache_dtype, kv_page_size, "
-            "kv_pages, "
-            "learning_rate, logits_chunk, max_grad_norm, max_rows_per_call, mini_batches, num_micro_batches, "
-            "prefill_chunk, refill, remat, runs, scoring, seed, steps, tasks_per_step, temperature, "
-            "tensorboard, top_p, value_clip, wandb_project, weight_decay",
+            "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: "
+            "aggregation, algorithm, attention, checkpoint_every, clip_high, clip_low, "
+            "critic_learning_rate, epochs, gae_gamma, gae_lambda, generation_layout, gigpo_gamma, "
+            "gigpo_omega, group_size, kl_coef, kv_cache_dtype, kv_page_size, kv_pages, "
+            "learning_rate, logits_chunk, max_grad_norm, max_rows_per_call, mini_batches, "
+            "num_micro_batches, prefill_chunk, refill, remat, runs, scoring, seed, steps, "
+            "tasks_per_step, temperature, tensorboard, top_p, value_clip, wandb_project, "
+            "weight_decay",
         ),
         (
             "rl:\n  steps: 3\n",
             ["rll.steps=3"],
-            f"config {{path}} with override 'rll.steps=3': unknown section 'rll'; known: {SECTIONS}",
+            f"config {{path}} with override 'rll.steps=3': unknown section 'rll'; "
+            f"known: {SECTIONS}",
         ),
         (
             "task:\n  t_max: 8\n",
             ["rl.steps=4", "rl.num_micro_batches=3"],
-            "config {path} with override 'rl.steps=4', 'rl.num_micro_batches=3': rl.num_micro_batches: "
-            "must divide tasks_per_step x group_size (64), got 3",
+            "config {path} with override 'rl.steps=4', 'rl.num_micro_batches=3': "
+            "rl.num_micro_batches: must divide tasks_per_step x group_size (64), got 3",
         ),
         (
             "task:\n  t_max: 8\n",
             ["eval.budgets=[9]"],
-            "config {path} with override 'eval.budgets=[9]': eval.budgets: must be <= task.t_max (8), "
-            "got [9]",
+            "config {path} with override 'eval.budgets=[9]': "
+            "eval.budgets: must be <= task.t_max (8), got [9]",
         ),
         (
             "rl:\n  steps: 0\n",
@@ -861,8 +864,8 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
         (
             "{}\n",
             ["rl.runs=[grpo"],
-            "override 'rl.runs=[grpo': not valid YAML (expected ',' or ']', but got '<stream end>' at "
-            "line 1, column 6)",
+            "override 'rl.runs=[grpo': not valid YAML (expected ',' or ']', but got '<stream end>' "
+            "at line 1, column 6)",
         ),
         ("{}\n", ["rl.steps"], "override 'rl.steps': expected section.field=value"),
     ],

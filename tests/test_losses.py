@@ -130,7 +130,8 @@ def test_gspo_hand_computed():
     # the paper's sequence mean: (-1.28 + 2.2) / 2 = 0.46
     part = losses.gspo_loss(logp, old, advantages, mask, **clips)
     assert float(part.total) == pytest.approx(0.92, abs=1e-6) and float(part.denom) == 2.0
-    # gradient of that mean: row 0 clipped -> 0; row 1: d/dlogp_t (1/2)(-A s_1) = (1/2) * 2 * 1.1 / 3
+    # gradient of that mean: row 0 clipped -> 0;
+    # row 1: d/dlogp_t (1/2)(-A s_1) = (1/2) * 2 * 1.1 / 3
     grad = jax.grad(lambda lp: agg.mean(losses.gspo_loss(lp, old, advantages, mask, **clips)))(logp)
     np.testing.assert_allclose(grad, [[0.0, 0.0, 0.0], [1.1 / 3] * 3], atol=1e-6)
     # default clip range (3e-4, 4e-4): row 0 is clipped at 1 + 4e-4 -> -1.0004; row 1 (A < 0, s > 1)
@@ -140,7 +141,8 @@ def test_gspo_hand_computed():
 
 
 def _sequence_gspo_reference(logp, old, adv_seq, mask, clip_low, clip_high, weights):
-    """Sequence-level GSPO written from the paper: s_i = exp(mean_t log r_it) differentiated whole."""
+    """Sequence-level GSPO written from the paper: s_i = exp(mean_t log r_it) differentiated
+    whole."""
     m = mask
     s = jnp.exp(jnp.sum((logp - old) * m, -1) / jnp.sum(m, -1))
     seq_loss = jnp.maximum(-adv_seq * s, -adv_seq * jnp.clip(s, 1 - clip_low, 1 + clip_high))
@@ -359,9 +361,10 @@ def test_multi_device_psum_gives_the_full_batch_gradient():
                 s = losses.policy_loss(lp, o, a, m, clip_high=0.28, mode=mode, norm_constant=5.0)
                 return agg.mean(agg.psum(s, "data"))
             sharded = jax.shard_map(local, mesh=mesh, in_specs=(P("data"),) * 4, out_specs=P())
-            full = lambda lp: agg.mean(losses.policy_loss(lp, old, adv, mask, clip_high=0.28, mode=mode,
-                                                          norm_constant=5.0))
-            v_dev, g_dev = jax.jit(jax.value_and_grad(lambda lp: sharded(lp, old_d, adv_d, mask_d)))(logp_d)
+            full = lambda lp: agg.mean(losses.policy_loss(
+                lp, old, adv, mask, clip_high=0.28, mode=mode, norm_constant=5.0))
+            v_dev, g_dev = jax.jit(
+                jax.value_and_grad(lambda lp: sharded(lp, old_d, adv_d, mask_d)))(logp_d)
             v_full, g_full = jax.value_and_grad(full)(logp)
             np.testing.assert_allclose(v_dev, v_full, rtol=1e-6)
             np.testing.assert_allclose(g_dev, g_full, atol=1e-6)

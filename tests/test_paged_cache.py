@@ -206,7 +206,8 @@ spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=one)
 compiled = jax.jit(decode_writes, donate_argnums=0).lower(
     spec(pool, jnp.bfloat16), spec((64, 1), jnp.int32), spec((64, 1), jnp.int32),
     spec((64, 1, 8, 128), jnp.bfloat16)).compile()
-print(compiled.memory_analysis().temp_size_in_bytes, compiled.memory_analysis().argument_size_in_bytes)
+print(compiled.memory_analysis().temp_size_in_bytes,
+      compiled.memory_analysis().argument_size_in_bytes)
 """
 
 

@@ -159,13 +159,15 @@ mesh = Mesh(np.array(devices).reshape(1, 8, 1), ("data", "fsdp", "tensor"))
 config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=128)
 model = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0), dtype=jnp.bfloat16))
-sampler = Sampler(model, max_new_tokens=4, mesh=mesh, paging=Paging(page_size=128, kernel=sys.argv[1]))
+sampler = Sampler(model, max_new_tokens=4, mesh=mesh,
+                  paging=Paging(page_size=128, kernel=sys.argv[1]))
 pool = sampler.pool(64, 2048, dtype=jnp.bfloat16)
 state = jax.eval_shape(lambda: init_state(config, 64, 2048, jnp.bfloat16, model.dtype, pool))
 state = plan._abstract(state, sampler.state_shardings(state))
 params = nnx.state(model)
 params = plan._abstract(params, plan.tree_shardings(params, mesh, plan.generation_rules()))
-rows = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sampler.rows_sharding(len(shape)))
+rows = lambda shape, dtype: jax.ShapeDtypeStruct(
+    shape, dtype, sharding=sampler.rows_sharding(len(shape)))
 compiled = sampler._decode.lower(params, state, rows((64, 2), jnp.uint32), rows((64,), jnp.int32),
                                  rows((64,), jnp.bool_), sampling=SamplingConfig()).compile()
 print(pool.kernel, compiled.as_text().count("tpu_custom_call"))

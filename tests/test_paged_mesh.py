@@ -69,12 +69,13 @@ SCRIPT = textwrap.dedent("""
                     errors.append(str(e))
         return ([np.asarray(o.tokens) for o in (first, second)],
                 [np.asarray(o.log_probs) for o in (first, second)],
-                np.asarray(state.lengths).tolist(), describe(state.cache), dict(sampler.trace_counts),
-                errors)
+                np.asarray(state.lengths).tolist(), describe(state.cache),
+                dict(sampler.trace_counts), errors)
 
     one = conversation(None)
     for shape in ((8, 1, 1), (2, 4, 1), (1, 8, 1)):
-        tokens, log_probs, lengths, layout, traces, errors = conversation(build_mesh(MeshConfig(*shape)))
+        tokens, log_probs, lengths, layout, traces, errors = conversation(
+            build_mesh(MeshConfig(*shape)))
         report[f"sampler{shape}"] = {
             "same_tokens": all((a == b).all() for a, b in zip(one[0], tokens)),
             "log_prob_diff": max(float(np.abs(a - b).max()) for a, b in zip(one[1], log_probs)),
@@ -95,7 +96,8 @@ SCRIPT = textwrap.dedent("""
     reference = jax.device_get(MultiTurnRollout(env, tokenizer, config)(
         SamplerPolicy(model, token_map=token_map, min_rows=1), tasks, key))
     # the last: a pool of 60 pages per shard, room for ~1.25 of its 2 rows: preemption
-    for name, shape, seats, pages in (("whole", (2, 4, 1), None, None), ("seats", (8, 1, 1), 16, None),
+    for name, shape, seats, pages in (("whole", (2, 4, 1), None, None),
+                                      ("seats", (8, 1, 1), 16, None),
                                       ("small pool", (8, 1, 1), 16, 8 * 60)):
         policy = SamplerPolicy(model, token_map=token_map, mesh=build_mesh(MeshConfig(*shape)),
                                paging=Paging(page_size=16, num_pages=pages, block_pages=4))
@@ -121,13 +123,14 @@ def test_paged_engine_on_a_mesh_gives_one_devices_tokens():
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    line = next(l for l in result.stdout.splitlines() if l.startswith("REPORT"))
+    line = next(text for text in result.stdout.splitlines() if text.startswith("REPORT"))
     report = json.loads(line[len("REPORT") :])
     for shape in ("(8, 1, 1)", "(2, 4, 1)", "(1, 8, 1)"):
         r = report[f"sampler{shape}"]
         assert r["same_tokens"] and r["same_lengths"], (shape, r)
         assert r["log_prob_diff"] < 1e-5 and r["sampled"] > 60, (shape, r)
-        # rows, and the pool's pages ([KV, layers, P, S, hd]), split over the batch axes: each shard a whole engine
+        # rows, and the pool's pages ([KV, layers, P, S, hd]), split over the batch axes: each shard
+        # a whole engine
         axes = {"(8, 1, 1)": "'data'", "(2, 4, 1)": "('data', 'fsdp')", "(1, 8, 1)": "'fsdp'"}[
             shape
         ]

@@ -89,7 +89,7 @@ def test_each_budget_is_a_fresh_rollout_whose_prompts_state_it(tokenizer, maps):
         assert SYSTEM_BUDGET.findall(context) == [str(b)]
     assert set(by_budget) == set(budgets)
     assert all(max(lengths) <= b for b, lengths in by_budget.items())
-    for budget, (n, c) in results.items():
+    for _budget, (n, c) in results.items():
         assert np.all(n == 2) and n.shape == (8,) and np.all((0 <= c) & (c <= 2))
 
 

@@ -59,7 +59,10 @@ def _plan(*args: str) -> tuple[int, dict]:
 
 
 def test_largest_buffers_reads_hlo_shapes():
-    text = "%a = f32[4,8]{1,0} add(f32[4,8] %x, f32[4,8] %y)\n%b = bf16[2,1024]{1,0} copy(%c), s32[] %i"
+    text = (
+        "%a = f32[4,8]{1,0} add(f32[4,8] %x, f32[4,8] %y)\n"
+        "%b = bf16[2,1024]{1,0} copy(%c), s32[] %i"
+    )
     assert largest_buffers(text) == (("bf16[2,1024]", 4096), ("f32[4,8]", 128), ("s32[]", 4))
 
 

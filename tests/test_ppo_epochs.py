@@ -87,7 +87,8 @@ def _state(config: TrainConfig):
 
 @pytest.fixture(scope="module")
 def ppo_run():
-    """Two rollout batches through the PPO step: ``(step, states, metrics, compiles of the second call)``."""
+    """Two rollout batches through the PPO step:
+    ``(step, states, metrics, compiles of the second call)``."""
     step = make_train_step(_graphdef(), PPO)
     state = _state(PPO)
     first, metrics = step(state, _batch(0))

@@ -1,4 +1,5 @@
-"""The registry and AlgorithmConfig: validation errors, composition, and agreement with direct calls."""
+"""The registry and AlgorithmConfig: validation errors, composition, and agreement with direct
+calls."""
 
 import dataclasses
 
@@ -47,7 +48,8 @@ def test_default_config_is_the_papers_grpo_and_is_hashable():
     [
         (
             dict(advantage="grp"),
-            r"AlgorithmConfig\.advantage: unknown advantage estimator 'grp'; known: dr_grpo, gae, gigpo, grpo, rloo",
+            r"AlgorithmConfig\.advantage: unknown advantage estimator 'grp'; "
+            r"known: dr_grpo, gae, gigpo, grpo, rloo",
         ),
         (
             dict(advantage_params={"epsilon": 1.0}),
@@ -79,7 +81,8 @@ def test_default_config_is_the_papers_grpo_and_is_hashable():
         (dict(loss_terms="policy_clip"), r"AlgorithmConfig\.loss_terms: must be a sequence"),
         (
             dict(loss_terms=({"name": "kl", "coef": -1.0}, {"name": "policy_clip"})),
-            r"AlgorithmConfig\.loss_terms\[0\]: LossTermConfig\(name='kl'\)\.coef: must be a finite number >= 0",
+            r"AlgorithmConfig\.loss_terms\[0\]: LossTermConfig\(name='kl'\)\.coef: "
+            r"must be a finite number >= 0",
         ),
         (
             dict(loss_terms=({"name": "policy_clip", "weight": 1.0},)),
@@ -98,7 +101,8 @@ def test_config_errors_name_the_field(kwargs, message):
         # Other test modules register terms of their own in the same process: any may be listed.
         (
             ("polcy_clip",),
-            r"LossTermConfig\.name: unknown loss term 'polcy_clip'; known: (.+, )?entropy, (.+, )?gspo_clip, kl, policy_clip\b",
+            r"LossTermConfig\.name: unknown loss term 'polcy_clip'; "
+            r"known: (.+, )?entropy, (.+, )?gspo_clip, kl, policy_clip\b",
         ),
         (("policy_clip", float("inf")), r"LossTermConfig\(name='policy_clip'\)\.coef"),
         (
@@ -198,7 +202,8 @@ def test_compute_advantages_gigpo_matches_direct_call():
     )
     want = adv.broadcast_turns_to_tokens(per_turn, t["token_turn_index"]) * t["loss_mask"]
     np.testing.assert_allclose(out.advantages, want, atol=1e-6)
-    # by hand: task 0, turn 0 shares key 1 with returns (0.9, 0) -> +-0.70711; turn 1 keys differ -> 0;
+    # by hand: task 0, turn 0 shares key 1 with returns (0.9, 0) -> +-0.70711;
+    # turn 1 keys differ -> 0;
     # A^E = +-0.70711 -> trajectory 0 turn 0: 1.41421, turn 1: 0.70711
     np.testing.assert_allclose(
         out.advantages[0, 1:5], [2 * 0.70711, 2 * 0.70711, 0, 0.70711], atol=1e-4
@@ -427,8 +432,8 @@ def test_gspo_term_matches_the_loss_and_reports_sequence_metrics():
 
 
 def test_policy_clip_returns_clip_fraction_and_approx_kl():
-    # ratios [1.5, 0.5, 1.5, 0.5, 1.25], A [1, 1, -1, -1, 2], clip [0.8, 1.28]: clipped [1, 0, 0, 1, 0];
-    # the last token is masked out -> clip fraction 2/4
+    # ratios [1.5, 0.5, 1.5, 0.5, 1.25], A [1, 1, -1, -1, 2], clip [0.8, 1.28]:
+    # clipped [1, 0, 0, 1, 0]; the last token is masked out -> clip fraction 2/4
     ratios = np.array([1.5, 0.5, 1.5, 0.5, 1.25])
     old = jnp.full((1, 5), np.log(0.5))
     x = LossInputs(
@@ -545,7 +550,8 @@ def test_metrics_under_jit_do_not_change_the_gradient():
         ),
         (
             lambda a: (a, {"m": a[:, :1]}),
-            r"loss term 'test_bad_metrics': 'm' metric: expected shape \(1, 2\), \(1,\) or a scalar",
+            r"loss term 'test_bad_metrics': 'm' metric: "
+            r"expected shape \(1, 2\), \(1,\) or a scalar",
         ),
         (lambda a: (a, a), r"must return a per-token loss or \(loss, metrics mapping\)"),
         (lambda a: a[0], r"per-token loss must have the loss mask's shape \(1, 2\), got \(2,\)"),

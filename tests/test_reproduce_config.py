@@ -183,7 +183,8 @@ def test_round_trip_of_non_default_values():
                     {"name": "x", "algorithm": {"loss_terms": ["policy_clip", "value_clip"]}}
                 ]
             },
-            "rl.runs[0].algorithm.loss_terms[1]: loss term 'value_clip' (critic) needs LossInputs.returns",
+            "rl.runs[0].algorithm.loss_terms[1]: "
+            "loss term 'value_clip' (critic) needs LossInputs.returns",
         ),
         ({"rl.temperature": float("nan")}, "rl.temperature"),
         ({"rl.num_micro_batches": 3}, "rl.num_micro_batches"),  # does not divide 8 x 8 rows
@@ -543,9 +544,9 @@ def test_every_preset_builds_and_reaches_the_trainer():
 
 def test_a_gigpo_run_with_dapos_clip_is_composed_by_name_from_the_command_line():
     override = (
-        "rl.runs=[gigpo, {name: gigpo-dapo, preset: gigpo, label: 'GiGPO, DAPO clip', budget_mix: true, "
-        "algorithm: {loss_terms: [{name: policy_clip, params: {clip_low: 0.2, clip_high: 0.28}}, "
-        "{name: kl, coef: 0.001}]}}]"
+        "rl.runs=[gigpo, {name: gigpo-dapo, preset: gigpo, label: 'GiGPO, DAPO clip', "
+        "budget_mix: true, algorithm: {loss_terms: [{name: policy_clip, "
+        "params: {clip_low: 0.2, clip_high: 0.28}}, {name: kl, coef: 0.001}]}}]"
     )
     config = load_config(
         CONFIGS / "frozenlake_ci.yaml", [override, "rl.epochs=2", "rl.mini_batches=2"]
@@ -559,7 +560,8 @@ def test_a_gigpo_run_with_dapos_clip_is_composed_by_name_from_the_command_line()
     )  # the preset's
     assert _terms(algorithm)["policy_clip"][1]["clip_high"] == 0.28
     assert _terms(plain.train_config.algorithm)["policy_clip"][1]["clip_high"] == 0.2
-    # GiGPO reads anchor states: under BudgetMix it anchors on (s_t, B - t), found from what it declares.
+    # GiGPO reads anchor states: under BudgetMix it anchors on (s_t, B - t), found from what it
+    # declares.
     assert dapo.train_config.budget_anchors and not plain.train_config.budget_anchors
     assert (dapo.train_config.epochs, dapo.train_config.mini_batches) == (2, 2)
     # It round-trips through the results folder's config.yaml.

@@ -175,7 +175,7 @@ def test_tiny_qwen3_on_64_tasks_x_16_compiles_a_fixed_number_of_times(tiny_polic
     # what was recorded is what the model sampled: teacher-forced log-probs match
     picked = (0, n_rows // 2 + 5, n_rows - 1)
     rows = [traj.tokens[r][traj.token_mask[r]] for r in picked]
-    for r, row, expected in zip(
+    for r, _row, expected in zip(
         picked, rows, teacher_forced_logprobs(model, token_map, rows, 1536)
     ):
         sampled = traj.loss_mask[r][traj.token_mask[r]]

@@ -76,7 +76,7 @@ def test_sharded_sampler_matches_one_device():
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    line = next(l for l in result.stdout.splitlines() if l.startswith("REPORT"))
+    line = next(text for text in result.stdout.splitlines() if text.startswith("REPORT"))
     report = json.loads(line[len("REPORT") :])
     assert len(report) == 3
     for case, r in report.items():
@@ -124,7 +124,8 @@ LAYOUT_SCRIPT = textwrap.dedent("""
     def loop_all_gathers(text):
         # result shapes of the all-gathers in every while body and what those bodies call
         comps = computations(text)
-        todo = [b for lines in comps.values() for l in lines for b in re.findall(r"body=%?([\\w.\\-]+)", l)]
+        todo = [b for lines in comps.values() for l in lines
+                for b in re.findall(r"body=%?([\\w.\\-]+)", l)]
         seen = set()
         while todo:
             c = todo.pop()
@@ -153,8 +154,8 @@ LAYOUT_SCRIPT = textwrap.dedent("""
         # each layout, and the unrolled layer loop, once on (2, 4, 1); the replicated layout
         # with tensor parallelism on (2, 2, 2) (test_sharded_sampler_matches_one_device decodes
         # the training layout on it)
-        cases = ((("training", False), ("replicated", False), ("replicated", True)) if shape == (2, 4, 1)
-                 else (("replicated", False),))
+        cases = ((("training", False), ("replicated", False), ("replicated", True))
+                 if shape == (2, 4, 1) else (("replicated", False),))
         for layout, unroll in cases:
             params = generation_params(nnx.state(model), mesh, layout)
             sampler = Sampler(model, max_new_tokens=10, stop_token_ids=(5,), mesh=mesh,
@@ -169,10 +170,11 @@ LAYOUT_SCRIPT = textwrap.dedent("""
                 "same_tokens": bool((tokens == reference).all()),
                 "q_proj": describe(params)["layers/q_proj"]}
         bf16 = SamplerPolicy(load_qwen3(path, dtype=jax.numpy.bfloat16, mesh=mesh), mesh=mesh)
-        report[f"{shape}/policy"] = {"layout": policy.generation_layout,
-                                     "q_proj": describe(policy.params)["layers/q_proj"],
-                                     "q_proj_using": describe(policy.using(nnx.state(model)).params)["layers/q_proj"],
-                                     "bf16_copy": sorted({str(x.dtype) for x in jax.tree.leaves(bf16.params)})}
+        report[f"{shape}/policy"] = {
+            "layout": policy.generation_layout,
+            "q_proj": describe(policy.params)["layers/q_proj"],
+            "q_proj_using": describe(policy.using(nnx.state(model)).params)["layers/q_proj"],
+            "bf16_copy": sorted({str(x.dtype) for x in jax.tree.leaves(bf16.params)})}
         inferred = SamplerPolicy(model)  # no mesh given: the parameters' mesh and its batch shards
         report[f"{shape}/inferred"] = [inferred.mesh is mesh, inferred.row_multiple,
                                        inferred.generation_layout]
@@ -194,7 +196,7 @@ def test_generation_layout_decodes_without_gathering_weights():
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    line = next(l for l in result.stdout.splitlines() if l.startswith("REPORT"))
+    line = next(text for text in result.stdout.splitlines() if text.startswith("REPORT"))
     report = json.loads(line[len("REPORT") :])
     for case, r in report.items():
         if case.endswith(("/policy", "/inferred")):

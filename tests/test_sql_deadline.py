@@ -29,7 +29,9 @@ GOLD = "SELECT COUNT(*) FROM books"  # task 0's answer
 # Single SQLite calls that run far past a 1 s limit (about 8 s and 3 s here, in one call each).
 ONE_LONG_CALL = {
     "printf width": "SELECT printf('%.*c', 1000000000, 'x')",
-    "instr over long strings": "SELECT instr(printf('%.*c', 999999, 'a'), printf('%.*c', 99999, 'a') || 'b')",
+    "instr over long strings": (
+        "SELECT instr(printf('%.*c', 999999, 'a'), printf('%.*c', 99999, 'a') || 'b')"
+    ),
 }
 # Other hostile queries: each fails fast (a value over the size cap) or times out.
 HOSTILE = {

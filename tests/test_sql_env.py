@@ -74,10 +74,10 @@ def python_answers():
     books = {b[0]: b for b in t["books"]}
     orders = {o[0]: o for o in t["orders"]}
     sold = collections.Counter()
-    for order_id, book_id, qty in t["order_items"]:
+    for _order_id, book_id, qty in t["order_items"]:
         sold[book_id] += qty
     bought = collections.Counter()
-    for order_id, book_id, qty in t["order_items"]:
+    for order_id, _book_id, qty in t["order_items"]:
         bought[orders[order_id][1]] += qty
     names = {c[0]: c[1] for c in t["customers"]}
     genres = collections.defaultdict(list)

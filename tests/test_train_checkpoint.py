@@ -293,7 +293,7 @@ def test_split_after_step_is_pure_and_keeps_non_records():
     assert split_after_step("", 0) == ([], [])
 
 
-# ------------------------------------------------------------------------- exact resume after SIGKILL
+# ----------------------------------------------------------------------- exact resume after SIGKILL
 
 STEPS = 4  # N; the killed run is stopped after its N/2 checkpoint
 RUN_CONFIG = TrainConfig(

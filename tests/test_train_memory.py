@@ -146,7 +146,8 @@ def test_gather_positions_orders_drops_and_scatters_back():
 
 @pytest.mark.parametrize("width,chunk", [(None, 512), (9, 4), (9, 1), (12, 5)])
 def test_position_logprobs_equal_the_full_log_softmax(width, chunk):
-    """Values and gradients (w.r.t. hidden states and the head) against ``[N, L, V]`` log_softmax."""
+    """Values and gradients (w.r.t. hidden states and the head) against ``[N, L, V]``
+    log_softmax."""
     rng = np.random.default_rng(0)
     n, length, dim, vocab = 3, 16, 8, 11
     hidden = jnp.asarray(rng.standard_normal((n, length, dim)), jnp.float32)
@@ -269,7 +270,7 @@ def _assert_no_vocabulary_sized_activation(text: str, chunk: int, micro_rows: in
     assert re.search(rf"\[{micro_rows},{chunk},{VOCAB}\]", text)  # the head on chunks of positions
 
 
-# ------------------------------------------------------------------------- 8 devices (child process)
+# ------------------------------------------------------------------------ 8 devices (child process)
 
 MESHES = {"dp-fsdp-tp": (2, 2, 2), "fsdp": (1, 8, 1)}
 ON_MESH = {"grpo": "dp-fsdp-tp", "ppo": "fsdp"}  # each algorithm on one mesh: one compilation each

@@ -126,7 +126,7 @@ def _max_diff(a, b) -> float:
     return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in pairs)
 
 
-# ------------------------------------------------------------------------- 8 devices (child process)
+# ------------------------------------------------------------------------ 8 devices (child process)
 
 # config, micro-batches, mesh (data, fsdp, tensor): sharding and micro-batching together
 MESH_CASES = {"grpo": (GRPO, 2, (2, 2, 2)), "ppo": (PPO, 2, (8, 1, 1))}
@@ -213,7 +213,7 @@ def _start_child_early(multi_device_child):
     yield
 
 
-# ------------------------------------------------------------------------- against a hand-written loss
+# ---------------------------------------------------------------------- against a hand-written loss
 
 
 def _hand_written_grpo_loss(params, reference, traj, advantages):

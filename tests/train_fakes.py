@@ -59,7 +59,8 @@ def random_trajectory(
 ) -> Trajectory:
     """A synthetic batch with the layout a rollout produces (prompt, then response/observation
     turns, right padding). Sampling log-probs are random (so ratios differ from 1), actions are
-    random in -1..3 (-1 invalid), anchors collide often. The last ``padded_rows`` rows are padding."""
+    random in -1..3 (-1 invalid), anchors collide often. The last ``padded_rows`` rows are
+    padding."""
     rng = np.random.default_rng(seed)
     t = Trajectory.zeros(rows, tokens, turns)
     f = {name: np.array(getattr(t, name)) for name in t.__dataclass_fields__}

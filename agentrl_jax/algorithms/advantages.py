@@ -1,4 +1,5 @@
-"""Advantage estimators (GRPO, Dr. GRPO, RLOO, GiGPO, GAE) as pure, jittable functions on padded arrays.
+"""Advantage estimators (GRPO, Dr. GRPO, RLOO, GiGPO, GAE) as pure, jittable functions on padded
+arrays.
 
 Layout conventions, shared by all of :mod:`agentrl_jax.algorithms`:
 
@@ -313,7 +314,8 @@ def _key_columns(anchor_keys: jax.Array, n: int, t: int) -> list[jax.Array]:
         anchor_keys = anchor_keys[..., None]
     if anchor_keys.ndim != 3 or anchor_keys.shape[:2] != (n, t):
         raise ValueError(
-            f"anchor_keys: expected shape [{n}, {t}] or [{n}, {t}, K], got {tuple(anchor_keys.shape)}"
+            f"anchor_keys: expected shape [{n}, {t}] or [{n}, {t}, K], "
+            f"got {tuple(anchor_keys.shape)}"
         )
     if not jnp.issubdtype(anchor_keys.dtype, jnp.integer):
         raise ValueError(f"anchor_keys: must be an integer array, got {anchor_keys.dtype}")

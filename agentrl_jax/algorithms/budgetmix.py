@@ -76,7 +76,8 @@ def sample_budgets(
         structural_bound = jnp.asarray(structural_bound, jnp.int32)
         if structural_bound.shape != budgets.shape[:1]:
             raise ValueError(
-                f"structural_bound: expected shape {budgets.shape[:1]}, got {tuple(structural_bound.shape)}"
+                f"structural_bound: expected shape {budgets.shape[:1]}, "
+                f"got {tuple(structural_bound.shape)}"
             )
         feasible = valid & (budgets >= structural_bound[:, None])
         fell_back = ~jnp.any(feasible, axis=1)

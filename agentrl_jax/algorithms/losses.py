@@ -109,7 +109,8 @@ def clip_indicator(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
 ) -> jax.Array:
-    """1.0 where clipping zeroes the token's policy gradient, else 0.0 (for a clip-fraction metric)."""
+    """1.0 where clipping zeroes the token's policy gradient, else 0.0 (for a clip-fraction
+    metric)."""
     _check_clips(clip_low, clip_high, dual_clip)
     ratio = policy_ratio(logprobs, old_logprobs)
     unclipped, clipped = _clip_losses(ratio, advantages, clip_low, clip_high)
@@ -120,7 +121,8 @@ def clip_indicator(
 
 
 def approx_kl(logprobs: jax.Array, old_logprobs: jax.Array) -> jax.Array:
-    """Per-token ``(r - 1) - log r``, ``r = pi / pi_old``: an estimate of KL(pi_old || pi), ``[N, L]``.
+    """Per-token ``(r - 1) - log r``, ``r = pi / pi_old``: an estimate of KL(pi_old || pi),
+    ``[N, L]``.
 
     Unbiased and >= 0 on tokens sampled from pi_old (Schulman's k3 with the roles of the
     two policies as in PPO's "approx_kl" diagnostic); the log-ratio is clamped as in
@@ -172,7 +174,8 @@ def policy_loss(
 
 
 def sequence_log_ratio(logprobs: jax.Array, old_logprobs: jax.Array, mask: jax.Array) -> jax.Array:
-    """``(1 / |y_i|) sum_t m_it (log pi - log pi_old)`` per sequence, ``[N]`` (0 for a row without tokens).
+    """``(1 / |y_i|) sum_t m_it (log pi - log pi_old)`` per sequence, ``[N]`` (0 for a row without
+    tokens).
 
     logprobs, old_logprobs, mask: ``[N, L]``; ``|y_i| = sum_t m_it``. ``exp`` of it is
     GSPO's sequence importance ratio, the geometric mean of the token ratios.
@@ -315,7 +318,8 @@ def kl_loss(
 
 
 def entropy_bonus(entropy: jax.Array) -> jax.Array:
-    """Per-token loss ``-H`` ``[N, L]``: minimising it with a positive coefficient raises entropy."""
+    """Per-token loss ``-H`` ``[N, L]``: minimising it with a positive coefficient raises
+    entropy."""
     return -entropy
 
 

@@ -11,8 +11,8 @@ construction, so an unknown name or a bad value fails at once with an error nami
   :class:`TermOutput` ``(loss, metrics)`` that also carries the term's own metrics; the
   config's coefficients weight them and one aggregation mode reduces their sum to a
   :class:`~agentrl_jax.algorithms.aggregation.LossSum`. Each term trains either the
-  ``"policy"`` (``"policy_clip"``, ``"policy_clip_tis"``, ``"gspo_clip"``, ``"kl"``, ``"entropy"``) or the
-  ``"critic"`` (``"value_clip"``), which has its own optimizer.
+  ``"policy"`` (``"policy_clip"``, ``"policy_clip_tis"``, ``"gspo_clip"``, ``"kl"``, ``"entropy"``)
+  or the ``"critic"`` (``"value_clip"``), which has its own optimizer.
 
 Every estimator and term declares the inputs it reads (``required=``);
 :meth:`AlgorithmConfig.required_loss_inputs` and
@@ -247,7 +247,8 @@ def _resolve_params(where: str, specs: Mapping[str, Param], given) -> tuple[tupl
     unknown = sorted(set(given) - set(specs))
     if unknown:
         raise ValueError(
-            f"{where}: unknown parameter {unknown[0]!r}; known: {', '.join(sorted(specs)) or 'none'}"
+            f"{where}: unknown parameter {unknown[0]!r}; "
+            f"known: {', '.join(sorted(specs)) or 'none'}"
         )
     resolved = {}
     for key, spec in specs.items():
@@ -268,7 +269,8 @@ def _terms_of(target: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class LossTermConfig:
-    """One weighted loss term: ``coef * term(inputs, **params)``. ``params`` becomes sorted pairs."""
+    """One weighted loss term: ``coef * term(inputs, **params)``. ``params`` becomes sorted
+    pairs."""
 
     name: str
     coef: float = 1.0
@@ -281,7 +283,8 @@ class LossTermConfig:
             )
         if not (_is_real(self.coef) and self.coef >= 0):
             raise ValueError(
-                f"LossTermConfig(name={self.name!r}).coef: must be a finite number >= 0, got {self.coef!r}"
+                f"LossTermConfig(name={self.name!r}).coef: must be a finite number >= 0, "
+                f"got {self.coef!r}"
             )
         where = f"LossTermConfig(name={self.name!r}).params"
         object.__setattr__(
@@ -382,8 +385,8 @@ class AlgorithmConfig:
             )
         if estimator.uses_critic and not self.terms_for("critic"):
             raise ValueError(
-                f"AlgorithmConfig.loss_terms: advantage {self.advantage!r} uses a critic, so a critic "
-                f"term is needed (critic terms: {_terms_of('critic')})"
+                f"AlgorithmConfig.loss_terms: advantage {self.advantage!r} uses a critic, "
+                f"so a critic term is needed (critic terms: {_terms_of('critic')})"
             )
 
     @staticmethod
@@ -407,7 +410,8 @@ class AlgorithmConfig:
                     raise ValueError(f"AlgorithmConfig.loss_terms[{i}]: {e}") from None
             if not isinstance(term, LossTermConfig):
                 raise ValueError(
-                    f"AlgorithmConfig.loss_terms[{i}]: must be a LossTermConfig or mapping, got {term!r}"
+                    f"AlgorithmConfig.loss_terms[{i}]: must be a LossTermConfig or mapping, "
+                    f"got {term!r}"
                 )
             if term.name in seen:
                 raise ValueError(
@@ -438,7 +442,8 @@ class AlgorithmConfig:
         return ADVANTAGE_ESTIMATORS[self.advantage].uses_critic
 
     def required_loss_inputs(self, target: str) -> frozenset[str]:
-        """The :class:`LossInputs` fields that ``target``'s configured terms read (``loss_mask`` aside).
+        """The :class:`LossInputs` fields that ``target``'s configured terms read (``loss_mask``
+        aside).
 
         E.g. ``{"logprobs", "old_logprobs", "advantages", "ref_logprobs"}`` for the default
         GRPO; a trainer computes ``entropy`` or ``ref_logprobs`` iff they appear here.
@@ -449,7 +454,8 @@ class AlgorithmConfig:
 
     @property
     def required_advantage_inputs(self) -> frozenset[str]:
-        """The :class:`AdvantageInputs` fields the configured estimator reads (``loss_mask`` aside)."""
+        """The :class:`AdvantageInputs` fields the configured estimator reads (``loss_mask``
+        aside)."""
         return frozenset(ADVANTAGE_ESTIMATORS[self.advantage].required) - {"loss_mask"}
 
 
@@ -470,7 +476,8 @@ def compute_advantages(config: AlgorithmConfig, inputs: AdvantageInputs) -> Adva
 
 
 class LossResult(NamedTuple):
-    """What :func:`compute_loss_with_metrics` returns; every value is a ``LossSum`` (add over parts, then divide).
+    """What :func:`compute_loss_with_metrics` returns; every value is a ``LossSum`` (add over parts,
+    then divide).
 
     ``total``: the weighted loss to differentiate; ``parts[term]``: each term unweighted;
     ``metrics["term/metric"]``: each term's own metrics (:class:`TermOutput`).
@@ -499,8 +506,8 @@ def metric_sum(value: jax.Array, loss_mask: jax.Array) -> LossSum:
     if value.ndim == 0:
         return LossSum(value.astype(jnp.float32), jnp.ones((), jnp.float32))
     raise ValueError(
-        f"metric: expected shape {tuple(loss_mask.shape)}, {tuple(loss_mask.shape[:1])} or a scalar, "
-        f"got {tuple(value.shape)}"
+        f"metric: expected shape {tuple(loss_mask.shape)}, {tuple(loss_mask.shape[:1])} "
+        f"or a scalar, got {tuple(value.shape)}"
     )
 
 
@@ -535,7 +542,8 @@ def _term_output(term: LossTerm, out, loss_mask: jax.Array) -> tuple[jax.Array, 
 def compute_loss_with_metrics(
     config: AlgorithmConfig, inputs: LossInputs, target: str = "policy"
 ) -> LossResult:
-    """The weighted sum of ``target``'s terms, aggregated once, each term unweighted, and their metrics.
+    """The weighted sum of ``target``'s terms, aggregated once, each term unweighted, and their
+    metrics.
 
     Returns a :class:`LossResult` ``(total, parts, metrics)``: ``total`` is the
     :class:`LossSum` of ``sum_k coef_k * loss_k`` (per token) to differentiate;
@@ -610,14 +618,16 @@ def _grpo(inputs: AdvantageInputs, *, eps, ddof, scale_by_std) -> AdvantageOutpu
 
 @register_advantage("dr_grpo", required=("rewards", "group_ids"))
 def _dr_grpo(inputs: AdvantageInputs) -> AdvantageOutput:
-    """Dr. GRPO: ``A_i = R_i - mean_g R`` (no std), :func:`~agentrl_jax.algorithms.advantages.dr_grpo_advantages`."""
+    """Dr. GRPO: ``A_i = R_i - mean_g R`` (no std),
+    :func:`~agentrl_jax.algorithms.advantages.dr_grpo_advantages`."""
     a = adv.dr_grpo_advantages(inputs.rewards, inputs.group_ids, inputs.traj_mask)
     return AdvantageOutput(adv.broadcast_trajectories_to_tokens(a, inputs.loss_mask), None)
 
 
 @register_advantage("rloo", required=("rewards", "group_ids"))
 def _rloo(inputs: AdvantageInputs) -> AdvantageOutput:
-    """RLOO: ``A_i = R_i - mean_{j != i} R_j``, :func:`~agentrl_jax.algorithms.advantages.rloo_advantages`."""
+    """RLOO: ``A_i = R_i - mean_{j != i} R_j``,
+    :func:`~agentrl_jax.algorithms.advantages.rloo_advantages`."""
     a = adv.rloo_advantages(inputs.rewards, inputs.group_ids, inputs.traj_mask)
     return AdvantageOutput(adv.broadcast_trajectories_to_tokens(a, inputs.loss_mask), None)
 
@@ -692,7 +702,8 @@ _CLIP_LOW = "a number in [0, 1)"
     },
 )
 def _policy_clip(inputs: LossInputs, *, clip_low, clip_high, dual_clip) -> TermOutput:
-    """PPO clip (:func:`~agentrl_jax.algorithms.losses.clipped_surrogate`); DAPO clip-higher with clip_high > clip_low.
+    """PPO clip (:func:`~agentrl_jax.algorithms.losses.clipped_surrogate`); DAPO clip-higher with
+    clip_high > clip_low.
 
     Metrics: ``clip_fraction`` (share of loss tokens whose gradient the clip zeroes) and
     ``approx_kl`` (token mean of ``(r - 1) - log r``).
@@ -750,7 +761,8 @@ def _policy_clip_tis(inputs: LossInputs, *, clip_low, clip_high, dual_clip, cap)
     },
 )
 def _gspo_clip(inputs: LossInputs, *, clip_low, clip_high) -> TermOutput:
-    """GSPO (:func:`~agentrl_jax.algorithms.losses.gspo_surrogate`): sequence-level ratio, clipped per sequence.
+    """GSPO (:func:`~agentrl_jax.algorithms.losses.gspo_surrogate`): sequence-level ratio, clipped
+    per sequence.
 
     Metrics: ``clip_fraction`` (share of loss tokens whose gradient the clip zeroes: all the
     tokens of a clipped sequence), ``seq_clip_fraction`` (share of sequences with a clipped

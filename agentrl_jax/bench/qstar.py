@@ -6,8 +6,8 @@ Baselines, measured in the same run on the same maps and producing the same
 
 - per-map NumPy: a Python loop over maps, each doing the textbook backward induction
   over h with NumPy (gather the next cells' values, weight the slips, max over actions);
-- batched NumPy: all maps at once, one ``[maps, S] @ [S, 4 S]`` product per step with
-  the same map-independent move kernel ours uses (built here in NumPy) (the fastest NumPy form we found, so
+- batched NumPy: all maps at once, one ``[maps, S] @ [S, 4 S]`` product per step with the same
+  map-independent move kernel ours uses (built here in NumPy) (the fastest NumPy form we found, so
   the comparison is JAX vs NumPy on one algorithm, not two algorithms).
 
 Maps are gymnasium's ``generate_random_map(size, p=0.8, seed=seed + i)``. Before timing,

@@ -11,8 +11,8 @@ Where, in order: ``--compile-cache PATH`` (``off``: none); else ``JAX_COMPILATIO
 when set (a user's or the tests' own cache, left as it is); else
 ``$XDG_CACHE_HOME/agentrl-jax/xla`` (``~/.cache/agentrl-jax/xla``). Programs that took at
 least :data:`MIN_COMPILE_SECONDS` to compile are kept; the folder is held to
-:data:`MAX_BYTES` (least recently used entries go first). A ``--compile-cache`` folder that cannot be written
-is a one-line error when the command starts; a default one that cannot is skipped.
+:data:`MAX_BYTES` (least recently used entries go first). A ``--compile-cache`` folder that cannot
+be written is a one-line error when the command starts; a default one that cannot is skipped.
 """
 
 from __future__ import annotations

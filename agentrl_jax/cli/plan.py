@@ -1,7 +1,9 @@
-"""``agentrl-jax plan``: does a config fit a target? Compiled, not guessed (:mod:`agentrl_jax.plan`).
+"""``agentrl-jax plan``: does a config fit a target? Compiled, not guessed
+(:mod:`agentrl_jax.plan`).
 
     agentrl-jax plan --config configs/frozenlake_qwen3_4b_tpu.yaml --topology v5p:2x2x2
-    agentrl-jax plan --config configs/frozenlake_qwen3_8b_gpu.yaml --gpus 8 --gpu-memory-gib 80 --json
+    agentrl-jax plan --config configs/frozenlake_qwen3_8b_gpu.yaml --gpus 8 \\
+        --gpu-memory-gib 80 --json
 
 No accelerator and no weights are needed. TPU targets need libtpu (``pip install -e ".[tpu]"``);
 GPU targets are estimated with a stand-in compiler: ``--gpu-stand-in tpu`` compiles for TPU v5p

@@ -5,7 +5,8 @@
     agentrl-jax reproduce frozenlake --config configs/frozenlake_qwen3_4b_gpu.yaml --out runs/4b
     agentrl-jax reproduce frozenlake --set rl.steps=10 --set eval.samples=4
     agentrl-jax reproduce frozenlake --seeds 0 --seeds 7 --seeds 13      # each finding at 3 seeds
-    agentrl-jax reproduce frozenlake --set rl.runs=[gigpo,dapo] --set rl.epochs=2 --set rl.mini_batches=4
+    agentrl-jax reproduce frozenlake --set rl.runs=[gigpo,dapo] --set rl.epochs=2 \\
+        --set rl.mini_batches=4
     agentrl-jax reproduce frozenlake --plugin my_loss.py --set 'rl.runs=[{name: mine, algorithm:
         {loss_terms: [policy_clip, {name: my_term, coef: 0.01}]}}]'
 
@@ -171,10 +172,11 @@ def _reproduce(env, config, out, set_, fresh, progress, until, seeds, plugin) ->
             f"--config {config} sets task.env: {settings[0].task.env}, but "
             f"this command reproduces {env}"
         )
-    for (seed, folder, overrides), setting in zip(runs, settings):
+    for (_seed, folder, overrides), setting in zip(runs, settings):
         shown = f" with --set {', '.join(overrides)}" if overrides else ""
         typer.echo(
-            f"Reproducing {envs.entry(env).label} into {folder} (config: {config or 'built-in default'}"
+            f"Reproducing {envs.entry(env).label} into {folder} "
+            f"(config: {config or 'built-in default'}"
             f"{shown})"
         )
         try:

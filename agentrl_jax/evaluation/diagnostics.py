@@ -272,8 +272,8 @@ def error_state_analysis(
 
 
 def quality_by_depth(result: StepQuality, t_max: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """``(depth [S], {label: [S]})`` for :mod:`~agentrl_jax.evaluation.analyses.depth`: each policy's
-    per-state quality and the difference ``RL - base`` against ``d_t = t / T_max``."""
+    """``(depth [S], {label: [S]})`` for :mod:`~agentrl_jax.evaluation.analyses.depth`: each
+    policy's per-state quality and the difference ``RL - base`` against ``d_t = t / T_max``."""
     base, rl = result.names
     depth = stats.normalised_depth(result.pool.turn, t_max)
     q = result.quality

@@ -306,7 +306,7 @@ def _flash_forward(q, k, v, limit, valid, bq, bk):
             k_blk, v_blk, valid_blk, k_start = ys
 
             def update(carry):
-                m, l, acc = carry
+                m, denom, acc = carry
                 scores, visible = _block_scores(q_blk, k_blk, limit_blk, valid_blk, k_start)
                 m_new = jnp.maximum(m, scores.max(-1))
                 p = jnp.where(visible, jnp.exp(scores - m_new[..., None]), 0.0)
@@ -317,15 +317,15 @@ def _flash_forward(q, k, v, limit, valid, bq, bk):
                     v_blk,
                     preferred_element_type=jnp.float32,
                 )
-                return m_new, l * rescale + p.sum(-1), acc * rescale[..., None] + pv
+                return m_new, denom * rescale + p.sum(-1), acc * rescale[..., None] + pv
 
             touched = _pair_visible(limit_blk, valid_blk, k_start)
             return lax.cond(touched, update, lambda c: c, carry), None
 
-        (m, l, acc), _ = lax.scan(key_block, init, (k_blocks, v_blocks, valid_blocks, k_starts))
-        seen = l > 0
-        out = acc / jnp.where(seen, l, 1.0)[..., None]
-        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+        (m, denom, acc), _ = lax.scan(key_block, init, (k_blocks, v_blocks, valid_blocks, k_starts))
+        seen = denom > 0
+        out = acc / jnp.where(seen, denom, 1.0)[..., None]
+        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, denom, 1.0)), 0.0)
         return None, (out.astype(v.dtype), lse)
 
     _, (out, lse) = lax.scan(query_block, None, (q_blocks, limit_blocks))

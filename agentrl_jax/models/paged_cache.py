@@ -141,7 +141,8 @@ def allocate(cache: PagedKVCache, new_lengths: jax.Array) -> tuple[PagedKVCache,
     Returns ``(cache, ok [B] bool)``. Rows take free pages in row order, lowest page first; a
     row whose pages do not fit in what is left (or whose ``new_lengths`` exceeds ``max_len``)
     gets none and ``ok`` False, and so does every later row that needs a page (the pool is
-    then as good as full); a row that needs no new page is always ok. ``lengths`` is not changed (the write that follows sets it).
+    then as good as full); a row that needs no new page is always ok. ``lengths`` is not changed
+    (the write that follows sets it).
     """
     size, num_pages, per_row = cache.page_size, cache.num_pages, cache.pages_per_row
     held = _held(cache)

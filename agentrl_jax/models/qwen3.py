@@ -54,9 +54,9 @@ nnx.merge(graphdef, state)(*a))``. Layers are stacked along a leading axis and r
 ``hidden_states(..., remat=...)`` per call) names what each layer keeps for the backward pass
 (:data:`REMAT_POLICIES`: ``"none"``, ``"full"``, ``"dots"``, ``"offload"``; ``True`` is
 ``"full"``), and ``constrain`` is applied to the residual stream at every layer boundary (the
-train step passes a sharding constraint, rows over the batch axes). A frozen reference policy is a kept copy of the parameters,
-``jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))`` (a real copy, in case a training step
-donates the live buffers), used through ``nnx.merge(graphdef, reference)``.
+train step passes a sharding constraint, rows over the batch axes). A frozen reference policy is a
+kept copy of the parameters, ``jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))`` (a real copy,
+in case a training step donates the live buffers), used through ``nnx.merge(graphdef, reference)``.
 """
 
 from __future__ import annotations

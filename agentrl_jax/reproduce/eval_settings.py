@@ -117,9 +117,8 @@ class EvalSettings:
     attention: str = (
         "xla"  # memory: the likelihood forward's attention ("blocked": no [L, L] scores)
     )
-    kv_page_size: int | None = (
-        KV_PAGE_SIZE  # rollouts on the paged KV cache, pages of that many tokens (null: the static cache)
-    )
+    # rollouts on the paged KV cache, pages of that many tokens (null: the static cache)
+    kv_page_size: int | None = KV_PAGE_SIZE
     seed: int = 0
 
     def __post_init__(self):

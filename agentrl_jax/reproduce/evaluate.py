@@ -13,7 +13,8 @@ named policies, the first being the base: the reproduction pipeline calls
 * ``steps``: step quality on matched states and against depth (§7.1, §7.3), base vs each
   other policy; a pair's pool is half base-visited, half other-visited states.
 * ``errors``: step quality at injected error states and continuation success (§7.2), pairwise,
-  and the error-recovery suite's table of every policy (:mod:`~agentrl_jax.evaluation.analyses.error_recovery`).
+  and the error-recovery suite's table of every policy
+  (:mod:`~agentrl_jax.evaluation.analyses.error_recovery`).
   Both score states with what the environment's study supplies
   (:mod:`agentrl_jax.evaluation.state_diagnostics`: FrozenLake's Q*, DeepCoder-MT's test pass
   share), and name the quality, the injected error and the suite as it says.
@@ -364,7 +365,8 @@ def _steps(run: _Run) -> list[Section]:
                     ),
                     name=f"quality_vs_depth_{name}",
                 ),
-                f"{run.states.quality_name.capitalize()} vs normalised depth: {other} vs {run.base}",
+                f"{run.states.quality_name.capitalize()} vs normalised depth: "
+                f"{other} vs {run.base}",
             )
         )
     raw = run.write_raw(

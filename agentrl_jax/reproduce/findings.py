@@ -611,7 +611,8 @@ def write_findings(
         "weakest effect's verdict; BudgetMix keeping R_single is tested against a fall as "
         "large as full-budget RL's; not measured: the analysis was not run. Differences are paired "
         "per task (Pass@k) or per state (continuation); training changes compare the means "
-        "of the first and last tenth of the logged steps. A small model on a few tasks can miss effects "
+        "of the first and last tenth of the logged steps. A small model on a few tasks can miss "
+        "effects "
         "the paper measured at scale: a verdict describes this run only."
     )
     return Section(

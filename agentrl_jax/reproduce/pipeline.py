@@ -3,16 +3,18 @@
 Phases, in order (each writes only under ``out/``)::
 
     setup           models/init/            a random Qwen3 + small tokenizer (or a local Qwen3)
-    demos           warm_start/demos.npz    the study's demonstrations with mistakes, in the real rollout
+    demos           warm_start/demos.npz    the study's demonstrations with mistakes, in the real
+                                            rollout
     warm_start      models/base/            behaviour cloning -> the base policy
     train:<run>     runs/<run>/, models/<run>/   each RL run (checkpoints, metrics.jsonl)
     eval:<analysis> raw/, figures, sections/     Table 1, Pass@K, diagnostics, dynamics
     report          report.md, findings.json
 
-The folder's files are :mod:`.folder`'s: ``out/phases.json`` records each finished phase (seconds, outputs); a rerun skips them, and an
-unfinished training phase resumes from its newest Orbax checkpoint. ``out/config.yaml`` is
-the exact config; rerunning on a folder made with a different config is refused (start afresh
-with ``fresh=True`` or another folder) so a report never mixes settings.
+The folder's files are :mod:`.folder`'s: ``out/phases.json`` records each finished phase (seconds,
+outputs); a rerun skips them, and an unfinished training phase resumes from its newest Orbax
+checkpoint. ``out/config.yaml`` is the exact config; rerunning on a folder made with a different
+config is refused (start afresh with ``fresh=True`` or another folder) so a report never mixes
+settings.
 
 Several processes (:mod:`agentrl_jax.distributed`; ``OUT`` on a file system they all see)
 run the same phases in step: the RL runs train on the global mesh with each process's
@@ -550,8 +552,13 @@ class Reproduction:
     def header_markdown(self) -> str:
         c, done = self.config, self.phases.done
         seconds = sum(p["seconds"] for p in done.values())
+        base = (
+            "a random-init Qwen3 warm-started on " + self.study.demonstrations + " with mistakes"
+            if c.warm_start.enabled
+            else c.model.model_dir
+        )
         lines = [
-            f"Policies: base = {'a random-init Qwen3 warm-started on ' + self.study.demonstrations + ' with mistakes' if c.warm_start.enabled else c.model.model_dir}; "
+            f"Policies: base = {base}; "
             + "; ".join(f"{r.label} = {r.name} ({c.rl.steps} updates)" for r in self.runs)
             + ".",
             "Tasks: "

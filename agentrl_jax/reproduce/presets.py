@@ -3,7 +3,8 @@
 ``rl.runs`` lists runs. Each is a preset name of :data:`RUN_PRESETS`, or a mapping::
 
     {name: gigpo-dapo,            # required: the run's folder (runs/<name>, models/<name>)
-     preset: gigpo,               # optional: start from this preset (default: ``name``, if it is one)
+     preset: gigpo,               # optional: start from this preset (default: ``name``, if it
+                                  # is one)
      label: "GiGPO, DAPO clip",   # optional: the run in tables (default: the preset's, else name)
      budget_mix: false,           # optional: BudgetMix budgets (default: the preset's, else false)
      algorithm: {...}}            # optional: AlgorithmConfig fields over the preset's
@@ -19,7 +20,8 @@ registered from a ``--plugin`` module) can be named, e.g. GiGPO advantages with 
 asymmetric clip::
 
     --set 'rl.runs=[{name: gigpo-dapo, preset: gigpo, algorithm: {loss_terms:
-           [{name: policy_clip, params: {clip_low: 0.2, clip_high: 0.28}}, {name: kl, coef: 0.001}]}}]'
+           [{name: policy_clip, params: {clip_low: 0.2, clip_high: 0.28}},
+            {name: kl, coef: 0.001}]}}]'
 
 A preset is a :class:`RunPreset`: a label, an algorithm (a function of the ``rl`` settings,
 so the shared hyper-parameters ``rl.clip_low``, ``rl.kl_coef``, ``rl.gigpo_gamma``, ... reach
@@ -137,7 +139,8 @@ def rloo_algorithm(rl: Any) -> dict[str, Any]:
 
 
 def gspo_algorithm(rl: Any) -> dict[str, Any]:
-    """GSPO (Zheng et al. 2025): GRPO advantages, sequence-level clipped ratio (its default clips)."""
+    """GSPO (Zheng et al. 2025): GRPO advantages, sequence-level clipped ratio (its default
+    clips)."""
     return {"advantage": "grpo", "loss_terms": [{"name": "gspo_clip"}]}
 
 
@@ -283,7 +286,8 @@ def resolve_run(where: str, entry: Any, rl: Any) -> RunSettings:
         not isinstance(preset_name, str) or preset_name not in RUN_PRESETS
     ):
         raise ConfigError(
-            f"{where}.preset: must be one of {', '.join(RUN_PRESETS)}, got {short_repr(preset_name)}"
+            f"{where}.preset: must be one of {', '.join(RUN_PRESETS)}, "
+            f"got {short_repr(preset_name)}"
         )
     preset = RUN_PRESETS.get(preset_name)
     label = fields.get("label", preset.label if preset else name)

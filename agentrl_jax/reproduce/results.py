@@ -61,7 +61,8 @@ def load_raw(path_or_out: str | Path, analysis: str) -> dict[str, Any] | None:
 
 
 def slug(name: str) -> str:
-    """A file-name-safe form of a policy or run name: ``"BudgetMix GRPO"`` -> ``"budgetmix_grpo"``."""
+    """A file-name-safe form of a policy or run name: ``"BudgetMix GRPO"`` ->
+    ``"budgetmix_grpo"``."""
     text = re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
     if not text:
         raise ValueError(f"policy name {name!r} has no letter or digit to name its files by")

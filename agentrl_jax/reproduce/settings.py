@@ -234,9 +234,10 @@ class RLSettings:
     """The RL runs, all from the same base with the same number of updates and rollouts.
 
     ``runs`` lists the runs: names of presets (:data:`~agentrl_jax.reproduce.presets.RUN_PRESETS`:
-    ``grpo``, ``budgetmix``, ``budgetmix-adaptive``, ``gigpo``, ``gigpo-budgetmix``, ``ppo``, ``ppo-budgetmix``, ``dapo``,
-    ``dr-grpo``, ...) or mappings ``{name, preset, label, budget_mix, algorithm}`` composing any registered
-    advantage estimator and loss terms (:mod:`agentrl_jax.reproduce.presets`). ``algorithm``
+    ``grpo``, ``budgetmix``, ``budgetmix-adaptive``, ``gigpo``, ``gigpo-budgetmix``, ``ppo``,
+    ``ppo-budgetmix``, ``dapo``, ``dr-grpo``, ...) or mappings
+    ``{name, preset, label, budget_mix, algorithm}`` composing any registered advantage estimator
+    and loss terms (:mod:`agentrl_jax.reproduce.presets`). ``algorithm``
     holds :class:`~agentrl_jax.algorithms.AlgorithmConfig` fields applied to every run over its
     preset's (e.g. ``--set rl.algorithm.aggregation=seq-mean-token-mean``). Full-budget runs
     play every group at ``T_max``; BudgetMix runs draw one budget per task group from
@@ -280,8 +281,8 @@ class RLSettings:
     Live metrics (``metrics.jsonl`` in each run's folder is the record of truth, always
     written): ``tensorboard`` writes every step's metrics as TensorBoard scalars to
     ``runs/<run>/tensorboard`` (``auto``: when ``tensorboardX`` or ``tensorboard`` is installed,
-    the ``tensorboard`` extra; ``true``: required; ``false``: never); ``wandb_project`` also logs them to
-    Weights & Biases in that project (needs the ``wandb`` package; null: not).
+    the ``tensorboard`` extra; ``true``: required; ``false``: never); ``wandb_project`` also logs
+    them to Weights & Biases in that project (needs the ``wandb`` package; null: not).
 
     Update memory (:class:`~agentrl_jax.train.TrainConfig`'s fields of the same names; none
     changes the numbers): ``remat`` (null: none, or ``full``, ``dots``, ``offload``: what

@@ -12,7 +12,8 @@ terms, :mod:`agentrl_jax.reproduce.presets`); nothing here is keyed on an algori
   anchor on ``(s_t, B - t)`` when their estimator reads anchor states (GiGPO).
 
 R_multi (success) and R_single (mean step quality from the environment study's scorer:
-FrozenLake's Q*, gamma 0.95) are logged every step (§7.5). Everything a run needs to continue is in its Orbax checkpoints (:mod:`agentrl_jax.train`).
+FrozenLake's Q*, gamma 0.95) are logged every step (§7.5). Everything a run needs to continue is in
+its Orbax checkpoints (:mod:`agentrl_jax.train`).
 
 The rollout's memory settings (``rl.kv_cache_dtype``, ``rl.max_rows_per_call``,
 ``rl.prefill_chunk``, ``rl.generation_layout``) go to the :class:`SamplerPolicy` and the

@@ -1,4 +1,5 @@
-"""Sampling: logit filters, and a jitted multi-turn sampler over a static-shape or paged KV cache."""
+"""Sampling: logit filters, and a jitted multi-turn sampler over a static-shape or paged KV
+cache."""
 
 from agentrl_jax.sampling.filters import (
     SamplingConfig,

@@ -335,7 +335,8 @@ def scoring_logits(logits: jax.Array, targets: jax.Array, config: SamplingConfig
     """
     if config.greedy:
         raise ValueError(
-            "scoring_logits: greedy decoding (temperature 0) has no sampling distribution to score under"
+            "scoring_logits: greedy decoding (temperature 0) has no sampling distribution "
+            "to score under"
         )
     scaled = scaled_logits(logits, config)
     if not config.truncated:

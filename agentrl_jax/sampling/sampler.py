@@ -600,12 +600,12 @@ class Sampler:
     Without: everything is committed to ``device`` (default ``jax.local_devices()[0]``; put
     ``params`` there too, :func:`generation_params`). ``prefill_chunk``: appends wider than it
     run in chunks of that width (:func:`append_in_chunks`; None: never).
-    ``paging``: states from :meth:`init` hold a paged KV cache (:class:`Paging`; on a mesh
-    per batch shard, see the module docstring): attention reads only the pages rows use, and :meth:`release` returns a finished
-    row's pages to the pool. ``trace_counts`` counts traces per function, for tests and logs (a trace is a compilation
-    as long as the placement of the inputs stays the same). ``unroll_layers`` (default: on
-    CPU only) decodes with unrolled layers from per-layer copies of the weights made once per
-    decode call (:meth:`Qwen3ForCausalLM.split_layers`).
+    ``paging``: states from :meth:`init` hold a paged KV cache (:class:`Paging`; on a mesh per batch
+    shard, see the module docstring): attention reads only the pages rows use, and :meth:`release`
+    returns a finished row's pages to the pool. ``trace_counts`` counts traces per function, for
+    tests and logs (a trace is a compilation as long as the placement of the inputs stays the same).
+    ``unroll_layers`` (default: on CPU only) decodes with unrolled layers from per-layer copies of
+    the weights made once per decode call (:meth:`Qwen3ForCausalLM.split_layers`).
     """
 
     def __init__(

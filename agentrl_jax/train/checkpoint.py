@@ -190,7 +190,8 @@ class Checkpointer:
                 )
                 self._set_aside(path)
                 # Orbax leaves the failed restore's pending read coroutines behind; collect them
-                # now, so Python's "exception ignored" reports come here, not at a random later time.
+                # now, so Python's "exception ignored" reports come here, not at a random later
+                # time.
                 gc.collect()
                 continue
             return Restored(restored.state, step, path, dict(restored.config), tuple(skipped))

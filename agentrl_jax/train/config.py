@@ -125,7 +125,8 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.algorithm: {e}") from None
         if not isinstance(self.algorithm, AlgorithmConfig):
             raise ValueError(
-                f"TrainConfig.algorithm: must be an AlgorithmConfig or mapping, got {self.algorithm!r}"
+                f"TrainConfig.algorithm: must be an AlgorithmConfig or mapping, "
+                f"got {self.algorithm!r}"
             )
         validate("TrainConfig", self, _CHECKS)
         if self.max_response_length is None:
@@ -164,7 +165,8 @@ class TrainConfig:
 
     @property
     def uses_critic(self) -> bool:
-        """Whether the step trains a critic: the estimator uses one or a critic term is configured."""
+        """Whether the step trains a critic: the estimator uses one or a critic term is
+        configured."""
         return step_inputs(self.algorithm).critic_model
 
     @property

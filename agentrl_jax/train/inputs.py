@@ -133,11 +133,13 @@ def check_inputs(algorithm: AlgorithmConfig) -> None:
     for field in sorted(inputs.advantage):
         if field not in ADVANTAGE_INPUTS:
             raise ValueError(
-                f"advantage: estimator {estimator.name!r} needs {AdvantageInputs.__name__}.{field}, "
+                f"advantage: estimator {estimator.name!r} "
+                f"needs {AdvantageInputs.__name__}.{field}, "
                 "which the train step does not compute"
             )
         if field in CRITIC_ADVANTAGE_INPUTS and not inputs.critic_model:
             raise ValueError(
-                f"advantage: estimator {estimator.name!r} needs {AdvantageInputs.__name__}.{field}, "
+                f"advantage: estimator {estimator.name!r} "
+                f"needs {AdvantageInputs.__name__}.{field}, "
                 "which needs a critic: register the estimator with uses_critic=True"
             )

@@ -25,9 +25,10 @@ batch of the step, §7.5),
 ``R_single`` (mean step quality from the quality scorer: Q* on FrozenLake), mean turns,
 the policy's entropy estimate (``entropy_estimate``, see :func:`rollout_metrics`),
 rollout/scoring/update seconds, sampled tokens and played turns per rollout second
-(``rollout_tokens_per_s``, ``rollout_turns_per_s``), trained tokens per second, and with dynamic sampling
-``dynamic_sampling/{rollout_batches,kept_groups,dropped_groups,filler_rows}``. A skipped (non-finite) update is logged
-(``update_skipped`` counts them per step, and a line on the progress bar) and the run continues.
+(``rollout_tokens_per_s``, ``rollout_turns_per_s``), trained tokens per second, and with dynamic
+sampling ``dynamic_sampling/{rollout_batches,kept_groups,dropped_groups,filler_rows}``. A skipped
+(non-finite) update is logged (``update_skipped`` counts them per step, and a line on the progress
+bar) and the run continues.
 
 Everything here is a side effect at the edge; the pure pieces are the rollout, the scorers
 and the train step.
@@ -341,8 +342,9 @@ def train(
             step = int(state.step)
             if metrics["update_skipped"]:
                 bar.write(
-                    f"step {step}: non-finite loss or gradient, {int(metrics['update_skipped'])} of "
-                    f"{config.updates_per_batch} updates skipped ({int(metrics['skipped_updates'])} so far)",
+                    f"step {step}: non-finite loss or gradient, "
+                    f"{int(metrics['update_skipped'])} of {config.updates_per_batch} "
+                    f"updates skipped ({int(metrics['skipped_updates'])} so far)",
                     file=sys.stderr,
                 )
             if logger is not None:

@@ -295,7 +295,8 @@ def check_full_history(trajectory: Trajectory) -> None:
     if windowed.any():
         row, turn = (int(i[0]) for i in np.nonzero(windowed))
         raise ValueError(
-            f"Trajectory.context_start: {int(windowed.sum())} turns were sampled from a windowed history "
+            f"Trajectory.context_start: {int(windowed.sum())} turns were sampled from a "
+            f"windowed history "
             f"(first: row {row}, turn {turn}); the train step scores each response with the whole "
             "conversation as its context, so it needs rollouts with the whole history kept "
             "(history_window=None)"
@@ -510,7 +511,8 @@ def update_rows(key: jax.Array, rows: int, epochs: int, mini_batches: int) -> ja
 
 
 def select_rows(data: Any, rows: jax.Array, mesh: Mesh | None = None) -> Any:
-    """``data``'s ``[N, ...]`` leaves at ``rows`` (a mini-batch), rows over the mesh's batch axes."""
+    """``data``'s ``[N, ...]`` leaves at ``rows`` (a mini-batch), rows over the mesh's batch
+    axes."""
     constrain = activation_constraint(mesh) or _same
     return jax.tree.map(lambda x: constrain(jnp.take(x, rows, axis=0)), data)
 
@@ -535,7 +537,8 @@ def ratio_sums(logprobs: jax.Array, old_logprobs: jax.Array, mask: jax.Array) ->
 def explained_variance_sums(
     values: jax.Array, returns: jax.Array, mask: jax.Array
 ) -> dict[str, jax.Array]:
-    """Sums over ``mask`` from which :func:`explained_variance` follows (add them over micro-batches)."""
+    """Sums over ``mask`` from which :func:`explained_variance` follows (add them over
+    micro-batches)."""
     w = mask.astype(jnp.float32)
     residual = returns - values
     return {
@@ -582,7 +585,8 @@ def policy_gradients(
     *,
     first_update: bool | jax.Array = False,
 ) -> tuple[Any, dict[str, jax.Array]]:
-    """Mean gradient of the policy loss over ``data`` (one update's rows) at ``params``, and metrics.
+    """Mean gradient of the policy loss over ``data`` (one update's rows) at ``params``, and
+    metrics.
 
     ``data``: rows of :func:`prepare_batch`'s data. Gradients are accumulated over
     ``num_micro_batches`` micro-batches of unreduced sums and divided once by the global
@@ -904,7 +908,8 @@ def make_train_step(
     rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
     donate: bool = False,
 ) -> JittedTrainStep:
-    """The jitted :func:`train_step` for one model structure and config (a :class:`JittedTrainStep`).
+    """The jitted :func:`train_step` for one model structure and config (a
+    :class:`JittedTrainStep`).
 
     With ``mesh`` (and a ``state_template``, arrays or ShapeDtypeStructs, for the layout),
     the state keeps :func:`~agentrl_jax.train.state.state_shardings` in and out, batch

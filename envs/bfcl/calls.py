@@ -162,8 +162,8 @@ def _unfence(text: str) -> str | None:
 def _drop_thinking(response: str) -> str | None:
     """The text after the last ``</think>``; None if a ``<think>`` is still open there."""
     last_close = None
-    for last_close in _THINK_CLOSE.finditer(response):
-        pass
+    for match in _THINK_CLOSE.finditer(response):
+        last_close = match
     answer = response[last_close.end() :] if last_close is not None else response
     return None if _THINK_OPEN.search(answer) else answer
 

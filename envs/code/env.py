@@ -55,8 +55,8 @@ def parse_program(response: str) -> tuple[str | None, str]:
     """
     response = response.replace("\r\n", "\n")
     last_close = None
-    for last_close in _THINK_CLOSE.finditer(response):
-        pass
+    for match in _THINK_CLOSE.finditer(response):
+        last_close = match
     text = response[last_close.end() :] if last_close is not None else response
     still_thinking = _THINK_OPEN.search(text)
     if still_thinking:

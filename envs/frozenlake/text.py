@@ -65,7 +65,8 @@ _ACTION_OF_WORD = {name.lower(): code for code, name in enumerate(grid.ACTION_NA
 
 
 def render(tiles, pos) -> str:
-    """The grid as text (symbols in the module docstring). ``tiles``: int[n, n]; ``pos``: flat cell."""
+    """The grid as text (symbols in the module docstring). ``tiles``: int[n, n]; ``pos``: flat
+    cell."""
     tiles = np.asarray(tiles)
     if tiles.ndim != 2 or tiles.shape[0] != tiles.shape[1]:
         raise ValueError(f"render: tiles must be a square [n, n] map, got shape {tiles.shape}")
@@ -101,8 +102,8 @@ def parse_grid(text: str) -> tuple[np.ndarray, int]:
 
 def _last_match(pattern: re.Pattern, text: str):
     last = None
-    for last in pattern.finditer(text):
-        pass
+    for match in pattern.finditer(text):
+        last = match
     return last
 
 

@@ -73,8 +73,8 @@ Action = Execute | Submit | Invalid
 def strip_thinking(text: str) -> str:
     """``text`` without its thinking (rule 1 of the module docstring)."""
     last_close = None
-    for last_close in _THINK_CLOSE.finditer(text):
-        pass
+    for match in _THINK_CLOSE.finditer(text):
+        last_close = match
     if last_close is not None:
         text = text[last_close.end() :]
     still_open = _THINK_OPEN.search(text)

@@ -27,8 +27,8 @@ class SqlStudy(Study):
     demonstrations = "gold-query demonstrations"
     paper_figures = {
         "texts": {  # PAPER.md gives no InterCode-SQL figure for these
-            "lead_grows": "no InterCode-SQL figure; FrozenLake 4B at 25%: GRPO 28.7% vs base 30.3%; "
-            "the lead grows with T (§9)",
+            "lead_grows": "no InterCode-SQL figure; FrozenLake 4B at 25%: "
+            "GRPO 28.7% vs base 30.3%; the lead grows with T (§9)",
             "full_budget_dynamics": "no InterCode-SQL figure; FrozenLake R_multi +0.568, "
             "R_single -0.091 (§7.5)",
         }

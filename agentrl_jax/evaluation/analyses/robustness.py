@@ -72,7 +72,8 @@ def robustness_from_counts(
 
 @result
 class Robustness(Result):
-    """``scores``: ``{policy: MeanCI}`` of :func:`robustness_score` at pass@``k`` over ``budgets``."""
+    """``scores``: ``{policy: MeanCI}`` of :func:`robustness_score` at pass@``k`` over
+    ``budgets``."""
 
     k: int
     budgets: tuple[int, ...]
