@@ -226,7 +226,7 @@ def test_the_readme_guide_registers_an_environment_that_plays(tmp_path):
 
     from agentrl_jax.plugins import load_plugin
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
     section = readme.split("## Add your own environment", 1)[1].split("\n## ", 1)[0]
     source = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     (tmp_path / "my_env.py").write_text(source)

@@ -552,7 +552,7 @@ def test_readme_table1_is_the_stored_default_runs():
             (ROOT / "notebooks/results_cpu_default/table1.csv").read_text().splitlines()
         )
     }
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "reproduction.md").read_text()
     table = readme[readme.index("| Pass@8 (%) | 25% (T=3)") :].split("\n\n")[0].splitlines()
     levels = ["25% (T=3)", "50% (T=6)", "75% (T=9)", "100% (T=12)"]
     assert table[0] == "| Pass@8 (%) | " + " | ".join(levels) + " |"
@@ -580,7 +580,7 @@ def test_readme_table1_of_the_larger_config_is_its_stored_runs():
             (ROOT / "notebooks/results_cpu_large/table1.csv").read_text().splitlines()
         )
     }
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "reproduction.md").read_text()
     levels = ["25% (T=17)", "50% (T=35)", "75% (T=52)", "100% (T=70)"]
     table = readme[readme.index("| Pass@8 (%) | 25% (T=17)") :].split("\n\n")[0].splitlines()
     assert table[0] == "| Pass@8 (%) | " + " | ".join(levels) + " |"
