@@ -6,10 +6,8 @@ A *step scorer* is any callable ``scorer(trajectory, tasks) -> StepScores`` (the
 real turn, ``[N, T]`` float32 with a mask. The trainer never looks inside a scorer, so an
 oracle, a learned judge, or a user's function plug in the same way:
 
-* :class:`FrozenLakeQStar`: the oracle. The score of turn ``t`` is the exact optimal
-  ``Q*(s_t, a_t)`` with ``B - t`` moves left (finite-horizon DP, gamma 0.95; the step
-  quality of §7), computed from the row's map (``task_id`` indexes the scorer's maps), the
-  cell before the move (``state_id``), the parsed ``action`` and the row's ``budget``.
+* an environment's oracle, e.g. FrozenLake's exact ``Q*(s_t, a_t)`` with ``B - t`` moves left
+  (:class:`envs.frozenlake.step_quality.FrozenLakeQStar`, the step quality of §7);
 * :class:`JudgeScorer`: wraps any ``judge(prompts, responses) -> scores`` over text; each
   real turn becomes one (history before the turn, the turn's response) pair, decoded with the
   caller's ``decode``. :class:`LocalModelJudge` is such a judge backed by a local Qwen3
@@ -18,7 +16,7 @@ oracle, a learned judge, or a user's function plug in the same way:
 
 Scores are used twice: as a training signal (:func:`shape_rewards`, weighted by
 ``TrainConfig.process_reward_coef``) and as the paper's training-dynamics metric R_single
-(:func:`mean_step_score`, the mean step quality; with ``FrozenLakeQStar`` it is Q*).
+(:func:`mean_step_score`, the mean step quality; on FrozenLake Q*).
 
 An invalid step (an unparsable action; a judge answer that is not a finite number) gets
 ``invalid_score`` and is flagged in ``StepScores.invalid``; it never raises.
@@ -28,38 +26,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
 from agentrl_jax.algorithms import place_at_last_valid
 from agentrl_jax.models.qwen3 import positions_from_mask
-from agentrl_jax.trajectory import Trajectory
-from envs.frozenlake.qstar import DEFAULT_GAMMA, action_quality, q_star
-
-
-@struct.dataclass
-class StepScores:
-    """Per-turn scores of a batch: ``scores [N, T]`` float32 (0 off ``mask``), ``mask [N, T]``
-    bool (the real turns of real rows that were scored), ``invalid [N, T]`` bool (scored
-    turns that got the scorer's ``invalid_score``)."""
-
-    scores: jax.Array
-    mask: jax.Array
-    invalid: jax.Array
-
-
-class StepScorer(Protocol):
-    def __call__(self, trajectory: Trajectory, tasks: Any = None) -> StepScores: ...
-
-
-def scored_turns(trajectory: Trajectory) -> jax.Array:
-    """``[N, T]`` bool: turns that happened, in real rows."""
-    return trajectory.turn_mask.astype(bool) & trajectory.row_mask.astype(bool)[:, None]
-
+from agentrl_jax.trajectory import StepScores, Trajectory, scored_turns
 
 # ------------------------------------------------------------------------- using scores
 
@@ -111,82 +87,6 @@ def turn_rewards_to_tokens(per_turn: jax.Array, token_turn: jax.Array) -> jax.Ar
     return jnp.where(last_of_turn, jnp.take_along_axis(per_turn, safe, axis=1), 0.0).astype(
         jnp.float32
     )
-
-
-# ------------------------------------------------------------------------- oracle Q*
-
-
-def qstar_step_quality(
-    maps: jax.Array,
-    trajectory: Trajectory,
-    *,
-    gamma: float = DEFAULT_GAMMA,
-    is_slippery: bool = True,
-    success_rate: float = 1.0 / 3.0,
-    invalid_score: float = 0.0,
-) -> StepScores:
-    """Q*(s_t, a_t) with ``B - t`` moves left for every real turn (pure; jittable).
-
-    maps: int8[M, n, n], the task set ``trajectory.task_id`` indexes. The horizon is the
-    trajectory's turn axis T (no budget exceeds it). A turn whose action is invalid gets
-    ``invalid_score`` (Q* is >= 0, so the default 0 ranks it with the worst moves).
-    """
-    n, t = trajectory.turn_mask.shape
-    q = q_star(
-        maps[trajectory.task_id], t, gamma=gamma, is_slippery=is_slippery, success_rate=success_rate
-    )  # [N, T+1, S, 4]
-    remaining = trajectory.budget[:, None] - jnp.arange(t, dtype=jnp.int32)[None, :]
-    quality = action_quality(
-        q[:, None], remaining, trajectory.state_id, trajectory.action
-    )  # [N, T]
-    mask = scored_turns(trajectory)
-    invalid = mask & ~trajectory.action_valid.astype(bool)
-    quality = jnp.where(invalid, invalid_score, quality)
-    return StepScores(jnp.where(mask, quality, 0.0).astype(jnp.float32), mask, invalid)
-
-
-class FrozenLakeQStar:
-    """Oracle step scorer for FrozenLake: the exact Q* of each step (see
-    :func:`qstar_step_quality`).
-
-    ``maps`` int8[M, n, n] is the task set (``trajectory.task_id`` indexes it); the dynamics
-    (``is_slippery``, ``success_rate``) must be the rollout environment's.
-    """
-
-    def __init__(
-        self,
-        maps,
-        *,
-        gamma: float = DEFAULT_GAMMA,
-        is_slippery: bool = True,
-        success_rate: float = 1.0 / 3.0,
-        invalid_score: float = 0.0,
-    ):
-        maps = jnp.asarray(maps)
-        if (
-            maps.ndim != 3
-            or maps.shape[1] != maps.shape[2]
-            or not jnp.issubdtype(maps.dtype, jnp.integer)
-        ):
-            raise ValueError(
-                f"FrozenLakeQStar maps: expected int[M, n, n] tile codes, "
-                f"got {maps.dtype}{maps.shape}"
-            )
-        _check_score("FrozenLakeQStar invalid_score", invalid_score)
-        self.maps = maps
-        self._score = jax.jit(
-            lambda maps, trajectory: qstar_step_quality(
-                maps,
-                trajectory,
-                gamma=gamma,
-                is_slippery=is_slippery,
-                success_rate=success_rate,
-                invalid_score=invalid_score,
-            )
-        )
-
-    def __call__(self, trajectory: Trajectory, tasks: Any = None) -> StepScores:
-        return self._score(self.maps, trajectory)
 
 
 def _check_score(name: str, value) -> None:

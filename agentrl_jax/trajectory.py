@@ -57,7 +57,7 @@ Row-level fields (``[N]``):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -199,3 +199,26 @@ def concatenate_rows(records: "list[Trajectory]") -> "Trajectory":
             )
         out[f.name] = np.concatenate(parts, axis=0)
     return Trajectory(**out)
+
+
+# ---------------------------------------------------------------- per-turn scores
+
+
+@struct.dataclass
+class StepScores:
+    """Per-turn scores of a batch: ``scores [N, T]`` float32 (0 off ``mask``), ``mask [N, T]``
+    bool (the real turns of real rows that were scored), ``invalid [N, T]`` bool (scored
+    turns that got the scorer's ``invalid_score``)."""
+
+    scores: jax.Array
+    mask: jax.Array
+    invalid: jax.Array
+
+
+class StepScorer(Protocol):
+    def __call__(self, trajectory: Trajectory, tasks: Any = None) -> StepScores: ...
+
+
+def scored_turns(trajectory: Trajectory) -> jax.Array:
+    """``[N, T]`` bool: turns that happened, in real rows."""
+    return trajectory.turn_mask.astype(bool) & trajectory.row_mask.astype(bool)[:, None]

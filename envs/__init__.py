@@ -1,22 +1,25 @@
 """The environments (FrozenLake, InterCode-SQL, DeepCoder-MT, BFCL v3) and their registry:
 ``envs.make(name, **options)`` builds one over its tasks, ``envs.register`` adds one (see
-:mod:`envs.registry`)."""
+:mod:`envs.registry`; the protocol and the registry's types are :mod:`envs.protocol`'s)."""
 
-from envs.registry import (
-    EnvEntry,
-    EnvOptionError,
-    EnvTasks,
-    entry,
-    make,
-    names,
-    python_env,
-    register,
-)
+from envs.protocol import EnvEntry, EnvOptionError, EnvTasks, python_env
+from envs.registry import check_options, entry, make, names, register
+
+# Each built-in package registers its own factory when imported, in this order (isort: off
+# keeps it: the registry lists environments in registration order).
+# isort: off
+from envs import frozenlake  # noqa: E402, F401
+from envs import sql  # noqa: E402, F401
+from envs import code  # noqa: E402, F401
+from envs import bfcl  # noqa: E402, F401
+
+# isort: on
 
 __all__ = [
     "EnvEntry",
     "EnvOptionError",
     "EnvTasks",
+    "check_options",
     "entry",
     "make",
     "names",

@@ -20,6 +20,10 @@ Two kinds of environment satisfy the protocol:
 
 The environment never sees the turn budget: the rollout owns the budget, states it in the
 prompt (paper §6), and ends a row after ``B`` turns with reward 0 unless it succeeded.
+
+The registry's types live here too (:mod:`envs.registry` keeps the names): an
+:class:`EnvEntry` is a registered environment (its factory and what the rollout must know
+of its texts), and a factory returns :class:`EnvTasks`, an environment over its tasks.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from __future__ import annotations
 import abc
 import concurrent.futures as futures
 import dataclasses
+import inspect
 import zlib
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -231,3 +236,87 @@ class PythonTextEnv:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ---------------------------------------------------------------- the registry's types
+
+
+class EnvOptionError(ValueError):
+    """An unknown environment, or an option its factory does not take."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvTasks:
+    """An environment ready for the rollout, and what reports say about its tasks.
+
+    ``names``: one per task (``env.num_tasks()`` of them); ``min_turns``: ``[tasks]`` int, the
+    fewest turns that can succeed where known (§2's structural bound: FrozenLake's shortest
+    paths, BFCL's annotated trajectories), else None.
+    """
+
+    env: Any
+    names: tuple[str, ...]
+    min_turns: np.ndarray | None = None
+
+    def __post_init__(self):
+        if len(self.names) != self.env.num_tasks():
+            raise ValueError(
+                f"EnvTasks: {len(self.names)} task names for {self.env.num_tasks()} tasks"
+            )
+        if self.min_turns is not None and np.shape(self.min_turns) != (len(self.names),):
+            raise ValueError(
+                f"EnvTasks.min_turns: shape {np.shape(self.min_turns)}, expected "
+                f"({len(self.names)},)"
+            )
+
+    def close(self) -> None:
+        """Release the environment's workers and sandboxes (if it has a ``close``)."""
+        close = getattr(self.env, "close", None)
+        if close is not None:
+            close()
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvEntry:
+    """A registered environment (:func:`envs.register`).
+
+    ``factory(**options) -> EnvTasks`` builds it over its tasks; its keyword parameters are the
+    options it takes. ``label`` names it in reports, ``max_response_tokens`` and
+    ``max_context`` are the token limits its texts need (a DeepCoder-MT turn is a whole
+    program; BFCL's first message lists every function as JSON) and ``lanes`` the rollout
+    lanes that suit it (2 where a step runs tests in a sandbox, long enough to hide behind
+    decoding; 1 where a step is a query or a function call, so decode batches stay whole).
+    """
+
+    name: str
+    factory: Callable[..., EnvTasks]
+    label: str
+    max_response_tokens: int
+    max_context: int
+    lanes: int = 1
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The keyword options the factory takes, in its order."""
+        return tuple(
+            p.name
+            for p in inspect.signature(self.factory).parameters.values()
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        )
+
+
+def python_env(
+    inner: PythonEnv,
+    names: Sequence[str],
+    min_turns: np.ndarray | None = None,
+    *,
+    workers: int = 8,
+    step_timeout_s: float = 60.0,
+) -> EnvTasks:
+    """A per-row :class:`PythonEnv` in its worker pool (``workers`` threads; a step that takes
+    longer than ``step_timeout_s`` ends its row), as :class:`EnvTasks`."""
+    return EnvTasks(
+        PythonTextEnv(inner, workers=workers, step_timeout_s=step_timeout_s),
+        tuple(names),
+        min_turns,
+    )

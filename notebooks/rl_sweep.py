@@ -70,7 +70,7 @@ def point(base: Path, tag: str, overrides: list[str], eval_maps: int, log: Path)
         max_response_tokens=task.max_response_tokens,
         max_context=task.max_context,
         metadata={},
-        quality_scorer=task.entry.study.step_scorer(tasks.train),
+        quality_scorer=task.study.step_scorer(tasks.train),
     )
     train_s = time.perf_counter() - start
     trained = load_qwen3(base / "models" / "base")

@@ -31,11 +31,11 @@ from agentrl_jax.policy import ScriptedPolicy
 from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce import results
 from agentrl_jax.reproduce.evaluate import EvalSettings, run_analysis
+from agentrl_jax.reproduce.studies.code import MutatedReference, fenced
 from envs.code import CodeEnv
 from envs.code.datasets import CodeTask
 from envs.code.mutation import failing_mutant, mutants
 from envs.code.sandbox import CallTest
-from envs.code.study import MutatedReference, fenced
 from envs.protocol import PythonTextEnv
 
 T_MAX = 3

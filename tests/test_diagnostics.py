@@ -19,21 +19,23 @@ from eval_helpers import (
     turns_in,
 )
 
-from agentrl_jax.evaluation import diagnostics, stats
+from agentrl_jax.evaluation import stats
 from agentrl_jax.evaluation.analyses import continuation
+from agentrl_jax.evaluation.analyses.depth import quality_by_depth
 from agentrl_jax.evaluation.passt import eval_rollout_config
-from agentrl_jax.evaluation.states import (
+from agentrl_jax.evaluation.state_prompt import StatePrompt
+from agentrl_jax.models.tokenizer import load_tokenizer
+from agentrl_jax.policy import ScriptedPolicy
+from agentrl_jax.prompts import BudgetPrompt
+from agentrl_jax.reproduce.studies.frozenlake import diagnostics
+from agentrl_jax.reproduce.studies.frozenlake.states import (
     StatePool,
-    StatePrompt,
     StateStarts,
     inject_errors,
     maps_at_states,
     matched_pool,
     visited_states,
 )
-from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.policy import ScriptedPolicy
-from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.rollout import MultiTurnRollout
 from envs.frozenlake import grid, qstar
 from envs.frozenlake import maps as fl_maps
@@ -272,7 +274,7 @@ def test_optimal_agent_is_better_on_almost_every_state(step_result):
 
 
 def test_quality_by_depth(step_result):
-    depth, curves = diagnostics.quality_by_depth(step_result, T_MAX)
+    depth, curves = quality_by_depth(step_result, T_MAX)
     np.testing.assert_allclose(depth, step_result.pool.turn / T_MAX)
     np.testing.assert_allclose(curves["RL - base"], curves["RL"] - curves["base"])
 

@@ -100,14 +100,27 @@ def _bfs_shortest(tiles: np.ndarray, start: tuple[int, int]) -> int:
 def test_frozenlake_tasks_carry_their_shortest_paths():
     from envs.frozenlake.grid import START
 
-    loaded = envs.make("frozenlake", maps=6, map_size=4, random_start_goal=True, t_max=12, seed=3)
+    loaded = envs.make("frozenlake", limit=6, map_size=4, random_start_goal=True, t_max=12, seed=3)
     assert loaded.env.t_max == 12 and loaded.env.num_tasks() == 6
     assert loaded.names == tuple(f"test map {i}" for i in range(6))
     for tiles, fewest in zip(np.asarray(loaded.env.maps), loaded.min_turns):
         [start] = np.argwhere(tiles == START)
         assert fewest == _bfs_shortest(tiles, tuple(int(x) for x in start))
-    assert envs.make("frozenlake", maps=6, map_size=4, limit=2).env.num_tasks() == 2
+    assert envs.make("frozenlake", map_size=4, limit=2).env.num_tasks() == 2
     loaded.close()  # nothing to release: no error
+
+
+def test_the_registry_and_the_study_build_the_same_frozenlake_maps():
+    """One task-building path: ``envs.make`` and the reproduction's study give the same maps
+    for the same seed and split (they once drew them from different streams)."""
+    from agentrl_jax.reproduce.studies import study_for
+
+    entry = envs.entry("frozenlake")
+    for split in ("train", "test"):
+        made = envs.make("frozenlake", split=split, seed=5, limit=4, t_max=8)
+        study = study_for("frozenlake").tasks(entry, {}, split=split, count=4, seed=5, t_max=8)
+        np.testing.assert_array_equal(made.env.maps, study.env.maps)
+        assert made.names == study.names and study.env.t_max == 8
 
 
 def test_options_and_names_are_checked_before_anything_loads():

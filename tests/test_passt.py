@@ -107,7 +107,9 @@ def test_deterministic_optimal_agent_meets_the_structural_bound(tokenizer, maps)
         config=CONFIG,
     )
     _, curve = passk.pass_at_t_curve(results, k=1)
-    bound_budgets, bound = passt.structural_bound(maps, budgets)
+    bound_budgets, bound = passt.structural_bound(
+        env.structural_bounds(np.arange(len(maps))), budgets
+    )
     np.testing.assert_array_equal(bound_budgets, budgets)
     np.testing.assert_array_equal(curve, bound)  # success exactly when shortest path <= T
     assert len(np.unique(bound)) >= 5  # not vacuous: the budget decides on many maps
@@ -227,10 +229,11 @@ def test_shortest_paths_against_a_python_bfs(maps):
     blocked.reshape(-1)[[0, 15]] = grid.START, grid.GOAL  # no path
     tiles = np.concatenate([maps, blocked[None]])
     reference = np.array([bfs(t) for t in tiles])
-    paths = passt.shortest_paths(tiles)
-    np.testing.assert_array_equal(paths, reference)
-    assert np.isinf(paths[-1])
-    budgets, share = passt.structural_bound(tiles, [4, 1, 100])
+    env = FrozenLakeTextEnv(tiles, FrozenLakeTextConfig(t_max=10))
+    paths = env.structural_bounds(np.arange(len(tiles)))
+    np.testing.assert_array_equal(paths[:-1], reference[:-1])
+    assert paths[-1] > 100  # unreachable: above any budget
+    budgets, share = passt.structural_bound(paths, [4, 1, 100])
     np.testing.assert_array_equal(budgets, [1, 4, 100])
     np.testing.assert_allclose(share, [np.mean(reference <= b) for b in (1, 4, 100)])
     assert share[-1] == 8 / 9

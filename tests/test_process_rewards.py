@@ -13,17 +13,16 @@ from hf_qwen3 import load_hf_qwen3, save_random_hf_qwen3
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.tokenizer import encode_chat, load_tokenizer
 from agentrl_jax.process_rewards import (
-    FrozenLakeQStar,
     JudgeScorer,
     LocalModelJudge,
-    StepScores,
     mean_step_score,
     shape_rewards,
     turn_rewards_to_tokens,
     turn_texts,
 )
-from agentrl_jax.trajectory import Trajectory
+from agentrl_jax.trajectory import StepScores, Trajectory
 from envs.frozenlake.grid import map_from_strings
+from envs.frozenlake.step_quality import FrozenLakeQStar
 
 MAPS = (["SFFF", "FHFH", "FFFH", "HFFG"], ["SFFH", "FFFF", "HFHF", "FFFG"])
 GAMMA = 0.95

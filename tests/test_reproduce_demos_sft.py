@@ -28,9 +28,9 @@ from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.reproduce import demos as demo_lib
 from agentrl_jax.reproduce import sft
 from agentrl_jax.reproduce.policy_init import random_qwen3
+from agentrl_jax.reproduce.studies.frozenlake import QStarDemonstrator, frozenlake_corpus
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
-from envs.frozenlake.study import QStarDemonstrator, frozenlake_corpus
 from envs.frozenlake.text import parse_action, parse_grid, render
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 

@@ -1,7 +1,7 @@
-"""``agentrl-jax reproduce ENV`` beyond FrozenLake: the environment study (envs.study), the
-SQL study end to end on the real environment, and a user environment registered in this file
-that trains and evaluates through the same CLI with no change to the package (``--plugin``
-on this very file)."""
+"""``agentrl-jax reproduce ENV`` beyond FrozenLake: the environment study
+(agentrl_jax.reproduce.studies), the SQL study end to end on the real environment, and a user
+environment registered in this file that trains and evaluates through the same CLI with no change to
+the package (``--plugin`` on this very file)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,14 @@ import envs
 from agentrl_jax.cli import app
 from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce.config import load_config
+from agentrl_jax.reproduce.studies import (
+    GoldDemonstrator,
+    Study,
+    StudyError,
+    register_study,
+    study_for,
+)
 from envs.protocol import Feedback, PythonEnv, text_key
-from envs.study import GoldDemonstrator, Study, StudyError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 WORDS = ("amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heron", "inlet", "juniper")
@@ -85,8 +91,8 @@ if "two_words" not in envs.names():  # imported once by pytest, maybe again as a
         label="Two words",
         max_response_tokens=8,
         max_context=256,
-        study=TwoWordsStudy,
     )
+    register_study("two_words", TwoWordsStudy)
 
 
 # ---------------------------------------------------------------- the gold demonstrator
@@ -158,7 +164,7 @@ def test_the_bundled_sql_questions_split_in_two_disjoint_halves():
         assert sorted(train.names + test.names) == sorted(every.names)
         assert min(len(train.names), len(test.names)) >= 5
         entry = envs.entry("sql")
-        plan = entry.study.plan(train, 0)
+        plan = study_for(entry.name).plan(train, 0)
         gold = train.env.env.tasks[0].gold_query.strip()
         assert plan == [f"<sql>{gold}</sql>", f"<submit>{gold}</submit>"]
     finally:
@@ -168,7 +174,7 @@ def test_the_bundled_sql_questions_split_in_two_disjoint_halves():
 
 @pytest.mark.parametrize("name", ["sql", "code", "bfcl"])
 def test_each_cpu_config_file_is_the_built_in_default(name):
-    study = envs.entry(name).study
+    study = study_for(name)
     defaults = {**study.config_defaults, "task": {**study.config_defaults["task"], "env": name}}
     assert load_config(CONFIGS / f"{name}_cpu.yaml") == load_config(None, defaults=defaults)
 
@@ -184,14 +190,16 @@ def test_every_gold_plan_solves_its_task_in_the_real_environment(name, t_max, ta
     from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 
     entry = envs.entry(name)
-    loaded = entry.study.tasks(entry, {}, split="train", count=tasks, seed=0, t_max=t_max)
+    loaded = study_for(entry.name).tasks(entry, {}, split="train", count=tasks, seed=0, t_max=t_max)
     try:
         ids = np.arange(len(loaded.names))
-        corpus = entry.study.corpus(loaded, ids, t_max=t_max, prompt=BudgetPrompt())
+        corpus = study_for(entry.name).corpus(loaded, ids, t_max=t_max, prompt=BudgetPrompt())
         tokenizer = build_small_tokenizer(
             corpus, vocab_size=1024
         )  # word-split: ~1 s (BFCL: ~50 s unsplit)
-        demo = entry.study.demonstrator(loaded, ids, t_max=t_max, mistake_rate=0.0, seed=0)
+        demo = study_for(entry.name).demonstrator(
+            loaded, ids, t_max=t_max, mistake_rate=0.0, seed=0
+        )
         runner = MultiTurnRollout(
             loaded.env,
             tokenizer,
@@ -200,11 +208,11 @@ def test_every_gold_plan_solves_its_task_in_the_real_environment(name, t_max, ta
         result = runner(ScriptedPolicy(tokenizer, demo), ids, jax.random.key(0))
         trajectory = jax.device_get(result.trajectory)
         assert trajectory.success.all()
-        plans = [len(entry.study.plan(loaded, t)) for t in ids]
+        plans = [len(study_for(entry.name).plan(loaded, t)) for t in ids]
         np.testing.assert_array_equal(trajectory.turns_used, plans)
         if loaded.min_turns is not None:
             np.testing.assert_array_equal(trajectory.turns_used, loaded.min_turns)
-        if entry.study.records_quality:  # the code env's step quality: all tests pass
+        if study_for(entry.name).records_quality:  # the code env's step quality: all tests pass
             np.testing.assert_array_equal(np.asarray(trajectory.step_quality)[:, 0], 1.0)
     finally:
         loaded.close()

@@ -34,6 +34,7 @@ from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.policy import SamplerPolicy, ScriptedPolicy
 from agentrl_jax.reproduce import evaluate, findings, report, results
 from agentrl_jax.reproduce.evaluate import ANALYSES, EvalSettings, analysis_units, run_analysis
+from agentrl_jax.reproduce.studies.frozenlake.diagnostics import QStarStates
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
@@ -213,6 +214,7 @@ def scripted(tmp_path_factory, tokenizer, env):
             SETTINGS,
             training_logs=logs,
             progress=done.append,
+            states=QStarStates(env) if name in ("steps", "errors") else None,
         )
         reported[name] = sum(done)
     return out, reported
@@ -263,7 +265,15 @@ def test_diagnostic_tasks_cap_every_analysis_but_the_table(tmp_path, tokenizer, 
     for name, tasks in (("table", TASKS), ("passk", 2)):
         done = []
         run_analysis(
-            name, tmp_path, env, np.arange(TASKS), tokenizer, models, settings, progress=done.append
+            name,
+            tmp_path,
+            env,
+            np.arange(TASKS),
+            tokenizer,
+            models,
+            settings,
+            progress=done.append,
+            states=QStarStates(env) if name in ("steps", "errors") else None,
         )
         assert results.load_raw(tmp_path, name)["task_ids"] == list(range(tasks))
         assert sum(done) == analysis_units(name, settings, TASKS, 2, T_MAX)

@@ -19,10 +19,10 @@ from agentrl_jax.reproduce import training
 from agentrl_jax.reproduce.config import RLSettings, load_config
 from agentrl_jax.reproduce.pipeline import make_tasks
 from agentrl_jax.reproduce.policy_init import random_qwen3
+from agentrl_jax.reproduce.studies.frozenlake import frozenlake_corpus
 from agentrl_jax.sampling import Paging
 from agentrl_jax.train import read_metrics
 from agentrl_jax.trajectory import Trajectory, bucket_width, row_lengths
-from envs.frozenlake.study import frozenlake_corpus
 
 
 def _trajectory(lengths, width=384, turns=3):
@@ -273,7 +273,7 @@ def test_six_updates_compile_once_per_shape_and_log_every_metric_live(tmp_path, 
             max_response_tokens=t.max_response_tokens,
             max_context=t.max_context,
             metadata={},
-            quality_scorer=t.entry.study.step_scorer(tasks.train),
+            quality_scorer=t.study.step_scorer(tasks.train),
         )
     assert len(step_compiles) == 6
     assert sum(step_compiles) == len(step_shapes), (step_compiles, step_shapes)

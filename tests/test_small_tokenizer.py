@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer, save_small_tokenizer
 from agentrl_jax.models.tokenizer import load_tokenizer, render_chat
 from agentrl_jax.prompts import BudgetPrompt, ChatTokens
+from agentrl_jax.reproduce.studies.frozenlake import FrozenLakeStudy, frozenlake_corpus
 from envs.frozenlake import maps as fl_maps
-from envs.frozenlake.study import FrozenLakeStudy, frozenlake_corpus
 from envs.frozenlake.text import render
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 

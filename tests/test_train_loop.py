@@ -14,7 +14,6 @@ import pytest
 from flax import nnx
 from train_fakes import make_fake_rollout, random_trajectory, target_token, task_batches, tiny_model
 
-from agentrl_jax.process_rewards import StepScores, scored_turns
 from agentrl_jax.train import (
     MetricsLogger,
     TrainConfig,
@@ -23,6 +22,7 @@ from agentrl_jax.train import (
     read_metrics,
     train,
 )
+from agentrl_jax.trajectory import StepScores, scored_turns
 
 GROUP = 16
 NUM_TASKS = 4

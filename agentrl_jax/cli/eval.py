@@ -361,7 +361,7 @@ def passt_command(
     ),
 ) -> None:
     """Pass@(k, T) against the budget, each T sampled afresh with T in the prompt; Table 1."""
-    from agentrl_jax.evaluation import drivers, passk, passt
+    from agentrl_jax.evaluation import drivers, passk
     from agentrl_jax.evaluation.analyses import pass_at_t
 
     if k > samples:
@@ -380,7 +380,7 @@ def passt_command(
             results,
             k=k,
             t_max=setup.env.t_max if with_table else None,
-            shortest_paths=passt.shortest_paths(setup.env.maps[setup.task_ids]),
+            shortest_paths=setup.env.structural_bounds(setup.task_ids),
         ),
     )
     _save_sections(setup, "passt", sections)
@@ -391,11 +391,11 @@ def passt_command(
 
 def _matched_pool(setup: Setup, states: int, source_samples: int, budget: int | None):
     """The §7.1 pool: states visited by each policy's trajectories at ``budget``."""
-    from agentrl_jax.evaluation import drivers
-    from agentrl_jax.evaluation.states import matched_pool
+    from agentrl_jax.reproduce.studies.frozenlake.diagnostics import play_visits
+    from agentrl_jax.reproduce.studies.frozenlake.states import matched_pool
 
     budget = setup.env.t_max if budget is None else budget
-    visits = drivers.visits(
+    visits = play_visits(
         setup.play(), setup.policies, setup.key("sources"), samples=source_samples, budget=budget
     )
     return matched_pool(*visits.values(), size=states, seed=setup.seed)
@@ -457,7 +457,7 @@ def _state_options(fn):
 
 
 def _check_invalid(invalid: str) -> None:
-    from agentrl_jax.evaluation.diagnostics import INVALID_SCORES
+    from agentrl_jax.evaluation.state_diagnostics import INVALID_SCORES
 
     if invalid not in INVALID_SCORES:
         raise typer.BadParameter(f"--invalid must be one of {INVALID_SCORES}, got {invalid!r}")
@@ -478,14 +478,15 @@ def steps_command(
     states_per_call: Optional[int],
 ) -> None:
     """Step-level action quality on matched states (§7.1) and against depth t / T_max (§7.3)."""
-    from agentrl_jax.evaluation import diagnostics, drivers, report
+    from agentrl_jax.evaluation import report
     from agentrl_jax.evaluation.analyses import depth, step_quality
+    from agentrl_jax.reproduce.studies.frozenlake.diagnostics import play_step_quality
 
     setup.require_rl("steps")
     _check_invalid(invalid)
     pool = _matched_pool(setup, states, source_samples, budget)
     typer.echo(f"Step quality: {len(pool)} states x G={group_size} actions per policy")
-    values, result = drivers.step_quality(
+    values, result = play_step_quality(
         setup.play(states_per_call),
         pool,
         *setup.policies.values(),
@@ -520,9 +521,7 @@ def steps_command(
     )
     depth_section = depth.section(
         setup.out,
-        depth.compute(
-            *diagnostics.quality_by_depth(result, setup.env.t_max), bins=bins, seed=setup.seed
-        ),
+        depth.compute(*depth.quality_by_depth(result, setup.env.t_max), bins=bins, seed=setup.seed),
     )
     _save_sections(setup, "steps", [section, depth_section])
 
@@ -541,9 +540,10 @@ def errors_command(
     states_per_call: Optional[int],
 ) -> None:
     """Error states (§7.2): action quality after an injected mistake and continuation success."""
-    from agentrl_jax.evaluation import drivers, report
+    from agentrl_jax.evaluation import report
     from agentrl_jax.evaluation.analyses import continuation, step_quality
-    from agentrl_jax.evaluation.states import inject_errors
+    from agentrl_jax.reproduce.studies.frozenlake.diagnostics import play_error_states
+    from agentrl_jax.reproduce.studies.frozenlake.states import inject_errors
 
     setup.require_rl("errors")
     _check_invalid(invalid)
@@ -555,7 +555,7 @@ def errors_command(
         f"Error states: {len(errors.states)} of {len(pool)} states, G={group_size} "
         "continuations per policy"
     )
-    _, result = drivers.error_states(
+    _, result = play_error_states(
         setup.play(states_per_call),
         errors,
         *setup.policies.values(),

@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a command runs
 
     from agentrl_jax.evaluation.report import Section
     from agentrl_jax.rollout import RolloutConfig
-    from envs.registry import EnvEntry, EnvTasks
+    from envs.protocol import EnvEntry, EnvTasks
 
 
 # CLI option -> the registry's option (envs.registry): passed when given

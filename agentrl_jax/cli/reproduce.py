@@ -11,9 +11,9 @@
         {loss_terms: [policy_clip, {name: my_term, coef: 0.01}]}}]'
 
 ENV is any registered environment (:mod:`envs.registry`: ``frozenlake``, ``sql``, ``code``,
-``bfcl``, or one a ``--plugin`` registers). Its study (:mod:`envs.study`) gives the config's
-defaults (:attr:`~envs.study.Study.config_defaults`, under ``--config`` and ``--set``), the
-tasks, the warm start's demonstrations and the analyses.
+``bfcl``, or one a ``--plugin`` registers). Its study (:mod:`agentrl_jax.reproduce.studies`) gives
+the config's defaults (:attr:`~agentrl_jax.reproduce.studies.Study.config_defaults`, under
+``--config`` and ``--set``), the tasks, the warm start's demonstrations and the analyses.
 
 ``--plugin`` (and ``AGENTRL_JAX_PLUGINS``) import the user's modules before the config is
 read, so the environments, loss terms, estimators and run presets they register can be named
@@ -142,6 +142,7 @@ def _reproduce(env, config, out, set_, fresh, progress, until, seeds, plugin) ->
     from agentrl_jax.reproduce.folder import ReproduceError, plugins_hint
     from agentrl_jax.reproduce.pipeline import reproduce
     from agentrl_jax.reproduce.seeds import seed_folder, seed_overrides, write_across_seeds
+    from agentrl_jax.reproduce.studies import study_for
 
     out = out if out is not None else Path("results") / env
     output_folder(out)
@@ -157,7 +158,8 @@ def _reproduce(env, config, out, set_, fresh, progress, until, seeds, plugin) ->
     )
     try:
         load_plugins(plugin or ())
-        study = envs.entry(env).study
+        envs.entry(env)  # an unknown name is refused here
+        study = study_for(env)
         defaults = {
             **study.config_defaults,
             "task": {**study.config_defaults.get("task", {}), "env": env},

@@ -17,8 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from agentrl_jax.evaluation import diagnostics, passt
-from agentrl_jax.evaluation.states import ErrorStates, StatePool, StateStarts, visited_states
+from agentrl_jax.evaluation import passt
 from agentrl_jax.policy import Policy
 from agentrl_jax.rollout import RolloutConfig
 from agentrl_jax.trajectory import Trajectory
@@ -73,16 +72,6 @@ class Play:
         )
         self.progress(rollout_units(self.tasks, samples, budget))
         return traj
-
-    def starts(self, pool: StatePool, group_size: int) -> StateStarts:
-        """Plays from the states of ``pool``, ``group_size`` per state."""
-        return StateStarts(
-            self.env,
-            self.tokenizer,
-            pool,
-            dataclasses.replace(self.config, group_size=group_size),
-            states_per_call=self.states_per_call,
-        )
 
 
 # ---------------------------------------------------------------- Pass@K and Pass@T
@@ -142,75 +131,6 @@ def pass_at_t_counts(
             )
             play.progress(rollout_units(play.tasks, samples, budget))
     return counts
-
-
-# ---------------------------------------------------------------- states (§7.1-7.3)
-
-
-def visits(
-    play: Play, policies: Mapping[str, Policy], key: jax.Array, *, samples: int, budget: int
-) -> dict[str, StatePool]:
-    """``{policy: the states its trajectories act from}``: ``samples`` per task at ``budget``,
-    what §7.1's matched pools are drawn from (:func:`~agentrl_jax.evaluation.states.
-    matched_pool`)."""
-    out = {}
-    for name, policy in policies.items():
-        play.echo(f"Source trajectories: {name}, {play.tasks} tasks x {samples} at T={budget}")
-        out[name] = visited_states(play.rollout(policy, key, samples=samples, budget=budget))
-    return out
-
-
-def step_quality(
-    play: Play,
-    pool: StatePool,
-    base: Policy,
-    rl: Policy,
-    key: jax.Array,
-    *,
-    names: tuple[str, str],
-    group_size: int,
-    gamma: float,
-    invalid: str,
-) -> tuple[diagnostics.StateValues, diagnostics.StepQuality]:
-    """Q* of every action at the states of ``pool`` and each policy's ``group_size`` actions
-    there, scored (:func:`diagnostics.step_quality`; ``result.pools()`` feeds
-    :mod:`~agentrl_jax.evaluation.analyses.step_quality`, :func:`diagnostics.quality_by_depth`
-    :mod:`~agentrl_jax.evaluation.analyses.depth`)."""
-    values = diagnostics.state_values(play.env, pool, gamma=gamma)
-    result = diagnostics.step_quality(
-        play.starts(pool, group_size), values, base, rl, key, names=names, invalid=invalid
-    )
-    return values, result
-
-
-def error_states(
-    play: Play,
-    errors: ErrorStates,
-    base: Policy,
-    rl: Policy,
-    key: jax.Array,
-    *,
-    names: tuple[str, str],
-    group_size: int,
-    gamma: float,
-    invalid: str,
-) -> tuple[diagnostics.StateValues, diagnostics.ErrorStateResult]:
-    """Action quality and ``group_size`` continuations of each policy from injected error
-    states (:func:`diagnostics.error_state_analysis`; ``result.quality.pools()`` feeds
-    :mod:`~agentrl_jax.evaluation.analyses.step_quality`, ``result.success``
-    :mod:`~agentrl_jax.evaluation.analyses.continuation`)."""
-    values = diagnostics.state_values(play.env, errors.states, gamma=gamma)
-    result = diagnostics.error_state_analysis(
-        play.starts(errors.states, group_size),
-        errors,
-        values,
-        base,
-        rl,
-        key,
-        names=names,
-        invalid=invalid,
-    )
-    return values, result
 
 
 # ---------------------------------------------------------------- likelihood (§7.4)

@@ -32,7 +32,6 @@ from agentrl_jax.policy import Policy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import SamplingConfig
 from agentrl_jax.trajectory import Trajectory
-from envs.frozenlake import qstar
 
 EVAL_SAMPLING = SamplingConfig(temperature=0.6, top_p=0.9)
 """Evaluation decoding (§3): temperature 0.6, top-p 0.9."""
@@ -252,14 +251,9 @@ def default_budgets(t_max: int) -> tuple[int, ...]:
 # ---------------------------------------------------------------- structural bound (§2)
 
 
-def shortest_paths(maps) -> np.ndarray:
-    """``[M]`` float64 fewest moves start-to-goal of FrozenLake maps (``inf`` if unreachable),
-    the input :func:`passk.structural_upper_bound` expects."""
-    lengths = np.asarray(qstar.shortest_path_length(np.asarray(maps))).astype(np.float64)
-    return np.where(lengths >= qstar.UNREACHABLE, np.inf, lengths)
-
-
-def structural_bound(maps, budgets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """``(budgets [B], share of maps with shortest path <= T [B])`` (§2)."""
+def structural_bound(min_turns, budgets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(budgets [B], share of tasks whose fewest turns are <= T [B])`` (§2): ``min_turns``
+    ``[tasks]`` from the environment (its ``structural_bounds``; FrozenLake: each map's
+    shortest path, unreachable goals above any budget)."""
     budgets = np.asarray(sorted({int(b) for b in budgets}), np.int64)
-    return budgets, passk.structural_upper_bound(shortest_paths(maps), budgets)
+    return budgets, passk.structural_upper_bound(np.asarray(min_turns), budgets)

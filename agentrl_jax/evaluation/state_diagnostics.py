@@ -1,17 +1,17 @@
 """The step diagnostics' states and scores for one environment (PAPER.md §7.1-7.3): what the
 ``steps`` and ``errors`` analyses of :mod:`agentrl_jax.reproduce.evaluate` ask of it.
 
-An environment's study supplies one (:meth:`envs.study.Study.state_diagnostics`); two kinds
-exist:
+An environment's study supplies one
+(:meth:`agentrl_jax.reproduce.studies.Study.state_diagnostics`); nothing here knows which
+environment it serves. Two kinds exist:
 
-* :class:`QStarStates` (FrozenLake): a state is a cell of a map; an action's quality is the
-  exact ``Q*`` (:mod:`~agentrl_jax.evaluation.states`, :mod:`~agentrl_jax.evaluation.diagnostics`);
-  an error is a move that lengthens the shortest path to the goal.
-* :class:`RecordedQualityStates` (any Python environment that scores its turns, e.g.
+* :class:`RecordedQualityStates` (here; any Python environment that scores its turns, e.g.
   DeepCoder-MT's test pass share): a state is a task and the responses played so far; a
   response's quality is the environment's score of it there
   (:mod:`~agentrl_jax.evaluation.text_states`); an error is a response the study supplies
   (for code, the reference program mutated to fail a test).
+* an environment's own, e.g. FrozenLake's exact Q* on the cells of its maps
+  (:class:`agentrl_jax.reproduce.studies.frozenlake.diagnostics.QStarStates`).
 
 Both answer the same calls, in the order the analyses make them::
 
@@ -35,7 +35,6 @@ import jax
 import numpy as np
 
 from agentrl_jax.evaluation import drivers, passt
-from agentrl_jax.evaluation.states import inject_errors, matched_pool
 from agentrl_jax.evaluation.text_states import (
     ErrorReply,
     TextStateStarts,
@@ -48,112 +47,16 @@ from agentrl_jax.evaluation.text_states import (
 )
 from agentrl_jax.policy import Policy
 
+INVALID_SCORES = ("noop", "zero")
+"""How an unparsable response is scored in the step diagnostics (``eval.invalid``): as the
+no-op it is played as, or 0."""
 
-def _columns(pool: Any, names: tuple[str, str]) -> dict[str, Any]:
+
+def columns(pool: Any, names: tuple[str, str]) -> dict[str, Any]:
     """The pool's columns with ``source`` as the policy name."""
     columns = pool.to_columns()
     columns["source"] = [names[s] if s >= 0 else "" for s in pool.source]
     return columns
-
-
-class QStarStates:
-    """FrozenLake's states and exact Q* (the module docstring) on ``env``, a
-    :class:`~envs.frozenlake.text_env.FrozenLakeTextEnv`."""
-
-    quality_name = "action quality"  # Q*(s, a) with the remaining horizon
-    quality_symbol = "Q*"
-    suite = "frozenlake-error-recovery/v1"
-    error_note = "one injected move that lengthens the shortest path to the goal"
-    success_note = "reaching the goal within the remaining budget"
-
-    def __init__(self, env: Any):
-        self.env = env
-
-    def invalid_note(self, settings: Any) -> str:
-        return f"{settings.invalid}-scored"
-
-    def visits(
-        self,
-        play: drivers.Play,
-        policies: Mapping[str, Policy],
-        key: jax.Array,
-        *,
-        samples: int,
-        budget: int,
-    ) -> dict[str, Any]:
-        return drivers.visits(play, policies, key, samples=samples, budget=budget)
-
-    def matched(self, base: Any, other: Any, *, size: int, seed: int) -> Any:
-        return matched_pool(base, other, size=size, seed=seed)
-
-    def steps(
-        self,
-        play: drivers.Play,
-        pool: Any,
-        base: Policy,
-        rl: Policy,
-        key: jax.Array,
-        *,
-        names: tuple[str, str],
-        settings: Any,
-    ) -> tuple[Any, dict[str, Any]]:
-        values, result = drivers.step_quality(
-            play,
-            pool,
-            base,
-            rl,
-            key,
-            names=names,
-            group_size=settings.group_size,
-            gamma=settings.gamma,
-            invalid=settings.invalid,
-        )
-        return result, {
-            "states": _columns(pool, names),
-            "action_values": values.action_values,
-            "noop_value": values.noop_value,
-            "actions": result.actions,
-            "quality": result.quality,
-        }
-
-    def errors(
-        self,
-        play: drivers.Play,
-        pool: Any,
-        base: Policy,
-        rl: Policy,
-        key: jax.Array,
-        *,
-        names: tuple[str, str],
-        settings: Any,
-    ) -> tuple[Any, dict[str, Any]]:
-        errors = inject_errors(self.env.maps, pool, seed=settings.seed)
-        if len(errors.states) == 0:
-            raise ValueError(
-                f"errors: no state of the {names} pool admits an error move with a turn left"
-            )
-        values, result = drivers.error_states(
-            play,
-            errors,
-            base,
-            rl,
-            key,
-            names=names,
-            group_size=settings.group_size,
-            gamma=settings.gamma,
-            invalid=settings.invalid,
-        )
-        return result, {
-            "states": _columns(errors.states, names),
-            "origin": errors.origin,
-            "injected_action": errors.action,
-            "action_values": values.action_values,
-            "noop_value": values.noop_value,
-            "actions": result.quality.actions,
-            "quality": result.quality.quality,
-            "success": result.success,
-            "overflow": result.overflow,
-        }
 
 
 @dataclasses.dataclass
@@ -231,7 +134,7 @@ class RecordedQualityStates:
         finally:
             starts.close()
         return result, {
-            "states": _columns(result.pool, names),
+            "states": columns(result.pool, names),
             "offered": len(pool),
             "samples": result.samples,
             "valid": result.valid,
@@ -261,7 +164,7 @@ class RecordedQualityStates:
             starts.close()
         kept = result.errors
         return result, {
-            "states": _columns(kept.states, names),
+            "states": columns(kept.states, names),
             "offered": len(errors.states),
             "origin": kept.origin,
             "injected_reply": list(kept.reply),
@@ -271,11 +174,3 @@ class RecordedQualityStates:
             "success": result.success,
             "overflow": result.overflow,
         }
-
-
-def default_states(env: Any) -> QStarStates | None:
-    """The states an environment is scored on by default: Q* where it has maps (FrozenLake),
-    else None (a study supplies them: :meth:`envs.study.Study.state_diagnostics`)."""
-    from envs.frozenlake.text_env import FrozenLakeTextEnv  # noqa: PLC0415
-
-    return QStarStates(env) if isinstance(env, FrozenLakeTextEnv) else None

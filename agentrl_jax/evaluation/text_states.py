@@ -10,7 +10,7 @@ gives it there (for code: the pass share of the program it submits).
 What a policy sees when it acts from a state
 --------------------------------------------
 As for FrozenLake's states (:mod:`agentrl_jax.evaluation.states`), a fresh conversation of
-one user message at turn ``t`` of ``B`` (:class:`~agentrl_jax.evaluation.states.StatePrompt`):
+one user message at turn ``t`` of ``B`` (:class:`~agentrl_jax.evaluation.state_prompt.StatePrompt`):
 the system prompt states ``B``, and the message states turn ``t`` and ``B - t`` remaining,
 around the task's first observation followed by every earlier turn, its response and the
 environment's answer (:func:`render_history`). Unlike FrozenLake, the history is the state
@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from agentrl_jax.evaluation import stats
-from agentrl_jax.evaluation.states import SOURCES, StatePrompt, _FirstTurnOnly
+from agentrl_jax.evaluation.state_prompt import SOURCES, FirstTurnOnly, StatePrompt
 from agentrl_jax.policy import Policy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, RolloutResult
 from envs.protocol import Feedback, PythonEnv, PythonTextEnv
@@ -45,7 +45,7 @@ from envs.protocol import Feedback, PythonEnv, PythonTextEnv
 @dataclasses.dataclass(frozen=True)
 class TextStatePool:
     """``S`` states: ``[S]`` int arrays ``task_id``, ``budget``, ``source`` (index into
-    :data:`~agentrl_jax.evaluation.states.SOURCES`, -1 when unlabelled) and ``history``, the
+    :data:`~agentrl_jax.evaluation.state_prompt.SOURCES`, -1 when unlabelled) and ``history``, the
     ``S`` tuples of responses played before each state (``turn = len(history)``)."""
 
     task_id: np.ndarray
@@ -333,7 +333,7 @@ class TextStateStarts:
             "turns": np.zeros((size, g), np.int64),
             "overflow": np.zeros((size, g), bool),
         }
-        env = _FirstTurnOnly(self.env) if first_turn_only else self.env
+        env = FirstTurnOnly(self.env) if first_turn_only else self.env
         runners: dict[int, MultiTurnRollout] = {}
         for call, (budget, index, real) in enumerate(self.calls()):
             if budget not in runners:
@@ -395,7 +395,7 @@ class TextStepQuality:
 @dataclasses.dataclass(frozen=True)
 class TextErrorResult:
     """Response quality at error states and continuation success from them (as
-    :class:`~agentrl_jax.evaluation.diagnostics.ErrorStateResult`)."""
+    the FrozenLake study's ``ErrorStateResult``)."""
 
     errors: TextErrorStates
     quality: TextStepQuality

@@ -53,7 +53,8 @@ def build_small_tokenizer(
 
     ``isolate``: a regular expression (Oniguruma syntax, as ``tokenizers`` reads it) whose
     matches are pre-tokens of their own: no merge crosses their edges, so each match becomes
-    one token or a few (FrozenLake's grid cells: :attr:`envs.study.Study.tokenizer_isolate`).
+    one token or a few (FrozenLake's grid cells:
+    :attr:`agentrl_jax.reproduce.studies.Study.tokenizer_isolate`).
     """
     reserved = len(SPECIAL_TOKENS) + len(THINK_TOKENS)
     if vocab_size < 256 + reserved:

@@ -1,6 +1,7 @@
 """``agentrl-jax reproduce ENV``: the paper's study of a registered environment end to end
 (PAPER.md §5, §7, §9). What is particular to an environment (tasks, demonstrations, R_single,
-analyses, config defaults) comes from its study (:mod:`envs.study`), not from here.
+analyses, config defaults) comes from its study (:mod:`agentrl_jax.reproduce.studies`), not from
+here.
 
 * :mod:`.config`      - the validated, YAML-backed configuration (CPU default and paper scale).
 * :mod:`.policy_init` - the initial policy: a random Qwen3 and a tokenizer built from the task text.

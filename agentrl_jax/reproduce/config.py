@@ -84,10 +84,10 @@ class ReproduceConfig:
                     f"{self.mesh.tensor}; set rl.kv_page_size and "
                     "eval.kv_page_size to null (the static cache) or tensor to 1"
                 )
-        if self.model.tokenizer_isolate and self.task.entry.study.tokenizer_isolate is None:
+        if self.model.tokenizer_isolate and self.task.study.tokenizer_isolate is None:
             raise ConfigError(
                 f"model.tokenizer_isolate: the {self.task.env} environment's study "
-                "declares no pieces to isolate (envs.study.Study.tokenizer_isolate)"
+                "declares no pieces to isolate (its Study.tokenizer_isolate)"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -263,8 +263,8 @@ def load_config(
     """The config in the YAML file ``path`` (None: the built-in default), with overrides.
 
     ``defaults`` (sections of fields, e.g. an environment study's
-    :attr:`~envs.study.Study.config_defaults`) replace the built-in default's values under
-    the file's: a field the file does not give takes its value there first.
+    :attr:`~agentrl_jax.reproduce.studies.Study.config_defaults`) replace the built-in default's
+    values under the file's: a field the file does not give takes its value there first.
 
     Every problem is a :class:`ConfigError` naming the file (and the override, if one is
     involved) and the field: a missing, unreadable or empty file, YAML syntax errors, a key

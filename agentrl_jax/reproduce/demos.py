@@ -2,10 +2,10 @@
 
 A pretrained LLM is competent but fallible; a random-init policy is neither. The reproduction
 makes its base policy by behaviour cloning the environment study's demonstrator
-(:meth:`envs.study.Study.demonstrator`: FrozenLake's Q*-greedy agent, the other environments'
-gold answers, each with mistakes). :func:`collect_demos` plays it through the real rollout, so
-the demonstrations are token for token what a policy sees and samples (chat template, budget
-prompt, stop token), at budgets drawn as in BudgetMix.
+(:meth:`agentrl_jax.reproduce.studies.Study.demonstrator`: FrozenLake's Q*-greedy agent, the other
+environments' gold answers, each with mistakes). :func:`collect_demos` plays it through the real
+rollout, so the demonstrations are token for token what a policy sees and samples (chat template,
+budget prompt, stop token), at budgets drawn as in BudgetMix.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ import numbers
 from typing import Any, Callable, Sequence
 
 from agentrl_jax.errors import ConfigError
-from agentrl_jax.evaluation import diagnostics, passk, passt
+from agentrl_jax.evaluation import passk, passt
 from agentrl_jax.evaluation.drivers import rollout_units
+from agentrl_jax.evaluation.state_diagnostics import INVALID_SCORES
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.reproduce.results import ANALYSES
 from agentrl_jax.rollout import RolloutConfig
@@ -56,7 +57,7 @@ _CHECKS: dict[str, Check] = {
     "gamma": (_in_range(0.0, 1.0), "a number in [0, 1]"),
     "temperature": (_in_range(0.0), "a number >= 0"),
     "top_p": (_in_range(0.0, 1.0, lo_open=True), "a number in (0, 1]"),
-    "invalid": one_of(diagnostics.INVALID_SCORES),
+    "invalid": one_of(INVALID_SCORES),
     "enable_thinking": BOOL,
     "tasks_per_call": optional(_COUNT),
     "states_per_call": optional(_COUNT),
@@ -82,7 +83,8 @@ class EvalSettings:
 
     ``budgets``: the Pass@T budgets (None: every budget 1..T_max); the Table 1 levels
     (25/50/75/100% of ``T_max``) are always added. ``invalid``: how an unparsable response is
-    scored in the step diagnostics (:data:`diagnostics.INVALID_SCORES`).
+    scored in the step diagnostics
+    (:data:`~agentrl_jax.evaluation.state_diagnostics.INVALID_SCORES`).
     """
 
     samples: int = 8  # trajectories per task and budget (Pass@T, Table 1)

@@ -39,7 +39,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from agentrl_jax.evaluation import diagnostics, drivers, likelihood, passk
+from agentrl_jax.evaluation import drivers, likelihood, passk
 from agentrl_jax.evaluation import report as eval_report
 from agentrl_jax.evaluation.analyses import (
     continuation,
@@ -53,7 +53,6 @@ from agentrl_jax.evaluation.analyses import (
 from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
 from agentrl_jax.evaluation.drivers import rollout_units
 from agentrl_jax.evaluation.report import Section
-from agentrl_jax.evaluation.state_diagnostics import default_states
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.policy import Policy, SamplerPolicy
 from agentrl_jax.reproduce import findings, report, results
@@ -62,6 +61,7 @@ from agentrl_jax.reproduce import findings, report, results
 from agentrl_jax.reproduce.eval_settings import KV_PAGE_SIZE, EvalSettings, analysis_units  # noqa: F401
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.reproduce.results import ANALYSES, raw_path, slug, table1_from_results
+from agentrl_jax.reproduce.studies.base import Study
 from agentrl_jax.rollout import RolloutConfig
 from agentrl_jax.sampling import Paging
 
@@ -359,7 +359,7 @@ def _steps(run: _Run) -> list[Section]:
                 depth.section(
                     run.out,
                     depth.compute(
-                        *diagnostics.quality_by_depth(result, run.t_max),
+                        *depth.quality_by_depth(result, run.t_max),
                         bins=s.depth_bins,
                         seed=s.seed,
                     ),
@@ -575,11 +575,11 @@ def run_analysis(
         add up to :func:`analysis_units`.
       min_turns: ``[tasks of env]`` fewest turns each task needs (the structural bound;
         default: the env's ``structural_bounds``, else 1 turn); ``bound_note`` says what
-        that bound means there (the study's :meth:`~envs.study.Study.bound_note_for`).
-      states: what ``steps`` and ``errors`` score states with
-        (:mod:`agentrl_jax.evaluation.state_diagnostics`; the study's
-        :meth:`~envs.study.Study.state_diagnostics`); default: the environment's own
-        (:func:`~agentrl_jax.evaluation.state_diagnostics.default_states`).
+        that bound means there (the study's
+        :meth:`~agentrl_jax.reproduce.studies.Study.bound_note_for`).
+      states: what ``steps`` and ``errors`` score states with, required by those two
+        (:mod:`agentrl_jax.evaluation.state_diagnostics`; the environment study's
+        :meth:`~agentrl_jax.reproduce.studies.Study.state_diagnostics`).
 
     Returns:
       The analysis' report sections (also saved to ``out/sections/<name>.json``).
@@ -595,16 +595,12 @@ def run_analysis(
         bounds = getattr(env, "structural_bounds", None)
         min_turns = bounds(every) if callable(bounds) else np.ones(len(every), np.int64)
     if bound_note is None:
-        from envs.study import Study  # noqa: PLC0415
-
         bound_note = Study().bound_note_for({})
     if name in ("steps", "errors") and states is None:
-        states = default_states(env)
-        if states is None:
-            raise ValueError(
-                f"{name}: needs the states to score (`states`, from the "
-                f"environment's study); {type(env).__name__} has none by default"
-            )
+        raise ValueError(
+            f"{name}: needs the states to score (`states`, from the environment's study: "
+            "Study.state_diagnostics)"
+        )
     run = _Run(
         Path(out),
         env,

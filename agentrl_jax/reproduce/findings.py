@@ -92,8 +92,8 @@ class PaperFigures:
     over :data:`PAPER`) and the effect sizes the verdicts measure power against. The defaults
     are the paper's headline figures (§9, §7; where it gives them for one environment,
     FrozenLake's); an environment's study gives its own
-    (:attr:`envs.study.Study.paper_figures`), and a run keeps them in ``raw/paper.json``, so
-    its findings recompute with the figures it was compared with."""
+    (:attr:`agentrl_jax.reproduce.studies.Study.paper_figures`), and a run keeps them in
+    ``raw/paper.json``, so its findings recompute with the figures it was compared with."""
 
     texts: Mapping[str, str] = dataclasses.field(default_factory=dict)  # {HEADLINES key: text}
     budgetmix_small: tuple[float, float] = BUDGETMIX_SMALL_SIZES

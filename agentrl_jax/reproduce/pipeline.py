@@ -58,10 +58,10 @@ from agentrl_jax.reproduce.config import ReproduceConfig
 from agentrl_jax.reproduce.folder import Phases, ReproduceError, prepare_folder, recorded_plugins
 from agentrl_jax.reproduce.policy_init import random_qwen3, save_policy
 from agentrl_jax.reproduce.report import write_report
+from agentrl_jax.reproduce.studies import StudyError
 from agentrl_jax.sharding import build_mesh
 from agentrl_jax.trajectory import Trajectory
 from envs import EnvTasks
-from envs.study import StudyError
 
 BASE = "base"
 # phases with no collectives: the main process runs them alone (module docstring)
@@ -75,7 +75,8 @@ DEMO_TASKS_PER_CALL = 32
 @dataclasses.dataclass(frozen=True)
 class Tasks:
     """The environment's training and evaluation tasks (:class:`envs.EnvTasks`; disjoint
-    splits where the environment has them, :meth:`envs.study.Study.has_split`)."""
+    splits where the environment has them,
+    :meth:`agentrl_jax.reproduce.studies.Study.has_split`)."""
 
     train: EnvTasks
     test: EnvTasks
@@ -90,7 +91,7 @@ def make_tasks(config: ReproduceConfig) -> Tasks:
     """``config.task``'s environment over its train and test tasks, made by its study."""
     t = config.task
     entry = t.entry
-    make = functools.partial(entry.study.tasks, entry, t.options, seed=t.seed, t_max=t.t_max)
+    make = functools.partial(t.study.tasks, entry, t.options, seed=t.seed, t_max=t.t_max)
     train = make(split="train", count=t.train_tasks)
     return Tasks(train, make(split="test", count=t.eval_tasks))
 
@@ -104,7 +105,7 @@ def phase_names(config: ReproduceConfig) -> list[str]:
     if config.warm_start.enabled:
         names += ["demos", "warm_start"]
     names += [f"train:{name}" for name in config.rl.run_names]
-    names += [f"eval:{a}" for a in config.task.entry.study.analyses_for(evaluate.ANALYSES)]
+    names += [f"eval:{a}" for a in config.task.study.analyses_for(evaluate.ANALYSES)]
     return names + ["report"]
 
 
@@ -163,7 +164,7 @@ class Reproduction:
         # process) a scratch folder of its own
         self.written = self.out if self.main else Path(tempfile.mkdtemp(prefix="agentrl-jax-"))
         self.tasks = make_tasks(config)
-        self.study = config.task.entry.study
+        self.study = config.task.study
         task = config.task
         self.runs = training.run_specs(
             config.rl,
@@ -251,7 +252,7 @@ class Reproduction:
     @functools.cached_property
     def demo_ids(self) -> np.ndarray:
         """The training tasks demonstrated: the first ``warm_start.demo_tasks`` the study's
-        demonstrator can play (:meth:`envs.study.Study.demonstrable`)."""
+        demonstrator can play (:meth:`agentrl_jax.reproduce.studies.Study.demonstrable`)."""
         first = np.arange(min(self.config.warm_start.demo_tasks, len(self.tasks.train.names)))
         try:
             ids = self.study.demonstrable(self.tasks.train, first)

@@ -1,7 +1,7 @@
 """The initial policy: a random Qwen3 of small dimensions with a tokenizer built offline from the
-environment's text (its study's corpus, :meth:`envs.study.Study.corpus`), or a local Qwen3
-directory (paper scale). Either way the result is a Hugging Face model directory (config,
-safetensors, tokenizer), which every later phase loads.
+environment's text (its study's corpus, :meth:`agentrl_jax.reproduce.studies.Study.corpus`), or a
+local Qwen3 directory (paper scale). Either way the result is a Hugging Face model directory
+(config, safetensors, tokenizer), which every later phase loads.
 """
 
 from __future__ import annotations

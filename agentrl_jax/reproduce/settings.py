@@ -70,9 +70,9 @@ class TaskSettings:
     ``frozenlake``, ``sql``, ``code``, ``bfcl``, and those a ``--plugin`` registers).
 
     ``options`` are the environment's own (FrozenLake: map size, dynamics; sql: a Spider
-    folder), checked by its study (:mod:`envs.study`), which also fills in its defaults.
-    ``train_tasks`` / ``eval_tasks`` tasks come from the environment's train and test splits
-    (disjoint where it has them; FrozenLake's by a content hash bit of each map), drawn with
+    folder), checked by its study (:mod:`agentrl_jax.reproduce.studies`), which also fills in its
+    defaults. ``train_tasks`` / ``eval_tasks`` tasks come from the environment's train and test
+    splits (disjoint where it has them; FrozenLake's by a content hash bit of each map), drawn with
     ``seed``. The rollout owns the budget: ``t_max`` is the largest one.
     """
 
@@ -109,7 +109,7 @@ class TaskSettings:
 
         try:
             entry = envs.entry(self.env)
-            options = entry.study.check_options(entry, plain_data(self.options))
+            options = self.study.check_options(entry, plain_data(self.options))
         except ValueError as error:
             message = str(error)
             field = (
@@ -126,10 +126,17 @@ class TaskSettings:
 
     @property
     def entry(self):
-        """The environment's registry entry (:class:`envs.registry.EnvEntry`)."""
+        """The environment's registry entry (:class:`envs.protocol.EnvEntry`)."""
         import envs  # noqa: PLC0415
 
         return envs.entry(self.env)
+
+    @property
+    def study(self):
+        """The environment's study (:func:`agentrl_jax.reproduce.studies.study_for`)."""
+        from agentrl_jax.reproduce.studies import study_for  # noqa: PLC0415
+
+        return study_for(self.env)
 
 
 DTYPES = ("float32", "bfloat16")
@@ -141,8 +148,8 @@ class ModelSettings:
     with its tokenizer; without it a Qwen3 of the dimensions below is initialised at random and
     a byte-level BPE tokenizer of ``tokenizer_vocab`` tokens is built from the task's text;
     ``tokenizer_isolate`` makes that tokenizer keep the pieces the environment's study declares
-    (:attr:`envs.study.Study.tokenizer_isolate`; FrozenLake: every grid cell) as tokens of
-    their own instead of merging them with their neighbours."""
+    (:attr:`agentrl_jax.reproduce.studies.Study.tokenizer_isolate`; FrozenLake: every grid cell) as
+    tokens of their own instead of merging them with their neighbours."""
 
     model_dir: str | None = None
     hidden_size: int = 64

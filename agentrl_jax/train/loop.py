@@ -53,14 +53,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from agentrl_jax.algorithms import dynamic_sampling_keep
-from agentrl_jax.process_rewards import StepScorer, StepScores, mean_step_score
+from agentrl_jax.process_rewards import mean_step_score
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.dynamic_sampling import Draw, assemble, packed_rows
 from agentrl_jax.train.logprobs import check_loss_positions
 from agentrl_jax.train.state import TrainState
 from agentrl_jax.train.step import TrainBatch, check_full_history, shaped_rewards
-from agentrl_jax.trajectory import Trajectory, concatenate_rows
+from agentrl_jax.trajectory import StepScorer, StepScores, Trajectory, concatenate_rows
 
 Rollout = Callable[[Any, jax.Array, Any], Trajectory]
 TrainStep = Callable[[TrainState, TrainBatch], tuple[TrainState, Mapping[str, jax.Array]]]

@@ -20,6 +20,12 @@ from envs.code.sandbox import (
     strict_problems,
     values_match,
 )
+from envs.code.tasks import make_tasks  # noqa: E402
+from envs.registry import register  # noqa: E402
+
+register(
+    "code", make_tasks, label="DeepCoder-MT", max_response_tokens=1024, max_context=16384, lanes=2
+)
 
 __all__ = [
     "AssertTest",

@@ -33,6 +33,11 @@ from envs.frozenlake.text import INVALID, parse_action, render
 
 register_env()
 
+from envs.frozenlake.tasks import make_tasks  # noqa: E402
+from envs.registry import register  # noqa: E402
+
+register("frozenlake", make_tasks, label="FrozenLake", max_response_tokens=512, max_context=16384)
+
 __all__ = [
     "ACTION_NAMES",
     "DOWN",

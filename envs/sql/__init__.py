@@ -38,6 +38,11 @@ def make_env(
     return PythonTextEnv(SqlEnv(tasks, config), workers=workers, step_timeout_s=step_timeout_s)
 
 
+from envs.registry import register  # noqa: E402
+from envs.sql.tasks import make_tasks  # noqa: E402
+
+register("sql", make_tasks, label="InterCode-SQL", max_response_tokens=512, max_context=8192)
+
 __all__ = [
     "INSTRUCTIONS",
     "SPLITS",

@@ -11,9 +11,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from agentrl_jax.evaluation import figures, stats
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
+
+
+def quality_by_depth(result: Any, t_max: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``(depth [S], {label: [S]})`` for :func:`compute` from a step-quality result (its
+    ``names``, ``pool.turn`` and ``quality``, any environment's state diagnostics): each
+    policy's per-state quality and the difference ``RL - base`` against ``d_t = t / T_max``."""
+    base, rl = result.names
+    depth = stats.normalised_depth(result.pool.turn, t_max)
+    q = result.quality
+    return depth, {base: q[base], rl: q[rl], f"{rl} - {base}": q[rl] - q[base]}
 
 
 @result

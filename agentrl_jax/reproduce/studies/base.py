@@ -1,11 +1,15 @@
-"""What ``agentrl-jax reproduce ENV`` needs from an environment beyond the rollout.
+"""What ``agentrl-jax reproduce ENV`` needs from an environment beyond the rollout: a
+:class:`Study`.
 
-Every registered environment (:func:`envs.register`) carries a :class:`Study`; the default
-one works for any environment, and an environment's own subclass adds what it knows:
+Every registered environment (:func:`envs.register`) has one
+(:func:`~agentrl_jax.reproduce.studies.study_for`): the generic one here works for any
+environment, and an environment's own subclass, registered under its name
+(:func:`~agentrl_jax.reproduce.studies.register_study`), adds what it knows:
 
 * **tasks** (:meth:`Study.tasks`): the factory called with the config's ``task.options``
-  plus ``split`` (``"train"`` / ``"test"``), ``seed`` and ``limit`` where it takes them. An
-  environment whose factory takes no ``split`` trains and evaluates on the same tasks, and the
+  plus ``split`` (``"train"`` / ``"test"``), ``seed``, ``limit`` and ``t_max`` where it takes
+  them. An environment whose factory takes no ``split`` trains and evaluates on the same
+  tasks, and the
   report says so (:meth:`Study.describe`).
 * **demonstrations** for a random-init policy (:meth:`Study.demonstrator`): a
   :class:`GoldDemonstrator` plays each task's gold plan (:meth:`Study.plan`, the replies of
@@ -21,49 +25,33 @@ one works for any environment, and an environment's own subclass adds what it kn
 * **analyses** (:attr:`Study.analyses`): those that need no oracle (Table 1 / Pass@T,
   Pass@K, likelihood, training dynamics). A study that can score states
   (:meth:`Study.state_diagnostics`) adds the step quality and error-state analyses:
-  FrozenLake's with Q* (:mod:`envs.frozenlake.study`), DeepCoder-MT's with the test pass
-  share and mutated reference programs as errors (:mod:`envs.code.study`).
+  FrozenLake's with Q* (:mod:`agentrl_jax.reproduce.studies.frozenlake`), DeepCoder-MT's
+  with the test pass share and mutated reference programs as errors
+  (:mod:`agentrl_jax.reproduce.studies.code`).
 
-Nothing here is keyed on an environment's name: the pipeline asks the entry's study.
+Nothing here is keyed on an environment's name: the pipeline asks the environment's study.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import re
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from envs.registry import EnvEntry, EnvTasks
+from envs.protocol import EnvEntry, EnvTasks
+from envs.registry import check_options, make
 
 # The analyses every environment supports (they need the rollout and the models only).
 GENERIC_ANALYSES = ("table", "passk", "likelihood", "dynamics")
 # ... and with the step diagnostics, for a study that scores states (Study.state_diagnostics)
 ALL_ANALYSES = ("table", "passk", "steps", "errors", "likelihood", "dynamics")
 # Options the pipeline sets itself (task.options may not).
-PIPELINE_OPTIONS = ("split", "seed", "limit")
+PIPELINE_OPTIONS = ("split", "seed", "limit", "t_max")
 
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.S)
 _REMAINING = re.compile(r"\[REMAINING TURNS\] (\d+)\n")
-
-
-def hash_split(name: str) -> str:
-    """``"train"`` or ``"test"``: the top bit of ``name``'s SHA-256, a fixed split of named tasks
-    into two disjoint halves that does not depend on their order or number."""
-    return ("train", "test")[hashlib.sha256(name.encode()).digest()[0] >> 7]
-
-
-def split_tasks(items: Sequence[Any], names: Sequence[str], split: str | None) -> list[Any]:
-    """The ``items`` whose ``names`` fall in ``split`` (:func:`hash_split`; None: all of them);
-    another split is refused."""
-    if split not in (None, "train", "test"):
-        raise ValueError(
-            f"split: must be 'train' or 'test' (a hash split of the tasks), got {split!r}"
-        )
-    return [item for item, name in zip(items, names) if split is None or hash_split(name) == split]
 
 
 class StudyError(ValueError):
@@ -89,7 +77,7 @@ def first_observations(env: Any, task_ids: Sequence[int]) -> list[str]:
     return list(env.reset(np.asarray(task_ids, np.int64), 0)[1])
 
 
-def with_t_max(tasks: "EnvTasks", t_max: int) -> "EnvTasks":
+def with_t_max(tasks: EnvTasks, t_max: int) -> EnvTasks:
     """``tasks`` with its environment's ``t_max`` (the rollout's full budget, BudgetMix's
     largest) set to the study's: a Python environment's wrapper holds its own copy of the
     paper's value (SQL 10), which a study may lower (a CI-sized run) or raise."""
@@ -158,13 +146,13 @@ class GoldDemonstrator:
 @dataclasses.dataclass(frozen=True)
 class RecordedQuality:
     """R_single from the step quality the rollout recorded (``Trajectory.step_quality``):
-    a :class:`~agentrl_jax.process_rewards.StepScorer` that scores the turns with a finite
+    a :class:`~agentrl_jax.trajectory.StepScorer` that scores the turns with a finite
     value."""
 
     def __call__(self, trajectory: Any, tasks: Any = None):
         import jax.numpy as jnp
 
-        from agentrl_jax.process_rewards import StepScores, scored_turns
+        from agentrl_jax.trajectory import StepScores, scored_turns
 
         quality = jnp.asarray(trajectory.step_quality, jnp.float32)
         mask = jnp.isfinite(quality) & scored_turns(trajectory)
@@ -174,7 +162,8 @@ class RecordedQuality:
 
 class Study:
     """The default study of a registered environment (module docstring). Subclass it and
-    pass an instance to :func:`envs.register` (``study=``) to add what an environment knows."""
+    register an instance under the environment's name
+    (:func:`~agentrl_jax.reproduce.studies.register_study`) to add what an environment knows."""
 
     analyses: tuple[str, ...] = GENERIC_ANALYSES
     # `agentrl-jax reproduce ENV`'s values under --config and --set: {section: {field: value}}
@@ -194,45 +183,40 @@ class Study:
     tokenizer_isolate: str | None = None
 
     # -- options and tasks
-    def check_options(self, entry: "EnvEntry", options: Mapping[str, Any]) -> dict[str, Any]:
+    def check_options(self, entry: EnvEntry, options: Mapping[str, Any]) -> dict[str, Any]:
         """``options`` checked (raises ``ValueError`` naming the bad one); returns them."""
         reserved = [o for o in options if o in PIPELINE_OPTIONS]
         if reserved:
             raise StudyError(
                 f"{', '.join(map(repr, reserved))}: set by the reproduction "
-                "(task.seed, train_tasks / eval_tasks), not an option"
+                "(task.seed, task.t_max, train_tasks / eval_tasks), not an option"
             )
-        from envs.registry import check_options
-
         check_options(entry.name, list(options))
         return dict(options)
 
     def tasks(
         self,
-        entry: "EnvEntry",
+        entry: EnvEntry,
         options: Mapping[str, Any],
         *,
         split: str,
         count: int,
         seed: int,
         t_max: int,
-    ) -> "EnvTasks":
+    ) -> EnvTasks:
         """The ``split`` tasks (at most ``count``) of ``entry`` with ``options``; ``t_max``
         is the study's largest budget: the environment's ``t_max`` is set to it
         (:func:`with_t_max`), the rollout's full budget and BudgetMix's largest."""
-        from envs.registry import make
-
         takes = entry.options
-        extra = {"split": split} if "split" in takes else {}
-        extra.update({"seed": seed} if "seed" in takes else {})
-        extra.update({"limit": count} if "limit" in takes else {})
+        given = {"split": split, "seed": seed, "limit": count, "t_max": t_max}
+        extra = {name: value for name, value in given.items() if name in takes}
         return with_t_max(make(entry.name, **{**options, **extra}), t_max)
 
-    def has_split(self, entry: "EnvEntry") -> bool:
+    def has_split(self, entry: EnvEntry) -> bool:
         """Whether the train and test tasks are disjoint (the factory takes ``split``)."""
         return "split" in entry.options
 
-    def min_turns(self, tasks: "EnvTasks") -> np.ndarray:
+    def min_turns(self, tasks: EnvTasks) -> np.ndarray:
         """``int[tasks]`` fewest turns that can succeed: the environment's, else 1 (no bound)."""
         if tasks.min_turns is not None:
             return np.asarray(tasks.min_turns, np.int64)
@@ -240,12 +224,12 @@ class Study:
 
     def describe(
         self,
-        entry: "EnvEntry",
+        entry: EnvEntry,
         options: Mapping[str, Any],
         *,
         t_max: int,
-        train: "EnvTasks",
-        test: "EnvTasks",
+        train: EnvTasks,
+        test: EnvTasks,
     ) -> str:
         """One line for the report: the tasks and how they split."""
         shown = ", ".join(f"{k}={v!r}" for k, v in options.items())
@@ -264,7 +248,7 @@ class Study:
         return "a necessary condition: a task cannot succeed in fewer turns"
 
     # -- demonstrations and tokenizer
-    def plan(self, tasks: "EnvTasks", task_id: int) -> list[str]:
+    def plan(self, tasks: EnvTasks, task_id: int) -> list[str]:
         """The replies of one successful episode of ``task_id``: the environment's own
         ``demonstration(task_id)``; an environment without one cannot warm-start."""
         demo = getattr(inner_env(tasks.env), "demonstration", None)
@@ -276,7 +260,7 @@ class Study:
             )
         return [str(r) for r in demo(int(task_id))]
 
-    def demonstrable(self, tasks: "EnvTasks", task_ids: Sequence[int]) -> np.ndarray:
+    def demonstrable(self, tasks: EnvTasks, task_ids: Sequence[int]) -> np.ndarray:
         """The ``task_ids`` the demonstrator can play: those no task with another plan shares a
         first observation with (the demonstrator tells tasks apart by it; BFCL's
         multi_turn_base_40 and _43 open alike)."""
@@ -289,7 +273,7 @@ class Study:
 
     def demonstrator(
         self,
-        tasks: "EnvTasks",
+        tasks: EnvTasks,
         task_ids: Sequence[int],
         *,
         t_max: int,
@@ -310,7 +294,7 @@ class Study:
         return GoldDemonstrator(plans, mistake_rate=mistake_rate, seed=seed)
 
     def corpus(
-        self, tasks: "EnvTasks", task_ids: Sequence[int], *, t_max: int, prompt: Any
+        self, tasks: EnvTasks, task_ids: Sequence[int], *, t_max: int, prompt: Any
     ) -> list[str]:
         """Texts between the special tokens of this environment's conversations, for a small
         tokenizer: the system prompt at every budget, turn headers, first observations, gold
@@ -338,12 +322,12 @@ class Study:
         )
 
     # -- training and evaluation
-    def step_scorer(self, tasks: "EnvTasks"):
+    def step_scorer(self, tasks: EnvTasks):
         """R_single's scorer for training on ``tasks`` (None: not logged)."""
         del tasks
         return RecordedQuality() if self.records_quality else None
 
-    def state_diagnostics(self, tasks: "EnvTasks") -> Any:
+    def state_diagnostics(self, tasks: EnvTasks) -> Any:
         """What the ``steps`` and ``errors`` analyses score ``tasks``' states with
         (:mod:`agentrl_jax.evaluation.state_diagnostics`); None where the study has nothing
         to score them with (it then leaves those analyses out of :attr:`analyses`)."""

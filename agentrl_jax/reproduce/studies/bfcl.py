@@ -1,7 +1,7 @@
 """BFCL v3 multi-turn's study: what ``agentrl-jax reproduce bfcl`` knows beyond the rollout.
 
 * **tasks**: bfcl-eval's ``multi_turn_base`` (``task.options.categories``, ``data``) split in
-  two by a hash of each task id (:func:`envs.study.hash_split`).
+  two by a hash of each task id (:func:`envs.splits.hash_split`).
 * **demonstrations**: the annotated trajectory (:func:`envs.bfcl.env.reference_responses`:
   per request its calls as one list, then an answer without a call); a mistake plays another
   task's reply of the same step, an erroneous call prefix that changes the state (§7), after
@@ -11,9 +11,9 @@
 
 from __future__ import annotations
 
+from agentrl_jax.reproduce.studies.base import Study, inner_env
 from envs.bfcl.env import reference_responses
-from envs.registry import EnvTasks
-from envs.study import Study, inner_env
+from envs.protocol import EnvTasks
 
 
 class BfclStudy(Study):

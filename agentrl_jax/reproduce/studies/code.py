@@ -1,7 +1,7 @@
 """DeepCoder-MT's study: what ``agentrl-jax reproduce code`` knows beyond the rollout.
 
 * **tasks**: HumanEval (or a DeepCoder JSONL file, ``task.options.data``) split in two by a
-  hash of each task id (:func:`envs.study.hash_split`), so no test task is trained on.
+  hash of each task id (:func:`envs.splits.hash_split`), so no test task is trained on.
 * **demonstrations**: each task's known-correct program (``CodeTask.reference``: HumanEval's
   prompt + canonical solution) in one fenced block; a mistake submits another task's program,
   whose failing tests the next observation lists, and the demonstrator then submits the right
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from agentrl_jax.reproduce.studies.base import ALL_ANALYSES, Study, StudyError, inner_env
 from envs.code.mutation import failing_mutant
-from envs.registry import EnvTasks
-from envs.study import ALL_ANALYSES, Study, StudyError, inner_env
+from envs.protocol import EnvTasks
 
 
 def fenced(program: str) -> str:

@@ -7,16 +7,17 @@
 * **demonstrations**: each task's gold plan is to run the gold query, read its result and
   submit it (``<sql>GOLD</sql>`` then ``<submit>GOLD</submit>``; with one turn left, submit
   at once); a mistake plays another task's query in its place, so a mistaken submit fails.
-* Everything else is the generic study's (:mod:`envs.study`): Table 1, Pass@K, likelihood,
-  training dynamics; SQL records no step quality, so no R_single.
+* Everything else is the generic study's (:mod:`agentrl_jax.reproduce.studies.base`):
+  Table 1, Pass@K, likelihood, training dynamics; SQL records no step quality, so no R_single.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from envs.registry import EnvEntry, EnvTasks
-from envs.study import Study, inner_env, with_t_max
+from agentrl_jax.reproduce.studies.base import Study, inner_env, with_t_max
+from envs.protocol import EnvEntry, EnvTasks
+from envs.registry import make
 
 SPIDER_SPLITS = {"train": "train", "test": "dev"}
 
@@ -75,8 +76,6 @@ class SqlStudy(Study):
         seed: int,
         t_max: int,
     ) -> EnvTasks:
-        from envs.registry import make
-
         del seed  # the split is fixed by the data
         if options.get("data") is not None:
             split = SPIDER_SPLITS[split]

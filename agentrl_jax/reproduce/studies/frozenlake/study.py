@@ -1,6 +1,7 @@
 """FrozenLake's study: what ``agentrl-jax reproduce frozenlake`` knows beyond the rollout.
 
-* **options** (``task.options``): the maps and dynamics (:class:`FrozenLakeOptions`).
+* **options** (``task.options``): the maps and dynamics
+  (:class:`envs.frozenlake.tasks.FrozenLakeOptions`; the tasks are built by its factory).
 * **tasks**: train and test maps from disjoint splits (a content hash bit,
   :func:`envs.frozenlake.maps.map_split`), drawn from ``task.seed`` (streams 0 and 1), so no
   evaluation map is trained on.
@@ -23,39 +24,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from agentrl_jax.reproduce.studies.base import ALL_ANALYSES, Study
 from envs.frozenlake import grid, qstar
+from envs.frozenlake.step_quality import FrozenLakeQStar
+from envs.frozenlake.tasks import FrozenLakeOptions
 from envs.frozenlake.text import parse_grid, render
-from envs.registry import EnvEntry, EnvTasks
-from envs.study import ALL_ANALYSES, Study
-
-STEP_QUALITY_GAMMA = 0.95  # paper §7: Q* with gamma 0.95
-
-
-@dataclasses.dataclass(frozen=True)
-class FrozenLakeOptions:
-    """``task.options`` of a FrozenLake study (the CPU default's values)."""
-
-    map_size: int = 4
-    frozen_p: float = 0.8  # probability that a cell is frozen
-    random_start_goal: bool = True  # else start top-left, goal bottom-right
-    slippery: bool = True
-    success_rate: float = 0.8  # P(intended move) when slippery (gymnasium: 1/3)
-
-    def __post_init__(self):
-        from agentrl_jax.validation import BOOL, integer, real, validate
-
-        validate(
-            "task.options",
-            self,
-            {
-                "map_size": integer(2),
-                "frozen_p": real(0.0, 1.0, lo_open=True),
-                "random_start_goal": BOOL,
-                "slippery": BOOL,
-                "success_rate": real(0.0, 1.0),
-            },
-        )
-
+from envs.protocol import EnvEntry, EnvTasks
 
 # The last user message of a context: its remaining budget and grid (the default BudgetPrompt).
 _LAST_TURN = re.compile(r"\[REMAINING TURNS\] (\d+)\n(.*?)<\|im_end\|>", re.S)
@@ -154,7 +128,7 @@ def frozenlake_corpus(
 
 
 class FrozenLakeStudy(Study):
-    """The study of :func:`envs.registry._frozenlake` (module docstring)."""
+    """The study of the ``frozenlake`` environment (module docstring)."""
 
     analyses = ALL_ANALYSES
     demonstrations = "Q* demonstrations"
@@ -172,43 +146,6 @@ class FrozenLakeStudy(Study):
                 f"{', '.join(map(repr, unknown))}; it takes: {', '.join(known)}"
             )
         return dataclasses.asdict(FrozenLakeOptions(**options))
-
-    def tasks(
-        self,
-        entry: EnvEntry,
-        options: Mapping[str, Any],
-        *,
-        split: str,
-        count: int,
-        seed: int,
-        t_max: int,
-    ) -> EnvTasks:
-        import jax
-
-        from envs.frozenlake import maps as fl_maps
-        from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
-
-        o = FrozenLakeOptions(**options)
-        stream = {"train": 0, "test": 1}[split]
-        tiles = np.asarray(
-            fl_maps.generate(
-                jax.random.fold_in(jax.random.key(seed), stream),
-                count,
-                size=o.map_size,
-                p=o.frozen_p,
-                random_start_goal=o.random_start_goal,
-                split=split,
-            )
-        )
-        env = FrozenLakeTextEnv(
-            tiles,
-            FrozenLakeTextConfig(t_max=t_max, is_slippery=o.slippery, success_rate=o.success_rate),
-        )
-        return EnvTasks(
-            env,
-            tuple(f"{split} map {i}" for i in range(count)),
-            np.asarray(env.structural_bounds(np.arange(count)), np.int64),
-        )
 
     def has_split(self, entry: EnvEntry) -> bool:
         return True
@@ -266,17 +203,15 @@ class FrozenLakeStudy(Study):
         return frozenlake_corpus(tasks.env.instructions(), tasks.env.maps, t_max, prompt)
 
     def state_diagnostics(self, tasks: EnvTasks):
-        from agentrl_jax.evaluation.state_diagnostics import QStarStates
+        from agentrl_jax.reproduce.studies.frozenlake.diagnostics import QStarStates
 
         return QStarStates(tasks.env)
 
     def step_scorer(self, tasks: EnvTasks):
-        from agentrl_jax.process_rewards import FrozenLakeQStar
-
         env = tasks.env
         return FrozenLakeQStar(
             env.maps,
-            gamma=STEP_QUALITY_GAMMA,
+            gamma=qstar.DEFAULT_GAMMA,
             is_slippery=env.config.is_slippery,
             success_rate=env.config.success_rate,
         )

@@ -37,16 +37,12 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from agentrl_jax.evaluation.state_prompt import SOURCES, FirstTurnOnly, StatePrompt
 from agentrl_jax.policy import Policy
-from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.trajectory import Trajectory
 from envs.frozenlake import grid, qstar
 from envs.frozenlake.text_env import FrozenLakeTextEnv
-
-SOURCES = ("base", "RL")
-"""Labels of :attr:`StatePool.source` codes 0 and 1 (-1: no source)."""
-
 
 # ---------------------------------------------------------------- pools of states
 
@@ -197,63 +193,6 @@ def maps_at_states(maps: np.ndarray, pool: StatePool) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class StatePrompt(BudgetPrompt):
-    """The budget-aware prompt of an episode started at turn ``B - b`` of budget ``B``.
-
-    The rollout calls it with its own budget ``b`` (the turns left at the start) and its own
-    turn ``k``; it states ``B`` (``stated_budget``), current turn ``B - b + k`` and remaining
-    ``b - k``, exactly what the original episode would have stated at that turn.
-    """
-
-    stated_budget: int = 1
-
-    def __post_init__(self):
-        super().__post_init__()
-        b = self.stated_budget
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
-            raise ValueError(f"StatePrompt.stated_budget must be an int >= 1, got {b!r}")
-
-    @classmethod
-    def of(cls, prompt: BudgetPrompt, stated_budget: int) -> "StatePrompt":
-        return cls(system=prompt.system, turn=prompt.turn, stated_budget=int(stated_budget))
-
-    def _check(self, budget: int) -> None:
-        if not 1 <= budget <= self.stated_budget:
-            raise ValueError(
-                f"StatePrompt: remaining budget {budget} is not in [1, {self.stated_budget}]"
-            )
-
-    def system_text(self, instructions: str, budget: int) -> str:
-        self._check(budget)
-        return super().system_text(instructions, self.stated_budget)
-
-    def turn_text(self, observation: str, budget: int, turn: int) -> str:
-        self._check(budget)
-        start = self.stated_budget - budget
-        return super().turn_text(observation, self.stated_budget, start + turn)
-
-
-class _FirstTurnOnly:
-    """A text environment whose episodes all end after their first turn."""
-
-    def __init__(self, env):
-        self.env, self.name, self.t_max = env, env.name, env.t_max
-
-    def instructions(self) -> str:
-        return self.env.instructions()
-
-    def num_tasks(self) -> int:
-        return self.env.num_tasks()
-
-    def reset(self, task_ids, seed):
-        return self.env.reset(task_ids, seed)
-
-    def step(self, state, responses, live):
-        state, result = self.env.step(state, responses, live)
-        return state, dataclasses.replace(result, done=np.ones_like(result.done))
-
-
-@dataclasses.dataclass(frozen=True)
 class StatePlay:
     """``G`` episodes from each state: ``[S, G]`` arrays.
 
@@ -303,7 +242,7 @@ class StateStarts:
         self.pool, self.tokenizer, self.states_per_call = pool, tokenizer, states_per_call
         self.config = dataclasses.replace(config, budget=None)
         self.env = FrozenLakeTextEnv(maps_at_states(env.maps, pool), env.config)
-        self._first_turn_env = _FirstTurnOnly(self.env)
+        self._first_turn_env = FirstTurnOnly(self.env)
         self._runners: dict[tuple[int, bool], MultiTurnRollout] = {}
 
     def runner(self, budget: int, first_turn_only: bool) -> MultiTurnRollout:

@@ -1,14 +1,15 @@
 """The paper's step-level diagnostics on FrozenLake (PAPER.md §7.1-7.3), driven by rollouts.
 
 * Step quality on matched states (§7.1): from each state of a pool (half visited by the
-  base policy, half by the RL one: :func:`~agentrl_jax.evaluation.states.matched_pool`),
-  each policy samples ``G`` actions; an action's quality is the exact ``Q*(s, a)`` with the
-  remaining horizon ``B - t`` (finite-horizon DP, ``gamma = 0.95``); a policy's quality at a
-  state is the mean over its ``G`` actions. Reported: the share of states where RL is
-  better and the mean difference with a 95% CI (:func:`stats.paired_comparison`).
+  base policy, half by the RL one:
+  :func:`~agentrl_jax.reproduce.studies.frozenlake.states.matched_pool`), each policy samples ``G``
+  actions; an action's quality is the exact ``Q*(s, a)`` with the remaining horizon ``B - t``
+  (finite-horizon DP, ``gamma = 0.95``); a policy's quality at a state is the mean over its ``G``
+  actions. Reported: the share of states where RL is better and the mean difference with a 95% CI
+  (:func:`stats.paired_comparison`).
 * Error states (§7.2): one distance-increasing move is injected into each state
-  (:func:`~agentrl_jax.evaluation.states.inject_errors`); both policies then play ``G``
-  episodes from each error state with the budget that is left. The first turn of those
+  (:func:`~agentrl_jax.reproduce.studies.frozenlake.states.inject_errors`); both policies then play
+  ``G`` episodes from each error state with the budget that is left. The first turn of those
   episodes gives the action quality at the error state; their outcomes give each policy's
   continuation success (same states, same environment randomness for both policies).
 * Depth (§7.3): per-state quality against the normalised depth ``t / T_max``.
@@ -26,18 +27,26 @@ invalid responses is reported next to the quality.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import numpy as np
 
-from agentrl_jax.evaluation import stats
-from agentrl_jax.evaluation.states import ErrorStates, StatePlay, StatePool, StateStarts
+from agentrl_jax.evaluation import drivers, stats
+from agentrl_jax.evaluation.state_diagnostics import INVALID_SCORES, columns
 from agentrl_jax.policy import Policy
+from agentrl_jax.reproduce.studies.frozenlake.states import (
+    ErrorStates,
+    StatePlay,
+    StatePool,
+    StateStarts,
+    inject_errors,
+    matched_pool,
+    visited_states,
+)
 from envs.frozenlake import qstar
 from envs.frozenlake.text_env import FrozenLakeTextEnv
 
-INVALID_SCORES = ("noop", "zero")
 DEFAULT_GAMMA = qstar.DEFAULT_GAMMA  # §7.1: gamma = 0.95
 VALUE_TOL = 1e-6  # Q* comes from a float32 DP: smaller differences between actions are rounding
 
@@ -268,13 +277,184 @@ def error_state_analysis(
     )
 
 
-# ---------------------------------------------------------------- depth (§7.3)
+# ---------------------------------------------------------------- playing states (§7.1-7.3)
 
 
-def quality_by_depth(result: StepQuality, t_max: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """``(depth [S], {label: [S]})`` for :mod:`~agentrl_jax.evaluation.analyses.depth`: each
-    policy's per-state quality and the difference ``RL - base`` against ``d_t = t / T_max``."""
-    base, rl = result.names
-    depth = stats.normalised_depth(result.pool.turn, t_max)
-    q = result.quality
-    return depth, {base: q[base], rl: q[rl], f"{rl} - {base}": q[rl] - q[base]}
+def play_visits(
+    play: drivers.Play, policies: Mapping[str, Policy], key: jax.Array, *, samples: int, budget: int
+) -> dict[str, StatePool]:
+    """``{policy: the states its trajectories act from}``: ``samples`` per task at ``budget``,
+    what §7.1's matched pools are drawn from (:func:`~agentrl_jax.evaluation.states.
+    matched_pool`)."""
+    out = {}
+    for name, policy in policies.items():
+        play.echo(f"Source trajectories: {name}, {play.tasks} tasks x {samples} at T={budget}")
+        out[name] = visited_states(play.rollout(policy, key, samples=samples, budget=budget))
+    return out
+
+
+def play_step_quality(
+    play: drivers.Play,
+    pool: StatePool,
+    base: Policy,
+    rl: Policy,
+    key: jax.Array,
+    *,
+    names: tuple[str, str],
+    group_size: int,
+    gamma: float,
+    invalid: str,
+) -> tuple[StateValues, StepQuality]:
+    """Q* of every action at the states of ``pool`` and each policy's ``group_size`` actions
+    there, scored (:func:`diagnostics.step_quality`; ``result.pools()`` feeds
+    :mod:`~agentrl_jax.evaluation.analyses.step_quality`, :func:`diagnostics.quality_by_depth`
+    :mod:`~agentrl_jax.evaluation.analyses.depth`)."""
+    values = state_values(play.env, pool, gamma=gamma)
+    result = step_quality(
+        _starts(play, pool, group_size), values, base, rl, key, names=names, invalid=invalid
+    )
+    return values, result
+
+
+def play_error_states(
+    play: drivers.Play,
+    errors: ErrorStates,
+    base: Policy,
+    rl: Policy,
+    key: jax.Array,
+    *,
+    names: tuple[str, str],
+    group_size: int,
+    gamma: float,
+    invalid: str,
+) -> tuple[StateValues, ErrorStateResult]:
+    """Action quality and ``group_size`` continuations of each policy from injected error
+    states (:func:`diagnostics.error_state_analysis`; ``result.quality.pools()`` feeds
+    :mod:`~agentrl_jax.evaluation.analyses.step_quality`, ``result.success``
+    :mod:`~agentrl_jax.evaluation.analyses.continuation`)."""
+    values = state_values(play.env, errors.states, gamma=gamma)
+    result = error_state_analysis(
+        _starts(play, errors.states, group_size),
+        errors,
+        values,
+        base,
+        rl,
+        key,
+        names=names,
+        invalid=invalid,
+    )
+    return values, result
+
+
+def _starts(play: drivers.Play, pool: StatePool, group_size: int) -> StateStarts:
+    """Plays from the states of ``pool``, ``group_size`` per state."""
+    return StateStarts(
+        play.env,
+        play.tokenizer,
+        pool,
+        dataclasses.replace(play.config, group_size=group_size),
+        states_per_call=play.states_per_call,
+    )
+
+
+# ---------------------------------------------------------------- the study's state diagnostics
+
+
+class QStarStates:
+    """FrozenLake's states and exact Q* (the module docstring) on ``env``, a
+    :class:`~envs.frozenlake.text_env.FrozenLakeTextEnv`."""
+
+    quality_name = "action quality"  # Q*(s, a) with the remaining horizon
+    quality_symbol = "Q*"
+    suite = "frozenlake-error-recovery/v1"
+    error_note = "one injected move that lengthens the shortest path to the goal"
+    success_note = "reaching the goal within the remaining budget"
+
+    def __init__(self, env: Any):
+        self.env = env
+
+    def invalid_note(self, settings: Any) -> str:
+        return f"{settings.invalid}-scored"
+
+    def visits(
+        self,
+        play: drivers.Play,
+        policies: Mapping[str, Policy],
+        key: jax.Array,
+        *,
+        samples: int,
+        budget: int,
+    ) -> dict[str, Any]:
+        return play_visits(play, policies, key, samples=samples, budget=budget)
+
+    def matched(self, base: Any, other: Any, *, size: int, seed: int) -> Any:
+        return matched_pool(base, other, size=size, seed=seed)
+
+    def steps(
+        self,
+        play: drivers.Play,
+        pool: Any,
+        base: Policy,
+        rl: Policy,
+        key: jax.Array,
+        *,
+        names: tuple[str, str],
+        settings: Any,
+    ) -> tuple[Any, dict[str, Any]]:
+        values, result = play_step_quality(
+            play,
+            pool,
+            base,
+            rl,
+            key,
+            names=names,
+            group_size=settings.group_size,
+            gamma=qstar.DEFAULT_GAMMA,
+            invalid=settings.invalid,
+        )
+        return result, {
+            "states": columns(pool, names),
+            "action_values": values.action_values,
+            "noop_value": values.noop_value,
+            "actions": result.actions,
+            "quality": result.quality,
+        }
+
+    def errors(
+        self,
+        play: drivers.Play,
+        pool: Any,
+        base: Policy,
+        rl: Policy,
+        key: jax.Array,
+        *,
+        names: tuple[str, str],
+        settings: Any,
+    ) -> tuple[Any, dict[str, Any]]:
+        errors = inject_errors(self.env.maps, pool, seed=settings.seed)
+        if len(errors.states) == 0:
+            raise ValueError(
+                f"errors: no state of the {names} pool admits an error move with a turn left"
+            )
+        values, result = play_error_states(
+            play,
+            errors,
+            base,
+            rl,
+            key,
+            names=names,
+            group_size=settings.group_size,
+            gamma=qstar.DEFAULT_GAMMA,
+            invalid=settings.invalid,
+        )
+        return result, {
+            "states": columns(errors.states, names),
+            "origin": errors.origin,
+            "injected_action": errors.action,
+            "action_values": values.action_values,
+            "noop_value": values.noop_value,
+            "actions": result.quality.actions,
+            "quality": result.quality.quality,
+            "success": result.success,
+            "overflow": result.overflow,
+        }
