@@ -10,7 +10,7 @@ reads the compiler's per-device memory analysis:
                         ``task.max_context`` tokens;
 * ``rollout:init``, ``rollout:append``, ``rollout:decode``   the sampler's programs at the
                         rollout's rows per call, cache length and prefill chunk; with
-                        ``rl.kv_page_size`` on the paged cache (a pool for every row in
+                        ``engine.kv_page_size`` on the paged cache (a pool for every row in
                         flight at ``task.max_context``), and with ``rl.refill`` also
                         ``rollout:append_rows`` (seating new rows);
 * ``eval:append``, ``eval:decode``   the evaluation sampler's;
@@ -39,6 +39,7 @@ headroom.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -73,6 +74,8 @@ from agentrl_jax.train import (
     make_train_step,
     state_shardings,
 )
+from agentrl_jax.train.config import loss_position_bound
+from agentrl_jax.train.config import train_config as make_train_config
 from agentrl_jax.train.step import batch_shardings
 from agentrl_jax.trajectory import Trajectory
 
@@ -480,8 +483,6 @@ def plan(
     """Compile the programs of a :class:`~agentrl_jax.reproduce.config.ReproduceConfig` for
     ``target`` and report their memory (see the module docstring). ``programs``: name
     prefixes to keep (e.g. ``["train"]``), None for all."""
-    from agentrl_jax.reproduce.training import loss_position_bound, run_specs
-
     model_cfg = model_config(config.model, model_name)
     dtype = jnp.dtype(config.model.dtype)
     model = abstract_qwen3(model_cfg, dtype=dtype, param_dtype=jnp.float32)
@@ -490,16 +491,13 @@ def plan(
     rows = rl.tasks_per_step * rl.group_size
     wanted = lambda name: programs is None or any(name.startswith(p) for p in programs)
     results: list[ProgramPlan] = []
-    seen: dict[TrainConfig, str] = {}
-    for spec in run_specs(
-        rl,
-        loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
-        max_response_length=task.t_max * task.max_response_tokens,
-    ):
-        train_config = spec.train_config
-        if train_config in seen or not wanted(f"train:{spec.name}"):
+    seen: set[str] = set()  # runs of one update share its program
+    for spec in rl.resolved_runs():
+        train_config = make_train_config(config, spec)
+        key = json.dumps(train_config.to_dict(), sort_keys=True, default=str)
+        if key in seen or not wanted(f"train:{spec.name}"):
             continue
-        seen[train_config] = spec.name
+        seen.add(key)
         results.append(
             plan_train_step(
                 f"train:{spec.name}",
@@ -515,7 +513,8 @@ def plan(
             )
         )
     rollout_rows = rl.max_rows_per_call or rows
-    cache_dtype = jnp.dtype(rl.kv_cache_dtype or config.model.dtype)
+    engine = config.engine
+    cache_dtype = jnp.dtype(engine.kv_cache_dtype or config.model.dtype)
     results += plan_sampler(
         "rollout",
         model,
@@ -523,17 +522,15 @@ def plan(
         rows=rollout_rows,
         max_len=task.max_context,
         max_new_tokens=task.max_response_tokens,
-        prefill_chunk=rl.prefill_chunk,
+        prefill_chunk=engine.prefill_chunk,
         cache_dtype=cache_dtype,
-        layout=rl.generation_layout,
-        sampling=SamplingConfig(temperature=rl.temperature, top_p=rl.top_p),
+        layout=engine.generation_layout,
+        sampling=rl.sampling,
         memory_bytes=target.memory_bytes,
         headroom=headroom,
         wanted=wanted,
         conservative=target.conservative,
-        paging=None
-        if rl.kv_page_size is None
-        else Paging(page_size=rl.kv_page_size, num_pages=rl.kv_pages),
+        paging=engine.paging,
         refill=rl.refill,
     )
     ev = config.eval
@@ -544,16 +541,16 @@ def plan(
         rows=eval_rows(ev, task.eval_tasks),
         max_len=ev.max_context,
         max_new_tokens=ev.max_response_tokens,
-        prefill_chunk=ev.prefill_chunk,
-        cache_dtype=jnp.dtype(ev.kv_cache_dtype or config.model.dtype),
-        layout=rl.generation_layout,
+        prefill_chunk=engine.prefill_chunk,
+        cache_dtype=cache_dtype,
+        layout=engine.generation_layout,
         sampling=SamplingConfig(temperature=ev.temperature, top_p=ev.top_p),
         memory_bytes=target.memory_bytes,
         headroom=headroom,
         wanted=wanted,
         init=False,
         conservative=target.conservative,
-        paging=None if ev.kv_page_size is None else Paging(page_size=ev.kv_page_size),
+        paging=engine.paging,
     )
     if wanted("eval:likelihood"):
         results.append(

@@ -3,7 +3,7 @@
 A plugin is an ordinary module that registers things at import time: loss terms
 (:func:`~agentrl_jax.algorithms.register_loss_term`), advantage estimators
 (:func:`~agentrl_jax.algorithms.register_advantage`), run presets
-(:func:`~agentrl_jax.reproduce.presets.register_run_preset`). The command line imports them
+(:func:`~agentrl_jax.train.presets.register_run_preset`). The command line imports them
 before it reads the config (so ``rl.runs`` may name them):
 
 * ``--plugin PATH.py`` or ``--plugin package.module`` (repeatable), on

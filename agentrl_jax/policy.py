@@ -66,6 +66,7 @@ from agentrl_jax.sampling import (
     pad_rows,
     resolve_layout,
 )
+from agentrl_jax.sampling.config import EngineConfig
 from agentrl_jax.sampling.sampler import batch_shards
 
 
@@ -284,6 +285,22 @@ class SamplerPolicy:
     context is prefilled once per shard that has rows starting from it. ``trace_counts``
     counts traces (= compilations) per function.
     """
+
+    @classmethod
+    def from_engine(
+        cls, model: Qwen3ForCausalLM, engine: EngineConfig, **options: Any
+    ) -> "SamplerPolicy":
+        """A policy with the sampling engine ``engine`` (a config's ``engine`` section: the KV
+        cache's dtype, prefill chunks, the paged cache, where decode reads the weights from);
+        ``options`` are the constructor's others (``mesh``, ``token_map``, ...)."""
+        return cls(
+            model,
+            cache_dtype=engine.kv_cache_dtype,
+            prefill_chunk=engine.prefill_chunk,
+            generation_layout=engine.generation_layout,
+            paging=engine.paging,
+            **options,
+        )
 
     def __init__(
         self,

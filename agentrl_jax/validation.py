@@ -99,3 +99,45 @@ def short_repr(value: Any, limit: int = 200) -> str:
     """``repr(value)``, cut to ``limit`` characters (a config value may be a huge list)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class FrozenDict(Mapping):
+    """An immutable, hashable mapping: what a frozen config holds where it holds a mapping, so
+    the config stays hashable (a jitted function may take it as a static argument). Equal to
+    any mapping with the same items; :func:`freeze` makes one all the way down."""
+
+    __slots__ = ("_items", "_hash")
+
+    def __init__(self, items: Any = ()):
+        object.__setattr__(self, "_items", dict(items))
+        object.__setattr__(self, "_hash", None)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash(frozenset(self._items.items())))
+        return self._hash
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("FrozenDict is immutable")
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
+def freeze(value: Any) -> Any:
+    """``value`` with every mapping a :class:`FrozenDict` and every list a tuple, all the way
+    down (hashable where its leaves are)."""
+    if isinstance(value, Mapping):
+        return FrozenDict({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    return value

@@ -3,7 +3,7 @@
 :mod:`envs.registry`; the protocol and the registry's types are :mod:`envs.protocol`'s)."""
 
 from envs.protocol import EnvEntry, EnvOptionError, EnvTasks, python_env
-from envs.registry import check_options, entry, make, names, register
+from envs.registry import check_options, entry, make, names, register, task_set, with_t_max
 
 # Each built-in package registers its own factory when imported, in this order (isort: off
 # keeps it: the registry lists environments in registration order).
@@ -25,4 +25,6 @@ __all__ = [
     "names",
     "python_env",
     "register",
+    "task_set",
+    "with_t_max",
 ]

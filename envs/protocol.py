@@ -286,6 +286,9 @@ class EnvEntry:
     program; BFCL's first message lists every function as JSON) and ``lanes`` the rollout
     lanes that suit it (2 where a step runs tests in a sandbox, long enough to hide behind
     decoding; 1 where a step is a query or a function call, so decode batches stay whole).
+    ``option_type``: a frozen dataclass of the options a user sets (their defaults and checks,
+    e.g. FrozenLake's map size and dynamics), or None: the factory's keyword parameters, as
+    they are.
     """
 
     name: str
@@ -294,6 +297,7 @@ class EnvEntry:
     max_response_tokens: int
     max_context: int
     lanes: int = 1
+    option_type: type | None = None
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -303,6 +307,32 @@ class EnvEntry:
             for p in inspect.signature(self.factory).parameters.values()
             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
         )
+
+    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """A config's ``options`` checked (:class:`EnvOptionError` or the option type's
+        ``ValueError``, naming the bad one) and, with an ``option_type``, completed with its
+        defaults. The options a task set is drawn with (:data:`TASK_OPTIONS`) are the
+        config's own fields, not options."""
+        reserved = [o for o in options if o in TASK_OPTIONS]
+        if reserved:
+            raise EnvOptionError(
+                f"{', '.join(map(repr, reserved))}: set from the task section (task.seed, "
+                "task.t_max, train_tasks / eval_tasks), not an option"
+            )
+        takes = [o for o in self.options if o not in TASK_OPTIONS]
+        unknown = [o for o in options if o not in takes]
+        if unknown:
+            raise EnvOptionError(
+                f"environment {self.name!r} takes no option {', '.join(map(repr, unknown))}; "
+                f"it takes: {', '.join(takes) or 'none'}"
+            )
+        if self.option_type is None:
+            return dict(options)
+        return dataclasses.asdict(self.option_type(**options))
+
+
+# The keyword parameters of a factory that draw its task set, set from a config's task section.
+TASK_OPTIONS = ("split", "seed", "limit", "t_max")
 
 
 def python_env(

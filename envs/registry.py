@@ -21,6 +21,7 @@ environment needs beyond the rollout is :mod:`agentrl_jax.reproduce.studies`'.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 from envs.protocol import EnvEntry, EnvOptionError, EnvTasks
@@ -36,10 +37,13 @@ def register(
     max_response_tokens: int,
     max_context: int,
     lanes: int = 1,
+    option_type: type | None = None,
     replace: bool = False,
 ) -> EnvEntry:
     """Register ``factory(**options) -> EnvTasks`` as ``name``; a name already taken is refused
-    unless ``replace``. Returns the entry."""
+    unless ``replace``. ``option_type``: a frozen dataclass declaring the options a config may
+    set, their defaults and checks (:meth:`~envs.protocol.EnvEntry.check_options`). Returns
+    the entry."""
     if not isinstance(name, str) or not name.isidentifier():
         raise EnvOptionError(f"envs.register: the name must be an identifier, got {name!r}")
     if name in _REGISTRY and not replace:
@@ -57,7 +61,9 @@ def register(
             )
     if not callable(factory):
         raise EnvOptionError(f"envs.register({name!r}): the factory must be callable")
-    entry = EnvEntry(name, factory, label, max_response_tokens, max_context, lanes)
+    if option_type is not None and not dataclasses.is_dataclass(option_type):
+        raise EnvOptionError(f"envs.register({name!r}): option_type must be a dataclass")
+    entry = EnvEntry(name, factory, label, max_response_tokens, max_context, lanes, option_type)
     _REGISTRY[name] = entry
     return entry
 
@@ -97,4 +103,24 @@ def make(name: str, **options: Any) -> EnvTasks:
         raise TypeError(
             f"environment {name!r}: its factory returned {type(tasks).__name__}, not EnvTasks"
         )
+    return tasks
+
+
+def task_set(task: Any, *, split: str, count: int) -> EnvTasks:
+    """The ``split`` tasks (at most ``count``) of a config's task section ``task`` (its
+    ``env``, ``options``, ``seed`` and ``t_max``): the factory gets ``split``, ``seed``,
+    ``limit`` and ``t_max`` where it takes them; an environment that keeps its own ``t_max``
+    (a Python environment's wrapper) gets the task's (:func:`with_t_max`)."""
+    found = entry(task.env)
+    given = {"split": split, "seed": task.seed, "limit": count, "t_max": task.t_max}
+    extra = {name: value for name, value in given.items() if name in found.options}
+    return with_t_max(make(task.env, **{**task.options, **extra}), task.t_max)
+
+
+def with_t_max(tasks: EnvTasks, t_max: int) -> EnvTasks:
+    """``tasks`` with its environment's ``t_max`` (the rollout's full budget, BudgetMix's
+    largest) set to ``t_max``: a Python environment's wrapper holds its own copy of the
+    paper's value (SQL 10), which a config may lower (a CI-sized run) or raise."""
+    if getattr(tasks.env, "t_max", t_max) != t_max:
+        tasks.env.t_max = int(t_max)
     return tasks

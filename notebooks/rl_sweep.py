@@ -31,10 +31,9 @@ from agentrl_jax.evaluation import passt, stats
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.policy import SamplerPolicy
-from agentrl_jax.reproduce import training
 from agentrl_jax.reproduce.config import load_config
 from agentrl_jax.reproduce.pipeline import make_tasks
-from agentrl_jax.sampling import Paging
+from agentrl_jax.train.run import train_policy
 
 HERE = Path(__file__).parent
 LOG, TABLE = HERE / "rl_sweep.jsonl", HERE / "rl_sweep.md"
@@ -46,31 +45,23 @@ def _ci(c: stats.MeanCI) -> list[float]:
 
 def point(base: Path, tag: str, overrides: list[str], eval_maps: int, log: Path) -> dict:
     config = load_config(base / "config.yaml", [*overrides, f"task.eval_tasks={eval_maps}"])
-    task, rl = config.task, config.rl
+    task = config.task
     tasks = make_tasks(config)
     tokenizer = load_tokenizer(base / "models" / "init")
-    spec = training.run_specs(
-        rl,
-        training.loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
-        max_response_length=task.t_max * task.max_response_tokens,
-    )[0]
+    spec = config.rl.resolved_runs()[0]
     run_dir = base / "sweep" / tag
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     model = load_qwen3(base / "models" / "base")
     start = time.perf_counter()
-    params = training.run_training(
-        spec,
+    params = train_policy(
         model,
-        tasks.train.env,
         tokenizer,
-        rl,
-        run_dir=run_dir,
-        t_max=task.t_max,
-        max_response_tokens=task.max_response_tokens,
-        max_context=task.max_context,
-        metadata={},
-        quality_scorer=task.study.step_scorer(tasks.train),
+        tasks.train,
+        spec,
+        config,
+        out=run_dir,
+        quality_scorer=config.study.step_scorer(tasks.train),
     )
     train_s = time.perf_counter() - start
     trained = load_qwen3(base / "models" / "base")
@@ -81,7 +72,7 @@ def point(base: Path, tag: str, overrides: list[str], eval_maps: int, log: Path)
     for key in ("R_multi", "R_single"):
         values = np.array([r[key] for r in logged], np.float64)
         changes[key] = _ci(stats.difference_of_means(values[:first], values[-first:]))
-    policy = SamplerPolicy(model, paging=Paging(page_size=config.eval.kv_page_size or 16))
+    policy = SamplerPolicy.from_engine(model, config.engine)
     successes = {}
     for name, m in (("base", model), ("trained", trained)):
         s = passt.sample_successes(

@@ -18,7 +18,7 @@ from agentrl_jax.bench.rollout import frozenlake_token_map
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.policy import SamplerPolicy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
-from agentrl_jax.train import TrainConfig, init_train_state, make_train_step, train
+from agentrl_jax.train import RLConfig, TrainConfig, init_train_state, make_train_step, train
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
@@ -76,7 +76,7 @@ def held_out_rates(
 STEPS = 10
 # What the no-update control is run with: seed 0 (the rollout keys) for STEPS steps. It is the
 # same for every trained configuration with that seed and length, so it is run once per process.
-CONTROL = TrainConfig(total_steps=STEPS, seed=0)
+CONTROL = TrainConfig(rl=RLConfig(steps=STEPS, seed=0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _setting() -> _Setting:
 def _loop(
     setting: _Setting, config: TrainConfig, train_step
 ) -> tuple[object, list[dict[str, float]]]:
-    """``config.total_steps`` steps of the training loop from the initial parameters."""
+    """``config.rl.steps`` steps of the training loop from the initial parameters."""
 
     def task_batches(position: int) -> np.ndarray:  # two "right" and two "below" maps each
         return setting.train_ids[
@@ -148,10 +148,10 @@ def _control() -> tuple[list[dict[str, float]], dict[str, float]]:
 def learning_run(config: TrainConfig) -> Run:
     """``config``'s training for STEPS steps, and the no-update control on the same rollout
     keys and task batches (``config`` must have the control's seed and length)."""
-    if (config.seed, config.total_steps) != (CONTROL.seed, CONTROL.total_steps):
+    if (config.rl.seed, config.rl.steps) != (CONTROL.rl.seed, CONTROL.rl.steps):
         raise ValueError(
-            f"learning_run: seed {config.seed} and total_steps {config.total_steps} must be "
-            f"the control's ({CONTROL.seed}, {CONTROL.total_steps})"
+            f"learning_run: seed {config.rl.seed} and steps {config.rl.steps} must be "
+            f"the control's ({CONTROL.rl.seed}, {CONTROL.rl.steps})"
         )
     setting = _setting()
     final, trained = _loop(setting, config, make_train_step(nnx.graphdef(setting.model), config))

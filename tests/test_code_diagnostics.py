@@ -30,7 +30,7 @@ from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.policy import ScriptedPolicy
 from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce import results
-from agentrl_jax.reproduce.evaluate import EvalSettings, run_analysis
+from agentrl_jax.reproduce.evaluate import EvalConfig, run_analysis
 from agentrl_jax.reproduce.studies.code import MutatedReference, fenced
 from envs.code import CodeEnv
 from envs.code.datasets import CodeTask
@@ -55,7 +55,7 @@ PROGRAMS = {  # program: its pass share on TESTS, by hand
 FIRST = {"base": "def clip(x):\n    return 0", "RL": "def clip(x):\n    return max(0, x)"}
 LATER = {"base": "def clip(x):\n    return x", "RL": REFERENCE}
 EXPECTED = {"base": (0.25, 0.5), "RL": (0.75, 1.0)}  # step quality at turn 0, at later turns
-SETTINGS = EvalSettings(
+SETTINGS = EvalConfig(
     budgets=None,
     samples=2,
     k=1,

@@ -29,7 +29,7 @@ from agentrl_jax.errors import ConfigError
 from agentrl_jax.sampling import SamplingConfig
 from agentrl_jax.sampling.filters import filtered_log_probs, scoring_logits
 from agentrl_jax.sampling.sampler import Sampler
-from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_train_step
+from agentrl_jax.train import RLConfig, TrainBatch, TrainConfig, init_train_state, make_train_step
 from agentrl_jax.train.logprobs import head_logprobs
 from agentrl_jax.train.step import prepare_batch
 from agentrl_jax.trajectory import Trajectory
@@ -40,13 +40,8 @@ ROWS, PROMPT, NEW = 8, 5, 6
 
 
 def _scoring_config(**changes) -> TrainConfig:
-    return TrainConfig(
-        scoring="sampling",
-        sampling_temperature=SAMPLING.temperature,
-        sampling_top_p=SAMPLING.top_p,
-        valid_vocab_size=VALID,
-        **changes,
-    )
+    rl = RLConfig(scoring="sampling", temperature=SAMPLING.temperature, top_p=SAMPLING.top_p)
+    return TrainConfig(rl=dataclasses.replace(rl, **changes), valid_vocab_size=VALID)
 
 
 @pytest.fixture(scope="module")
@@ -230,11 +225,11 @@ def test_config_fields_are_validated_and_round_trip():
     assert TrainConfig.from_dict(config.to_dict()) == config
     assert config.scoring_sampling == SAMPLING and TrainConfig().scoring_sampling is None
     with pytest.raises(ConfigError, match="scoring"):
-        TrainConfig(scoring="tempered")
-    with pytest.raises(ConfigError, match="sampling_temperature"):
-        TrainConfig(sampling_temperature=0.0)
-    with pytest.raises(ConfigError, match="sampling_top_p"):
-        TrainConfig(sampling_top_p=1.5)
+        TrainConfig(rl=RLConfig(scoring="tempered"))
+    with pytest.raises(ConfigError, match=r"rl\.temperature"):
+        TrainConfig(rl=RLConfig(temperature=0.0))
+    with pytest.raises(ConfigError, match=r"rl\.top_p"):
+        TrainConfig(rl=RLConfig(top_p=1.5))
     with pytest.raises(ValueError, match="cap"):
         LossTermConfig("policy_clip_tis", params={"cap": 0.0})
 

@@ -32,16 +32,17 @@ from agentrl_jax.algorithms import (
 from agentrl_jax.cli import app
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.plugins import PLUGINS_ENV, PluginError, load_plugin, load_plugins
-from agentrl_jax.reproduce import training
 from agentrl_jax.reproduce.config import load_config
 from agentrl_jax.train import (
     MetricsLogger,
+    RLConfig,
     TrainBatch,
     TrainConfig,
     init_train_state,
     make_train_step,
     read_metrics,
     train,
+    train_config,
 )
 from agentrl_jax.train.inputs import step_inputs
 
@@ -120,7 +121,7 @@ def _hand_term(params, reference, graphdef, traj, tau=0.1):
 def test_training_with_the_term_through_the_public_api(tmp_path):
     model = tiny_model(num_hidden_layers=1)
     graphdef = nnx.graphdef(model)
-    config = TrainConfig(algorithm=ALGORITHM, learning_rate=1e-2, total_steps=3)
+    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=3), algorithm=ALGORITHM)
     state = init_train_state(model, config)
     rng = np.random.default_rng(0)  # a reference away from the policy, so the k2 part is not 0
     state = state.replace(
@@ -278,8 +279,8 @@ def test_plugins_load_by_path_once_and_name_their_errors(tmp_path, monkeypatch):
 
 
 def test_the_readme_guide_defines_a_term_its_command_line_trains_with(tmp_path):
-    """README "Write your own loss": its file registers the term, its ``--set`` composes a run
-    with it, and the train step traces with that run's config."""
+    """docs/extending.md "Write your own loss": its file registers the term, its ``--set``
+    composes a run with it, and the train step traces with that run's config."""
     readme = (ROOT / "docs" / "extending.md").read_text()
     section = readme.split("## Write your own loss", 1)[1].split("\n## ", 1)[0]
     source = re.search(r"```python\n(.*?)```", section, re.S).group(1)
@@ -289,17 +290,16 @@ def test_the_readme_guide_defines_a_term_its_command_line_trains_with(tmp_path):
     load_plugin(str(tmp_path / "my_loss.py"))
     override = re.search(r"--set '(.*?)'", command, re.S).group(1)
     config = load_config(CI_CONFIG, [override])
-    (spec,) = training.run_specs(config.rl)
+    (spec,) = config.rl.resolved_runs()
+    update = train_config(config, spec)
     assert spec.name == "gated" and spec.label == "GRPO, gated KL"
-    assert [t.name for t in spec.train_config.algorithm.loss_terms] == [
+    assert [t.name for t in update.algorithm.loss_terms] == [
         "policy_clip",
         "entropy_gated_kl",
     ]
-    assert spec.train_config.uses_reference and "entropy" in step_inputs(
-        spec.train_config.algorithm
-    ).live("policy")
+    assert update.uses_reference and "entropy" in step_inputs(update.algorithm).live("policy")
     model = tiny_model(num_hidden_layers=1)
-    step = make_train_step(nnx.graphdef(model), spec.train_config)
-    state = jax.eval_shape(lambda: init_train_state(model, spec.train_config))
+    step = make_train_step(nnx.graphdef(model), update)
+    state = jax.eval_shape(lambda: init_train_state(model, update))
     _, metrics = jax.eval_shape(step._step, state, TrainBatch(random_trajectory(0)))
     assert {"loss/entropy_gated_kl", "entropy_gated_kl/weight"} <= set(metrics)

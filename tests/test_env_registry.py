@@ -114,11 +114,12 @@ def test_the_registry_and_the_study_build_the_same_frozenlake_maps():
     """One task-building path: ``envs.make`` and the reproduction's study give the same maps
     for the same seed and split (they once drew them from different streams)."""
     from agentrl_jax.reproduce.studies import study_for
+    from agentrl_jax.train.config import TaskConfig
 
-    entry = envs.entry("frozenlake")
     for split in ("train", "test"):
         made = envs.make("frozenlake", split=split, seed=5, limit=4, t_max=8)
-        study = study_for("frozenlake").tasks(entry, {}, split=split, count=4, seed=5, t_max=8)
+        task = TaskConfig(env="frozenlake", seed=5, t_max=8)
+        study = study_for("frozenlake").tasks(task, split=split, count=4)
         np.testing.assert_array_equal(made.env.maps, study.env.maps)
         assert made.names == study.names and study.env.t_max == 8
 

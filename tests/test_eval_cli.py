@@ -21,7 +21,7 @@ from agentrl_jax.cli import app
 from agentrl_jax.evaluation.policies import PolicyLoadError, checkpoint_step_dir, load_policy
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
-from agentrl_jax.train import Checkpointer, MetricsLogger, TrainConfig, init_train_state
+from agentrl_jax.train import Checkpointer, MetricsLogger, RLConfig, TrainConfig, init_train_state
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = [
@@ -50,7 +50,7 @@ def policies(tmp_path_factory):
     tokenizer = build_small_tokenizer(frozenlake_corpus(range(1, 5)), vocab_size=600)
     base_dir = save_tiny_policy(root / "base", tokenizer, seed=0)
     rl_weights = save_tiny_policy(root / "rl_weights", tokenizer, seed=1)
-    config = TrainConfig(total_steps=3)
+    config = TrainConfig(rl=RLConfig(steps=3))
     state = init_train_state(load_qwen3(rl_weights), config).replace(step=jax.numpy.asarray(3))
     checkpointer = Checkpointer(root / "run", every=1, keep=2)
     checkpointer.save(state, config, {"model_dir": str(base_dir)})
@@ -190,7 +190,7 @@ def test_cli_errors_name_the_problem(policies, tmp_path):
 
 def test_the_cli_page_size_default_is_the_reproductions():
     from agentrl_jax.cli import eval as eval_cli
-    from agentrl_jax.reproduce.evaluate import KV_PAGE_SIZE
+    from agentrl_jax.sampling.config import KV_PAGE_SIZE
 
     option = {name: default for name, _, default in eval_cli._COMMON}["kv_page_size"]
     assert option.default == KV_PAGE_SIZE

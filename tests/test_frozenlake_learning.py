@@ -45,23 +45,25 @@ from frozenlake_learning import (
 )
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
-from agentrl_jax.train import TrainConfig
+from agentrl_jax.train import RLConfig, TrainConfig
 
 # ~3 min on the shared 2-core CPU, a third of it compiling; at -O1 (tests/conftest.py): the rollouts
 # and updates run twice as fast as at the suite's -O0
 pytestmark = [pytest.mark.slow, pytest.mark.optimized]
 
 # Adam on a width-16 model: 3e-2 learns within 10 steps (the paper's 1e-6 is for 4B models).
-GRPO = TrainConfig(learning_rate=3e-2, total_steps=STEPS, seed=0, attention="blocked")
+GRPO = TrainConfig(rl=RLConfig(learning_rate=3e-2, steps=STEPS, seed=0, attention="blocked"))
 EPOCHS, MINI_BATCHES = 2, 2
 # 4 Adam steps per batch: a third of GRPO's 3e-2 per update.
 PPO = TrainConfig(
-    learning_rate=1e-2,
-    total_steps=STEPS,
-    seed=0,
-    epochs=EPOCHS,
-    mini_batches=MINI_BATCHES,
-    attention="blocked",
+    rl=RLConfig(
+        learning_rate=1e-2,
+        steps=STEPS,
+        seed=0,
+        epochs=EPOCHS,
+        mini_batches=MINI_BATCHES,
+        attention="blocked",
+    ),
     algorithm=AlgorithmConfig(
         advantage="gae",
         loss_terms=(
@@ -77,10 +79,7 @@ PPO = TrainConfig(
 # batches per update, and the soft overlong punishment (L_max = 5 sampled tokens, one per turn;
 # L_cache = 2: -0.5 for a row of 4 moves, -1 for 5). One update per batch, as GRPO.
 DAPO = TrainConfig(
-    learning_rate=3e-2,
-    total_steps=STEPS,
-    seed=0,
-    attention="blocked",
+    rl=RLConfig(learning_rate=3e-2, steps=STEPS, seed=0, attention="blocked"),
     max_response_length=5,
     algorithm=AlgorithmConfig(
         advantage="grpo",

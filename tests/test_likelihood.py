@@ -25,8 +25,8 @@ from agentrl_jax.evaluation.policies import load_policy, sampler_policies
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.policy import TokenMap
 from agentrl_jax.rollout import MultiTurnRollout
-from agentrl_jax.train import TrainConfig
-from agentrl_jax.train.step import sequence_logprobs
+from agentrl_jax.train import RLConfig, TrainConfig
+from agentrl_jax.train.scoring import sequence_logprobs
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
@@ -243,16 +243,16 @@ def test_the_rollout_records_the_sampling_distributions_log_probs(setup):
     _, rl, trajectories, _ = setup
     traj = trajectories["RL"]
     config = TrainConfig(
-        scoring="sampling",
-        sampling_temperature=EVAL_SAMPLING.temperature,
-        sampling_top_p=EVAL_SAMPLING.top_p,
+        rl=RLConfig(
+            scoring="sampling", temperature=EVAL_SAMPLING.temperature, top_p=EVAL_SAMPLING.top_p
+        )
     )
     scored, _ = sequence_logprobs(
         rl.model,
         jnp.asarray(traj.tokens),
         jnp.asarray(traj.token_mask),
         loss_mask=jnp.asarray(traj.loss_mask),
-        config=config,
+        forward=config.forward,
     )
     mask = np.asarray(traj.loss_mask)
     np.testing.assert_allclose(

@@ -19,7 +19,7 @@ from train_fakes import tiny_model
 from agentrl_jax.errors import CheckpointError, ConfigError
 from agentrl_jax.models import Qwen3Config, export_qwen3, load_qwen3
 from agentrl_jax.models.checkpoints import INDEX_FILE, index_checkpoint, read_safetensors_header
-from agentrl_jax.reproduce.config import ReproduceConfig, load_config
+from agentrl_jax.reproduce.config import default_config, load_config
 
 DTYPE_LIST = "F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32, I16, I8, U64, U32, U16, U8, BOOL"
 
@@ -664,7 +664,7 @@ def _yaml(tmp_path: Path, text: str | bytes) -> Path:
     return path
 
 
-SECTIONS = "task, model, warm_start, rl, eval, mesh"
+SECTIONS = "task, model, warm_start, engine, rl, eval, mesh"
 YAML_CASES = {
     "task: 0": ("task: 0\n", "task: must be a mapping of fields, got an int 0"),
     "rl: false": ("rl: false\n", "rl: must be a mapping of fields, got a boolean False"),
@@ -758,17 +758,18 @@ YAML_CASES = {
         "rl:\n  runs: 3\n",
         "rl.runs: must be a non-empty list of runs, each a preset name (grpo, budgetmix, "
         "budgetmix-adaptive, gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, dapo-budgetmix, "
-        "dr-grpo, rloo, gspo) or a mapping {name, preset, label, budget_mix, algorithm}, got 3",
+        "dr-grpo, rloo, gspo) or a mapping {name, preset, label, budget_mix, params, "
+        "algorithm}, got 3",
     ),
     "a list in the runs": (
         "rl:\n  runs: [[grpo]]\n",
         "rl.runs[0]: must be a preset name (grpo, budgetmix, budgetmix-adaptive, gigpo, "
         "gigpo-budgetmix, ppo, ppo-budgetmix, dapo, dapo-budgetmix, dr-grpo, rloo, gspo) or a "
-        "mapping {name, preset, label, budget_mix, algorithm}, got ['grpo']",
+        "mapping {name, preset, label, budget_mix, params, algorithm}, got ['grpo']",
     ),
     "a huge int for a number": (
-        "eval:\n  gamma: " + "9" * 400 + "\n",
-        "eval.gamma: must be a number in [0, 1], got " + "9" * 197 + "...",
+        "eval:\n  top_p: " + "9" * 400 + "\n",
+        "eval.top_p: must be a number in (0, 1], got " + "9" * 197 + "...",
     ),
     "a bad mesh": (
         "mesh:\n  data: 0\n",
@@ -780,17 +781,19 @@ YAML_CASES = {
     ),
     "pages on a tensor mesh": (
         "mesh:\n  tensor: 2\n",
-        "rl.kv_page_size: the paged KV cache "
+        "engine.kv_page_size: the paged KV cache "
         "splits rows over the data and fsdp axes only, and mesh.tensor is "
-        "2; set rl.kv_page_size and eval.kv_page_size to null (the static "
-        "cache) or tensor to 1",
+        "2; set engine.kv_page_size to null (the static cache) or tensor to 1",
     ),
-    "eval pages on a tensor mesh": (
-        "mesh:\n  tensor: 2\nrl:\n  kv_page_size: null\n",
-        "eval.kv_page_size: the paged KV cache splits rows over the "
-        "data and fsdp axes only, and mesh.tensor is 2; set "
-        "rl.kv_page_size and eval.kv_page_size to null (the static "
-        "cache) or tensor to 1",
+    "an old config whose evaluation paged differently": (
+        "rl:\n  kv_page_size: null\neval:\n  kv_page_size: 16\n",
+        "eval.kv_page_size: 16, but rl.kv_page_size is None: the sampling engine is one "
+        "section now (engine.kv_page_size), shared by the rollouts and the evaluation",
+    ),
+    "an old config's step-quality discount": (
+        "eval:\n  gamma: " + "9" * 400 + "\n",
+        "eval.gamma: " + "9" * 197 + "...; the step quality's discount is the environment's "
+        "own now (0.95, §7), not a setting",
     ),
 }
 
@@ -812,8 +815,8 @@ def test_a_yaml_file_that_is_missing_or_not_utf8_is_named(tmp_path):
 
 
 def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path):
-    assert load_config(_yaml(tmp_path, "rl:\ntask: {}\n")) == ReproduceConfig()
-    assert load_config(_yaml(tmp_path, "{}\n")) == ReproduceConfig()
+    assert load_config(_yaml(tmp_path, "rl:\ntask: {}\n")) == default_config()
+    assert load_config(_yaml(tmp_path, "{}\n")) == default_config()
 
 
 @pytest.mark.parametrize(
@@ -829,13 +832,12 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
             "rl:\n  steps: 3\n",
             ["rl.stepz=3"],
             "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: "
-            "aggregation, algorithm, attention, checkpoint_every, clip_high, clip_low, "
-            "critic_learning_rate, epochs, gae_gamma, gae_lambda, generation_layout, gigpo_gamma, "
-            "gigpo_omega, group_size, kl_coef, kv_cache_dtype, kv_page_size, kv_pages, "
-            "learning_rate, logits_chunk, max_grad_norm, max_rows_per_call, mini_batches, "
-            "num_micro_batches, prefill_chunk, refill, remat, runs, scoring, seed, steps, "
-            "tasks_per_step, temperature, tensorboard, top_p, value_clip, wandb_project, "
-            "weight_decay",
+            "adam_b1, adam_b2, adam_eps, algorithm, attention, checkpoint_every, "
+            "checkpoint_keep, critic_learning_rate, critic_weight_decay, epochs, group_size, "
+            "judge_model_dir, learning_rate, logits_chunk, max_grad_norm, max_rows_per_call, "
+            "mini_batches, num_micro_batches, preset_params, process_reward_coef, "
+            "process_rewards, refill, remat, runs, scoring, seed, steps, tasks_per_step, "
+            "temperature, tensorboard, top_k, top_p, wandb_project, weight_decay",
         ),
         (
             "rl:\n  steps: 3\n",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentrl_jax.plan import GIB, QWEN3_ARCHITECTURES, largest_buffers, model_config
-from agentrl_jax.reproduce.config import ModelSettings
+from agentrl_jax.reproduce.settings import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CI = [
@@ -67,13 +67,13 @@ def test_largest_buffers_reads_hlo_shapes():
 
 
 def test_model_config_from_known_sizes_and_from_the_random_init_settings():
-    four_b = model_config(ModelSettings(model_dir="/nowhere/Qwen3-4B"))
+    four_b = model_config(ModelConfig(model_dir="/nowhere/Qwen3-4B"))
     assert (four_b.hidden_size, four_b.num_hidden_layers, four_b.vocab_size) == (2560, 36, 151936)
-    assert model_config(ModelSettings(model_dir="/x"), "qwen3-8b").tie_word_embeddings is False
-    tiny = model_config(ModelSettings())
+    assert model_config(ModelConfig(model_dir="/x"), "qwen3-8b").tie_word_embeddings is False
+    tiny = model_config(ModelConfig())
     assert (tiny.hidden_size, tiny.vocab_size) == (64, 768)
     with pytest.raises(ValueError, match="no known size"):
-        model_config(ModelSettings(model_dir="/nowhere/llama"))
+        model_config(ModelConfig(model_dir="/nowhere/llama"))
     assert set(QWEN3_ARCHITECTURES) == {"qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"}
 
 
@@ -121,7 +121,7 @@ def test_plan_for_gpus_with_the_tpu_compiler_standing_in():
 
 
 def test_plan_compiles_the_paged_engine_on_the_mesh():
-    """``rl.kv_page_size`` + ``rl.refill``: the paged programs (seating rows too), each shard's
+    """``engine.kv_page_size`` + ``rl.refill``: the paged programs (seating rows too), each shard's
     pages of the pool on its own device."""
     code, report = _plan(
         "--gpus",
@@ -129,7 +129,7 @@ def test_plan_compiles_the_paged_engine_on_the_mesh():
         "--program",
         "rollout",
         "--set",
-        "rl.kv_page_size=16",
+        "engine.kv_page_size=16",
         "--set",
         "rl.refill=true",
         "--set",
@@ -149,7 +149,7 @@ def test_plan_compiles_the_paged_engine_on_the_mesh():
 
 
 def test_plan_refuses_a_pool_that_cannot_hold_one_row_per_device():
-    """``rl.kv_pages`` shares the pool among the 8 devices: 64 pages are 8 per device, fewer
+    """``engine.kv_pages`` shares the pool among the 8 devices: 64 pages are 8 per device, fewer
     than one 256-token row's 16; the plan says so before compiling anything."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     child = subprocess.run(
@@ -164,9 +164,9 @@ def test_plan_refuses_a_pool_that_cannot_hold_one_row_per_device():
             "--program",
             "rollout",
             "--set",
-            "rl.kv_page_size=16",
+            "engine.kv_page_size=16",
             "--set",
-            "rl.kv_pages=64",
+            "engine.kv_pages=64",
         ],
         env=env,
         capture_output=True,

@@ -22,23 +22,20 @@ from flax import nnx
 from train_fakes import random_trajectory, tiny_model
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
-from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_train_step
+from agentrl_jax.train import RLConfig, TrainBatch, TrainConfig, init_train_state, make_train_step
 from agentrl_jax.train.state import commit_state
 from agentrl_jax.train.step import (
-    explained_variance,
-    explained_variance_sums,
     policy_gradients,
     prepare_batch,
     select_rows,
     update_rows,
 )
+from agentrl_jax.train.step_metrics import explained_variance, explained_variance_sums
 
 EPOCHS, MINI_BATCHES, ROWS = 4, 4, 16
 UPDATES = EPOCHS * MINI_BATCHES
 PPO = TrainConfig(
-    learning_rate=3e-3,
-    epochs=EPOCHS,
-    mini_batches=MINI_BATCHES,
+    rl=RLConfig(learning_rate=3e-3, epochs=EPOCHS, mini_batches=MINI_BATCHES),
     algorithm=AlgorithmConfig(
         advantage="gae",
         loss_terms=(
@@ -49,7 +46,7 @@ PPO = TrainConfig(
     ),
 )
 # The paper's GRPO (clip 0.2, k3 KL 0.001, token-mean) with PPO epochs, for the hand-written loss.
-GRPO = TrainConfig(epochs=EPOCHS, mini_batches=MINI_BATCHES, num_micro_batches=2)
+GRPO = TrainConfig(rl=RLConfig(epochs=EPOCHS, mini_batches=MINI_BATCHES, num_micro_batches=2))
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,7 +172,9 @@ def test_update_rows_are_a_fresh_permutation_per_epoch():
 
 
 def test_rows_must_split_into_mini_and_micro_batches():
-    config = TrainConfig(epochs=2, mini_batches=4, num_micro_batches=3)
+    config = TrainConfig(
+        rl=RLConfig(epochs=2, mini_batches=4, num_micro_batches=3, tasks_per_step=6, group_size=2)
+    )
     step = make_train_step(_graphdef(), config)
     with pytest.raises(
         ValueError, match=r"mini_batches=4 x num_micro_batches=3 must divide the batch's 16 rows"

@@ -1,8 +1,8 @@
-"""The reproduction's configuration (agentrl_jax.reproduce.config) and what it feeds the trainer
-(agentrl_jax.reproduce.training.run_specs): every shipped YAML validates, the CPU YAML is the
-built-in default, bad values and unknown keys are refused naming ``section.field``, overrides
-parse, and the paper-scale configs hold PAPER.md §3/§4/§7's numbers all the way into the
-TrainConfigs and rollout settings."""
+"""The configuration tree (agentrl_jax.reproduce.config over agentrl_jax.train.config) and what
+it feeds the trainer (agentrl_jax.train.config.train_config): every shipped YAML validates and
+only overrides, every stored results folder's config.yaml loads (migrated), bad values and
+unknown keys are refused naming ``section.field``, overrides parse, and the paper-scale configs
+hold docs/paper.md §3/§4/§7's numbers all the way into the TrainConfigs and rollout settings."""
 
 from __future__ import annotations
 
@@ -19,17 +19,20 @@ from fake_devices import fake_devices_env
 
 from agentrl_jax.algorithms import AlgorithmConfig
 from agentrl_jax.errors import ConfigError
-from agentrl_jax.reproduce import training
 from agentrl_jax.reproduce.config import (
-    RUN_PRESETS,
     ReproduceConfig,
-    RLSettings,
     apply_overrides,
     config_from_dict,
+    default_config,
     dump_config,
+    env_defaults,
     load_config,
 )
+from agentrl_jax.sampling.config import EngineConfig
 from agentrl_jax.sharding import MeshConfig
+from agentrl_jax.train.config import RLConfig, TrainConfig, train_config
+from agentrl_jax.train.presets import RUN_PRESETS
+from agentrl_jax.train.run import rollout_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 ALL_CONFIGS = sorted(CONFIGS.glob("*.yaml"))
@@ -39,7 +42,6 @@ PAPER_CONFIGS = sorted(CONFIGS.glob("frozenlake_qwen3_*.yaml"))
 def test_the_shipped_configs_are_the_expected_set():
     # A new YAML is picked up by every test below; this guards against a glob that finds nothing.
     assert {p.name for p in ALL_CONFIGS} >= {
-        "frozenlake_cpu.yaml",
         "frozenlake_cpu_large.yaml",
         "frozenlake_ci.yaml",
         "frozenlake_qwen3_4b_gpu.yaml",
@@ -57,22 +59,32 @@ def test_every_config_loads_and_round_trips(path):
     assert config_from_dict(config.to_dict()) == config
     # ... and through the YAML a results folder stores (config.yaml).
     assert config_from_dict(yaml.safe_load(dump_config(config))) == config
-    # Every key the file sets is read as written (none silently dropped or renamed).
+    # Every key the file sets is read as written (none silently dropped or renamed), and
+    # overrides the default below it (a file restates nothing).
     written = yaml.safe_load(path.read_text())
     plain = config.to_dict()
+    default = default_config(config.task.env).to_dict()
     for section, fields in written.items():
         for field, value in fields.items():
+            if isinstance(value, dict):  # a mapping field: key by key
+                for key, item in value.items():
+                    assert plain[section][field][key] == item, f"{path.name}: {section}.{field}"
+                    if field != "options" or key in default[section][field]:
+                        assert default[section][field].get(key) != item, (path.name, field, key)
+                continue
             assert plain[section][field] == value, f"{path.name}: {section}.{field}"
+            if (section, field) != ("task", "env"):
+                assert default[section][field] != value, f"{path.name} restates {section}.{field}"
 
 
-def test_the_cpu_yaml_is_the_built_in_default():
-    assert load_config(CONFIGS / "frozenlake_cpu.yaml") == ReproduceConfig()
-    assert load_config(None) == ReproduceConfig()
-    # It spells out every field (it documents the default), so a new field must be added to it.
-    written = yaml.safe_load((CONFIGS / "frozenlake_cpu.yaml").read_text())
-    assert {s: set(f) for s, f in written.items()} == {
-        s: set(f) for s, f in ReproduceConfig().to_dict().items()
-    }
+def test_the_built_in_default_is_the_environments_study_over_the_classes():
+    assert load_config(None) == default_config("frozenlake")
+    assert load_config(None, ["task.env=sql"]) == default_config("sql")
+    # one place per environment: its study's config_defaults, here over the library's classes
+    assert default_config("frozenlake").rl.learning_rate == 1e-3
+    assert RLConfig().learning_rate == 1e-6  # the paper's (§4)
+    assert default_config("sql").task.t_max == 10 and default_config("bfcl").task.t_max == 24
+    assert env_defaults("code")["task"]["env"] == "code"
 
 
 def test_round_trip_of_non_default_values():
@@ -86,13 +98,13 @@ def test_round_trip_of_non_default_values():
             "mesh.data=-1",
             "mesh.fsdp=2",
             "task.options.slippery=false",
-            "rl.kv_cache_dtype=bfloat16",
+            "engine.kv_cache_dtype=bfloat16",
             "rl.max_rows_per_call=8",
-            "rl.prefill_chunk=512",
-            "rl.generation_layout=training",
+            "engine.prefill_chunk=512",
+            "engine.generation_layout=training",
         ],
     )
-    assert (config.rl.kv_cache_dtype, config.rl.max_rows_per_call) == ("bfloat16", 8)
+    assert (config.engine.kv_cache_dtype, config.rl.max_rows_per_call) == ("bfloat16", 8)
     assert config.rl.runs == ("ppo", "gigpo-budgetmix")
     assert config.eval.budgets == (1, 3)  # sorted, deduplicated
     assert config_from_dict(config.to_dict()) == config
@@ -113,11 +125,14 @@ def test_round_trip_of_non_default_values():
             {"task.env": "chess"},
             "task.env: unknown environment 'chess'; registered: frozenlake, sql",
         ),
-        ({"task.options": {"map_sise": 4}}, "task.options: FrozenLake takes no option 'map_sise'"),
+        (
+            {"task.options": {"map_sise": 4}},
+            "task.options: environment 'frozenlake' takes no option 'map_sise'",
+        ),
         ({"task.options": [4]}, "task.options: must be a mapping"),
         (
             {"task.env": "sql", "task.options": {"limit": 3}},
-            "task.options: 'limit': set by the reproduction",
+            "task.options: 'limit': set from the task section",
         ),
         (
             {"task.env": "sql", "task.options": {"map_size": 4}},
@@ -134,9 +149,11 @@ def test_round_trip_of_non_default_values():
         ({"rl.runs": ["grpo", "dpo"]}, "rl.runs"),
         ({"rl.runs": ["grpo", "grpo"]}, "rl.runs"),
         ({"rl.runs": "grpo"}, "rl.runs"),
-        ({"rl.clip_low": 0.0}, "rl.clip_low"),
-        ({"rl.clip_low": 1.0}, "rl.clip_low"),
-        ({"rl.clip_high": -0.1}, "rl.clip_high"),
+        ({"rl.preset_params.clip_low": 0.0}, "rl.preset_params.clip_low"),
+        ({"rl.preset_params.clip_low": 1.0}, "rl.preset_params.clip_low"),
+        ({"rl.preset_params.clip_high": -0.1}, "rl.preset_params.clip_high"),
+        ({"rl.preset_params.gigpo_omega": 1.0}, "rl.preset_params.gigpo_omega: no run's preset"),
+        ({"rl.preset_params": [1]}, "rl.preset_params: must be a mapping"),
         ({"rl.epochs": 0}, "rl.epochs"),
         ({"rl.mini_batches": 3}, "rl.mini_batches: must divide tasks_per_step x group_size (64)"),
         (
@@ -188,14 +205,17 @@ def test_round_trip_of_non_default_values():
         ),
         ({"rl.temperature": float("nan")}, "rl.temperature"),
         ({"rl.num_micro_batches": 3}, "rl.num_micro_batches"),  # does not divide 8 x 8 rows
-        ({"rl.kv_cache_dtype": "float16"}, "rl.kv_cache_dtype"),
+        ({"engine.kv_cache_dtype": "float16"}, "engine.kv_cache_dtype"),
         (
             {"rl.max_rows_per_call": 12},
             "rl.max_rows_per_call: must be a multiple of group_size (8)",
         ),
         ({"rl.max_rows_per_call": 0}, "rl.max_rows_per_call"),
-        ({"rl.prefill_chunk": 0}, "rl.prefill_chunk"),
-        ({"rl.generation_layout": "sharded"}, "rl.generation_layout"),
+        ({"engine.prefill_chunk": 0}, "engine.prefill_chunk"),
+        ({"engine.generation_layout": "sharded"}, "engine.generation_layout"),
+        ({"engine.kv_pages": 4, "engine.kv_page_size": None}, "engine.kv_pages"),
+        ({"rl.process_reward_coef": 0.1}, "rl.process_reward_coef"),
+        ({"rl.process_rewards": "judge"}, "rl.judge_model_dir"),
         ({"eval.samples": 0}, "eval.samples"),
         ({"eval.k": 9}, "eval.k"),  # more than eval.samples (8)
         ({"eval.top_p": 0.0}, "eval.top_p"),
@@ -207,7 +227,7 @@ def test_round_trip_of_non_default_values():
     ids=lambda v: ",".join(v) if isinstance(v, dict) else None,
 )
 def test_a_bad_value_names_its_section_and_field(changes, expected):
-    data = ReproduceConfig().to_dict()
+    data = default_config().to_dict()
     for key, value in changes.items():
         *path, field = key.split(".")
         target = data
@@ -265,7 +285,7 @@ def test_bad_files_are_errors_naming_the_file(tmp_path):
     with pytest.raises(ValueError, match=r"empty\.yaml: the file is empty"):
         load_config(empty)
     empty.write_text("{}  # every field its default\n")
-    assert load_config(empty) == ReproduceConfig()
+    assert load_config(empty) == default_config()
 
 
 # ---------------------------------------------------------------- overrides
@@ -351,16 +371,15 @@ def test_tokenizer_isolate_is_refused_where_no_tokenizer_is_built_or_nothing_is_
 
 
 def _paper_checks(config: ReproduceConfig) -> None:
-    """PAPER.md §2-§4 and §7 numbers every paper-scale config must hold."""
+    """docs/paper.md §2-§4 and §7 numbers every paper-scale config must hold."""
     assert config.task.t_max == 70  # §2
     rl = config.rl
     assert rl.group_size == 16  # §4 G
     assert rl.learning_rate == 1e-6 and rl.weight_decay == 0.01  # §4 AdamW
-    assert rl.kl_coef == 0.001  # §4 KL
+    assert rl.preset_params["kl_coef"] == 0.001  # §4 KL
     assert rl.temperature == 1.0 and rl.top_p == 1.0  # §4 rollouts
-    assert rl.gigpo_omega == 1.0 and rl.gigpo_gamma == 0.95  # §4 GiGPO
     assert rl.critic_learning_rate == 1e-5  # §4 PPO critic
-    assert rl.clip_low == rl.clip_high == 0.2 and rl.value_clip == 0.5  # §4 PPO clips
+    assert rl.preset_params["clip_low"] == rl.preset_params["clip_high"] == 0.2  # §4 clips
     assert (
         rl.epochs == 1 and rl.mini_batches == 1 and rl.algorithm == {}
     )  # one update per batch (verl's)
@@ -368,7 +387,7 @@ def _paper_checks(config: ReproduceConfig) -> None:
     assert ev.temperature == 0.6 and ev.top_p == 0.9  # §3 decoding
     assert ev.k == 8 and ev.samples >= ev.k  # §3 Pass@8
     assert ev.pass_k_samples == 128  # §3 k = 1..128
-    assert ev.states == 512 and ev.group_size == 16 and ev.gamma == 0.95  # §7.1
+    assert ev.states == 512 and ev.group_size == 16  # §7.1
     # Paper scale starts from a pretrained Qwen3 (no warm start), in bfloat16.
     assert config.model.model_dir is not None and config.warm_start.enabled is False
     assert config.model.dtype == "bfloat16"
@@ -394,50 +413,46 @@ PAPER_RUNS = ("grpo", "budgetmix", "gigpo", "gigpo-budgetmix", "ppo", "ppo-budge
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
 def test_paper_configs_reach_the_trainer_with_the_papers_numbers(path):
     config = load_config(path, [f"rl.runs=[{','.join(PAPER_RUNS)}]"])
-    specs = training.run_specs(config.rl)
+    specs = config.rl.resolved_runs()
     assert [s.name for s in specs] == list(PAPER_RUNS)
-    by_name = {s.name: s for s in specs}
+    # (GiGPO's and PPO's own hyper-parameters come in with their runs, at the paper's values)
+    assert config.rl.preset_params["gigpo_omega"] == 1.0
+    assert config.rl.preset_params["gigpo_gamma"] == 0.95
+    assert config.rl.preset_params["value_clip"] == 0.5
+    by_name = {s.name: train_config(config, s) for s in specs}
     for spec in specs:
-        tc = spec.train_config
+        tc = by_name[spec.name]
+        assert tc.rl is config.rl  # the section itself, not a copy
         assert spec.label == RUN_PRESETS[spec.name][0]
-        assert tc.learning_rate == 1e-6 and tc.weight_decay == 0.01
+        assert tc.rl.learning_rate == 1e-6 and tc.rl.weight_decay == 0.01
         assert tc.kl_coef == 0.001 and tc.uses_reference
         clip = dict(_loss_term(tc.algorithm, "policy_clip").params)
         assert clip["clip_low"] == clip["clip_high"] == 0.2
         assert _loss_term(tc.algorithm, "policy_clip").coef == 1.0
-        assert tc.total_steps == config.rl.steps
-        assert tc.checkpoint_every == config.rl.checkpoint_every
-        assert tc.num_micro_batches == config.rl.num_micro_batches
-        assert (tc.epochs, tc.mini_batches) == (1, 1)
+        assert (tc.rl.epochs, tc.rl.mini_batches) == (1, 1)
+        assert tc.max_response_length == 70 * config.task.max_response_tokens
         assert spec.budget_mix == spec.name.endswith("budgetmix")
         assert tc.budget_anchors == (spec.name == "gigpo-budgetmix")  # §5: anchor (s_t, B - t)
         # The rollouts: G = 16 at temperature 1.0; full-budget runs at T_max, BudgetMix draws.
-        rollout = training.rollout_config(
-            spec,
-            config.rl,
-            t_max=config.task.t_max,
-            max_response_tokens=config.task.max_response_tokens,
-            max_context=config.task.max_context,
-            valid_vocab_size=None,
-        )
+        rollout = rollout_config(config, spec)
         assert rollout.group_size == 16
         assert rollout.sampling.temperature == 1.0 and rollout.sampling.top_p == 1.0
         assert rollout.budget == (None if spec.budget_mix else 70)
 
     for name in ("grpo", "budgetmix"):
-        algorithm = by_name[name].train_config.algorithm
+        algorithm = by_name[name].algorithm
         assert algorithm.advantage == "grpo"
         assert _loss_term(algorithm, "value_clip") is None
-        assert not by_name[name].train_config.uses_critic
+        assert not by_name[name].uses_critic
     for name in ("gigpo", "gigpo-budgetmix"):
-        algorithm = by_name[name].train_config.algorithm
+        algorithm = by_name[name].algorithm
         assert algorithm.advantage == "gigpo"
         params = dict(algorithm.advantage_params)
         assert params["omega"] == 1.0 and params["gamma"] == 0.95
     for name in ("ppo", "ppo-budgetmix"):
-        tc = by_name[name].train_config
+        tc = by_name[name]
         assert tc.algorithm.advantage == "gae" and tc.uses_critic
-        assert tc.critic_learning_rate == 1e-5
+        assert tc.rl.critic_learning_rate == 1e-5
         assert dict(_loss_term(tc.algorithm, "value_clip").params)["clip"] == 0.5
 
     # Evaluation decoding: temperature 0.6, top-p 0.9 (§3).
@@ -446,10 +461,10 @@ def test_paper_configs_reach_the_trainer_with_the_papers_numbers(path):
 
 
 def test_a_zero_kl_coefficient_drops_the_kl_term():
-    config = load_config(CONFIGS / "frozenlake_ci.yaml", ["rl.kl_coef=0"])
-    (spec, *_) = training.run_specs(config.rl)
-    assert _loss_term(spec.train_config.algorithm, "kl") is None
-    assert not spec.train_config.uses_reference
+    config = load_config(CONFIGS / "frozenlake_ci.yaml", ["rl.preset_params.kl_coef=0"])
+    (spec, *_) = config.rl.resolved_runs()
+    assert _loss_term(spec.algorithm, "kl") is None
+    assert not train_config(config, spec).uses_reference
 
 
 # ---------------------------------------------------------------- meshes
@@ -468,8 +483,7 @@ def test_mesh_settings_resolve_for_their_machines():
             with pytest.raises(ValueError, match="needs 8 devices"):
                 mesh.resolve(16)
     # The CPU configs run on one device (more is refused, not silently ignored).
-    for name in ("frozenlake_cpu.yaml", "frozenlake_ci.yaml"):
-        mesh = load_config(CONFIGS / name).mesh
+    for mesh in (default_config().mesh, load_config(CONFIGS / "frozenlake_ci.yaml").mesh):
         assert mesh.resolve(1) == (1, 1, 1)
         with pytest.raises(ValueError, match="needs 1 devices"):
             mesh.resolve(8)
@@ -513,16 +527,15 @@ def _terms(algorithm: AlgorithmConfig) -> dict:
 
 
 def test_every_preset_builds_and_reaches_the_trainer():
-    from agentrl_jax.reproduce.presets import RUN_PRESETS as TABLE
-
-    assert RUN_PRESETS is TABLE  # one table, re-exported
-    specs = training.run_specs(RLSettings(runs=tuple(TABLE)), max_response_length=96)
+    TABLE = RUN_PRESETS
+    config = default_config(overrides=[f"rl.runs=[{', '.join(TABLE)}]", "task.t_max=12"])
+    specs = config.rl.resolved_runs()
     assert [s.name for s in specs] == list(TABLE)
     for spec in specs:
         assert (
             spec.label == TABLE[spec.name].label and spec.budget_mix == TABLE[spec.name].budget_mix
         )
-    by_name = {s.name: s.train_config.algorithm for s in specs}
+    by_name = {s.name: train_config(config, s).algorithm for s in specs}
     assert _terms(by_name["dapo"]) == {
         "policy_clip": (1.0, {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None})
     }
@@ -533,12 +546,12 @@ def test_every_preset_builds_and_reaches_the_trainer():
     assert (dr.advantage, dr.aggregation, dr.aggregation_constant) == (
         "dr_grpo",
         "seq-mean-token-sum",
-        96.0,
+        96.0,  # T_max 12 x 8 tokens
     )
     with pytest.raises(
         ValueError, match="TrainConfig.max_response_length: must be set .* aggregation_constant"
     ):
-        training.run_specs(RLSettings(runs=("dr-grpo",)))
+        TrainConfig(algorithm=specs[list(TABLE).index("dr-grpo")].algorithm)
     assert by_name["rloo"].advantage == "rloo" and "gspo_clip" in _terms(by_name["gspo"])
 
 
@@ -552,18 +565,19 @@ def test_a_gigpo_run_with_dapos_clip_is_composed_by_name_from_the_command_line()
         CONFIGS / "frozenlake_ci.yaml", [override, "rl.epochs=2", "rl.mini_batches=2"]
     )
     assert config.rl.run_names == ("gigpo", "gigpo-dapo")
-    plain, dapo = training.run_specs(config.rl)
+    plain, dapo = config.rl.resolved_runs()
     assert (dapo.label, dapo.budget_mix) == ("GiGPO, DAPO clip", True)
-    algorithm = dapo.train_config.algorithm
+    algorithm = dapo.algorithm
     assert (
         algorithm.advantage == "gigpo" and dict(algorithm.advantage_params)["gamma"] == 0.95
     )  # the preset's
     assert _terms(algorithm)["policy_clip"][1]["clip_high"] == 0.28
-    assert _terms(plain.train_config.algorithm)["policy_clip"][1]["clip_high"] == 0.2
+    assert _terms(plain.algorithm)["policy_clip"][1]["clip_high"] == 0.2
     # GiGPO reads anchor states: under BudgetMix it anchors on (s_t, B - t), found from what it
     # declares.
-    assert dapo.train_config.budget_anchors and not plain.train_config.budget_anchors
-    assert (dapo.train_config.epochs, dapo.train_config.mini_batches) == (2, 2)
+    assert train_config(config, dapo).budget_anchors
+    assert not train_config(config, plain).budget_anchors
+    assert (config.rl.epochs, config.rl.mini_batches) == (2, 2)
     # It round-trips through the results folder's config.yaml.
     assert config_from_dict(yaml.safe_load(dump_config(config))) == config
     assert (
@@ -577,12 +591,12 @@ def test_rl_algorithm_and_the_shared_hyper_parameters_reach_every_run():
         CONFIGS / "frozenlake_ci.yaml",
         [
             "rl.runs=[grpo, ppo, dapo]",
-            "rl.clip_high=0.28",
+            "rl.preset_params.clip_high=0.28",
             "rl.algorithm.aggregation=seq-mean-token-mean",
         ],
     )
     assert config.rl.algorithm == {"aggregation": "seq-mean-token-mean"}
-    grpo, ppo, dapo = (s.train_config.algorithm for s in training.run_specs(config.rl))
+    grpo, ppo, dapo = (s.algorithm for s in config.rl.resolved_runs())
     assert all(a.aggregation == "seq-mean-token-mean" for a in (grpo, ppo, dapo))
     assert (
         _terms(grpo)["policy_clip"][1]["clip_high"]
@@ -599,62 +613,71 @@ def test_rl_algorithm_and_the_shared_hyper_parameters_reach_every_run():
             "rl.algorithm.loss_terms=[policy_clip, entropy]",
         ],
     )
-    (spec,) = training.run_specs(config.rl)
-    assert spec.train_config.algorithm.advantage == "grpo" and list(
-        _terms(spec.train_config.algorithm)
-    ) == ["policy_clip", "entropy"]
-    assert not spec.train_config.uses_reference  # no term reads reference log-probs
+    (spec,) = config.rl.resolved_runs()
+    assert spec.algorithm.advantage == "grpo" and list(_terms(spec.algorithm)) == [
+        "policy_clip",
+        "entropy",
+    ]
+    assert not train_config(config, spec).uses_reference  # no term reads reference log-probs
 
 
-def test_a_preset_registered_from_outside_is_accepted_by_name():
-    from agentrl_jax.reproduce.presets import (
-        RUN_PRESETS as TABLE,
-    )
-    from agentrl_jax.reproduce.presets import (
-        grpo_algorithm,
-        register_run_preset,
-    )
+def test_a_preset_registered_from_outside_declares_and_checks_its_hyper_parameters():
+    from agentrl_jax.algorithms import Param
+    from agentrl_jax.train.presets import POLICY, grpo_algorithm, register_run_preset
 
-    name = "test-grpo-seq-mean"
+    name = "test-grpo-tempered"
+    params = {
+        **POLICY,
+        "aggregation": Param("token-mean", lambda v: v == "token-mean", "token-mean"),
+    }
     try:
-        register_run_preset(
-            name,
-            label="GRPO, token mean",
-            algorithm=lambda rl: {**grpo_algorithm(rl), "aggregation": "token-mean"},
-        )
+        register_run_preset(name, label="GRPO, token mean", algorithm=grpo_algorithm, params=params)
         with pytest.raises(ValueError, match="already registered"):
             register_run_preset(name, label="again", algorithm=grpo_algorithm)
-        (spec,) = training.run_specs(
-            load_config(CONFIGS / "frozenlake_ci.yaml", [f"rl.runs=[{name}]"]).rl
-        )
-        assert spec.label == "GRPO, token mean"
-        assert spec.train_config.algorithm.aggregation == "token-mean"
+        # the CPU default's shared aggregation is refused by this preset's own check
+        with pytest.raises(ValueError, match=r"rl\.preset_params\.aggregation: must be token-mean"):
+            load_config(CONFIGS / "frozenlake_ci.yaml", [f"rl.runs=[{name}]"])
+        token_mean = "rl.preset_params.aggregation=token-mean"
+        config = load_config(CONFIGS / "frozenlake_ci.yaml", [f"rl.runs=[{name}]", token_mean])
+        (spec,) = config.rl.resolved_runs()
+        assert spec.label == "GRPO, token mean" and spec.algorithm.aggregation == "token-mean"
+        # a run's own params are checked against what its preset declares
+        with pytest.raises(ValueError, match=r"rl\.runs\[0\]\.params: unknown hyper-parameter"):
+            load_config(
+                CONFIGS / "frozenlake_ci.yaml",
+                [f"rl.runs=[{{name: x, preset: {name}, params: {{gigpo_omega: 2}}}}]", token_mean],
+            )
+        (own,) = load_config(
+            CONFIGS / "frozenlake_ci.yaml",
+            [f"rl.runs=[{{name: x, preset: {name}, params: {{kl_coef: 0.5}}}}]", token_mean],
+        ).rl.resolved_runs()
+        assert _terms(own.algorithm)["kl"][0] == 0.5
     finally:
-        TABLE.pop(name, None)
+        RUN_PRESETS.pop(name, None)
     with pytest.raises(ValueError, match="run preset name"):
         register_run_preset("init", label="x", algorithm=grpo_algorithm)
 
 
-def test_rl_aggregation_reaches_the_paper_presets_and_no_other():
-    def aggregations(rl: RLSettings) -> dict[str, str]:
-        return {
-            s.name: s.train_config.algorithm.aggregation
-            for s in training.run_specs(rl, max_response_length=96)
-        }
+def test_the_shared_aggregation_reaches_the_presets_that_declare_it_and_no_other():
+    def aggregations(rl: RLConfig) -> dict[str, str]:
+        return {s.name: s.algorithm.aggregation for s in rl.resolved_runs()}
 
     presets = ("grpo", "budgetmix", "budgetmix-adaptive", "gigpo", "ppo", "rloo", "dapo", "dr-grpo")
-    default = aggregations(RLSettings(runs=presets))
+    default = aggregations(default_config(overrides=[f"rl.runs=[{', '.join(presets)}]"]).rl)
     assert default == {
-        **{p: "seq-mean-token-mean" for p in presets[:6]},
+        **{p: "seq-mean-token-mean" for p in presets[:6]},  # the CPU default's
         "dapo": "token-mean",
         "dr-grpo": "seq-mean-token-sum",
     }
-    assert aggregations(RLSettings(runs=presets, aggregation="token-mean")) == {
-        **default,
-        **{p: "token-mean" for p in presets[:6]},
-    }
-    with pytest.raises(ValueError, match=r"^rl\.aggregation: "):
-        RLSettings(aggregation="mean")
+    assert (
+        aggregations(RLConfig(runs=presets))
+        == {  # the presets' own default (the paper's)
+            **default,
+            **{p: "token-mean" for p in presets[:6]},
+        }
+    )
+    with pytest.raises(ValueError, match=r"^rl\.preset_params\.aggregation: "):
+        RLConfig(preset_params={"aggregation": "mean"})
 
 
 def test_nested_overrides_do_not_touch_their_input():
@@ -677,31 +700,22 @@ def test_the_adaptive_budgetmix_preset_draws_only_budgets_each_task_can_meet():
 
     from agentrl_jax.algorithms.budgetmix import budget_set
     from agentrl_jax.models.tokenizer import load_tokenizer
-    from agentrl_jax.reproduce import training
     from agentrl_jax.rollout import MultiTurnRollout
     from envs.frozenlake import maps as fl_maps
     from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
-    rl = RLSettings(runs=("budgetmix", "budgetmix-adaptive"))
-    specs = {s.name: s for s in training.run_specs(rl)}
-    assert specs["budgetmix-adaptive"].budget_mix == "adaptive"
-    config = training.rollout_config(
-        specs["budgetmix-adaptive"],
-        rl,
-        t_max=20,
-        max_response_tokens=8,
-        max_context=512,
-        valid_vocab_size=None,
+    whole = default_config(
+        overrides=[
+            "rl.runs=[budgetmix, budgetmix-adaptive]",
+            "task.t_max=20",
+            "task.max_context=512",
+        ]
     )
+    specs = {s.name: s for s in whole.rl.resolved_runs()}
+    assert specs["budgetmix-adaptive"].budget_mix == "adaptive"
+    config = rollout_config(whole, specs["budgetmix-adaptive"])
     assert config.budget is None and config.adaptive_budgets
-    assert not training.rollout_config(
-        specs["budgetmix"],
-        rl,
-        t_max=20,
-        max_response_tokens=8,
-        max_context=512,
-        valid_vocab_size=None,
-    ).adaptive_budgets
+    assert not rollout_config(whole, specs["budgetmix"]).adaptive_budgets
     env = FrozenLakeTextEnv(
         fl_maps.generate(jax.random.key(2), 40, size=6, p=0.8), FrozenLakeTextConfig(t_max=20)
     )
@@ -720,4 +734,101 @@ def test_the_adaptive_budgetmix_preset_draws_only_budgets_each_task_can_meet():
         for k in range(5)
     )  # plain BudgetMix does draw them
     with pytest.raises(ConfigError, match="budget_mix: must be true, false or adaptive"):
-        RLSettings(runs=({"name": "x", "preset": "grpo", "budget_mix": "sometimes"},))
+        RLConfig(runs=({"name": "x", "preset": "grpo", "budget_mix": "sometimes"},))
+
+
+# ---------------------------------------------------------------- configs of earlier versions
+
+STORED = sorted((CONFIGS.parent / "notebooks").glob("**/config.yaml"))
+
+
+def test_the_stored_results_folders_are_found():
+    assert len(STORED) >= 6, STORED
+
+
+@pytest.mark.parametrize("path", STORED, ids=lambda p: str(p.parent.name))
+def test_every_stored_results_config_loads_as_it_ran(path):
+    """A results folder's config.yaml written before the engine and the presets' parameters had
+    sections of their own loads (migrated) into a config that runs the same: the engine is
+    rl's, every run's algorithm has the KL, clip and aggregation rl gave it."""
+    config = load_config(path)
+    old = yaml.safe_load(path.read_text())
+    old_rl = old["rl"]
+    for field in ("kv_page_size", "prefill_chunk", "kv_cache_dtype", "generation_layout"):
+        if field in old_rl:
+            assert getattr(config.engine, field) == old_rl[field], field
+    for run in config.rl.resolved_runs():
+        kl = _loss_term(run.algorithm, "kl")
+        clip = dict(_loss_term(run.algorithm, "policy_clip").params)
+        if run.name in ("grpo", "budgetmix", "budgetmix-adaptive") and "kl_coef" in old_rl:
+            assert (kl.coef if kl else 0.0) == old_rl["kl_coef"]
+            assert (clip["clip_low"], clip["clip_high"]) == (
+                old_rl["clip_low"],
+                old_rl["clip_high"],
+            )
+            assert run.algorithm.aggregation == old_rl["aggregation"]
+    # written again, it reads back the same
+    assert config_from_dict(yaml.safe_load(dump_config(config))) == config
+
+
+def test_migration_moves_every_old_field_and_refuses_what_it_cannot_move():
+    old = {
+        "rl": {
+            "runs": ["grpo", "gigpo"],
+            "kl_coef": 0.01,
+            "aggregation": "token-mean",
+            "clip_low": 0.2,
+            "clip_high": 0.3,
+            "gigpo_omega": 0.5,
+            "gigpo_gamma": 0.9,
+            "gae_gamma": 0.99,  # no run reads it: dropped (it never had an effect)
+            "kv_page_size": 32,
+            "kv_pages": 64,
+            "prefill_chunk": 128,
+            "kv_cache_dtype": "bfloat16",
+            "generation_layout": "training",
+        },
+        "eval": {
+            "gamma": 0.95,
+            "kv_page_size": 32,
+            "prefill_chunk": 128,
+            "kv_cache_dtype": "bfloat16",
+        },
+    }
+    config = config_from_dict(old)
+    assert config.engine == EngineConfig(
+        kv_cache_dtype="bfloat16",
+        prefill_chunk=128,
+        kv_page_size=32,
+        kv_pages=64,
+        generation_layout="training",
+    )
+    assert config.rl.preset_params == {
+        "aggregation": "token-mean",
+        "clip_high": 0.3,
+        "clip_low": 0.2,
+        "gigpo_gamma": 0.9,
+        "gigpo_omega": 0.5,
+        "kl_coef": 0.01,
+    }
+    gigpo = config.rl.resolved_runs()[1].algorithm
+    assert dict(gigpo.advantage_params).items() >= {"omega": 0.5, "gamma": 0.9}.items()
+    # old-style overrides keep working
+    assert (
+        load_config(CONFIGS / "frozenlake_ci.yaml", ["rl.kl_coef=0.02"]).rl.preset_params["kl_coef"]
+        == 0.02
+    )
+    with pytest.raises(ConfigError, match=r"eval\.kv_page_size: 16, but rl\.kv_page_size is 32"):
+        config_from_dict({"rl": {"kv_page_size": 32}, "eval": {"kv_page_size": 16}})
+    with pytest.raises(ConfigError, match=r"eval\.gamma: 0\.9; the step quality's discount"):
+        config_from_dict({"eval": {"gamma": 0.9}})
+
+
+def test_one_engine_serves_the_rollouts_and_the_evaluation():
+    config = default_config(overrides=["engine.kv_page_size=null", "engine.prefill_chunk=64"])
+    assert (config.engine.paging, config.engine.prefill_chunk) == (None, 64)
+    for section in ("rl", "eval"):
+        fields = {f.name for f in dataclasses.fields(getattr(config, section))}
+        assert not fields & {"kv_page_size", "prefill_chunk", "kv_cache_dtype", "kv_pages"}
+    with pytest.raises(ConfigError, match=r"engine\.kv_page_size: the paged KV cache"):
+        default_config(overrides=["mesh.tensor=2"])

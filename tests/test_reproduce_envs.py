@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import envs
 from agentrl_jax.cli import app
 from agentrl_jax.prompts import BudgetPrompt
-from agentrl_jax.reproduce.config import load_config
+from agentrl_jax.reproduce.config import default_config, load_config
 from agentrl_jax.reproduce.studies import (
     GoldDemonstrator,
     Study,
@@ -24,6 +24,7 @@ from agentrl_jax.reproduce.studies import (
     register_study,
     study_for,
 )
+from agentrl_jax.train.config import TaskConfig
 from envs.protocol import Feedback, PythonEnv, text_key
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -136,8 +137,8 @@ def test_mistakes_are_another_tasks_reply_at_the_rate_asked():
 def test_a_study_refuses_what_it_cannot_do():
     tasks = make_two_words()
     study = Study()
-    with pytest.raises(StudyError, match="set by the reproduction"):
-        study.check_options(envs.entry("two_words"), {"split": "train"})
+    with pytest.raises(envs.EnvOptionError, match="set from the task section"):
+        envs.entry("two_words").check_options({"split": "train"})
     same = envs.python_env(TwoWords([("a", "b"), ("a", "c")]), ["x", "y"])
     same.env.env.reset_task = lambda task_id, seed: ({}, "Words?")  # both tasks open alike
     with pytest.raises(StudyError, match="cannot tell them apart"):
@@ -173,10 +174,12 @@ def test_the_bundled_sql_questions_split_in_two_disjoint_halves():
 
 
 @pytest.mark.parametrize("name", ["sql", "code", "bfcl"])
-def test_each_cpu_config_file_is_the_built_in_default(name):
-    study = study_for(name)
-    defaults = {**study.config_defaults, "task": {**study.config_defaults["task"], "env": name}}
-    assert load_config(CONFIGS / f"{name}_cpu.yaml") == load_config(None, defaults=defaults)
+def test_each_environments_default_is_its_study_over_the_classes(name):
+    config = default_config(name)
+    assert config.task.env == name
+    assert config.task.t_max == study_for(name).config_defaults["task"]["t_max"]
+    # the CPU base every environment's default starts from
+    assert config.rl.learning_rate == 1e-3 and config.rl.preset_params["kl_coef"] == 0.05
 
 
 @pytest.mark.parametrize("name, t_max, tasks", [("sql", 10, 100), ("code", 10, 6), ("bfcl", 24, 6)])
@@ -190,7 +193,8 @@ def test_every_gold_plan_solves_its_task_in_the_real_environment(name, t_max, ta
     from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 
     entry = envs.entry(name)
-    loaded = study_for(entry.name).tasks(entry, {}, split="train", count=tasks, seed=0, t_max=t_max)
+    task = TaskConfig(env=name, t_max=t_max)
+    loaded = study_for(entry.name).tasks(task, split="train", count=tasks)
     try:
         ids = np.arange(len(loaded.names))
         corpus = study_for(entry.name).corpus(loaded, ids, t_max=t_max, prompt=BudgetPrompt())
@@ -431,5 +435,5 @@ def test_the_paper_configs_of_the_other_environments_hold_the_papers_settings(na
     config = load_config(CONFIGS / f"{name}_qwen3_4b_gpu.yaml")
     assert (config.task.env, config.task.t_max, config.rl.group_size) == (name, t_max, 16)
     assert config.model.model_dir is not None and not config.warm_start.enabled
-    assert (config.rl.learning_rate, config.rl.kl_coef) == (1e-6, 0.001)
+    assert (config.rl.learning_rate, config.rl.preset_params["kl_coef"]) == (1e-6, 0.001)
     assert config.eval.k == 8 and config.eval.temperature == 0.6 and config.eval.top_p == 0.9

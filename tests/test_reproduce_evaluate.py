@@ -33,8 +33,9 @@ from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.policy import SamplerPolicy, ScriptedPolicy
 from agentrl_jax.reproduce import evaluate, findings, report, results
-from agentrl_jax.reproduce.evaluate import ANALYSES, EvalSettings, analysis_units, run_analysis
+from agentrl_jax.reproduce.evaluate import ANALYSES, EvalConfig, analysis_units, run_analysis
 from agentrl_jax.reproduce.studies.frozenlake.diagnostics import QStarStates
+from agentrl_jax.sampling.config import EngineConfig
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
@@ -42,7 +43,7 @@ from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 T_MAX = 6
 TASKS = 6
 NAMES = ("base", "GRPO", "BudgetMix GRPO")
-SETTINGS = EvalSettings(
+SETTINGS = EvalConfig(
     budgets=None,
     samples=4,
     k=2,
@@ -123,7 +124,6 @@ def test_settings_are_validated_naming_the_field():
         ({"budgets": [0, 3]}, "budgets"),
         ({"budgets": "17"}, "budgets"),
         ({"top_p": 0.0}, "top_p"),
-        ({"gamma": 1.5}, "gamma"),
         ({"invalid": "nan"}, "invalid"),
         ({"tasks_per_call": 0}, "tasks_per_call"),
         ({"diagnostic_tasks": 0}, "diagnostic_tasks"),
@@ -132,11 +132,11 @@ def test_settings_are_validated_naming_the_field():
         ({"seed": -1}, "seed"),
     ):
         with pytest.raises(ValueError, match=rf"^eval\.{field}: "):
-            EvalSettings(**bad)
-    settings = EvalSettings(budgets=[7, 3, 3])
+            EvalConfig(**bad)
+    settings = EvalConfig(budgets=[7, 3, 3])
     assert settings.budgets == (3, 7)
     assert settings.table_budgets(70) == (3, 7, 17, 35, 52, 70)  # the Table 1 levels added
-    assert EvalSettings().table_budgets(4) == (1, 2, 3, 4)
+    assert EvalConfig().table_budgets(4) == (1, 2, 3, 4)
     with pytest.raises(ValueError, match=r"eval\.budgets: must be <= T_max \(5\)"):
         settings.table_budgets(5)
 
@@ -573,7 +573,7 @@ def test_models_share_compilations_and_likelihood_scores_each_pair(
     tmp_path, tokenizer, env, tiny_models
 ):
     env = FrozenLakeTextEnv(env.maps, FrozenLakeTextConfig(t_max=3, is_slippery=False))
-    settings = EvalSettings(
+    settings = EvalConfig(
         samples=2,
         k=2,
         likelihood_samples=2,
@@ -584,7 +584,7 @@ def test_models_share_compilations_and_likelihood_scores_each_pair(
     )
     config = settings.rollout_config()
     key = jax.random.fold_in(jax.random.key(settings.seed), 6)  # the likelihood stream
-    policies = evaluate._samplers(tiny_models)
+    policies = evaluate._samplers(tiny_models, EngineConfig())
     assert isinstance(policies["base"], SamplerPolicy)
     trajectories = {}
     for name in NAMES:  # what run_analysis samples (same policies, same key)

@@ -38,6 +38,7 @@ from agentrl_jax.train import (  # noqa: E402
     CheckpointRestoreError,
     CorruptCheckpointWarning,
     MetricsLogger,
+    RLConfig,
     TrainConfig,
     init_train_state,
     make_train_step,
@@ -51,6 +52,7 @@ from agentrl_jax.train import (  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 PPO = TrainConfig(
+    rl=RLConfig(checkpoint_every=1, checkpoint_keep=2),
     algorithm=AlgorithmConfig(
         advantage="gae",
         loss_terms=(
@@ -59,8 +61,6 @@ PPO = TrainConfig(
             LossTermConfig("value_clip"),
         ),
     ),
-    checkpoint_every=1,
-    checkpoint_keep=2,
 )
 
 
@@ -230,14 +230,14 @@ def test_a_checkpoint_of_another_model_size_is_reported_as_such_and_left_in_plac
 
 def test_a_checkpoint_of_another_optimizer_is_reported_with_the_settings_that_differ(tmp_path):
     _save_steps(tmp_path, [1, 2]).close()
-    unclipped = dataclasses.replace(PPO, max_grad_norm=None)  # adamw alone, not chained
+    unclipped = dataclasses.replace(PPO, rl=dataclasses.replace(PPO.rl, max_grad_norm=None))
     assert _mismatch(tmp_path, init_train_state(tiny_model(), unclipped), unclipped) == (
         f"checkpoint step 2 at {tmp_path / '2'} was written by a different config: 62 array(s) "
         "only in the checkpoint, e.g. critic_opt.1.0.count; 62 array(s) only in the run's state, "
-        "e.g. critic_opt.0.count; its train_config differs in max_grad_norm (1.0 there, null "
-        f"here). {LEFT}"
+        "e.g. critic_opt.0.count; its train_config differs in rl.max_grad_norm (1.0 there, "
+        f"null here). {LEFT}"
     )
-    grpo = TrainConfig(checkpoint_every=1, checkpoint_keep=2)  # no critic
+    grpo = TrainConfig(rl=RLConfig(checkpoint_every=1, checkpoint_keep=2))  # no critic
     message = _mismatch(tmp_path, init_train_state(tiny_model(), grpo), grpo)
     assert message.startswith(
         f"checkpoint step 2 at {tmp_path / '2'} was written by a different "
@@ -284,7 +284,7 @@ def test_resuming_at_the_last_step_leaves_the_file_untouched(tmp_path):
 
 
 def test_split_after_step_is_pure_and_keeps_non_records():
-    from agentrl_jax.train.loop import split_after_step
+    from agentrl_jax.train.sinks import split_after_step
 
     text = _lines(1) + '["a list"]\n{"no_step": 1}\n{"step": true}\n' + _lines(2) + '{"st'
     kept, later = split_after_step(text, 1)
@@ -297,7 +297,7 @@ def test_split_after_step_is_pure_and_keeps_non_records():
 
 STEPS = 4  # N; the killed run is stopped after its N/2 checkpoint
 RUN_CONFIG = TrainConfig(
-    learning_rate=1e-2, total_steps=STEPS, checkpoint_every=STEPS // 2, checkpoint_keep=2
+    rl=RLConfig(learning_rate=1e-2, steps=STEPS, checkpoint_every=STEPS // 2, checkpoint_keep=2)
 )
 MARKER = "CHECKPOINTED"
 

@@ -16,6 +16,7 @@ from train_fakes import make_fake_rollout, random_trajectory, target_token, task
 
 from agentrl_jax.train import (
     MetricsLogger,
+    RLConfig,
     TrainConfig,
     init_train_state,
     make_train_step,
@@ -50,7 +51,7 @@ def test_a_short_grpo_run_increases_mean_reward(tmp_path):
     """Tiny random policy, fixed seeds: each turn it samples a token from its own logits and
     succeeds on the task's target token (chance ~1/16 per turn, 2 turns). GRPO at lr 1e-2
     must raise the success rate over its first steps: a learning signal, not a tuned number."""
-    config = TrainConfig(learning_rate=1e-2, total_steps=12)
+    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=12))
     state, step, rollout = _setup(config)
     logger = MetricsLogger(tmp_path / "metrics.jsonl")
     final = train(
@@ -87,7 +88,7 @@ def test_a_short_grpo_run_increases_mean_reward(tmp_path):
 
 
 def test_a_non_finite_update_is_skipped_logged_and_the_run_continues(tmp_path, capsys):
-    config = TrainConfig(learning_rate=1e-2, total_steps=3, process_reward_coef=0.5)
+    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=3, process_reward_coef=0.5))
     state, step, rollout = _setup(config)
     seen = []
 
@@ -133,7 +134,7 @@ def test_a_non_finite_update_is_skipped_logged_and_the_run_continues(tmp_path, c
 def test_turns_sampled_from_a_history_window_are_refused():
     """The step re-scores responses with the whole conversation as context; a windowed turn
     (context_start past the system header) would be scored on a context it never saw."""
-    config = TrainConfig(total_steps=1)
+    config = TrainConfig(rl=RLConfig(steps=1))
     traj = random_trajectory(0)
     windowed = traj.replace(context_start=traj.context_start.at[2, 1].set(5))
     state = init_train_state(tiny_model(), config)
@@ -159,7 +160,7 @@ def test_turns_sampled_from_a_history_window_are_refused():
 
 
 def test_process_rewards_need_a_scorer():
-    config = TrainConfig(process_reward_coef=0.5)
+    config = TrainConfig(rl=RLConfig(process_reward_coef=0.5))
     with pytest.raises(ValueError, match="process_reward_coef > 0 needs a process_scorer"):
         train(None, None, None, None, config)
 
@@ -225,7 +226,7 @@ def test_rollout_metrics_estimate_the_entropy_from_the_sampled_tokens_log_probs(
 
 
 def test_the_loop_logs_rollout_throughput_and_the_entropy_estimate(tmp_path):
-    config = TrainConfig(learning_rate=1e-2, total_steps=2)
+    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=2))
     state, step, rollout = _setup(config)
     logger = MetricsLogger(tmp_path / "m.jsonl")
     train(state, step, rollout, task_batches(NUM_TASKS, 2), config, logger=logger, progress=False)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # train_fakes, also when run as 
 from train_fakes import random_trajectory, tiny_model  # noqa: E402
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig  # noqa: E402
-from agentrl_jax.train import TrainBatch, TrainConfig, compute_gradients, init_train_state  # noqa: E402
+from agentrl_jax.train import RLConfig, TrainBatch, TrainConfig, compute_gradients, init_train_state  # noqa: E402
 from agentrl_jax.train.logprobs import (  # noqa: E402
     check_loss_positions,
     gather_positions,
@@ -40,7 +40,7 @@ from agentrl_jax.train.logprobs import (  # noqa: E402
 ATOL = 1e-6
 # every policy term (clip-higher, KL, entropy) and a per-sequence aggregation
 GRPO = TrainConfig(
-    learning_rate=1e-3,
+    rl=RLConfig(learning_rate=1e-3),
     algorithm=AlgorithmConfig(
         aggregation="seq-mean-token-mean",
         loss_terms=(

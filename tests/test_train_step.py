@@ -10,6 +10,7 @@ process's single-device, single-batch results (computed here, and shared with ot
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import subprocess
@@ -30,6 +31,7 @@ from train_fakes import random_trajectory, tiny_model  # noqa: E402
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig  # noqa: E402
 from agentrl_jax.train import (  # noqa: E402
+    RLConfig,
     TrainBatch,
     TrainConfig,
     batch_shardings,
@@ -47,9 +49,7 @@ ATOL = 1e-6
 # Adam's eps 1e-6 bounds how much its first step amplifies a gradient's float rounding
 # (by lr / eps: a 1e-10 difference on a ~1e-8 gradient element would move it by ~1e-5 at eps 1e-8).
 GRPO = TrainConfig(
-    learning_rate=1e-3,
-    max_grad_norm=0.1,
-    adam_eps=1e-6,
+    rl=RLConfig(learning_rate=1e-3, max_grad_norm=0.1, adam_eps=1e-6),
     algorithm=AlgorithmConfig(
         aggregation="seq-mean-token-mean",
         loss_terms=(
@@ -157,7 +157,9 @@ def _sharded_results(out: Path) -> None:
 
     for name, (config, micro, shape) in MESH_CASES.items():
         state, mesh = _state(config), build_mesh(MeshConfig(*shape))
-        sharded_config = TrainConfig.from_dict({**config.to_dict(), "num_micro_batches": micro})
+        sharded_config = dataclasses.replace(
+            config, rl=dataclasses.replace(config.rl, num_micro_batches=micro)
+        )
         placed = jax.device_put(batch, batch_shardings(batch, mesh))
         grads = jax.jit(
             functools.partial(compute_gradients, _model_and_graphdef()[1], sharded_config),
@@ -275,7 +277,7 @@ def test_gradient_equals_a_hand_written_grpo_loss():
 
 def test_micro_batched_gradients_equal_the_single_batch_gradient():
     """(PPO's critic is micro-batched in the 8-device test, against the single batch.)"""
-    split = TrainConfig.from_dict({**GRPO.to_dict(), "num_micro_batches": 4})
+    split = dataclasses.replace(GRPO, rl=dataclasses.replace(GRPO.rl, num_micro_batches=4))
     state = _state(GRPO)
     batch = _batch(1)
     g1, _, m1 = _gradients_fn(GRPO)(state, batch)
@@ -287,7 +289,7 @@ def test_micro_batched_gradients_equal_the_single_batch_gradient():
 
 
 def test_micro_batch_count_must_divide_the_rows():
-    config = TrainConfig(num_micro_batches=3)
+    config = TrainConfig(rl=RLConfig(num_micro_batches=3, tasks_per_step=3, group_size=2))
     with pytest.raises(ValueError, match="num_micro_batches=3 must divide the batch's 16 rows"):
         jax.eval_shape(
             functools.partial(compute_gradients, _model_and_graphdef()[1], config),

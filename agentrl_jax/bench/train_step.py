@@ -139,10 +139,10 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
         p.requires_grad_(False)
     optimizer = torch.optim.AdamW(
         policy.parameters(),
-        lr=config.learning_rate,
-        betas=(config.adam_b1, config.adam_b2),
-        eps=config.adam_eps,
-        weight_decay=config.weight_decay,
+        lr=config.rl.learning_rate,
+        betas=(config.rl.adam_b1, config.rl.adam_b2),
+        eps=config.rl.adam_eps,
+        weight_decay=config.rl.weight_decay,
     )
     tokens = torch.from_numpy(np.array(batch.tokens, np.int64))
     mask = torch.from_numpy(np.array(batch.token_mask, np.int64))
@@ -171,7 +171,7 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
         loss = ((surrogate + config.kl_coef * k3) * loss_mask).sum() / loss_mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), config.rl.max_grad_norm)
         optimizer.step()
         return loss.item()
 

@@ -24,6 +24,7 @@ app.add_typer(bench.app, name="bench")
 eval_envs.register(eval_cli.app)  # eval env-passk / env-passt: SQL, code, BFCL
 app.add_typer(eval_cli.app, name="eval")
 app.command("reproduce", no_args_is_help=True)(reproduce.reproduce_command)
+app.command("train")(reproduce.train_command)
 app.add_typer(solve.app, name="solve")
 app.command("plan")(plan.plan)
 

@@ -1,7 +1,9 @@
-"""``agentrl-jax reproduce ENV``: the paper's study of an environment end to end, resumable.
+"""``agentrl-jax reproduce ENV`` and ``agentrl-jax train``: the paper's study of an environment
+end to end, and its training alone; both resumable.
 
     agentrl-jax reproduce frozenlake                                   # built-in CPU default
     agentrl-jax reproduce sql                                          # InterCode-SQL's CPU default
+    agentrl-jax reproduce frozenlake --print-config                    # the config it would run
     agentrl-jax reproduce frozenlake --config configs/frozenlake_qwen3_4b_gpu.yaml --out runs/4b
     agentrl-jax reproduce frozenlake --set rl.steps=10 --set eval.samples=4
     agentrl-jax reproduce frozenlake --seeds 0 --seeds 7 --seeds 13      # each finding at 3 seeds
@@ -9,17 +11,24 @@
         --set rl.mini_batches=4
     agentrl-jax reproduce frozenlake --plugin my_loss.py --set 'rl.runs=[{name: mine, algorithm:
         {loss_terms: [policy_clip, {name: my_term, coef: 0.01}]}}]'
+    agentrl-jax train --config configs/frozenlake_ci.yaml --out runs/ci   # no evaluation
 
 ENV is any registered environment (:mod:`envs.registry`: ``frozenlake``, ``sql``, ``code``,
-``bfcl``, or one a ``--plugin`` registers). Its study (:mod:`agentrl_jax.reproduce.studies`) gives
-the config's defaults (:attr:`~agentrl_jax.reproduce.studies.Study.config_defaults`, under
-``--config`` and ``--set``), the tasks, the warm start's demonstrations and the analyses.
+``bfcl``, or one a ``--plugin`` registers; ``train`` reads it from the config's ``task.env``).
+Its study (:mod:`agentrl_jax.reproduce.studies`) gives the config's defaults
+(:attr:`~agentrl_jax.reproduce.studies.Study.config_defaults`, under ``--config`` and
+``--set``), the tasks, the warm start's demonstrations and the analyses.
+
+``train`` runs the same phases up to the RL runs (the initial policy, the warm start, each run
+of ``rl.runs`` through :func:`agentrl_jax.train.run.train_policy`) into the same folder layout,
+without the evaluation: ``agentrl-jax reproduce ENV`` or ``agentrl-jax eval`` on the folder
+goes on from there.
 
 ``--plugin`` (and ``AGENTRL_JAX_PLUGINS``) import the user's modules before the config is
 read, so the environments, loss terms, estimators and run presets they register can be named
-(:mod:`agentrl_jax.plugins`; README, "Write your own loss", "Add your own environment").
+(:mod:`agentrl_jax.plugins`; docs/extending.md).
 
-Several processes (one per host of a TPU pod slice or GPU cluster; README, "Several hosts"):
+Several processes (one per host of a TPU pod slice or GPU cluster; docs/several-hosts.md):
 every process runs the same command with ``--coordinator HOST:PORT --num-processes N
 --process-id I`` (or ``--cluster-auto`` where jax finds them itself), ``--out`` on a file
 system all of them see.
@@ -38,26 +47,66 @@ from typing import List, Optional
 
 import typer
 
+# The options both commands take.
+_CONFIG = typer.Option(
+    None,
+    help="YAML config: what differs from the environment's built-in default "
+    "(--print-config shows the whole config).",
+)
+_OUT = typer.Option(
+    None,
+    help="Results folder (resumed if it holds a run of the same config; default results/ENV).",
+)
+_SET = typer.Option(None, "--set", help="Override a field: section.field=value (repeatable).")
+_FRESH = typer.Option(False, help="Delete the results folder first and start over.")
+_PROGRESS = typer.Option(True, help="Show the progress bar.")
+_PRINT = typer.Option(
+    False, "--print-config", help="Print the whole config (YAML) and exit without running."
+)
+_PLUGIN = typer.Option(
+    None,
+    "--plugin",
+    help="A Python file or module to import first (repeatable; also AGENTRL_JAX_PLUGINS): "
+    "its registered environments, loss terms, estimators and run presets can then be named "
+    "in the config.",
+)
+_COORDINATOR = typer.Option(
+    None,
+    help="Several processes: HOST:PORT of process 0's coordinator (with --num-processes and "
+    "--process-id; docs/several-hosts.md).",
+)
+_NUM_PROCESSES = typer.Option(None, help="Several processes: how many.")
+_PROCESS_ID = typer.Option(
+    None, help="Several processes: this one's index, 0 .. N-1 (0 writes the results)."
+)
+_CLUSTER_AUTO = typer.Option(
+    False,
+    "--cluster-auto",
+    help="Several processes found by jax itself (Cloud TPU pod slices, SLURM).",
+)
+_HEARTBEAT = typer.Option(
+    100,
+    help="Several processes: seconds without a heartbeat after which a process is taken as "
+    "dead and the others stop with an error.",
+)
+_COMPILE_CACHE = typer.Option(
+    None,
+    "--compile-cache",
+    help="Folder of the persistent XLA compilation cache, or off (default: "
+    "JAX_COMPILATION_CACHE_DIR if set, else ~/.cache/agentrl-jax/xla): a program compiled "
+    "once is loaded after, in this run and later ones.",
+)
+
 
 def reproduce_command(
     env: str = typer.Argument(
         ..., help="The environment: frozenlake, sql, code, bfcl, or one a --plugin registers."
     ),
-    config: Optional[Path] = typer.Option(
-        None,
-        help="YAML config (default: the environment's "
-        "built-in CPU config, e.g. "
-        "configs/frozenlake_cpu.yaml).",
-    ),
-    out: Optional[Path] = typer.Option(
-        None,
-        help="Results folder (resumed if it holds a run of the same config; default results/ENV).",
-    ),
-    set_: Optional[List[str]] = typer.Option(
-        None, "--set", help="Override a field: section.field=value (repeatable)."
-    ),
-    fresh: bool = typer.Option(False, help="Delete the results folder first and start over."),
-    progress: bool = typer.Option(True, help="Show the progress bar."),
+    config: Optional[Path] = _CONFIG,
+    out: Optional[Path] = _OUT,
+    set_: Optional[List[str]] = _SET,
+    fresh: bool = _FRESH,
+    progress: bool = _PROGRESS,
     until: Optional[str] = typer.Option(
         None,
         help="Stop after this phase (e.g. warm_start, train:grpo, eval:table); rerun to go on.",
@@ -65,58 +114,64 @@ def reproduce_command(
     seeds: Optional[List[int]] = typer.Option(
         None,
         "--seeds",
-        help="Run the whole study at each "
-        "of these seeds (repeatable) into OUT/seed_<s>/, "
+        help="Run the whole study at each of these seeds (repeatable) into OUT/seed_<s>/, "
         "then OUT/seeds.md: each finding across them.",
     ),
-    plugin: Optional[List[str]] = typer.Option(
-        None,
-        "--plugin",
-        help="A Python file or module to import "
-        "first (repeatable; also AGENTRL_JAX_PLUGINS): its "
-        "registered loss terms, estimators and run presets "
-        "can then be named in the config.",
-    ),
-    coordinator: Optional[str] = typer.Option(
-        None,
-        help="Several processes: HOST:PORT of process "
-        "0's coordinator (with --num-processes and "
-        '--process-id; README, "Several hosts").',
-    ),
-    num_processes: Optional[int] = typer.Option(None, help="Several processes: how many."),
-    process_id: Optional[int] = typer.Option(
-        None, help="Several processes: this one's index, 0 .. N-1 (0 writes the results)."
-    ),
-    cluster_auto: bool = typer.Option(
-        False,
-        "--cluster-auto",
-        help="Several processes found by jax itself (Cloud TPU pod slices, SLURM).",
-    ),
-    heartbeat_timeout: int = typer.Option(
-        100,
-        help="Several processes: seconds without a "
-        "heartbeat after which a process is taken as dead "
-        "and the others stop with an error.",
-    ),
-    compile_cache: Optional[str] = typer.Option(
-        None,
-        "--compile-cache",
-        help="Folder of the "
-        "persistent XLA compilation cache, or off "
-        "(default: JAX_COMPILATION_CACHE_DIR if set, "
-        "else ~/.cache/agentrl-jax/xla): a program "
-        "compiled once is loaded after, in this run and "
-        "later ones.",
-    ),
+    print_config: bool = _PRINT,
+    plugin: Optional[List[str]] = _PLUGIN,
+    coordinator: Optional[str] = _COORDINATOR,
+    num_processes: Optional[int] = _NUM_PROCESSES,
+    process_id: Optional[int] = _PROCESS_ID,
+    cluster_auto: bool = _CLUSTER_AUTO,
+    heartbeat_timeout: int = _HEARTBEAT,
+    compile_cache: Optional[str] = _COMPILE_CACHE,
 ) -> None:
     """Base policy (SFT on imperfect demonstrations), full-budget GRPO and BudgetMix GRPO
     from it, then Table 1, Pass@K, Pass@T, likelihood, training dynamics and, where the
     environment has an oracle (FrozenLake's Q*), step quality and error states, written to a
     results folder with report.md."""
-    from agentrl_jax.cli.compile_cache import use_compile_cache
-    from agentrl_jax.distributed import ClusterConfig, fail_fast, initialize
+    _start(coordinator, num_processes, process_id, cluster_auto, heartbeat_timeout, compile_cache)
+    from agentrl_jax.distributed import fail_fast
 
-    try:  # before anything touches jax's devices
+    with fail_fast():
+        _reproduce(env, config, out, set_, fresh, progress, until, seeds, plugin, print_config)
+
+
+def train_command(
+    config: Optional[Path] = _CONFIG,
+    env: Optional[str] = typer.Option(
+        None, help="The environment (default: the config's task.env, else frozenlake)."
+    ),
+    out: Optional[Path] = _OUT,
+    set_: Optional[List[str]] = _SET,
+    fresh: bool = _FRESH,
+    progress: bool = _PROGRESS,
+    print_config: bool = _PRINT,
+    plugin: Optional[List[str]] = _PLUGIN,
+    coordinator: Optional[str] = _COORDINATOR,
+    num_processes: Optional[int] = _NUM_PROCESSES,
+    process_id: Optional[int] = _PROCESS_ID,
+    cluster_auto: bool = _CLUSTER_AUTO,
+    heartbeat_timeout: int = _HEARTBEAT,
+    compile_cache: Optional[str] = _COMPILE_CACHE,
+) -> None:
+    """Train the config's RL runs (``rl.runs``) from its policy (a local Qwen3, or a random
+    init warm-started on the environment's demonstrations) into a results folder: models,
+    checkpoints and metrics, without the evaluation."""
+    _start(coordinator, num_processes, process_id, cluster_auto, heartbeat_timeout, compile_cache)
+    from agentrl_jax.distributed import fail_fast
+
+    with fail_fast():
+        _reproduce(env, config, out, set_, fresh, progress, None, None, plugin, print_config, True)
+
+
+def _start(coordinator, num_processes, process_id, cluster_auto, heartbeat_timeout, cache) -> None:
+    """Join the processes' cluster (before anything touches jax's devices) and open the
+    compilation cache."""
+    from agentrl_jax.cli.compile_cache import use_compile_cache
+    from agentrl_jax.distributed import ClusterConfig, initialize
+
+    try:
         initialize(
             ClusterConfig(
                 coordinator,
@@ -128,67 +183,68 @@ def reproduce_command(
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    use_compile_cache(compile_cache)
-
-    with fail_fast():
-        _reproduce(env, config, out, set_, fresh, progress, until, seeds, plugin)
+    use_compile_cache(cache)
 
 
-def _reproduce(env, config, out, set_, fresh, progress, until, seeds, plugin) -> None:
+def _reproduce(
+    env, config, out, set_, fresh, progress, until, seeds, plugin, print_config, train_only=False
+) -> None:
     import envs
     from agentrl_jax.cli.paths import output_folder
     from agentrl_jax.plugins import load_plugins
-    from agentrl_jax.reproduce.config import load_config
+    from agentrl_jax.reproduce.config import dump_config, load_config
     from agentrl_jax.reproduce.folder import ReproduceError, plugins_hint
-    from agentrl_jax.reproduce.pipeline import reproduce
+    from agentrl_jax.reproduce.pipeline import last_training_phase, reproduce
     from agentrl_jax.reproduce.seeds import seed_folder, seed_overrides, write_across_seeds
-    from agentrl_jax.reproduce.studies import study_for
 
-    out = out if out is not None else Path("results") / env
-    output_folder(out)
     if seeds and len(set(seeds)) != len(seeds):
         raise typer.BadParameter(f"--seeds: each seed once, got {seeds}")
     runs = (
         [(None, out, list(set_ or ()))]
         if not seeds
-        else [
-            (seed, seed_folder(out, seed), list(set_ or ()) + seed_overrides(seed))
-            for seed in seeds
-        ]
+        else [(seed, None, list(set_ or ()) + seed_overrides(seed)) for seed in seeds]
     )
     try:
         load_plugins(plugin or ())
-        envs.entry(env)  # an unknown name is refused here
-        study = study_for(env)
-        defaults = {
-            **study.config_defaults,
-            "task": {**study.config_defaults.get("task", {}), "env": env},
-        }
+        if env is not None:
+            envs.entry(env)  # an unknown name is refused here
         settings = [
-            load_config(config, overrides, defaults=defaults) for _, _, overrides in runs
+            load_config(config, overrides, env=env) for _, _, overrides in runs
         ]  # all checked first
     except ValueError as error:
-        raise typer.BadParameter(f"{error}{plugins_hint(out)}") from None
-    if settings[0].task.env != env:
+        raise typer.BadParameter(f"{error}{plugins_hint(out) if out else ''}") from None
+    if env is not None and settings[0].task.env != env:
         raise typer.BadParameter(
             f"--config {config} sets task.env: {settings[0].task.env}, but "
             f"this command reproduces {env}"
         )
+    env = settings[0].task.env
+    if print_config:
+        typer.echo(dump_config(settings[0]), nl=False)
+        return
+    out = out if out is not None else Path("results") / env
+    output_folder(out)
+    runs = [(seed, folder or seed_folder(out, seed), o) for seed, folder, o in runs]
     for (_seed, folder, overrides), setting in zip(runs, settings):
         shown = f" with --set {', '.join(overrides)}" if overrides else ""
         typer.echo(
-            f"Reproducing {envs.entry(env).label} into {folder} "
-            f"(config: {config or 'built-in default'}"
-            f"{shown})"
+            f"{'Training' if train_only else 'Reproducing'} {envs.entry(env).label} into "
+            f"{folder} (config: {config or 'built-in default'}{shown})"
         )
+        stop = last_training_phase(setting) if train_only else until
         try:
-            report = reproduce(setting, folder, fresh=fresh, progress=progress, until=until)
+            report = reproduce(setting, folder, fresh=fresh, progress=progress, until=stop)
         except ReproduceError as error:
             raise typer.BadParameter(str(error)) from None
-        typer.echo(
-            f"Report: {report}"
-            if report.exists()
-            else f"Stopped after {until}; rerun without --until to go on"
-        )
+        if train_only:
+            typer.echo(
+                f"Trained: {', '.join(str(folder / 'models' / n) for n in setting.rl.run_names)}"
+            )
+        else:
+            typer.echo(
+                f"Report: {report}"
+                if report.exists()
+                else f"Stopped after {until}; rerun without --until to go on"
+            )
     if seeds and until is None:
         typer.echo(f"Findings across seeds: {write_across_seeds(out, seeds)}")

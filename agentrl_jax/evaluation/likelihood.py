@@ -41,8 +41,7 @@ from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.policy import TokenMap, params_mesh
 from agentrl_jax.sampling.sampler import batch_shards
 from agentrl_jax.sharding import BATCH_AXES
-from agentrl_jax.train.config import TrainConfig
-from agentrl_jax.train.step import activation_constraint, sequence_logprobs
+from agentrl_jax.train.scoring import Forward, activation_constraint, sequence_logprobs
 from agentrl_jax.trajectory import Trajectory, bucket_width
 
 _MIN_WIDTH = 64
@@ -50,16 +49,14 @@ _MIN_WIDTH = 64
 
 def scoring_config(
     attention: str = "xla", loss_positions: int | None = None, logits_chunk: int = 512
-) -> TrainConfig:
-    """The trainer's settings the teacher-forced forward uses: the attention implementation,
-    the bound on sampled positions per row (None: every position) and the head's chunk."""
-    return TrainConfig(
-        attention=attention, loss_positions=loss_positions, logits_chunk=logits_chunk
-    )
+) -> Forward:
+    """The teacher-forced forward's settings: the attention implementation, the bound on
+    sampled positions per row (None: every position) and the head's chunk."""
+    return Forward(attention=attention, loss_positions=loss_positions, logits_chunk=logits_chunk)
 
 
 @functools.cache
-def scoring_program(graphdef: nnx.GraphDef, config: TrainConfig, mesh: Mesh | None = None):
+def scoring_program(graphdef: nnx.GraphDef, config: Forward, mesh: Mesh | None = None):
     """The jitted forward ``(params, tokens, token_mask, loss_mask) -> logprobs [N, L]``
     (float32, 0 off ``loss_mask``) of one model structure, :func:`scoring_config` and mesh
     (rows split over the mesh's batch axes, activations constrained to them; None: one
@@ -72,7 +69,7 @@ def scoring_program(graphdef: nnx.GraphDef, config: TrainConfig, mesh: Mesh | No
             tokens,
             token_mask,
             loss_mask=loss_mask,
-            config=config,
+            forward=config,
             constrain=constrain,
         )
         return logprobs

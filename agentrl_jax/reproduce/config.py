@@ -1,23 +1,35 @@
-"""The reproduction's configuration: frozen sections, validated on construction, read from YAML.
+"""The reproduction's configuration: one tree of frozen sections, validated on construction,
+read from YAML.
 
-A :class:`ReproduceConfig` has six sections (the first four defined in :mod:`.settings`)::
+A :class:`ReproduceConfig` is the library's :class:`~agentrl_jax.train.config.Config` (the
+sections the training entry point reads) and the reproduction's own::
 
-    task:        the environment (a registered name), its options, T_max, task counts, context sizes
+    task:        the environment (a registered name), its options, T_max, task counts, lengths
     model:       a random-init Qwen3 of given dimensions with a small tokenizer, or a local
-                 Qwen3 directory (paper scale)
-    warm_start:  supervised warm-start on the study's imperfect demonstrations (the "base" policy)
-    rl:          the RL runs (GRPO, BudgetMix GRPO, GiGPO, PPO presets) and their trainer settings
-    eval:        :class:`~agentrl_jax.reproduce.evaluate.EvalSettings` (Pass@(K, T), diagnostics)
+                 Qwen3 directory (paper scale)                       (:mod:`.settings`)
+    warm_start:  behaviour cloning on the study's imperfect demonstrations (the "base" policy)
+    engine:      the sampling engine, shared by the RL rollouts and the evaluation
+    rl:          the RL runs (presets and compositions) and their trainer settings
+    eval:        :class:`~agentrl_jax.evaluation.config.EvalConfig` (Pass@(K, T), diagnostics)
     mesh:        :class:`~agentrl_jax.sharding.MeshConfig` (data, fsdp, tensor axes)
 
-``ReproduceConfig()`` is the built-in CPU default (``configs/frozenlake_cpu.yaml`` holds the same
-values); :func:`load_config` reads a YAML file and applies ``section.field=value`` overrides.
-Every bad value raises :class:`~agentrl_jax.errors.ConfigError` (a ``ValueError``) naming the
-file, the override if one set it, and the field, e.g. ``config run.yaml: rl.group_size: must be
-an int >= 2, got 1``; unknown sections and fields are errors too (a typo never silently falls
-back to a default), and so is a file of the wrong structure (``task: 0``, ``rl: false``, a list
-where a mapping belongs, a key given twice, an empty file). Fields are checked by the shared
-helper :func:`agentrl_jax.validation.validate`.
+Defaults come in one order: the classes' own (the library's: the paper's where it gives them),
+then the environment's study (:attr:`~agentrl_jax.reproduce.studies.Study.config_defaults`:
+``agentrl-jax reproduce ENV``'s CPU-sized default, the one place an environment's defaults
+live; :func:`default_config`), then a file (``configs/*.yaml`` only override), then
+``section.field=value`` overrides (:func:`load_config`). Every bad value raises
+:class:`~agentrl_jax.errors.ConfigError` (a ``ValueError``) naming the file, the override if one
+set it, and the field, e.g. ``config run.yaml: rl.group_size: must be an int >= 2, got 1``;
+unknown sections and fields are errors too (a typo never silently falls back to a default),
+and so is a file of the wrong structure (``task: 0``, ``rl: false``, a list where a mapping
+belongs, a key given twice, an empty file).
+
+Configs written before the engine had a section of its own and before the presets declared
+their hyper-parameters (stored results folders' ``config.yaml``) are read through
+:func:`migrate`: ``rl``'s and ``eval``'s engine fields become ``engine``'s, ``rl.kl_coef``,
+``rl.aggregation``, ``rl.clip_*``, ``rl.gigpo_*``, ``rl.gae_*`` and ``rl.value_clip`` become
+``rl.preset_params`` (those no run's preset reads are dropped: they never had an effect), and
+``eval.gamma`` (the step-quality discount, now the environment's own) is dropped.
 """
 
 from __future__ import annotations
@@ -30,65 +42,65 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from agentrl_jax.errors import ConfigError
-from agentrl_jax.reproduce.eval_settings import EvalSettings
-from agentrl_jax.reproduce.presets import RUN_PRESETS, RunSettings  # noqa: F401  (re-exported)
-from agentrl_jax.reproduce.settings import (
-    ModelSettings,
-    RLSettings,
-    TaskSettings,  # noqa: F401
-    WarmStartSettings,
-    plain_data,
-)
+from agentrl_jax.evaluation.config import EvalConfig
+from agentrl_jax.reproduce.settings import ModelConfig, WarmStartConfig
+from agentrl_jax.sampling.config import EngineConfig
 from agentrl_jax.sharding import MeshConfig
+from agentrl_jax.train.config import Config, RLConfig, TaskConfig, plain_data
+from agentrl_jax.train.presets import declared_defaults
 from agentrl_jax.validation import short_repr
 
 _SECTIONS: dict[str, type] = {
-    "task": TaskSettings,
-    "model": ModelSettings,
-    "warm_start": WarmStartSettings,
-    "rl": RLSettings,
-    "eval": EvalSettings,
+    "task": TaskConfig,
+    "model": ModelConfig,
+    "warm_start": WarmStartConfig,
+    "engine": EngineConfig,
+    "rl": RLConfig,
+    "eval": EvalConfig,
     "mesh": MeshConfig,
 }
 
 
 @dataclasses.dataclass(frozen=True)
-class ReproduceConfig:
+class ReproduceConfig(Config):
     """The whole reproduction (see the module docstring)."""
 
-    task: TaskSettings = TaskSettings()
-    model: ModelSettings = ModelSettings()
-    warm_start: WarmStartSettings = WarmStartSettings()
-    rl: RLSettings = RLSettings()
-    eval: EvalSettings = EvalSettings(
-        max_response_tokens=TaskSettings.max_response_tokens, max_context=TaskSettings.max_context
+    model: ModelConfig = ModelConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
+    eval: EvalConfig = EvalConfig(
+        max_response_tokens=TaskConfig.max_response_tokens, max_context=TaskConfig.max_context
     )
-    mesh: MeshConfig = MeshConfig(data=1)
 
     def __post_init__(self):
-        for name, cls in _SECTIONS.items():
-            if not isinstance(getattr(self, name), cls):
+        super().__post_init__()
+        for name in ("model", "warm_start", "eval"):
+            if not isinstance(getattr(self, name), _SECTIONS[name]):
                 raise ConfigError(
-                    f"{name}: must be a {cls.__name__}, got {short_repr(getattr(self, name))}"
+                    f"{name}: must be a {_SECTIONS[name].__name__}, "
+                    f"got {short_repr(getattr(self, name))}"
                 )
         if self.eval.budgets is not None and max(self.eval.budgets) > self.task.t_max:
             raise ConfigError(
                 f"eval.budgets: must be <= task.t_max ({self.task.t_max}), "
                 f"got {list(self.eval.budgets)}"
             )
-        for section in ("rl", "eval"):  # the Sampler refuses it later, after loading models
-            if self.mesh.tensor > 1 and getattr(self, section).kv_page_size is not None:
-                raise ConfigError(
-                    f"{section}.kv_page_size: the paged KV cache splits rows over "
-                    f"the data and fsdp axes only, and mesh.tensor is "
-                    f"{self.mesh.tensor}; set rl.kv_page_size and "
-                    "eval.kv_page_size to null (the static cache) or tensor to 1"
-                )
-        if self.model.tokenizer_isolate and self.task.study.tokenizer_isolate is None:
+        if self.rl.process_reward_coef > 0 and self.rl.process_rewards is None:
+            raise ConfigError(
+                f"rl.process_reward_coef: {self.rl.process_reward_coef} weighs process rewards, "
+                "but rl.process_rewards names none (oracle or judge)"
+            )
+        if self.model.tokenizer_isolate and self.study.tokenizer_isolate is None:
             raise ConfigError(
                 f"model.tokenizer_isolate: the {self.task.env} environment's study "
                 "declares no pieces to isolate (its Study.tokenizer_isolate)"
             )
+
+    @property
+    def study(self):
+        """The environment's study (:func:`agentrl_jax.reproduce.studies.study_for`)."""
+        from agentrl_jax.reproduce.studies import study_for  # noqa: PLC0415
+
+        return study_for(self.task.env)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (YAML/JSON), a copy; ``config_from_dict(c.to_dict()) == c``."""
@@ -101,10 +113,93 @@ class ReproduceConfig:
         }
 
 
+def env_defaults(env: str) -> dict[str, dict[str, Any]]:
+    """The defaults of ``agentrl-jax reproduce ENV``: the environment's study's
+    (:attr:`~agentrl_jax.reproduce.studies.Study.config_defaults`), with ``task.env``."""
+    import envs  # noqa: PLC0415
+    from agentrl_jax.reproduce.studies import study_for  # noqa: PLC0415
+
+    envs.entry(env)  # an unregistered name is refused, naming the registered ones
+    defaults = study_for(env).config_defaults
+    return {**defaults, "task": {**defaults.get("task", {}), "env": env}}
+
+
+def default_config(env: str = "frozenlake", overrides: Sequence[str] = ()) -> ReproduceConfig:
+    """The built-in default of ``agentrl-jax reproduce ENV`` (its study's defaults over the
+    classes'), with ``section.field=value`` overrides."""
+    return load_config(None, overrides, env=env)
+
+
+# ---------------------------------------------------------------- configs of earlier versions
+
+_TO_ENGINE = ("kv_cache_dtype", "prefill_chunk", "generation_layout", "kv_page_size", "kv_pages")
+_TO_PRESET_PARAMS = (
+    "kl_coef",
+    "aggregation",
+    "clip_low",
+    "clip_high",
+    "gigpo_omega",
+    "gigpo_gamma",
+    "gae_gamma",
+    "gae_lambda",
+    "value_clip",
+)
+_STEP_QUALITY_GAMMA = 0.95  # the one step-quality discount eval.gamma once repeated (§7)
+
+
+def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` (sections of plain data) with the fields of earlier versions moved to where
+    they live now (module docstring); a config without them is returned as it is. Pure."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    rl, ev = out.get("rl"), out.get("eval")
+    rl = rl if isinstance(rl, dict) else {}
+    ev = ev if isinstance(ev, dict) else {}
+    old_rl = [f for f in (*_TO_ENGINE, *_TO_PRESET_PARAMS) if f in rl]
+    old_eval = [f for f in ("kv_cache_dtype", "prefill_chunk", "kv_page_size", "gamma") if f in ev]
+    if not (old_rl or old_eval):
+        return out
+    engine = dict(out.get("engine") or {})
+    for field in _TO_ENGINE:
+        if field in rl:
+            engine[field] = rl.pop(field)
+    for field in ("kv_cache_dtype", "prefill_chunk", "kv_page_size"):
+        if field in ev:
+            value = ev.pop(field)
+            if field in engine and engine[field] != value:
+                raise ConfigError(
+                    f"eval.{field}: {short_repr(value)}, but rl.{field} is "
+                    f"{short_repr(engine[field])}: the sampling engine is one section now "
+                    f"(engine.{field}), shared by the rollouts and the evaluation"
+                )
+            engine[field] = value
+    if "gamma" in ev:
+        gamma = ev.pop("gamma")
+        if gamma != _STEP_QUALITY_GAMMA:
+            raise ConfigError(
+                f"eval.gamma: {short_repr(gamma)}; the step quality's discount is the "
+                f"environment's own now ({_STEP_QUALITY_GAMMA}, §7), not a setting"
+            )
+    declared = declared_defaults(rl.get("runs", ()))
+    params = dict(rl.get("preset_params") or {})
+    for field in _TO_PRESET_PARAMS:
+        if field in rl:
+            value = rl.pop(field)
+            if field in declared:  # the others no run read: they never had an effect
+                params[field] = value
+    if params:
+        rl["preset_params"] = params
+    out["rl"], out["eval"], out["engine"] = rl, ev, engine
+    return {k: v for k, v in out.items() if v != {} or k in data}
+
+
+# ---------------------------------------------------------------- building and reading
+
+
 def config_from_dict(
     d: Mapping[str, Any] | None, *, source: str | None = None, overrides: Sequence[str] = ()
 ) -> ReproduceConfig:
-    """A :class:`ReproduceConfig` from plain data; missing sections and fields take defaults.
+    """A :class:`ReproduceConfig` from plain data; missing sections and fields take the
+    classes' defaults; fields of earlier versions are moved first (:func:`migrate`).
 
     ``source`` (e.g. ``"config path/run.yaml"``) and the ``overrides`` already applied to ``d``
     name where a bad value came from: each :class:`ConfigError` reads
@@ -112,6 +207,11 @@ def config_from_dict(
     section at fault (the source alone when none touched it; neither when both are absent).
     """
     where = _Where(source, overrides)
+    d = _sections(d, where, known=_OLD_FIELDS)
+    try:
+        d = migrate(d)
+    except ConfigError as error:
+        raise ConfigError(where.prefix("rl", "eval", "engine") + str(error)) from None
     sections = _sections(d, where)
     built, defaults = {}, ReproduceConfig()
     for name, cls in _SECTIONS.items():
@@ -125,7 +225,7 @@ def config_from_dict(
             built[name] = cls(
                 **{**{f.name: getattr(default, f.name) for f in dataclasses.fields(cls)}, **values}
             )
-        except ValueError as error:  # the sections' own checks (and MeshConfig's, EvalSettings')
+        except ValueError as error:  # the sections' own checks (and MeshConfig's, EvalConfig's)
             message = str(error)
             raise ConfigError(
                 where.prefix(name)
@@ -134,7 +234,14 @@ def config_from_dict(
     try:
         return ReproduceConfig(**built)
     except ValueError as error:
-        raise ConfigError(where.prefix("task", "eval") + str(error)) from None
+        raise ConfigError(where.prefix("task", "eval", "engine", "model") + str(error)) from None
+
+
+# fields of earlier versions, accepted by the structure check before migrate() moves them
+_OLD_FIELDS = {
+    "rl": (*_TO_ENGINE, *_TO_PRESET_PARAMS),
+    "eval": ("kv_cache_dtype", "prefill_chunk", "kv_page_size", "gamma"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +264,12 @@ class _Where:
         return f"{named}: " if named else ""
 
 
-def _sections(d: Any, where: _Where) -> dict[str, dict[str, Any]]:
+def _sections(
+    d: Any, where: _Where, known: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, dict[str, Any]]:
     """``d``'s sections as ``{name: {field: value}}``, after checking its structure: a mapping of
-    known section names, each a mapping (or null) of known field names."""
+    known section names, each a mapping (or null) of known field names (and ``known``'s
+    extra fields of each section)."""
     if d is None:
         return {}
     if not isinstance(d, Mapping):
@@ -179,12 +289,14 @@ def _sections(d: Any, where: _Where) -> dict[str, dict[str, Any]]:
             raise ConfigError(
                 f"{where.prefix(name)}{name}: must be a mapping of fields, got {_kind(values)}"
             )
-        known = [f.name for f in dataclasses.fields(_SECTIONS[name])]
+        fields = [f.name for f in dataclasses.fields(_SECTIONS[name])]
         for field in values:
-            if field not in known or not isinstance(field, str):
+            if not isinstance(field, str) or (
+                field not in fields and field not in (known or {}).get(name, ())
+            ):
                 raise ConfigError(
                     f"{where.prefix(name)}{name}: unknown field {field!r}; known: "
-                    f"{', '.join(sorted(known))}"
+                    f"{', '.join(sorted(fields))}"
                 )
         out[name] = dict(values)
     return out
@@ -258,13 +370,14 @@ def load_config(
     path: str | Path | None = None,
     overrides: Sequence[str] = (),
     *,
+    env: str | None = None,
     defaults: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ReproduceConfig:
-    """The config in the YAML file ``path`` (None: the built-in default), with overrides.
-
-    ``defaults`` (sections of fields, e.g. an environment study's
-    :attr:`~agentrl_jax.reproduce.studies.Study.config_defaults`) replace the built-in default's
-    values under the file's: a field the file does not give takes its value there first.
+    """The config in the YAML file ``path`` (None: the built-in default) with ``overrides``,
+    over the defaults of its environment: ``env``, else the one the file (or an override)
+    names in ``task.env``, else ``frozenlake`` (:func:`env_defaults`; ``defaults`` replaces
+    them). A field the file does not give takes its value there first (a mapping field, e.g.
+    ``rl.preset_params``, key by key); the overrides come last.
 
     Every problem is a :class:`ConfigError` naming the file (and the override, if one is
     involved) and the field: a missing, unreadable or empty file, YAML syntax errors, a key
@@ -277,14 +390,33 @@ def load_config(
         path = Path(path)
         source = f"config {path}"
         data = read_yaml(path)
-        _sections(data, _Where(source))  # the file's own structure, before overrides touch it
-    if defaults:
-        data = {
-            name: {**dict(defaults.get(name) or {}), **dict(data.get(name) or {})}
-            for name in {**defaults, **data}
-        }
-    data = apply_overrides(data, overrides)
+        # the file's own structure, before overrides touch it
+        _sections(data, _Where(source), known=_OLD_FIELDS)
+    if defaults is None:
+        named = (apply_overrides(data, overrides).get("task") or {}).get("env")
+        env = env or (named if isinstance(named, str) else None) or "frozenlake"
+        try:
+            defaults = env_defaults(env)
+        except ValueError as error:  # an unregistered environment
+            raise ConfigError(
+                f"{_Where(source, overrides).prefix('task')}task.env: {error}"
+            ) from None
+    data = {
+        name: {} if fields is None else fields for name, fields in data.items()
+    }  # null: none set
+    data = apply_overrides(_merged(defaults, data), overrides)
     return config_from_dict(data, source=source, overrides=overrides)
+
+
+def _merged(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on ``under``, mappings merged key by key all the way down (a copy)."""
+    out = {k: _copy_mappings(v) for k, v in under.items()}
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = _copy_mappings(value)
+    return out
 
 
 def read_yaml(path: Path) -> Any:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -51,23 +52,23 @@ from agentrl_jax.evaluation.analyses import (
     step_quality,
 )
 from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
+
+# the settings and their work units, re-exported: the pipeline's whole interface is here
+from agentrl_jax.evaluation.config import EvalConfig
 from agentrl_jax.evaluation.drivers import rollout_units
 from agentrl_jax.evaluation.report import Section
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.policy import Policy, SamplerPolicy
 from agentrl_jax.reproduce import findings, report, results
-
-# the settings and their work units, re-exported: the pipeline's whole interface is here
-from agentrl_jax.reproduce.eval_settings import KV_PAGE_SIZE, EvalSettings, analysis_units  # noqa: F401
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.reproduce.results import ANALYSES, raw_path, slug, table1_from_results
 from agentrl_jax.reproduce.studies.base import Study
 from agentrl_jax.rollout import RolloutConfig
-from agentrl_jax.sampling import Paging
+from agentrl_jax.sampling.config import EngineConfig
 
 __all__ = [
     "ANALYSES",
-    "EvalSettings",
+    "EvalConfig",
     "analysis_units",
     "run_analysis",
     "table1_from_results",
@@ -75,6 +76,34 @@ __all__ = [
 ]  # the last two re-exported: the pipeline's whole interface is here
 
 _PAIRWISE = ("steps", "errors", "likelihood")
+# The order of a raw record's settings (raw/*.json).
+RECORDED_SETTINGS = (
+    "samples",
+    "k",
+    "budgets",
+    "diagnostic_tasks",
+    "pass_k_samples",
+    "states",
+    "group_size",
+    "source_samples",
+    "gamma",
+    "invalid",
+    "depth_bins",
+    "likelihood_samples",
+    "likelihood_rows_per_batch",
+    "temperature",
+    "top_p",
+    "max_response_tokens",
+    "max_context",
+    "enable_thinking",
+    "tasks_per_call",
+    "states_per_call",
+    "prefill_chunk",
+    "kv_cache_dtype",
+    "attention",
+    "kv_page_size",
+    "seed",
+)
 
 
 # ---------------------------------------------------------------- the evaluation context
@@ -84,7 +113,7 @@ def _is_policy(obj: Any) -> bool:
     return all(callable(getattr(obj, m, None)) for m in ("start", "respond", "extend"))
 
 
-def _samplers(models: Mapping[str, Any], **options: Any) -> dict[str, Policy]:
+def _samplers(models: Mapping[str, Any], engine: EngineConfig) -> dict[str, Policy]:
     """A policy per name: a Qwen3 model is sampled by a :class:`SamplerPolicy` (models of one
     architecture share one's compiled functions, :meth:`SamplerPolicy.using`); a policy
     object (e.g. a :class:`~agentrl_jax.policy.ScriptedPolicy`) is used as it is."""
@@ -96,7 +125,9 @@ def _samplers(models: Mapping[str, Any], **options: Any) -> dict[str, Policy]:
             continue
         graph = nnx.graphdef(model)
         twin = next((s for s in compiled if nnx.graphdef(s.model) == graph), None)
-        out[name] = twin.using(nnx.state(model)) if twin else SamplerPolicy(model, **options)
+        out[name] = (
+            twin.using(nnx.state(model)) if twin else SamplerPolicy.from_engine(model, engine)
+        )
         if twin is None:
             compiled.append(out[name])
     return out
@@ -111,7 +142,8 @@ class _Run:
     task_ids: np.ndarray
     tokenizer: Any
     models: Mapping[str, Any]
-    settings: EvalSettings
+    settings: EvalConfig
+    engine: EngineConfig
     progress: Callable[[int], None]
     min_turns: np.ndarray  # [tasks of env] fewest turns that can succeed (the structural bound)
     bound_note: str  # what that bound means in this environment
@@ -131,17 +163,7 @@ class _Run:
 
     @functools.cached_property
     def policies(self) -> dict[str, Policy]:
-        paging = (
-            None
-            if self.settings.kv_page_size is None
-            else Paging(page_size=self.settings.kv_page_size)
-        )
-        return _samplers(
-            self.models,
-            prefill_chunk=self.settings.prefill_chunk,
-            cache_dtype=self.settings.kv_cache_dtype,
-            paging=paging,
-        )
+        return _samplers(self.models, self.engine)
 
     @functools.cached_property
     def config(self) -> RolloutConfig:
@@ -175,7 +197,13 @@ class _Run:
     def pair(self) -> dict[str, Any]:
         """The settings every pairwise state analysis shares."""
         s = self.settings
-        return {"group_size": s.group_size, "gamma": s.gamma, "invalid": s.invalid}
+        return {"group_size": s.group_size, "gamma": self.gamma, "invalid": s.invalid}
+
+    @property
+    def gamma(self) -> float | None:
+        """The discount of the step quality the state diagnostics score with (FrozenLake's
+        Q*: 0.95, §7), where they have one."""
+        return getattr(self.states, "gamma", None)
 
     def header(self, analysis: str) -> dict[str, Any]:
         """The common fields of a raw record."""
@@ -186,8 +214,23 @@ class _Run:
             "counterparts": results.budgetmix_counterparts(self.names),
             "t_max": self.t_max,
             "task_ids": self.task_ids,
-            "settings": dataclasses.asdict(self.settings),
+            "settings": self.recorded_settings,
         }
+
+    @property
+    def recorded_settings(self) -> dict[str, Any]:
+        """What a raw record says the analysis ran with: the ``eval`` section, the step
+        quality's discount and the sampling engine's cache, in the record's order
+        (:data:`RECORDED_SETTINGS`; a field it does not name comes after)."""
+        values = {
+            **dataclasses.asdict(self.settings),
+            "gamma": self.gamma,
+            "prefill_chunk": self.engine.prefill_chunk,
+            "kv_cache_dtype": self.engine.kv_cache_dtype,
+            "kv_page_size": self.engine.kv_page_size,
+        }
+        ordered = {name: values.pop(name) for name in RECORDED_SETTINGS if name in values}
+        return {**ordered, **values}
 
     def write_raw(self, analysis: str, record: Mapping[str, Any]) -> str:
         path = eval_report.write_json(
@@ -370,7 +413,7 @@ def _steps(run: _Run) -> list[Section]:
             )
         )
     raw = run.write_raw(
-        "steps", {"gamma": s.gamma, "invalid": s.invalid, **_wording(run.states), "pairs": pairs}
+        "steps", {"gamma": run.gamma, "invalid": s.invalid, **_wording(run.states), "pairs": pairs}
     )
     return [_with(sections[0], files=(raw,))] + sections[1:]
 
@@ -424,7 +467,7 @@ def _errors(run: _Run) -> list[Section]:
             )
         )
     raw = run.write_raw(
-        "errors", {"gamma": s.gamma, "invalid": s.invalid, **_wording(run.states), "pairs": pairs}
+        "errors", {"gamma": run.gamma, "invalid": s.invalid, **_wording(run.states), "pairs": pairs}
     )
     saved = results.load_raw(run.out, "errors")
     suite = error_recovery.section(run.out, error_recovery.compute(saved), saved)
@@ -548,8 +591,9 @@ def run_analysis(
     task_ids: np.ndarray,
     tokenizer: Any,
     models: Mapping[str, Any],
-    settings: EvalSettings,
+    settings: EvalConfig,
     *,
+    engine: EngineConfig | None = None,
     training_logs: Mapping[str, str | Path] | None = None,
     progress: Callable[[int], None] | None = None,
     min_turns: Any = None,
@@ -563,12 +607,14 @@ def run_analysis(
       out: the results folder.
       env: the evaluation environment (its ``t_max`` the full budget).
       task_ids: ``[tasks]`` indices of the tasks to evaluate on (analyses other than ``table``
-        take the first ``settings.diagnostic_tasks`` of them, :meth:`EvalSettings.analysis_tasks`).
+        take the first ``settings.diagnostic_tasks`` of them, :meth:`EvalConfig.analysis_tasks`).
       tokenizer: the policies' common tokenizer (with a chat template).
       models: ``{policy name: model}`` in report order, the first the base policy. A value is
         a :class:`Qwen3ForCausalLM` or any :class:`~agentrl_jax.policy.Policy` (e.g. a
         scripted one; not for ``likelihood``, which scores responses with the models).
-      settings: :class:`EvalSettings`.
+      settings: :class:`EvalConfig`.
+      engine: the sampling engine (:class:`~agentrl_jax.sampling.config.EngineConfig`, the
+        config's ``engine`` section; default: its defaults).
       training_logs: ``{run name: metrics.jsonl}`` (records with ``step``, ``R_multi``,
         ``R_single``), only for ``dynamics``.
       progress: called with a number of finished work units as rollouts finish; the calls
@@ -586,8 +632,8 @@ def run_analysis(
     """
     if name not in ANALYSES:
         raise ValueError(f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}")
-    if not isinstance(settings, EvalSettings):
-        raise ValueError(f"settings: must be an EvalSettings, got {type(settings).__name__}")
+    if not isinstance(settings, EvalConfig):
+        raise ValueError(f"settings: must be an EvalConfig, got {type(settings).__name__}")
     _check_models(models, name)
     task_ids = np.asarray(settings.analysis_tasks(name, np.asarray(task_ids)))
     if min_turns is None and env is not None:
@@ -608,6 +654,7 @@ def run_analysis(
         tokenizer,
         models,
         settings,
+        engine or EngineConfig(),
         progress or (lambda units: None),
         np.asarray(min_turns),
         bound_note,
@@ -625,3 +672,37 @@ def run_analysis(
         }[name](run)
     report.write_sections(run.out, name, sections)
     return sections
+
+
+# ---------------------------------------------------------------- work units (progress)
+
+
+def _policy_count(policies: int | Sequence[str]) -> int:
+    return policies if isinstance(policies, numbers.Integral) else len(policies)
+
+
+def analysis_units(
+    name: str, settings: EvalConfig, num_tasks: int, policies: int | Sequence[str], t_max: int
+) -> int:
+    """Work units of one analysis for a progress bar: trajectory-turns it may play (and, for
+    ``likelihood``, score), ``1`` for ``dynamics``. :func:`run_analysis` reports exactly this
+    many through ``progress``, in steps as its rollouts finish."""
+    p, s = _policy_count(policies), settings
+    num_tasks = len(s.analysis_tasks(name, range(num_tasks)))
+    sources = p * rollout_units(num_tasks, s.source_samples, t_max)
+    pairs = p - 1
+    units = {
+        "table": lambda: (
+            p * sum(rollout_units(num_tasks, s.samples, b) for b in s.table_budgets(t_max))
+        ),
+        "passk": lambda: p * rollout_units(num_tasks, s.pass_k_samples, t_max),
+        "steps": lambda: sources + pairs * 2 * rollout_units(s.states, s.group_size, 1),
+        "errors": lambda: sources + pairs * 2 * rollout_units(s.states, s.group_size, t_max),
+        "likelihood": lambda: (
+            (p + pairs * 2) * rollout_units(num_tasks, s.likelihood_samples, t_max)
+        ),
+        "dynamics": lambda: 1,
+    }
+    if name not in units:
+        raise ValueError(f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}")
+    return units[name]()

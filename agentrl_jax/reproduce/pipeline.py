@@ -51,15 +51,18 @@ from agentrl_jax import distributed
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.models.tokenizer import load_tokenizer
+from agentrl_jax.process_rewards import JudgeScorer, LocalModelJudge
 from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce import demos as demo_lib
-from agentrl_jax.reproduce import evaluate, findings, sft, training
+from agentrl_jax.reproduce import evaluate, findings, sft
 from agentrl_jax.reproduce.config import ReproduceConfig
 from agentrl_jax.reproduce.folder import Phases, ReproduceError, prepare_folder, recorded_plugins
 from agentrl_jax.reproduce.policy_init import random_qwen3, save_policy
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.reproduce.studies import StudyError
 from agentrl_jax.sharding import build_mesh
+from agentrl_jax.train.presets import RunSettings
+from agentrl_jax.train.run import train_policy
 from agentrl_jax.trajectory import Trajectory
 from envs import EnvTasks
 
@@ -89,11 +92,9 @@ class Tasks:
 
 def make_tasks(config: ReproduceConfig) -> Tasks:
     """``config.task``'s environment over its train and test tasks, made by its study."""
-    t = config.task
-    entry = t.entry
-    make = functools.partial(t.study.tasks, entry, t.options, seed=t.seed, t_max=t.t_max)
-    train = make(split="train", count=t.train_tasks)
-    return Tasks(train, make(split="test", count=t.eval_tasks))
+    t, study = config.task, config.study
+    train = study.tasks(t, split="train", count=t.train_tasks)
+    return Tasks(train, study.tasks(t, split="test", count=t.eval_tasks))
 
 
 # ---------------------------------------------------------------- the run
@@ -105,8 +106,13 @@ def phase_names(config: ReproduceConfig) -> list[str]:
     if config.warm_start.enabled:
         names += ["demos", "warm_start"]
     names += [f"train:{name}" for name in config.rl.run_names]
-    names += [f"eval:{a}" for a in config.task.study.analyses_for(evaluate.ANALYSES)]
+    names += [f"eval:{a}" for a in config.study.analyses_for(evaluate.ANALYSES)]
     return names + ["report"]
+
+
+def last_training_phase(config: ReproduceConfig) -> str:
+    """The last phase ``agentrl-jax train`` runs: the last RL run's."""
+    return [name for name in phase_names(config) if name.startswith("train:")][-1]
 
 
 def check_until(config: ReproduceConfig, until: str | None) -> None:
@@ -164,13 +170,8 @@ class Reproduction:
         # process) a scratch folder of its own
         self.written = self.out if self.main else Path(tempfile.mkdtemp(prefix="agentrl-jax-"))
         self.tasks = make_tasks(config)
-        self.study = config.task.study
-        task = config.task
-        self.runs = training.run_specs(
-            config.rl,
-            training.loss_position_bound(task.t_max, task.max_response_tokens, task.max_context),
-            max_response_length=task.t_max * task.max_response_tokens,
-        )
+        self.study = config.study
+        self.runs = config.rl.resolved_runs()
         self.log = log
         self.mesh = self._mesh()
         self.local_mesh = distributed.local_mesh(self.mesh)  # rollouts and evaluation
@@ -466,8 +467,7 @@ class Reproduction:
         }
 
     # -- RL
-    def train(self, spec: training.RunSpec) -> dict[str, Any]:
-        t = self.config.task
+    def train(self, spec: RunSettings) -> dict[str, Any]:
         model = self.load_model(self.base_dir)
         run_dir = self.out / "runs" / spec.name
 
@@ -482,30 +482,49 @@ class Reproduction:
 
         already = _checkpointed_steps(run_dir)
         self._advance(already * self.rl_step_units)
-        params = training.run_training(
-            spec,
+        params = train_policy(
             model,
-            self.tasks.train.env,
             self.tokenizer,
-            self.config.rl,
-            run_dir=run_dir,
-            t_max=t.t_max,
-            max_response_tokens=t.max_response_tokens,
-            max_context=t.max_context,
+            self.tasks.train,
+            spec,
+            self.config,
+            out=run_dir,
+            process_rewards=self.process_rewards(),
+            quality_scorer=self.quality_scorer,
             metadata={
                 "model_dir": str(self.base_dir.resolve()),
                 "run": spec.name,
                 "plugins": recorded_plugins(self.out),
             },
-            quality_scorer=self.study.step_scorer(self.tasks.train),
             mesh=self.mesh,
-            sample_mesh=self.local_mesh,
             on_step=on_step,
         )
         if self.main:
             nnx.update(model, params)
             save_policy(model, self.tokenizer, self.model_dir(spec.name))
         return {"resumed_from_step": already, "label": spec.label}
+
+    @functools.cached_property
+    def quality_scorer(self):
+        """R_single's step scorer: the study's (None where it has none), built once."""
+        return self.study.step_scorer(self.tasks.train)
+
+    def process_rewards(self):
+        """The step scorer ``rl.process_rewards`` names (None: none): ``oracle``, the study's
+        step scorer (the same object as R_single's, so it scores each batch once), or
+        ``judge``, a local Qwen3 asked about each step (:class:`LocalModelJudge`)."""
+        kind = self.config.rl.process_rewards
+        if kind is None:
+            return None
+        if kind == "oracle":
+            if self.quality_scorer is None:
+                raise ReproduceError(
+                    f"rl.process_rewards: oracle needs a step scorer from the "
+                    f"{self.config.task.env} environment's study, which has none"
+                )
+            return self.quality_scorer
+        judge = LocalModelJudge.from_model_dir(self.config.rl.judge_model_dir)
+        return JudgeScorer(judge, self.tokenizer.decode)
 
     # -- evaluation and report
     @functools.cached_property
@@ -515,6 +534,12 @@ class Reproduction:
         for spec in self.runs:
             models[spec.label] = self.load_model(self.model_dir(spec.name), local=True)
         return models
+
+    @functools.cached_property
+    def state_diagnostics(self) -> Any:
+        """What the step diagnostics score the test tasks' states with (the study's; None
+        where it has none), built once for every analysis."""
+        return self.study.state_diagnostics(self.tasks.test)
 
     def evaluate(self, analysis: str) -> dict[str, Any]:
         # what the findings (and the dynamics' summary) compare this run with
@@ -532,13 +557,12 @@ class Reproduction:
                 if analysis != "dynamics"  # reads the logs only
                 else dict.fromkeys(self.policy_names()),
                 self.config.eval,
+                engine=self.config.engine,
                 training_logs=logs,
                 progress=self._advance,
                 min_turns=self.study.min_turns(test),
                 bound_note=self.study.bound_note_for(task.options),
-                states=(
-                    self.study.state_diagnostics(test) if analysis in ("steps", "errors") else None
-                ),
+                states=self.state_diagnostics,
             )
         return {}
 

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from agentrl_jax.train.config import TrainConfig
+from agentrl_jax.train.scoring import Forward
 from agentrl_jax.train.step import sequence_logprobs
 from agentrl_jax.trajectory import Trajectory, bucket_width, row_lengths
 
@@ -42,7 +42,7 @@ def nll_sum(
     (:mod:`agentrl_jax.models.attention`; "blocked" keeps no ``L x L`` score matrix)."""
     model = nnx.merge(graphdef, params)
     logprobs, _ = sequence_logprobs(
-        model, batch.tokens, batch.token_mask, config=TrainConfig(attention=attention)
+        model, batch.tokens, batch.token_mask, forward=Forward(attention=attention)
     )
     mask = batch.loss_mask.astype(jnp.float32)
     return -jnp.sum(logprobs * mask), jnp.sum(mask)

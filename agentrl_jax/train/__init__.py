@@ -1,11 +1,15 @@
-"""The trainer: config, state, the pure jitted train step, the loop, and Orbax checkpoints.
+"""The trainer: config, state, the pure jitted train step, the loop, metric sinks, Orbax
+checkpoints, and the one entry point that trains a policy on an environment.
 
 ``train_step(state, batch) -> (state, metrics)`` (:mod:`.step`, every update of one rollout
-batch: ``epochs x mini_batches``) is pure and jitted; it computes what the configured
-estimator and terms declare (:mod:`.inputs`); the loop
-(:mod:`.loop`) injects the rollout and does the side effects (metrics, progress, checkpoints).
+batch: ``epochs x mini_batches``) is pure and jitted; it scores tokens (:mod:`.scoring`),
+prepares rewards (:mod:`.rewards`), accumulates gradients over micro-batches
+(:mod:`.micro_batches`) and reports its diagnostics (:mod:`.step_metrics`), computing what the
+configured estimator and terms declare (:mod:`.inputs`); the loop (:mod:`.loop`) injects the
+rollout and does the side effects (metrics to :mod:`.sinks`, progress, checkpoints).
 """
 
+from agentrl_jax.train.batch import TrainBatch, batch_loss_mask, check_full_history
 from agentrl_jax.train.checkpoint import (
     Checkpointer,
     CheckpointMismatchError,
@@ -13,16 +17,26 @@ from agentrl_jax.train.checkpoint import (
     CorruptCheckpointWarning,
     Restored,
 )
-from agentrl_jax.train.config import TrainConfig, algorithm_to_dict
+from agentrl_jax.train.config import (
+    Config,
+    RLConfig,
+    TaskConfig,
+    TrainConfig,
+    algorithm_to_dict,
+    train_config,
+)
 from agentrl_jax.train.inputs import StepInputs, check_inputs, step_inputs
 from agentrl_jax.train.logprobs import check_loss_positions, position_logprobs
-from agentrl_jax.train.loop import (
-    MetricsLogger,
-    read_metrics,
-    rollout_metrics,
-    tensorboard_writer,
-    train,
+from agentrl_jax.train.loop import rollout_metrics, train
+from agentrl_jax.train.micro_batches import accumulate_gradients, split_micro_batches
+from agentrl_jax.train.rewards import advantage_inputs
+from agentrl_jax.train.scoring import (
+    Forward,
+    activation_constraint,
+    critic_values,
+    sequence_logprobs,
 )
+from agentrl_jax.train.sinks import MetricsLogger, read_metrics, tensorboard_writer
 from agentrl_jax.train.state import (
     CriticParams,
     TrainState,
@@ -35,22 +49,13 @@ from agentrl_jax.train.state import (
 )
 from agentrl_jax.train.step import (
     JittedTrainStep,
-    TrainBatch,
-    accumulate_gradients,
-    activation_constraint,
-    advantage_inputs,
-    batch_loss_mask,
     batch_shardings,
-    check_full_history,
     compute_gradients,
     critic_gradients,
-    critic_values,
     make_train_step,
     policy_gradients,
     prepare_batch,
     select_rows,
-    sequence_logprobs,
-    split_micro_batches,
     train_step,
     update_rows,
 )
@@ -59,25 +64,28 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointRestoreError",
     "Checkpointer",
+    "Config",
     "CorruptCheckpointWarning",
     "CriticParams",
-    "MetricsLogger",
+    "Forward",
     "JittedTrainStep",
+    "MetricsLogger",
+    "RLConfig",
     "Restored",
     "StepInputs",
+    "TaskConfig",
     "TrainBatch",
-    "activation_constraint",
-    "check_loss_positions",
-    "position_logprobs",
     "TrainConfig",
     "TrainState",
     "accumulate_gradients",
+    "activation_constraint",
     "advantage_inputs",
     "algorithm_to_dict",
     "batch_loss_mask",
     "batch_shardings",
     "check_full_history",
     "check_inputs",
+    "check_loss_positions",
     "compute_gradients",
     "critic_gradients",
     "critic_optimizer",
@@ -87,6 +95,7 @@ __all__ = [
     "make_train_step",
     "policy_gradients",
     "policy_optimizer",
+    "position_logprobs",
     "prepare_batch",
     "read_metrics",
     "rollout_metrics",
@@ -98,6 +107,7 @@ __all__ = [
     "step_inputs",
     "tensorboard_writer",
     "train",
+    "train_config",
     "train_step",
     "update_rows",
 ]

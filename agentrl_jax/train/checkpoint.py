@@ -86,7 +86,9 @@ class Checkpointer:
 
     @classmethod
     def from_config(cls, directory: str | Path, config: TrainConfig, **kwargs) -> "Checkpointer":
-        return cls(directory, every=config.checkpoint_every, keep=config.checkpoint_keep, **kwargs)
+        return cls(
+            directory, every=config.rl.checkpoint_every, keep=config.rl.checkpoint_keep, **kwargs
+        )
 
     def _open(self) -> ocp.CheckpointManager:
         options = ocp.CheckpointManagerOptions(

@@ -1,134 +1,496 @@
-"""The trainer's configuration: a frozen, validated, hashable dataclass.
+"""The trainer's configuration: the config sections it reads, and one run's static update.
 
-:class:`TrainConfig` holds everything the train step and loop need besides the model: the
-algorithm (advantage estimator and loss terms, :class:`~agentrl_jax.algorithms.AlgorithmConfig`),
-the optimizers, micro-batching, process-reward shaping, run length, checkpointing and the seed.
-It is validated on construction (a bad value raises :class:`~agentrl_jax.errors.ConfigError`, a
-``ValueError``, naming the field, through :func:`agentrl_jax.validation.validate`) and is
-hashable, so a jitted step can close over it. Defaults are the paper's (§4): AdamW with
-learning rate 1e-6 and weight decay 0.01, critic learning rate 1e-5, KL coefficient 0.001 (in
-``algorithm``), group-relative GRPO.
+A config is one tree of frozen sections, each a class of the library validated on
+construction by :func:`agentrl_jax.validation.validate` (a bad value raises
+:class:`~agentrl_jax.errors.ConfigError`, a ``ValueError``, naming ``section.field``):
 
-The KL coefficient lives in ``algorithm`` (the ``"kl"`` loss term), so there is one source of
-truth; :attr:`TrainConfig.kl_coef` reads it. What the step computes (entropy, reference
-log-probs, a critic) follows from the inputs the configured estimator and terms declare
-(:mod:`agentrl_jax.train.inputs`), whatever their names; an algorithm asking for an input the
-step cannot compute is refused here. ``to_dict``/``from_dict`` round-trip through plain
-JSON/YAML data, which is how checkpoints store the config.
+* ``task`` (:class:`TaskConfig`): the environment (a registered name), its options, its tasks
+  and the rollout's lengths;
+* ``engine`` (:class:`~agentrl_jax.sampling.config.EngineConfig`): the sampling engine, shared
+  by the training rollouts and the evaluation;
+* ``rl`` (:class:`RLConfig`): the runs (:mod:`agentrl_jax.train.presets`), the rollouts'
+  sampling, the optimizer, batching, memory, checkpoints and live metrics;
+* ``mesh`` (:class:`~agentrl_jax.sharding.MeshConfig`): the devices.
+
+:class:`Config` holds these four, the sections the training entry point reads
+(:func:`agentrl_jax.train.run.train_policy`); the reproduction's config extends it with its
+own (``model``, ``warm_start``, ``eval``). Nothing is copied from one section into another:
+the jitted step reads a :class:`TrainConfig`, which *holds* the ``rl`` section beside one
+run's resolved algorithm and what follows from the task and tokenizer.
+
+Defaults are the library's, the paper's where it gives them (§4: AdamW with learning rate
+1e-6 and weight decay 0.01, critic learning rate 1e-5, G = 16, rollout temperature 1, KL
+0.001 in the presets); an environment's reproduction defaults (CPU-sized) are its study's
+(:attr:`agentrl_jax.reproduce.studies.Study.config_defaults`), and ``configs/*.yaml`` only
+override.
 
 Consistent log-probs: a rollout draws tokens from a tempered, top-k/top-p truncated
-distribution over the tokenizer's vocabulary (``SamplingConfig``), while the model's own
-distribution is temperature 1 over every embedding row. The ratio and the KL of the loss are
-only what they claim when the trainer scores tokens under the distribution they were drawn
-from. Two options: ``scoring="sampling"`` scores every log-prob (current, old, reference)
-under the rollout's distribution (``sampling_*``, ``valid_vocab_size``; the kept top-p set is
-chosen without gradient, the sampled token always in it), so the old log-probs equal the
-sampler's ``Trajectory.sampling_logprobs``; or keep ``scoring="model"`` and correct the
-mismatch with truncated importance sampling, the ``"policy_clip_tis"`` loss term (weights
-``min(pi_old / mu, cap)`` with ``mu`` the sampler's recorded probabilities). Either way the
-step logs ``sampler_gap_mean``/``sampler_gap_max``, the ``|log-prob|`` gap between the sampler
-and the trainer on the same distribution at the rollout's parameters.
+distribution over the tokenizer's vocabulary, while the model's own distribution is
+temperature 1 over every embedding row. The ratio and the KL of the loss are only what they
+claim when the trainer scores tokens under the distribution they were drawn from. Two options:
+``rl.scoring: sampling`` scores every log-prob (current, old, reference) under the rollout's
+distribution (``rl.temperature``, ``rl.top_k``, ``rl.top_p``, the tokenizer's vocabulary; the
+kept top-p set is chosen without gradient, the sampled token always in it), so the old
+log-probs equal the sampler's ``Trajectory.sampling_logprobs``; or keep ``rl.scoring: model``
+and correct the mismatch with truncated importance sampling, the ``policy_clip_tis`` loss
+term. Either way the step logs ``sampler_gap_mean``/``sampler_gap_max``.
 
-PPO-style optimisation: each rollout batch is used for ``epochs`` passes, each split into
-``mini_batches`` mini-batches (rows shuffled per epoch), one optimizer update per
-mini-batch, so ``epochs x mini_batches`` updates per batch (verl's ``ppo_epochs`` and
-``ppo_mini_batch_size`` = rows / ``mini_batches``); ``num_micro_batches`` then splits each
-mini-batch for gradient accumulation.
+PPO-style optimisation: each rollout batch is used for ``rl.epochs`` passes, each split into
+``rl.mini_batches`` mini-batches (rows shuffled per epoch), one optimizer update per
+mini-batch; ``rl.num_micro_batches`` then splits each mini-batch for gradient accumulation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
-from typing import Any, Mapping
+import importlib.util
+from typing import Any, Mapping, Sequence
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
+from agentrl_jax.sampling.config import EngineConfig
 from agentrl_jax.sampling.filters import SamplingConfig
+from agentrl_jax.sharding import MeshConfig
 from agentrl_jax.train.inputs import check_inputs, step_inputs
-from agentrl_jax.validation import validate
+from agentrl_jax.train.presets import (
+    RUN_PRESETS,
+    RunSettings,
+    check_algorithm_overrides,
+    check_preset_params,
+    declared_defaults,
+    resolve_runs,
+)
+from agentrl_jax.train.scoring import Forward
+from agentrl_jax.validation import (
+    BOOL,
+    freeze,
+    integer,
+    is_int,
+    is_real,
+    one_of,
+    optional,
+    real,
+    short_repr,
+    validate,
+)
 
 SCORING = ("model", "sampling")
+TENSORBOARD = ("auto", True, False)
+PROCESS_REWARDS = ("oracle", "judge")
+# Table 1's 25% level, (25 T_max) // 100, must be a budget of at least one turn.
+_T_MAX = (lambda v: is_int(v, 4), "an int >= 4 (the 25% budget level must be >= 1 turn)")
 
 
-def _is_real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+def plain_data(value: Any) -> Any:
+    """``value`` with mappings as dicts and tuples as lists, all the way down (what YAML holds)."""
+    if isinstance(value, Mapping):
+        return {k: plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    return value
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+# ---------------------------------------------------------------- task
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """The environment and its tasks: any registered one (:mod:`envs.registry`; built in:
+    ``frozenlake``, ``sql``, ``code``, ``bfcl``, and those a ``--plugin`` registers).
+
+    ``options`` are the environment's own (FrozenLake: map size, dynamics; sql: a Spider
+    folder), checked by its registry entry (:meth:`envs.protocol.EnvEntry.check_options`),
+    which also fills in their defaults where it declares them. ``train_tasks`` /
+    ``eval_tasks`` tasks come from the environment's train and test splits (disjoint where it
+    has them; FrozenLake's by a content hash bit of each map), drawn with ``seed``. The
+    rollout owns the budget: ``t_max`` is the largest one. ``max_response_tokens`` and
+    ``max_context`` bound a response and a conversation, in tokens.
+    """
+
+    env: str = "frozenlake"
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    t_max: int = 12  # largest budget (paper §2: 70 on 8x8 FrozenLake, 10 SQL)
+    train_tasks: int = 512
+    eval_tasks: int = 288  # held-out tasks: Table 1's Pass@8 cells within +-5.8 pt (95%)
+    seed: int = 0
+    max_response_tokens: int = 8  # most tokens of one response (a FrozenLake answer is 3 + stop)
+    max_context: int = 384  # tokens of context per trajectory (T_max 12 needs ~310)
+
+    def __post_init__(self):
+        validate(
+            "task",
+            self,
+            {
+                "env": (
+                    lambda v: isinstance(v, str) and v != "",
+                    "a registered environment's name",
+                ),
+                "options": (
+                    lambda v: isinstance(v, Mapping),
+                    "a mapping of the environment's options",
+                ),
+                "t_max": _T_MAX,
+                "train_tasks": integer(1),
+                "eval_tasks": integer(1),
+                "seed": integer(0),
+                "max_response_tokens": integer(1),
+                "max_context": integer(16),
+            },
+        )
+        import envs  # noqa: PLC0415 (the registry; plugins may have added to it)
+
+        try:
+            options = envs.entry(self.env).check_options(plain_data(self.options))
+        except ValueError as error:
+            message = str(error)
+            if message.startswith("task."):
+                raise ConfigError(message) from None
+            field = "task.env" if "unknown environment" in message else "task.options"
+            raise ConfigError(f"{field}: {message}") from None
+        object.__setattr__(self, "options", freeze(options))
+
+    @property
+    def entry(self):
+        """The environment's registry entry (:class:`envs.protocol.EnvEntry`)."""
+        import envs  # noqa: PLC0415
+
+        return envs.entry(self.env)
+
+    @property
+    def max_response_length(self) -> int:
+        """The most sampled tokens a row can hold, ``t_max x max_response_tokens`` (DAPO's
+        overlong ``L_max``, Dr. GRPO's constant)."""
+        return self.t_max * self.max_response_tokens
+
+    @property
+    def loss_positions(self) -> int | None:
+        """The static bound at which the update runs the output head
+        (:func:`loss_position_bound`)."""
+        return loss_position_bound(self.t_max, self.max_response_tokens, self.max_context)
+
+
+def loss_position_bound(t_max: int, max_response_tokens: int, max_context: int) -> int | None:
+    """The most sampled tokens a row can hold, ``t_max x max_response_tokens``: the static
+    bound at which a forward runs the output head (None when it is not below the context)."""
+    bound = t_max * max_response_tokens
+    return bound if bound < max_context - 1 else None
+
+
+# ---------------------------------------------------------------- rl
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """The RL runs, all from the same policy with the same number of updates and rollouts.
+
+    ``runs`` lists them: names of presets (:data:`~agentrl_jax.train.presets.RUN_PRESETS`:
+    ``grpo``, ``budgetmix``, ``budgetmix-adaptive``, ``gigpo``, ``ppo``, ``dapo``,
+    ``dr-grpo``, ...) or mappings ``{name, preset, label, budget_mix, params, algorithm}``
+    composing any registered advantage estimator and loss terms. ``preset_params`` sets the
+    presets' declared hyper-parameters for every run that declares them (e.g. ``kl_coef``,
+    ``aggregation``, ``clip_low``, ``gigpo_gamma``); ``algorithm`` holds
+    :class:`~agentrl_jax.algorithms.AlgorithmConfig` fields applied to every run over its
+    preset's (:mod:`agentrl_jax.train.presets`). Full-budget runs play every group at
+    ``T_max``; BudgetMix runs draw one budget per task group from ``{(k T_max) // 10}``
+    (paper §5), and a BudgetMix run whose estimator reads anchor states (GiGPO) anchors on
+    ``(s_t, B - t)``.
+
+    Rollouts: ``steps`` updates of ``tasks_per_step`` tasks x ``group_size`` trajectories,
+    sampled at ``temperature``, ``top_k`` (0: off) and ``top_p``; ``max_rows_per_call``
+    plays a step's rows in parts of at most this many rows (a multiple of ``group_size``;
+    null: all at once; the tokens do not depend on it), ``refill`` (with it) is continuous
+    batching. ``scoring``: the distribution the update scores sampled tokens under, ``model``
+    (temperature 1, whole vocabulary) or ``sampling`` (the rollout's; module docstring).
+
+    Optimisation: AdamW (``learning_rate``, ``weight_decay``, ``adam_*``) after global-norm
+    clipping at ``max_grad_norm`` (null: none); a critic (PPO) has its own AdamW
+    (``critic_learning_rate``, ``critic_weight_decay``); per rollout batch ``epochs`` passes
+    of ``mini_batches`` updates, each split in ``num_micro_batches`` for gradient
+    accumulation. Process rewards (§8): ``process_reward_coef`` x each step's score is added
+    to the reward, the scores from the step scorer the trainer is given, or, in the
+    reproduction, the one ``process_rewards`` names: ``oracle`` (the environment study's step
+    scorer, e.g. FrozenLake's exact Q*) or ``judge`` (a local Qwen3 in ``judge_model_dir``
+    asked whether each step is good).
+
+    Update memory (none changes the numbers): ``remat`` (null, ``full``, ``dots``,
+    ``offload``: what each layer keeps for the backward pass), ``attention`` (``xla``,
+    ``blocked``, ``cudnn``, ``splash``, ``auto``), ``logits_chunk`` (positions per chunk of
+    the output head, which runs only at sampled positions).
+
+    Checkpoints every ``checkpoint_every`` updates, the newest ``checkpoint_keep`` kept.
+    Live metrics (each run's ``metrics.jsonl`` is the record of truth, always written):
+    ``tensorboard`` (``auto``: when ``tensorboardX`` or ``tensorboard`` is installed;
+    ``true``: required; ``false``: never) and ``wandb_project`` (Weights & Biases; null: not).
+    """
+
+    runs: tuple[Any, ...] = ("grpo",)
+    preset_params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    algorithm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    steps: int = 100
+    tasks_per_step: int = 8
+    group_size: int = 16  # G (paper §4: 16)
+    temperature: float = 1.0  # rollout temperature (paper §4: 1.0)
+    top_k: int = 0
+    top_p: float = 1.0
+    scoring: str = "model"
+    max_rows_per_call: int | None = None
+    refill: bool = False
+    learning_rate: float = 1e-6  # paper §4
+    weight_decay: float = 0.01  # paper §4
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    critic_learning_rate: float = 1e-5  # paper §4 (PPO)
+    critic_weight_decay: float = 0.01
+    epochs: int = 1
+    mini_batches: int = 1
+    num_micro_batches: int = 1
+    process_rewards: str | None = None
+    process_reward_coef: float = 0.0
+    judge_model_dir: str | None = None
+    remat: str | None = None
+    attention: str = "xla"
+    logits_chunk: int = 512
+    checkpoint_every: int = 10
+    checkpoint_keep: int = 2
+    seed: int = 0
+    tensorboard: str | bool = "auto"
+    wandb_project: str | None = None
+
+    def __post_init__(self):
+        if isinstance(self.runs, str) or not isinstance(self.runs, Sequence) or not self.runs:
+            raise ConfigError(
+                f"rl.runs: must be a non-empty list of runs, each a preset name "
+                f"({', '.join(RUN_PRESETS)}) or a mapping {{name, preset, label, budget_mix, "
+                f"params, algorithm}}, got {short_repr(self.runs)}"
+            )
+        object.__setattr__(self, "runs", freeze(plain_data(self.runs)))
+        object.__setattr__(
+            self, "algorithm", freeze(check_algorithm_overrides("rl.algorithm", self.algorithm))
+        )
+        object.__setattr__(
+            self,
+            "preset_params",
+            freeze(check_preset_params("rl.preset_params", self.preset_params)),
+        )
+        positive = real(0.0, lo_open=True)
+        validate(
+            "rl",
+            self,
+            {
+                "steps": integer(1),
+                "tasks_per_step": integer(1),
+                "group_size": integer(2),
+                "temperature": (
+                    positive[0],
+                    "a finite number > 0 (greedy rollouts have no distribution to score under)",
+                ),
+                "top_k": (lambda v: is_int(v, 0), "an int >= 0 (0: off)"),
+                "top_p": real(0.0, 1.0, lo_open=True),
+                "scoring": one_of(SCORING),
+                "max_rows_per_call": optional(integer(1)),
+                "refill": BOOL,
+                "learning_rate": positive,
+                "weight_decay": real(0.0),
+                "adam_b1": (lambda v: is_real(v) and 0 <= v < 1, "a number in [0, 1)"),
+                "adam_b2": (lambda v: is_real(v) and 0 <= v < 1, "a number in [0, 1)"),
+                "adam_eps": positive,
+                "max_grad_norm": optional(positive),
+                "critic_learning_rate": positive,
+                "critic_weight_decay": real(0.0),
+                "epochs": integer(1),
+                "mini_batches": integer(1),
+                "num_micro_batches": integer(1),
+                "process_rewards": one_of(PROCESS_REWARDS, nullable=True),
+                "process_reward_coef": real(0.0),
+                "judge_model_dir": (
+                    lambda v: v is None or (isinstance(v, str) and v != ""),
+                    "null or a path",
+                ),
+                "remat": one_of(REMAT_POLICIES, nullable=True),
+                "attention": one_of(ATTENTION_IMPLEMENTATIONS),
+                "logits_chunk": integer(1),
+                "checkpoint_every": integer(1),
+                "checkpoint_keep": integer(1),
+                "seed": integer(0, 2**32 - 1),
+                "tensorboard": one_of(TENSORBOARD),
+                "wandb_project": (
+                    lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+                    "null or a W&B project name",
+                ),
+            },
+        )
+        rows = self.tasks_per_step * self.group_size
+        if rows % self.mini_batches:
+            raise ConfigError(
+                f"rl.mini_batches: must divide tasks_per_step x group_size ({rows}), "
+                f"got {self.mini_batches}"
+            )
+        per_update = rows // self.mini_batches
+        if per_update % self.num_micro_batches:
+            divided = " / mini_batches" if self.mini_batches > 1 else ""
+            raise ConfigError(
+                f"rl.num_micro_batches: must divide tasks_per_step x group_size{divided} "
+                f"({per_update}), got {self.num_micro_batches}"
+            )
+        if self.max_rows_per_call is not None and self.max_rows_per_call % self.group_size:
+            raise ConfigError(
+                f"rl.max_rows_per_call: must be a multiple of group_size ({self.group_size}), "
+                f"so task groups stay whole, got {self.max_rows_per_call}"
+            )
+        if self.refill and self.max_rows_per_call is None:
+            raise ConfigError(
+                "rl.refill: continuous batching needs rl.max_rows_per_call (the rows in "
+                "flight), got refill: true with max_rows_per_call: null"
+            )
+        if (self.process_rewards == "judge") != (self.judge_model_dir is not None):
+            raise ConfigError(
+                "rl.judge_model_dir: the judge's Qwen3 directory, given exactly when "
+                f"rl.process_rewards is judge (got process_rewards: {self.process_rewards!r}, "
+                f"judge_model_dir: {self.judge_model_dir!r})"
+            )
+        from agentrl_jax.train.sinks import tensorboard_available  # noqa: PLC0415
+
+        if self.tensorboard is True and not tensorboard_available():
+            raise ConfigError(
+                "rl.tensorboard: true needs tensorboardX (pip install -e '.[tensorboard]') "
+                "or tensorboard with torch; neither is installed ('auto' skips it)"
+            )
+        if self.wandb_project is not None and importlib.util.find_spec("wandb") is None:
+            raise ConfigError(
+                f"rl.wandb_project: logging to W&B project {self.wandb_project!r} needs the "
+                "wandb package (pip install wandb); it is not installed"
+            )
+        self.resolved_runs()  # every run's algorithm builds (errors name rl.runs[i])
+        # every hyper-parameter the runs' presets declare, with its value (given, else the
+        # default), so configs that state a default and configs that do not are equal, and a
+        # written config reads back the same under any defaults
+        values = {}
+        for name, defaults in sorted(declared_defaults(self.runs).items()):
+            if name in self.preset_params:
+                values[name] = self.preset_params[name]
+            elif len(defaults) == 1:  # presets that disagree on a default: each keeps its own
+                values[name] = _declared_default(self.runs, name)
+        object.__setattr__(self, "preset_params", freeze(values))
+
+    def resolved_runs(self) -> tuple[RunSettings, ...]:
+        """``runs`` resolved: each run's name, label, BudgetMix and AlgorithmConfig."""
+        return resolve_runs(self)
+
+    @property
+    def run_names(self) -> tuple[str, ...]:
+        return tuple(run.name for run in self.resolved_runs())
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The rollouts' distribution (without the tokenizer's vocabulary bound)."""
+        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimizer updates per rollout batch: ``epochs x mini_batches``."""
+        return self.epochs * self.mini_batches
+
+
+def _declared_default(runs: Sequence[Any], name: str) -> Any:
+    """The default of hyper-parameter ``name`` in the first of ``runs``' presets declaring it."""
+    from agentrl_jax.train.presets import _preset_of  # noqa: PLC0415
+
+    return next(_preset_of(r).params[name].default for r in runs if name in _preset_of(r).params)
+
+
+# ---------------------------------------------------------------- the root of the tree
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The sections the training entry point reads (module docstring)."""
+
+    task: TaskConfig = TaskConfig()
+    engine: EngineConfig = EngineConfig()
+    rl: RLConfig = RLConfig()
+    mesh: MeshConfig = MeshConfig(data=1)
+
+    def __post_init__(self):
+        for f in dataclasses.fields(Config):
+            value = getattr(self, f.name)
+            if not isinstance(value, SECTIONS[f.name]):
+                raise ConfigError(
+                    f"{f.name}: must be a {SECTIONS[f.name].__name__}, got {short_repr(value)}"
+                )
+        if self.mesh.tensor > 1 and self.engine.kv_page_size is not None:
+            raise ConfigError(
+                f"engine.kv_page_size: the paged KV cache splits rows over the data and fsdp "
+                f"axes only, and mesh.tensor is {self.mesh.tensor}; set engine.kv_page_size "
+                "to null (the static cache) or tensor to 1"
+            )
+
+
+SECTIONS: dict[str, type] = {
+    "task": TaskConfig,
+    "engine": EngineConfig,
+    "rl": RLConfig,
+    "mesh": MeshConfig,
+}
+
+
+# ---------------------------------------------------------------- one run's update
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Trainer settings. See the module docstring; each field's check is in ``_CHECKS``."""
+    """What the jitted step and the loop need for one run: the ``rl`` section, the run's
+    resolved ``algorithm``, and what follows from the task and the tokenizer. Built by
+    :func:`train_config` from a :class:`Config` and a run; tests build it directly.
 
+    ``budget_anchors``: GiGPO anchors ``(s_t, B - t)`` instead of ``s_t`` (BudgetMix, §5).
+    ``loss_positions``: the static bound on sampled tokens per row at which the head runs
+    (None: every position). ``max_response_length``: the most sampled tokens a row can hold
+    (DAPO's overlong ``L_max`` and Dr. GRPO's constant, an algorithm's
+    ``aggregation_constant`` None, which is filled in on construction). ``valid_vocab_size``:
+    the tokenizer's vocabulary where it is below the model's (``rl.scoring: sampling`` never
+    scores the embedding rows past it).
+
+    The KL coefficient lives in ``algorithm`` (the ``"kl"`` loss term), so there is one source
+    of truth; :attr:`kl_coef` reads it. What the step computes (entropy, reference
+    log-probs, a critic) follows from the inputs the configured estimator and terms declare
+    (:mod:`agentrl_jax.train.inputs`), whatever their names. ``to_dict`` gives plain data
+    (what checkpoints store).
+    """
+
+    rl: RLConfig = RLConfig()
     algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
-    # policy optimizer: optax.adamw after global-norm clipping
-    learning_rate: float = 1e-6
-    weight_decay: float = 0.01
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-8
-    max_grad_norm: float | None = 1.0  # None: no clipping
-    # critic optimizer (PPO): its own AdamW, same betas/eps/clipping
-    critic_learning_rate: float = 1e-5
-    critic_weight_decay: float = 0.01
-    # PPO-style optimisation: passes over each rollout batch, and mini-batches (one update
-    # each) per pass, rows shuffled per pass (see step.py)
-    epochs: int = 1
-    mini_batches: int = 1
-    # gradient accumulation: each mini-batch's rows split into this many micro-batches
-    # (strided, see step.py)
-    num_micro_batches: int = 1
-    # memory (see step.py): what each layer keeps for the backward pass (a REMAT_POLICIES
-    # name of agentrl_jax.models.qwen3; None: the model's own setting); the static bound on
-    # loss (sampled) tokens per row at which the head runs (None: every position); positions
-    # per chunk of the head's log-softmax; the attention implementation of the no-cache
-    # forward (agentrl_jax.models.attention.IMPLEMENTATIONS)
-    remat: str | None = None
-    loss_positions: int | None = None
-    logits_chunk: int = 512
-    attention: str = "xla"
-    # the distribution sampled tokens are scored under (the policy's, the old and the
-    # reference log-probs alike): "model", the model's own (temperature 1, whole vocabulary);
-    # "sampling", the rollout's (the sampling_* fields and valid_vocab_size below: set them to
-    # the rollout's SamplingConfig), the one the tokens were drawn from. See the module doc.
-    scoring: str = "model"
-    sampling_temperature: float = 1.0
-    sampling_top_k: int = 0
-    sampling_top_p: float = 1.0
-    valid_vocab_size: int | None = None
-    # the most sampled (response) tokens a row can hold, e.g. T_max x max response tokens per
-    # turn: DAPO's overlong L_max and Dr. GRPO's constant (an algorithm's aggregation_constant
-    # None) are this length; None when no such setting is used. The constant is filled in on
-    # construction: a dataclasses.replace of this field later keeps the one filled in first.
-    max_response_length: int | None = None
-    # process rewards (§8): weight of the per-step scores added to the outcome reward
-    process_reward_coef: float = 0.0
-    # GiGPO anchors (s_t, B - t) instead of s_t (BudgetMix, §5)
     budget_anchors: bool = False
-    # run
-    total_steps: int = 100
-    checkpoint_every: int = 10
-    checkpoint_keep: int = 3
-    seed: int = 0
+    loss_positions: int | None = None
+    max_response_length: int | None = None
+    valid_vocab_size: int | None = None
 
     def __post_init__(self):
         if isinstance(self.algorithm, Mapping):
             try:
                 object.__setattr__(self, "algorithm", AlgorithmConfig.from_dict(self.algorithm))
             except ValueError as e:
-                raise ValueError(f"TrainConfig.algorithm: {e}") from None
+                raise ConfigError(f"TrainConfig.algorithm: {e}") from None
         if not isinstance(self.algorithm, AlgorithmConfig):
-            raise ValueError(
+            raise ConfigError(
                 f"TrainConfig.algorithm: must be an AlgorithmConfig or mapping, "
-                f"got {self.algorithm!r}"
+                f"got {short_repr(self.algorithm)}"
             )
-        validate("TrainConfig", self, _CHECKS)
+        if not isinstance(self.rl, RLConfig):
+            raise ConfigError(f"TrainConfig.rl: must be an RLConfig, got {short_repr(self.rl)}")
+        validate(
+            "TrainConfig",
+            self,
+            {
+                "budget_anchors": BOOL,
+                "loss_positions": optional(integer(1)),
+                "max_response_length": optional(integer(1)),
+                "valid_vocab_size": optional(integer(1)),
+            },
+        )
         if self.max_response_length is None:
             for field, used in (
                 ("aggregation_constant", self.algorithm.aggregation_constant is None),
@@ -171,41 +533,69 @@ class TrainConfig:
 
     @property
     def scoring_sampling(self) -> SamplingConfig | None:
-        """The sampling distribution log-probs are scored under (``scoring="sampling"``), or
-        None for the model's own distribution."""
-        if self.scoring == "model":
+        """The sampling distribution log-probs are scored under (``rl.scoring: sampling``),
+        or None for the model's own distribution."""
+        if self.rl.scoring == "model":
             return None
-        return SamplingConfig(
-            temperature=self.sampling_temperature,
-            top_k=self.sampling_top_k,
-            top_p=self.sampling_top_p,
-            valid_vocab_size=self.valid_vocab_size,
-        )
+        return dataclasses.replace(self.rl.sampling, valid_vocab_size=self.valid_vocab_size)
 
     @property
     def updates_per_batch(self) -> int:
-        """Optimizer updates per rollout batch: ``epochs x mini_batches``."""
-        return self.epochs * self.mini_batches
+        """Optimizer updates per rollout batch: ``rl.epochs x rl.mini_batches``."""
+        return self.rl.updates_per_batch
 
-    # ------------------------------------------------------------------ plain data
+    @property
+    def forward(self) -> Forward:
+        """The teacher-forced forward the step scores tokens with."""
+        return Forward(
+            remat=self.rl.remat,
+            attention=self.rl.attention,
+            loss_positions=self.loss_positions,
+            logits_chunk=self.rl.logits_chunk,
+            sampling=self.scoring_sampling,
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data; ``TrainConfig.from_dict(c.to_dict()) == c``."""
+        """Plain JSON-able data (checkpoints store it)."""
         out = {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "algorithm"
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("rl", "algorithm")
+        }
+        out["rl"] = {
+            f.name: plain_data(getattr(self.rl, f.name)) for f in dataclasses.fields(RLConfig)
         }
         out["algorithm"] = algorithm_to_dict(self.algorithm)
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
-        """Builds from plain data (YAML, a checkpoint's JSON); unknown keys are errors."""
+        """Builds from :meth:`to_dict`'s plain data (a checkpoint's JSON); unknown keys are
+        errors; ``TrainConfig.from_dict(c.to_dict()) == c``."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"TrainConfig: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}"
             )
-        return cls(**d)
+        rl = d.get("rl", {})
+        return cls(**{**d, "rl": rl if isinstance(rl, RLConfig) else RLConfig(**rl)})
+
+
+def train_config(
+    config: Config, run: RunSettings, valid_vocab_size: int | None = None
+) -> TrainConfig:
+    """The update of ``run`` (one of ``config.rl``'s resolved runs) under ``config``:
+    ``valid_vocab_size`` is the tokenizer's vocabulary where it is below the model's."""
+    return TrainConfig(
+        rl=config.rl,
+        algorithm=run.algorithm,
+        budget_anchors=bool(run.budget_mix)
+        and "anchor_keys" in step_inputs(run.algorithm).advantage,
+        loss_positions=config.task.loss_positions,
+        max_response_length=config.task.max_response_length,
+        valid_vocab_size=valid_vocab_size if config.rl.scoring == "sampling" else None,
+    )
 
 
 def algorithm_to_dict(config: AlgorithmConfig) -> dict[str, Any]:
@@ -225,49 +615,3 @@ def algorithm_to_dict(config: AlgorithmConfig) -> dict[str, Any]:
         "overlong_buffer": config.overlong_buffer,
         "overlong_penalty": config.overlong_penalty,
     }
-
-
-def _positive_real(v) -> bool:
-    return _is_real(v) and v > 0
-
-
-def _non_negative_real(v) -> bool:
-    return _is_real(v) and v >= 0
-
-
-def _positive_int(v) -> bool:
-    return _is_int(v) and v >= 1
-
-
-_CHECKS: dict[str, tuple[Any, str]] = {
-    "learning_rate": (_positive_real, "a finite number > 0"),
-    "weight_decay": (_non_negative_real, "a finite number >= 0"),
-    "adam_b1": (lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)"),
-    "adam_b2": (lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)"),
-    "adam_eps": (_positive_real, "a finite number > 0"),
-    "max_grad_norm": (lambda v: v is None or _positive_real(v), "None or a finite number > 0"),
-    "critic_learning_rate": (_positive_real, "a finite number > 0"),
-    "critic_weight_decay": (_non_negative_real, "a finite number >= 0"),
-    "epochs": (_positive_int, "an int >= 1"),
-    "mini_batches": (_positive_int, "an int >= 1"),
-    "num_micro_batches": (_positive_int, "an int >= 1"),
-    "remat": (lambda v: v is None or v in REMAT_POLICIES, f"None or one of {REMAT_POLICIES}"),
-    "loss_positions": (lambda v: v is None or _positive_int(v), "None or an int >= 1"),
-    "logits_chunk": (_positive_int, "an int >= 1"),
-    "attention": (lambda v: v in ATTENTION_IMPLEMENTATIONS, f"one of {ATTENTION_IMPLEMENTATIONS}"),
-    "scoring": (lambda v: v in SCORING, f"one of {SCORING}"),
-    "sampling_temperature": (
-        _positive_real,
-        "a finite number > 0 (greedy rollouts have no distribution to score under)",
-    ),
-    "sampling_top_k": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (0: off)"),
-    "sampling_top_p": (lambda v: _is_real(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "valid_vocab_size": (lambda v: v is None or _positive_int(v), "None or an int >= 1"),
-    "max_response_length": (lambda v: v is None or _positive_int(v), "None or an int >= 1"),
-    "process_reward_coef": (_non_negative_real, "a finite number >= 0"),
-    "budget_anchors": (lambda v: isinstance(v, bool), "a bool"),
-    "total_steps": (_positive_int, "an int >= 1"),
-    "checkpoint_every": (_positive_int, "an int >= 1"),
-    "checkpoint_keep": (_positive_int, "an int >= 1"),
-    "seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "an int in [0, 2**32)"),
-}

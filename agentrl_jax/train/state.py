@@ -70,25 +70,25 @@ class TrainState:
 def make_optimizer(
     learning_rate: float, weight_decay: float, config: TrainConfig
 ) -> optax.GradientTransformation:
-    """Global-norm clipping (``config.max_grad_norm``, if set) then AdamW."""
+    """Global-norm clipping (``config.rl.max_grad_norm``, if set) then AdamW."""
     adamw = optax.adamw(
         learning_rate,
-        b1=config.adam_b1,
-        b2=config.adam_b2,
-        eps=config.adam_eps,
+        b1=config.rl.adam_b1,
+        b2=config.rl.adam_b2,
+        eps=config.rl.adam_eps,
         weight_decay=weight_decay,
     )
-    if config.max_grad_norm is None:
+    if config.rl.max_grad_norm is None:
         return adamw
-    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
+    return optax.chain(optax.clip_by_global_norm(config.rl.max_grad_norm), adamw)
 
 
 def policy_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    return make_optimizer(config.learning_rate, config.weight_decay, config)
+    return make_optimizer(config.rl.learning_rate, config.rl.weight_decay, config)
 
 
 def critic_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    return make_optimizer(config.critic_learning_rate, config.critic_weight_decay, config)
+    return make_optimizer(config.rl.critic_learning_rate, config.rl.critic_weight_decay, config)
 
 
 def init_critic(policy_params: Any, hidden_size: int) -> CriticParams:
@@ -119,7 +119,7 @@ def init_train_state(model: nnx.Module, config: TrainConfig) -> TrainState:
             reference=reference,
             critic=critic,
             critic_opt=critic_opt,
-            rng=jax.random.PRNGKey(config.seed),
+            rng=jax.random.PRNGKey(config.rl.seed),
             data_position=jnp.zeros((), jnp.int32),
             skipped_updates=jnp.zeros((), jnp.int32),
         )

@@ -60,33 +60,43 @@ inserts the reductions, so sums over the batch are global, like the single-devic
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from flax import nnx, struct
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.algorithms import (
-    AdvantageInputs,
     LossInputs,
     LossSum,
     aggregation,
-    budget_anchor_keys,
     compute_advantages,
     compute_loss_with_metrics,
-    overlong_penalty,
-    policy_ratio,
 )
-from agentrl_jax.models.qwen3 import Constrain, positions_from_mask
-from agentrl_jax.process_rewards import shape_rewards, turn_rewards_to_tokens
+from agentrl_jax.models.qwen3 import Constrain
 from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, PartitionRule
+from agentrl_jax.train.batch import TrainBatch, batch_loss_mask
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.inputs import step_inputs
-from agentrl_jax.train.logprobs import kept_mask, position_logprobs
+from agentrl_jax.train.logprobs import kept_mask
+from agentrl_jax.train.micro_batches import (
+    accumulate_gradients,
+    add_trees,
+    all_finite,
+    divide_tree,
+    keep_if,
+    map_micro_batches,
+)
+from agentrl_jax.train.rewards import advantage_inputs, overlong_rewards
+from agentrl_jax.train.scoring import (
+    activation_constraint,
+    critic_values,
+    identity,
+    sequence_logprobs,
+)
 from agentrl_jax.train.state import (
     CriticParams,
     TrainState,
@@ -94,291 +104,27 @@ from agentrl_jax.train.state import (
     policy_optimizer,
     state_shardings,
 )
+from agentrl_jax.train.step_metrics import (
+    explained_variance,
+    explained_variance_sums,
+    ratio_sums,
+    sampler_gap,
+)
 from agentrl_jax.trajectory import Trajectory
 
-
-@struct.dataclass
-class TrainBatch:
-    """One rollout batch and, optionally, its process scores ``[N, T]`` (0 off real turns)."""
-
-    trajectory: Trajectory
-    step_scores: jax.Array | None = None
-
-
 # ------------------------------------------------------------------------- model pieces
-
-
-def _shift_right(x: jax.Array) -> jax.Array:
-    """``[N, L-1]`` predictions for tokens 1..L-1 -> ``[N, L]`` aligned with the tokens (0 at 0)."""
-    return jnp.pad(x, ((0, 0), (1, 0)))
-
-
-def sequence_logprobs(
-    model: nnx.Module,
-    tokens: jax.Array,
-    token_mask: jax.Array,
-    *,
-    loss_mask: jax.Array | None = None,
-    with_entropy: bool = False,
-    config: TrainConfig | None = None,
-    constrain: Constrain | None = None,
-) -> tuple[jax.Array, jax.Array | None]:
-    """Teacher-forced ``log pi(token_p | tokens_<p)`` ``[N, L]`` (and the entropy at each
-    position's predicting distribution, ``[N, L]``, if asked); 0 at position 0.
-
-    With ``loss_mask`` the head runs only at those positions (0 elsewhere), in chunks
-    (:mod:`agentrl_jax.train.logprobs`; ``config.loss_positions`` bounds them per row,
-    ``config.logits_chunk`` sizes the chunks); without it at every position. ``config``'s
-    ``remat`` applies to the layers, its ``scoring`` picks the distribution (the model's or
-    the rollout's sampling distribution); ``constrain`` to activations (see
-    :func:`activation_constraint`).
-    """
-    config = config or TrainConfig()
-    hidden, _ = model.hidden_states(
-        tokens,
-        positions_from_mask(token_mask),
-        token_mask,
-        remat=config.remat,
-        constrain=constrain,
-        attention=config.attention,
-    )
-    mask = jnp.ones_like(token_mask, bool) if loss_mask is None else loss_mask
-    return position_logprobs(
-        hidden,
-        tokens,
-        mask,
-        lambda h: model.logits((constrain or _same)(h)),
-        width=config.loss_positions,
-        chunk=config.logits_chunk,
-        with_entropy=with_entropy,
-        sampling=config.scoring_sampling,
-    )
-
-
-def _same(x):
-    return x
-
-
-def activation_constraint(mesh: Mesh | None) -> Constrain | None:
-    """Rows of an activation ``[N, ...]`` over the mesh's batch axes (None without a mesh), so
-    under FSDP each device holds its share of the micro-batch, never all of it."""
-    if mesh is None:
-        return None
-
-    def constrain(x: jax.Array) -> jax.Array:
-        return jax.lax.with_sharding_constraint(
-            x, NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1))))
-        )
-
-    return constrain
-
-
-def critic_values(
-    model: nnx.Module,
-    head: dict[str, jax.Array],
-    tokens: jax.Array,
-    token_mask: jax.Array,
-    *,
-    config: TrainConfig | None = None,
-    constrain: Constrain | None = None,
-) -> jax.Array:
-    """``V`` of the state each token was sampled in, ``[N, L]`` float32 (0 at position 0)."""
-    config = config or TrainConfig()
-    hidden, _ = model.hidden_states(
-        tokens,
-        positions_from_mask(token_mask),
-        token_mask,
-        remat=config.remat,
-        constrain=constrain,
-        attention=config.attention,
-    )
-    values = (
-        jnp.einsum("nld,d->nl", hidden[:, :-1].astype(jnp.float32), head["kernel"]) + head["bias"]
-    )
-    return _shift_right(values)
 
 
 # ------------------------------------------------------------------------- micro-batching
 
 
-def split_micro_batches(tree: Any, num: int) -> Any:
-    """``[N, ...]`` leaves -> ``[num, N / num, ...]``; micro-batch m holds rows m, m + num, ..."""
-
-    def split(x):
-        if x.shape[0] % num:
-            raise ValueError(f"num_micro_batches={num} must divide the batch's {x.shape[0]} rows")
-        return jnp.swapaxes(x.reshape(x.shape[0] // num, num, *x.shape[1:]), 0, 1)
-
-    return jax.tree.map(split, tree)
-
-
-def merge_micro_batches(tree: Any) -> Any:
-    """Inverse of :func:`split_micro_batches`: ``[num, N / num, ...]`` -> ``[N, ...]``."""
-    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), tree)
-
-
-def map_micro_batches(fn: Callable[[Any], Any], data: Any, num: int) -> Any:
-    """``fn`` over micro-batches of ``data`` (``lax.map``), results reassembled row-aligned."""
-    if num == 1:
-        return fn(data)
-    return merge_micro_batches(jax.lax.map(fn, split_micro_batches(data, num)))
-
-
-def _add(a: Any, b: Any) -> Any:
-    return jax.tree.map(jnp.add, a, b)
-
-
-def accumulate_gradients(
-    loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]],
-    params: Any,
-    data: Any,
-    num: int,
-    combine: Callable[[Any, Any], Any] = _add,
-) -> tuple[Any, Any]:
-    """Sums ``grad(loss_fn)(params, micro_batch)`` over ``num`` micro-batches, and combines
-    their aux with ``combine`` (default: summed; pass :class:`~agentrl_jax.algorithms.LossSum`
-    parts). ``loss_fn(params, batch) -> (value to differentiate, aux pytree)``. One
-    micro-batch skips the scan.
-    """
-    grad_fn = jax.grad(loss_fn, has_aux=True)
-    if num == 1:
-        return grad_fn(params, data)
-    micro = split_micro_batches(data, num)
-
-    def body(carry, batch):
-        grads, aux = grad_fn(params, batch)
-        return (_add(carry[0], grads), combine(carry[1], aux)), None
-
-    first = jax.tree.map(lambda x: x[0], micro)
-    zeros = jax.tree.map(
-        lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grad_fn, params, first)
-    )
-    total, _ = jax.lax.scan(body, zeros, micro)
-    return total
-
-
-def _divide(tree: Any, denom: jax.Array) -> Any:
-    safe = jnp.where(denom > 0, denom, 1.0)
-    return jax.tree.map(lambda g: jnp.where(denom > 0, g / safe, jnp.zeros_like(g)), tree)
-
-
-def _all_finite(tree: Any) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
-
-
-def _keep_if(ok: jax.Array, new: Any, old: Any) -> Any:
-    return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-
-
 # ------------------------------------------------------------------------- the step
-
-
-def batch_loss_mask(trajectory: Trajectory) -> jax.Array:
-    """Sampled tokens of real rows: the tokens the loss is taken over, ``[N, L]`` bool."""
-    return trajectory.loss_mask.astype(bool) & trajectory.row_mask.astype(bool)[:, None]
-
-
-def check_full_history(trajectory: Trajectory) -> None:
-    """Raises ValueError if a turn was sampled from a windowed history (host-side check).
-
-    The step scores every sampled token with the whole row before it as its context, which
-    reproduces the sampling log-probs only if each turn saw the whole history, i.e.
-    ``context_start == prefix_len`` on every real turn. A history window (the rollout's
-    ``history_window``) changes positions and attention per turn; training on such rows would
-    need each turn re-scored on its own context, which this step does not do.
-    """
-    real = np.asarray(trajectory.turn_mask, bool) & np.asarray(trajectory.row_mask, bool)[:, None]
-    windowed = real & (
-        np.asarray(trajectory.context_start) != np.asarray(trajectory.prefix_len)[:, None]
-    )
-    if windowed.any():
-        row, turn = (int(i[0]) for i in np.nonzero(windowed))
-        raise ValueError(
-            f"Trajectory.context_start: {int(windowed.sum())} turns were sampled from a "
-            f"windowed history "
-            f"(first: row {row}, turn {turn}); the train step scores each response with the whole "
-            "conversation as its context, so it needs rollouts with the whole history kept "
-            "(history_window=None)"
-        )
-
-
-def overlong_rewards(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
-    """DAPO's soft overlong punishment of each row, ``float32 [N]`` (<= 0; all 0 when the
-    algorithm's ``overlong_buffer`` is 0): :func:`~agentrl_jax.algorithms.overlong_penalty` of
-    the row's sampled tokens, with ``L_max = config.max_response_length`` and
-    ``L_cache = max(1, floor(overlong_buffer x L_max + 1/2))``."""
-    algorithm = config.algorithm
-    if algorithm.overlong_buffer == 0:
-        return jnp.zeros(trajectory.row_mask.shape, jnp.float32)
-    length = config.max_response_length
-    return overlong_penalty(
-        jnp.sum(batch_loss_mask(trajectory), axis=-1),
-        max_length=length,
-        cache_length=max(1, int(algorithm.overlong_buffer * length + 0.5)),
-        penalty=algorithm.overlong_penalty,
-    )
-
-
-def shaped_rewards(batch: TrainBatch, config: TrainConfig) -> tuple[jax.Array, jax.Array]:
-    """The rewards the estimator sees: ``(episode [N], per_turn [N, T])`` float32.
-
-    The outcome reward plus the overlong penalty (:func:`overlong_rewards`), shaped by the
-    batch's process scores (:func:`~agentrl_jax.process_rewards.shape_rewards`; the penalty
-    lands on the row's last turn, like the outcome). DAPO's dynamic sampling compares these
-    episode rewards within groups: the groups it drops are those whose episode-level group
-    advantages (GRPO, Dr. GRPO, RLOO) would be 0.
-    """
-    traj = batch.trajectory
-    turn_mask = traj.turn_mask.astype(bool) & traj.row_mask.astype(bool)[:, None]
-    outcome = traj.outcome_reward + overlong_rewards(traj, config)
-    return shape_rewards(outcome, batch.step_scores, turn_mask, config.process_reward_coef)
-
-
-def advantage_inputs(
-    batch: TrainBatch, config: TrainConfig, old_values: jax.Array | None
-) -> AdvantageInputs:
-    """What the configured estimator reads, from a batch (:func:`shaped_rewards`).
-
-    Every field is filled (estimators also read optional ones, such as ``traj_mask``, that
-    they do not declare); ``values`` and ``token_rewards`` only with a critic."""
-    traj = batch.trajectory
-    turn_mask = traj.turn_mask.astype(bool) & traj.row_mask.astype(bool)[:, None]
-    episode, per_turn = shaped_rewards(batch, config)
-    anchors = (
-        budget_anchor_keys(traj.anchor_key, traj.budget)
-        if config.budget_anchors
-        else traj.anchor_key
-    )
-    return AdvantageInputs(
-        loss_mask=batch_loss_mask(traj),
-        rewards=episode,
-        group_ids=traj.group_id,
-        traj_mask=traj.row_mask.astype(bool),
-        step_rewards=per_turn,
-        turn_mask=turn_mask,
-        anchor_keys=anchors,
-        token_turn_index=traj.token_turn,
-        token_rewards=turn_rewards_to_tokens(per_turn, traj.token_turn)
-        if old_values is not None
-        else None,
-        values=old_values,
-    )
 
 
 def recorded_logprobs(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
     """What the sampler recorded for the distribution the trainer scores under ``[N, L]``:
     ``sampling_logprobs`` (``scoring="sampling"``) or the model distribution's ``logprobs``."""
-    return trajectory.sampling_logprobs if config.scoring == "sampling" else trajectory.logprobs
-
-
-def sampler_gap(
-    trainer: jax.Array, sampler: jax.Array, mask: jax.Array
-) -> tuple[LossSum, jax.Array]:
-    """The sampler-trainer log-prob gap ``|trainer - sampler|`` over ``mask``: its token-mean
-    sum (:class:`LossSum`, exact over micro-batches) and its maximum (0 for an empty mask)."""
-    gap = jnp.abs(trainer - sampler)
-    return _token_mean_sum(gap, mask), jnp.max(jnp.where(mask, gap, 0.0), initial=0.0)
+    return trajectory.sampling_logprobs if config.rl.scoring == "sampling" else trajectory.logprobs
 
 
 def _model_scores(
@@ -396,14 +142,14 @@ def _model_scores(
         mb["token_mask"],
         loss_mask=mb["loss_mask"],
         with_entropy=with_entropy,
-        config=config,
+        forward=config.forward,
         constrain=constrain,
     )
 
 
 def _chunks(config: TrainConfig) -> int:
     """Pieces of the batch the per-batch scoring runs on: the updates' micro-batch shape."""
-    return config.mini_batches * config.num_micro_batches
+    return config.rl.mini_batches * config.rl.num_micro_batches
 
 
 def _records_old_logprobs(config: TrainConfig) -> bool:
@@ -462,7 +208,7 @@ def prepare_batch(
                 state.critic.head,
                 mb["tokens"],
                 mb["token_mask"],
-                config=config,
+                forward=config.forward,
                 constrain=constrain,
             ),
             data,
@@ -513,62 +259,8 @@ def update_rows(key: jax.Array, rows: int, epochs: int, mini_batches: int) -> ja
 def select_rows(data: Any, rows: jax.Array, mesh: Mesh | None = None) -> Any:
     """``data``'s ``[N, ...]`` leaves at ``rows`` (a mini-batch), rows over the mesh's batch
     axes."""
-    constrain = activation_constraint(mesh) or _same
+    constrain = activation_constraint(mesh) or identity
     return jax.tree.map(lambda x: constrain(jnp.take(x, rows, axis=0)), data)
-
-
-def _token_mean_sum(x: jax.Array, mask: jax.Array) -> LossSum:
-    return aggregation.aggregate(x, mask)  # token-mean: (sum m x, sum m), exact under any split
-
-
-def ratio_sums(logprobs: jax.Array, old_logprobs: jax.Array, mask: jax.Array) -> dict[str, LossSum]:
-    """Token-mean sums of the importance ratio ``r = pi / pi_old`` (clamped as in the loss):
-    ``ratio_mean``; ``ratio_deviation``, mean ``|r - 1|`` (exactly 0 iff every ratio is 1);
-    ``approx_kl``, mean ``(r - 1) - log r`` (an estimate of KL(pi_old || pi), k3)."""
-    ratio = policy_ratio(logprobs, old_logprobs)
-    log_ratio = jnp.log(ratio)
-    return {
-        "ratio_mean": _token_mean_sum(ratio, mask),
-        "ratio_deviation": _token_mean_sum(jnp.abs(ratio - 1.0), mask),
-        "approx_kl": _token_mean_sum((ratio - 1.0) - log_ratio, mask),
-    }
-
-
-def explained_variance_sums(
-    values: jax.Array, returns: jax.Array, mask: jax.Array
-) -> dict[str, jax.Array]:
-    """Sums over ``mask`` from which :func:`explained_variance` follows (add them over
-    micro-batches)."""
-    w = mask.astype(jnp.float32)
-    residual = returns - values
-    return {
-        "count": jnp.sum(w),
-        "returns": jnp.sum(w * returns),
-        "returns_sq": jnp.sum(w * returns**2),
-        "residual": jnp.sum(w * residual),
-        "residual_sq": jnp.sum(w * residual**2),
-    }
-
-
-EV_RELATIVE_FLOOR = (
-    1e-4  # Var(returns) below this share of E[returns^2] is rounding: constant returns
-)
-
-
-def explained_variance(sums: Mapping[str, jax.Array]) -> jax.Array:
-    """``1 - Var(returns - values) / Var(returns)`` over the loss tokens.
-
-    0 when the returns do not vary: the variance comes from summed moments (so it adds over
-    micro-batches), whose float32 cancellation leaves ~1e-7 of ``E[returns^2]`` for constant
-    returns, so a variance under ``EV_RELATIVE_FLOOR`` of it counts as none (GAE with
-    gamma = lambda = 1 gives every token of a row the same return: a mini-batch of equal
-    outcomes has constant returns)."""
-    n = jnp.maximum(sums["count"], 1.0)
-    mean_sq = sums["returns_sq"] / n
-    var_returns = mean_sq - (sums["returns"] / n) ** 2
-    var_residual = jnp.maximum(sums["residual_sq"] / n - (sums["residual"] / n) ** 2, 0.0)
-    varies = var_returns > EV_RELATIVE_FLOOR * mean_sq + 1e-12
-    return jnp.where(varies, 1.0 - var_residual / jnp.where(varies, var_returns, 1.0), 0.0)
 
 
 def _term_sums(result: Any) -> dict[str, LossSum]:
@@ -643,12 +335,12 @@ def policy_gradients(
         return result.total.total, (result.total, sums, peaks)
 
     def combine(a, b):  # sums add over micro-batches, peaks take the maximum
-        return _add(a[0], b[0]), _add(a[1], b[1]), jax.tree.map(jnp.maximum, a[2], b[2])
+        return add_trees(a[0], b[0]), add_trees(a[1], b[1]), jax.tree.map(jnp.maximum, a[2], b[2])
 
     grads, (total, sums, peaks) = accumulate_gradients(
-        loss_fn, params, data, config.num_micro_batches, combine
+        loss_fn, params, data, config.rl.num_micro_batches, combine
     )
-    grads = _divide(grads, total.denom)
+    grads = divide_tree(grads, total.denom)
     metrics = {
         "loss": aggregation.mean(total),
         **{k: aggregation.mean(v) for k, v in sums.items()},
@@ -678,7 +370,7 @@ def critic_gradients(
             critic.head,
             mb["tokens"],
             mb["token_mask"],
-            config=config,
+            forward=config.forward,
             constrain=constrain,
         )
         fields = {name: mb[name] for name in batch_fields}
@@ -693,8 +385,10 @@ def critic_gradients(
         )
         return result.total.total, (result.total, _term_sums(result), ev)
 
-    grads, (total, sums, ev) = accumulate_gradients(loss_fn, critic, data, config.num_micro_batches)
-    grads = _divide(grads, total.denom)
+    grads, (total, sums, ev) = accumulate_gradients(
+        loss_fn, critic, data, config.rl.num_micro_batches
+    )
+    grads = divide_tree(grads, total.denom)
     metrics = {
         "value_loss": aggregation.mean(total),
         **{k: aggregation.mean(v) for k, v in sums.items()},
@@ -737,7 +431,7 @@ def _apply(
 ):
     """One optimizer step, kept only if ``ok``: ``(params, opt_state)``."""
     updates, new_opt = optimizer.update(grads, opt_state, params)
-    return _keep_if(ok, optax.apply_updates(params, updates), params), _keep_if(
+    return keep_if(ok, optax.apply_updates(params, updates), params), keep_if(
         ok, new_opt, opt_state
     )
 
@@ -758,11 +452,11 @@ def _update_fn(
         policy_grads, metrics = policy_gradients(
             graphdef, config, policy, mb, mesh, first_update=index == 0
         )
-        finite = jnp.isfinite(metrics["loss"]) & _all_finite(policy_grads)
+        finite = jnp.isfinite(metrics["loss"]) & all_finite(policy_grads)
         if critic is not None:
             critic_grads, critic_metrics = critic_gradients(graphdef, config, critic, mb, mesh)
             metrics.update(critic_metrics)
-            finite = finite & jnp.isfinite(metrics["value_loss"]) & _all_finite(critic_grads)
+            finite = finite & jnp.isfinite(metrics["value_loss"]) & all_finite(critic_grads)
         # nothing to learn from (e.g. dynamic sampling kept no group): no optimizer step either,
         # which would still move the parameters (weight decay, Adam's momentum)
         empty = ~jnp.any(mb["loss_mask"])
@@ -791,8 +485,8 @@ def train_step(
     rows = batch.trajectory.tokens.shape[0]
     if rows % _chunks(config):
         raise ValueError(
-            f"mini_batches={config.mini_batches} x num_micro_batches={config.num_micro_batches} "
-            f"must divide the batch's {rows} rows"
+            f"mini_batches={config.rl.mini_batches} x "
+            f"num_micro_batches={config.rl.num_micro_batches} must divide the batch's {rows} rows"
         )
     data, batch_metrics = prepare_batch(graphdef, config, state, batch, mesh)
     update = _update_fn(graphdef, config, data, mesh)
@@ -803,9 +497,9 @@ def train_step(
         per_update = jax.tree.map(lambda x: x[None], per_update)
     else:
         order = None
-        if config.mini_batches > 1:  # shuffled: a key of its own, split off the state's
+        if config.rl.mini_batches > 1:  # shuffled: a key of its own, split off the state's
             rng, key = jax.random.split(state.rng)
-            order = update_rows(key, rows, config.epochs, config.mini_batches)
+            order = update_rows(key, rows, config.rl.epochs, config.rl.mini_batches)
         carry, per_update = jax.lax.scan(update, carry, (jnp.arange(count), order))
     policy, policy_opt, critic, critic_opt = carry
     skipped = jnp.sum(per_update["update_skipped"]).astype(jnp.int32)

@@ -33,10 +33,17 @@ from envs.frozenlake.text import INVALID, parse_action, render
 
 register_env()
 
-from envs.frozenlake.tasks import make_tasks  # noqa: E402
+from envs.frozenlake.tasks import FrozenLakeOptions, make_tasks  # noqa: E402
 from envs.registry import register  # noqa: E402
 
-register("frozenlake", make_tasks, label="FrozenLake", max_response_tokens=512, max_context=16384)
+register(
+    "frozenlake",
+    make_tasks,
+    label="FrozenLake",
+    max_response_tokens=512,
+    max_context=16384,
+    option_type=FrozenLakeOptions,
+)
 
 __all__ = [
     "ACTION_NAMES",

@@ -23,7 +23,6 @@ from agentrl_jax.reproduce.studies.base import (
     StudyError,
     first_observations,
     inner_env,
-    with_t_max,
 )
 
 # The built-in studies, imported on first use ("module:class"): some import heavy modules.
@@ -82,5 +81,4 @@ __all__ = [
     "inner_env",
     "register_study",
     "study_for",
-    "with_t_max",
 ]

@@ -8,9 +8,8 @@ environment, and an environment's own subclass, registered under its name
 
 * **tasks** (:meth:`Study.tasks`): the factory called with the config's ``task.options``
   plus ``split`` (``"train"`` / ``"test"``), ``seed``, ``limit`` and ``t_max`` where it takes
-  them. An environment whose factory takes no ``split`` trains and evaluates on the same
-  tasks, and the
-  report says so (:meth:`Study.describe`).
+  them (:func:`envs.task_set`). An environment whose factory takes no ``split`` trains and
+  evaluates on the same tasks, and the report says so (:meth:`Study.describe`).
 * **demonstrations** for a random-init policy (:meth:`Study.demonstrator`): a
   :class:`GoldDemonstrator` plays each task's gold plan (:meth:`Study.plan`, the replies of
   one successful episode; by default the environment's own ``demonstration(task_id)``) and
@@ -41,14 +40,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from envs.protocol import EnvEntry, EnvTasks
-from envs.registry import check_options, make
+from envs.registry import task_set
 
 # The analyses every environment supports (they need the rollout and the models only).
 GENERIC_ANALYSES = ("table", "passk", "likelihood", "dynamics")
 # ... and with the step diagnostics, for a study that scores states (Study.state_diagnostics)
 ALL_ANALYSES = ("table", "passk", "steps", "errors", "likelihood", "dynamics")
-# Options the pipeline sets itself (task.options may not).
-PIPELINE_OPTIONS = ("split", "seed", "limit", "t_max")
 
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.S)
 _REMAINING = re.compile(r"\[REMAINING TURNS\] (\d+)\n")
@@ -75,15 +72,6 @@ def first_observations(env: Any, task_ids: Sequence[int]) -> list[str]:
             shown.append(observation)
         return shown
     return list(env.reset(np.asarray(task_ids, np.int64), 0)[1])
-
-
-def with_t_max(tasks: EnvTasks, t_max: int) -> EnvTasks:
-    """``tasks`` with its environment's ``t_max`` (the rollout's full budget, BudgetMix's
-    largest) set to the study's: a Python environment's wrapper holds its own copy of the
-    paper's value (SQL 10), which a study may lower (a CI-sized run) or raise."""
-    if getattr(tasks.env, "t_max", t_max) != t_max:
-        tasks.env.t_max = int(t_max)
-    return tasks
 
 
 class GoldDemonstrator:
@@ -160,16 +148,52 @@ class RecordedQuality:
         return StepScores(jnp.where(mask, quality, 0.0), mask, invalid)
 
 
+# What every environment's CPU default starts from: a random-init Qwen3 of ~0.2M parameters
+# warm-started on a CPU (:attr:`Study.config_defaults`; an environment's study adds its own
+# with :func:`cpu_defaults`). The classes' own defaults are the paper's (Qwen3-4B/8B): these
+# raise the learning rate for a tiny model and keep its answer format with a larger KL
+# (notebooks/rl_sweep.md).
+CPU_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
+    "rl": {
+        "runs": ["grpo", "budgetmix", "budgetmix-adaptive"],
+        "steps": 40,
+        "group_size": 8,
+        "learning_rate": 1e-3,  # paper: 1e-6 (Qwen3-4B/8B); 2e-3 breaks the tiny default
+        "attention": "blocked",  # the warm start's and the updates': faster than xla here
+        "preset_params": {
+            "kl_coef": 0.05,  # paper: 0.001; 0.05 keeps the tiny policy's answer format
+            # GRPO's own per-sequence mean (DeepSeekMath); with token-mean, failed episodes
+            # (longer) outweigh successes and push every sampled token down
+            "aggregation": "seq-mean-token-mean",
+        },
+    },
+}
+
+
+def cpu_defaults(own: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """An environment's CPU default: :data:`CPU_DEFAULTS` with ``own`` over it, section by
+    section and field by field (a mapping field key by key)."""
+    out = {name: dict(fields) for name, fields in CPU_DEFAULTS.items()}
+    for name, fields in own.items():
+        section = out.setdefault(name, {})
+        for field, value in fields.items():
+            below = section.get(field)
+            both = isinstance(value, Mapping) and isinstance(below, Mapping)
+            section[field] = {**below, **value} if both else value
+    return out
+
+
 class Study:
     """The default study of a registered environment (module docstring). Subclass it and
     register an instance under the environment's name
     (:func:`~agentrl_jax.reproduce.studies.register_study`) to add what an environment knows."""
 
     analyses: tuple[str, ...] = GENERIC_ANALYSES
-    # `agentrl-jax reproduce ENV`'s values under --config and --set: {section: {field: value}}
-    # (FrozenLake's are the built-in ReproduceConfig(); another environment's T_max, context
-    # sizes and a CPU-sized study)
-    config_defaults: Mapping[str, Mapping[str, Any]] = {}
+    # `agentrl-jax reproduce ENV`'s defaults under --config and --set, {section: {field:
+    # value}}: the one place an environment's defaults live (a CPU-sized study; FrozenLake's
+    # are CPU_DEFAULTS with the classes' own, another environment's add its T_max, context
+    # sizes and sample sizes: cpu_defaults)
+    config_defaults: Mapping[str, Mapping[str, Any]] = CPU_DEFAULTS
     # what the warm start's demonstrations are, for the report
     demonstrations: str = "gold-answer demonstrations"
     # whether the environment records a step quality (TurnResult.quality) for R_single
@@ -182,35 +206,12 @@ class Study:
     # (model.tokenizer_isolate; build_small_tokenizer's `isolate`); None: nothing to isolate
     tokenizer_isolate: str | None = None
 
-    # -- options and tasks
-    def check_options(self, entry: EnvEntry, options: Mapping[str, Any]) -> dict[str, Any]:
-        """``options`` checked (raises ``ValueError`` naming the bad one); returns them."""
-        reserved = [o for o in options if o in PIPELINE_OPTIONS]
-        if reserved:
-            raise StudyError(
-                f"{', '.join(map(repr, reserved))}: set by the reproduction "
-                "(task.seed, task.t_max, train_tasks / eval_tasks), not an option"
-            )
-        check_options(entry.name, list(options))
-        return dict(options)
-
-    def tasks(
-        self,
-        entry: EnvEntry,
-        options: Mapping[str, Any],
-        *,
-        split: str,
-        count: int,
-        seed: int,
-        t_max: int,
-    ) -> EnvTasks:
-        """The ``split`` tasks (at most ``count``) of ``entry`` with ``options``; ``t_max``
-        is the study's largest budget: the environment's ``t_max`` is set to it
-        (:func:`with_t_max`), the rollout's full budget and BudgetMix's largest."""
-        takes = entry.options
-        given = {"split": split, "seed": seed, "limit": count, "t_max": t_max}
-        extra = {name: value for name, value in given.items() if name in takes}
-        return with_t_max(make(entry.name, **{**options, **extra}), t_max)
+    # -- tasks
+    def tasks(self, task: Any, *, split: str, count: int) -> EnvTasks:
+        """The ``split`` tasks (at most ``count``) of the config's task section ``task``
+        (:func:`envs.task_set`: its environment, options, seed and ``t_max``, the rollout's
+        full budget and BudgetMix's largest)."""
+        return task_set(task, split=split, count=count)
 
     def has_split(self, entry: EnvEntry) -> bool:
         """Whether the train and test tasks are disjoint (the factory takes ``split``)."""

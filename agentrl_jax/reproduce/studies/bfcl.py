@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from agentrl_jax.reproduce.studies.base import Study, inner_env
+from agentrl_jax.reproduce.studies.base import Study, cpu_defaults, inner_env
 from envs.bfcl.env import reference_responses
 from envs.protocol import EnvTasks
 
@@ -27,41 +27,43 @@ class BfclStudy(Study):
     }
     bound = "a necessary condition: every request needs an answer and, with annotated calls, a call"
     # the CPU default of `agentrl-jax reproduce bfcl` (configs/bfcl_cpu.yaml holds the same values)
-    config_defaults = {
-        "task": {
-            "t_max": 24,
-            "train_tasks": 1000,
-            "eval_tasks": 16,
-            "max_response_tokens": 128,
-            "max_context": 8192,
-        },
-        "model": {"tokenizer_vocab": 2048},
-        "warm_start": {
-            "demo_tasks": 1000,
-            "demos_per_task": 2,
-            "batch_size": 4,
-            "epochs": 2,
-            "group_by_length": True,
-        },
-        "rl": {
-            "runs": ["grpo", "budgetmix"],
-            "steps": 6,
-            "tasks_per_step": 2,
-            "group_size": 4,
-            "attention": "blocked",
-        },
-        "eval": {
-            "max_response_tokens": 128,
-            "max_context": 8192,
-            "samples": 4,
-            "k": 4,
-            "budgets": [6],
-            "pass_k_samples": 4,
-            "likelihood_samples": 1,
-            "diagnostic_tasks": 8,
-            "attention": "blocked",
-        },
-    }
+    config_defaults = cpu_defaults(
+        {
+            "task": {
+                "t_max": 24,
+                "train_tasks": 1000,
+                "eval_tasks": 16,
+                "max_response_tokens": 128,
+                "max_context": 8192,
+            },
+            "model": {"tokenizer_vocab": 2048},
+            "warm_start": {
+                "demo_tasks": 1000,
+                "demos_per_task": 2,
+                "batch_size": 4,
+                "epochs": 2,
+                "group_by_length": True,
+            },
+            "rl": {
+                "runs": ["grpo", "budgetmix"],
+                "steps": 6,
+                "tasks_per_step": 2,
+                "group_size": 4,
+                "attention": "blocked",
+            },
+            "eval": {
+                "max_response_tokens": 128,
+                "max_context": 8192,
+                "samples": 4,
+                "k": 4,
+                "budgets": [6],
+                "pass_k_samples": 4,
+                "likelihood_samples": 1,
+                "diagnostic_tasks": 8,
+                "attention": "blocked",
+            },
+        }
+    )
 
     def plan(self, tasks: EnvTasks, task_id: int) -> list[str]:
         return reference_responses(inner_env(tasks.env).tasks[int(task_id)])

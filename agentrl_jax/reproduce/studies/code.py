@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from agentrl_jax.reproduce.studies.base import ALL_ANALYSES, Study, StudyError, inner_env
+from agentrl_jax.reproduce.studies.base import (
+    ALL_ANALYSES,
+    Study,
+    StudyError,
+    cpu_defaults,
+    inner_env,
+)
 from envs.code.mutation import failing_mutant
 from envs.protocol import EnvTasks
 
@@ -48,44 +54,46 @@ class CodeStudy(Study):
         "r_single": 0.097,
     }
     # the CPU default of `agentrl-jax reproduce code` (configs/code_cpu.yaml holds the same values)
-    config_defaults = {
-        "task": {
-            "t_max": 10,
-            "train_tasks": 1000,
-            "eval_tasks": 16,
-            "max_response_tokens": 256,
-            "max_context": 2048,
-        },
-        "model": {"tokenizer_vocab": 2048},
-        "warm_start": {
-            "demo_tasks": 1000,
-            "demos_per_task": 2,
-            "batch_size": 8,
-            "epochs": 10,
-            "group_by_length": True,
-        },
-        "rl": {
-            "runs": ["grpo", "budgetmix"],
-            "steps": 8,
-            "tasks_per_step": 2,
-            "group_size": 4,
-            "attention": "blocked",
-        },
-        "eval": {
-            "max_response_tokens": 256,
-            "max_context": 2048,
-            "samples": 4,
-            "k": 4,
-            "budgets": [2],
-            "pass_k_samples": 4,
-            "likelihood_samples": 1,
-            "diagnostic_tasks": 8,
-            "states": 8,
-            "group_size": 4,
-            "source_samples": 1,
-            "attention": "blocked",
-        },
-    }
+    config_defaults = cpu_defaults(
+        {
+            "task": {
+                "t_max": 10,
+                "train_tasks": 1000,
+                "eval_tasks": 16,
+                "max_response_tokens": 256,
+                "max_context": 2048,
+            },
+            "model": {"tokenizer_vocab": 2048},
+            "warm_start": {
+                "demo_tasks": 1000,
+                "demos_per_task": 2,
+                "batch_size": 8,
+                "epochs": 10,
+                "group_by_length": True,
+            },
+            "rl": {
+                "runs": ["grpo", "budgetmix"],
+                "steps": 8,
+                "tasks_per_step": 2,
+                "group_size": 4,
+                "attention": "blocked",
+            },
+            "eval": {
+                "max_response_tokens": 256,
+                "max_context": 2048,
+                "samples": 4,
+                "k": 4,
+                "budgets": [2],
+                "pass_k_samples": 4,
+                "likelihood_samples": 1,
+                "diagnostic_tasks": 8,
+                "states": 8,
+                "group_size": 4,
+                "source_samples": 1,
+                "attention": "blocked",
+            },
+        }
+    )
 
     def plan(self, tasks: EnvTasks, task_id: int) -> list[str]:
         task = inner_env(tasks.env).tasks[int(task_id)]

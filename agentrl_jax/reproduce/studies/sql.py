@@ -13,11 +13,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-from agentrl_jax.reproduce.studies.base import Study, inner_env, with_t_max
+from agentrl_jax.reproduce.studies.base import Study, cpu_defaults, inner_env
 from envs.protocol import EnvEntry, EnvTasks
-from envs.registry import make
+from envs.registry import make, with_t_max
 
 SPIDER_SPLITS = {"train": "train", "test": "dev"}
 
@@ -35,51 +35,45 @@ class SqlStudy(Study):
         }
     }
     # the CPU default of `agentrl-jax reproduce sql` (configs/sql_cpu.yaml holds the same values)
-    config_defaults = {
-        "task": {
-            "t_max": 10,
-            "train_tasks": 1000,
-            "eval_tasks": 1000,
-            "max_response_tokens": 96,
-            "max_context": 2048,
-        },
-        "model": {"tokenizer_vocab": 1024},
-        "warm_start": {
-            "demo_tasks": 1000,
-            "demos_per_task": 32,
-            "batch_size": 16,
-            "epochs": 8,
-            "group_by_length": True,
-        },
-        "rl": {
-            "runs": ["grpo", "budgetmix"],
-            "steps": 10,
-            "tasks_per_step": 4,
-            "group_size": 4,
-            "attention": "xla",
-        },
-        "eval": {
-            "max_response_tokens": 96,
-            "max_context": 2048,
-            "pass_k_samples": 16,
-            "diagnostic_tasks": None,
-        },
-    }
+    config_defaults = cpu_defaults(
+        {
+            "task": {
+                "t_max": 10,
+                "train_tasks": 1000,
+                "eval_tasks": 1000,
+                "max_response_tokens": 96,
+                "max_context": 2048,
+            },
+            "model": {"tokenizer_vocab": 1024},
+            "warm_start": {
+                "demo_tasks": 1000,
+                "demos_per_task": 32,
+                "batch_size": 16,
+                "epochs": 8,
+                "group_by_length": True,
+            },
+            "rl": {
+                "runs": ["grpo", "budgetmix"],
+                "steps": 10,
+                "tasks_per_step": 4,
+                "group_size": 4,
+                "attention": "xla",
+            },
+            "eval": {
+                "max_response_tokens": 96,
+                "max_context": 2048,
+                "pass_k_samples": 16,
+                "diagnostic_tasks": None,
+            },
+        }
+    )
 
-    def tasks(
-        self,
-        entry: EnvEntry,
-        options: Mapping[str, Any],
-        *,
-        split: str,
-        count: int,
-        seed: int,
-        t_max: int,
-    ) -> EnvTasks:
-        del seed  # the split is fixed by the data
-        if options.get("data") is not None:
+    def tasks(self, task: Any, *, split: str, count: int) -> EnvTasks:
+        if task.options.get("data") is not None:  # Spider: train on train, test on dev
             split = SPIDER_SPLITS[split]
-        return with_t_max(make(entry.name, **{**options, "split": split, "limit": count}), t_max)
+        # the split fixes the tasks: no seed
+        options = {**task.options, "split": split, "limit": count}
+        return with_t_max(make(task.env, **options), task.t_max)
 
     def has_split(self, entry: EnvEntry) -> bool:
         return True

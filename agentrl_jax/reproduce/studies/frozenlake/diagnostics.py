@@ -369,6 +369,7 @@ class QStarStates:
     suite = "frozenlake-error-recovery/v1"
     error_note = "one injected move that lengthens the shortest path to the goal"
     success_note = "reaching the goal within the remaining budget"
+    gamma = DEFAULT_GAMMA  # the discount of Q*, the step quality (§7)
 
     def __init__(self, env: Any):
         self.env = env
@@ -409,7 +410,7 @@ class QStarStates:
             key,
             names=names,
             group_size=settings.group_size,
-            gamma=qstar.DEFAULT_GAMMA,
+            gamma=self.gamma,
             invalid=settings.invalid,
         )
         return result, {
@@ -444,7 +445,7 @@ class QStarStates:
             key,
             names=names,
             group_size=settings.group_size,
-            gamma=qstar.DEFAULT_GAMMA,
+            gamma=self.gamma,
             invalid=settings.invalid,
         )
         return result, {

@@ -1,5 +1,6 @@
-"""The reproduction's RL plumbing: trimming trajectories to buckets, task batches, run specs,
-and a short run whose programs compile once per shape."""
+"""The training entry point (agentrl_jax.train.run): trimming trajectories to buckets, task
+batches, a run's update and rollouts from one config, and a short run whose programs compile
+once per shape."""
 
 from __future__ import annotations
 
@@ -15,14 +16,16 @@ from compile_counter import count_backend_compiles, count_backend_compiles_by_na
 
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
-from agentrl_jax.reproduce import training
-from agentrl_jax.reproduce.config import RLSettings, load_config
+from agentrl_jax.policy import SamplerPolicy
+from agentrl_jax.reproduce.config import default_config, load_config
 from agentrl_jax.reproduce.pipeline import make_tasks
 from agentrl_jax.reproduce.policy_init import random_qwen3
 from agentrl_jax.reproduce.studies.frozenlake import frozenlake_corpus
 from agentrl_jax.sampling import Paging
-from agentrl_jax.train import read_metrics
-from agentrl_jax.trajectory import Trajectory, bucket_width, row_lengths
+from agentrl_jax.sampling.config import EngineConfig
+from agentrl_jax.train import RLConfig, read_metrics, train_config
+from agentrl_jax.train import run as training
+from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory, bucket_width, row_lengths
 
 
 def _trajectory(lengths, width=384, turns=3):
@@ -54,7 +57,7 @@ def test_trim_tokens_to_power_of_two_buckets_keeps_every_real_token(used, width)
     traj = _trajectory([used, max(used // 2, 1)])
     trimmed = training.trim_tokens(traj)
     assert trimmed.tokens.shape == (2, width)
-    for field in training.TOKEN_FIELDS:
+    for field in TOKEN_FIELDS:
         full, cut = np.asarray(getattr(traj, field)), np.asarray(getattr(trimmed, field))
         np.testing.assert_array_equal(cut, full[:, :width])
         assert not np.any(np.asarray(traj.token_mask)[:, width:])  # nothing real was cut
@@ -71,52 +74,33 @@ def test_task_batches_are_a_pure_function_of_seed_and_position():
         training.task_batch_fn(4, 8, seed=0)
 
 
-def test_run_specs_same_updates_different_budget_and_algorithm():
-    rl = RLSettings(runs=("grpo", "budgetmix", "gigpo-budgetmix", "ppo"), steps=7)
-    specs = {s.name: s for s in training.run_specs(rl)}
-    assert [s.train_config.total_steps for s in specs.values()] == [7] * 4
+def test_runs_share_their_updates_and_differ_in_budget_and_algorithm():
+    config = default_config(overrides=["rl.runs=[grpo, budgetmix, gigpo-budgetmix, ppo]"])
+    specs = {s.name: s for s in config.rl.resolved_runs()}
+    updates = {name: train_config(config, s) for name, s in specs.items()}
+    assert all(u.rl is config.rl for u in updates.values())  # one section, never copied
     assert not specs["grpo"].budget_mix and specs["budgetmix"].budget_mix
-    assert specs["grpo"].train_config.algorithm == specs["budgetmix"].train_config.algorithm
-    assert specs["gigpo-budgetmix"].train_config.budget_anchors
-    assert not specs["budgetmix"].train_config.budget_anchors  # GRPO has no anchors
-    assert specs["ppo"].train_config.uses_critic and not specs["grpo"].train_config.uses_critic
-    config = training.rollout_config(
-        specs["budgetmix"],
-        rl,
-        t_max=12,
-        max_response_tokens=8,
-        max_context=384,
-        valid_vocab_size=None,
-    )
-    assert config.budget is None  # BudgetMix draws per group
-    assert (
-        training.rollout_config(
-            specs["grpo"],
-            rl,
-            t_max=12,
-            max_response_tokens=8,
-            max_context=384,
-            valid_vocab_size=None,
-        ).budget
-        == 12
-    )
+    assert updates["grpo"].algorithm == updates["budgetmix"].algorithm
+    assert updates["gigpo-budgetmix"].budget_anchors
+    assert not updates["budgetmix"].budget_anchors  # GRPO has no anchors
+    assert updates["ppo"].uses_critic and not updates["grpo"].uses_critic
+    assert updates["grpo"].loss_positions == 12 * 8  # the task's T_max x response tokens
+    assert training.rollout_config(config, specs["budgetmix"]).budget is None  # drawn per group
+    assert training.rollout_config(config, specs["grpo"]).budget == 12
 
 
 def test_the_rollout_memory_settings_reach_the_rollout_and_the_policy():
-    rl = RLSettings(
-        group_size=4,
-        max_rows_per_call=8,
-        kv_cache_dtype="bfloat16",
-        prefill_chunk=64,
-        generation_layout="training",
+    config = default_config(
+        overrides=[
+            "rl.group_size=4",
+            "rl.max_rows_per_call=8",
+            "engine.kv_cache_dtype=bfloat16",
+            "engine.prefill_chunk=64",
+            "engine.generation_layout=training",
+        ]
     )
-    spec = training.run_specs(rl)[0]
-    assert (
-        training.rollout_config(
-            spec, rl, t_max=4, max_response_tokens=8, max_context=256, valid_vocab_size=None
-        ).max_rows_per_call
-        == 8
-    )
+    spec = config.rl.resolved_runs()[0]
+    assert training.rollout_config(config, spec).max_rows_per_call == 8
     model = random_qwen3(
         300,
         hidden_size=16,
@@ -127,40 +111,43 @@ def test_the_rollout_memory_settings_reach_the_rollout_and_the_policy():
         head_dim=8,
         max_position_embeddings=256,
     )
-    policy = training.sampler_policy(model, rl)
+    policy = SamplerPolicy.from_engine(model, config.engine)
     assert (policy.cache_dtype, policy.prefill_chunk, policy.generation_layout) == (
         np.dtype("bfloat16"),
         64,
         "training",
     )
-    default = training.sampler_policy(model, RLSettings())
+    default = SamplerPolicy.from_engine(model, EngineConfig())
     assert (default.cache_dtype, default.prefill_chunk, default.row_multiple) == (None, None, 1)
     assert default.paging == Paging(page_size=16)  # the paged engine is the default
-    assert training.sampler_policy(model, RLSettings(kv_page_size=None)).paging is None
-    paged = RLSettings(group_size=4, max_rows_per_call=8, kv_page_size=16, kv_pages=40, refill=True)
-    assert training.sampler_policy(model, paged).paging == Paging(page_size=16, num_pages=40)
-    with pytest.raises(ConfigError, match="rl.kv_pages: a pool of 40 pages needs the paged KV"):
-        RLSettings(kv_pages=40, kv_page_size=None)
-    assert training.rollout_config(
-        spec, paged, t_max=4, max_response_tokens=8, max_context=256, valid_vocab_size=None
-    ).refill
+    assert SamplerPolicy.from_engine(model, EngineConfig(kv_page_size=None)).paging is None
+    paged = EngineConfig(kv_page_size=16, kv_pages=40)
+    assert SamplerPolicy.from_engine(model, paged).paging == Paging(page_size=16, num_pages=40)
+    with pytest.raises(ConfigError, match="engine.kv_pages: a pool of 40 pages needs the paged"):
+        EngineConfig(kv_pages=40, kv_page_size=None)
+    refill = default_config(
+        overrides=["rl.group_size=4", "rl.max_rows_per_call=8", "rl.refill=true"]
+    )
+    assert training.rollout_config(refill, spec).refill
     with pytest.raises(ConfigError, match="rl.refill: continuous batching needs"):
-        RLSettings(refill=True)
+        RLConfig(refill=True)
 
 
 def test_live_metric_sinks_that_cannot_work_are_refused_before_any_work(monkeypatch):
-    import agentrl_jax.train.loop as loop
+    import agentrl_jax.train.sinks as sinks
 
-    monkeypatch.setattr(loop, "tensorboard_available", lambda: False)
+    monkeypatch.setattr(sinks, "tensorboard_available", lambda: False)
     monkeypatch.setattr(training, "tensorboard_available", lambda: False)
     with pytest.raises(ConfigError, match="rl.tensorboard: true needs tensorboardX"):
-        RLSettings(tensorboard=True)
-    assert not training._tensorboard(RLSettings())  # auto: nothing to write with, no error
+        RLConfig(tensorboard=True)
+    config = default_config()  # auto: nothing to write with, no error, no writer
+    spec = config.rl.resolved_runs()[0]
+    assert training._logger(config, spec, Path("/nowhere"), 0, None).writer is None
     monkeypatch.setitem(sys.modules, "wandb", None)  # not importable
     with pytest.raises(ConfigError, match="rl.wandb_project: logging to W&B project 'x' needs"):
-        RLSettings(wandb_project="x")
+        RLConfig(wandb_project="x")
     with pytest.raises(ConfigError, match="rl.tensorboard: must be one of"):
-        RLSettings(tensorboard="yes")
+        RLConfig(tensorboard="yes")
 
 
 # ---------------------------------------------------------------------------- placement
@@ -240,7 +227,7 @@ def test_six_updates_compile_once_per_shape_and_log_every_metric_live(tmp_path, 
         eos_token_ids=tokenizer.convert_tokens_to_ids(["<|im_end|>"]),
     )
     policies, step_shapes, step_compiles = [], set(), []
-    make_policy, make_step = training.sampler_policy, training.make_train_step
+    make_policy, make_step = SamplerPolicy.from_engine, training.make_train_step
 
     def recording_policy(*args, **kwargs):
         policies.append(make_policy(*args, **kwargs))
@@ -258,22 +245,18 @@ def test_six_updates_compile_once_per_shape_and_log_every_metric_live(tmp_path, 
 
         return call
 
-    monkeypatch.setattr(training, "sampler_policy", recording_policy)
+    monkeypatch.setattr(SamplerPolicy, "from_engine", recording_policy)
     monkeypatch.setattr(training, "make_train_step", recording_step)
-    spec = training.run_specs(config.rl)[0]
+    spec = config.rl.resolved_runs()[0]
     with count_backend_compiles_by_name() as compiles:
-        training.run_training(
-            spec,
+        training.train_policy(
             model,
-            tasks.train.env,
             tokenizer,
-            config.rl,
-            run_dir=tmp_path,
-            t_max=t.t_max,
-            max_response_tokens=t.max_response_tokens,
-            max_context=t.max_context,
-            metadata={},
-            quality_scorer=t.study.step_scorer(tasks.train),
+            tasks.train,
+            spec,
+            config,
+            out=tmp_path,
+            quality_scorer=config.study.step_scorer(tasks.train),
         )
     assert len(step_compiles) == 6
     assert sum(step_compiles) == len(step_shapes), (step_compiles, step_shapes)

@@ -1,21 +1,15 @@
-"""How the reproduction evaluates its policies: :class:`EvalSettings` (the ``eval`` section of a
-reproduction config, validated on construction) and the work each analysis does
-(:func:`analysis_units`, for a progress bar). :mod:`.evaluate` runs the
-analyses.
-"""
+"""The evaluation's settings: :class:`EvalConfig`, the ``eval`` section of a config (how many
+samples each analysis draws, the evaluation decoding and lengths, the state pools' sizes)."""
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.evaluation import passk, passt
-from agentrl_jax.evaluation.drivers import rollout_units
 from agentrl_jax.evaluation.state_diagnostics import INVALID_SCORES
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
-from agentrl_jax.reproduce.results import ANALYSES
 from agentrl_jax.rollout import RolloutConfig
 from agentrl_jax.sampling import SamplingConfig
 from agentrl_jax.validation import (
@@ -23,17 +17,12 @@ from agentrl_jax.validation import (
     Check,
     integer,
     is_int,
-    is_real,
     one_of,
     optional,
+    real,
     short_repr,
     validate,
 )
-
-
-def _in_range(lo: float, hi: float | None = None, lo_open: bool = False) -> Callable[[Any], bool]:
-    return lambda v: is_real(v) and (v > lo if lo_open else v >= lo) and (hi is None or v <= hi)
-
 
 _COUNT = integer(1)
 _CHECKS: dict[str, Check] = {
@@ -54,32 +43,22 @@ _CHECKS: dict[str, Check] = {
     },
     "states": integer(2),
     "seed": integer(0),
-    "gamma": (_in_range(0.0, 1.0), "a number in [0, 1]"),
-    "temperature": (_in_range(0.0), "a number >= 0"),
-    "top_p": (_in_range(0.0, 1.0, lo_open=True), "a number in (0, 1]"),
+    "temperature": (real(0.0)[0], "a number >= 0"),
+    "top_p": (real(0.0, 1.0, lo_open=True)[0], "a number in (0, 1]"),
     "invalid": one_of(INVALID_SCORES),
     "enable_thinking": BOOL,
     "tasks_per_call": optional(_COUNT),
     "states_per_call": optional(_COUNT),
     "diagnostic_tasks": optional(_COUNT),
-    "prefill_chunk": optional(_COUNT),
-    "kv_cache_dtype": (
-        lambda v: v is None or one_of(("float32", "bfloat16"))[0](v),
-        "null, float32 or bfloat16",
-    ),
     "attention": one_of(ATTENTION_IMPLEMENTATIONS),
-    "kv_page_size": optional(_COUNT),
 }
 
 
-# The page size of the paged KV cache the reproduction and evaluation use by default (rl too;
-# `agentrl-jax eval --kv-page-size` repeats it, to keep jax out of the CLI's start-up).
-KV_PAGE_SIZE = 16
-
-
 @dataclasses.dataclass(frozen=True)
-class EvalSettings:
-    """How the policies are evaluated (validated on construction; paper values in comments).
+class EvalConfig:
+    """How the policies are evaluated: the ``eval`` section of a config (validated on
+    construction; paper values in comments). The sampling engine is the config's ``engine``
+    section, shared with the training rollouts.
 
     ``budgets``: the Pass@T budgets (None: every budget 1..T_max); the Table 1 levels
     (25/50/75/100% of ``T_max``) are always added. ``invalid``: how an unparsable response is
@@ -100,7 +79,6 @@ class EvalSettings:
     states: int = 256  # matched state pool per pair (paper: 512)
     group_size: int = 8  # actions per state and policy (paper: 16)
     source_samples: int = 4  # trajectories per task the states are drawn from
-    gamma: float = 0.95  # discount of Q* (paper §7)
     invalid: str = "noop"
     depth_bins: int = 10
     likelihood_samples: int = 4  # trajectories per task and policy for §7.4
@@ -112,15 +90,7 @@ class EvalSettings:
     enable_thinking: bool = False
     tasks_per_call: int | None = None
     states_per_call: int | None = None
-    prefill_chunk: int | None = (
-        None  # memory: prompts enter the KV cache this many tokens at a time
-    )
-    kv_cache_dtype: str | None = None  # memory: the KV cache's dtype (null: the compute dtype)
-    attention: str = (
-        "xla"  # memory: the likelihood forward's attention ("blocked": no [L, L] scores)
-    )
-    # rollouts on the paged KV cache, pages of that many tokens (null: the static cache)
-    kv_page_size: int | None = KV_PAGE_SIZE
+    attention: str = "xla"  # memory: the likelihood forward's ("blocked": no [L, L] scores)
     seed: int = 0
 
     def __post_init__(self):
@@ -168,37 +138,3 @@ class EvalSettings:
             sampling=sampling,
             enable_thinking=self.enable_thinking,
         )
-
-
-# ---------------------------------------------------------------- work units (progress)
-
-
-def _policy_count(policies: int | Sequence[str]) -> int:
-    return policies if isinstance(policies, numbers.Integral) else len(policies)
-
-
-def analysis_units(
-    name: str, settings: EvalSettings, num_tasks: int, policies: int | Sequence[str], t_max: int
-) -> int:
-    """Work units of one analysis for a progress bar: trajectory-turns it may play (and, for
-    ``likelihood``, score), ``1`` for ``dynamics``. :func:`run_analysis` reports exactly this
-    many through ``progress``, in steps as its rollouts finish."""
-    p, s = _policy_count(policies), settings
-    num_tasks = len(s.analysis_tasks(name, range(num_tasks)))
-    sources = p * rollout_units(num_tasks, s.source_samples, t_max)
-    pairs = p - 1
-    units = {
-        "table": lambda: (
-            p * sum(rollout_units(num_tasks, s.samples, b) for b in s.table_budgets(t_max))
-        ),
-        "passk": lambda: p * rollout_units(num_tasks, s.pass_k_samples, t_max),
-        "steps": lambda: sources + pairs * 2 * rollout_units(s.states, s.group_size, 1),
-        "errors": lambda: sources + pairs * 2 * rollout_units(s.states, s.group_size, t_max),
-        "likelihood": lambda: (
-            (p + pairs * 2) * rollout_units(num_tasks, s.likelihood_samples, t_max)
-        ),
-        "dynamics": lambda: 1,
-    }
-    if name not in units:
-        raise ValueError(f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}")
-    return units[name]()

@@ -1,0 +1,63 @@
+"""The sampling engine's settings (the ``engine`` section of a config): one for the training
+rollouts and the evaluation alike. None of them changes the tokens sampled; they trade memory
+and speed.
+
+``kv_cache_dtype`` is the KV cache's dtype (null: the model's compute dtype);
+``prefill_chunk`` feeds prompts to the KV cache this many tokens at a time (null: whole);
+``kv_page_size`` (default 16; null: one static cache of the whole context per row, the
+reference engine) runs rollouts on the paged KV cache with pages of that many tokens (on a
+mesh with ``tensor`` = 1 each batch shard pages its own rows; ``tensor`` > 1 needs null):
+attention reads only the pages in use and finished rows free theirs; ``kv_pages`` bounds the
+pool (null: room for every row in flight at ``task.max_context``; fewer: a row that finds no
+page is preempted and its turn replayed, with the same tokens, once pages are free);
+``generation_layout`` is where the sampler reads the weights from: ``auto`` (replicated over
+``fsdp`` when the mesh has ``fsdp`` > 1, so decode all-gathers no weights), ``replicated`` or
+``training`` (the train step's FSDP layout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agentrl_jax.errors import ConfigError
+from agentrl_jax.sampling.sampler import GENERATION_LAYOUTS, Paging
+from agentrl_jax.validation import integer, one_of, optional, validate
+
+KV_CACHE_DTYPES = ("float32", "bfloat16")
+KV_PAGE_SIZE = 16  # the page size the reproduction and the evaluation use by default
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """The sampling engine (module docstring), validated on construction."""
+
+    kv_cache_dtype: str | None = None
+    prefill_chunk: int | None = None
+    kv_page_size: int | None = KV_PAGE_SIZE
+    kv_pages: int | None = None
+    generation_layout: str = "auto"
+
+    def __post_init__(self):
+        validate(
+            "engine",
+            self,
+            {
+                "kv_cache_dtype": one_of(KV_CACHE_DTYPES, nullable=True),
+                "prefill_chunk": optional(integer(1)),
+                "kv_page_size": optional(integer(1)),
+                "kv_pages": optional(integer(1)),
+                "generation_layout": one_of(GENERATION_LAYOUTS),
+            },
+        )
+        if self.kv_pages is not None and self.kv_page_size is None:
+            raise ConfigError(
+                f"engine.kv_pages: a pool of {self.kv_pages} pages needs the paged KV cache "
+                "(engine.kv_page_size), got kv_page_size: null"
+            )
+
+    @property
+    def paging(self) -> Paging | None:
+        """The paged cache's settings (None: the static cache)."""
+        if self.kv_page_size is None:
+            return None
+        return Paging(page_size=self.kv_page_size, num_pages=self.kv_pages)

@@ -1,0 +1,228 @@
+"""The training entry point: one function that trains a policy on an environment with an
+algorithm, under one config (MaxText's ``train.py`` is the model).
+
+    params = train_policy(model, tokenizer, "frozenlake", "grpo", config, out="runs/grpo")
+
+* ``policy``: a Qwen3 (:class:`~agentrl_jax.models.Qwen3ForCausalLM`); its parameters are the
+  start and the KL reference; ``tokenizer`` its tokenizer (with a chat template).
+* ``env``: a registered environment's name (its training tasks are built from
+  ``config.task``: :func:`envs.task_set`), or an :class:`~envs.protocol.EnvTasks` /
+  text environment of your own.
+* ``algorithm``: a run of ``rl.runs``' kinds (:mod:`agentrl_jax.train.presets`): a preset name
+  (``grpo``, ``budgetmix``, ``gigpo``, ``ppo``, ``dapo``, ...), a mapping ``{name, preset,
+  label, budget_mix, params, algorithm}`` composing registered estimators and loss terms, or
+  an already resolved :class:`~agentrl_jax.train.presets.RunSettings`.
+* ``config``: a :class:`~agentrl_jax.train.config.Config` (or the reproduction's, which extends
+  it): ``task`` (lengths, T_max, the task set), ``engine`` (the rollouts' sampling engine),
+  ``rl`` (rollouts, optimizer, batching, memory, checkpoints, live metrics) and ``mesh``.
+* ``process_rewards``: a step scorer (:class:`~agentrl_jax.trajectory.StepScorer`: an
+  environment's oracle such as FrozenLake's exact Q*, a judge) whose scores, weighted by
+  ``rl.process_reward_coef``, shape the reward (§8); ``quality_scorer``: R_single's (logged,
+  never trained on; it may be the same object, then it runs once).
+
+The run lives in ``out``: Orbax checkpoints (``checkpoints/``; a rerun resumes from the newest,
+to the same bytes), ``metrics.jsonl`` (one record per update; TensorBoard and W&B as
+``rl`` says). Every update plays ``rl.tasks_per_step`` tasks (a pure function of ``rl.seed``
+and the update's position, so every run and a resumed one see the same batches) x
+``rl.group_size`` trajectories: at ``T_max``, or for a BudgetMix run one budget per task
+group from ``{(k T_max) // 10}`` (§5), only budgets each task can meet for an adaptive one.
+
+Placement is decided before the first update: the train state (policy, reference, optimizer,
+counters, key) is committed to its final layout (:func:`~agentrl_jax.train.state.place_state`)
+and the sampler reshards each update's parameters once into its own layout, so every program
+compiles once per shape. Several processes (:mod:`agentrl_jax.distributed`): the train state
+lives on the global mesh, rollouts run on each process's part of it with the rows split by
+process and gathered, each update's batch is placed on the global mesh from every process's
+rows, the checkpoints are written by all, the metrics by the main process only; the
+parameters come back as host (NumPy) arrays then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import envs
+from agentrl_jax import distributed
+from agentrl_jax.policy import SamplerPolicy
+from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+from agentrl_jax.sharding import BATCH_AXES, build_mesh
+from agentrl_jax.train.checkpoint import Checkpointer
+from agentrl_jax.train.config import Config, train_config
+from agentrl_jax.train.loop import train
+from agentrl_jax.train.presets import RunSettings, resolve_run
+from agentrl_jax.train.sinks import MetricsLogger, WandbSink, tensorboard_available
+from agentrl_jax.train.state import init_train_state, place_state
+from agentrl_jax.train.step import make_train_step
+from agentrl_jax.trajectory import TOKEN_FIELDS, StepScorer, Trajectory, bucket_width, row_lengths
+
+
+def train_policy(
+    policy: nnx.Module,
+    tokenizer: Any,
+    env: str | envs.EnvTasks | Any,
+    algorithm: str | Mapping[str, Any] | RunSettings,
+    config: Config,
+    *,
+    out: str | Path,
+    process_rewards: StepScorer | None = None,
+    quality_scorer: StepScorer | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    mesh: Any = "config",
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    progress: bool = False,
+) -> Any:
+    """Train ``policy`` on ``env`` with ``algorithm`` under ``config`` into ``out`` (module
+    docstring); returns the final policy parameters. ``mesh``: the devices of the train
+    state (default: ``config.mesh``'s; None: one device), on which ``policy``'s parameters
+    may already lie. ``on_step(step, metrics)`` runs after every update."""
+    if not isinstance(config, Config):
+        raise TypeError(f"config: must be a Config, got {type(config).__name__}")
+    run = (
+        algorithm
+        if isinstance(algorithm, RunSettings)
+        else resolve_run("algorithm", algorithm, config.rl)
+    )
+    out = Path(out)
+    if isinstance(env, str):
+        env = envs.task_set(config.task, split="train", count=config.task.train_tasks)
+    text_env = env.env if isinstance(env, envs.EnvTasks) else env
+    if mesh == "config":
+        mesh = (
+            None
+            if config.mesh.resolve(jax.device_count()) == (1, 1, 1)
+            else build_mesh(config.mesh)
+        )
+    vocab = policy.config.vocab_size
+    valid = len(tokenizer) if len(tokenizer) < vocab else None
+    update = train_config(config, run, valid)
+    runner = MultiTurnRollout(text_env, tokenizer, rollout_config(config, run, valid))
+    processes = distributed.is_multiprocess()
+    sampler = SamplerPolicy.from_engine(
+        policy, config.engine, mesh=distributed.local_mesh(mesh) if processes else mesh
+    )
+    state = place_state(init_train_state(policy, update), mesh)
+    # the step donates its input state: train on a copy, so the model keeps its parameters
+    state = state.replace(policy=jax.tree.map(jnp.copy, state.policy))
+    checkpointer = Checkpointer.from_config(out / "checkpoints", update)
+    restored = checkpointer.restore_latest(state, update)
+    if restored is not None:
+        state = restored.state
+    step_fn = make_train_step(
+        nnx.graphdef(policy),
+        update,
+        mesh=mesh,
+        donate=True,
+        state_template=state if mesh is not None else None,
+    )
+    logger = _logger(config, run, out, int(state.step), metadata) if distributed.is_main() else None
+    play = runner.for_training(sampler)
+
+    def rollout(params, key, tasks):
+        if processes:  # the global state's parameters and key, for this process's devices
+            params, key = distributed.host_value(params), distributed.host_key(key)
+        with distributed.split_rollouts():
+            return trim_tokens(play(params, key, tasks))
+
+    def step(state, batch):
+        if processes:  # every process holds the whole batch; each places its rows
+            batch = distributed.global_batch(batch, mesh, (BATCH_AXES,))
+        return step_fn(state, batch)
+
+    try:
+        state = train(
+            state,
+            step,
+            rollout,
+            task_batch_fn(text_env.num_tasks(), config.rl.tasks_per_step, config.rl.seed),
+            update,
+            process_scorer=process_rewards,
+            quality_scorer=quality_scorer,
+            checkpointer=checkpointer,
+            checkpoint_metadata=metadata,
+            logger=logger,
+            progress=progress,
+            on_step=None if on_step is None else (lambda s, m: on_step(int(s.step), m)),
+        )
+    finally:
+        if logger is not None:
+            logger.close()
+        checkpointer.close()
+    return distributed.host_value(state.policy) if processes else state.policy
+
+
+def rollout_config(
+    config: Config, run: RunSettings, valid_vocab_size: int | None = None
+) -> RolloutConfig:
+    """The training rollouts of ``run``: ``rl.group_size`` trajectories per task at ``T_max``
+    (BudgetMix: budgets drawn per group, only those each task can meet for an adaptive run),
+    the task's lengths, ``rl``'s sampling (over the tokenizer's ``valid_vocab_size``) and
+    rows per call."""
+    task, rl = config.task, config.rl
+    sampling = dataclasses.replace(rl.sampling, valid_vocab_size=valid_vocab_size)
+    return RolloutConfig(
+        group_size=rl.group_size,
+        budget=None if run.budget_mix else task.t_max,
+        adaptive_budgets=run.budget_mix == "adaptive",
+        max_response_tokens=task.max_response_tokens,
+        max_context=task.max_context,
+        sampling=sampling,
+        max_rows_per_call=rl.max_rows_per_call,
+        refill=rl.refill,
+    )
+
+
+def task_batch_fn(num_tasks: int, tasks_per_step: int, seed: int) -> Callable[[int], np.ndarray]:
+    """``position -> int[tasks_per_step]`` distinct task ids, a pure function of (seed,
+    position), so every run (and a resumed one) sees the same batches."""
+    if tasks_per_step > num_tasks:
+        raise ValueError(
+            f"tasks_per_step ({tasks_per_step}) exceeds the {num_tasks} training tasks"
+        )
+
+    def batch(position: int) -> np.ndarray:
+        rng = np.random.default_rng([seed, position])
+        return np.sort(rng.choice(num_tasks, tasks_per_step, replace=False))
+
+    return batch
+
+
+def trim_tokens(trajectory: Trajectory, smallest: int = 64) -> Trajectory:
+    """``trajectory`` with its ``[N, L]`` fields cut to the longest row, rounded up to a power
+    of two times ``smallest`` (:func:`~agentrl_jax.trajectory.bucket_width`): the update's cost
+    grows with ``L`` (attention with ``L^2``), and conversations are usually far shorter than
+    the context they may use. A handful of widths, so the train step compiles a few times."""
+    length = trajectory.tokens.shape[1]
+    width = bucket_width(
+        int(np.max(row_lengths(trajectory.token_mask), initial=1)), length, smallest
+    )
+    if width == length:
+        return trajectory
+    return trajectory.replace(**{f: getattr(trajectory, f)[:, :width] for f in TOKEN_FIELDS})
+
+
+def _logger(
+    config: Config, run: RunSettings, out: Path, step: int, metadata: Mapping[str, Any] | None
+) -> MetricsLogger:
+    """The run's metrics: ``out/metrics.jsonl``, TensorBoard in ``out/tensorboard`` as
+    ``rl.tensorboard`` says (``auto``: when a writer is installed), W&B when
+    ``rl.wandb_project`` names a project."""
+    rl = config.rl
+    tensorboard = rl.tensorboard is True or (rl.tensorboard == "auto" and tensorboard_available())
+    sinks = []
+    if rl.wandb_project is not None:
+        sinks.append(
+            WandbSink(rl.wandb_project, name=run.name, directory=out, config=dict(metadata or {}))
+        )
+    return MetricsLogger(
+        out / "metrics.jsonl",
+        resume_step=step,
+        tensorboard_dir=out / "tensorboard" if tensorboard else None,
+        sinks=sinks,
+    )

@@ -1,0 +1,129 @@
+"""Scoring: the teacher-forced forward of the train step (and of the warm start and the
+likelihood analysis): log-probs of the sampled tokens, the entropy, the critic's values.
+
+Alignment: the log-prob of token ``p`` comes from the logits at ``p - 1``, and the value of
+token ``p`` from the critic's hidden state at ``p - 1`` (the state the token was sampled in);
+position 0 (never a sampled token) gets 0. :class:`Forward` holds the forward's static
+settings (hashable: a jitted program may be cached by it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from agentrl_jax.models.qwen3 import Constrain, positions_from_mask
+from agentrl_jax.sampling.filters import SamplingConfig
+from agentrl_jax.sharding import BATCH_AXES
+from agentrl_jax.train.logprobs import position_logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class Forward:
+    """The teacher-forced forward's settings: ``remat`` (what each layer keeps for the
+    backward pass, a :data:`~agentrl_jax.models.qwen3.REMAT_POLICIES` name; None: the
+    model's own), ``attention`` (:data:`~agentrl_jax.models.attention.IMPLEMENTATIONS`),
+    ``loss_positions`` (the static bound on sampled positions per row at which the head runs;
+    None: every position), ``logits_chunk`` (positions per chunk of the head) and
+    ``sampling`` (score under this sampling distribution; None: the model's own)."""
+
+    remat: str | None = None
+    attention: str = "xla"
+    loss_positions: int | None = None
+    logits_chunk: int = 512
+    sampling: SamplingConfig | None = None
+
+
+def _shift_right(x: jax.Array) -> jax.Array:
+    """``[N, L-1]`` predictions for tokens 1..L-1 -> ``[N, L]`` aligned with the tokens (0 at 0)."""
+    return jnp.pad(x, ((0, 0), (1, 0)))
+
+
+def sequence_logprobs(
+    model: nnx.Module,
+    tokens: jax.Array,
+    token_mask: jax.Array,
+    *,
+    loss_mask: jax.Array | None = None,
+    with_entropy: bool = False,
+    forward: Forward | None = None,
+    constrain: Constrain | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Teacher-forced ``log pi(token_p | tokens_<p)`` ``[N, L]`` (and the entropy at each
+    position's predicting distribution, ``[N, L]``, if asked); 0 at position 0.
+
+    With ``loss_mask`` the head runs only at those positions (0 elsewhere), in chunks
+    (:mod:`agentrl_jax.train.logprobs`; ``forward.loss_positions`` bounds them per row,
+    ``forward.logits_chunk`` sizes the chunks); without it at every position. ``forward``'s
+    ``remat`` applies to the layers, its ``sampling`` picks the distribution (the model's or
+    the rollout's sampling distribution); ``constrain`` to activations (see
+    :func:`activation_constraint`).
+    """
+    forward = forward or Forward()
+    hidden, _ = model.hidden_states(
+        tokens,
+        positions_from_mask(token_mask),
+        token_mask,
+        remat=forward.remat,
+        constrain=constrain,
+        attention=forward.attention,
+    )
+    mask = jnp.ones_like(token_mask, bool) if loss_mask is None else loss_mask
+    return position_logprobs(
+        hidden,
+        tokens,
+        mask,
+        lambda h: model.logits((constrain or identity)(h)),
+        width=forward.loss_positions,
+        chunk=forward.logits_chunk,
+        with_entropy=with_entropy,
+        sampling=forward.sampling,
+    )
+
+
+def identity(x):
+    return x
+
+
+def activation_constraint(mesh: Mesh | None) -> Constrain | None:
+    """Rows of an activation ``[N, ...]`` over the mesh's batch axes (None without a mesh), so
+    under FSDP each device holds its share of the micro-batch, never all of it."""
+    if mesh is None:
+        return None
+
+    def constrain(x: jax.Array) -> jax.Array:
+        return jax.lax.with_sharding_constraint(
+            x, NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1))))
+        )
+
+    return constrain
+
+
+def critic_values(
+    model: nnx.Module,
+    head: dict[str, jax.Array],
+    tokens: jax.Array,
+    token_mask: jax.Array,
+    *,
+    forward: Forward | None = None,
+    constrain: Constrain | None = None,
+) -> jax.Array:
+    """``V`` of the state each token was sampled in, ``[N, L]`` float32 (0 at position 0)."""
+    forward = forward or Forward()
+    hidden, _ = model.hidden_states(
+        tokens,
+        positions_from_mask(token_mask),
+        token_mask,
+        remat=forward.remat,
+        constrain=constrain,
+        attention=forward.attention,
+    )
+    values = (
+        jnp.einsum("nld,d->nl", hidden[:, :-1].astype(jnp.float32), head["kernel"]) + head["bias"]
+    )
+    return _shift_right(values)
