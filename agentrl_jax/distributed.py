@@ -16,12 +16,12 @@ Every process then runs the same program:
   main process only (:func:`is_main`); Orbax checkpoints are written and restored by every
   process together (:mod:`agentrl_jax.train.checkpoint`).
 
-Rollouts run on each process's own devices (:func:`local_mesh`): inside
-:func:`split_rollouts` every :class:`~agentrl_jax.rollout.MultiTurnRollout` call plays only
-this process's share of its rows (:func:`rollout_rows`) and then gathers the other processes'
-rows (:func:`allgather_blobs`), so every process holds the whole result, the same as one
-process would have made: a row's samples are keyed by its index in the whole batch, never by
-which process played it.
+Rollouts run on each process's own devices (:func:`local_mesh`): a
+:class:`~agentrl_jax.rollout.MultiTurnRollout` whose config asks it to split its rows
+(``RolloutConfig.split_processes``) plays only this process's share of them
+(:func:`row_shares`) and then gathers the other processes' rows (:func:`allgather_blobs`), so
+every process holds the whole result, the same as one process would have made: a row's
+samples are keyed by its index in the whole batch, never by which process played it.
 
 Launching: ``ClusterConfig(coordinator="host:port", num_processes=N, process_id=i)`` for a
 hand-started cluster (several processes on one machine test the same code path a pod takes,
@@ -226,25 +226,12 @@ def host_key(key: jax.Array) -> jax.Array:
 
 # ---------------------------------------------------------------- rollouts split by process
 
-_SPLIT = [False]
 
-
-@contextlib.contextmanager
-def split_rollouts() -> Iterator[None]:
-    """Inside this block (on every process, around the same calls), rollouts split their rows
-    over the processes and gather them (module docstring). Nothing changes for one process."""
-    before, _SPLIT[0] = _SPLIT[0], True
-    try:
-        yield
-    finally:
-        _SPLIT[0] = before
-
-
-def rollout_rows(rows: int) -> list[np.ndarray] | None:
-    """Inside :func:`split_rollouts` with several processes: the row indices each process
-    plays of a ``rows``-row batch (contiguous, as equal as they can be; a process may get
-    none); else None."""
-    if not (_SPLIT[0] and is_multiprocess()):
+def row_shares(rows: int) -> list[np.ndarray] | None:
+    """With several processes, the row indices each process plays of a ``rows``-row batch
+    (contiguous, as equal as they can be; a process may get none); None for one process. A
+    rollout asked to split its rows (``RolloutConfig.split_processes``) plays its share."""
+    if not is_multiprocess():
         return None
     return np.array_split(np.arange(rows), jax.process_count())
 

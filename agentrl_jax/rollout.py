@@ -95,9 +95,9 @@ for the same ``key`` (up to
 the float rounding of differently sized batches, which could only flip a draw that lands
 exactly on a boundary; the log-probs agree to ~1e-6).
 
-Several processes (inside :func:`agentrl_jax.distributed.split_rollouts`) are one more such
-split: every process resets every row but plays only its share
-(:func:`~agentrl_jax.distributed.rollout_rows`) on its own devices, then the rows are gathered,
+Several processes (``split_processes``) are one more such split: every process resets every
+row but plays only its share (:func:`~agentrl_jax.distributed.row_shares`) on its own
+devices, then the rows are gathered,
 so each returns the whole result. Every process must make the same calls; the stats' seconds
 are this process's own.
 """
@@ -158,6 +158,9 @@ class RolloutConfig:
       overlap decoding. Each lane's calls hold fewer rows, so it pays where steps are slow
       against sampling, not for FrozenLake's jitted step. A paged cache's ``num_pages`` is
       per lane. Trajectories are the same as with one lane.
+    split_processes: with several processes (:mod:`agentrl_jax.distributed`), each plays its
+      share of the rows on its own devices and gathers the others' (every process makes the
+      same call); nothing changes for one process.
     """
 
     group_size: int = 16
@@ -175,6 +178,7 @@ class RolloutConfig:
     refill: bool = False
     adaptive_budgets: bool = False
     lanes: int = 1
+    split_processes: bool = False
 
     def __post_init__(self):
         def positive(name: str, optional: bool = False):
@@ -203,7 +207,13 @@ class RolloutConfig:
                 f"RolloutConfig.record_tokens ({self.record_tokens}) must be >= "
                 f"max_context ({self.max_context})"
             )
-        for name in ("end_on_invalid", "enable_thinking", "refill", "adaptive_budgets"):
+        for name in (
+            "end_on_invalid",
+            "enable_thinking",
+            "refill",
+            "adaptive_budgets",
+            "split_processes",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"RolloutConfig.{name} must be a bool, got {getattr(self, name)!r}"
@@ -255,6 +265,12 @@ class RolloutResult:
     responses: list[list[str]]  # [row][turn] decoded response texts (special tokens dropped)
     env_seed: int  # the seed passed to env.reset (replays the dynamics)
     stats: RolloutStats
+
+
+def _host(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array in the dtype jax would give it (int64 as int32 without x64)."""
+    x = np.asarray(x)
+    return x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
 
 
 def row_parts(groups: int, group_size: int, max_rows: int | None) -> list[np.ndarray]:
@@ -638,8 +654,8 @@ class MultiTurnRollout:
             turns_used=np.zeros(rows, np.int32),
             texts=[[] for _ in range(rows)],
         )
-        # several processes inside distributed.split_rollouts: this one plays its share only
-        shares = distributed.rollout_rows(rows)
+        # several processes splitting the rows: this one plays its share only
+        shares = distributed.row_shares(rows) if cfg.split_processes else None
         mine = np.ones(rows, bool)
         if shares is not None:
             mine[:] = False
@@ -927,31 +943,33 @@ class MultiTurnRollout:
     def _trajectory(
         self, rec: _Record, group, row_task, budget, turns_used, success, overflow
     ) -> Trajectory:
+        """The record as a :class:`Trajectory` of host (NumPy) arrays in jax's dtypes: it stays
+        on the host until a train step places it (or an analysis reads it)."""
         rows, length = rec.tokens.shape
-        i32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
+        i32 = lambda x: np.asarray(x, np.int32)  # noqa: E731
         return Trajectory(
-            tokens=jnp.asarray(rec.tokens),
-            token_mask=jnp.asarray(np.arange(length)[None, :] < rec.length[:, None]),
-            loss_mask=jnp.asarray(rec.loss_mask),
-            token_turn=jnp.asarray(rec.token_turn),
-            logprobs=jnp.asarray(rec.logprobs),
-            sampling_logprobs=jnp.asarray(rec.sampling_logprobs),
-            turn_mask=jnp.asarray(rec.turn_mask),
-            action=jnp.asarray(rec.action),
-            action_valid=jnp.asarray(rec.action_valid),
-            reward=jnp.asarray(rec.reward),
-            anchor_key=jnp.asarray(rec.anchor_key),
-            state_id=jnp.asarray(rec.state_id),
-            step_quality=jnp.asarray(rec.step_quality),
+            tokens=_host(rec.tokens),
+            token_mask=np.arange(length)[None, :] < rec.length[:, None],
+            loss_mask=_host(rec.loss_mask),
+            token_turn=_host(rec.token_turn),
+            logprobs=_host(rec.logprobs),
+            sampling_logprobs=_host(rec.sampling_logprobs),
+            turn_mask=_host(rec.turn_mask),
+            action=_host(rec.action),
+            action_valid=_host(rec.action_valid),
+            reward=_host(rec.reward),
+            anchor_key=_host(rec.anchor_key),
+            state_id=_host(rec.state_id),
+            step_quality=_host(rec.step_quality),
             group_id=i32(group),
             task_id=i32(row_task),
             budget=i32(budget),
             turns_used=i32(turns_used),
-            success=jnp.asarray(success),
-            overflow=jnp.asarray(overflow),
-            row_mask=jnp.ones(rows, bool),
+            success=_host(success),
+            overflow=_host(overflow),
+            row_mask=np.ones(rows, bool),
             prefix_len=i32(rec.prefix_len),
-            context_start=jnp.asarray(rec.context_start),
+            context_start=_host(rec.context_start),
         )
 
     def for_training(self, policy: SamplerPolicy) -> Callable[[Any, jax.Array, Any], Trajectory]:
@@ -965,10 +983,10 @@ class MultiTurnRollout:
             trajectory = self(policy.using(params), np.asarray(task_ids), key).trajectory
             if policy.token_map is None:
                 return trajectory
-            real = np.asarray(trajectory.token_mask)
+            real = trajectory.token_mask
             ids = policy.token_map.to_model(
-                np.where(real, np.asarray(trajectory.tokens), policy.token_map.tokenizer_ids[0])
+                np.where(real, trajectory.tokens, policy.token_map.tokenizer_ids[0])
             )
-            return trajectory.replace(tokens=jnp.asarray(np.where(real, ids, 0), jnp.int32))
+            return trajectory.replace(tokens=np.where(real, ids, 0).astype(np.int32))
 
         return rollout

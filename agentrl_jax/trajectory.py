@@ -113,6 +113,11 @@ class Trajectory:
             raise ValueError(f"Trajectory: unknown fields {unknown}, missing fields {missing}")
         return cls(**data)
 
+    def turns_only(self) -> "Trajectory":
+        """This record without its tokens: every ``[N, L]`` field cut to width 0. A step scorer
+        that reads turns only places this on a device, not the whole conversation."""
+        return self.replace(**{f: getattr(self, f)[:, :0] for f in TOKEN_FIELDS})
+
     @classmethod
     def zeros(cls, num_rows: int, num_tokens: int, num_turns: int) -> "Trajectory":
         """An all-padding record of the given sizes (a template for tests and buffers)."""

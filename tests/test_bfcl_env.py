@@ -372,7 +372,15 @@ def _replay_batch(env, task_ids, workers=4):
     while live.any():
         responses = [scripts[i][steps[i]] if live[i] else "" for i in range(n)]
         rows, result = text_env.step(rows, responses, live)
-        assert result.action_valid[live].all() and not result.info["timeout"].any()
+        refused = np.flatnonzero(live & ~np.asarray(result.action_valid, bool))
+        timed_out = np.flatnonzero(np.asarray(result.info["timeout"], bool))
+        # say which response the environment refused at which step (it once failed under load)
+        for i in (*refused, *timed_out):
+            raise AssertionError(
+                f"task {env.tasks[task_ids[i]].id} step {steps[i]}: response "
+                f"{responses[i]!r} was {'timed out' if i in timed_out else 'refused'}; "
+                f"observation {result.observations[i][:500]!r}"
+            )
         keys.append(result.anchor_key.copy())
         steps += live
         reward += result.reward

@@ -29,7 +29,7 @@ def _squeezed(text: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "command", [["reproduce", "frozenlake"], ["eval", "passt", "--base", "/nowhere"]]
+    "command", [["reproduce", "frozenlake"], ["eval", "--policy", "base=/nowhere"]]
 )
 def test_an_out_folder_that_is_a_file_is_refused_before_any_work(tmp_path, command):
     taken = tmp_path / "results"

@@ -90,11 +90,11 @@ def test_cluster_config_is_validated():
 
 
 def test_one_process_never_splits_rollouts():
-    """Splitting only happens inside ``split_rollouts`` with several processes: one process
-    plays every row itself (and nothing is gathered)."""
+    """Splitting happens only for a rollout whose config asks for it
+    (``RolloutConfig.split_processes``, an argument, never module state) and with several
+    processes: one process plays every row itself (and nothing is gathered)."""
     from agentrl_jax import distributed
 
-    assert distributed.rollout_rows(8) is None
-    with distributed.split_rollouts():
-        assert distributed.rollout_rows(8) is None
+    assert distributed.row_shares(8) is None
+    assert not hasattr(distributed, "split_rollouts")  # no flag that steers rollouts
     assert distributed.local_mesh(None) is None

@@ -14,6 +14,13 @@ import yaml
 from typer.testing import CliRunner
 
 import envs
+from agentrl_jax.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageOutput,
+    Param,
+    register_advantage,
+    register_loss_term,
+)
 from agentrl_jax.cli import app
 from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce.config import default_config, load_config
@@ -94,6 +101,26 @@ if "two_words" not in envs.names():  # imported once by pytest, maybe again as a
         max_context=256,
     )
     register_study("two_words", TwoWordsStudy)
+
+
+# ... and, from the same file, an advantage estimator and a loss term of the user's own
+if "test_centered" not in ADVANTAGE_ESTIMATORS:
+
+    @register_advantage("test_centered", required=("rewards", "group_ids"))
+    def _centered(inputs):
+        """Each trajectory's reward minus its group's mean, on every sampled token."""
+        same = inputs.group_ids[:, None] == inputs.group_ids[None, :]
+        mean = (same * inputs.rewards[None, :]).sum(1) / same.sum(1)
+        return AdvantageOutput((inputs.rewards - mean)[:, None] * inputs.loss_mask, None)
+
+    @register_loss_term(
+        "test_drift",
+        required=("logprobs", "old_logprobs"),
+        params={"scale": Param(1.0, lambda v: isinstance(v, float) and v > 0, "a float > 0")},
+    )
+    def _drift(inputs, scale):
+        """A squared penalty on the log-ratio to the sampling policy."""
+        return scale * (inputs.logprobs - inputs.old_logprobs) ** 2
 
 
 # ---------------------------------------------------------------- the gold demonstrator
@@ -211,7 +238,20 @@ def test_every_gold_plan_solves_its_task_in_the_real_environment(name, t_max, ta
         )
         result = runner(ScriptedPolicy(tokenizer, demo), ids, jax.random.key(0))
         trajectory = jax.device_get(result.trajectory)
-        assert trajectory.success.all()
+        failed = np.flatnonzero(~np.asarray(trajectory.success))
+        if failed.size:  # say which task, at which turn, refused what (it once failed under load)
+            row = int(failed[0])
+            valid = np.asarray(trajectory.action_valid)[row]
+            used = int(trajectory.turns_used[row])
+            shown = tokenizer.decode(
+                np.asarray(trajectory.tokens)[row][np.asarray(trajectory.token_mask)[row]][-600:]
+            )
+            pytest.fail(
+                f"{name}: {failed.size} of {len(ids)} gold plans failed; first: task "
+                f"{loaded.names[row]!r} after {used} turns (valid actions {valid[:used]}, "
+                f"overflow {bool(trajectory.overflow[row])}), responses "
+                f"{result.responses[row]!r}; the conversation's end: {shown!r}"
+            )
         plans = [len(study_for(entry.name).plan(loaded, t)) for t in ids]
         np.testing.assert_array_equal(trajectory.turns_used, plans)
         if loaded.min_turns is not None:
@@ -332,7 +372,12 @@ def test_reproduce_code_and_bfcl_run_every_phase_end_to_end(tmp_path, name, labe
 
 
 @pytest.mark.slow
-def test_a_user_environment_trains_and_evaluates_through_the_cli(tmp_path):
+def test_a_user_environment_estimator_and_loss_train_and_evaluate_through_the_cli(tmp_path):
+    """This file, given as a --plugin, registers an environment (two_words), an advantage
+    estimator (test_centered) and a loss term (test_drift): with no change to the package,
+    ``agentrl-jax train`` trains a run composed of them on that environment, ``agentrl-jax
+    reproduce`` goes on from the trained folder to the evaluation and report, and
+    ``agentrl-jax eval`` evaluates the folder again, at its own settings, to the same bytes."""
     config = tmp_path / "two_words.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -356,7 +401,20 @@ def test_a_user_environment_trains_and_evaluates_through_the_cli(tmp_path):
                 },
                 "warm_start": {"demo_tasks": 5, "demos_per_task": 8, "epochs": 2, "batch_size": 8},
                 "rl": {
-                    "runs": ["grpo", "budgetmix"],
+                    "runs": [
+                        "grpo",
+                        {
+                            "name": "mine",
+                            "label": "Centered, drift",
+                            "algorithm": {
+                                "advantage": "test_centered",
+                                "loss_terms": [
+                                    "policy_clip",
+                                    {"name": "test_drift", "coef": 0.5, "params": {"scale": 2.0}},
+                                ],
+                            },
+                        },
+                    ],
                     "steps": 2,
                     "tasks_per_step": 2,
                     "group_size": 4,
@@ -373,32 +431,39 @@ def test_a_user_environment_trains_and_evaluates_through_the_cli(tmp_path):
         )
     )
     out = tmp_path / "out"
-    result = CliRunner().invoke(
-        app,
-        [
-            "reproduce",
-            "two_words",
-            "--plugin",
-            __file__,
-            "--config",
-            str(config),
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-    )
+    common = ["--plugin", __file__, "--config", str(config), "--out", str(out), "--no-progress"]
+    result = CliRunner().invoke(app, ["train", *common])
     assert result.exit_code == 0, result.output
-    report = (out / "report.md").read_text()
-    assert report.startswith("# Two words reproduction")
-    assert "5 train tasks, 5 test tasks (disjoint splits)" in report
+    assert (out / "models" / "mine" / "config.json").is_file() and not (out / "report.md").exists()
+    logged = [
+        json.loads(x) for x in (out / "runs" / "mine" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in logged] == [1, 2]
+    assert all(r["loss/test_drift"] >= 0 and np.isfinite(r["loss"]) for r in logged)
     phases = json.loads((out / "phases.json").read_text())
-    assert phases["demos"]["success_rate"] > 0.3  # budgets of 1 turn cannot succeed
+    assert list(phases)[-1] == "train:mine" and phases["demos"]["success_rate"] > 0.3
+
+    result = CliRunner().invoke(app, ["reproduce", "two_words", *common])
+    assert result.exit_code == 0, result.output
+    phases = json.loads((out / "phases.json").read_text())
+    assert phases["train:mine"]["resumed_from_step"] == 0 and "report" in phases  # not redone
+    report = (out / "report.md").read_text()
+    assert report.startswith("# Two words reproduction") and "Centered, drift" in report
+    assert "5 train tasks, 5 test tasks (disjoint splits)" in report
     logged = [
         json.loads(x) for x in (out / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()
     ]
     assert all(0.0 <= r["R_single"] <= 1.0 for r in logged)  # the recorded step quality
     plugins = json.loads((out / "plugins.json").read_text())["plugins"]
     assert [Path(p["file"]).name for p in plugins] == [Path(__file__).name]
+
+    again = tmp_path / "again"
+    result = CliRunner().invoke(
+        app, ["eval", str(out), "--plugin", __file__, "--analysis", "passk", "--out", str(again)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "Evaluating base, GRPO, Centered, drift on Two words, T_max 4" in result.output
+    assert (again / "raw" / "passk.json").read_bytes() == (out / "raw" / "passk.json").read_bytes()
 
 
 def test_a_config_for_another_environment_is_refused(tmp_path):

@@ -233,3 +233,45 @@ def test_the_loop_logs_rollout_throughput_and_the_entropy_estimate(tmp_path):
     for record in read_metrics(tmp_path / "m.jsonl"):
         assert record["rollout_tokens_per_s"] > 0 and record["rollout_turns_per_s"] > 0
         assert record["entropy_estimate"] > 0
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo"])
+def test_the_batch_crosses_to_the_devices_once_per_update(algorithm):
+    """The rollout hands the loop host (NumPy) arrays; its checks, dynamic sampling and
+    metrics work on them there, and the train step places each update's batch on the devices
+    once, explicitly (``JittedTrainStep.place``): under
+    ``jax.transfer_guard_host_to_device("disallow")``, which refuses every implicit transfer,
+    three updates run, each placing one batch of host arrays (DAPO's filter reads an explicit
+    copy on the host's CPU device)."""
+    import jax
+
+    from agentrl_jax.algorithms import AlgorithmConfig
+    from agentrl_jax.train.presets import dapo_algorithm
+
+    dapo = algorithm == "dapo"
+    config = TrainConfig(
+        rl=RLConfig(learning_rate=1e-2, steps=3),
+        algorithm=AlgorithmConfig.from_dict(dapo_algorithm({})) if dapo else AlgorithmConfig(),
+    )
+    state, step, device_rollout = _setup(config)
+
+    def rollout(params, key, tasks):
+        with jax.transfer_guard("allow"):  # a real rollout moves prompts to its sampler
+            return jax.device_get(device_rollout(params, key, tasks))
+
+    placed, place = [], step.place
+
+    def counted(batch, state):
+        placed.append(all(isinstance(x, np.ndarray) for x in jax.tree.leaves(batch)))
+        return place(batch, state)
+
+    def tasks(position: int) -> np.ndarray:  # a task batch on the host, as task_batch_fn's
+        return (2 * position + np.arange(2, dtype=np.int32)) % NUM_TASKS
+
+    step.place = counted
+    with jax.transfer_guard_host_to_device("disallow"):
+        final = train(state, step, rollout, tasks, config, progress=False)
+    assert int(final.step) == 3 and placed == [True] * 3
+    with pytest.raises(Exception, match="[Dd]isallowed host-to-device transfer"):
+        with jax.transfer_guard_host_to_device("disallow"):  # the guard does catch one
+            jnp.asarray(np.ones(3)) + 1

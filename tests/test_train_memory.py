@@ -10,6 +10,7 @@ runs itself as a script with ``--xla_force_host_platform_device_count=8``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -67,7 +68,10 @@ VOCAB = (
 
 
 def _with(config: TrainConfig, **changes) -> TrainConfig:
-    return TrainConfig.from_dict({**config.to_dict(), **changes})
+    """``config`` with ``changes``: TrainConfig's own fields, the rest the rl section's."""
+    own = {k: v for k, v in changes.items() if k in TrainConfig.__dataclass_fields__}
+    rl = dataclasses.replace(config.rl, **{k: v for k, v in changes.items() if k not in own})
+    return dataclasses.replace(config, rl=rl, **own)
 
 
 @functools.lru_cache(maxsize=None)

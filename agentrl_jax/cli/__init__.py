@@ -10,8 +10,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import typer  # noqa: E402
 
-from agentrl_jax.cli import bench, eval_envs, plan, reproduce, solve  # noqa: E402
-from agentrl_jax.cli import eval as eval_cli  # noqa: E402 (the module name would shadow the builtin)
+from agentrl_jax.cli import bench, evaluate, plan, reproduce, solve  # noqa: E402
 
 app = typer.Typer(
     name="agentrl-jax",
@@ -21,8 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(bench.app, name="bench")
-eval_envs.register(eval_cli.app)  # eval env-passk / env-passt: SQL, code, BFCL
-app.add_typer(eval_cli.app, name="eval")
+app.command("eval")(evaluate.eval_command)
 app.command("reproduce", no_args_is_help=True)(reproduce.reproduce_command)
 app.command("train")(reproduce.train_command)
 app.add_typer(solve.app, name="solve")

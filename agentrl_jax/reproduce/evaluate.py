@@ -175,8 +175,10 @@ class _Run:
             raise ValueError(
                 f"the tokenizer has {known} ids but a model's vocab_size is {min(vocab)}"
             )
-        # Embedding rows past the tokenizer (Qwen3: 151,936 vs 151,669) are never sampled.
-        return self.settings.rollout_config(known if vocab and known < min(vocab) else None)
+        # Embedding rows past the tokenizer (Qwen3: 151,936 vs 151,669) are never sampled; with
+        # several processes each plays its share of every rollout's rows.
+        config = self.settings.rollout_config(known if vocab and known < min(vocab) else None)
+        return dataclasses.replace(config, split_processes=True)
 
     @functools.cached_property
     def play(self) -> drivers.Play:

@@ -546,24 +546,23 @@ class Reproduction:
         findings.PaperFigures(**self.study.paper_figures).write(self.written)
         logs = {spec.label: self.out / "runs" / spec.name / "metrics.jsonl" for spec in self.runs}
         test, task = self.tasks.test, self.config.task
-        with distributed.split_rollouts():
-            evaluate.run_analysis(
-                analysis,
-                self.written,
-                test.env,
-                np.arange(len(test.names)),
-                self.tokenizer,
-                self.eval_models
-                if analysis != "dynamics"  # reads the logs only
-                else dict.fromkeys(self.policy_names()),
-                self.config.eval,
-                engine=self.config.engine,
-                training_logs=logs,
-                progress=self._advance,
-                min_turns=self.study.min_turns(test),
-                bound_note=self.study.bound_note_for(task.options),
-                states=self.state_diagnostics,
-            )
+        evaluate.run_analysis(
+            analysis,
+            self.written,
+            test.env,
+            np.arange(len(test.names)),
+            self.tokenizer,
+            self.eval_models
+            if analysis != "dynamics"  # reads the logs only
+            else dict.fromkeys(self.policy_names()),
+            self.config.eval,
+            engine=self.config.engine,
+            training_logs=logs,
+            progress=self._advance,
+            min_turns=self.study.min_turns(test),
+            bound_note=self.study.bound_note_for(task.options),
+            states=self.state_diagnostics,
+        )
         return {}
 
     def report(self) -> dict[str, Any]:

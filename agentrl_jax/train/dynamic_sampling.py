@@ -29,10 +29,15 @@ Everything here is plain numpy on the host, between the rollout and the update.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Any
 
 import jax
 import numpy as np
 
+from agentrl_jax.algorithms import dynamic_sampling_keep
+from agentrl_jax.train.batch import TrainBatch
+from agentrl_jax.train.rewards import shaped_rewards
 from agentrl_jax.trajectory import TOKEN_FIELDS, Trajectory, concatenate_rows
 
 
@@ -127,3 +132,23 @@ def assemble(draws: list[Draw]) -> tuple[Trajectory, np.ndarray | None, dict[str
         "dynamic_sampling/filler_rows": float(filler),
     }
     return trajectory, scores, metrics
+
+
+def varied_groups(trajectory: Trajectory, step_scores: Any, config: Any) -> np.ndarray:
+    """``bool[N]``: the rows of groups whose rewards vary (DAPO's filter,
+    :func:`~agentrl_jax.algorithms.dynamic_sampling_keep`, on the rewards the step will
+    train on, :func:`~agentrl_jax.train.rewards.shaped_rewards`). Computed on the host's CPU
+    device from an explicit copy: the batch itself stays on the host until the step places
+    it."""
+    cpu = jax.local_devices(backend="cpu")[0]
+    batch = jax.device_put(TrainBatch(trajectory, step_scores), cpu)
+    with jax.default_device(cpu):
+        return np.asarray(_varied_groups(batch, config))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _varied_groups(batch: TrainBatch, config: Any) -> jax.Array:
+    episode, _ = shaped_rewards(batch, config)
+    return dynamic_sampling_keep(
+        episode, batch.trajectory.group_id, batch.trajectory.row_mask.astype(bool)
+    )

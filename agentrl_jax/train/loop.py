@@ -45,14 +45,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from agentrl_jax.algorithms import dynamic_sampling_keep
 from agentrl_jax.process_rewards import mean_step_score
 from agentrl_jax.train.batch import TrainBatch, check_full_history
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import TrainConfig
-from agentrl_jax.train.dynamic_sampling import Draw, assemble, packed_rows
+from agentrl_jax.train.dynamic_sampling import Draw, assemble, packed_rows, varied_groups
 from agentrl_jax.train.logprobs import check_loss_positions
-from agentrl_jax.train.rewards import shaped_rewards
 from agentrl_jax.train.sinks import MetricsLogger
 from agentrl_jax.train.state import TrainState
 from agentrl_jax.trajectory import StepScorer, StepScores, Trajectory, concatenate_rows
@@ -76,28 +74,37 @@ def host_metrics(metrics: Mapping[str, Any]) -> dict[str, float | list[float]]:
 
 def rollout_metrics(trajectory: Trajectory, quality: StepScores | None) -> dict[str, float]:
     """R_multi (success rate of real rows), mean turns, overflow rate, the policy's entropy
-    estimate, and R_single if scored.
+    estimate, and R_single if scored: from the host's copy of the batch (NumPy; the rates in
+    float32, as a jitted mean computes them), R_single from the scorer's output.
 
     ``entropy_estimate``: the mean of ``-log pi(token)`` over the sampled tokens of real rows,
     ``log pi`` the model's own (temperature 1, untruncated) as the rollout recorded it. With
     rollouts sampled at temperature 1 and no truncation (the paper's training setting) it is
     an unbiased Monte-Carlo estimate of the policy's per-token entropy, at no cost; at other
     sampling settings it is the cross-entropy of the sampling distribution to the policy."""
-    rows = trajectory.row_mask.astype(jnp.float32)
-    count = jnp.maximum(jnp.sum(rows), 1.0)
-    sampled = trajectory.loss_mask.astype(jnp.float32) * rows[:, None]
+    f32 = np.float32
+    rows = np.asarray(trajectory.row_mask, f32)
+    count = max(rows.sum(dtype=f32), f32(1.0))
+
+    def rate(values) -> float:
+        return float(f32((np.asarray(values, f32) * rows).sum(dtype=f32)) / count)
+
+    sampled = np.asarray(trajectory.loss_mask, f32) * rows[:, None]
+    entropy = -(np.asarray(trajectory.logprobs, f32) * sampled).sum(dtype=f32)
     out = {
-        "R_multi": jnp.sum(trajectory.success.astype(jnp.float32) * rows) / count,
-        "turns_mean": jnp.sum(trajectory.turns_used.astype(jnp.float32) * rows) / count,
-        "overflow_rate": jnp.sum(trajectory.overflow.astype(jnp.float32) * rows) / count,
-        "entropy_estimate": -jnp.sum(trajectory.logprobs * sampled)
-        / jnp.maximum(jnp.sum(sampled), 1.0),
+        "R_multi": rate(trajectory.success),
+        "turns_mean": rate(trajectory.turns_used),
+        "overflow_rate": rate(trajectory.overflow),
+        "entropy_estimate": float(entropy / max(sampled.sum(dtype=f32), f32(1.0))),
     }
-    if quality is not None:
-        out["R_single"] = mean_step_score(quality)
+    if quality is not None:  # the scorer's arrays, wherever it computed them
         scored = jnp.maximum(jnp.sum(quality.mask.astype(jnp.float32)), 1.0)
-        out["invalid_step_rate"] = jnp.sum(quality.invalid.astype(jnp.float32)) / scored
-    return {k: float(v) for k, v in jax.device_get(out).items()}
+        scores = {
+            "R_single": mean_step_score(quality),
+            "invalid_step_rate": jnp.sum(quality.invalid.astype(jnp.float32)) / scored,
+        }
+        out.update({k: float(v) for k, v in jax.device_get(scores).items()})
+    return out
 
 
 # ------------------------------------------------------------------------- the loop
@@ -193,14 +200,9 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
         if not algorithm.dynamic_sampling:
             draws.append(Draw(trajectory, np.ones(trajectory.row_mask.shape, bool), step_scores))
             break
-        episode, _ = shaped_rewards(TrainBatch(trajectory, step_scores), config)
-        keep = dynamic_sampling_keep(episode, trajectory.group_id, trajectory.row_mask.astype(bool))
+        keep = varied_groups(trajectory, step_scores, config)
         draws.append(
-            Draw(
-                trajectory,
-                np.asarray(keep),
-                None if step_scores is None else np.asarray(step_scores),
-            )
+            Draw(trajectory, keep, None if step_scores is None else np.asarray(step_scores))
         )
         if (
             packed_rows(draws, draws[0].trajectory.row_mask.shape[0])

@@ -52,7 +52,7 @@ import envs
 from agentrl_jax import distributed
 from agentrl_jax.policy import SamplerPolicy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
-from agentrl_jax.sharding import BATCH_AXES, build_mesh
+from agentrl_jax.sharding import build_mesh
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import Config, train_config
 from agentrl_jax.train.loop import train
@@ -127,18 +127,12 @@ def train_policy(
     def rollout(params, key, tasks):
         if processes:  # the global state's parameters and key, for this process's devices
             params, key = distributed.host_value(params), distributed.host_key(key)
-        with distributed.split_rollouts():
-            return trim_tokens(play(params, key, tasks))
-
-    def step(state, batch):
-        if processes:  # every process holds the whole batch; each places its rows
-            batch = distributed.global_batch(batch, mesh, (BATCH_AXES,))
-        return step_fn(state, batch)
+        return trim_tokens(play(params, key, tasks))
 
     try:
         state = train(
             state,
-            step,
+            step_fn,  # places each batch once, in its shardings (JittedTrainStep.place)
             rollout,
             task_batch_fn(text_env.num_tasks(), config.rl.tasks_per_step, config.rl.seed),
             update,
@@ -167,6 +161,7 @@ def rollout_config(
     task, rl = config.task, config.rl
     sampling = dataclasses.replace(rl.sampling, valid_vocab_size=valid_vocab_size)
     return RolloutConfig(
+        split_processes=True,  # several processes: each plays its share of the rows
         group_size=rl.group_size,
         budget=None if run.budget_mix else task.t_max,
         adaptive_budgets=run.budget_mix == "adaptive",

@@ -69,6 +69,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from agentrl_jax import distributed
 from agentrl_jax.algorithms import (
     LossInputs,
     LossSum,
@@ -529,7 +530,8 @@ UPDATES_PREFIX = "updates/"
 def batch_shardings(batch: Any, mesh: Mesh) -> Any:
     """Every leaf split along its first (row) axis over the mesh's batch axes."""
     return jax.tree.map(
-        lambda x: NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1)))), batch
+        lambda x: NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1))) if x.ndim else P()),
+        batch,
     )
 
 
@@ -586,7 +588,22 @@ class JittedTrainStep:
     def __call__(
         self, state: TrainState, batch: TrainBatch
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self.jitted(batch)(state, batch)
+        return self.jitted(batch)(state, self.place(batch, state))
+
+    def place(self, batch: TrainBatch, state: TrainState) -> TrainBatch:
+        """``batch`` on device, once, in its final shardings: the one place the trajectory
+        crosses from the host (where the rollout, the checks, trimming, dynamic sampling and
+        the metrics keep it) to the devices. On a mesh its rows split over the batch axes
+        (several processes: each supplies its share of the whole batch,
+        :func:`~agentrl_jax.distributed.global_batch`); else on the state's device. An explicit
+        transfer: nothing implicit moves the batch (a test runs the loop under
+        ``jax.transfer_guard_host_to_device("disallow")``)."""
+        if self.mesh is None:
+            return jax.device_put(batch, state.step.sharding)
+        on_host = not all(isinstance(x, jax.Array) for x in jax.tree.leaves(batch))
+        if distributed.is_multiprocess() and on_host:
+            return distributed.global_batch(batch, self.mesh, (BATCH_AXES,))
+        return jax.device_put(batch, batch_shardings(batch, self.mesh))
 
     def compiled_count(self) -> int:
         """Programs compiled so far, over every batch structure (jit cache entries)."""

@@ -95,4 +95,5 @@ class FrozenLakeQStar:
         )
 
     def __call__(self, trajectory: Trajectory, tasks: Any = None) -> StepScores:
-        return self._score(self.maps, trajectory)
+        # the turns only, placed explicitly: the conversation stays where it is (the host)
+        return self._score(self.maps, jax.device_put(trajectory.turns_only()))

@@ -138,14 +138,13 @@ class RecordedQuality:
     value."""
 
     def __call__(self, trajectory: Any, tasks: Any = None):
-        import jax.numpy as jnp
-
+        """The scores on the host (NumPy), from the host's copy of the batch."""
         from agentrl_jax.trajectory import StepScores, scored_turns
 
-        quality = jnp.asarray(trajectory.step_quality, jnp.float32)
-        mask = jnp.isfinite(quality) & scored_turns(trajectory)
-        invalid = ~jnp.asarray(trajectory.action_valid, bool) & mask
-        return StepScores(jnp.where(mask, quality, 0.0), mask, invalid)
+        quality = np.asarray(trajectory.step_quality, np.float32)
+        mask = np.isfinite(quality) & np.asarray(scored_turns(trajectory))
+        invalid = ~np.asarray(trajectory.action_valid, bool) & mask
+        return StepScores(np.where(mask, quality, np.float32(0.0)), mask, invalid)
 
 
 # What every environment's CPU default starts from: a random-init Qwen3 of ~0.2M parameters
