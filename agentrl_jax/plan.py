@@ -53,18 +53,16 @@ from jax.sharding import PartitionSpec as P
 from agentrl_jax.models.checkpoints import abstract_qwen3
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.sampling import Paging, SamplingConfig
-from agentrl_jax.sampling.sampler import (
-    Sampler,
-    batch_shards,
-    generation_rules,
-    init_state,
-    resolve_layout,
-)
+from agentrl_jax.sampling.jitted import Sampler
+from agentrl_jax.sampling.sampler import init_state
 from agentrl_jax.sharding import (
     BATCH_AXES,
     QWEN3_PARAM_RULES,
+    batch_shards,
     build_mesh,
     describe_mesh,
+    generation_rules,
+    resolve_layout,
     tree_shardings,
 )
 from agentrl_jax.train import (

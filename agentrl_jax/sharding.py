@@ -32,6 +32,7 @@ import re
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
@@ -273,3 +274,74 @@ __all__ = [
     "spec_for",
     "tree_shardings",
 ]
+
+
+# ---------------------------------------------------------------------------- generation layout
+GENERATION_LAYOUTS = ("auto", "replicated", "training")
+"""Where decode reads the parameters from (:func:`resolve_layout`)."""
+
+
+def _drop_axis(axes: Any, axis: str) -> Any:
+    """One dimension's entry of a PartitionSpec without mesh axis ``axis``."""
+    if axes is None or axes == axis:
+        return None
+    if isinstance(axes, str):
+        return axes
+    kept = tuple(a for a in axes if a != axis)
+    return kept[0] if len(kept) == 1 else (kept or None)
+
+
+def generation_rules(
+    rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES, drop: str = "fsdp"
+) -> tuple[PartitionRule, ...]:
+    """``rules`` with mesh axis ``drop`` removed from every spec: the parameters replicated
+    over that axis (``P(None, "tensor", "fsdp")`` -> ``P(None, "tensor", None)``)."""
+    return tuple(
+        (pattern, P(*(_drop_axis(axes, drop) for axes in spec))) for pattern, spec in rules
+    )
+
+
+def resolve_layout(layout: str, mesh: Mesh | None) -> str:
+    """``"auto"``: ``"replicated"`` on a mesh whose ``fsdp`` axis has more than one device,
+    else ``"training"`` (nothing to gain: the training layout has no ``fsdp`` split)."""
+    if layout not in GENERATION_LAYOUTS:
+        raise ValueError(f"generation_layout must be one of {GENERATION_LAYOUTS}, got {layout!r}")
+    if layout == "auto":
+        return "replicated" if mesh is not None and mesh.shape["fsdp"] > 1 else "training"
+    return layout
+
+
+def generation_params(
+    params: Any,
+    mesh: Mesh | None = None,
+    layout: str = "auto",
+    device: Any = None,
+    rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES,
+    dtype: Any = None,
+) -> Any:
+    """``params`` placed where decode reads them from (one ``device_put`` per update).
+
+    Without a mesh: committed to ``device`` (default ``jax.local_devices()[0]``; a no-op for
+    parameters already there). On a mesh, ``layout`` (see :func:`resolve_layout`):
+    ``"replicated"`` lays them out by :func:`generation_rules` (no all-gather of weights
+    in decode), as a copy in ``dtype`` if given (pass the model's compute dtype: the model
+    casts every weight to it before use, so the tokens are the same and a float32 model
+    computing in bfloat16 needs half the memory for the copy; cast while still sharded);
+    ``"training"`` keeps them as they are (the caller placed them by ``rules``).
+    """
+    if mesh is None:
+        return jax.device_put(
+            params, jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
+        )
+    if resolve_layout(layout, mesh) == "training":
+        return params
+    if dtype is not None:
+        params = jax.tree.map(
+            lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+        )
+    return jax.device_put(params, tree_shardings(params, mesh, generation_rules(rules)))
+
+
+def batch_shards(mesh: Mesh) -> int:
+    """How many ways a mesh splits a batch (``data`` x ``fsdp``)."""
+    return int(np.prod([mesh.shape[axis] for axis in BATCH_AXES]))

@@ -1,7 +1,7 @@
 """Scripted agents that replay the gold answers of the text environments, reading the task and
 the turn off the decoded prompt, and an independent replay of what each environment shows.
 
-Each agent is a :class:`~agentrl_jax.policy.ScriptedPolicy` script: it finds its task in the
+Each agent is a :class:`~agentrl_jax.sampling.ScriptedPolicy` script: it finds its task in the
 first user message and its turn in the last one's ``[CURRENT TURN]`` field, so a prompt that
 states the task or the turn wrongly makes it answer wrongly. ``needed`` is the number of turns
 its gold play takes: it succeeds exactly when the budget is at least that.

@@ -16,8 +16,8 @@ from train_fakes import tiny_model
 
 from agentrl_jax.bench.rollout import frozenlake_token_map
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.policy import SamplerPolicy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+from agentrl_jax.sampling import SamplerPolicy
 from agentrl_jax.train import RLConfig, TrainConfig, init_train_state, make_train_step, train
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps

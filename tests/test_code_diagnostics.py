@@ -27,11 +27,11 @@ from agentrl_jax.evaluation.text_states import (
     matched_text_pool,
 )
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
-from agentrl_jax.policy import ScriptedPolicy
 from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce import results
 from agentrl_jax.reproduce.evaluate import EvalConfig, run_analysis
 from agentrl_jax.reproduce.studies.code import MutatedReference, fenced
+from agentrl_jax.sampling import ScriptedPolicy
 from envs.code import CodeEnv
 from envs.code.datasets import CodeTask
 from envs.code.mutation import failing_mutant, mutants

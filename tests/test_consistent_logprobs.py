@@ -28,7 +28,7 @@ from agentrl_jax.algorithms import (
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.sampling import SamplingConfig
 from agentrl_jax.sampling.filters import filtered_log_probs, scoring_logits
-from agentrl_jax.sampling.sampler import Sampler
+from agentrl_jax.sampling.jitted import Sampler
 from agentrl_jax.train import RLConfig, TrainBatch, TrainConfig, init_train_state, make_train_step
 from agentrl_jax.train.logprobs import head_logprobs
 from agentrl_jax.train.step import prepare_batch

@@ -25,7 +25,6 @@ from agentrl_jax.evaluation.analyses.depth import quality_by_depth
 from agentrl_jax.evaluation.passt import eval_rollout_config
 from agentrl_jax.evaluation.state_prompt import StatePrompt
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.policy import ScriptedPolicy
 from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce.studies.frozenlake import diagnostics
 from agentrl_jax.reproduce.studies.frozenlake.states import (
@@ -37,6 +36,7 @@ from agentrl_jax.reproduce.studies.frozenlake.states import (
     visited_states,
 )
 from agentrl_jax.rollout import MultiTurnRollout
+from agentrl_jax.sampling import ScriptedPolicy
 from envs.frozenlake import grid, qstar
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text import render

@@ -20,11 +20,11 @@ from env_agents import AGENTS, SqlGold, replay_observations
 from eval_helpers import SYSTEM_BUDGET, turns_in
 
 import envs
-from agentrl_jax.cli.eval_envs import pass_at_k, pass_at_t
-from agentrl_jax.evaluation import passk, passt
+from agentrl_jax.evaluation import drivers, passk, passt
+from agentrl_jax.evaluation.analyses import pass_at_k, pass_at_t
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.policy import ScriptedPolicy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+from agentrl_jax.sampling import ScriptedPolicy
 
 T_MAX = {"sql": 10, "code": 10, "bfcl": 24}
 CONFIG = passt.eval_rollout_config(max_response_tokens=1024, max_context=16384)
@@ -100,33 +100,30 @@ def test_pass_at_t_of_gold_play_is_the_share_of_tasks_it_fits(tasks, tokenizer, 
     needed = np.array([agent.needed(i) for i in range(3)])
     around = {int(b) for n in needed for b in (n - 1, n) if b >= 1}
     budgets = tuple(sorted({1, *around, *passk.budget_levels(env.t_max)}))
-    sections = pass_at_t(
-        tmp_path,
-        loaded,
-        tokenizer,
+    play = drivers.Play(env, tokenizer, np.arange(3), CONFIG)
+    counts = drivers.pass_at_t_counts(
+        play,
         {"gold": ScriptedPolicy(tokenizer, agent)},
-        np.arange(3),
         jax.random.key(1),
         budgets=budgets,
         samples=2,
-        k=2,
-        config=CONFIG,
-        label="Env",
     )
+    shortest = None if loaded.min_turns is None else loaded.min_turns[:3]
+    result = pass_at_t.compute(counts, k=2, t_max=env.t_max, shortest_paths=shortest)
+    sections = pass_at_t.section(tmp_path, result)
     expected = [float(np.mean(needed <= b)) for b in budgets]
     curve = json.loads((tmp_path / "pass_at_t.json").read_text())["curves"]["gold"]
     assert curve["budget"] == list(budgets)
     np.testing.assert_allclose(curve["pass"], expected, atol=1e-12)
-    counts = json.loads((tmp_path / "pass_at_t_counts.json").read_text())["gold"]
-    assert {int(b): (c["n"], c["c"]) for b, c in counts.items()} == {
+    assert {b: (list(n), list(c)) for b, (n, c) in counts["gold"].items()} == {
         b: ([2, 2, 2], [2 * int(n <= b) for n in needed]) for b in budgets
     }
     table = json.loads((tmp_path / "pass_at_t_table.json").read_text())
     levels = passk.budget_levels(env.t_max)
     assert table["table"]["gold"] == {str(b): float(np.mean(needed <= b)) for b in levels}
     assert [s.title for s in sections] == [
-        "Env: Pass@T at k = 2",
-        f"Env: Pass@2 at 25/50/75/100% of T_max = {env.t_max} (Table 1)",
+        "Pass@T at k = 2",
+        f"Pass@2 at 25/50/75/100% of T_max = {env.t_max} (Table 1)",
     ]
     record = json.loads((tmp_path / "pass_at_t.json").read_text())
     if name == "bfcl":  # §2's bound from the annotated trajectories, met by replaying them
@@ -147,24 +144,14 @@ def test_pass_at_k_files_hold_the_known_success_counts(tokenizer, tmp_path):
     fail = {"base": {(1, 1), (1, 2), (1, 3), *((2, s) for s in range(4))}, "RL": {(2, 0), (2, 1)}}
     policies = {n: ScriptedPolicy(tokenizer, SqlGold(tasks, samples, fail[n])) for n in fail}
     try:
-        [section] = pass_at_k(
-            tmp_path,
-            loaded,
-            tokenizer,
-            policies,
-            np.arange(3),
-            jax.random.key(2),
-            samples=samples,
-            config=CONFIG,
-            tasks_per_call=2,
-            label="InterCode-SQL",
-        )
+        play = drivers.Play(loaded.env, tokenizer, np.arange(3), CONFIG, tasks_per_call=2)
+        counts = drivers.pass_at_k_counts(play, policies, jax.random.key(2), samples=samples)
     finally:
         loaded.env.close()
-    counts = json.loads((tmp_path / "pass_at_k_counts.json").read_text())
-    assert counts == {
-        "base": {"n": [4, 4, 4], "c": [4, 1, 0]},
-        "RL": {"n": [4, 4, 4], "c": [4, 4, 2]},
+    section = pass_at_k.section(tmp_path, pass_at_k.compute(counts, ks=range(1, samples + 1)))
+    assert {p: (list(n), list(c)) for p, (n, c) in counts.items()} == {
+        "base": ([4, 4, 4], [4, 1, 0]),
+        "RL": ([4, 4, 4], [4, 4, 2]),
     }
     curves = json.loads((tmp_path / "pass_at_k.json").read_text())["curves"]
 
@@ -177,5 +164,4 @@ def test_pass_at_k_files_hold_the_known_success_counts(tokenizer, tmp_path):
             curves[policy]["pass_at_k"],
             [np.mean([unbiased(4, ci, k) for ci in c]) for k in range(1, 5)],
         )
-    assert section.title == "InterCode-SQL: Pass@K (full budget)"
-    assert "pass_at_k_counts.json" in section.files
+    assert "pass_at_k.json" in section.files

@@ -10,7 +10,7 @@ Setting (fixed seeds throughout; tests/frozenlake_learning.py builds it):
   half of each: gymnasium's layout (goal down-right of the start) shrunk to one step, so that
   a random policy sometimes succeeds. Each batch holds two tasks of each kind;
 * the policy: a Qwen3 of width 16 whose vocabulary is the tokenizer ids a rollout can meet
-  (a :class:`~agentrl_jax.policy.TokenMap`, as in ``bench.rollout``), answering one token
+  (a :class:`~agentrl_jax.sampling.TokenMap`, as in ``bench.rollout``), answering one token
   per turn within a budget of 5 turns. About 10% of its answers are a direction word, so it
   moves now and then at random, and about 1 row in 10 reaches the goal: rewards are neither
   all 0 nor all 1 and the algorithms have mixed groups to learn from;

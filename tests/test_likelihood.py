@@ -23,8 +23,8 @@ from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
 from agentrl_jax.evaluation.passt import EVAL_SAMPLING, eval_rollout_config
 from agentrl_jax.evaluation.policies import load_policy, sampler_policies
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
-from agentrl_jax.policy import TokenMap
 from agentrl_jax.rollout import MultiTurnRollout
+from agentrl_jax.sampling import TokenMap
 from agentrl_jax.train import RLConfig, TrainConfig
 from agentrl_jax.train.scoring import sequence_logprobs
 from envs.frozenlake import maps as fl_maps

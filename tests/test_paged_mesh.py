@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     from test_rollout_qwen3 import assert_same_trajectory, count_preemptions, make_tiny_policy
     from agentrl_jax.models import load_qwen3
     from agentrl_jax.models.tokenizer import load_tokenizer
-    from agentrl_jax.policy import SamplerPolicy
+    from agentrl_jax.sampling import SamplerPolicy
     from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
     from agentrl_jax.sampling import Paging, Sampler, SamplingConfig, pad_rows
     from agentrl_jax.sharding import MeshConfig, build_mesh, describe

@@ -13,7 +13,7 @@ from eval_helpers import SYSTEM_BUDGET, QStarAgent, turns_in
 
 from agentrl_jax.evaluation import passk, passt
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.policy import ScriptedPolicy
+from agentrl_jax.sampling import ScriptedPolicy
 from envs.frozenlake import grid, optimal, qstar
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv

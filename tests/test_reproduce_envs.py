@@ -216,8 +216,8 @@ def test_every_gold_plan_solves_its_task_in_the_real_environment(name, t_max, ta
     import jax
 
     from agentrl_jax.models.small_tokenizer import build_small_tokenizer
-    from agentrl_jax.policy import ScriptedPolicy
     from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+    from agentrl_jax.sampling import ScriptedPolicy
 
     entry = envs.entry(name)
     task = TaskConfig(env=name, t_max=t_max)

@@ -31,10 +31,10 @@ from agentrl_jax.evaluation import report as eval_report
 from agentrl_jax.evaluation.analyses import error_recovery
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
-from agentrl_jax.policy import SamplerPolicy, ScriptedPolicy
 from agentrl_jax.reproduce import evaluate, findings, report, results
 from agentrl_jax.reproduce.evaluate import ANALYSES, EvalConfig, analysis_units, run_analysis
 from agentrl_jax.reproduce.studies.frozenlake.diagnostics import QStarStates
+from agentrl_jax.sampling import SamplerPolicy, ScriptedPolicy
 from agentrl_jax.sampling.config import EngineConfig
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from agentrl_jax.algorithms.budgetmix import budget_set
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.policy import ScriptedPolicy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, lane_seats, row_parts
+from agentrl_jax.sampling import ScriptedPolicy
 from envs.frozenlake import grid, optimal, qstar
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text import parse_action, render

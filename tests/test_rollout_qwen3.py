@@ -18,9 +18,8 @@ from agentrl_jax.algorithms.budgetmix import budget_set
 from agentrl_jax.bench.rollout import frozenlake_token_map, tiny_policy_model
 from agentrl_jax.models import positions_from_mask
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.policy import SamplerPolicy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
-from agentrl_jax.sampling import Paging
+from agentrl_jax.sampling import Paging, SamplerPolicy
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
 
@@ -332,7 +331,7 @@ def test_a_group_prefills_its_shared_first_prompt_once_and_plays_the_same_conver
 
 
 def test_shared_contexts_lists_each_context_once_in_order():
-    from agentrl_jax.policy import shared_contexts
+    from agentrl_jax.sampling.scheduler import shared_contexts
 
     unique, index = shared_contexts([(1, 2), (1, 2), (), (3,), (1, 2), ()])
     assert (
@@ -361,7 +360,7 @@ def test_row_buckets_round_the_batch_a_little_and_compact_to_shared_powers_of_tw
     """Evaluations of nearly the same number of rows (error states per policy pair) share
     their compiled batch sizes: the top is at most 1/8 above ``num_rows``, the rest powers of
     two whatever ``num_rows`` was (hand-computed)."""
-    from agentrl_jax.policy import row_buckets
+    from agentrl_jax.sampling.scheduler import row_buckets
 
     buckets = row_buckets(num_rows, min_rows, multiple)
     assert buckets == expected

@@ -133,7 +133,7 @@ def test_released_rows_refill_and_nothing_recompiles_per_turn_or_refill(tiny):
 
 
 def test_copies_the_pool_cannot_hold_are_flagged_overflowed_not_silently_empty(tiny):
-    from agentrl_jax.policy import take_rows
+    from agentrl_jax.sampling.scheduler import take_rows
 
     _, model, params = tiny
     sampler = Sampler(
@@ -180,7 +180,7 @@ def test_restart_after_compaction_regrows_the_cache_and_keeps_the_other_rows(tin
     """``SamplerPolicy.restart`` when the cache was compacted below the rows it must seat: the
     cache grows back (kept rows keep their caches), the restarted rows sample what a fresh
     policy samples for their contexts, and the row that played on samples what it would have."""
-    from agentrl_jax.policy import PolicySettings, SamplerPolicy
+    from agentrl_jax.sampling import PolicySettings, SamplerPolicy
 
     _, model, _ = tiny
     settings = PolicySettings(

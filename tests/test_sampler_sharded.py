@@ -99,7 +99,7 @@ LAYOUT_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from hf_qwen3 import save_random_hf_qwen3
     from agentrl_jax.models import load_qwen3
-    from agentrl_jax.policy import SamplerPolicy
+    from agentrl_jax.sampling import SamplerPolicy
     from agentrl_jax.sampling import Sampler, SamplingConfig, generation_params, pad_rows
     from agentrl_jax.sharding import MeshConfig, build_mesh, describe
 

@@ -16,12 +16,11 @@ from compile_counter import count_backend_compiles, count_backend_compiles_by_na
 
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
-from agentrl_jax.policy import SamplerPolicy
 from agentrl_jax.reproduce.config import default_config, load_config
 from agentrl_jax.reproduce.pipeline import make_tasks
 from agentrl_jax.reproduce.policy_init import random_qwen3
 from agentrl_jax.reproduce.studies.frozenlake import frozenlake_corpus
-from agentrl_jax.sampling import Paging
+from agentrl_jax.sampling import Paging, SamplerPolicy
 from agentrl_jax.sampling.config import EngineConfig
 from agentrl_jax.train import RLConfig, read_metrics, train_config
 from agentrl_jax.train import run as training

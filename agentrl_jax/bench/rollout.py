@@ -49,9 +49,9 @@ from flax import nnx
 from agentrl_jax.bench.report import BenchResult
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.policy import SamplerPolicy, TokenMap, row_buckets
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, RolloutResult
-from agentrl_jax.sampling import Paging, Sampler, SamplingConfig
+from agentrl_jax.sampling import Paging, Sampler, SamplerPolicy, SamplingConfig, TokenMap
+from agentrl_jax.sampling.scheduler import row_buckets
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text import render

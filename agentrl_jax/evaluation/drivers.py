@@ -18,8 +18,8 @@ import jax
 import numpy as np
 
 from agentrl_jax.evaluation import passt
-from agentrl_jax.policy import Policy
 from agentrl_jax.rollout import RolloutConfig
+from agentrl_jax.sampling import Policy
 from agentrl_jax.trajectory import Trajectory
 
 STREAMS = {"passk": 1, "passt": 2, "sources": 3, "steps": 4, "errors": 5, "likelihood": 6}

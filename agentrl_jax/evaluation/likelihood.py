@@ -38,9 +38,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
-from agentrl_jax.policy import TokenMap, params_mesh
-from agentrl_jax.sampling.sampler import batch_shards
-from agentrl_jax.sharding import BATCH_AXES
+from agentrl_jax.sampling import TokenMap
+from agentrl_jax.sampling.scheduler import params_mesh
+from agentrl_jax.sharding import BATCH_AXES, batch_shards
 from agentrl_jax.train.scoring import Forward, activation_constraint, sequence_logprobs
 from agentrl_jax.trajectory import Trajectory, bucket_width
 

@@ -1,7 +1,7 @@
 """Pass@K and Pass@T from rollouts (PAPER.md §2, §3): sampling, not statistics.
 
 :mod:`passk` computes the metrics from counts; this module produces the counts by playing a
-policy (:class:`~agentrl_jax.policy.Policy`) on a task set with
+policy (:class:`~agentrl_jax.sampling.Policy`) on a task set with
 :class:`~agentrl_jax.rollout.MultiTurnRollout`:
 
 * Pass@K: ``n`` (default 128) trajectories per task at the full budget ``T_max``;
@@ -28,9 +28,8 @@ import numpy as np
 
 from agentrl_jax.algorithms.budgetmix import budget_set
 from agentrl_jax.evaluation import passk
-from agentrl_jax.policy import Policy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
-from agentrl_jax.sampling import SamplingConfig
+from agentrl_jax.sampling import Policy, SamplingConfig
 from agentrl_jax.trajectory import Trajectory
 
 EVAL_SAMPLING = SamplingConfig(temperature=0.6, top_p=0.9)

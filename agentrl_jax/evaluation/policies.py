@@ -37,8 +37,7 @@ from agentrl_jax.models import (
 )
 from agentrl_jax.models.checkpoints import abstract_qwen3
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.policy import SamplerPolicy
-from agentrl_jax.sampling import SamplingConfig
+from agentrl_jax.sampling import SamplerPolicy, SamplingConfig
 
 MODEL_DIR_KEY = "model_dir"  # the checkpoint metadata naming the run's Hugging Face directory
 _ITEMS = ("state", "config")

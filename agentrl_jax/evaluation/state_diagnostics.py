@@ -45,7 +45,7 @@ from agentrl_jax.evaluation.text_states import (
     text_step_quality,
     visited_text_states,
 )
-from agentrl_jax.policy import Policy
+from agentrl_jax.sampling import Policy
 
 INVALID_SCORES = ("noop", "zero")
 """How an unparsable response is scored in the step diagnostics (``eval.invalid``): as the

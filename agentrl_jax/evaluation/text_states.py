@@ -35,8 +35,8 @@ import numpy as np
 
 from agentrl_jax.evaluation import stats
 from agentrl_jax.evaluation.state_prompt import SOURCES, FirstTurnOnly, StatePrompt
-from agentrl_jax.policy import Policy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig, RolloutResult
+from agentrl_jax.sampling import Policy
 from envs.protocol import Feedback, PythonEnv, PythonTextEnv
 
 # ---------------------------------------------------------------- pools of states

@@ -15,8 +15,9 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from agentrl_jax.policy import Script, ScriptedPolicy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+from agentrl_jax.sampling import ScriptedPolicy
+from agentrl_jax.sampling.policy import Script
 from agentrl_jax.trajectory import Trajectory
 
 

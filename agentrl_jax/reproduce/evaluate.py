@@ -58,12 +58,12 @@ from agentrl_jax.evaluation.config import EvalConfig
 from agentrl_jax.evaluation.drivers import rollout_units
 from agentrl_jax.evaluation.report import Section
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
-from agentrl_jax.policy import Policy, SamplerPolicy
 from agentrl_jax.reproduce import findings, report, results
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.reproduce.results import ANALYSES, raw_path, slug, table1_from_results
 from agentrl_jax.reproduce.studies.base import Study
 from agentrl_jax.rollout import RolloutConfig
+from agentrl_jax.sampling import Policy, SamplerPolicy
 from agentrl_jax.sampling.config import EngineConfig
 
 __all__ = [
@@ -116,7 +116,7 @@ def _is_policy(obj: Any) -> bool:
 def _samplers(models: Mapping[str, Any], engine: EngineConfig) -> dict[str, Policy]:
     """A policy per name: a Qwen3 model is sampled by a :class:`SamplerPolicy` (models of one
     architecture share one's compiled functions, :meth:`SamplerPolicy.using`); a policy
-    object (e.g. a :class:`~agentrl_jax.policy.ScriptedPolicy`) is used as it is."""
+    object (e.g. a :class:`~agentrl_jax.sampling.ScriptedPolicy`) is used as it is."""
     out: dict[str, Policy] = {}
     compiled: list[SamplerPolicy] = []
     for name, model in models.items():
@@ -612,7 +612,7 @@ def run_analysis(
         take the first ``settings.diagnostic_tasks`` of them, :meth:`EvalConfig.analysis_tasks`).
       tokenizer: the policies' common tokenizer (with a chat template).
       models: ``{policy name: model}`` in report order, the first the base policy. A value is
-        a :class:`Qwen3ForCausalLM` or any :class:`~agentrl_jax.policy.Policy` (e.g. a
+        a :class:`Qwen3ForCausalLM` or any :class:`~agentrl_jax.sampling.Policy` (e.g. a
         scripted one; not for ``likelihood``, which scores responses with the models).
       settings: :class:`EvalConfig`.
       engine: the sampling engine (:class:`~agentrl_jax.sampling.config.EngineConfig`, the

@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 
 from agentrl_jax.errors import ConfigError
-from agentrl_jax.sampling.sampler import GENERATION_LAYOUTS, Paging
+from agentrl_jax.sampling.sampler import Paging
+from agentrl_jax.sharding import GENERATION_LAYOUTS
 from agentrl_jax.validation import integer, one_of, optional, validate
 
 KV_CACHE_DTYPES = ("float32", "bfloat16")

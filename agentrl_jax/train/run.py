@@ -50,8 +50,8 @@ from flax import nnx
 
 import envs
 from agentrl_jax import distributed
-from agentrl_jax.policy import SamplerPolicy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+from agentrl_jax.sampling import SamplerPolicy
 from agentrl_jax.sharding import build_mesh
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import Config, train_config

@@ -75,7 +75,7 @@ def first_observations(env: Any, task_ids: Sequence[int]) -> list[str]:
 
 
 class GoldDemonstrator:
-    """A :data:`~agentrl_jax.policy.Script` playing gold plans with mistakes.
+    """A :data:`~agentrl_jax.sampling.policy.Script` playing gold plans with mistakes.
 
     plans: ``{first observation: [reply, ...]}``, the replies of one successful episode of
       each task (the context's first user message names the task).
@@ -280,7 +280,8 @@ class Study:
         mistake_rate: float,
         seed: int,
     ):
-        """The warm start's demonstrator (a :data:`~agentrl_jax.policy.Script`) for ``task_ids``."""
+        """The warm start's demonstrator (a :data:`~agentrl_jax.sampling.policy.Script`) for
+        ``task_ids``."""
         del t_max
         observations = first_observations(tasks.env, task_ids)
         plans: dict[str, list[str]] = {}

@@ -34,7 +34,6 @@ import numpy as np
 
 from agentrl_jax.evaluation import drivers, stats
 from agentrl_jax.evaluation.state_diagnostics import INVALID_SCORES, columns
-from agentrl_jax.policy import Policy
 from agentrl_jax.reproduce.studies.frozenlake.states import (
     ErrorStates,
     StatePlay,
@@ -44,6 +43,7 @@ from agentrl_jax.reproduce.studies.frozenlake.states import (
     matched_pool,
     visited_states,
 )
+from agentrl_jax.sampling import Policy
 from envs.frozenlake import qstar
 from envs.frozenlake.text_env import FrozenLakeTextEnv
 

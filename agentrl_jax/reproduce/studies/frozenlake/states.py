@@ -38,8 +38,8 @@ import jax
 import numpy as np
 
 from agentrl_jax.evaluation.state_prompt import SOURCES, FirstTurnOnly, StatePrompt
-from agentrl_jax.policy import Policy
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
+from agentrl_jax.sampling import Policy
 from agentrl_jax.trajectory import Trajectory
 from envs.frozenlake import grid, qstar
 from envs.frozenlake.text_env import FrozenLakeTextEnv

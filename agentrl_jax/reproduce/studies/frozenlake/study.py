@@ -42,7 +42,7 @@ def _map_key(tiles: np.ndarray) -> bytes:
 
 
 class QStarDemonstrator:
-    """A :data:`~agentrl_jax.policy.Script`: ``(contexts, live) -> replies``.
+    """A :data:`~agentrl_jax.sampling.policy.Script`: ``(contexts, live) -> replies``.
 
     maps: ``int8[M, n, n]``, every map it may be shown (Q* is computed for all at once).
     horizon: the largest remaining budget it may see (``T_max``).
