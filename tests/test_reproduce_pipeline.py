@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import jax
 import nbformat
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ from typer.testing import CliRunner
 
 from agentrl_jax.cli import app
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.reproduce import pipeline, sft
+from agentrl_jax.reproduce import machine, pipeline, sft
 from agentrl_jax.reproduce.config import dump_config, load_config
 from agentrl_jax.reproduce.folder import ResultsFolderError
 from agentrl_jax.reproduce.pipeline import reproduce
@@ -141,6 +142,11 @@ def test_phases_json_records_every_phase_in_order(finished, config):
     ):
         assert phases[f"train:{run}"]["resumed_from_step"] == 0
         assert phases[f"train:{run}"]["label"] == label
+    # Every phase says where it ran (the numbers on CPU depend on it), and so does the report.
+    here = machine.machine()
+    assert all(p["machine"] == here for p in phases.values())
+    assert here["jax"] == jax.__version__ and here["cpu"]
+    assert f"Machine: {machine.describe(here)};" in (finished / "report.md").read_text()
     # The folder holds the exact config, and every run logged each step once.
     assert (finished / "config.yaml").read_text() == dump_config(config)
     for run in config.rl.runs:

@@ -14,6 +14,7 @@ from typing import Any
 
 from agentrl_jax.plugins import loaded_plugins
 from agentrl_jax.reproduce.config import ReproduceConfig, dump_config, load_config
+from agentrl_jax.reproduce.machine import machine
 
 PHASES_FILE, CONFIG_FILE, PLUGINS_FILE = "phases.json", "config.yaml", "plugins.json"
 
@@ -29,6 +30,16 @@ class ResultsFolderError(ReproduceError):
 class Phases:
     """``out/phases.json``: finished phases and what they recorded."""
 
+    def machines(self) -> list[dict[str, Any]]:
+        """The machines the finished phases ran on, each once, in order (a resumed run may have
+        moved); phases recorded before machines were recorded are left out."""
+        seen: list[dict[str, Any]] = []
+        for record in self.done.values():
+            found = record.get("machine") if isinstance(record, dict) else None
+            if isinstance(found, dict) and found not in seen:
+                seen.append(found)
+        return seen
+
     def __init__(self, out: Path):
         self.path = out / PHASES_FILE
         self.done: dict[str, dict[str, Any]] = (
@@ -36,7 +47,8 @@ class Phases:
         )
 
     def finish(self, name: str, seconds: float, **info: Any) -> None:
-        self.done[name] = {"seconds": round(seconds, 2), **info}
+        """Records phase ``name`` as finished (with the machine it ran on, :func:`machine`)."""
+        self.done[name] = {"seconds": round(seconds, 2), **info, "machine": machine()}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.done, indent=2))
         tmp.replace(self.path)  # atomic: a kill never leaves half a record

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import platform
 import shutil
 import tempfile
 import time
@@ -54,7 +53,7 @@ from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.process_rewards import JudgeScorer, LocalModelJudge
 from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce import demos as demo_lib
-from agentrl_jax.reproduce import evaluate, findings, sft
+from agentrl_jax.reproduce import evaluate, findings, machine, sft
 from agentrl_jax.reproduce.config import ReproduceConfig
 from agentrl_jax.reproduce.folder import Phases, ReproduceError, prepare_folder, recorded_plugins
 from agentrl_jax.reproduce.policy_init import random_qwen3, save_policy
@@ -573,6 +572,11 @@ class Reproduction:
         )
         return {"report": str(path)}
 
+    def _machines_text(self) -> str:
+        """The machine(s) the finished phases ran on (this one if none recorded it)."""
+        machines = self.phases.machines() or [machine.machine()]
+        return " then ".join(machine.describe(m) for m in machines)
+
     def header_markdown(self) -> str:
         c, done = self.config, self.phases.done
         seconds = sum(p["seconds"] for p in done.values())
@@ -593,9 +597,9 @@ class Reproduction:
                 train=self.tasks.train,
                 test=self.tasks.test,
             ),
-            f"Machine: {platform.machine()}, {jax.device_count()} x {jax.devices()[0].device_kind}"
-            f"{f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''}; "
-            f"phases so far took {seconds:.0f} s in all (see phases.json).",
+            f"Machine: {self._machines_text()}; phases so far took {seconds:.0f} s in all "
+            "(see phases.json). Numbers on CPU depend on the CPU's vector instructions and the "
+            "jax version: compare runs of the same machine and versions.",
             "Exact config: [config.yaml](config.yaml).",
         ]
         plugins = recorded_plugins(self.out)
