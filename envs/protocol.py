@@ -32,6 +32,8 @@ import abc
 import concurrent.futures as futures
 import dataclasses
 import inspect
+import threading
+import time
 import zlib
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -158,7 +160,12 @@ class _Rows:
 
 
 class PythonTextEnv:
-    """:class:`TextEnv` over a :class:`PythonEnv`: rows run in a thread pool with a timeout."""
+    """:class:`TextEnv` over a :class:`PythonEnv`: rows run in a thread pool of ``workers``
+    threads, each step with a timeout of ``step_timeout_s`` counted from when that step starts
+    running (a step queued behind others is not charged for their time). A step past its time
+    ends its row (``info["timeout"]``) and is left to finish on its own thread; while every
+    worker holds such a step, steps still queued cannot start and end their rows the same way,
+    so a hung environment never hangs the rollout."""
 
     def __init__(self, env: PythonEnv, *, workers: int = 8, step_timeout_s: float = 60.0):
         if workers < 1:
@@ -168,7 +175,44 @@ class PythonTextEnv:
         self.env = env
         self.name, self.t_max = env.name, env.t_max
         self.step_timeout_s = step_timeout_s
+        self.workers = workers
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=env.name)
+        self._lock = threading.Lock()
+        self._running: dict[object, float] = {}  # every step running on a worker: its start
+
+    def _timed_step(self, started: dict[int, float], i: int, state: Any, response: str):
+        """Runs row ``i``'s step on a worker, recording when it began."""
+        token = object()
+        with self._lock:
+            started[i] = self._running[token] = time.monotonic()
+        try:
+            return self.env.step_task(state, response)
+        finally:
+            with self._lock:
+                del self._running[token]
+
+    def _wait(self, jobs: dict[int, futures.Future], started: dict[int, float]) -> None:
+        """Returns once every job is done, past its time, or unable to start (every worker
+        holds a step past its time)."""
+        limit = self.step_timeout_s
+        pending = [job for job in jobs.values() if not job.done()]
+        while pending:
+            now = time.monotonic()
+            with self._lock:
+                began = {i: started[i] for i, job in jobs.items() if i in started}
+                overdue = sum(now - t >= limit for t in self._running.values())
+            deadlines = [
+                t + limit for i, t in began.items() if not jobs[i].done() and now < t + limit
+            ]
+            queued = sum(not job.done() for i, job in jobs.items() if i not in began)
+            if not deadlines and (not queued or overdue >= self.workers):
+                return
+            # Wake at the first deadline; poll while steps wait for a worker to start them.
+            wake = min(deadlines) - now if deadlines else limit
+            if queued:
+                wake = min(wake, 0.05)
+            futures.wait(pending, timeout=max(wake, 0.0), return_when=futures.FIRST_COMPLETED)
+            pending = [job for job in pending if not job.done()]
 
     def instructions(self) -> str:
         return self.env.instructions()
@@ -197,11 +241,12 @@ class PythonTextEnv:
         n = len(rows.states)
         live = np.asarray(live, bool) & ~rows.done
         anchor = np.array([self.env.state_key(s) for s in rows.states], np.int32)
+        started: dict[int, float] = {}
         jobs = {
-            i: self._pool.submit(self.env.step_task, rows.states[i], responses[i])
+            i: self._pool.submit(self._timed_step, started, i, rows.states[i], responses[i])
             for i in np.flatnonzero(live)
         }
-        futures.wait(jobs.values(), timeout=self.step_timeout_s)
+        self._wait(jobs, started)
         out = dict(
             observations=[""] * n,
             reward=np.zeros(n, np.float32),
@@ -215,9 +260,14 @@ class PythonTextEnv:
         states = list(rows.states)
         for i, job in jobs.items():
             if not job.done():  # the row ends; its thread is left to finish on its own
-                job.cancel()
+                never_ran = job.cancel()
                 timeout[i], out["done"][i] = True, True
-                out["observations"][i] = f"The step timed out after {self.step_timeout_s:g} s."
+                out["observations"][i] = (
+                    "The step could not start: every worker was busy with a step past its "
+                    f"{self.step_timeout_s:g} s."
+                    if never_ran
+                    else f"The step timed out after {self.step_timeout_s:g} s."
+                )
                 continue
             try:
                 states[i], fb = job.result()

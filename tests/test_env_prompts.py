@@ -1,6 +1,6 @@
 """The budget-aware prompt (PAPER.md §6) on InterCode-SQL, DeepCoder-MT and BFCL v3, checked on
-the real decoded contexts of rollouts, and the Pass@K / Pass@T pipeline of ``eval env-passk``
-and ``env-passt`` against known outcomes: scripted agents replaying the gold answers (SQL gold
+the real decoded contexts of rollouts, and the Pass@K / Pass@T counts and analyses (the
+evaluation drivers) against known outcomes: scripted agents replaying the gold answers (SQL gold
 query, HumanEval canonical solution, BFCL annotated calls) succeed exactly when the budget
 covers their play, and agents told to fail on chosen samples give known success counts.
 

@@ -173,13 +173,13 @@ def test_register_refuses_what_it_cannot_serve():
 def test_a_user_environment_is_evaluated_through_the_cli(tmp_path):
     """``--plugin`` this file, ``--env guess``: a policy that answers "apple" (or stops at
     once, each with probability 1/2 per turn) solves task 0 in 1 - 2^-T of its samples and task
-    1 never; the random base rarely. Its registered limits reach the run's settings."""
+    1 never; the random base rarely. The settings given reach the run and are printed."""
     prompt, loaded = BudgetPrompt(), envs.make("guess")
-    corpus = [prompt.system_text(loaded.env.instructions(), b) for b in (1, 2, 4)]
+    corpus = [prompt.system_text(loaded.env.instructions(), b) for b in (1, 2, 3, 4)]
     corpus += [
         prompt.turn_text(o, b, t)
         for o in ("Your guess?", "no")
-        for b in (1, 2, 4)
+        for b in (1, 2, 3, 4)
         for t in range(b)
     ]
     loaded.close()
@@ -187,50 +187,35 @@ def test_a_user_environment_is_evaluated_through_the_cli(tmp_path):
     base = save_tiny_policy(tmp_path / "base", tokenizer, seed=0)
     rl = save_answering_policy(tmp_path / "rl", tokenizer, "apple")
     out = tmp_path / "results"
-    args = [
-        "eval",
-        "env-passt",
-        "--env",
-        "guess",
-        "--plugin",
-        str(Path(__file__)),
-        "--base",
-        base,
-        "--rl",
-        rl,
-        "--out",
-        out,
-        "--samples",
-        16,
-        "--k",
-        2,
-        "--budgets",
-        "1,4",
-        "--seed",
-        0,
-        "--workers",
-        2,
-    ]
-    result = CliRunner().invoke(app, [str(a) for a in args])
+    settings = {
+        "task.t_max": 4,
+        "task.eval_tasks": 2,
+        "task.max_response_tokens": 6,
+        "task.max_context": 512,
+        "eval.max_response_tokens": 6,
+        "eval.max_context": 512,
+        "eval.samples": 16,
+        "eval.k": 2,
+    }
+    args = ["eval", "--env", "guess", "--plugin", str(Path(__file__)), "--analysis", "table"]
+    args += ["--policy", f"base={base}", "--policy", f"RL={rl}", "--out", str(out)]
+    for field, value in settings.items():
+        args += ["--set", f"{field}={value}"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
-    counts = json.loads((out / "pass_at_t_counts.json").read_text())
+    assert "Settings: T_max 4, 2 test tasks; 16 samples" in result.output
+    assert "lengths 6/512 tokens" in result.output
+    record = json.loads((out / "raw" / "table.json").read_text())
+    assert record["budgets"] == [1, 2, 3, 4]
+    counts = record["counts"]
+    apple = 0  # the test tasks are both of the environment's, in order
     for policy in ("base", "RL"):
         for budget in ("1", "4"):
-            assert counts[policy][budget]["n"] == [16, 16] and counts[policy][budget]["c"][1] == 0
-    assert 1 <= counts["RL"]["1"]["c"][0] < counts["RL"]["4"]["c"][0]  # ~8 of 16, then ~15
-    assert (
-        counts["RL"]["4"]["c"][0] > counts["base"]["4"]["c"][0]
-    )  # the base says "apple" by chance
-    settings = json.loads((out / "settings" / "passt.json").read_text())
-    assert (
-        settings["env"],
-        settings["t_max"],
-        settings["max_response_tokens"],
-        settings["max_context"],
-        settings["lanes"],
-    ) == ("guess", 4, 6, 512, 1)
-    assert settings["task_names"] == ["guess apple", "guess river"]
-    assert (out / "pass_at_t.json").exists()
+            assert counts[policy][budget]["n"] == [16, 16]
+            assert counts[policy][budget]["c"][1 - apple] == 0  # "river" is never said
+    assert 1 <= counts["RL"]["1"]["c"][apple] < counts["RL"]["4"]["c"][apple]  # ~8 of 16, ~15
+    assert counts["RL"]["4"]["c"][apple] > counts["base"]["4"]["c"][apple]  # base: by chance
+    assert (out / "table1.csv").exists() and (out / "report.md").exists()
 
 
 def test_the_readme_guide_registers_an_environment_that_plays(tmp_path):

@@ -213,3 +213,16 @@ def test_cli_errors_name_the_problem(policies, tmp_path):
     assert "no config.yaml" in _fails("eval", str(tmp_path))
     folder = _finished_run(tmp_path / "run", policies)
     assert "brings its config" in _fails("eval", str(folder), "--env", "sql")
+
+
+def test_one_policy_gets_the_analyses_one_policy_can_have():
+    """Without a second policy the default drops the pairwise analyses (base against RL) instead
+    of refusing; without training logs, the dynamics."""
+    from agentrl_jax.reproduce.evaluate import PAIRWISE
+    from agentrl_jax.reproduce.evaluate_policies import default_analyses
+
+    config = load_config(CI_CONFIG)
+    two = default_analyses(config, with_logs=True, policies=2)
+    assert "likelihood" in two and "dynamics" in two
+    one = default_analyses(config, with_logs=False, policies=1)
+    assert one == tuple(n for n in two if n not in PAIRWISE and n != "dynamics") and one

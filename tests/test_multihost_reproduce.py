@@ -10,7 +10,10 @@ float rounding. CI stops after Table 1 (training and the evaluation's first anal
 ``--full-scale`` runs every phase and compares every analysis.
 
 At CI scale the rollouts earn no reward, so the updates move the policies little; the train
-step's agreement under a real loss is tests/test_multihost.py's.
+step's agreement under a real loss is tests/test_multihost.py's, as is a dead process ending the
+others with an error. Resuming a killed reproduction to the same bytes is tested once, for the
+pipeline, in tests/test_reproduce_pipeline.py (and once for the training loop's checkpoints, in
+tests/test_train_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -123,64 +126,3 @@ def test_two_processes_reproduce_what_one_does(runs, full_scale):
     for run in ("grpo", "budgetmix") if full_scale else ("grpo",):
         records = (two / "runs" / run / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(r)["step"] for r in records] == [1, 2]
-
-
-def test_a_killed_process_resumes_the_reproduction_to_the_same_bytes(runs, tmp_path):
-    """SIGKILL process 1 once GRPO has checkpointed its first update: process 0 ends with an
-    error; the same command again resumes GRPO from that checkpoint and ends with the
-    uninterrupted 2-process run's exported policy and training log, bit for bit."""
-    _, two, _ = runs
-    out = tmp_path / "resumed"
-    checkpoints = out / "runs" / "grpo" / "checkpoints"
-    first = lambda: (
-        checkpoints.is_dir()
-        and any(  # noqa: E731
-            p.name.isdigit() and int(p.name) >= 1 for p in checkpoints.iterdir()
-        )
-    )
-    runs_set = (
-        [] if (two / "models" / "budgetmix").exists() else ["--set", "rl.runs=[grpo]"]
-    )  # the reference's config
-    # a short heartbeat: process 0 must not wait long for the killed one (the default's 100 s)
-    args = [
-        "reproduce",
-        "frozenlake",
-        "--config",
-        str(CONFIG),
-        "--out",
-        str(out),
-        "--no-progress",
-        "--set",
-        "mesh.data=-1",
-        *runs_set,
-        "--until",
-        "train:grpo",
-        "--heartbeat-timeout",
-        "10",
-    ]
-    killed = launch(CLI, args, processes=2, devices=4, timeout=600, kill=(1, first))
-    assert killed[1].code == -9, killed[1].output[-3000:]
-    assert killed[0].code not in (0, None), killed[0].output[-3000:]
-    assert killed[0].seconds - killed[1].seconds < 120  # an error in bounded time, no hang
-    phases = json.loads((out / "phases.json").read_text())
-    assert "train:grpo" not in phases and "warm_start" in phases
-    killed_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
-    assert killed_at == 1  # of 2 updates: the rerun must continue from a restored state
-
-    resumed = launch(CLI, args, processes=2, devices=4, timeout=600)
-    for i, p in enumerate(resumed):
-        assert p.code == 0, f"process {i}:\n{p.output[-4000:]}"
-    phases = json.loads((out / "phases.json").read_text())
-    assert phases["train:grpo"]["resumed_from_step"] == 1
-    for run in ("base", "grpo"):
-        files = sorted((two / "models" / run).glob("*.safetensors"))
-        assert files
-        for f in files:
-            assert (out / "models" / run / f.name).read_bytes() == f.read_bytes(), f"{run}/{f.name}"
-    log = lambda folder: [
-        {k: r[k] for k in ("step", "R_multi", "loss")}
-        for r in map(  # noqa: E731
-            json.loads, (folder / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()
-        )
-    ]
-    assert log(out) == log(two)

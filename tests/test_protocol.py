@@ -10,7 +10,7 @@ from envs.protocol import Feedback, PythonEnv, PythonTextEnv, text_key
 
 
 class GuessEnv(PythonEnv):
-    """Guess the task's number; "hang" blocks, "crash" raises."""
+    """Guess the task's number; "hang" blocks, "crash" raises, "slow N" takes 0.2 s."""
 
     name, t_max = "guess", 5
 
@@ -32,6 +32,9 @@ class GuessEnv(PythonEnv):
             self.release.wait(5)
         if response == "crash":
             raise RuntimeError("boom")
+        if response.startswith("slow "):
+            time.sleep(0.2)
+            response = response.removeprefix("slow ")
         state = dict(state, guesses=state["guesses"] + 1)
         try:
             guess = int(response)
@@ -83,6 +86,38 @@ def test_timeout_and_crash_end_only_their_row():
     np.testing.assert_array_equal(r.done, [True, True, True])
     np.testing.assert_array_equal(r.success, [False, False, True])
     assert "timed out" in r.observations[0] and "RuntimeError: boom" in r.observations[1]
+    env.close()
+
+
+def test_a_step_waiting_for_a_worker_is_not_charged_for_the_steps_before_it():
+    """One worker, four 0.2 s steps, 0.5 s each: the batch takes 0.8 s, no step more than 0.2 s,
+    so none times out (a timeout over the whole batch once ended the last rows under load)."""
+    env = PythonTextEnv(GuessEnv(), workers=1, step_timeout_s=0.5)
+    rows, _ = env.reset(np.array([1, 2, 3, 4]), seed=0)
+    rows, r = env.step(rows, ["slow 1", "slow 2", "slow 3", "slow 4"], np.ones(4, bool))
+    assert not r.info["timeout"].any() and r.observations == ["right"] * 4
+    np.testing.assert_array_equal(r.success, True)
+    env.close()
+
+
+def test_steps_queued_behind_hung_workers_end_their_rows_instead_of_hanging():
+    inner = GuessEnv()
+    env = PythonTextEnv(inner, workers=1, step_timeout_s=0.3)
+    rows, _ = env.reset(np.array([1, 2, 3, 4, 4]), seed=0)
+    t0 = time.perf_counter()
+    rows, r = env.step(rows, ["hang", "2", "3", "", ""], np.array([1, 1, 1, 0, 0], bool))
+    assert time.perf_counter() - t0 < 3
+    np.testing.assert_array_equal(r.info["timeout"], [True, True, True, False, False])
+    assert "timed out after 0.3 s" in r.observations[0]
+    assert all("could not start" in o for o in r.observations[1:3])
+    # The next batch, with the worker still hung, ends at once the same way; once the worker
+    # is free again, steps run.
+    rows, r = env.step(rows, [""] * 3 + ["4", ""], np.array([0, 0, 0, 1, 0], bool))
+    assert r.info["timeout"][3] and "could not start" in r.observations[3]
+    inner.release.set()
+    time.sleep(0.1)
+    rows, r = env.step(rows, [""] * 4 + ["4"], np.array([0, 0, 0, 0, 1], bool))
+    assert not r.info["timeout"][4] and r.success[4]
     env.close()
 
 

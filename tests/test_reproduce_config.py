@@ -410,6 +410,18 @@ def _loss_term(algorithm: AlgorithmConfig, name: str):
 PAPER_RUNS = ("grpo", "budgetmix", "gigpo", "gigpo-budgetmix", "ppo", "ppo-budgetmix")
 
 
+@pytest.mark.parametrize("path", [None, CONFIGS / "frozenlake_ci.yaml"], ids=["default", "ci"])
+def test_a_default_hyper_parameter_applies_only_where_a_run_declares_it(path):
+    """The CPU default sets kl_coef and aggregation for the presets that declare them; runs
+    whose presets declare neither (DAPO) load without them, while a value the user states for
+    no run's preset is still refused."""
+    assert dict(load_config(path, ["rl.runs=[dapo]"]).rl.preset_params) == {}
+    mixed = load_config(path, ["rl.runs=[dapo, grpo]"]).rl.preset_params
+    assert mixed["kl_coef"] == 0.05 and mixed["aggregation"] == "seq-mean-token-mean"
+    with pytest.raises(ConfigError, match="rl.preset_params.kl_coef: no run's preset declares"):
+        load_config(path, ["rl.runs=[dapo]", "rl.preset_params.kl_coef=0.1"])
+
+
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
 def test_paper_configs_reach_the_trainer_with_the_papers_numbers(path):
     config = load_config(path, [f"rl.runs=[{','.join(PAPER_RUNS)}]"])

@@ -9,11 +9,12 @@ gives it there (for code: the pass share of the program it submits).
 
 What a policy sees when it acts from a state
 --------------------------------------------
-As for FrozenLake's states (:mod:`agentrl_jax.evaluation.states`), a fresh conversation of
-one user message at turn ``t`` of ``B`` (:class:`~agentrl_jax.evaluation.state_prompt.StatePrompt`):
-the system prompt states ``B``, and the message states turn ``t`` and ``B - t`` remaining,
-around the task's first observation followed by every earlier turn, its response and the
-environment's answer (:func:`render_history`). Unlike FrozenLake, the history is the state
+As for FrozenLake's states (:mod:`agentrl_jax.reproduce.studies.frozenlake.states`), a fresh
+conversation of one user message at turn ``t`` of ``B``
+(:class:`~agentrl_jax.evaluation.state_prompt.StatePrompt`): the system prompt states ``B``,
+and the message states turn ``t`` and ``B - t`` remaining, around the task's first
+observation followed by every earlier turn, its response and the environment's answer
+(:func:`render_history`). Unlike FrozenLake, the history is the state
 here (the feedback on earlier programs is what a good next program uses), so all of it is
 shown, as text in that one message rather than as chat turns. Both policies are asked about
 exactly the same text. Later turns of a continued episode are appended as the rollout always
@@ -267,8 +268,9 @@ class TextStatePlay:
 class TextStateStarts:
     """Episodes of any policy started at the states of ``pool`` on the Python environment
     ``env`` (the module docstring). ``config`` as for
-    :class:`~agentrl_jax.evaluation.states.StateStarts` (``group_size`` = ``G``, its budget
-    ignored); ``states_per_call`` bounds (and pads) the states of one rollout call."""
+    :class:`~agentrl_jax.reproduce.studies.frozenlake.states.StateStarts` (``group_size`` =
+    ``G``, its budget ignored); ``states_per_call`` bounds (and pads) the states of one rollout
+    call."""
 
     def __init__(
         self,

@@ -404,8 +404,30 @@ def load_config(
     data = {
         name: {} if fields is None else fields for name, fields in data.items()
     }  # null: none set
+    given = apply_overrides(data, overrides)
     data = apply_overrides(_merged(defaults, data), overrides)
+    _drop_undeclared_default_params(data, given)
     return config_from_dict(data, source=source, overrides=overrides)
+
+
+def _drop_undeclared_default_params(data: dict[str, Any], given: Mapping[str, Any]) -> None:
+    """Drops from ``data``'s ``rl.preset_params`` the hyper-parameters the defaults set that
+    none of its runs' presets declares (the CPU default's ``kl_coef`` under ``rl.runs=[dapo]``):
+    a default applies where it can. One the file or an override sets stays, and is refused if
+    no preset declares it."""
+    rl, mine = data.get("rl"), given.get("rl")
+    params = rl.get("preset_params") if isinstance(rl, Mapping) else None
+    if not isinstance(params, Mapping) or not isinstance(rl.get("runs"), (list, tuple)):
+        return
+    stated = mine.get("preset_params") if isinstance(mine, Mapping) else None
+    stated = stated if isinstance(stated, Mapping) else {}
+    try:
+        declared = declared_defaults(rl["runs"])
+    except (TypeError, AttributeError):  # a malformed run: the config's checks will name it
+        return
+    rl["preset_params"] = {
+        name: value for name, value in params.items() if name in declared or name in stated
+    }
 
 
 def _merged(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -75,7 +75,7 @@ __all__ = [
     "write_report",
 ]  # the last two re-exported: the pipeline's whole interface is here
 
-_PAIRWISE = ("steps", "errors", "likelihood")
+PAIRWISE = ("steps", "errors", "likelihood")
 # The order of a raw record's settings (raw/*.json).
 RECORDED_SETTINGS = (
     "samples",
@@ -582,7 +582,7 @@ def _check_models(models: Mapping[str, Any], name: str) -> None:
         other = slugs.setdefault(slug(policy), policy)
         if other != policy:
             raise ValueError(f"models: {other!r} and {policy!r} would share file names")
-    if name in _PAIRWISE and len(models) < 2:
+    if name in PAIRWISE and len(models) < 2:
         raise ValueError(f"{name}: compares the base with other policies; got only {list(models)}")
 
 

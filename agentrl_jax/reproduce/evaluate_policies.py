@@ -70,11 +70,17 @@ def folder_run(folder: str | Path, overrides: Sequence[str] = ()) -> FolderRun:
     return FolderRun(config, policies, logs)
 
 
-def default_analyses(config: ReproduceConfig, with_logs: bool) -> tuple[str, ...]:
-    """The analyses the environment's study supports, the training dynamics where there are
-    runs' metrics to read."""
+def default_analyses(
+    config: ReproduceConfig, with_logs: bool, policies: int = 2
+) -> tuple[str, ...]:
+    """The analyses the environment's study supports: the training dynamics where there are
+    runs' metrics to read, the pairwise ones (base against the others) given two policies."""
     names = config.study.analyses_for(evaluate.ANALYSES)
-    return tuple(n for n in names if with_logs or n != "dynamics")
+    return tuple(
+        n
+        for n in names
+        if (with_logs or n != "dynamics") and (policies >= 2 or n not in evaluate.PAIRWISE)
+    )
 
 
 def evaluate_policies(
@@ -94,7 +100,7 @@ def evaluate_policies(
 
     if not policies:
         raise ReproduceError("no policy to evaluate")
-    analyses = tuple(analyses or default_analyses(config, bool(training_logs)))
+    analyses = tuple(analyses or default_analyses(config, bool(training_logs), len(policies)))
     supported = config.study.analyses_for(evaluate.ANALYSES)
     for name in analyses:
         if name not in supported:
@@ -102,7 +108,7 @@ def evaluate_policies(
                 f"unknown or unsupported analysis {name!r}: the {config.task.env} study "
                 f"supports {', '.join(supported)}"
             )
-        if name in evaluate._PAIRWISE and len(policies) < 2:
+        if name in evaluate.PAIRWISE and len(policies) < 2:
             raise ReproduceError(f"{name} compares the base with other policies: name two")
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.model.dtype]
     try:

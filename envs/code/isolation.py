@@ -124,9 +124,9 @@ def resolve_isolation(isolation: str | None) -> str:
             raise SandboxUnavailable(
                 "the code sandbox cannot isolate model-written code here: "
                 + "; ".join(problems)
-                + f". Fix that, or pass isolation={UNSAFE!r} (CodeEnvConfig.isolation, "
-                "--code-isolation) to run programs as your own user on this host, behind limits "
-                "and a Python audit hook that the program can switch off"
+                + f". Fix that, or pass isolation={UNSAFE!r} (CodeEnvConfig.isolation; "
+                "task.options.isolation in a config) to run programs as your own user on this "
+                "host, behind limits and a Python audit hook that the program can switch off"
             )
         return STRICT
     if isolation == UNSAFE:

@@ -26,7 +26,7 @@ class BfclStudy(Study):
         }
     }
     bound = "a necessary condition: every request needs an answer and, with annotated calls, a call"
-    # the CPU default of `agentrl-jax reproduce bfcl` (configs/bfcl_cpu.yaml holds the same values)
+    # the CPU default of `agentrl-jax reproduce bfcl` (configs/ only override it)
     config_defaults = cpu_defaults(
         {
             "task": {

@@ -53,7 +53,7 @@ class CodeStudy(Study):
         "r_multi": 0.331,
         "r_single": 0.097,
     }
-    # the CPU default of `agentrl-jax reproduce code` (configs/code_cpu.yaml holds the same values)
+    # the CPU default of `agentrl-jax reproduce code` (configs/ only override it)
     config_defaults = cpu_defaults(
         {
             "task": {

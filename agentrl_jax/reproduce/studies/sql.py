@@ -34,7 +34,7 @@ class SqlStudy(Study):
             "R_single -0.091 (§7.5)",
         }
     }
-    # the CPU default of `agentrl-jax reproduce sql` (configs/sql_cpu.yaml holds the same values)
+    # the CPU default of `agentrl-jax reproduce sql` (configs/ only override it)
     config_defaults = cpu_defaults(
         {
             "task": {

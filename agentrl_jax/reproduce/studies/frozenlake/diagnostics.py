@@ -15,7 +15,7 @@
 * Depth (§7.3): per-state quality against the normalised depth ``t / T_max``.
 
 How a policy is asked to act from a state (a fresh conversation stating the state at turn
-``t``) is documented in :mod:`agentrl_jax.evaluation.states`.
+``t``) is documented in :mod:`agentrl_jax.reproduce.studies.frozenlake.states`.
 
 Invalid responses: the environment plays an unparsable response as a no-op that uses the
 turn (the player stays). Its quality is by default that move's exact value, ``Q*`` of staying:
@@ -284,8 +284,8 @@ def play_visits(
     play: drivers.Play, policies: Mapping[str, Policy], key: jax.Array, *, samples: int, budget: int
 ) -> dict[str, StatePool]:
     """``{policy: the states its trajectories act from}``: ``samples`` per task at ``budget``,
-    what §7.1's matched pools are drawn from (:func:`~agentrl_jax.evaluation.states.
-    matched_pool`)."""
+    what §7.1's matched pools are drawn from
+    (:func:`~agentrl_jax.reproduce.studies.frozenlake.states.matched_pool`)."""
     out = {}
     for name, policy in policies.items():
         play.echo(f"Source trajectories: {name}, {play.tasks} tasks x {samples} at T={budget}")
