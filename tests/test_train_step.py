@@ -315,7 +315,8 @@ def test_update_applies_clipped_adamw_and_compiles_once():
         updates, _ = optimizer.update(grads, optimizer.init(params), params)
         return optax.apply_updates(params, updates)
 
-    assert _max_diff(new.policy, reference_update(grads, state.policy)) <= 1e-7
+    # to float32 rounding: a few ulps of parameters near 1 (an ulp there is 1.2e-7)
+    assert _max_diff(new.policy, reference_update(grads, state.policy)) <= 4e-7
     assert (
         int(new.step) == 1
         and int(new.skipped_updates) == 0
