@@ -44,6 +44,19 @@ def _shift_right(x: jax.Array) -> jax.Array:
     return jnp.pad(x, ((0, 0), (1, 0)))
 
 
+def _hidden_states(model, tokens, token_mask, forward: Forward, constrain) -> jax.Array:
+    """The last layer's hidden states ``[N, L, D]`` under ``forward``'s remat and attention."""
+    hidden, _ = model.hidden_states(
+        tokens,
+        positions_from_mask(token_mask),
+        token_mask,
+        remat=forward.remat,
+        constrain=constrain,
+        attention=forward.attention,
+    )
+    return hidden
+
+
 def sequence_logprobs(
     model: nnx.Module,
     tokens: jax.Array,
@@ -65,14 +78,7 @@ def sequence_logprobs(
     :func:`activation_constraint`).
     """
     forward = forward or Forward()
-    hidden, _ = model.hidden_states(
-        tokens,
-        positions_from_mask(token_mask),
-        token_mask,
-        remat=forward.remat,
-        constrain=constrain,
-        attention=forward.attention,
-    )
+    hidden = _hidden_states(model, tokens, token_mask, forward, constrain)
     mask = jnp.ones_like(token_mask, bool) if loss_mask is None else loss_mask
     return position_logprobs(
         hidden,
@@ -115,14 +121,7 @@ def critic_values(
 ) -> jax.Array:
     """``V`` of the state each token was sampled in, ``[N, L]`` float32 (0 at position 0)."""
     forward = forward or Forward()
-    hidden, _ = model.hidden_states(
-        tokens,
-        positions_from_mask(token_mask),
-        token_mask,
-        remat=forward.remat,
-        constrain=constrain,
-        attention=forward.attention,
-    )
+    hidden = _hidden_states(model, tokens, token_mask, forward, constrain)
     values = (
         jnp.einsum("nld,d->nl", hidden[:, :-1].astype(jnp.float32), head["kernel"]) + head["bias"]
     )
