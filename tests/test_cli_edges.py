@@ -81,6 +81,24 @@ def test_the_header_names_the_overrides(tmp_path, monkeypatch):
     ) in result.output
 
 
+@pytest.mark.parametrize("command", [["reproduce", "frozenlake"], ["train"]])
+def test_without_out_the_run_goes_to_results_and_its_env(tmp_path, monkeypatch, command):
+    """README's first command: no ``--out``, the folder is results/<env> in the working folder."""
+    import agentrl_jax.reproduce.pipeline as pipeline
+
+    folders = []
+    monkeypatch.setattr(
+        pipeline,
+        "reproduce",
+        lambda settings, out, **kwargs: folders.append(out) or out / "report.md",
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0, result.output
+    assert folders == [Path("results") / "frozenlake"]
+    assert "into results/frozenlake (config: built-in default)" in result.output
+
+
 def test_no_pytorch_advice_from_transformers_when_torch_is_missing():
     """torch hidden from the child: transformers alone prints its advice, the CLI's import not."""
     hide = "import sys; sys.modules['torch'] = None; "

@@ -199,17 +199,17 @@ def _reproduce(
 
     if seeds and len(set(seeds)) != len(seeds):
         raise typer.BadParameter(f"--seeds: each seed once, got {seeds}")
-    runs = (
-        [(None, out, list(set_ or ()))]
+    runs = (  # (seed, overrides) per reproduction
+        [(None, list(set_ or ()))]
         if not seeds
-        else [(seed, None, list(set_ or ()) + seed_overrides(seed)) for seed in seeds]
+        else [(seed, list(set_ or ()) + seed_overrides(seed)) for seed in seeds]
     )
     try:
         load_plugins(plugin or ())
         if env is not None:
             envs.entry(env)  # an unknown name is refused here
         settings = [
-            load_config(config, overrides, env=env) for _, _, overrides in runs
+            load_config(config, overrides, env=env) for _, overrides in runs
         ]  # all checked first
     except ValueError as error:
         raise typer.BadParameter(f"{error}{plugins_hint(out) if out else ''}") from None
@@ -224,7 +224,7 @@ def _reproduce(
         return
     out = out if out is not None else Path("results") / env
     output_folder(out)
-    runs = [(seed, folder or seed_folder(out, seed), o) for seed, folder, o in runs]
+    runs = [(seed, out if seed is None else seed_folder(out, seed), o) for seed, o in runs]
     for (_seed, folder, overrides), setting in zip(runs, settings):
         shown = f" with --set {', '.join(overrides)}" if overrides else ""
         typer.echo(
