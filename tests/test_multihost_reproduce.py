@@ -1,7 +1,7 @@
 """The reproduction on a local cluster (issue: multi-host for real): ``agentrl-jax reproduce
 frozenlake`` at CI scale (configs/frozenlake_ci.yaml, all devices on ``data``) as
-2 processes x 2 fake CPU devices, against 1 process x 4 devices (``--full-scale``: 2 x 4
-against 1 x 8).
+2 processes x 1 fake CPU device (as hosts with one GPU each), against 1 process x 2 devices;
+``--full-scale``: 2 x 4 against 1 x 8 (tests/test_multihost.py trains on 2 x 4 at CI scale).
 
 The RL runs train on the global mesh with each process's rollouts on its own devices (rows
 split by process and gathered), the evaluation's rollouts split the same way, and the main
@@ -91,13 +91,13 @@ def _numbers(tree, path=""):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, full_scale):
-    """The reproduction by 1 process x 4 devices and by 2 x 2, or at full scale 1 x 8 and 2 x 4
+    """The reproduction by 1 process x 2 devices and by 2 x 1, or at full scale 1 x 8 and 2 x 4
     (its main process' output)."""
     folder = tmp_path_factory.mktemp("multihost_reproduce")
     one, two = folder / "one", folder / "two"
     # CI: the GRPO run of the three, up to Table 1
     until = [] if full_scale else ["--until", "eval:table", "--set", "rl.runs=[grpo]"]
-    devices = 4 if full_scale else 2  # per process of the pair
+    devices = 4 if full_scale else 1  # per process of the pair
     _reproduce(one, 1, 2 * devices, until)
     pair = _reproduce(two, 2, devices, until)
     return one, two, pair[0].output

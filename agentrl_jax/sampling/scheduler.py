@@ -83,9 +83,16 @@ def shared_contexts(rows: Sequence[tuple[int, ...]]) -> tuple[list[tuple[int, ..
 
 
 def params_mesh(params: Any):
-    """The mesh ``params`` are laid out on (a ``NamedSharding`` over several devices), else None."""
+    """The mesh ``params`` are laid out on (a ``NamedSharding`` over several devices, all of
+    this process's), else None. A mesh that spans processes is not one a sampler can run on:
+    each process samples on its own devices (``distributed.local_mesh``), on one device when
+    it has one."""
     sharding = getattr(next(iter(jax.tree.leaves(params)), None), "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
+    if (
+        isinstance(sharding, jax.sharding.NamedSharding)
+        and sharding.mesh.size > 1
+        and sharding.is_fully_addressable
+    ):
         return sharding.mesh
     return None
 
