@@ -41,9 +41,13 @@ PROGRAMS = {
 
 
 def _plan(*args: str) -> tuple[int, dict]:
-    # compile-only TPU devices: the child may load libtpu while this process holds it too
+    # compile-only TPU devices: the child may load libtpu while this process holds it too, and
+    # is given none of the suite's CPU compile flags (tests/conftest.py); a CPU stand-in keeps
+    # them: they move its peaks by under 0.4% (the CI config on 8 GPUs, 2026-12-06), well
+    # inside what these tests check
+    tpu = "--topology" in args or "tpu" in args
     env = {
-        **{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+        **{k: v for k, v in os.environ.items() if not (tpu and k == "XLA_FLAGS")},
         "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
     }
     child = subprocess.run(
