@@ -790,6 +790,27 @@ YAML_CASES = {
         "eval.kv_page_size: 16, but rl.kv_page_size is None: the sampling engine is one "
         "section now (engine.kv_page_size), shared by the rollouts and the evaluation",
     ),
+    # nesting and aliases PyYAML would compose recursively (a RecursionError) or expand
+    "a flow list 100k deep": (
+        "rl:\n  runs: " + "[" * 100_000 + "]" * 100_000 + "\n",
+        "nested more than 32 levels deep at line 2, column 39",
+    ),
+    "block mappings 40 deep": (
+        "".join("  " * i + f"k{i}:\n" for i in range(40)) + "  " * 40 + "x: 1\n",
+        "nested more than 32 levels deep at line 33, column 65",
+    ),
+    "a mapping that holds itself": (
+        "rl:\n  preset_params: &x {a: *x}\n",
+        "a YAML alias (*x) at line 2, column 25: write the value out",
+    ),
+    "a billion laughs": (
+        "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+        + "".join(
+            f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n"
+            for i in range(8)
+        ),
+        "a YAML alias (*a) at line 2, column 8: write the value out",
+    ),
     "an old config's step-quality discount": (
         "eval:\n  gamma: " + "9" * 400 + "\n",
         "eval.gamma: " + "9" * 197 + "...; the step quality's discount is the environment's "

@@ -320,6 +320,8 @@ def _parse_value(text: str) -> Any:
     """YAML, except that numbers like ``1e-6`` are floats (YAML 1.1 wants ``1.0e-6``)."""
     try:
         value = _load_yaml(text)
+    except _Refused as error:
+        raise ConfigError(str(error)) from None
     except yaml.YAMLError as error:
         raise ConfigError(f"not valid YAML ({_yaml_reason(error)})") from None
     if isinstance(value, str) and re.fullmatch(
@@ -454,6 +456,8 @@ def read_yaml(path: Path) -> Any:
         ) from None
     try:
         data = _load_yaml(text)
+    except _Refused as error:
+        raise ConfigError(f"config {path}: {error}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"config {path}: not valid YAML ({_yaml_reason(error)})") from None
     if data is None:
@@ -484,7 +488,33 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_DEPTH = 32  # nested collections a config may hold (the deepest real one: 5)
+
+
+class _Refused(yaml.YAMLError):
+    """A document this reader refuses although YAML allows it: one nested deeper than
+    :data:`MAX_DEPTH` (PyYAML composes recursively: Python's recursion would run out), or
+    one with an alias (a collection could hold itself, or expand a billionfold)."""
+
+
 def _load_yaml(text: str) -> Any:
+    """The YAML document in ``text``, after an iterative scan of its tokens has checked that
+    no collection lies more than :data:`MAX_DEPTH` deep and that no alias (``*name``) is used
+    (configs, :func:`dump_config`'s included, write each value out)."""
+    depth = 0
+    opening = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken)
+    opening += (yaml.FlowMappingStartToken, yaml.FlowSequenceStartToken)
+    closing = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+    for token in yaml.scan(text, Loader=_StrictLoader):
+        where = f"at line {token.start_mark.line + 1}, column {token.start_mark.column + 1}"
+        if isinstance(token, opening):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _Refused(f"nested more than {MAX_DEPTH} levels deep {where}")
+        elif isinstance(token, closing):
+            depth -= 1
+        elif isinstance(token, yaml.AliasToken):
+            raise _Refused(f"a YAML alias (*{token.value}) {where}: write the value out")
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader
 
 
@@ -496,5 +526,11 @@ def _yaml_reason(error: yaml.YAMLError) -> str:
 
 
 def dump_config(config: ReproduceConfig) -> str:
-    """YAML text of ``config`` (what a results folder stores as ``config.yaml``)."""
-    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+    """YAML text of ``config`` (what a results folder stores as ``config.yaml``), every value
+    written out (no aliases: :func:`read_yaml` refuses them)."""
+    return yaml.dump(config.to_dict(), Dumper=_NoAliasDumper, sort_keys=False)
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data):
+        return True
