@@ -447,6 +447,46 @@ def test_statements_that_would_write_fail_and_the_file_is_unchanged(tmp_path):
     assert play(env, 0, "<submit>SELECT COUNT(*) FROM books</submit>")[0].reward == 1.0
 
 
+# Functions a SQLite build may register that no question needs: native pointers
+# (fts3_tokenizer), native code (load_extension), the build's internals, JSON.
+UNLISTED_FUNCTIONS = [
+    "SELECT fts3_tokenizer('simple')",
+    "SELECT load_extension('/tmp/evil.so')",
+    "SELECT sqlite_compileoption_get(0)",
+    "SELECT sqlite_source_id()",
+    "SELECT json_extract('{\"a\": 1}', '$.a')",
+    "SELECT title FROM books WHERE Upper(title) = 'X' OR FTS3_TOKENIZER('simple') IS NULL",
+    "SELECT (SELECT sqlite_version())",
+    "WITH x AS (SELECT load_extension('e')) SELECT * FROM x",
+]
+
+
+@pytest.mark.parametrize("query", UNLISTED_FUNCTIONS)
+def test_functions_outside_the_allow_list_are_refused_by_name(tmp_path, query):
+    db = demo.build_database(tmp_path / "shop.sqlite")
+    result = run_query(db, query, QueryLimits(timeout_s=5))
+    assert not result.ok and result.error.startswith("not allowed: "), result
+    assert "is not a function queries may call here" in result.error
+    refused = result.error[len("not allowed: ") :].split("()")[0]
+    assert refused.lower() in query.lower()
+
+
+def test_the_core_functions_run_and_every_bundled_gold_query_is_allowed(tmp_path):
+    db = demo.build_database(tmp_path / "shop.sqlite")
+    query = (
+        "SELECT count(*), max(price), min(year), avg(price), sum(year), total(price), "
+        "group_concat(title), upper(title), lower(title), length(title), substr(title, 1, 2), "
+        "round(price, 1), abs(-year), coalesce(NULL, 1), ifnull(NULL, 2), nullif(1, 2), "
+        "instr(title, 'a'), replace(title, 'a', 'b'), trim(title), typeof(year), "
+        "strftime('%Y', '2020-01-02'), date('2020-01-02', '+1 day'), julianday('2020-01-02'), "
+        "row_number() OVER (ORDER BY year), title LIKE 'A%', title GLOB 'A*', "
+        "CAST(year AS TEXT), year BETWEEN 1 AND 3000 FROM books GROUP BY genre"
+    )
+    assert run_query(db, query, QueryLimits(timeout_s=5)).ok
+    for _question, gold in demo.QUESTIONS:
+        assert run_query(db, gold, QueryLimits(timeout_s=5)).ok, gold
+
+
 # ---------------------------------------------------------------- the rollout wrapper
 
 

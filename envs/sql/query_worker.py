@@ -8,10 +8,10 @@ millisecond):
 
 1. the file is opened through the URI ``file:...?mode=ro`` (SQLite opens it read-only);
 2. ``PRAGMA query_only=ON`` makes SQLite refuse any statement that would write;
-3. an authorizer allows only reading actions (SELECT, reading a column, calling a function,
-   a recursive CTE), so ATTACH, ``VACUUM INTO``, PRAGMA, transactions and temporary tables
-   are denied before they run; ``VACUUM INTO`` would otherwise write a new file even on a
-   read-only connection;
+3. an authorizer allows only reading actions (SELECT, reading a column, calling one of an
+   allow-list of SQLite's core functions, a recursive CTE), so ATTACH, ``VACUUM INTO``,
+   PRAGMA, transactions, temporary tables and every other function are denied before they
+   run; ``VACUUM INTO`` would otherwise write a new file even on a read-only connection;
 4. a progress handler aborts the query once its deadline has passed (checked between SQLite
    virtual-machine instructions, so one long-running function call can overrun it: the parent
    kills the process at the deadline for that), and ``SQLITE_LIMIT_LENGTH`` caps the size of
@@ -42,6 +42,24 @@ import time
 # Authorizer action codes a reading query needs; everything else is denied.
 _READ_ACTIONS = frozenset(
     {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+)
+# The SQL functions a query may call: SQLite's core scalar, aggregate, date and time, window
+# and math functions, what InterCode-SQL's (Spider's) queries use and more. Every other
+# function is refused by name (e.g. fts3_tokenizer, which hands out and takes native pointers,
+# load_extension, sqlite_compileoption_*), whatever the SQLite build registers.
+_ALLOWED_FUNCTIONS = frozenset(
+    """
+    abs changes char coalesce concat concat_ws format glob hex ifnull iif instr last_insert_rowid
+    length like likelihood likely lower ltrim max min nullif octet_length printf quote random
+    randomblob replace round rtrim sign soundex substr substring total_changes trim typeof
+    unhex unicode unlikely upper zeroblob
+    avg count group_concat string_agg sum total
+    date time datetime julianday strftime unixepoch timediff
+    row_number rank dense_rank percent_rank cume_dist ntile lag lead first_value last_value
+    nth_value
+    acos acosh asin asinh atan atan2 atanh ceil ceiling cos cosh degrees exp floor ln log log10
+    log2 mod pi pow power radians sin sinh sqrt tan tanh trunc
+    """.split()
 )
 # Names of the actions a write attempt is refused for, to tell the agent what was refused.
 _ACTION_NAMES = {
@@ -112,6 +130,11 @@ def _set_limit(conn: sqlite3.Connection, name: str, value: int) -> None:
 
 def _deny_writes(denied: list):
     def authorize(action, arg1, arg2, db_name, trigger):
+        if action == sqlite3.SQLITE_FUNCTION:  # arg2: the function's name
+            if str(arg2).lower() in _ALLOWED_FUNCTIONS:
+                return sqlite3.SQLITE_OK
+            denied.append(f"function {arg2}()")
+            return sqlite3.SQLITE_DENY
         if action in _READ_ACTIONS:
             return sqlite3.SQLITE_OK
         what = _ACTION_NAMES.get(action, f"action {action}")
@@ -164,6 +187,13 @@ def execute(
     except (sqlite3.Error, ValueError) as error:  # ValueError: a NUL or lone surrogate in the text
         if stopped:
             return {"error": timeout_message(timeout_s), "timed_out": True}
+        if denied and denied[0].startswith("function "):
+            return {
+                "error": f"not allowed: {denied[0][len('function ') :]} is not a function "
+                "queries may call here (SQLite's core scalar, aggregate, date, window and math "
+                "functions are)",
+                "timed_out": False,
+            }
         if denied:
             return {
                 "error": "not allowed: the database is read-only and only a reading query "
