@@ -99,6 +99,39 @@ def test_without_out_the_run_goes_to_results_and_its_env(tmp_path, monkeypatch, 
     assert "into results/frozenlake (config: built-in default)" in result.output
 
 
+@pytest.mark.parametrize("problem", ["missing", "empty", "not a Qwen3"])
+def test_a_bad_model_folder_is_one_line_and_the_corrected_rerun_works(
+    tmp_path, monkeypatch, problem
+):
+    """``model.model_dir`` missing, without config.json, or of another architecture: one line
+    naming the field and the folder, exit 2, nothing written; the corrected command then runs
+    in the same results folder (the folder is prepared; the run itself is stubbed)."""
+    import agentrl_jax.reproduce.pipeline as pipeline
+
+    model = tmp_path / "Qwen3-4B"
+    if problem != "missing":
+        model.mkdir()
+    if problem == "not a Qwen3":
+        (model / "config.json").write_text('{"model_type": "llama"}')
+    out = tmp_path / "results"
+    common = ["reproduce", "frozenlake", "--out", str(out), "--set", "warm_start.enabled=false"]
+    result = CliRunner().invoke(app, [*common, "--set", f"model.model_dir={model}"])
+    expected = {
+        "missing": f"model.model_dir: model directory '{model}' does not exist",
+        "empty": f"model.model_dir: {model}/config.json not found: a Hugging Face model "
+        "directory needs config.json",
+        "not a Qwen3": f"model.model_dir: {model}/config.json: unsupported architecture "
+        "(model_type='llama', architectures=[]); only model_type='qwen3' Qwen3ForCausalLM "
+        "(dense Qwen3) is implemented",
+    }[problem]
+    assert _squeezed(expected) in _one_line_error(result)
+    assert not out.exists()
+    monkeypatch.setattr(pipeline.Reproduction, "run", lambda self, until: self.out / "report.md")
+    result = CliRunner().invoke(app, common)  # corrected: the built-in small policy
+    assert result.exit_code == 0, result.output
+    assert (out / "config.yaml").is_file()
+
+
 def test_no_pytorch_advice_from_transformers_when_torch_is_missing():
     """torch hidden from the child: transformers alone prints its advice, the CLI's import not."""
     hide = "import sys; sys.modules['torch'] = None; "

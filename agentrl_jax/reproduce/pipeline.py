@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from agentrl_jax import distributed
 from agentrl_jax.models import load_qwen3
+from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.process_rewards import JudgeScorer, LocalModelJudge
@@ -118,6 +119,22 @@ def check_until(config: ReproduceConfig, until: str | None) -> None:
     names = phase_names(config)
     if until is not None and until not in names:
         raise ReproduceError(f"--until: unknown phase {until!r}; phases: {', '.join(names)}")
+
+
+def check_model_dirs(config: ReproduceConfig) -> None:
+    """Each model folder ``config`` names (``model.model_dir``, ``rl.judge_model_dir``) holds a
+    readable Qwen3 ``config.json``: else one line naming the field and the folder, before the
+    results folder is touched (so the corrected command runs in the same folder)."""
+    for field, folder in (
+        ("model.model_dir", config.model.model_dir),
+        ("rl.judge_model_dir", config.rl.judge_model_dir),
+    ):
+        if folder is None:
+            continue
+        try:
+            Qwen3Config.from_model_dir(folder)
+        except (OSError, ValueError) as error:  # missing, empty, unreadable, not a Qwen3
+            raise ReproduceError(f"{field}: {error}") from None
 
 
 # Seconds per work unit of each kind of phase on this 2-core CPU, fit on the default run of
@@ -630,4 +647,5 @@ def reproduce(
     """Run (or resume) the reproduction of ``config`` in ``out``, up to phase ``until``
     (default: all); returns the report's path."""
     check_until(config, until)  # before the folder is touched
+    check_model_dirs(config)
     return Reproduction(config, out, fresh=fresh, progress=progress).run(until)
