@@ -580,3 +580,28 @@ def test_instructions_leave_the_budget_to_the_rollout(base_env):
     assert "[cd(folder='documents'), ls(a=True)]" in text and "without a call" in text
     assert not any(word in text.lower() for word in ["budget", "remaining", "max turns"])
     assert base_env.t_max == 24 and base_env.name == "bfcl"
+
+
+def test_responses_parse_in_many_threads_at_once():
+    """PythonTextEnv steps rows in worker threads; CPython 3.11's ast.parse is not safe in
+    several at once (gh-106905: "SystemError: AST constructor recursion depth mismatch", the
+    replay tests' rare failure under load). Bare ast.parse of this response from 4 threads
+    failed 3 times in 6000 parses on the project's CPU (2026-12-06); parse_response holds a
+    lock, so it never does (1600 here)."""
+    response = "[" + ", ".join(f"f{i}(a=[1, [2, [3, {{'k': (4, 5)}}]]], b='x')" for i in range(40))
+    response += "]"
+    errors, expected = [], parse_response(response)
+
+    def parse_many():
+        try:
+            for _ in range(400):
+                assert parse_response(response) == expected
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(f"{type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=parse_many) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(expected.calls) == 40

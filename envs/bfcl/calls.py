@@ -99,6 +99,13 @@ class Malformed:
     reason: str
 
 
+# One thread at a time in ast.parse: CPython 3.11's AST constructor counts its recursion depth
+# in state that threads share, so two parses at once (PythonTextEnv's worker threads) can
+# fail with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905); the
+# BFCL replay tests' rare failure under load was this.
+_AST_LOCK = threading.Lock()
+
+
 def parse_response(response: str) -> Calls | NoCall | Malformed:
     """The action of a model response (grammar in the module docstring); never raises."""
     answer = _drop_thinking(response)
@@ -110,7 +117,8 @@ def parse_response(response: str) -> Calls | NoCall | Malformed:
         return NoCall(answer)
     source = answer if answer.startswith("[") else f"[{answer}]"
     try:
-        tree = ast.parse(source, mode="eval").body
+        with _AST_LOCK:
+            tree = ast.parse(source, mode="eval").body
     except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
         return Malformed(f"not a valid Python list of calls ({_error_text(error)})")
     if not isinstance(tree, ast.List):
@@ -131,7 +139,8 @@ def parse_call(source: str) -> Call:
       ValueError: ``source`` is not exactly one call with literal arguments.
     """
     try:
-        node = ast.parse(source.strip(), mode="eval").body
+        with _AST_LOCK:
+            node = ast.parse(source.strip(), mode="eval").body
     except (SyntaxError, ValueError) as error:
         raise ValueError(f"{source!r} is not a call: {_error_text(error)}") from None
     call = _call_of(node)
