@@ -218,7 +218,11 @@ def host_key(key: jax.Array) -> jax.Array:
     device, for programs that run on local devices."""
     if not is_multiprocess():
         return key
-    data = host_value(jax.random.key_data(key))
+    data = jax.random.key_data(key)
+    if data.is_fully_replicated:  # this process's copy, device to device
+        data = data.addressable_data(0)
+    else:
+        data = host_value(data)
     return jax.random.wrap_key_data(
         jax.device_put(data, jax.local_devices()[0]), impl=jax.random.key_impl(key)
     )

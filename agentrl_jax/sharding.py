@@ -62,14 +62,21 @@ KV_CACHE_RULES: tuple[PartitionRule, ...] = (
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Mesh axis sizes; at most one may be -1, meaning "all remaining devices"."""
+    """Mesh axis sizes; at most one may be -1, meaning "all remaining devices".
+
+    ``rollout``: devices of each process that only sample rollouts (the last ones of each
+    process's devices); the axes lay out the training devices, the rest. 0 (the default):
+    rollouts share the training devices (colocated)."""
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+    rollout: int = 0
 
     def __post_init__(self) -> None:
-        sizes = dataclasses.asdict(self)
+        if isinstance(self.rollout, bool) or not isinstance(self.rollout, int) or self.rollout < 0:
+            raise ValueError(f"MeshConfig.rollout must be an int >= 0, got {self.rollout!r}")
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
             if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
                 raise ValueError(f"MeshConfig.{name} must be a positive int or -1, got {size!r}")
@@ -95,11 +102,47 @@ class MeshConfig:
         return sizes  # type: ignore[return-value]
 
 
-def build_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = None) -> Mesh:
-    """A ``("data", "fsdp", "tensor")`` mesh over ``devices`` (default: all global devices)."""
+def training_devices(config: MeshConfig, devices: Sequence[Any] | None = None) -> list[Any]:
+    """``devices`` (default: all global devices) less each process's last ``config.rollout``,
+    which sample rollouts only (:func:`rollout_devices`)."""
     devices = list(jax.devices() if devices is None else devices)
+    if not config.rollout:
+        return devices
+    out = []
+    for process in sorted({d.process_index for d in devices}):
+        own = [d for d in devices if d.process_index == process]
+        if len(own) <= config.rollout:
+            raise ValueError(
+                f"mesh.rollout: {config.rollout} rollout devices leave none of process "
+                f"{process}'s {len(own)} devices to train on"
+            )
+        out += own[: len(own) - config.rollout]
+    return out
+
+
+def rollout_devices(config: MeshConfig) -> list[Any]:
+    """This process's devices that sample rollouts only (the last ``config.rollout`` of its
+    devices; [] when rollouts share the training devices)."""
+    if not config.rollout:
+        return []
+    own = [d for d in jax.devices() if d.process_index == jax.process_index()]
+    return own[len(own) - config.rollout :]
+
+
+def build_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = None) -> Mesh:
+    """A ``("data", "fsdp", "tensor")`` mesh over ``devices`` (default: all global devices
+    but the rollout devices, :func:`training_devices`)."""
+    devices = training_devices(config, devices)
     grid = device_grid(config.resolve(len(devices)), devices)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def training_mesh(config: MeshConfig) -> Mesh | None:
+    """The train state's mesh (:func:`build_mesh` over the training devices), or None where
+    it would be one device."""
+    if config.resolve(len(training_devices(config))) == (1, 1, 1):
+        return None
+    return build_mesh(config)
 
 
 def device_grid(shape: tuple[int, int, int], devices: Sequence[Any]) -> np.ndarray:

@@ -296,14 +296,27 @@ def test_split_after_step_is_pure_and_keeps_non_records():
 # ----------------------------------------------------------------------- exact resume after SIGKILL
 
 STEPS = 4  # N; the killed run is stopped after its N/2 checkpoint
-RUN_CONFIG = TrainConfig(
-    rl=RLConfig(learning_rate=1e-2, steps=STEPS, checkpoint_every=STEPS // 2, checkpoint_keep=2)
-)
 MARKER = "CHECKPOINTED"
 
 
-def _run(mode: str, workdir: Path) -> None:
+def _config(staleness: int) -> TrainConfig:
+    return TrainConfig(
+        rl=RLConfig(
+            learning_rate=1e-2,
+            steps=STEPS,
+            checkpoint_every=STEPS // 2,
+            checkpoint_keep=2,
+            max_staleness=staleness,
+        )
+    )
+
+
+RUN_CONFIG = _config(0)
+
+
+def _run(mode: str, workdir: Path, staleness: int = 0) -> None:
     """Script entry: one training process of the resume test (see the module docstring)."""
+    RUN_CONFIG = _config(staleness)  # noqa: N806 - the module's, with this run's staleness
     model = tiny_model()
     graphdef = nnx.split(model)[0]
     rollout = make_fake_rollout(graphdef, group_size=4)
@@ -315,10 +328,15 @@ def _run(mode: str, workdir: Path) -> None:
         if mode != "straight"
         else None
     )
-    resume_step = None
+    resume_step, pending = None, []
     if mode == "resume":
         restored = checkpointer.restore_latest(state)
         state, resume_step = restored.state, restored.step
+        pending = [
+            dataclasses.replace(p, rng=jnp.asarray(p.rng))
+            for p in checkpointer.restore_pending(restored)
+        ]
+        assert len(pending) == staleness  # the batches sampled ahead of the checkpoint
 
     def on_step(state, metrics):
         if mode == "killed" and int(state.step) == STEPS // 2:
@@ -337,17 +355,18 @@ def _run(mode: str, workdir: Path) -> None:
         logger=logger,
         progress=False,
         on_step=on_step,
+        pending=pending,
     )
     leaves = {f"{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(state))}
     np.savez(workdir / "final.npz", **leaves)
     (workdir / "resumed_from.json").write_text(json.dumps(resume_step))
 
 
-def _spawn(mode: str, workdir: Path) -> subprocess.Popen:
+def _spawn(mode: str, workdir: Path, staleness: int) -> subprocess.Popen:
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return subprocess.Popen(
-        [sys.executable, __file__, mode, str(workdir)],
+        [sys.executable, __file__, mode, str(workdir), str(staleness)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -356,10 +375,13 @@ def _spawn(mode: str, workdir: Path) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1], ids=["synchronous", "max_staleness_1"])
+def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path, staleness):
+    """Asynchronous (``max_staleness`` 1): the checkpoint holds the batch sampled ahead of it,
+    so the resumed run trains on the same batches and ends with the same bits and metrics."""
     # The straight run starts after the kill: it and the resumed run then load the programs the
     # killed run compiled from the test session's compilation cache instead of compiling them too.
-    killed = _spawn("killed", tmp_path / "killed")
+    killed = _spawn("killed", tmp_path / "killed", staleness)
     line = killed.stdout.readline()  # blocks until the N/2 checkpoint is on disk
     assert line.strip() == MARKER, killed.communicate()[1][-3000:]
     killed.send_signal(signal.SIGKILL)
@@ -370,8 +392,8 @@ def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path):
     ]
 
     straight, resumed = (
-        _spawn("straight", tmp_path / "straight"),
-        _spawn("resume", tmp_path / "killed"),
+        _spawn("straight", tmp_path / "straight", staleness),
+        _spawn("resume", tmp_path / "killed", staleness),
     )
     for process in (straight, resumed):
         _, err = process.communicate(timeout=600)
@@ -384,9 +406,20 @@ def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path):
     assert sorted(want.files) == sorted(got.files)
     for name in want.files:  # params, optimizer moments, step, key, data position: every bit
         np.testing.assert_array_equal(_bits(got[name]), _bits(want[name]), err_msg=f"leaf {name}")
-    assert [r["step"] for r in read_metrics(tmp_path / "killed" / "metrics.jsonl")] == list(
-        range(1, STEPS + 1)
+    resumed_metrics = read_metrics(tmp_path / "killed" / "metrics.jsonl")
+    assert [r["step"] for r in resumed_metrics] == list(range(1, STEPS + 1))
+
+    def untimed(records):  # everything but wall-clock times and rates
+        return [
+            {k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("_per_s")}
+            for r in records
+        ]
+
+    assert untimed(resumed_metrics) == untimed(
+        read_metrics(tmp_path / "straight" / "metrics.jsonl")
     )
+    if staleness:
+        assert [r["staleness_max"] for r in resumed_metrics] == [0.0] + [1.0] * (STEPS - 1)
     initial = jax.tree.leaves(init_train_state(tiny_model(), RUN_CONFIG))  # same leaf order
     assert int(want["0"]) == STEPS  # leaf 0 is the step counter
     assert all(
@@ -398,4 +431,4 @@ def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path):
 
 
 if __name__ == "__main__":
-    _run(sys.argv[1], Path(sys.argv[2]))
+    _run(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))

@@ -540,7 +540,10 @@ def _term_output(term: LossTerm, out, loss_mask: jax.Array) -> tuple[jax.Array, 
 
 
 def compute_loss_with_metrics(
-    config: AlgorithmConfig, inputs: LossInputs, target: str = "policy"
+    config: AlgorithmConfig,
+    inputs: LossInputs,
+    target: str = "policy",
+    token_weights: jax.Array | None = None,
 ) -> LossResult:
     """The weighted sum of ``target``'s terms, aggregated once, each term unweighted, and their
     metrics.
@@ -553,6 +556,10 @@ def compute_loss_with_metrics(
     so ``total.total == sum_k coef_k * parts[k].total`` with a shared denominator. All
     three are pytrees of ``LossSum``: sum them over micro-batches (and ``psum`` over
     devices), then ``aggregation.mean`` each.
+
+    ``token_weights`` ``[N, L]`` (no gradient), if given, multiply every term's per-token loss
+    before aggregation (the denominators stay the loss mask's): an importance weight per token,
+    e.g. the trainer's correction of batches sampled by an older policy.
     """
     terms = config.terms_for(target)
     if not terms:
@@ -570,6 +577,8 @@ def compute_loss_with_metrics(
             term, term.fn(inputs, **dict(term_config.params)), inputs.loss_mask
         )
         metrics.update(term_metrics)
+        if token_weights is not None:
+            per_token = per_token * token_weights
         parts[term.name] = aggregate(
             per_token, inputs.loss_mask, config.aggregation, config.aggregation_constant
         )

@@ -60,7 +60,7 @@ from agentrl_jax.reproduce.folder import Phases, ReproduceError, prepare_folder,
 from agentrl_jax.reproduce.policy_init import random_qwen3, save_policy
 from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.reproduce.studies import StudyError
-from agentrl_jax.sharding import build_mesh
+from agentrl_jax.sharding import training_mesh
 from agentrl_jax.train.presets import RunSettings
 from agentrl_jax.train.run import train_policy
 from agentrl_jax.trajectory import Trajectory
@@ -218,10 +218,7 @@ class Reproduction:
         return self.model_dir(BASE) if self.config.warm_start.enabled else self.init_dir
 
     def _mesh(self):
-        mesh = self.config.mesh
-        if mesh.resolve(jax.device_count()) == (1, 1, 1):
-            return None
-        return build_mesh(mesh)
+        return training_mesh(self.config.mesh)
 
     def _dtype(self):
         return {"float32": jax.numpy.float32, "bfloat16": jax.numpy.bfloat16}[

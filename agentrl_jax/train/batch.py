@@ -8,6 +8,9 @@ rejects turns sampled from a history window).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import numpy as np
 from flax import struct
@@ -50,3 +53,17 @@ def check_full_history(trajectory: Trajectory) -> None:
             "conversation as its context, so it needs rollouts with the whole history kept "
             "(history_window=None)"
         )
+
+
+@dataclasses.dataclass
+class Produced:
+    """One rollout batch ready for its update: the :class:`TrainBatch`, what the loop logs of
+    its rollout (``metrics``: R_multi, ..., ``time/rollout_s``, ``time/score_s``), the key
+    and data position after its draws, and ``version``: how many updates the parameters that
+    sampled it had made."""
+
+    batch: TrainBatch
+    metrics: dict[str, float]
+    rng: Any
+    position: int
+    version: int

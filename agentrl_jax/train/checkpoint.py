@@ -5,7 +5,11 @@ A checkpoint ``<directory>/<step>/`` holds two Orbax items:
 * ``state``: the :class:`~agentrl_jax.train.state.TrainState` pytree (policy, reference and
   critic parameters, both optimizer states, step, PRNG key, data position, skip count);
 * ``config``: JSON with the :class:`~agentrl_jax.train.config.TrainConfig` (``to_dict``) and
-  any caller metadata (e.g. the model directory).
+  any caller metadata (e.g. the model directory);
+* ``pending`` (asynchronous runs only, ``rl.max_staleness > 0``): the batches sampled ahead
+  of the saved step (:class:`~agentrl_jax.train.loop.Produced`: trajectory, step scores and
+  key as arrays; their logged metrics, data position and policy version in ``config``'s
+  JSON), so a resumed run trains on exactly the batches the uninterrupted one would have.
 
 :class:`Checkpointer` saves every ``every`` steps (and at the last step), keeps the newest
 ``keep``, and writes asynchronously (Orbax copies the arrays to the host before ``save``
@@ -32,14 +36,17 @@ import json
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from agentrl_jax import distributed
+from agentrl_jax.train.batch import Produced, TrainBatch
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.state import TrainState
+from agentrl_jax.trajectory import Trajectory
 
 CORRUPT_SUFFIX = ".corrupt"
 _TMP_MARKER = ".orbax-checkpoint-tmp"
@@ -95,7 +102,11 @@ class Checkpointer:
             max_to_keep=self.keep, create=True, enable_async_checkpointing=self.async_save
         )
         # Handlers named up front, so a freshly opened manager can read the items' metadata.
-        handlers = {"state": ocp.StandardCheckpointHandler(), "config": ocp.JsonCheckpointHandler()}
+        handlers = {
+            "state": ocp.StandardCheckpointHandler(),
+            "config": ocp.JsonCheckpointHandler(),
+            "pending": ocp.StandardCheckpointHandler(),
+        }
         return ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     def _report_interrupted_saves(self) -> None:
@@ -119,23 +130,43 @@ class Checkpointer:
         return step % self.every == 0 or step == total_steps
 
     def save(
-        self, state: TrainState, config: TrainConfig, metadata: Mapping[str, Any] | None = None
+        self,
+        state: TrainState,
+        config: TrainConfig,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        pending: Sequence[Any] = (),
     ) -> Path:
-        """Saves ``state`` at its step; returns the step's directory.
+        """Saves ``state`` at its step (and an asynchronous run's ``pending`` batches,
+        :class:`~agentrl_jax.train.loop.Produced`); returns the step's directory.
 
         Returns once the arrays are copied to host memory; files are written in the background
         (:meth:`wait` blocks until they are). So the next train step may donate ``state``.
         """
         step = int(state.step)
         payload = {"train_config": config.to_dict(), **dict(metadata or {})}
+        items = {"state": ocp.args.StandardSave(state)}
+        if pending:
+            arrays, payload["pending"] = _pending_arrays(pending)
+            items["pending"] = ocp.args.StandardSave(arrays)
         self._manager.save(
             step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(payload)
-            ),
+            args=ocp.args.Composite(config=ocp.args.JsonSave(payload), **items),
             force=True,
         )
         return self.path(step)
+
+    def restore_pending(self, restored: "Restored") -> list[Any]:
+        """The batches an asynchronous run had sampled ahead of ``restored``'s step (in
+        order; [] if it saved none), each a :class:`~agentrl_jax.train.loop.Produced` with its
+        key on the host (place it where the state's key lies)."""
+        described = restored.config.get("pending") or []
+        if not described:
+            return []
+        arrays = self._manager.restore(
+            restored.step, args=ocp.args.Composite(pending=ocp.args.StandardRestore())
+        ).pending
+        return _pending_batches(arrays, described)
 
     def wait(self) -> None:
         self._manager.wait_until_finished()
@@ -237,6 +268,47 @@ class Checkpointer:
         self._manager.close()
         shutil.move(str(path), str(target))
         self._manager = self._open()
+
+
+def _pending_arrays(pending: Sequence[Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Batches sampled ahead as ``({index: {trajectory, step_scores, rng}}, [JSON of each])``,
+    the arrays on the host (every process holds every batch's rows)."""
+    arrays, described = {}, []
+    for i, produced in enumerate(pending):
+        batch = produced.batch
+        item = {
+            "trajectory": {
+                f.name: np.asarray(getattr(batch.trajectory, f.name))
+                for f in dataclasses.fields(batch.trajectory)
+            },
+            "rng": distributed.host_value(produced.rng),
+        }
+        if batch.step_scores is not None:
+            item["step_scores"] = np.asarray(batch.step_scores)
+        arrays[str(i)] = item
+        described.append(
+            {
+                "metrics": produced.metrics,
+                "position": int(produced.position),
+                "version": int(produced.version),
+            }
+        )
+    return arrays, described
+
+
+def _pending_batches(
+    arrays: Mapping[str, Any], described: Sequence[Mapping[str, Any]]
+) -> list[Produced]:
+    out = []
+    for i, about in enumerate(described):
+        item = arrays[str(i)]
+        batch = TrainBatch(Trajectory.from_arrays(item["trajectory"]), item.get("step_scores"))
+        out.append(
+            Produced(
+                batch, dict(about["metrics"]), item["rng"], int(about["position"]), about["version"]
+            )
+        )
+    return out
 
 
 def _check_restored(state: Any, abstract: Any, config: Any) -> None:

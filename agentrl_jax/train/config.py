@@ -219,6 +219,13 @@ class RLConfig:
     ``blocked``, ``cudnn``, ``splash``, ``auto``), ``logits_chunk`` (positions per chunk of
     the output head, which runs only at sampled positions).
 
+    Asynchronous training (§4): ``max_staleness`` k lets the rollouts of the next k updates be
+    sampled by parameters up to k updates old, so they run while an update trains (0: the
+    synchronous loop; :mod:`agentrl_jax.train.loop`). Batches of an asynchronous run are
+    corrected for the policy that sampled them: each policy term's per-token loss is weighted by
+    the truncated importance weight ``min(pi_old / mu, off_policy_cap)`` (``mu`` the sampler's
+    recorded log-prob), unless a term reads ``sampler_logprobs`` and corrects itself.
+
     Checkpoints every ``checkpoint_every`` updates, the newest ``checkpoint_keep`` kept.
     Live metrics (each run's ``metrics.jsonl`` is the record of truth, always written):
     ``tensorboard`` (``auto``: when ``tensorboardX`` or ``tensorboard`` is installed;
@@ -254,6 +261,8 @@ class RLConfig:
     remat: str | None = None
     attention: str = "xla"
     logits_chunk: int = 512
+    max_staleness: int = 0
+    off_policy_cap: float = 2.0
     checkpoint_every: int = 10
     checkpoint_keep: int = 2
     seed: int = 0
@@ -313,6 +322,8 @@ class RLConfig:
                 "remat": one_of(REMAT_POLICIES, nullable=True),
                 "attention": one_of(ATTENTION_IMPLEMENTATIONS),
                 "logits_chunk": integer(1),
+                "max_staleness": integer(0),
+                "off_policy_cap": positive,
                 "checkpoint_every": integer(1),
                 "checkpoint_keep": integer(1),
                 "seed": integer(0, 2**32 - 1),

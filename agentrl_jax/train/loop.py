@@ -30,15 +30,27 @@ sampling ``dynamic_sampling/{rollout_batches,kept_groups,dropped_groups,filler_r
 (non-finite) update is logged (``update_skipped`` counts them per step, and a line on the progress
 bar) and the run continues.
 
+Asynchronous training (``rl.max_staleness`` k > 0, :func:`_asynchronous`): batch ``j`` is
+sampled by the parameters after ``max(0, j - k)`` updates, so the rollouts of update ``i + k``
+run while update ``i`` trains; a pure function of k, never of timing. Such a step also logs
+``policy_version`` (the sampling parameters' update count), ``staleness_mean`` /
+``staleness_max`` (updates between them and the parameters trained), ``time/idle_s`` (the
+loop waiting for the update after its concurrent rollout ended) and
+``time/rollout_during_update_s``; the train step adds the importance weights of its
+off-policy correction (``off_policy/weight``, ``off_policy/capped``, ``off_policy/weight_max``)
+and the sampler-trainer gap as always.
+
 Everything here is a side effect at the edge; the pure pieces are the rollout, the scorers
 and the train step.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import sys
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +58,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from agentrl_jax.process_rewards import mean_step_score
-from agentrl_jax.train.batch import TrainBatch, check_full_history
+from agentrl_jax.train.batch import Produced, TrainBatch, check_full_history
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.dynamic_sampling import Draw, assemble, packed_rows, varied_groups
@@ -124,14 +136,37 @@ def train(
     logger: MetricsLogger | None = None,
     progress: bool = True,
     on_step: Callable[[TrainState, dict[str, float]], None] | None = None,
+    publish: Callable[[Any], Any] | None = None,
+    pending: Sequence[Produced] = (),
+    events: list[tuple[str, int]] | None = None,
 ) -> TrainState:
     """Trains from ``state.step`` until ``config.rl.steps`` (see the module docstring).
 
     ``on_step(state, metrics)`` runs after each step (after its checkpoint, if any).
+    Asynchronous runs (``rl.max_staleness > 0``): ``publish(params)`` gives the parameters
+    the next rollouts sample with, a copy that outlives the train step's donation of the
+    state (default: a copy on the same devices); ``pending`` are the batches a resumed run's
+    checkpoint held (:meth:`Checkpointer.restore_pending`); ``events``, if given, receives
+    ``("rollout", batch)``, ``("update", step)`` and ``("update_done", step)`` in the order
+    they happen (the overlap, without timing).
     Returns the final state; pending checkpoint writes are finished before returning.
     """
     if process_scorer is None and config.rl.process_reward_coef > 0:
         raise ValueError("train: config.rl.process_reward_coef > 0 needs a process_scorer")
+    produce = functools.partial(
+        produce_batch,
+        rollout=rollout,
+        task_batches=task_batches,
+        config=config,
+        process_scorer=process_scorer,
+        quality_scorer=quality_scorer,
+    )
+    if config.rl.max_staleness == 0:
+        iterations = _synchronous(state, train_step, produce, config)
+    else:
+        iterations = _asynchronous(
+            state, train_step, produce, config, publish or _copy, pending, events
+        )
     bar = tqdm(
         total=config.rl.steps,
         initial=int(state.step),
@@ -140,10 +175,7 @@ def train(
         dynamic_ncols=True,
     )
     try:
-        while int(state.step) < config.rl.steps:
-            state, metrics = _iteration(
-                state, train_step, rollout, task_batches, config, process_scorer, quality_scorer
-            )
+        for state, metrics, queued in iterations:
             step = int(state.step)
             if metrics["update_skipped"]:
                 bar.write(
@@ -155,7 +187,7 @@ def train(
             if logger is not None:
                 logger.log(step, metrics)
             if checkpointer is not None and checkpointer.should_save(step, config.rl.steps):
-                checkpointer.save(state, config, checkpoint_metadata)
+                checkpointer.save(state, config, checkpoint_metadata, pending=queued)
             bar.update(1)
             bar.set_postfix(
                 {k: f"{metrics[k]:.3g}" for k in ("R_multi", "R_single", "loss") if k in metrics}
@@ -169,18 +201,102 @@ def train(
     return state
 
 
-def _iteration(state, train_step, rollout, task_batches, config, process_scorer, quality_scorer):
-    """One step: rollout batches (one, or with DAPO's dynamic sampling up to
-    ``max_rollout_batches``, each with its own key and data position), scores, one train step."""
+def _synchronous(state, train_step, produce, config) -> Iterator[tuple[TrainState, dict, tuple]]:
+    """Each step samples with the parameters it then updates: rollout, then update."""
+    while int(state.step) < config.rl.steps:
+        produced = produce(
+            state.policy, state.rng, int(state.data_position), version=int(state.step)
+        )
+        start = time.perf_counter()
+        state, step_metrics = _apply(state, train_step, produced)
+        yield state, _record(step_metrics, produced, start), ()
+
+
+def _asynchronous(
+    state, train_step, produce, config, publish, pending, events
+) -> Iterator[tuple[TrainState, dict, tuple]]:
+    """Bounded staleness ``k = rl.max_staleness``: batch ``j`` is sampled by the parameters
+    after ``max(0, j - k)`` updates, so while update ``i`` runs (dispatched, not waited for)
+    the loop samples batch ``i + k`` with the parameters update ``i`` starts from. On devices
+    of their own (``mesh.rollout_devices``) the two run at once; on shared devices the
+    rollout's host work (environment steps, tokenising) overlaps the update. The batches
+    sampled ahead (at most ``k``) are the queue a checkpoint saves, so a resumed run trains on
+    exactly what the uninterrupted one would have. Which parameters sample which batch is
+    fixed by ``k`` alone, never by timing: the run is deterministic."""
+    k, steps = config.rl.max_staleness, config.rl.steps
+    queue = collections.deque(pending)
+    cursor = (queue[-1].rng, queue[-1].position) if queue else (state.rng, int(state.data_position))
+
+    def sample(params, version: int) -> None:
+        nonlocal cursor
+        if events is not None:
+            events.append(("rollout", int(state.step) + len(queue)))
+        produced = produce(params, *cursor, version=version)
+        cursor = (produced.rng, produced.position)
+        queue.append(produced)
+
+    step = int(state.step)
+    if len(queue) < min(k, steps - step):  # a fresh run: the first k batches, from the start
+        params = publish(state.policy)
+        while len(queue) < min(k, steps - step):
+            sample(params, step)
+        del params
+    while int(state.step) < steps:
+        i = int(state.step)
+        produced = queue.popleft()
+        params = publish(state.policy) if i + k < steps else None  # before the step donates it
+        start = time.perf_counter()
+        state, step_metrics = _apply(state, train_step, produced, copy_key=True)
+        if events is not None:
+            events.append(("update", i))
+        dispatched = time.perf_counter()
+        if params is not None:
+            sample(params, i)
+            del params
+        rolled = time.perf_counter()
+        metrics = _record(step_metrics, produced, start)  # waits for the update
+        if events is not None:
+            events.append(("update_done", i))
+        staleness = float(i - produced.version)
+        metrics.update(
+            {
+                "policy_version": float(produced.version),
+                "staleness_mean": staleness,  # every row of a batch has one version
+                "staleness_max": staleness,
+                "time/rollout_during_update_s": rolled - dispatched,
+                "time/idle_s": time.perf_counter() - rolled,
+            }
+        )
+        yield state, metrics, tuple(queue)
+
+
+def _copy(params: Any) -> Any:
+    return jax.tree.map(jnp.copy, params)
+
+
+def produce_batch(
+    params: Any,
+    rng: jax.Array,
+    position: int,
+    *,
+    version: int,
+    rollout: Rollout,
+    task_batches: Callable[[int], Any],
+    config: TrainConfig,
+    process_scorer: StepScorer | None,
+    quality_scorer: StepScorer | None,
+) -> Produced:
+    """One update's rollouts sampled by ``params`` (one batch, or with DAPO's dynamic sampling
+    up to ``max_rollout_batches``, each with its own key split off ``rng`` and the next data
+    position from ``position``), scored, with their metrics."""
     algorithm = config.algorithm
-    rng, position = state.rng, int(state.data_position)
     draws, qualities, rolling, scoring = [], [], 0.0, 0.0
     for _ in range(algorithm.max_rollout_batches if algorithm.dynamic_sampling else 1):
         start = time.perf_counter()
         rng, rollout_key = jax.random.split(rng)
         tasks = task_batches(position)
         position += 1
-        trajectory = jax.block_until_ready(rollout(state.policy, rollout_key, tasks))
+        trajectory = jax.block_until_ready(rollout(params, rollout_key, tasks))
         check_full_history(trajectory)
         check_loss_positions(trajectory, config.loss_positions)
         rolled = time.perf_counter()
@@ -215,17 +331,9 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
     else:
         trajectory, step_scores = draws[0].trajectory, draws[0].step_scores
 
-    before_update = time.perf_counter()
-    # the new position goes where the old one was: a step whose inputs change placement recompiles
-    data_position = jax.device_put(np.asarray(position, np.int32), state.data_position.sharding)
-    state = state.replace(rng=rng, data_position=data_position)
-    state, step_metrics = train_step(state, TrainBatch(trajectory, step_scores))
-    metrics = host_metrics(step_metrics)
-    updated = time.perf_counter()
-
     # rollout metrics over every row rolled out in this step (all draws), not only those trained on
     rolled_out, quality = _all_draws(draws, qualities)
-    metrics.update(rollout_metrics(rolled_out, quality))
+    metrics = rollout_metrics(rolled_out, quality)
     metrics.update(extra)
     real_rows = np.asarray(rolled_out.row_mask, bool)
     sampled = float((np.asarray(rolled_out.loss_mask, bool) & real_rows[:, None]).sum())
@@ -234,12 +342,34 @@ def _iteration(state, train_step, rollout, task_batches, config, process_scorer,
     metrics["rollout_turns_per_s"] = played / max(rolling, 1e-9)
     metrics["time/rollout_s"] = rolling
     metrics["time/score_s"] = scoring
-    metrics["time/update_s"] = updated - before_update
+    return Produced(TrainBatch(trajectory, step_scores), metrics, rng, position, version)
+
+
+def _apply(state: TrainState, train_step: TrainStep, produced: Produced, copy_key: bool = False):
+    """Dispatches ``produced``'s update (does not wait for it): the state takes the batch's
+    key (``copy_key``: a copy, where the key lives on as the next rollouts' and the step
+    donates the state) and data position, then the train step."""
+    # the new position goes where the old one was: a step whose inputs change placement recompiles
+    data_position = jax.device_put(
+        np.asarray(produced.position, np.int32), state.data_position.sharding
+    )
+    rng = jnp.copy(produced.rng) if copy_key else produced.rng
+    state = state.replace(rng=rng, data_position=data_position)
+    return train_step(state, produced.batch)
+
+
+def _record(step_metrics: Mapping[str, Any], produced: Produced, start: float) -> dict:
+    """The step's metrics record (waits for the update): the update's, the rollout's, times."""
+    metrics = host_metrics(step_metrics)
+    updated = time.perf_counter()
+    metrics.update(produced.metrics)
+    metrics["time/update_s"] = updated - start
+    trajectory = produced.batch.trajectory
     real_tokens = (
         np.asarray(trajectory.token_mask, bool) & np.asarray(trajectory.row_mask, bool)[:, None]
     )
-    metrics["train_tokens_per_s"] = float(real_tokens.sum()) / max(updated - before_update, 1e-9)
-    return state, metrics
+    metrics["train_tokens_per_s"] = float(real_tokens.sum()) / max(updated - start, 1e-9)
+    return metrics
 
 
 def _all_draws(

@@ -40,6 +40,7 @@ parameters come back as host (NumPy) arrays then.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -52,7 +53,8 @@ import envs
 from agentrl_jax import distributed
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import SamplerPolicy
-from agentrl_jax.sharding import build_mesh
+from agentrl_jax.sampling.weights import sync_weights
+from agentrl_jax.sharding import MeshConfig, build_mesh, rollout_devices, training_mesh
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import Config, train_config
 from agentrl_jax.train.loop import train
@@ -94,26 +96,32 @@ def train_policy(
         env = envs.task_set(config.task, split="train", count=config.task.train_tasks)
     text_env = env.env if isinstance(env, envs.EnvTasks) else env
     if mesh == "config":
-        mesh = (
-            None
-            if config.mesh.resolve(jax.device_count()) == (1, 1, 1)
-            else build_mesh(config.mesh)
-        )
+        mesh = training_mesh(config.mesh)
     vocab = policy.config.vocab_size
     valid = len(tokenizer) if len(tokenizer) < vocab else None
     update = train_config(config, run, valid)
     runner = MultiTurnRollout(text_env, tokenizer, rollout_config(config, run, valid))
     processes = distributed.is_multiprocess()
-    sampler = SamplerPolicy.from_engine(
-        policy, config.engine, mesh=distributed.local_mesh(mesh) if processes else mesh
-    )
+    sampler = rollout_sampler(policy, config, mesh)
     state = place_state(init_train_state(policy, update), mesh)
     # the step donates its input state: train on a copy, so the model keeps its parameters
     state = state.replace(policy=jax.tree.map(jnp.copy, state.policy))
     checkpointer = Checkpointer.from_config(out / "checkpoints", update)
     restored = checkpointer.restore_latest(state, update)
+    pending = []
     if restored is not None:
         state = restored.state
+        pending = [
+            dataclasses.replace(p, rng=_like(p.rng, state.rng))
+            for p in checkpointer.restore_pending(restored)
+        ]
+        if config.rl.max_staleness and not pending and int(state.step) < config.rl.steps:
+            warnings.warn(
+                f"checkpoint {restored.path} holds no batches sampled ahead (written with "
+                f"another rl.max_staleness?): the next {config.rl.max_staleness} are sampled "
+                "afresh by the restored parameters",
+                stacklevel=2,
+            )
     step_fn = make_train_step(
         nnx.graphdef(policy),
         update,
@@ -124,9 +132,20 @@ def train_policy(
     logger = _logger(config, run, out, int(state.step), metadata) if distributed.is_main() else None
     play = runner.for_training(sampler)
 
+    def publish(params):  # the parameters the sampler reads, copied on device
+        return sync_weights(
+            params,
+            sampler.mesh,
+            layout=sampler.generation_layout,
+            device=sampler.device,
+            dtype=policy.dtype,
+        )
+
     def rollout(params, key, tasks):
         if processes:  # the global state's parameters and key, for this process's devices
-            params, key = distributed.host_value(params), distributed.host_key(key)
+            if not all(x.is_fully_addressable for x in jax.tree.leaves(params)):
+                params = publish(params)
+            key = distributed.host_key(key)
         return trim_tokens(play(params, key, tasks))
 
     try:
@@ -143,12 +162,35 @@ def train_policy(
             logger=logger,
             progress=progress,
             on_step=None if on_step is None else (lambda s, m: on_step(int(s.step), m)),
+            publish=publish,
+            pending=pending,
         )
     finally:
         if logger is not None:
             logger.close()
         checkpointer.close()
     return distributed.host_value(state.policy) if processes else state.policy
+
+
+def rollout_sampler(policy: nnx.Module, config: Config, mesh: Any) -> SamplerPolicy:
+    """The rollouts' sampler: on this process's part of the training ``mesh`` (colocated),
+    or on its rollout devices (``mesh.rollout``), rows split over them."""
+    devices = rollout_devices(config.mesh)
+    if devices:
+        if len(devices) == 1:
+            return SamplerPolicy.from_engine(policy, config.engine, device=devices[0])
+        return SamplerPolicy.from_engine(
+            policy, config.engine, mesh=build_mesh(MeshConfig(data=-1), devices)
+        )
+    if distributed.is_multiprocess():
+        mesh = distributed.local_mesh(mesh)
+    return SamplerPolicy.from_engine(policy, config.engine, mesh=mesh)
+
+
+def _like(value: Any, template: jax.Array) -> jax.Array:
+    """Host ``value`` placed as ``template`` is (on every process's devices of its sharding)."""
+    value = np.asarray(value, template.dtype)
+    return jax.make_array_from_callback(value.shape, template.sharding, lambda i: value[i])
 
 
 def rollout_config(

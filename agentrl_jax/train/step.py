@@ -76,6 +76,8 @@ from agentrl_jax.algorithms import (
     aggregation,
     compute_advantages,
     compute_loss_with_metrics,
+    metric_sum,
+    tis_weight,
 )
 from agentrl_jax.models.qwen3 import Constrain
 from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, PartitionRule
@@ -158,6 +160,18 @@ def _records_old_logprobs(config: TrainConfig) -> bool:
     batch they are the policy's own log-probs in that update's forward (``stop_gradient``,
     see :func:`policy_gradients`): the same numbers, without a second forward."""
     return config.updates_per_batch > 1 and "old_logprobs" in step_inputs(config.algorithm).batch
+
+
+def corrects_off_policy(config: TrainConfig) -> bool:
+    """Whether the policy terms' per-token losses are weighted for the policy that sampled the
+    batch (``min(pi_old / mu, rl.off_policy_cap)``, ``mu`` the sampler's recorded log-prob in
+    the trainer's scoring distribution, ``pi_old`` the policy before the batch's first update):
+    an asynchronous run (``rl.max_staleness > 0``, whose batches may come from older parameters)
+    whose policy terms do not read ``sampler_logprobs`` and correct for it themselves."""
+    return (
+        config.rl.max_staleness > 0
+        and "sampler_logprobs" not in step_inputs(config.algorithm).policy
+    )
 
 
 def prepare_batch(
@@ -303,6 +317,7 @@ def policy_gradients(
     live = needs.live("policy")
     batch_fields = needs.policy & needs.batch
     track_gap = first_update is True and "old_logprobs" not in data and "recorded_logprobs" in data
+    off_policy = corrects_off_policy(config)
 
     def loss_fn(params, mb):
         logprobs, entropy = _model_scores(
@@ -321,10 +336,20 @@ def policy_gradients(
                 if name in live
             }
         )
+        weights = None
+        if off_policy:  # proximal policy: the old log-probs, else this forward's own
+            old = fields.get("old_logprobs", jax.lax.stop_gradient(logprobs))
+            weights = tis_weight(old, mb["recorded_logprobs"], config.rl.off_policy_cap)
         result = compute_loss_with_metrics(
-            config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields), "policy"
+            config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields), "policy", weights
         )
         sums, peaks = _term_sums(result), {}
+        if off_policy:
+            sums["off_policy/weight"] = metric_sum(weights, mb["loss_mask"])
+            sums["off_policy/capped"] = metric_sum(
+                (weights >= config.rl.off_policy_cap).astype(jnp.float32), mb["loss_mask"]
+            )
+            peaks["off_policy/weight_max"] = jnp.max(jnp.where(mb["loss_mask"], weights, 0.0))
         if "old_logprobs" in fields:
             sums.update(
                 ratio_sums(jax.lax.stop_gradient(logprobs), fields["old_logprobs"], mb["loss_mask"])

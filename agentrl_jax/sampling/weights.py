@@ -1,0 +1,100 @@
+"""Weight sync: the trainer's parameters, as the sampler reads them, copied device to device.
+
+The sampler decodes from its own copy of the parameters, in its own layout
+(:func:`~agentrl_jax.sharding.generation_params`: the model's compute dtype, laid out for
+decode) and on its own devices: the training devices (colocated, the default) or devices that
+only sample (``mesh.rollout``). :func:`sync_weights` makes that copy without a trip through
+host memory, and never as an alias of its input, so the train step may donate the state it
+came from while the copy samples the next batches (asynchronous training):
+
+* one process: the cast to the compute dtype and one ``device_put`` into the sampler's
+  shardings (a reshard on the same devices, or a copy onto the rollout devices);
+* several processes (the parameters on a mesh spanning them; each process samples on its own
+  devices): one jitted copy, cast, whose output is replicated over the training mesh (XLA's
+  all-gather across processes), then this process's shards as an array on its own devices,
+  then the ``device_put`` as for one process. The replicated intermediate is one copy in the
+  compute dtype per device, what the sampler's decode layout holds anyway.
+
+A test runs it on 2 processes x 4 devices under ``jax.transfer_guard("disallow")``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from agentrl_jax.sharding import (
+    QWEN3_PARAM_RULES,
+    generation_rules,
+    resolve_layout,
+    tree_shardings,
+)
+
+
+def sampler_shardings(params: Any, mesh: Mesh | None, layout: str, device: Any = None) -> Any:
+    """Where the sampler reads each parameter from: a ``NamedSharding`` per leaf on ``mesh``
+    (its generation layout, :func:`~agentrl_jax.sharding.generation_rules`; the training rules
+    for ``layout="training"``), or ``device`` (default: this process's first) without one."""
+    if mesh is None:
+        one = jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
+        return jax.tree.map(lambda _: one, params)
+    rules = QWEN3_PARAM_RULES
+    if resolve_layout(layout, mesh) != "training":
+        rules = generation_rules(rules)
+    return tree_shardings(params, mesh, rules)
+
+
+def sync_weights(
+    params: Any,
+    mesh: Mesh | None = None,
+    *,
+    layout: str = "auto",
+    device: Any = None,
+    dtype: Any = None,
+) -> Any:
+    """A copy of ``params`` (the train state's, anywhere) where the sampler reads them: on
+    ``mesh`` (this process's devices) in ``layout``, or on ``device``; floating leaves cast to
+    ``dtype`` if given. Device to device only (module docstring); never aliases ``params``."""
+    if dtype is not None:
+        params = _cast(params, dtype)
+    leaves = jax.tree.leaves(params)
+    if leaves and not all(getattr(x, "is_fully_addressable", True) for x in leaves):
+        params = _this_process_copy(params)
+    return jax.device_put(params, sampler_shardings(params, mesh, layout, device), may_alias=False)
+
+
+def _cast(params: Any, dtype: Any) -> Any:
+    dtype = jnp.dtype(dtype)
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+    )
+
+
+def _this_process_copy(params: Any) -> Any:
+    """``params`` laid out across processes as whole arrays on this process's devices: an
+    all-gather on device (a jitted copy replicated over the parameters' devices), then this
+    process's shards of it as an array replicated over its own devices."""
+
+    def gather(x):
+        mesh = x.sharding.mesh if isinstance(x.sharding, NamedSharding) else None
+        if mesh is None:
+            raise ValueError(
+                f"sync_weights: a leaf across processes must be on a mesh, got {x.sharding}"
+            )
+        return NamedSharding(mesh, P())
+
+    targets = jax.tree.map(gather, params)
+    replicated = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=targets)(params)
+
+    def local(x):
+        shards = x.addressable_shards
+        devices = np.array([s.device for s in shards])
+        sharding = NamedSharding(Mesh(devices, ("local",)), P())
+        return jax.make_array_from_single_device_arrays(x.shape, sharding, [s.data for s in shards])
+
+    return jax.tree.map(local, replicated)
