@@ -275,3 +275,120 @@ def test_the_batch_crosses_to_the_devices_once_per_update(algorithm):
     with pytest.raises(Exception, match="[Dd]isallowed host-to-device transfer"):
         with jax.transfer_guard_host_to_device("disallow"):  # the guard does catch one
             jnp.asarray(np.ones(3)) + 1
+
+
+# ----------------------------------------------------------------------- asynchronous training
+
+
+def _fingerprint(params) -> float:
+    """A number that changes with every update of the parameters."""
+    import jax
+
+    return float(sum(np.asarray(x, np.float64).sum() for x in jax.tree.leaves(params)))
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_bounded_staleness_samples_batch_j_with_the_parameters_of_update_j_minus_k(staleness):
+    """``max_staleness`` k: batch j is sampled by the parameters after max(0, j - k) updates,
+    which the metrics report (``policy_version``, ``staleness_*``), and the order of events
+    shows each rollout sampled after its update was dispatched and before that update's results
+    were waited for (the overlap, without timing)."""
+    steps = 5
+    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=steps, max_staleness=staleness))
+    state, step, fake = _setup(config)
+    sampled_with, after_update, records, events = [], [_fingerprint(state.policy)], [], []
+
+    def rollout(params, key, tasks):
+        sampled_with.append(_fingerprint(params))
+        return fake(params, key, tasks)
+
+    def on_step(state, metrics):
+        after_update.append(_fingerprint(state.policy))
+        records.append(metrics)
+
+    train(
+        state,
+        step,
+        rollout,
+        task_batches(NUM_TASKS, 2),
+        config,
+        progress=False,
+        on_step=on_step,
+        events=events,
+    )
+    versions = [max(0, j - staleness) for j in range(steps)]
+    assert sampled_with == [after_update[v] for v in versions]
+    assert len(set(after_update)) == steps + 1  # every update changed the parameters
+    assert [r["policy_version"] for r in records] == versions
+    assert [r["staleness_max"] for r in records] == [min(j, staleness) for j in range(steps)]
+    assert [r["staleness_mean"] for r in records] == [min(j, staleness) for j in range(steps)]
+    first = [("rollout", j) for j in range(staleness)]
+    overlapped = []
+    for i in range(steps):
+        overlapped.append(("update", i))
+        if i + staleness < steps:
+            overlapped.append(("rollout", i + staleness))
+        overlapped.append(("update_done", i))
+    assert events == first + overlapped
+    for r in records:  # the off-policy correction's weights, the gap, the loop's times
+        assert 0 < r["off_policy/weight"] <= 2.0 and 0 <= r["off_policy/capped"] <= 1
+        assert r["off_policy/weight_max"] <= 2.0
+        assert "sampler_gap_mean" in r and r["time/idle_s"] >= 0
+    assert records[0]["off_policy/weight"] == pytest.approx(1.0, abs=1e-4)  # on-policy
+
+
+def test_max_staleness_0_is_the_synchronous_loop():
+    """The default (0) runs the synchronous loop: every batch sampled by the parameters it
+    updates, no asynchronous metrics, no off-policy weights."""
+    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=3))
+    state, step, fake = _setup(config)
+    sampled_with, after_update, records = [], [_fingerprint(state.policy)], []
+
+    def rollout(params, key, tasks):
+        sampled_with.append(_fingerprint(params))
+        return fake(params, key, tasks)
+
+    def on_step(state, metrics):
+        after_update.append(_fingerprint(state.policy))
+        records.append(metrics)
+
+    train(state, step, rollout, task_batches(NUM_TASKS, 2), config, progress=False, on_step=on_step)
+    assert sampled_with == after_update[:3]
+    assert not any(k.startswith("off_policy/") or "staleness" in k for k in records[0])
+
+
+def test_off_policy_weights_are_the_truncated_ratio_to_the_sampler():
+    """The correction by hand: a batch whose recorded log-probs are those of other parameters
+    gets per-token weights min(exp(own - recorded), cap), their token mean logged; the loss is
+    the weighted one (the unweighted loss of the same batch differs)."""
+    import jax
+
+    from agentrl_jax.train.step import policy_gradients, prepare_batch
+    from agentrl_jax.trajectory import Trajectory  # noqa: F401
+
+    cap = 1.5
+    config = TrainConfig(rl=RLConfig(max_staleness=1, off_policy_cap=cap))
+    model = tiny_model()
+    graphdef = nnx.split(model)[0]
+    state = init_train_state(model, config)
+    fake = make_fake_rollout(graphdef, group_size=GROUP)
+    stale = jax.tree.map(lambda x: x * 1.3, state.policy)  # other parameters sampled it
+    trajectory = fake(stale, jax.random.PRNGKey(3), jnp.arange(2))
+    from agentrl_jax.train.batch import TrainBatch
+
+    data, _ = prepare_batch(graphdef, config, state, TrainBatch(trajectory))
+    _, metrics = policy_gradients(graphdef, config, state.policy, data, first_update=True)
+    sync = TrainConfig(rl=RLConfig(max_staleness=0))
+    _, plain = policy_gradients(graphdef, sync, state.policy, data, first_update=True)
+    # own log-probs at the current parameters, teacher-forced
+    from agentrl_jax.train.step import _model_scores
+
+    own = _model_scores(graphdef, config, state.policy, data, None)[0]
+    mask = np.asarray(data["loss_mask"], bool)
+    ratio = np.exp(np.asarray(own, np.float64) - np.asarray(trajectory.logprobs, np.float64))
+    weights = np.minimum(ratio, cap)[mask]
+    assert float(metrics["off_policy/weight"]) == pytest.approx(weights.mean(), rel=1e-4)
+    assert float(metrics["off_policy/capped"]) == pytest.approx((weights >= cap).mean(), abs=1e-6)
+    assert float(metrics["off_policy/weight_max"]) == pytest.approx(weights.max(), rel=1e-4)
+    assert weights.min() < 0.9 and weights.max() == pytest.approx(cap)  # it does weigh
+    assert float(metrics["loss"]) != pytest.approx(float(plain["loss"]), rel=1e-3)
