@@ -165,3 +165,27 @@ def bench_rollout(
         ),
         json_out,
     )
+
+
+@app.command("rl-loop")
+def bench_rl_loop(
+    json_out: bool = JSON_OPT,
+    staleness: list[int] = typer.Option([1, 2], help="max_staleness settings against 0."),
+    steps: int = typer.Option(8, help="Updates per setting."),
+    warmup: int = typer.Option(2, help="Updates not timed (compilation)."),
+    step_ms: float = typer.Option(
+        20.0, help="Milliseconds per live row of each environment step (8 workers)."
+    ),
+    split: bool = typer.Option(
+        True,
+        help="Rollouts on a device of their own (mesh.rollout: 1; on a CPU, two host devices).",
+    ),
+) -> None:
+    """The default FrozenLake RL loop: asynchronous (max_staleness 1, 2) vs synchronous
+    turns/s and updates/s, with slow environment steps; each setting in a fresh process."""
+    from agentrl_jax.bench import rl_loop
+
+    emit(
+        rl_loop.run(staleness, steps=steps, warmup=warmup, step_ms=step_ms, split=split),
+        json_out,
+    )

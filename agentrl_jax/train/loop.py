@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from agentrl_jax import distributed
 from agentrl_jax.process_rewards import mean_step_score
 from agentrl_jax.train.batch import Produced, TrainBatch, check_full_history
 from agentrl_jax.train.checkpoint import Checkpointer
@@ -227,11 +228,22 @@ def _asynchronous(
     queue = collections.deque(pending)
     cursor = (queue[-1].rng, queue[-1].position) if queue else (state.rng, int(state.data_position))
 
+    sampled = int(state.step) + len(queue)  # batches sampled so far (never read off the
+    # state in flight: that would wait for its update)
+
     def sample(params, version: int) -> None:
-        nonlocal cursor
+        nonlocal cursor, sampled
         if events is not None:
-            events.append(("rollout", int(state.step) + len(queue)))
-        produced = produce(params, *cursor, version=version)
+            events.append(("rollout", sampled))
+        sampled += 1
+        # the keys split where the rollout samples: on the training devices a split would
+        # wait for the update in flight there
+        where = _devices_of(params)
+        rng = jax.device_put(cursor[0], where)
+        # and so does the rest of its work (an environment in JAX, a scorer): on the default
+        # device it would queue behind the update there
+        with jax.default_device(min(where.device_set, key=lambda d: d.id)):
+            produced = produce(params, rng, cursor[1], version=version)
         cursor = (produced.rng, produced.position)
         queue.append(produced)
 
@@ -272,6 +284,22 @@ def _asynchronous(
 
 def _copy(params: Any) -> Any:
     return jax.tree.map(jnp.copy, params)
+
+
+def _devices_of(params: Any) -> jax.sharding.Sharding:
+    """A sharding replicated over the devices ``params`` lie on."""
+    sharding = jax.tree.leaves(params)[0].sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return jax.sharding.SingleDeviceSharding(min(sharding.device_set, key=lambda d: d.id))
+
+
+def _key_like(key: jax.Array, template: jax.Array) -> jax.Array:
+    """``key`` (on the rollout's devices) as a copy laid out as ``template`` (the state's)."""
+    if template.sharding.is_fully_addressable:
+        return jax.device_put(key, template.sharding, may_alias=False)
+    value = distributed.host_value(key)  # 8 bytes through the host, once per update
+    return jax.make_array_from_callback(value.shape, template.sharding, lambda i: value[i])
 
 
 def produce_batch(
@@ -353,7 +381,7 @@ def _apply(state: TrainState, train_step: TrainStep, produced: Produced, copy_ke
     data_position = jax.device_put(
         np.asarray(produced.position, np.int32), state.data_position.sharding
     )
-    rng = jnp.copy(produced.rng) if copy_key else produced.rng
+    rng = _key_like(produced.rng, state.rng) if copy_key else produced.rng
     state = state.replace(rng=rng, data_position=data_position)
     return train_step(state, produced.batch)
 

@@ -79,11 +79,13 @@ def train_policy(
     mesh: Any = "config",
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     progress: bool = False,
+    events: list[tuple[str, int]] | None = None,
 ) -> Any:
     """Train ``policy`` on ``env`` with ``algorithm`` under ``config`` into ``out`` (module
     docstring); returns the final policy parameters. ``mesh``: the devices of the train
     state (default: ``config.mesh``'s; None: one device), on which ``policy``'s parameters
-    may already lie. ``on_step(step, metrics)`` runs after every update."""
+    may already lie. ``on_step(step, metrics)`` runs after every update; ``events``, if
+    given, receives the asynchronous loop's order of events (:func:`~agentrl_jax.train.train`)."""
     if not isinstance(config, Config):
         raise TypeError(f"config: must be a Config, got {type(config).__name__}")
     run = (
@@ -164,6 +166,7 @@ def train_policy(
             on_step=None if on_step is None else (lambda s, m: on_step(int(s.step), m)),
             publish=publish,
             pending=pending,
+            events=events,
         )
     finally:
         if logger is not None:
