@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("mode", choices=("train", "die"))
+    parser.add_argument("mode", choices=("train", "die", "sync"))
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--coordinator")
     parser.add_argument("--num-processes", type=int)
@@ -63,8 +63,10 @@ def main() -> None:
     state = init_train_state(model, GRPO)
     state = state.replace(reference=_perturbed(state.reference, 7))
     state = shard_state(jax.tree.map(np.asarray, state), mesh)  # host values, same everywhere
-    step = make_train_step(graphdef, GRPO, mesh=mesh, state_template=state)
     out = Path(args.out)
+    if args.mode == "sync":
+        return weight_sync(state, mesh, out)
+    step = make_train_step(graphdef, GRPO, mesh=mesh, state_template=state)
     with Checkpointer(out / "checkpoints", every=1, keep=2, async_save=False) as saver:
         restored = saver.restore_latest(state, GRPO)  # every process restores its shards
         first = 0 if restored is None else restored.step
@@ -99,6 +101,58 @@ def main() -> None:
     if distributed.is_main():
         np.savez(out / "params.npz", *jax.tree.leaves(params))
     print(f"process {jax.process_index()} done", flush=True)
+
+
+def weight_sync(state, mesh, out: Path) -> None:
+    """The policy (global, on the 2 x 2 x 2 mesh) to this process's sampler layouts under
+    transfer guards that refuse any copy to or from the host, implicit or explicit; then, the
+    guards lifted, the values checked against the gathered ones."""
+    import contextlib
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from agentrl_jax import distributed
+    from agentrl_jax.sampling.weights import sampler_shardings, sync_weights
+
+    local = distributed.local_mesh(mesh)
+    assert local is not None and set(local.devices.flat) == set(jax.local_devices())
+    results = {}
+    no_host = contextlib.ExitStack()  # explicit transfers refused too (np.asarray, device_get)
+    no_host.enter_context(jax.transfer_guard_device_to_host("disallow_explicit"))
+    no_host.enter_context(jax.transfer_guard_host_to_device("disallow_explicit"))
+    with no_host:
+        for layout, dtype in (("replicated", jnp.bfloat16), ("training", None)):
+            results[layout] = jax.block_until_ready(
+                sync_weights(state.policy, local, layout=layout, dtype=dtype)
+            )
+        one = jax.block_until_ready(sync_weights(state.policy, None, device=jax.local_devices()[1]))
+        key = jax.block_until_ready(distributed.host_key(state.rng))
+        try:  # the guards do refuse the host's path (the sampler placing host parameters,
+            # as it did with the gathered NumPy arrays before the sync moved on device; on a
+            # CPU reading a device array into NumPy is no transfer, so this side is checked)
+            jax.device_put(np.ones((4, 4), np.float32), jax.local_devices()[0])
+        except Exception as error:  # noqa: BLE001 - jax raises a plain exception type
+            assert "Disallowed host-to-device transfer" in str(error), error
+        else:
+            raise AssertionError("the transfer guard let a copy from the host pass")
+    whole = distributed.host_value(state.policy)
+    for layout, dtype in (("replicated", jnp.bfloat16), ("training", None)):
+        got, want = results[layout], sampler_shardings(whole, local, layout)
+        for x, sharding, value in zip(
+            jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(whole)
+        ):
+            assert x.is_fully_addressable and x.sharding == sharding, (x.sharding, sharding)
+            expected = value.astype(dtype) if dtype is not None else value
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(expected))
+    for x, value in zip(jax.tree.leaves(one), jax.tree.leaves(whole)):
+        assert x.sharding.device_set == {jax.local_devices()[1]}
+        np.testing.assert_array_equal(np.asarray(x), value)
+    np.testing.assert_array_equal(
+        np.asarray(jax.random.key_data(key)), distributed.host_value(state.rng)
+    )
+    print(f"process {jax.process_index()} synced on device", flush=True)
 
 
 if __name__ == "__main__":

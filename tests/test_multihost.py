@@ -46,6 +46,19 @@ def test_two_processes_train_to_the_parameters_of_one(tmp_path):
     ]
 
 
+def test_weights_sync_to_each_process_devices_without_the_host(tmp_path):
+    """The weight sync of asynchronous training on 2 processes x 4 devices: the global policy
+    to each process's sampler layouts (decode-replicated in bfloat16, the training layout, one
+    device) and the key, all under ``jax.transfer_guard_device_to_host`` and ``_host_to_device``
+    at ``"disallow_explicit"`` (no copy through the host in either direction, explicit or
+    implicit; the worker checks the guards refuse the gather the loop used before); the values
+    equal the gathered parameters."""
+    pair = launch(WORKER, [str(tmp_path / "out"), "sync"], processes=2, devices=4)
+    for i, p in enumerate(pair):
+        assert p.code == 0, f"process {i}:\n{p.output[-3000:]}"
+        assert f"process {i} synced on device" in p.output
+
+
 @pytest.mark.slow
 def test_a_dead_process_ends_the_others_with_an_error(tmp_path):
     """Process 1 exits abruptly after the first update; process 0 must fail within the

@@ -7,12 +7,13 @@ only sample (``mesh.rollout``). :func:`sync_weights` makes that copy without a t
 host memory, and never as an alias of its input, so the train step may donate the state it
 came from while the copy samples the next batches (asynchronous training):
 
-* one process: the cast to the compute dtype and one ``device_put`` into the sampler's
-  shardings (a reshard on the same devices, or a copy onto the rollout devices);
+* one process: the cast to the compute dtype and one jitted copy into the sampler's
+  shardings on the same devices; onto rollout devices of their own, each parameter whole on
+  one training device, copied from there to each rollout device, laid out there;
 * several processes (the parameters on a mesh spanning them; each process samples on its own
   devices): one jitted copy, cast, whose output is replicated over the training mesh (XLA's
   all-gather across processes), then this process's shards as an array on its own devices,
-  then the ``device_put`` as for one process. The replicated intermediate is one copy in the
+  then as for one process. The replicated intermediate is one copy in the
   compute dtype per device, what the sampler's decode layout holds anyway.
 
 A test runs it on 2 processes x 4 devices under ``jax.transfer_guard("disallow")``.
@@ -20,6 +21,7 @@ A test runs it on 2 processes x 4 devices under ``jax.transfer_guard("disallow")
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -63,9 +65,56 @@ def sync_weights(
     if dtype is not None:
         params = _cast(params, dtype)
     leaves = jax.tree.leaves(params)
-    if leaves and not all(getattr(x, "is_fully_addressable", True) for x in leaves):
+    if leaves and not all(x.is_fully_addressable for x in leaves):
         params = _this_process_copy(params)
-    return jax.device_put(params, sampler_shardings(params, mesh, layout, device), may_alias=False)
+    targets = sampler_shardings(params, mesh, layout, device)
+    if all(
+        x.sharding.device_set == t.device_set
+        for x, t in zip(jax.tree.leaves(params), jax.tree.leaves(targets))
+    ):  # a reshard on the same devices: one jitted copy (device_put might go via the host)
+        treedef = jax.tree.structure(params)
+        return _copier(treedef, tuple(jax.tree.leaves(targets)))(params)
+    return _onto_other_devices(params, targets)
+
+
+@functools.lru_cache(maxsize=16)
+def _copier(treedef: Any, targets: tuple[Any, ...]) -> Any:
+    """A jitted copy of a ``treedef`` tree into ``targets`` (cached: once per layout)."""
+    return jax.jit(
+        lambda tree: jax.tree.map(jnp.copy, tree),
+        out_shardings=jax.tree.unflatten(treedef, targets),
+    )
+
+
+def _onto_other_devices(params: Any, targets: Any) -> Any:
+    """``params`` copied onto the devices of ``targets`` (the rollout devices of a split
+    mesh), device to device: each leaf whole on one of its devices (a jitted all-gather where
+    it is split), copied from there to every target device (``device_put`` between two single
+    devices, which never goes through the host, unlike one between two meshes), assembled as
+    an array replicated over them, then laid out by one jitted copy there."""
+
+    def replicated(x):
+        if isinstance(x.sharding, NamedSharding) and not x.is_fully_replicated:
+            return NamedSharding(x.sharding.mesh, P())
+        return x.sharding
+
+    whole = [replicated(x) for x in jax.tree.leaves(params)]
+    if any(s != x.sharding for s, x in zip(whole, jax.tree.leaves(params))):
+        params = _copier(jax.tree.structure(params), tuple(whole))(params)
+
+    def spread(x, target):
+        one = x.addressable_data(0) if len(x.sharding.device_set) > 1 else x
+        devices = sorted(target.device_set, key=lambda d: d.id)
+        copies = [jax.device_put(one, d, may_alias=False) for d in devices]
+        if len(devices) == 1:
+            return copies[0]
+        sharding = NamedSharding(Mesh(np.array(devices), ("local",)), P())
+        return jax.make_array_from_single_device_arrays(x.shape, sharding, copies)
+
+    spread_out = jax.tree.map(spread, params, targets)
+    if all(x.sharding == t for x, t in zip(jax.tree.leaves(spread_out), jax.tree.leaves(targets))):
+        return spread_out
+    return _copier(jax.tree.structure(params), tuple(jax.tree.leaves(targets)))(spread_out)
 
 
 def _cast(params: Any, dtype: Any) -> Any:
