@@ -142,3 +142,29 @@ def test_two_processes_reproduce_what_one_does(runs, full_scale):
     for run in ("grpo", "budgetmix") if full_scale else ("grpo",):
         records = (two / "runs" / run / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(r)["step"] for r in records] == [1, 2]
+
+
+def test_asynchronous_training_in_two_processes_is_that_of_one(tmp_path):
+    """``rl.max_staleness: 1`` (the rollout of update i + 1 sampled while update i trains, by
+    the parameters it starts from) on 2 processes x 1 device against 1 x 2: the same trained
+    policy and the same metrics, staleness 1 after the first update."""
+    until = ["--until", "train:grpo", "--set", "rl.runs=[grpo]", "--set", "rl.max_staleness=1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    _reproduce(one, 1, 2, until)
+    _reproduce(two, 2, 1, until)
+    a, b = _weights(one / "models" / "grpo"), _weights(two / "models" / "grpo")
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], atol=1e-6, rtol=1e-6, err_msg=name)
+
+    def untimed(folder):
+        records = [json.loads(r) for r in (folder / "runs/grpo/metrics.jsonl").open()]
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+    got, want = untimed(two), untimed(one)
+    assert [r["staleness_max"] for r in got] == [0.0, 1.0]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for key in g:
+            if not key.endswith("_per_s"):
+                assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6), key

@@ -239,7 +239,10 @@ def _asynchronous(
         # the keys split where the rollout samples: on the training devices a split would
         # wait for the update in flight there
         where = _devices_of(params)
-        rng = jax.device_put(cursor[0], where)
+        rng = cursor[0]
+        if not rng.is_fully_addressable:  # the global state's key: this process's replica
+            rng = rng.addressable_data(0)
+        rng = jax.device_put(rng, where)
         # and so does the rest of its work (an environment in JAX, a scorer): on the default
         # device it would queue behind the update there
         with jax.default_device(min(where.device_set, key=lambda d: d.id)):
