@@ -1,6 +1,8 @@
 """Will a config fit? Compile every program it runs for a target's devices, without the target.
 
-``plan(config, target)`` builds the config's mesh over the target's devices, makes the model
+``plan(config, target)`` builds the config's mesh over the target's devices (with
+``mesh.rollout``, the training mesh over the others, and the rollout programs on a mesh of
+the rollout devices), makes the model
 and the train state as abstract arrays (``jax.ShapeDtypeStruct`` with their final shardings:
 no weights are read or allocated), lowers and compiles each program the run executes, and
 reads the compiler's per-device memory analysis:
@@ -13,6 +15,9 @@ reads the compiler's per-device memory analysis:
                         ``engine.kv_page_size`` on the paged cache (a pool for every row in
                         flight at ``task.max_context``), and with ``rl.refill`` also
                         ``rollout:append_rows`` (seating new rows);
+* ``sync:weights``      the weight sync on the training devices (the policy cast to the compute
+                        dtype and laid out for the sampler, or gathered to be copied onto
+                        rollout devices of their own);
 * ``eval:append``, ``eval:decode``   the evaluation sampler's;
 * ``eval:likelihood``   the teacher-forced forward of the likelihood analysis (§7.4) at
                         ``eval.likelihood_rows_per_batch`` rows of ``eval.max_context`` tokens.
@@ -55,11 +60,13 @@ from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.sampling import Paging, SamplingConfig
 from agentrl_jax.sampling.jitted import Sampler
 from agentrl_jax.sampling.sampler import init_state
+from agentrl_jax.sampling.weights import sampler_shardings
 from agentrl_jax.sharding import (
     BATCH_AXES,
     QWEN3_PARAM_RULES,
     batch_shards,
     build_mesh,
+    data_mesh,
     describe_mesh,
     generation_rules,
     resolve_layout,
@@ -355,6 +362,35 @@ def plan_train_step(
     return analyse(name, compiled, memory_bytes, headroom, conservative)
 
 
+def plan_weight_sync(
+    name: str,
+    model: nnx.Module,
+    mesh,
+    rollout_mesh,
+    *,
+    layout: str,
+    memory_bytes: float,
+    headroom: float,
+    conservative: bool = False,
+) -> ProgramPlan:
+    """Compile the weight sync's program on the training devices
+    (:func:`~agentrl_jax.sampling.weights.sync_weights`): the policy, in its training layout
+    and float32, cast to the compute dtype and laid out as the sampler reads it (colocated), or
+    gathered whole on every training device to be copied onto rollout devices of their own
+    (``rollout_mesh`` another mesh); across processes the same gather."""
+    params = nnx.state(model)
+    source = _abstract(params, tree_shardings(params, mesh, QWEN3_PARAM_RULES))
+    cast = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, model.dtype), params)
+    if rollout_mesh is mesh:
+        targets = sampler_shardings(cast, mesh, layout)
+    else:
+        targets = jax.tree.map(lambda _: NamedSharding(mesh, P()), cast)
+    copy = jax.jit(
+        lambda tree: jax.tree.map(lambda x: x.astype(model.dtype), tree), out_shardings=targets
+    )
+    return analyse(name, copy.lower(source).compile(), memory_bytes, headroom, conservative)
+
+
 def plan_sampler(
     prefix: str,
     model: nnx.Module,
@@ -485,6 +521,10 @@ def plan(
     dtype = jnp.dtype(config.model.dtype)
     model = abstract_qwen3(model_cfg, dtype=dtype, param_dtype=jnp.float32)
     mesh = build_mesh(config.mesh, target.devices)
+    trained = set(mesh.devices.flat)
+    rollout_mesh = (  # mesh.rollout: the rollout devices of every process, rows split over them
+        data_mesh([d for d in target.devices if d not in trained]) if config.mesh.rollout else mesh
+    )
     rl, task = config.rl, config.task
     rows = rl.tasks_per_step * rl.group_size
     wanted = lambda name: programs is None or any(name.startswith(p) for p in programs)
@@ -513,10 +553,23 @@ def plan(
     rollout_rows = rl.max_rows_per_call or rows
     engine = config.engine
     cache_dtype = jnp.dtype(engine.kv_cache_dtype or config.model.dtype)
+    if wanted("sync:weights"):
+        results.append(
+            plan_weight_sync(
+                "sync:weights",
+                model,
+                mesh,
+                rollout_mesh,
+                layout=engine.generation_layout,
+                memory_bytes=target.memory_bytes,
+                headroom=headroom,
+                conservative=target.conservative,
+            )
+        )
     results += plan_sampler(
         "rollout",
         model,
-        mesh,
+        rollout_mesh,
         rows=rollout_rows,
         max_len=task.max_context,
         max_new_tokens=task.max_response_tokens,
@@ -573,6 +626,7 @@ def plan(
         "estimate": target.estimate,
         "stand_in": ("cpu" if target.conservative else "tpu") if target.estimate else None,
         "mesh": describe_mesh(mesh),
+        "rollout_mesh": describe_mesh(rollout_mesh) if config.mesh.rollout else "the training mesh",
         "device_memory_bytes": target.memory_bytes,
         "headroom": headroom,
         "model": {

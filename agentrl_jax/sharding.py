@@ -145,6 +145,17 @@ def training_mesh(config: MeshConfig) -> Mesh | None:
     return build_mesh(config)
 
 
+def data_mesh(devices: Sequence[Any]) -> Mesh:
+    """A mesh of ``devices`` along ``data`` only (rows split, parameters replicated): the
+    rollout devices of a split mesh. Laid out by :func:`build_mesh` where its device layout
+    takes them, else in the given order (a holey set of TPU chips)."""
+    try:
+        return build_mesh(MeshConfig(data=-1), devices)
+    except (AssertionError, ValueError):
+        grid = np.array(list(devices), dtype=object).reshape(len(devices), 1, 1)
+        return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
 def device_grid(shape: tuple[int, int, int], devices: Sequence[Any]) -> np.ndarray:
     """``devices`` as an array of ``shape`` = (data, fsdp, tensor), laid out as the module says."""
     if devices[0].platform == "tpu":

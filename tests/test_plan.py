@@ -31,6 +31,7 @@ CI = [
 ]
 PROGRAMS = {
     "train:grpo",
+    "sync:weights",
     "rollout:init",
     "rollout:append",
     "rollout:decode",
@@ -91,6 +92,24 @@ def test_plan_on_eight_estimated_gpus_compiles_every_program():
         assert 0 < p["peak"] < 80 * GIB * 0.85 and p["fits"] and p["largest"], p
     train = next(p for p in report["programs"] if p["name"] == "train:grpo")
     assert train["aliased"] > 0  # the state is donated
+
+
+def test_plan_with_rollout_devices_of_their_own_plans_both_groups():
+    """``mesh.rollout: 4`` of 8 devices: the train step on a 4-device mesh, the rollout's
+    programs on the other 4 (rows split over them), the weight sync gathering the policy whole
+    on the training devices."""
+    split = ("--set", "mesh.fsdp=4", "--set", "mesh.rollout=4")
+    programs = ("--program", "train", "--program", "sync", "--program", "rollout")
+    code, report = _plan("--gpus", "8", "--gpu-memory-gib", "80", *split, *programs)
+    assert code == 0 and report["fits"], report
+    assert report["mesh"].startswith("data=1 fsdp=4 tensor=1")
+    assert report["rollout_mesh"].startswith("data=4 fsdp=1 tensor=1")
+    names = {p["name"] for p in report["programs"]}
+    assert names == {n for n in PROGRAMS if n.split(":")[0] in ("train", "sync", "rollout")}
+    sync = next(p for p in report["programs"] if p["name"] == "sync:weights")
+    # the policy split 4 ways over fsdp in, whole on each device out (the CI model computes
+    # in float32, so no cast halves it)
+    assert sync["outputs"] == pytest.approx(4 * sync["arguments"], rel=0.05), sync
 
 
 def test_plan_reports_a_program_that_does_not_fit():

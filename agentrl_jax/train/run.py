@@ -54,7 +54,7 @@ from agentrl_jax import distributed
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import SamplerPolicy
 from agentrl_jax.sampling.weights import sync_weights
-from agentrl_jax.sharding import MeshConfig, build_mesh, rollout_devices, training_mesh
+from agentrl_jax.sharding import data_mesh, rollout_devices, training_mesh
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import Config, train_config
 from agentrl_jax.train.loop import train
@@ -182,9 +182,7 @@ def rollout_sampler(policy: nnx.Module, config: Config, mesh: Any) -> SamplerPol
     if devices:
         if len(devices) == 1:
             return SamplerPolicy.from_engine(policy, config.engine, device=devices[0])
-        return SamplerPolicy.from_engine(
-            policy, config.engine, mesh=build_mesh(MeshConfig(data=-1), devices)
-        )
+        return SamplerPolicy.from_engine(policy, config.engine, mesh=data_mesh(devices))
     if distributed.is_multiprocess():
         mesh = distributed.local_mesh(mesh)
     return SamplerPolicy.from_engine(policy, config.engine, mesh=mesh)
