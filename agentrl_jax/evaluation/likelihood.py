@@ -37,6 +37,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from agentrl_jax import distributed
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.sampling import TokenMap
 from agentrl_jax.sampling.scheduler import params_mesh
@@ -110,8 +111,29 @@ def turn_logprobs(
     Returns:
       ``[N, T]``: sum over turn ``t``'s sampled tokens of ``log pi(token | everything before
       it)``; 0 on turns that did not happen (see ``turn_mask``).
+
+    Several processes, each holding the whole model (on its own devices): each scores its
+    share of the rows (:func:`~agentrl_jax.distributed.row_shares`) and every process gets
+    all of them (:func:`~agentrl_jax.distributed.allgather_blobs`).
     """
     traj = jax.device_get(trajectory)
+    shares = distributed.row_shares(np.asarray(traj.turn_mask).shape[0])
+    leaves = jax.tree.leaves(nnx.state(model))
+    if shares is not None and all(getattr(x, "is_fully_addressable", True) for x in leaves):
+        # several processes, each with the whole model: each scores its share of the rows
+        mine = shares[jax.process_index()]
+        own = turn_logprobs_of_rows(model, traj, mine, token_map, rows_per_batch, attention)
+        return np.concatenate([a["per_turn"] for a, _ in distributed.allgather_blobs(own, None)])
+    return _turn_logprobs(model, traj, token_map, rows_per_batch, attention)
+
+
+def turn_logprobs_of_rows(model, traj, rows, token_map, rows_per_batch, attention) -> dict:
+    """:func:`turn_logprobs` of ``traj``'s ``rows`` only, as ``{"per_turn": [len(rows), T]}``."""
+    part = jax.tree.map(lambda x: np.asarray(x)[rows], traj)
+    return {"per_turn": _turn_logprobs(model, part, token_map, rows_per_batch, attention)}
+
+
+def _turn_logprobs(model, traj, token_map, rows_per_batch, attention) -> np.ndarray:
     turn_mask = np.asarray(traj.turn_mask, bool)
     windowed = turn_mask & (np.asarray(traj.context_start) != np.asarray(traj.prefix_len)[:, None])
     if np.any(windowed):
