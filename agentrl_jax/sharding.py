@@ -133,7 +133,13 @@ def build_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[Any] | None 
     """A ``("data", "fsdp", "tensor")`` mesh over ``devices`` (default: all global devices
     but the rollout devices, :func:`training_devices`)."""
     devices = training_devices(config, devices)
-    grid = device_grid(config.resolve(len(devices)), devices)
+    shape = config.resolve(len(devices))
+    if config.rollout:  # part of each host's devices (holey for the torus layouts): in order,
+        # hosts along data
+        order = sorted(devices, key=lambda d: (d.process_index, d.id))
+        grid = np.array(order, dtype=object).reshape(shape)
+    else:
+        grid = device_grid(shape, devices)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 

@@ -219,7 +219,7 @@ def _asynchronous(
     """Bounded staleness ``k = rl.max_staleness``: batch ``j`` is sampled by the parameters
     after ``max(0, j - k)`` updates, so while update ``i`` runs (dispatched, not waited for)
     the loop samples batch ``i + k`` with the parameters update ``i`` starts from. On devices
-    of their own (``mesh.rollout_devices``) the two run at once; on shared devices the
+    of their own (``mesh.rollout``) the two run at once; on shared devices the
     rollout's host work (environment steps, tokenising) overlaps the update. The batches
     sampled ahead (at most ``k``) are the queue a checkpoint saves, so a resumed run trains on
     exactly what the uninterrupted one would have. Which parameters sample which batch is
