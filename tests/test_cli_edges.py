@@ -293,3 +293,19 @@ def test_the_compile_cache_loads_what_another_jitted_function_compiled(tmp_path,
     assert int(hits) == (0 if expected is None else 1)
     if expected is not None:
         assert any(expected.iterdir())  # the executable was written there
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [["mesh.rollout=1"], ["mesh.data=2"]],
+    ids=["all-devices-for-rollouts", "more-devices-than-there-are"],
+)
+def test_a_mesh_the_devices_cannot_lay_out_is_one_line_before_any_work(tmp_path, mesh):
+    """One device: giving it to rollouts leaves none to train on, and a 2-device mesh has one
+    too few: one line naming the ``mesh`` section, exit 2, no results folder."""
+    out = tmp_path / "results"
+    sets = [x for item in mesh for x in ("--set", item)]
+    result = CliRunner().invoke(app, ["reproduce", "frozenlake", "--out", str(out), *sets])
+    line = _one_line_error(result)
+    assert _squeezed("Invalid value: mesh: ") in line and "--setmesh.data=-1" in line, line
+    assert not out.exists()

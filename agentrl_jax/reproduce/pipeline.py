@@ -123,6 +123,18 @@ def check_until(config: ReproduceConfig, until: str | None) -> None:
         raise ReproduceError(f"--until: unknown phase {until!r}; phases: {', '.join(names)}")
 
 
+def check_mesh(config: ReproduceConfig) -> None:
+    """The ``mesh`` section lays out this machine's devices (training and rollout devices):
+    else one line naming it, before the results folder is touched."""
+    try:
+        training_mesh(config.mesh)
+    except ValueError as error:
+        raise ReproduceError(
+            f"mesh: {error} (this run has {jax.device_count()} device(s) in "
+            f"{jax.process_count()} process(es); e.g. --set mesh.data=-1 uses them all)"
+        ) from None
+
+
 def check_model_dirs(config: ReproduceConfig) -> None:
     """Each model folder ``config`` names (``model.model_dir``, ``rl.judge_model_dir``) holds a
     readable Qwen3 ``config.json``: else one line naming the field and the folder, before the
@@ -649,4 +661,5 @@ def reproduce(
     (default: all); returns the report's path."""
     check_until(config, until)  # before the folder is touched
     check_model_dirs(config)
+    check_mesh(config)
     return Reproduction(config, out, fresh=fresh, progress=progress).run(until)
