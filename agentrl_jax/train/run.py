@@ -143,10 +143,16 @@ def train_policy(
             dtype=policy.dtype,
         )
 
+    sampler_devices = (
+        set(sampler.mesh.devices.flat) if sampler.mesh is not None else {sampler.device}
+    )
+
     def rollout(params, key, tasks):
-        if processes:  # the global state's parameters and key, for this process's devices
-            if not all(x.is_fully_addressable for x in jax.tree.leaves(params)):
-                params = publish(params)
+        # the train state's parameters (synchronous loop) to the sampler's devices, where they
+        # are not there yet (several processes, rollout devices of their own)
+        if jax.tree.leaves(params)[0].sharding.device_set != sampler_devices:
+            params = publish(params)
+        if processes:  # the global state's key, for this process's devices
             key = distributed.host_key(key)
         return trim_tokens(play(params, key, tasks))
 
