@@ -732,7 +732,10 @@ YAML_CASES = {
         "batch_size, demo_tasks, demos_per_task, enabled, epochs, group_by_length, "
         "learning_rate, mistake_rate, seed, weight_decay",
     ),
-    "a non-string field": ("mesh:\n  1: 2\n", "mesh: unknown field 1; known: data, fsdp, tensor"),
+    "a non-string field": (
+        "mesh:\n  1: 2\n",
+        "mesh: unknown field 1; known: data, fsdp, rollout, tensor",
+    ),
     "a string for an int": ("rl:\n  steps: '3'\n", "rl.steps: must be an int >= 1, got '3'"),
     "a float for an int": (
         "task:\n  train_tasks: 2.5\n",
@@ -856,7 +859,8 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
             "adam_b1, adam_b2, adam_eps, algorithm, attention, checkpoint_every, "
             "checkpoint_keep, critic_learning_rate, critic_weight_decay, epochs, group_size, "
             "judge_model_dir, learning_rate, logits_chunk, max_grad_norm, max_rows_per_call, "
-            "mini_batches, num_micro_batches, preset_params, process_reward_coef, "
+            "max_staleness, mini_batches, num_micro_batches, off_policy_cap, preset_params, "
+            "process_reward_coef, "
             "process_rewards, refill, remat, runs, scoring, seed, steps, tasks_per_step, "
             "temperature, tensorboard, top_k, top_p, wandb_project, weight_decay",
         ),

@@ -376,10 +376,16 @@ def test_off_policy_weights_are_the_truncated_ratio_to_the_sampler():
     trajectory = fake(stale, jax.random.PRNGKey(3), jnp.arange(2))
     from agentrl_jax.train.batch import TrainBatch
 
-    data, _ = prepare_batch(graphdef, config, state, TrainBatch(trajectory))
-    _, metrics = policy_gradients(graphdef, config, state.policy, data, first_update=True)
-    sync = TrainConfig(rl=RLConfig(max_staleness=0))
-    _, plain = policy_gradients(graphdef, sync, state.policy, data, first_update=True)
+    data, _ = jax.jit(lambda s, b: prepare_batch(graphdef, config, s, b))(
+        state, TrainBatch(trajectory)
+    )
+
+    def gradients(config):  # jitted: op by op the tiny model's forward and backward take 10 s
+        return jax.jit(lambda p, d: policy_gradients(graphdef, config, p, d, first_update=True)[1])(
+            state.policy, data
+        )
+
+    metrics, plain = gradients(config), gradients(TrainConfig(rl=RLConfig(max_staleness=0)))
     # own log-probs at the current parameters, teacher-forced
     from agentrl_jax.train.step import _model_scores
 
