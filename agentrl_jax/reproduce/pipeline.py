@@ -19,9 +19,8 @@ settings.
 Several processes (:mod:`agentrl_jax.distributed`; ``OUT`` on a file system they all see)
 run the same phases in step: the RL runs train on the global mesh with each process's
 rollouts on its own devices, the evaluation's rollouts split their rows over the processes;
-the warm start trains on the global mesh too (each process placing its share of every
-batch's rows) and the likelihood analysis scores each process's share of the rows;
-``setup``, ``demos`` (small, on the main process's devices), ``eval:dynamics``
+the likelihood analysis scores each process's share of the rows;
+``setup``, ``demos``, ``warm_start`` (small, on the main process's devices), ``eval:dynamics``
 and ``report`` run on the main process alone, which also writes every file but the Orbax
 checkpoints (written by all); the others wait for each phase at a barrier, and write what
 an analysis writes to a scratch folder of their own. ``out/plugins.json``
@@ -70,7 +69,7 @@ from envs import EnvTasks
 
 BASE = "base"
 # phases with no collectives: the main process runs them alone (module docstring)
-MAIN_ONLY = ("setup", "demos", "eval:dynamics", "report")
+MAIN_ONLY = ("setup", "demos", "warm_start", "eval:dynamics", "report")
 DEMO_TASKS_PER_CALL = 32
 
 
@@ -461,7 +460,10 @@ class Reproduction:
         ws = self.config.warm_start
         with np.load(self.out / "warm_start" / "demos.npz") as data:
             demos = Trajectory.from_arrays(data)
-        model = self.load_model(self.init_dir)  # every process: the global mesh
+        # the main process's devices: a warm start over every process's would sum its
+        # gradients across hosts in another order than one host does, and the policies of
+        # one and several processes would then differ (by float rounding, amplified by RL)
+        model = self.load_model(self.init_dir, local=True)
         log_path = self.out / "warm_start" / "history.jsonl"
 
         steps = sft.num_sft_steps(
@@ -484,10 +486,8 @@ class Reproduction:
             attention=self.config.rl.attention,
             on_step=on_step,
         )
-        if not self.main:
-            return {}
         log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
-        nnx.update(model, distributed.host_value(params))
+        nnx.update(model, params)
         save_policy(model, self.tokenizer, self.model_dir(BASE))
         return {
             "steps": len(history),

@@ -18,11 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from agentrl_jax import distributed
-from agentrl_jax.sharding import BATCH_AXES, batch_shards
 from agentrl_jax.train.scoring import Forward
 from agentrl_jax.train.step import sequence_logprobs
 from agentrl_jax.trajectory import Trajectory, bucket_width, row_lengths
@@ -137,22 +133,6 @@ def num_sft_steps(
     return epochs * (full * LENGTH_WINDOW + -(-rest // batch_size))
 
 
-def _batch_mesh(params: Any, batch_size: int):
-    """The mesh ``params`` lie on, where a batch's rows split over its batch axes (one process
-    with several devices: else the rows stay whole on every device); None on one device."""
-    sharding = jax.tree.leaves(params)[0].sharding
-    if not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1:
-        return None
-    if batch_size % batch_shards(sharding.mesh) == 0:
-        return sharding.mesh
-    if distributed.is_multiprocess():
-        raise ValueError(
-            f"warm_start.batch_size ({batch_size}) must split over the mesh's "
-            f"{batch_shards(sharding.mesh)} batch shards when several processes train"
-        )
-    return None
-
-
 def warm_start(
     model: nnx.Module,
     demos: Trajectory,
@@ -167,9 +147,7 @@ def warm_start(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> tuple[Any, list[dict]]:
     """Behaviour-clone ``demos`` into ``model``'s parameters (AdamW with a cosine decay).
-    ``group_by_length``: see :func:`sft_batches`; ``attention``: see :func:`nll_sum`. With
-    the parameters on a mesh across processes, every process runs it, each placing its share
-    of every batch's rows (the batch size must split over the mesh's batch axes).
+    ``group_by_length``: see :func:`sft_batches`; ``attention``: see :func:`nll_sum`.
 
     Returns ``(params, history)``; ``history`` has one ``{"step", "epoch", "nll"}`` per step.
     """
@@ -184,20 +162,12 @@ def warm_start(
     )
     opt_state = optimizer.init(params)
     step = make_sft_step(graphdef, optimizer, attention)
-    # on a mesh, each batch's rows split over its batch axes (several processes: each places
-    # its share), so one process with N devices and N processes compute alike
-    mesh = _batch_mesh(params, batch_size)
     history = []
     for i, (epoch, batch) in enumerate(
         sft_batches(demos, batch_size, epochs, seed, group_by_length)
     ):
-        if mesh is not None and distributed.is_multiprocess():
-            batch = distributed.global_batch(batch, mesh, (BATCH_AXES,))
-        elif mesh is not None:
-            batch = jax.device_put(batch, NamedSharding(mesh, P(BATCH_AXES, None)))
         params, opt_state, metrics = step(params, opt_state, batch)
-        nll = float(distributed.host_value(metrics["nll"]))
-        record = {"step": i + 1, "epoch": epoch, "nll": nll}
+        record = {"step": i + 1, "epoch": epoch, "nll": float(metrics["nll"])}
         history.append(record)
         if on_step is not None:
             on_step(i + 1, record)
