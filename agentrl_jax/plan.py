@@ -60,7 +60,7 @@ from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.sampling import Paging, SamplingConfig
 from agentrl_jax.sampling.jitted import Sampler
 from agentrl_jax.sampling.sampler import init_state
-from agentrl_jax.sampling.weights import sampler_shardings
+from agentrl_jax.sampling.weights import copier, sampler_shardings
 from agentrl_jax.sharding import (
     BATCH_AXES,
     QWEN3_PARAM_RULES,
@@ -380,14 +380,11 @@ def plan_weight_sync(
     (``rollout_mesh`` another mesh); across processes the same gather."""
     params = nnx.state(model)
     source = _abstract(params, tree_shardings(params, mesh, QWEN3_PARAM_RULES))
-    cast = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, model.dtype), params)
     if rollout_mesh is mesh:
-        targets = sampler_shardings(cast, mesh, layout)
+        targets = jax.tree.leaves(sampler_shardings(params, mesh, layout))
     else:
-        targets = jax.tree.map(lambda _: NamedSharding(mesh, P()), cast)
-    copy = jax.jit(
-        lambda tree: jax.tree.map(lambda x: x.astype(model.dtype), tree), out_shardings=targets
-    )
+        targets = [NamedSharding(mesh, P())] * len(jax.tree.leaves(params))
+    copy = copier(jax.tree.structure(params), tuple(targets), jnp.dtype(model.dtype))
     return analyse(name, copy.lower(source).compile(), memory_bytes, headroom, conservative)
 
 

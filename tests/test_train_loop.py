@@ -287,16 +287,11 @@ def _fingerprint(params) -> float:
     return float(sum(np.asarray(x, np.float64).sum() for x in jax.tree.leaves(params)))
 
 
-@pytest.mark.parametrize("staleness", [1, 2])
-def test_bounded_staleness_samples_batch_j_with_the_parameters_of_update_j_minus_k(staleness):
-    """``max_staleness`` k: batch j is sampled by the parameters after max(0, j - k) updates,
-    which the metrics report (``policy_version``, ``staleness_*``), and the order of events
-    shows each rollout sampled after its update was dispatched and before that update's results
-    were waited for (the overlap, without timing)."""
-    steps = 5
-    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=steps, max_staleness=staleness))
+def _fingerprinted_run(config: TrainConfig, events: list | None = None):
+    """``config``'s run on the fake task: the fingerprint of the parameters each rollout
+    sampled with, those after each update (the initial first), the metrics, the train step."""
     state, step, fake = _setup(config)
-    sampled_with, after_update, records, events = [], [_fingerprint(state.policy)], [], []
+    sampled_with, after_update, records = [], [_fingerprint(state.policy)], []
 
     def rollout(params, key, tasks):
         sampled_with.append(_fingerprint(params))
@@ -306,16 +301,22 @@ def test_bounded_staleness_samples_batch_j_with_the_parameters_of_update_j_minus
         after_update.append(_fingerprint(state.policy))
         records.append(metrics)
 
-    train(
-        state,
-        step,
-        rollout,
-        task_batches(NUM_TASKS, 2),
-        config,
-        progress=False,
-        on_step=on_step,
-        events=events,
-    )
+    tasks = task_batches(NUM_TASKS, 2)
+    train(state, step, rollout, tasks, config, progress=False, on_step=on_step, events=events)
+    return sampled_with, after_update, records, step
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_bounded_staleness_samples_batch_j_with_the_parameters_of_update_j_minus_k(staleness):
+    """``max_staleness`` k: batch j is sampled by the parameters after max(0, j - k) updates,
+    which the metrics report (``policy_version``, ``staleness_*``), and the order of events
+    shows each rollout sampled after its update was dispatched and before that update's results
+    were waited for (the overlap, without timing)."""
+    steps = 5
+    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=steps, max_staleness=staleness))
+    events = []
+    sampled_with, after_update, records, step = _fingerprinted_run(config, events)
+    assert step.compiled_count() == 1  # one batch shape: the update compiled once
     versions = [max(0, j - staleness) for j in range(steps)]
     assert sampled_with == [after_update[v] for v in versions]
     assert len(set(after_update)) == steps + 1  # every update changed the parameters
@@ -341,18 +342,7 @@ def test_max_staleness_0_is_the_synchronous_loop():
     """The default (0) runs the synchronous loop: every batch sampled by the parameters it
     updates, no asynchronous metrics, no off-policy weights."""
     config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=3))
-    state, step, fake = _setup(config)
-    sampled_with, after_update, records = [], [_fingerprint(state.policy)], []
-
-    def rollout(params, key, tasks):
-        sampled_with.append(_fingerprint(params))
-        return fake(params, key, tasks)
-
-    def on_step(state, metrics):
-        after_update.append(_fingerprint(state.policy))
-        records.append(metrics)
-
-    train(state, step, rollout, task_batches(NUM_TASKS, 2), config, progress=False, on_step=on_step)
+    sampled_with, after_update, records, _ = _fingerprinted_run(config)
     assert sampled_with == after_update[:3]
     assert not any(k.startswith("off_policy/") or "staleness" in k for k in records[0])
 

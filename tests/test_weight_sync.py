@@ -11,6 +11,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+from compile_counter import count_backend_compiles
 from fake_devices import fake_devices_env
 from flax import nnx
 from train_fakes import tiny_model
@@ -29,6 +30,21 @@ def test_the_copy_survives_the_donation_of_its_source_and_casts():
         np.testing.assert_array_equal(np.asarray(got), value.astype(jnp.bfloat16))
     for got, value in zip(jax.tree.leaves(same), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(got), value)
+
+
+def test_each_update_syncs_with_the_program_compiled_for_the_first():
+    """Once per update: the same layout and dtype reuse one cached, compiled copy (the first
+    sync compiles it; the next updates' syncs compile nothing)."""
+    params = nnx.state(tiny_model())
+    bump = jax.jit(lambda p: jax.tree.map(lambda x: x + 1, p))  # the next update's parameters
+    sync_weights(params, dtype=jnp.bfloat16)
+    params = bump(params)
+    with count_backend_compiles() as compiles:
+        for _ in range(3):
+            copy = sync_weights(params, dtype=jnp.bfloat16)
+            params = bump(params)
+    assert compiles == []
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(copy))
 
 
 SPLIT = textwrap.dedent(

@@ -16,7 +16,9 @@ came from while the copy samples the next batches (asynchronous training):
   then as for one process. The replicated intermediate is one copy in the
   compute dtype per device, what the sampler's decode layout holds anyway.
 
-A test runs it on 2 processes x 4 devices under ``jax.transfer_guard("disallow")``.
+Tests run it on 2 processes x 4 devices and onto rollout devices of their own under
+``jax.transfer_guard_device_to_host`` and ``_host_to_device`` at ``"disallow_explicit"``.
+Every jitted copy is cached per (tree, layout, dtype): nothing compiles again per update.
 """
 
 from __future__ import annotations
@@ -62,45 +64,54 @@ def sync_weights(
     """A copy of ``params`` (the train state's, anywhere) where the sampler reads them: on
     ``mesh`` (this process's devices) in ``layout``, or on ``device``; floating leaves cast to
     ``dtype`` if given. Device to device only (module docstring); never aliases ``params``."""
-    if dtype is not None:
-        params = _cast(params, dtype)
+    dtype = None if dtype is None else jnp.dtype(dtype)
     leaves = jax.tree.leaves(params)
     if leaves and not all(x.is_fully_addressable for x in leaves):
-        params = _this_process_copy(params)
+        params, dtype = _this_process_copy(params, dtype), None  # cast on the way
     targets = sampler_shardings(params, mesh, layout, device)
     if all(
         x.sharding.device_set == t.device_set
         for x, t in zip(jax.tree.leaves(params), jax.tree.leaves(targets))
     ):  # a reshard on the same devices: one jitted copy (device_put might go via the host)
-        treedef = jax.tree.structure(params)
-        return _copier(treedef, tuple(jax.tree.leaves(targets)))(params)
-    return _onto_other_devices(params, targets)
+        return _copy_into(params, jax.tree.leaves(targets), dtype)
+    return _onto_other_devices(params, targets, dtype)
+
+
+def _copy_into(params: Any, shardings: Any, dtype: Any = None) -> Any:
+    """``params`` copied (floating leaves cast to ``dtype`` if given) into ``shardings``, a
+    list of one per leaf, on the devices ``params`` lie on: one jitted program."""
+    return copier(jax.tree.structure(params), tuple(shardings), dtype)(params)
 
 
 @functools.lru_cache(maxsize=16)
-def _copier(treedef: Any, targets: tuple[Any, ...]) -> Any:
-    """A jitted copy of a ``treedef`` tree into ``targets`` (cached: once per layout)."""
+def copier(treedef: Any, shardings: tuple[Any, ...], dtype: Any = None) -> Any:
+    """The jitted copy of a ``treedef`` tree into ``shardings`` (one per leaf), floating
+    leaves cast to ``dtype`` if given; cached, so each layout compiles once. ``plan``
+    compiles the weight sync's program from it."""
+
+    def copy(x):  # always a copy_p: an output that is its input would alias it (no copy)
+        if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating):
+            x = x.astype(dtype)
+        return jnp.copy(x)
+
     return jax.jit(
-        lambda tree: jax.tree.map(jnp.copy, tree),
-        out_shardings=jax.tree.unflatten(treedef, targets),
+        lambda tree: jax.tree.map(copy, tree), out_shardings=jax.tree.unflatten(treedef, shardings)
     )
 
 
-def _onto_other_devices(params: Any, targets: Any) -> Any:
+def _onto_other_devices(params: Any, targets: Any, dtype: Any = None) -> Any:
     """``params`` copied onto the devices of ``targets`` (the rollout devices of a split
     mesh), device to device: each leaf whole on one of its devices (a jitted all-gather where
-    it is split), copied from there to every target device (``device_put`` between two single
-    devices, which never goes through the host, unlike one between two meshes), assembled as
-    an array replicated over them, then laid out by one jitted copy there."""
+    it is split, cast there), copied from there to every target device (``device_put`` between
+    two single devices, which never goes through the host, unlike one between two meshes),
+    assembled as an array replicated over them, then laid out by one jitted copy there."""
 
     def replicated(x):
         if isinstance(x.sharding, NamedSharding) and not x.is_fully_replicated:
             return NamedSharding(x.sharding.mesh, P())
         return x.sharding
 
-    whole = [replicated(x) for x in jax.tree.leaves(params)]
-    if any(s != x.sharding for s, x in zip(whole, jax.tree.leaves(params))):
-        params = _copier(jax.tree.structure(params), tuple(whole))(params)
+    params = _copy_into(params, [replicated(x) for x in jax.tree.leaves(params)], dtype)
 
     def spread(x, target):
         one = x.addressable_data(0) if len(x.sharding.device_set) > 1 else x
@@ -114,31 +125,23 @@ def _onto_other_devices(params: Any, targets: Any) -> Any:
     spread_out = jax.tree.map(spread, params, targets)
     if all(x.sharding == t for x, t in zip(jax.tree.leaves(spread_out), jax.tree.leaves(targets))):
         return spread_out
-    return _copier(jax.tree.structure(params), tuple(jax.tree.leaves(targets)))(spread_out)
+    return _copy_into(spread_out, jax.tree.leaves(targets))
 
 
-def _cast(params: Any, dtype: Any) -> Any:
-    dtype = jnp.dtype(dtype)
-    return jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
-    )
-
-
-def _this_process_copy(params: Any) -> Any:
+def _this_process_copy(params: Any, dtype: Any = None) -> Any:
     """``params`` laid out across processes as whole arrays on this process's devices: an
-    all-gather on device (a jitted copy replicated over the parameters' devices), then this
-    process's shards of it as an array replicated over its own devices."""
+    all-gather on device (a jitted copy, cast to ``dtype`` if given, replicated over the
+    parameters' devices), then this process's shards of it as an array replicated over its
+    own devices."""
 
     def gather(x):
-        mesh = x.sharding.mesh if isinstance(x.sharding, NamedSharding) else None
-        if mesh is None:
+        if not isinstance(x.sharding, NamedSharding):
             raise ValueError(
                 f"sync_weights: a leaf across processes must be on a mesh, got {x.sharding}"
             )
-        return NamedSharding(mesh, P())
+        return NamedSharding(x.sharding.mesh, P())
 
-    targets = jax.tree.map(gather, params)
-    replicated = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=targets)(params)
+    replicated = _copy_into(params, [gather(x) for x in jax.tree.leaves(params)], dtype)
 
     def local(x):
         shards = x.addressable_shards
