@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -432,3 +433,40 @@ def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path, stalenes
 
 if __name__ == "__main__":
     _run(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))
+
+
+# ----------------------------------------------------------------------- batches sampled ahead
+
+
+def _pending_checkpoint(directory):
+    """A step-3 checkpoint holding one batch sampled ahead; that batch."""
+    from train_fakes import random_trajectory
+
+    from agentrl_jax.train.batch import Produced, TrainBatch
+
+    ahead = Produced(
+        TrainBatch(random_trajectory(5)), {"R_multi": 0.25}, jax.random.PRNGKey(9), 4, 2
+    )
+    checkpointer = Checkpointer(directory, every=1, keep=2)
+    checkpointer.save(_at_step(_ppo_state(), 3), PPO, pending=[ahead])
+    checkpointer.wait()
+    return checkpointer, ahead
+
+
+def test_batches_sampled_ahead_round_trip_and_damage_is_named(tmp_path):
+    """An asynchronous run's queue comes back bit for bit; a checkpoint whose queue is gone
+    or whose description was tampered with is a clear error naming it, not a crash or a
+    misread queue."""
+    checkpointer, ahead = _pending_checkpoint(tmp_path)
+    restored = checkpointer.restore_latest(init_train_state(tiny_model(seed=1), PPO))
+    (got,) = checkpointer.restore_pending(restored)
+    _assert_identical(got.batch.trajectory, ahead.batch.trajectory)
+    np.testing.assert_array_equal(got.rng, np.asarray(ahead.rng))
+    assert (got.metrics, got.position, got.version) == ({"R_multi": 0.25}, 4, 2)
+
+    bad = dict(restored.config, pending=[{"metrics": {}, "position": "4", "version": 2}])
+    with pytest.raises(CheckpointRestoreError, match=r"checkpoint .*3: its batches sampled ahead"):
+        checkpointer.restore_pending(dataclasses.replace(restored, config=bad))
+    shutil.rmtree(tmp_path / "3" / "pending")
+    with pytest.raises(CheckpointRestoreError, match="cannot be read"):
+        checkpointer.restore_pending(restored)

@@ -163,10 +163,17 @@ class Checkpointer:
         described = restored.config.get("pending") or []
         if not described:
             return []
-        arrays = self._manager.restore(
-            restored.step, args=ocp.args.Composite(pending=ocp.args.StandardRestore())
-        ).pending
-        return _pending_batches(arrays, described)
+        try:  # a damaged item is an error naming it, never a half-read queue
+            arrays = self._manager.restore(
+                restored.step, args=ocp.args.Composite(pending=ocp.args.StandardRestore())
+            ).pending
+            return _pending_batches(arrays, described)
+        except Exception as e:  # noqa: BLE001 - any failure: the resumed run cannot be exact
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            raise CheckpointRestoreError(
+                f"checkpoint {restored.path}: its batches sampled ahead (pending) cannot be "
+                f"read ({reason}); an asynchronous run resumes exactly only with them"
+            ) from None
 
     def wait(self) -> None:
         self._manager.wait_until_finished()
@@ -301,6 +308,11 @@ def _pending_batches(
 ) -> list[Produced]:
     out = []
     for i, about in enumerate(described):
+        if not isinstance(about.get("metrics"), Mapping) or not all(
+            isinstance(about.get(k), int) and not isinstance(about.get(k), bool)
+            for k in ("position", "version")
+        ):
+            raise ValueError(f"pending batch {i}: malformed description {str(about)[:200]}")
         item = arrays[str(i)]
         batch = TrainBatch(Trajectory.from_arrays(item["trajectory"]), item.get("step_scores"))
         out.append(
