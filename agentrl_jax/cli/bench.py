@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import List, Optional
+
 import typer
 
 from agentrl_jax.bench.report import emit
@@ -189,3 +191,34 @@ def bench_rl_loop(
         rl_loop.run(staleness, steps=steps, warmup=warmup, step_ms=step_ms, split=split),
         json_out,
     )
+
+
+@app.command("device")
+def bench_device(
+    tiny: bool = typer.Option(
+        False, help="Tiny shapes on any device (CI runs this on the CPU): the same code, fast."
+    ),
+    part: Optional[List[str]] = typer.Option(
+        None,
+        help="Only these parts (repeatable): memory, logits, paged_kernel, cudnn_attention, "
+        "train_step, decode, rollout. Default: all.",
+    ),
+) -> None:
+    """The first run on an accelerator: correctness against references, speed against the
+    HBM floor, the chip's peak and PyTorch, plan's memory against the measured. One JSON line
+    per figure (docs/hardware.md, "The first run on a GPU"); exit 1 if a correctness figure is
+    outside its tolerance."""
+    import os
+
+    # jax reserves 75% of a GPU's memory up front unless told not to: PyTorch's reference
+    # runs need room beside it, and the measured peaks are the allocator's real ones.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    from agentrl_jax.bench import device
+
+    try:
+        figures = device.run(
+            tiny=tiny, parts=part or device.PARTS, emit=lambda f: print(f.to_json(), flush=True)
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    raise typer.Exit(1 if any(f.ok is False for f in figures) else 0)

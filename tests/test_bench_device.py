@@ -1,0 +1,82 @@
+"""``agentrl-jax bench device --tiny``: the accelerator check's code path, run on this CPU.
+
+Every line is one JSON figure naming what it measures and its reference; every correctness
+figure this CPU can compute holds its tolerance; the ones it cannot (cuDNN) say why. The FLOP
+count and the layer budget are checked by hand.
+"""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from agentrl_jax.bench import device
+from agentrl_jax.cli import app
+
+
+def test_bench_device_tiny_prints_one_named_figure_per_line_and_every_check_holds():
+    result = CliRunner().invoke(app, ["bench", "device", "--tiny"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    names = [f["figure"] for f in lines]
+    assert len(names) == len(set(names))
+    for figure in lines:
+        assert figure["figure"] and figure["reference"] and figure["unit"], figure
+        assert figure["kind"] in ("correctness", "speed", "memory")
+    by_kind = {k: [f for f in lines if f["kind"] == k] for k in ("correctness", "speed", "memory")}
+    checks = {f["figure"]: f for f in by_kind["correctness"]}
+    assert set(checks) == {
+        "logits tiny vs transformers",
+        "paged attention: Pallas GPU kernel vs XLA",
+        "attention: cuDNN vs XLA",
+        "train step: loss and gradients vs CPU",
+    }
+    for name, figure in checks.items():
+        if name.startswith("attention: cuDNN"):  # needs an NVIDIA GPU
+            assert figure["ok"] is None and "NVIDIA GPU" in figure["settings"]["unavailable"]
+        else:
+            assert figure["ok"] is True and figure["value"] <= figure["tolerance"], figure
+    speeds = {f["figure"] for f in by_kind["speed"]}
+    for batch in (1, 8, 64):
+        assert {f"decode tiny batch {batch}", f"generate tiny batch {batch}"} <= speeds
+    assert "train step tiny L 256" in speeds
+    assert any(name.startswith("rollout FrozenLake") for name in speeds)
+    for figure in by_kind["speed"]:
+        assert figure["value"] > 0
+        if figure["reference_value"]:
+            assert figure["ratio"] == figure["value"] / figure["reference_value"]
+    memory = {f["figure"]: f for f in by_kind["memory"]}
+    assert set(memory) == {
+        "memory decode tiny batch 64: measured vs plan",
+        "memory train step tiny L 256: measured vs plan",
+    }
+    for figure in memory.values():  # the CPU has no allocator statistics: the prediction only
+        assert figure["reference_value"] > 0 and figure["value"] is None
+        assert "no memory statistics" in figure["settings"]["unavailable"]
+
+
+def test_a_correctness_figure_outside_its_tolerance_is_not_ok():
+    inside = device.Figure("x", "correctness", 1e-5, "abs", "ref", 1.0, tolerance=1e-4)
+    outside = device.Figure("x", "correctness", 1e-3, "abs", "ref", 1.0, tolerance=1e-4)
+    speed = device.Figure("y", "speed", 30.0, "tokens/s", "floor", 60.0)
+    assert (inside.ok, outside.ok, speed.ok) == (True, False, None)
+    assert speed.ratio == 0.5 and inside.ratio is None
+    assert json.loads(outside.to_json())["ok"] is False
+
+
+def test_model_flops_and_the_train_layer_budget_by_hand():
+    config = device.our_config("tiny")  # d 64, f 128, 4 heads x 16, 2 kv heads, vocab 512
+    matmul = 2 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128) + 64 * 512
+    assert device.model_flops_per_token(config, 100) == 2 * matmul + 2 * 2 * 64 * 100
+    # Qwen3-4B: 100.9M parameters a layer, 389M in the tied embedding, 20 bytes each
+    per_layer = 2560 * (4096 + 2048) + 4096 * 2560 + 3 * 2560 * 9728
+    assert per_layer == 100_925_440
+    assert device.train_layers("qwen3-4b", 60 * 1024**3) == 12  # jax's 75% of an 80 GB H100
+    assert device.train_layers("qwen3-4b", 1e15) == 36
+    assert device.train_layers("qwen3-4b", 1.0) == 1
+
+
+def test_unknown_parts_are_refused_by_name():
+    result = CliRunner().invoke(app, ["bench", "device", "--tiny", "--part", "warp"])
+    assert result.exit_code == 2 and "unknown part(s) ['warp']" in result.output
