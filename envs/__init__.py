@@ -2,7 +2,7 @@
 ``envs.make(name, **options)`` builds one over its tasks, ``envs.register`` adds one (see
 :mod:`envs.registry`; the protocol and the registry's types are :mod:`envs.protocol`'s)."""
 
-from envs.protocol import EnvEntry, EnvOptionError, EnvTasks, python_env
+from envs.protocol import EnvDataError, EnvEntry, EnvOptionError, EnvTasks, python_env
 from envs.registry import check_options, entry, make, names, register, task_set, with_t_max
 
 # Each built-in package registers its own factory when imported, in this order (isort: off
@@ -16,6 +16,7 @@ from envs import bfcl  # noqa: E402, F401
 # isort: on
 
 __all__ = [
+    "EnvDataError",
     "EnvEntry",
     "EnvOptionError",
     "EnvTasks",

@@ -32,6 +32,8 @@ import abc
 import concurrent.futures as futures
 import dataclasses
 import inspect
+import os
+import pathlib
 import threading
 import time
 import zlib
@@ -293,6 +295,58 @@ class PythonTextEnv:
 
 class EnvOptionError(ValueError):
     """An unknown environment, or an option its factory does not take."""
+
+
+class EnvDataError(EnvOptionError):
+    """The tasks an environment's ``data`` option names cannot be read: the path is missing,
+    empty, a file where a folder is expected (or the reverse), unreadable, or its content is
+    malformed. The message names the path (or the file and line within it) and what is wrong;
+    a config's error prefixes the field, ``task.options.data``."""
+
+
+def data_path(data: Any, kind: str, expected: str) -> pathlib.Path:
+    """``data`` (a ``data`` option) as the path of an existing, readable, non-empty ``kind``
+    (``"file"`` or ``"folder"``), else :class:`EnvDataError` naming it and what is wrong;
+    ``expected`` says what the environment reads there (``"a Spider folder"``). A factory
+    checks its data with this before loading it, so each problem is one line, not a loader's
+    own error from deep inside."""
+    if kind not in ("file", "folder"):
+        raise ValueError(f"data_path: kind must be 'file' or 'folder', got {kind!r}")
+    if not isinstance(data, (str, os.PathLike)) or not str(data).strip():
+        raise EnvDataError(f"expected the path of {expected}, got {data!r}")
+    path = pathlib.Path(data).expanduser()
+    try:
+        if not path.exists():
+            raise EnvDataError(f"{path} does not exist; expected {expected}")
+        if kind == "folder" and not path.is_dir():
+            raise EnvDataError(f"{path} is a file, not a folder; expected {expected}")
+        if kind == "file" and path.is_dir():
+            raise EnvDataError(f"{path} is a folder, not a file; expected {expected}")
+        if kind == "file" and not path.is_file():
+            raise EnvDataError(f"{path} is not a regular file; expected {expected}")
+        if kind == "folder":
+            empty = next(iter(path.iterdir()), None) is None
+        else:
+            with path.open("rb") as file:
+                empty = not file.read(1)
+    except PermissionError as error:
+        raise EnvDataError(f"{path} cannot be read ({error.strerror})") from None
+    except OSError as error:  # a broken mount, a name too long, ...
+        raise EnvDataError(f"{path} cannot be read ({error.strerror or error})") from None
+    if empty:
+        raise EnvDataError(f"{path} is an empty {kind}; expected {expected}")
+    return path
+
+
+def split_of_data(tasks: Sequence[Any], path: pathlib.Path, total: int, split: str | None):
+    """``tasks``, the ``split`` of the ``total`` tasks read from ``path``: an
+    :class:`EnvDataError` if it holds none (too few tasks for both halves of the hash split)."""
+    if not tasks:
+        raise EnvDataError(
+            f"{path}: none of its {total} task(s) falls in the {split!r} split (a fixed hash "
+            "of each task id splits them in two halves); it needs more tasks"
+        )
+    return tasks
 
 
 @dataclasses.dataclass(frozen=True)

@@ -445,11 +445,17 @@ def _merged(under: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
 
 def read_yaml(path: Path) -> Any:
     """The YAML document in ``path``; :class:`ConfigError` for a missing, unreadable or empty
-    file, bad syntax or a key given twice."""
-    if not path.is_file():
-        raise ConfigError(f"config {path}: no such file")
+    file (or a folder), bad syntax or a key given twice."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        if path.is_dir():
+            raise ConfigError(f"config {path}: is a folder, not a file")
+        if not path.is_file():
+            raise ConfigError(f"config {path}: no such file")
+        raw = path.read_bytes()
+    except OSError as error:  # permissions, a broken mount
+        raise ConfigError(f"config {path}: cannot be read ({error.strerror or error})") from None
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ConfigError(
             f"config {path}: not UTF-8 text ({error.reason} at byte {error.start})"

@@ -49,6 +49,11 @@ def folder_run(folder: str | Path, overrides: Sequence[str] = ()) -> FolderRun:
 
     folder = Path(folder)
     saved = folder / "config.yaml"
+    if not folder.is_dir():
+        raise ReproduceError(
+            f"{folder}: {'is a file, not' if folder.exists() else 'does not exist, so not'} a "
+            "results folder of agentrl-jax reproduce or train"
+        )
     if not saved.is_file():
         raise ReproduceError(
             f"{folder}: no config.yaml, so not a results folder of agentrl-jax reproduce or "
@@ -111,37 +116,39 @@ def evaluate_policies(
         if name in evaluate.PAIRWISE and len(policies) < 2:
             raise ReproduceError(f"{name} compares the base with other policies: name two")
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.model.dtype]
-    try:
-        loaded = {label: load_policy(path, dtype=dtype) for label, path in policies.items()}
-    except PolicyLoadError as error:
-        raise ReproduceError(str(error)) from None
-    first, *others = loaded.values()
-    for label, policy in loaded.items():
-        if not same_tokenizer(first, policy):
-            raise ReproduceError(
-                f"{label} uses another tokenizer than {next(iter(loaded))}; the policies must "
-                "share one to be compared on the same prompts"
-            )
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    # the tasks first (a ReproduceError for data that cannot be read), then the policies:
+    # each problem is one line before the models load and before out is made
     tasks = make_tasks(config)
-    study, test = config.study, tasks.test
-    described = study.describe(
-        config.task.entry,
-        config.task.options,
-        t_max=config.task.t_max,
-        train=tasks.train,
-        test=test,
-    )
-    echo(f"Evaluating {', '.join(loaded)} on {described}")
-    ev = config.eval
-    echo(
-        f"Settings: T_max {config.task.t_max}, {len(test.names)} test tasks; "
-        f"{ev.samples} samples per task and budget, decoding temperature {ev.temperature} "
-        f"top-p {ev.top_p}, lengths {ev.max_response_tokens}/{ev.max_context} tokens; "
-        f"analyses {', '.join(analyses)}"
-    )
     try:
+        try:
+            loaded = {label: load_policy(path, dtype=dtype) for label, path in policies.items()}
+        except PolicyLoadError as error:
+            raise ReproduceError(str(error)) from None
+        first, *others = loaded.values()
+        for label, policy in loaded.items():
+            if not same_tokenizer(first, policy):
+                raise ReproduceError(
+                    f"{label} uses another tokenizer than {next(iter(loaded))}; the policies "
+                    "must share one to be compared on the same prompts"
+                )
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        study, test = config.study, tasks.test
+        described = study.describe(
+            config.task.entry,
+            config.task.options,
+            t_max=config.task.t_max,
+            train=tasks.train,
+            test=test,
+        )
+        echo(f"Evaluating {', '.join(loaded)} on {described}")
+        ev = config.eval
+        echo(
+            f"Settings: T_max {config.task.t_max}, {len(test.names)} test tasks; "
+            f"{ev.samples} samples per task and budget, decoding temperature {ev.temperature} "
+            f"top-p {ev.top_p}, lengths {ev.max_response_tokens}/{ev.max_context} tokens; "
+            f"analyses {', '.join(analyses)}"
+        )
         findings.PaperFigures(**study.paper_figures).write(out)
         states = study.state_diagnostics(test)
         models = {label: policy.model for label, policy in loaded.items()}

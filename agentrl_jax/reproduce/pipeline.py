@@ -65,7 +65,7 @@ from agentrl_jax.sharding import training_mesh
 from agentrl_jax.train.presets import RunSettings
 from agentrl_jax.train.run import train_policy
 from agentrl_jax.trajectory import Trajectory
-from envs import EnvTasks
+from envs import EnvDataError, EnvOptionError, EnvTasks
 
 BASE = "base"
 # phases with no collectives: the main process runs them alone (module docstring)
@@ -92,10 +92,25 @@ class Tasks:
 
 
 def make_tasks(config: ReproduceConfig) -> Tasks:
-    """``config.task``'s environment over its train and test tasks, made by its study."""
+    """``config.task``'s environment over its train and test tasks, made by its study.
+
+    Made before anything is written: data the environment cannot read (``task.options.data``
+    missing, empty, of the wrong kind, unreadable, malformed: :class:`envs.EnvDataError`) or
+    an option it refuses (e.g. a sandbox this machine lacks) is one :class:`ReproduceError`
+    line naming the field, so the corrected command runs in the same results folder."""
     t, study = config.task, config.study
-    train = study.tasks(t, split="train", count=t.train_tasks)
-    return Tasks(train, study.tasks(t, split="test", count=t.eval_tasks))
+    try:
+        train = study.tasks(t, split="train", count=t.train_tasks)
+        try:
+            test = study.tasks(t, split="test", count=t.eval_tasks)
+        except BaseException:
+            train.close()
+            raise
+    except EnvDataError as error:
+        raise ReproduceError(f"task.options.data: {error}") from None
+    except EnvOptionError as error:
+        raise ReproduceError(f"task.options ({t.env}): {error}") from None
+    return Tasks(train, test)
 
 
 # ---------------------------------------------------------------- the run
@@ -191,16 +206,24 @@ class Reproduction:
     ):
         self.config, self.out = config, Path(out)
         self.main = distributed.is_main()
-        if self.main:
-            prepare_folder(self.out, config, fresh)
+        # the tasks (and the demonstrations' tasks) before the folder is touched: data that
+        # cannot be read, or demonstrated, is one line, and the corrected command runs there
+        self.runs = config.rl.resolved_runs()
+        self.study = config.study
+        self.tasks = make_tasks(config)
+        try:
+            if config.warm_start.enabled:
+                self.demo_ids  # noqa: B018 (now: a ReproduceError if none can be demonstrated)
+            if self.main:
+                prepare_folder(self.out, config, fresh)
+        except BaseException:
+            self.tasks.close()
+            raise
         distributed.barrier("reproduce:folder")
         self.phases = Phases(self.out)
         # where this process writes an analysis' files: the folder, or (not the main
         # process) a scratch folder of its own
         self.written = self.out if self.main else Path(tempfile.mkdtemp(prefix="agentrl-jax-"))
-        self.tasks = make_tasks(config)
-        self.study = config.study
-        self.runs = config.rl.resolved_runs()
         self.log = log
         self.mesh = self._mesh()
         self.local_mesh = distributed.local_mesh(self.mesh)  # rollouts and evaluation

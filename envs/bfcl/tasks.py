@@ -9,7 +9,7 @@ import numpy as np
 
 from envs.bfcl.data import load_tasks
 from envs.bfcl.env import BfclConfig, BfclEnv
-from envs.protocol import EnvTasks, python_env
+from envs.protocol import EnvDataError, EnvTasks, data_path, python_env, split_of_data
 from envs.splits import split_tasks
 
 
@@ -24,13 +24,23 @@ def make_tasks(
 ) -> EnvTasks:
     """bfcl-eval's ``categories`` (default ``multi_turn_base``), or ``data`` a folder laid out
     like the package's ``data`` (``split`` "train" or "test": two disjoint halves by a hash of
-    each task id); ``min_turns`` from the annotated trajectories."""
+    each task id); ``min_turns`` from the annotated trajectories. A ``data`` folder that cannot
+    be read as tasks is an :class:`~envs.protocol.EnvDataError`."""
+    if data is not None:
+        data = data_path(data, "folder", "a folder laid out like bfcl-eval's data")
     config = BfclConfig(
         categories=tuple(categories or ("multi_turn_base",)),
         data_dir=None if data is None else str(data),
     )
-    tasks = load_tasks(config.categories, config.data_dir)
-    tasks = split_tasks(tasks, [t.id for t in tasks], split)[:limit]
+    try:
+        tasks = load_tasks(config.categories, config.data_dir)
+    except (OSError, ValueError) as error:
+        if data is None:  # the installed package's own data
+            raise
+        raise EnvDataError(str(error)) from None  # a missing or malformed file in the folder
+    total, tasks = len(tasks), split_tasks(tasks, [t.id for t in tasks], split)[:limit]
+    if data is not None:
+        tasks = split_of_data(tasks, data, total, split)
     return python_env(
         BfclEnv(config, tasks=tasks),
         [t.id for t in tasks],

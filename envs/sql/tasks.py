@@ -3,11 +3,11 @@ bookshop questions split in two by a hash of each question, or a Spider folder."
 
 from __future__ import annotations
 
-from envs.protocol import EnvOptionError, EnvTasks, python_env
+from envs.protocol import EnvDataError, EnvOptionError, EnvTasks, data_path, python_env
 from envs.splits import split_tasks
 from envs.sql.demo import demo_tasks
 from envs.sql.env import SqlEnv
-from envs.sql.spider import load_spider
+from envs.sql.spider import SPLITS, load_spider
 
 
 def make_tasks(
@@ -20,7 +20,8 @@ def make_tasks(
 ) -> EnvTasks:
     """The 18 bundled bookshop questions (``split`` "train" or "test": two disjoint halves by
     a hash of each question, :func:`envs.splits.hash_split`), or ``data`` a Spider folder
-    (``split`` a Spider split, default dev)."""
+    (``split`` a Spider split, default dev); a folder that cannot be read as Spider's is an
+    :class:`~envs.protocol.EnvDataError`."""
     if data is None:
         bundled = demo_tasks()
         try:
@@ -28,7 +29,16 @@ def make_tasks(
         except EnvOptionError as error:
             raise EnvOptionError(f"{error} (a Spider split needs data, a Spider folder)") from None
     else:
-        tasks = load_spider(data, split or "dev", limit=limit)
+        split = split or "dev"
+        if split not in SPLITS:  # an option's error, not the data's
+            raise EnvOptionError(
+                f"split: a Spider split is one of {', '.join(SPLITS)}, got {split!r}"
+            )
+        root = data_path(data, "folder", "a Spider folder")  # EnvDataError: one line
+        try:
+            tasks = load_spider(root, split, limit=limit)
+        except (OSError, ValueError) as error:  # a missing or malformed file in it
+            raise EnvDataError(str(error)) from None
     return python_env(
         SqlEnv(tasks),
         [f"{t.db_id}: {t.question}" for t in tasks],
