@@ -30,13 +30,13 @@ needs a GPU, so the figures are an *estimate* made with a stand-in compiler:
   libtpu). The mesh, shardings, shapes and dtypes are the GPU run's; buffer assignment and
   fusion are XLA:TPU's, which keeps bfloat16 as bfloat16. The closer estimate.
 * ``gpu_target(8, 80)`` (``stand_in="cpu"``): fake CPU devices. XLA:CPU computes bfloat16 in
-  float32, so buffers can be twice their GPU size, and its peak leaves temporaries out; the
-  peak is then the upper bound arguments + outputs - aliased + temporaries. Cheap, coarse.
+  float32, so buffers can be twice their GPU size. Cheap, coarse.
 
 Each :class:`ProgramPlan`
 holds arguments, outputs, aliased (donated) and temporary bytes, the peak, the largest
 buffers of the partitioned program, and whether it fits in the device memory with the asked
-headroom.
+headroom. The peak is never below arguments + outputs - aliased + temporaries (what XLA:GPU
+allocates: :func:`analyse`); the compiler's own peak is kept beside it.
 
 ``agentrl-jax plan`` is the command-line front end (:mod:`agentrl_jax.cli.plan`).
 """
@@ -64,6 +64,7 @@ from agentrl_jax.sampling.weights import copier, sampler_shardings
 from agentrl_jax.sharding import (
     BATCH_AXES,
     QWEN3_PARAM_RULES,
+    MeshConfig,
     batch_shards,
     build_mesh,
     data_mesh,
@@ -144,13 +145,13 @@ _COMMON = dict(
 @dataclasses.dataclass(frozen=True)
 class Target:
     """Devices to compile for, the memory of each, whether figures are estimates (a stand-in
-    compiler) and whether the peak is the conservative bound (CPU stand-ins)."""
+    compiler) and whether that stand-in is XLA:CPU (``cpu_stand_in``)."""
 
     name: str
     devices: tuple[Any, ...]
     memory_bytes: float
     estimate: bool
-    conservative: bool = False
+    cpu_stand_in: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +167,7 @@ class ProgramPlan:
     largest: tuple[tuple[str, int], ...]  # (HLO shape, bytes), largest first
     fits: bool
     headroom: float  # 1 - peak / device memory
+    compiler_peak: int = 0  # the compiler's peak_memory_in_bytes (0: it gives none)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "largest": [list(x) for x in self.largest]}
@@ -193,22 +195,21 @@ def tpu_target(topology: str) -> Target:
 def gpu_target(count: int, memory_gib: float, stand_in: str = "cpu") -> Target:
     """``count`` GPUs of ``memory_gib`` each, estimated with a stand-in compiler.
 
-    ``stand_in="tpu"``: compile-only TPU v5p chips of the same count (a multiple of 4; needs
-    libtpu), bfloat16 kept as such. ``stand_in="cpu"``: fake CPU devices; the process must have
-    at least ``count`` of them (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before
-    jax starts) and the peak is the conservative bound.
+    ``stand_in="tpu"``: compile-only TPU v5p chips of the same count (the first ``count`` chips
+    of the smallest v5p topology holding them; needs libtpu), bfloat16 kept as such.
+    ``stand_in="cpu"``: fake CPU devices; the process must have at least ``count`` of them
+    (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before jax starts).
     """
     if stand_in == "tpu":
-        if count < 4 or count % 4:
-            raise ValueError(
-                f"--gpus {count} --gpu-stand-in tpu: TPU v5p topologies come in "
-                "multiples of 4 chips; use --gpu-stand-in cpu for this count"
-            )
-        topology = f"v5p:2x2x{count // 4}"
-        devices = tpu_target(topology).devices
+        if count < 1:
+            raise ValueError(f"--gpus must be >= 1, got {count}")
+        # the smallest v5p topology holding them (4 chips a host); a count that is not a
+        # multiple of 4 compiles on the first ``count`` chips
+        topology = f"v5p:2x2x{-(-count // 4)}"
+        devices = tpu_target(topology).devices[:count]
         return Target(
             f"{count} x GPU {memory_gib:g} GiB (estimated with the TPU compiler, {topology})",
-            devices,
+            tuple(devices),
             memory_gib * GIB,
             estimate=True,
         )
@@ -225,7 +226,7 @@ def gpu_target(count: int, memory_gib: float, stand_in: str = "cpu") -> Target:
         tuple(devices[:count]),
         memory_gib * GIB,
         estimate=True,
-        conservative=True,
+        cpu_stand_in=True,
     )
 
 
@@ -254,6 +255,35 @@ def model_config(settings: Any, name: str | None = None) -> Qwen3Config:
     raise ValueError(
         f"model.model_dir {model_dir!r}: no config.json there and no known size in its name "
         f"(pass --model one of {sorted(QWEN3_ARCHITECTURES)})"
+    )
+
+
+def fit_mesh(config: MeshConfig, devices: Sequence[Any]) -> tuple[MeshConfig, str | None]:
+    """``config`` if it lays out ``devices``; else the same mesh with the fsdp axis (then the
+    data axis) taking the devices the others leave, and a note naming the ``--set`` that runs
+    it. ValueError naming the fields when neither lays them out."""
+    try:
+        build_mesh(config, devices)
+        return config, None
+    except ValueError as error:
+        refused = str(error)
+    candidates = [
+        (axis, dataclasses.replace(config, **{axis: -1}))
+        for axis in ("fsdp", "data")
+        if -1 not in [getattr(config, a) for a in ("data", "fsdp", "tensor") if a != axis]
+    ]
+    for axis, candidate in candidates:
+        try:
+            mesh = build_mesh(candidate, devices)
+        except ValueError:
+            continue
+        return candidate, (
+            f"the config's mesh does not lay out the {len(devices)} devices ({refused}); "
+            f"planned with {axis}={mesh.shape[axis]} (run it with --set mesh.{axis}=-1)"
+        )
+    raise ValueError(
+        f"{refused}; give a mesh for {len(devices)} devices, e.g. --set mesh.fsdp=-1 "
+        "(or mesh.data, mesh.fsdp and mesh.tensor whose product is the device count)"
     )
 
 
@@ -289,14 +319,14 @@ def largest_buffers(hlo_text: str, count: int = 5) -> tuple[tuple[str, int], ...
     return tuple(sorted(sizes.items(), key=lambda kv: -kv[1])[:count])
 
 
-def analyse(
-    name: str, compiled: Any, memory_bytes: float, headroom: float, conservative: bool = False
-) -> ProgramPlan:
+def analyse(name: str, compiled: Any, memory_bytes: float, headroom: float) -> ProgramPlan:
     """A :class:`ProgramPlan` from a compiled program (``jitted.lower(...).compile()``).
 
-    The peak is the compiler's ``peak_memory_in_bytes``; ``conservative`` (estimates on CPU
-    devices, whose peak leaves temporaries out) takes arguments + outputs - aliased +
-    temporaries instead, an upper bound."""
+    The peak is the larger of the compiler's ``peak_memory_in_bytes`` and the bound
+    arguments + outputs - aliased + temporaries: XLA:GPU allocates a program's temporaries as
+    one block beside its arguments, so on a GPU the bound is what is allocated, even where
+    XLA:TPU's simulated heap gives a lower peak; XLA:CPU's peak leaves temporaries out.
+    ``compiler_peak`` keeps the compiler's own figure."""
     m = compiled.memory_analysis()
     bound = (
         m.argument_size_in_bytes
@@ -304,7 +334,8 @@ def analyse(
         - m.alias_size_in_bytes
         + m.temp_size_in_bytes
     )
-    peak = bound if conservative else (getattr(m, "peak_memory_in_bytes", 0) or bound)
+    compiler_peak = int(getattr(m, "peak_memory_in_bytes", 0) or 0)
+    peak = max(compiler_peak, bound)
     return ProgramPlan(
         name,
         int(m.argument_size_in_bytes),
@@ -315,6 +346,7 @@ def analyse(
         largest_buffers(compiled.as_text()),
         bool(peak <= memory_bytes * (1 - headroom)),
         float(1 - peak / memory_bytes),
+        compiler_peak,
     )
 
 
@@ -350,7 +382,6 @@ def plan_train_step(
     turns: int,
     memory_bytes: float,
     headroom: float,
-    conservative: bool = False,
 ) -> ProgramPlan:
     """Compile the (donating) train step for ``rows x length`` batches on ``mesh``."""
     state = abstract_train_state(model, config, mesh)
@@ -359,7 +390,7 @@ def plan_train_step(
         nnx.graphdef(model), config, mesh=mesh, state_template=state, donate=True
     )
     compiled = step.jitted(batch).lower(state, batch).compile()
-    return analyse(name, compiled, memory_bytes, headroom, conservative)
+    return analyse(name, compiled, memory_bytes, headroom)
 
 
 def plan_weight_sync(
@@ -371,7 +402,6 @@ def plan_weight_sync(
     layout: str,
     memory_bytes: float,
     headroom: float,
-    conservative: bool = False,
 ) -> ProgramPlan:
     """Compile the weight sync's program on the training devices
     (:func:`~agentrl_jax.sampling.weights.sync_weights`): the policy, in its training layout
@@ -385,7 +415,7 @@ def plan_weight_sync(
     else:
         targets = [NamedSharding(mesh, P())] * len(jax.tree.leaves(params))
     copy = copier(jax.tree.structure(params), tuple(targets), jnp.dtype(model.dtype))
-    return analyse(name, copy.lower(source).compile(), memory_bytes, headroom, conservative)
+    return analyse(name, copy.lower(source).compile(), memory_bytes, headroom)
 
 
 def plan_sampler(
@@ -404,7 +434,6 @@ def plan_sampler(
     headroom: float,
     wanted=lambda name: True,
     init: bool = True,
-    conservative: bool = False,
     paging: Paging | None = None,
     refill: bool = False,
 ) -> list[ProgramPlan]:
@@ -435,12 +464,12 @@ def plan_sampler(
     out = []
     if init and wanted(f"{prefix}:init"):
         compiled = sampler._init.lower(rows, max_len, cache_dtype, pool).compile()
-        out.append(analyse(f"{prefix}:init", compiled, memory_bytes, headroom, conservative))
+        out.append(analyse(f"{prefix}:init", compiled, memory_bytes, headroom))
     if wanted(f"{prefix}:append"):
         compiled = sampler._append.lower(
             params, state, rows_of((rows, max_len), jnp.int32), rows_of((rows, max_len), jnp.bool_)
         ).compile()
-        out.append(analyse(f"{prefix}:append", compiled, memory_bytes, headroom, conservative))
+        out.append(analyse(f"{prefix}:append", compiled, memory_bytes, headroom))
     if refill and wanted(f"{prefix}:append_rows"):
         compiled = sampler._append_rows.lower(
             params,
@@ -449,7 +478,7 @@ def plan_sampler(
             rows_of((rows, max_len), jnp.int32),
             rows_of((rows, max_len), jnp.bool_),
         ).compile()
-        out.append(analyse(f"{prefix}:append_rows", compiled, memory_bytes, headroom, conservative))
+        out.append(analyse(f"{prefix}:append_rows", compiled, memory_bytes, headroom))
     if wanted(f"{prefix}:decode"):
         compiled = sampler._decode.lower(
             params,
@@ -459,7 +488,7 @@ def plan_sampler(
             rows_of((rows,), jnp.bool_),
             sampling=sampling,
         ).compile()
-        out.append(analyse(f"{prefix}:decode", compiled, memory_bytes, headroom, conservative))
+        out.append(analyse(f"{prefix}:decode", compiled, memory_bytes, headroom))
     return out
 
 
@@ -474,7 +503,6 @@ def plan_likelihood(
     attention: str,
     memory_bytes: float,
     headroom: float,
-    conservative: bool = False,
 ) -> ProgramPlan:
     """Compile the likelihood analysis's teacher-forced forward
     (:func:`~agentrl_jax.evaluation.likelihood.scoring_program`) for ``rows x length`` batches
@@ -492,7 +520,7 @@ def plan_likelihood(
         for d in (jnp.int32, jnp.bool_)
     )
     compiled = program.lower(params, tokens, mask, mask).compile()
-    return analyse(name, compiled, memory_bytes, headroom, conservative)
+    return analyse(name, compiled, memory_bytes, headroom)
 
 
 def eval_rows(ev: Any, eval_maps: int) -> int:
@@ -517,6 +545,8 @@ def plan(
     model_cfg = model_config(config.model, model_name)
     dtype = jnp.dtype(config.model.dtype)
     model = abstract_qwen3(model_cfg, dtype=dtype, param_dtype=jnp.float32)
+    mesh_config, mesh_note = fit_mesh(config.mesh, target.devices)
+    config = dataclasses.replace(config, mesh=mesh_config)
     mesh = build_mesh(config.mesh, target.devices)
     trained = set(mesh.devices.flat)
     rollout_mesh = (  # mesh.rollout: the rollout devices of every process, rows split over them
@@ -544,7 +574,6 @@ def plan(
                 turns=task.t_max,
                 memory_bytes=target.memory_bytes,
                 headroom=headroom,
-                conservative=target.conservative,
             )
         )
     rollout_rows = rl.max_rows_per_call or rows
@@ -560,7 +589,6 @@ def plan(
                 layout=engine.generation_layout,
                 memory_bytes=target.memory_bytes,
                 headroom=headroom,
-                conservative=target.conservative,
             )
         )
     results += plan_sampler(
@@ -577,7 +605,6 @@ def plan(
         memory_bytes=target.memory_bytes,
         headroom=headroom,
         wanted=wanted,
-        conservative=target.conservative,
         paging=engine.paging,
         refill=rl.refill,
     )
@@ -597,7 +624,6 @@ def plan(
         headroom=headroom,
         wanted=wanted,
         init=False,
-        conservative=target.conservative,
         paging=engine.paging,
     )
     if wanted("eval:likelihood"):
@@ -614,15 +640,15 @@ def plan(
                 attention=ev.attention,
                 memory_bytes=target.memory_bytes,
                 headroom=headroom,
-                conservative=target.conservative,
             )
         )
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     return {
         "target": target.name,
         "estimate": target.estimate,
-        "stand_in": ("cpu" if target.conservative else "tpu") if target.estimate else None,
+        "stand_in": ("cpu" if target.cpu_stand_in else "tpu") if target.estimate else None,
         "mesh": describe_mesh(mesh),
+        "mesh_note": mesh_note,
         "rollout_mesh": describe_mesh(rollout_mesh) if config.mesh.rollout else "the training mesh",
         "device_memory_bytes": target.memory_bytes,
         "headroom": headroom,
@@ -655,6 +681,7 @@ def format_table(report: dict[str, Any]) -> str:
         f"train rows per device per micro-batch: "
         f"{report['train_rows_per_device_per_micro_batch']}, "
         f"length {report['length']}",
+        *([f"mesh: {report['mesh_note']}"] if report.get("mesh_note") else []),
         "",
         (
             "| program | arguments | outputs | aliased | temporaries | peak (GiB) | headroom "

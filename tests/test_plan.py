@@ -125,13 +125,79 @@ def test_plan_for_a_tpu_topology():
     assert "TPU v5" in report["target"] and {p["name"] for p in report["programs"]} == PROGRAMS
 
 
-def test_gpus_with_the_tpu_stand_in_need_a_multiple_of_four():
+def test_gpu_targets_refuse_what_they_cannot_stand_in_for():
     from agentrl_jax.plan import gpu_target
 
-    with pytest.raises(ValueError, match="multiples of 4 chips"):
-        gpu_target(6, 80, stand_in="tpu")
+    with pytest.raises(ValueError, match="--gpus must be >= 1"):
+        gpu_target(0, 80, stand_in="tpu")
     with pytest.raises(ValueError, match="'cpu' or 'tpu'"):
         gpu_target(8, 80, stand_in="gpu")
+
+
+def test_one_gpu_with_the_tpu_stand_in_is_one_chip_of_the_smallest_topology():
+    pytest.importorskip("libtpu")
+    from agentrl_jax.plan import gpu_target
+
+    for count, topology in ((1, "v5p:2x2x1"), (6, "v5p:2x2x2")):
+        target = gpu_target(count, 80, stand_in="tpu")
+        assert len(target.devices) == count and topology in target.name
+
+
+_FIT_MESH = """
+import json
+import jax
+from agentrl_jax.plan import fit_mesh
+from agentrl_jax.sharding import MeshConfig
+out = {}
+for name, mesh in {
+    "fits": MeshConfig(data=2, fsdp=2),
+    "default": MeshConfig(data=1, fsdp=1, tensor=1),
+    "data 3": MeshConfig(data=3, fsdp=1, tensor=1),
+    "tensor 3": MeshConfig(data=1, fsdp=-1, tensor=3),
+}.items():
+    try:
+        fitted, note = fit_mesh(mesh, jax.devices())
+        out[name] = [fitted.data, fitted.fsdp, fitted.tensor, note]
+    except ValueError as error:
+        out[name] = str(error)
+print(json.dumps(out))
+"""
+
+
+def test_plan_picks_a_mesh_that_uses_the_devices_or_names_the_set_to_add():
+    """4 devices: a mesh that lays them out is kept; (1, 1, 1) gets fsdp over all 4, (3, 1, 1)
+    data over all 4 (fsdp=-1 would need 4/3), each with the --set that runs it; a mesh no axis
+    can stretch is refused naming the fields."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    child = subprocess.run(
+        [sys.executable, "-c", _FIT_MESH], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    out = json.loads(child.stdout)
+    assert out["fits"] == [2, 2, 1, None]
+    assert out["default"][:3] == [1, -1, 1]
+    assert out["default"][3] == (
+        "the config's mesh does not lay out the 4 devices (MeshConfig (data, fsdp, tensor)="
+        "(1, 1, 1) needs 1 devices, but 4 are available); planned with fsdp=4 "
+        "(run it with --set mesh.fsdp=-1)"
+    )
+    assert out["data 3"][:3] == [-1, 1, 1] and "--set mesh.data=-1" in out["data 3"][3]
+    assert out["tensor 3"] == (
+        "MeshConfig (1, -1, 3): 4 devices are not divisible by the fixed axes' product 3; "
+        "give a mesh for 4 devices, e.g. --set mesh.fsdp=-1 (or mesh.data, mesh.fsdp and "
+        "mesh.tensor whose product is the device count)"
+    )
+
+
+def test_plan_names_itself_agentrl_jax_also_after_restarting_with_fake_devices():
+    child = subprocess.run(
+        [sys.executable, "-m", "agentrl_jax.cli", "plan", "--gpus", "2", "--set", "rl.nope=1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert child.returncode == 2
+    assert child.stderr.startswith("Usage: agentrl-jax plan [OPTIONS]"), child.stderr
 
 
 def test_plan_for_gpus_with_the_tpu_compiler_standing_in():

@@ -28,4 +28,6 @@ app.command("plan")(plan.plan)
 
 
 def main() -> None:
-    app()
+    # one name in usage lines and errors, also when plan restarts itself as
+    # ``python -m agentrl_jax.cli`` (which click would print as the program)
+    app(prog_name="agentrl-jax")
