@@ -80,3 +80,17 @@ def test_model_flops_and_the_train_layer_budget_by_hand():
 def test_unknown_parts_are_refused_by_name():
     result = CliRunner().invoke(app, ["bench", "device", "--tiny", "--part", "warp"])
     assert result.exit_code == 2 and "unknown part(s) ['warp']" in result.output
+
+
+def test_a_part_that_raises_is_one_line_naming_the_error_and_the_others_still_run(monkeypatch):
+    def broken(seed: int = 0):
+        raise RuntimeError("no kernel for this device\nsecond line")
+
+    monkeypatch.setattr(device, "paged_kernel_figure", broken)
+    figures = device.run(tiny=True, parts=["paged_kernel", "cudnn_attention"])
+    assert [f.figure for f in figures] == [
+        "paged_kernel (correctness): failed",
+        "attention: cuDNN vs XLA",
+    ]
+    assert figures[0].ok is False and figures[0].value is None
+    assert figures[0].settings["error"] == "RuntimeError: no kernel for this device"

@@ -91,6 +91,8 @@ class Figure:
 
     @property
     def ok(self) -> bool | None:
+        if self.kind == "correctness" and "error" in self.settings:
+            return False  # the check raised
         if self.kind != "correctness" or self.value is None or self.tolerance is None:
             return None
         return bool(self.value <= self.tolerance)
@@ -670,6 +672,21 @@ def rollout_figure(scale: Scale, seed: int = 0) -> Figure:
 
 
 # ---------------------------------------------------------------------------- the run
+def failed(part: str, kind: str, error: BaseException) -> Figure:
+    """The line of a part that raised, naming the error: no value; a correctness part is
+    then not ok (:attr:`Figure.ok`)."""
+    message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+    return Figure(
+        f"{part} ({kind}): failed",
+        kind,
+        None,
+        "-",
+        "-",
+        None,
+        settings={"error": message, "device": device_name()},
+    )
+
+
 def run(
     tiny: bool = False, parts: Sequence[str] = PARTS, emit: Callable[[Figure], None] | None = None
 ) -> list[Figure]:
@@ -688,19 +705,25 @@ def run(
             if emit is not None:
                 emit(figure)
 
-    if "memory" in parts:
-        add(decode_memory_figure(scale))
-    if "logits" in parts:
-        add(logits_figure(scale))
-    if "paged_kernel" in parts:
-        add(paged_kernel_figure())
-    if "cudnn_attention" in parts:
-        add(cudnn_figure())
-    if "train_step" in parts:
-        add(train_step_figure(scale))
-        add(train_figures(scale))
-    if "decode" in parts:
-        add(decode_figures(scale, copy_bandwidth(1 << 24 if tiny else 1 << 30)))
-    if "rollout" in parts:
-        add(rollout_figure(scale))
+    steps: list[tuple[str, str, Callable[[], Figure | list[Figure]]]] = [
+        ("memory", "memory", lambda: decode_memory_figure(scale)),
+        ("logits", "correctness", lambda: logits_figure(scale)),
+        ("paged_kernel", "correctness", paged_kernel_figure),
+        ("cudnn_attention", "correctness", cudnn_figure),
+        ("train_step", "correctness", lambda: train_step_figure(scale)),
+        ("train_step", "speed", lambda: train_figures(scale)),
+        (
+            "decode",
+            "speed",
+            lambda: decode_figures(scale, copy_bandwidth(1 << 24 if tiny else 1 << 30)),
+        ),
+        ("rollout", "speed", lambda: rollout_figure(scale)),
+    ]
+    for part, kind, measure in steps:
+        if part not in parts:
+            continue
+        try:
+            add(measure())
+        except Exception as error:  # one line, and the other parts still run
+            add(failed(part, kind, error))
     return figures
