@@ -829,6 +829,17 @@ def test_a_yaml_config_of_the_wrong_structure_is_named(tmp_path, case):
     assert _raises(ConfigError, load_config, path) == f"config {path}: {message}"
 
 
+def test_an_override_of_any_depth_is_one_short_line():
+    """``--set`` values parse as YAML too: a 100k-deep list is refused like a file's, and the
+    error quotes the override cut to 120 characters, not 200k of brackets."""
+    item = "rl.runs=" + "[" * 100_000 + "]" * 100_000
+    message = _raises(ConfigError, load_config, None, [item])
+    assert message == (
+        "override " + repr(item)[:117] + "...: nested more than 32 levels deep at line 1, "
+        "column 33"
+    )
+
+
 def test_a_yaml_file_that_is_missing_or_not_utf8_is_named(tmp_path):
     missing = tmp_path / "missing.yaml"
     assert _raises(ConfigError, load_config, missing) == f"config {missing}: no such file"

@@ -341,13 +341,14 @@ def apply_overrides(d: Mapping[str, Any], overrides: Sequence[str]) -> dict[str,
     out = {k: _copy_mappings(v) for k, v in d.items()}
     for item in overrides:
         key, sep, text = item.partition("=")
+        shown = short_repr(item, 120)  # errors quote the override, a huge value cut
         path = [part.strip() for part in key.strip().split(".")]
         if not sep or len(path) < 2 or not all(path):
-            raise ConfigError(f"override {item!r}: expected section.field=value")
+            raise ConfigError(f"override {shown}: expected section.field=value")
         try:
             value = _parse_value(text)
         except ConfigError as error:
-            raise ConfigError(f"override {item!r}: {error}") from None
+            raise ConfigError(f"override {shown}: {error}") from None
         target = out
         for depth, part in enumerate(path[:-1]):
             if target.get(part) is None:
@@ -356,7 +357,7 @@ def apply_overrides(d: Mapping[str, Any], overrides: Sequence[str]) -> dict[str,
                 where = ".".join(path[: depth + 1])
                 what = "a mapping of fields" if depth == 0 else "a mapping"
                 raise ConfigError(
-                    f"override {item!r}: {where}: must be {what}, got {_kind(target[part])}"
+                    f"override {shown}: {where}: must be {what}, got {_kind(target[part])}"
                 )
             target = target[part]
         target[path[-1]] = value
