@@ -834,10 +834,8 @@ def test_an_override_of_any_depth_is_one_short_line():
     error quotes the override cut to 120 characters, not 200k of brackets."""
     item = "rl.runs=" + "[" * 100_000 + "]" * 100_000
     message = _raises(ConfigError, load_config, None, [item])
-    assert message == (
-        "override " + repr(item)[:117] + "...: nested more than 32 levels deep at line 1, "
-        "column 33"
-    )
+    where = "nested more than 32 levels deep at line 1, column 33"
+    assert message == f"override {repr(item)[:117]}...: {where}"
 
 
 def test_a_yaml_file_that_is_missing_or_not_utf8_is_named(tmp_path):
