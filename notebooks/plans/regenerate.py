@@ -1,0 +1,110 @@
+"""Regenerate the stored plans in this folder with today's code: ``agentrl-jax plan --json``
+for each entry of ``PLANS``, written to ``<name>.json`` with the command, the date and the jax
+and libtpu versions that compiled it.
+
+    python notebooks/plans/regenerate.py                 # every plan (tens of minutes)
+    python notebooks/plans/regenerate.py 0.6b 1.7b       # the plans whose name holds these
+
+Run it with a Python that has the ``tpu`` extra (``pip install -e ".[tpu]"``): TPU targets and
+the GPU estimates with ``--gpu-stand-in tpu`` compile through libtpu's compile-only devices. No
+accelerator, no weights. ``tests/test_plans_stored.py`` checks that every JSON here is listed
+below and is consistent in itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+GPUS_8 = ["--gpus", "8", "--gpu-memory-gib", "80", "--gpu-stand-in", "tpu"]
+GPU_1 = ["--gpus", "1", "--gpu-memory-gib", "80", "--gpu-stand-in", "tpu"]
+V5P_64_COLOCATED = ["--topology", "v5p:4x4x2", "--set", "mesh.data=8", "--set", "mesh.fsdp=4"]
+V5P_64_SPLIT = [
+    *["--topology", "v5p:4x4x2", "--set", "mesh.data=4", "--set", "mesh.fsdp=4"],
+    *["--set", "mesh.rollout=2"],
+]
+
+# name -> (config, plan arguments)
+PLANS: dict[str, tuple[str, list[str]]] = {
+    "frozenlake_qwen3_0.6b_1gpu_1x80gib_tpu-compiler": ("frozenlake_qwen3_0.6b_1gpu", GPU_1),
+    "frozenlake_qwen3_1.7b_1gpu_1x80gib_tpu-compiler": ("frozenlake_qwen3_1.7b_1gpu", GPU_1),
+    "frozenlake_qwen3_4b_gpu_8x80gib_tpu-compiler": ("frozenlake_qwen3_4b_gpu", GPUS_8),
+    "frozenlake_qwen3_8b_gpu_8x80gib_tpu-compiler": ("frozenlake_qwen3_8b_gpu", GPUS_8),
+    "sql_qwen3_4b_gpu_8x80gib_tpu-compiler": ("sql_qwen3_4b_gpu", GPUS_8),
+    "code_qwen3_4b_gpu_8x80gib_tpu-compiler": ("code_qwen3_4b_gpu", GPUS_8),
+    "bfcl_qwen3_4b_gpu_8x80gib_tpu-compiler": ("bfcl_qwen3_4b_gpu", GPUS_8),
+    "frozenlake_qwen3_4b_tpu_v5p-2x2x2": ("frozenlake_qwen3_4b_tpu", ["--topology", "v5p:2x2x2"]),
+    "frozenlake_qwen3_8b_tpu_v5p-2x2x2": ("frozenlake_qwen3_8b_tpu", ["--topology", "v5p:2x2x2"]),
+    "frozenlake_qwen3_4b_tpu_v5p-4x4x2_colocated": ("frozenlake_qwen3_4b_tpu", V5P_64_COLOCATED),
+    "frozenlake_qwen3_4b_tpu_v5p-4x4x2_split": ("frozenlake_qwen3_4b_tpu", V5P_64_SPLIT),
+    "frozenlake_qwen3_8b_tpu_v5p-4x4x2_colocated": ("frozenlake_qwen3_8b_tpu", V5P_64_COLOCATED),
+    # 8B split: 1 row per training chip per micro-batch (2 rows: 85.5 GiB, over 85% of a chip)
+    "frozenlake_qwen3_8b_tpu_v5p-4x4x2_split": (
+        "frozenlake_qwen3_8b_tpu",
+        [*V5P_64_SPLIT, "--set", "rl.num_micro_batches=32"],
+    ),
+}
+
+
+def command(name: str) -> list[str]:
+    """The ``agentrl-jax plan`` arguments of one stored plan."""
+    config, args = PLANS[name]
+    return ["plan", "--config", f"configs/{config}.yaml", *args, "--json"]
+
+
+def regenerate(name: str) -> dict:
+    """Compile one plan and write its JSON; returns the report."""
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "agentrl_jax.cli", *command(name)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    try:  # exit 1 is also "compiled, but some program does not fit": the report says which
+        report = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(
+            f"{name}: plan failed ({out.returncode}):\n{out.stderr[-3000:]}"
+        ) from None
+    report["command"] = "agentrl-jax " + " ".join(command(name))
+    report["generated"] = {
+        "date": datetime.date.today().isoformat(),
+        "jax": importlib.metadata.version("jax"),
+        "libtpu": _version("libtpu"),
+        "seconds": round(time.perf_counter() - start),
+    }
+    (HERE / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def main(patterns: list[str]) -> None:
+    names = [n for n in PLANS if not patterns or any(p in n for p in patterns)]
+    for name in names:
+        report = regenerate(name)
+        worst = max(report["programs"], key=lambda p: p["peak"])
+        print(
+            f"{name}: fits={report['fits']} worst {worst['name']} "
+            f"{worst['peak'] / 1024**3:.1f} GiB ({worst['headroom']:.0%} headroom), "
+            f"{report['generated']['seconds']} s",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
