@@ -230,6 +230,11 @@ def gpu_target(count: int, memory_gib: float, stand_in: str = "cpu") -> Target:
     )
 
 
+def qwen3_config(name: str) -> Qwen3Config:
+    """The architecture of a Qwen3 dense model by name (a key of ``QWEN3_ARCHITECTURES``)."""
+    return Qwen3Config(**_COMMON, **QWEN3_ARCHITECTURES[name])
+
+
 def model_config(settings: Any, name: str | None = None) -> Qwen3Config:
     """The architecture of a config's ``model`` section: ``model_dir``'s config.json if it
     exists; else a known Qwen3 size named by ``name`` or found in the directory's name
@@ -251,7 +256,7 @@ def model_config(settings: Any, name: str | None = None) -> Qwen3Config:
     key = (name or Path(model_dir).name).lower()
     for arch in sorted(QWEN3_ARCHITECTURES, key=len, reverse=True):
         if arch in key:
-            return Qwen3Config(**_COMMON, **QWEN3_ARCHITECTURES[arch])
+            return qwen3_config(arch)
     raise ValueError(
         f"model.model_dir {model_dir!r}: no config.json there and no known size in its name "
         f"(pass --model one of {sorted(QWEN3_ARCHITECTURES)})"

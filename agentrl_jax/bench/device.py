@@ -60,20 +60,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentrl_jax.bench.forward import CONFIGS as MODEL_SHAPES
+
 PARTS = ("memory", "logits", "paged_kernel", "cudnn_attention", "train_step", "decode", "rollout")
 
 # Dense bfloat16 peak FLOP/s by device kind (NVIDIA's data sheets, SXM parts).
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 
-TINY_DIMS = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-)
+TINY_DIMS = dict(MODEL_SHAPES["tiny"], vocab_size=512)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,20 +125,26 @@ FULL = Scale(False, "qwen3-0.6b", ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b"), (1, 
 TINY = Scale(True, "tiny", ("tiny",), (1, 8, 64), 16, 16, "tiny", 256, "tiny", 2, 4, 6, 2)
 
 
-def dims(shape: str) -> dict[str, Any]:
-    """``transformers.Qwen3Config`` fields of a shape name (tiny, qwen3-0.6b .. qwen3-8b)."""
-    if shape == "tiny":
-        return dict(TINY_DIMS)
-    from agentrl_jax.plan import _COMMON, QWEN3_ARCHITECTURES  # noqa: PLC0415
-
-    common = {k: v for k, v in _COMMON.items() if k != "eos_token_ids"}
-    return {**common, **QWEN3_ARCHITECTURES[shape]}
-
-
 def our_config(shape: str):
+    """The :class:`~agentrl_jax.models.Qwen3Config` of a shape name (tiny, qwen3-0.6b ..
+    qwen3-8b)."""
     from agentrl_jax.models import Qwen3Config  # noqa: PLC0415
+    from agentrl_jax.plan import qwen3_config  # noqa: PLC0415
 
-    return Qwen3Config(**{k: v for k, v in dims(shape).items() if k != "eos_token_ids"})
+    return Qwen3Config(**TINY_DIMS) if shape == "tiny" else qwen3_config(shape)
+
+
+def dims(shape: str) -> dict[str, Any]:
+    """``transformers.Qwen3Config`` fields of a shape name: the same model's config.json."""
+    return our_config(shape).to_hf_dict()
+
+
+def layer_matmul_parameters(config) -> int:
+    """The parameters of one layer's matmuls: q, k, v, o and the three MLP projections."""
+    d, f = config.hidden_size, config.intermediate_size
+    q = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    return d * (q + 2 * kv) + q * d + 3 * d * f
 
 
 def device_name(device: Any = None) -> str:
@@ -385,7 +385,7 @@ def decode_memory_figure(scale: Scale, batch: int = 64) -> Figure:
     from agentrl_jax.sampling import SamplingConfig  # noqa: PLC0415
 
     shape = scale.decode_shapes[0]
-    model = _bf16_model(shape)
+    model = _random_model(shape)
     max_len = scale.prompt_len + scale.new_tokens
     greedy = SamplingConfig(temperature=0.0)
     sampler, params, prompt = _decoder(model, batch, scale)
@@ -401,7 +401,7 @@ def decode_memory_figure(scale: Scale, batch: int = 64) -> Figure:
 
 
 # ---------------------------------------------------------------------------- speed
-def _bf16_model(shape: str, seed: int = 0, param_dtype=jnp.bfloat16, layers: int | None = None):
+def _random_model(shape: str, seed: int = 0, param_dtype=jnp.bfloat16, layers: int | None = None):
     """A random Qwen3 of ``shape`` computing in bfloat16 (``layers`` of its layers)."""
     from agentrl_jax.models import Qwen3ForCausalLM  # noqa: PLC0415
 
@@ -417,11 +417,8 @@ def train_layers(shape: str, memory_bytes: float) -> int:
     """The layers of ``shape`` whose float32 train state (parameters, gradients, two AdamW
     moments and the KL reference: 20 bytes a parameter) fills at most half the device."""
     config = our_config(shape)
-    d, f = config.hidden_size, config.intermediate_size
-    q = config.num_attention_heads * config.head_dim
-    kv = config.num_key_value_heads * config.head_dim
-    per_layer = d * (q + 2 * kv) + q * d + 3 * d * f
-    embed = d * config.vocab_size * (1 if config.tie_word_embeddings else 2)
+    per_layer = layer_matmul_parameters(config)
+    embed = config.hidden_size * config.vocab_size * (1 if config.tie_word_embeddings else 2)
     fit = int((memory_bytes / 2 / 20 - embed) // per_layer)
     return max(1, min(config.num_hidden_layers, fit))
 
@@ -461,7 +458,7 @@ def decode_figures(scale: Scale, bandwidth: float) -> list[Figure]:
     greedy = SamplingConfig(temperature=0.0)
     out = []
     for shape in scale.decode_shapes:
-        model = _bf16_model(shape)
+        model = _random_model(shape)
         config = model.config
         param_bytes = _parameter_bytes(nnx.state(model))
         for batch in scale.decode_batches:
@@ -550,11 +547,10 @@ def _transformers_generate_s(shape: str, prompt, scale: Scale) -> float | None:
 def model_flops_per_token(config, length: int) -> float:
     """Forward FLOPs per token: 2 x matmul parameters (the output head included) plus
     causal attention's scores and values (2 x 2 x heads x head_dim x length / 2 per layer)."""
-    d, f, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    q = config.num_attention_heads * config.head_dim
-    kv = config.num_key_value_heads * config.head_dim
-    matmul = layers * (d * (q + 2 * kv) + q * d + 3 * d * f) + d * config.vocab_size
-    attention = layers * 2 * q * length  # (QK^T + PV) x 2 FLOPs x length / 2 (causal)
+    layers, d = config.num_hidden_layers, config.hidden_size
+    matmul = layers * layer_matmul_parameters(config) + d * config.vocab_size
+    # (QK^T + PV) x 2 FLOPs x length / 2 (causal) per layer
+    attention = layers * 2 * config.num_attention_heads * config.head_dim * length
     return 2 * matmul + attention
 
 
@@ -566,7 +562,7 @@ def train_figures(scale: Scale) -> list[Figure]:
 
     shape, length = scale.train_shape, scale.train_tokens
     layers = train_layers(shape, _device_memory())
-    model = _bf16_model(shape, param_dtype=jnp.float32, layers=layers)
+    model = _random_model(shape, param_dtype=jnp.float32, layers=layers)
     attention = "auto" if not scale.tiny else "xla"
     train = TrainConfig(rl=RLConfig(remat="full", attention=attention))
     state = init_train_state(model, train)
@@ -635,7 +631,7 @@ def rollout_figure(scale: Scale, seed: int = 0) -> Figure:
         token_map = frozenlake_token_map(runner, [budget])
         model, policy_args = tiny_policy_model(len(token_map), seed), {"token_map": token_map}
     else:
-        model, policy_args = _bf16_model(scale.rollout_shape), {}
+        model, policy_args = _random_model(scale.rollout_shape), {}
     policy = SamplerPolicy(model, paging=Paging(), **policy_args)
     tasks = np.arange(scale.rollout_tasks)
 
