@@ -19,6 +19,7 @@ from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import SamplerPolicy
 from agentrl_jax.train import RLConfig, TrainConfig, init_train_state, make_train_step, train
+from agentrl_jax.train.state import policy_params, train_model
 from envs.frozenlake import grid
 from envs.frozenlake import maps as fl_maps
 from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv
@@ -120,7 +121,7 @@ def _loop(
 
     metrics = []
     final = train(
-        init_train_state(setting.model, config),
+        init_train_state(train_model(setting.model, config), config),
         train_step,
         setting.runner.for_training(setting.policy),
         task_batches,
@@ -141,7 +142,10 @@ def _control() -> tuple[list[dict[str, float]], dict[str, float]]:
 
     unchanged_state, control = _loop(setting, CONTROL, unchanged)  # its policy: the initial one
     return control, held_out_rates(
-        setting.runner, setting.policy, unchanged_state.policy, setting.held_out_ids
+        setting.runner,
+        setting.policy,
+        policy_params(unchanged_state, CONTROL),
+        setting.held_out_ids,
     )
 
 
@@ -154,9 +158,12 @@ def learning_run(config: TrainConfig) -> Run:
             f"the control's ({CONTROL.rl.seed}, {CONTROL.rl.steps})"
         )
     setting = _setting()
-    final, trained = _loop(setting, config, make_train_step(nnx.graphdef(setting.model), config))
+    graphdef = nnx.graphdef(train_model(setting.model, config))  # with rl.lora: adapters
+    final, trained = _loop(setting, config, make_train_step(graphdef, config))
     control, initial = _control()
-    final_rates = held_out_rates(setting.runner, setting.policy, final.policy, setting.held_out_ids)
+    final_rates = held_out_rates(
+        setting.runner, setting.policy, policy_params(final, config), setting.held_out_ids
+    )
     return Run(trained, control, {"initial": initial, "final": final_rates})
 
 

@@ -47,6 +47,7 @@ from frozenlake_learning import (
 )
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
+from agentrl_jax.models.lora import LoraConfig
 from agentrl_jax.train import RLConfig, TrainConfig
 
 # ~3 min on the shared 2-core CPU, a third of it compiling; at -O1 (tests/conftest.py): the rollouts
@@ -100,6 +101,14 @@ DAPO = TrainConfig(
 # synchronous GRPO's 0.06 ... 0.41, 0.38, on this CPU); 5e-2 makes up for it within the 10 steps.
 ASYNC_GRPO = dataclasses.replace(
     GRPO, rl=dataclasses.replace(GRPO.rl, max_staleness=1, learning_rate=5e-2)
+)
+
+
+# GRPO training LoRA adapters (rank 4, alpha 8, every projection) on the frozen base: the
+# optimizer holds the adapters only and the KL reference is the base with the adapters off.
+LORA_GRPO = dataclasses.replace(
+    GRPO,
+    rl=dataclasses.replace(GRPO.rl, lora=LoraConfig(rank=4, alpha=16.0), learning_rate=0.2),
 )
 
 
@@ -191,3 +200,14 @@ def test_async_grpo_samples_one_update_behind_and_learns_beyond_the_control(asyn
     assert trained[0]["R_multi"] == async_grpo.control[0]["R_multi"]
     assert all(0 < m["off_policy/weight"] <= 2.0 for m in trained)
     assert_learns_beyond_the_control(async_grpo)
+
+
+@pytest.fixture(scope="module")
+def lora_grpo() -> Run:
+    return learning_run(LORA_GRPO)
+
+
+def test_lora_grpo_learns_beyond_the_control_with_the_base_frozen(lora_grpo):
+    assert all(np.isfinite(m["loss"]) and m["update_skipped"] == 0 for m in lora_grpo.trained)
+    assert_learns_beyond_the_control(lora_grpo)
+    assert_held_out_success_rises(lora_grpo)

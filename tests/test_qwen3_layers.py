@@ -141,7 +141,9 @@ def test_swiglu_hand_computed():
     silu = lambda z: z / (1 + np.exp(-z))  # noqa: E731
     hidden = np.array([silu(1.0) * 2.0, silu(-2.0) * -1.0])
     np.testing.assert_allclose(
-        np.asarray(swiglu_mlp(x, gate, up, down)), [[hidden.sum(), hidden[1]]], rtol=1e-6
+        np.asarray(swiglu_mlp({"gate_proj": gate, "up_proj": up, "down_proj": down}, x)),
+        [[hidden.sum(), hidden[1]]],
+        rtol=1e-6,
     )
 
 

@@ -196,11 +196,24 @@ def linear(x: jax.Array, weight: jax.Array, few_rows: bool = False) -> jax.Array
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def swiglu_mlp(
-    x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, few_rows: bool = False
-) -> jax.Array:
-    """``down(silu(gate(x)) * up(x))``; x ``[..., D]``, gate/up ``[I, D]``, down ``[D, I]``."""
-    return linear(jax.nn.silu(linear(x, gate, few_rows)) * linear(x, up, few_rows), down, few_rows)
+def project(p: dict[str, jax.Array], name: str, x: jax.Array, few_rows: bool = False) -> jax.Array:
+    """One layer's projection ``name`` of ``x``: ``linear(x, p[name])``, plus the LoRA update
+    ``B (A x)`` where ``p`` holds ``{name}_a [r, in]`` and ``{name}_b [out, r]`` (the scale
+    folded into B; :mod:`agentrl_jax.models.lora`). With ``B = 0`` the sum is the base
+    projection exactly, but XLA may fuse the addition into what reads it (a norm's reduction)
+    and round that differently; a forward with ``adapters=False`` is the base model bitwise."""
+    out = linear(x, p[name], few_rows)
+    a = p.get(f"{name}_a")
+    if a is None:
+        return out
+    return out + linear(linear(x, a, few_rows), p[f"{name}_b"], few_rows)
+
+
+def swiglu_mlp(p: dict[str, jax.Array], x: jax.Array, few_rows: bool = False) -> jax.Array:
+    """``down(silu(gate(x)) * up(x))``; x ``[..., D]``, ``p``'s gate/up ``[I, D]``, down
+    ``[D, I]`` (each with its adapter, if any)."""
+    hidden = jax.nn.silu(project(p, "gate_proj", x, few_rows)) * project(p, "up_proj", x, few_rows)
+    return project(p, "down_proj", hidden, few_rows)
 
 
 def attention_inputs(
@@ -215,9 +228,9 @@ def attention_inputs(
     batch, length, _ = x.shape
     hd, eps = config.head_dim, config.rms_norm_eps
     h = rms_norm(x, p["input_layernorm"], eps)
-    q = linear(h, p["q_proj"], few_rows).reshape(batch, length, config.num_attention_heads, hd)
-    k = linear(h, p["k_proj"], few_rows).reshape(batch, length, config.num_key_value_heads, hd)
-    v = linear(h, p["v_proj"], few_rows).reshape(batch, length, config.num_key_value_heads, hd)
+    q = project(p, "q_proj", h, few_rows).reshape(batch, length, config.num_attention_heads, hd)
+    k = project(p, "k_proj", h, few_rows).reshape(batch, length, config.num_key_value_heads, hd)
+    v = project(p, "v_proj", h, few_rows).reshape(batch, length, config.num_key_value_heads, hd)
     q = apply_rope(rms_norm(q, p["q_norm"], eps), cos, sin)
     k = apply_rope(rms_norm(k, p["k_norm"], eps), cos, sin)
     return q, k, v
@@ -231,9 +244,9 @@ def layer_output(
     few_rows: bool = False,
 ) -> jax.Array:
     """Residual stream after one layer, given its attention output ``attended [B, L, H, hd]``."""
-    x = x + linear(attended.reshape(*x.shape[:2], -1), p["o_proj"], few_rows)
+    x = x + project(p, "o_proj", attended.reshape(*x.shape[:2], -1), few_rows)
     h = rms_norm(x, p["post_attention_layernorm"], config.rms_norm_eps)
-    return x + swiglu_mlp(h, p["gate_proj"], p["up_proj"], p["down_proj"], few_rows)
+    return x + swiglu_mlp(p, h, few_rows)
 
 
 def positions_from_mask(attention_mask: jax.Array, offset: jax.Array | None = None) -> jax.Array:
@@ -341,8 +354,14 @@ class Qwen3DecoderLayers(nnx.Module):
                 value = _normal_init(rngs.params(), shape, param_dtype)
             setattr(self, name, nnx.Param(value))
 
-    def stacked(self) -> dict[str, jax.Array]:
-        return {name: getattr(self, name)[...] for name in LAYER_PARAM_NAMES}
+    def stacked(self, adapters: bool = True) -> dict[str, jax.Array]:
+        """Every stacked weight by name, plus the LoRA adapters' (``{name}_a``, ``{name}_b``)
+        when the layers have them (``lora``) and ``adapters``."""
+        out = {name: getattr(self, name)[...] for name in LAYER_PARAM_NAMES}
+        lora = getattr(self, "lora", None)
+        if adapters and lora is not None:
+            out.update(lora.stacked())
+        return out
 
 
 def _normal_init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
@@ -423,6 +442,7 @@ class Qwen3ForCausalLM(nnx.Module):
         attention: str = "xla",
         few_rows: bool = False,
         layers: Sequence[dict[str, jax.Array]] | None = None,
+        adapters: bool = True,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final (normed) hidden states ``[B, L, hidden_size]`` and the updated cache.
 
@@ -435,6 +455,8 @@ class Qwen3ForCausalLM(nnx.Module):
         decode step). ``layers``: :meth:`split_layers` output, to run the cache forward's
         layers unrolled from separate arrays (faster on CPU inside a decode loop; compile
         time linear in depth) instead of one ``lax.scan`` over the stacked weights.
+        ``adapters``: apply the LoRA adapters, if the model has them (False: the base model from
+        the same weights, e.g. the KL reference).
         """
         config, dtype = self.config, self.dtype
         constrain = constrain or (lambda x: x)
@@ -443,7 +465,7 @@ class Qwen3ForCausalLM(nnx.Module):
         x = constrain(jnp.take(self.embed_tokens[...], tokens, axis=0, mode="clip").astype(dtype))
         inv_freq, attention_scale = rope_inverse_frequencies(config)
         cos, sin = rope_cos_sin(positions, inv_freq, attention_scale, dtype)
-        layer_params = self.layers.stacked()
+        layer_params = self.layers.stacked(adapters)
 
         def cast(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
             return {name: w.astype(dtype) for name, w in p.items()}

@@ -3,7 +3,9 @@
 A checkpoint ``<directory>/<step>/`` holds two Orbax items:
 
 * ``state``: the :class:`~agentrl_jax.train.state.TrainState` pytree (policy, reference and
-  critic parameters, both optimizer states, step, PRNG key, data position, skip count);
+  critic parameters, both optimizer states, step, PRNG key, data position, skip count); with
+  LoRA the policy is the adapters and the frozen base is not saved: a resumed run takes it
+  from the model it is started with, as the first run did;
 * ``config``: JSON with the :class:`~agentrl_jax.train.config.TrainConfig` (``to_dict``) and
   any caller metadata (e.g. the model directory);
 * ``pending`` (asynchronous runs only, ``rl.max_staleness > 0``): the batches sampled ahead
@@ -145,7 +147,8 @@ class Checkpointer:
         """
         step = int(state.step)
         payload = {"train_config": config.to_dict(), **dict(metadata or {})}
-        items = {"state": ocp.args.StandardSave(state)}
+        # LoRA: the frozen base is the model the run started from, not saved again
+        items = {"state": ocp.args.StandardSave(state.replace(base=None))}
         if pending:
             arrays, payload["pending"] = _pending_arrays(pending)
             items["pending"] = ocp.args.StandardSave(arrays)
@@ -200,7 +203,7 @@ class Checkpointer:
         ``config``, the run's, only makes that message list the trainer settings that differ.
         """
         self.wait()
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template.replace(base=None))
         skipped: list[tuple[Path, str]] = []
         for step in sorted(self._manager.all_steps(), reverse=True):
             path = self.path(step)
@@ -234,7 +237,8 @@ class Checkpointer:
                 # time.
                 gc.collect()
                 continue
-            return Restored(restored.state, step, path, dict(restored.config), tuple(skipped))
+            state = restored.state.replace(base=template.base)  # LoRA: the run's own base
+            return Restored(state, step, path, dict(restored.config), tuple(skipped))
         if skipped:
             details = "; ".join(f"{p}: {r}" for p, r in skipped)
             raise CheckpointRestoreError(

@@ -49,6 +49,7 @@ from typing import Any, Mapping, Sequence
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from agentrl_jax.models.lora import LoraConfig
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
 from agentrl_jax.sampling.config import EngineConfig
 from agentrl_jax.sampling.filters import SamplingConfig
@@ -84,7 +85,11 @@ _T_MAX = (lambda v: is_int(v, 4), "an int >= 4 (the 25% budget level must be >= 
 
 
 def plain_data(value: Any) -> Any:
-    """``value`` with mappings as dicts and tuples as lists, all the way down (what YAML holds)."""
+    """``value`` with mappings as dicts and tuples as lists, all the way down (what YAML holds);
+    a nested section (e.g. ``rl.lora``'s :class:`~agentrl_jax.models.lora.LoraConfig`) as its
+    ``to_dict()``."""
+    if isinstance(value, LoraConfig):
+        return plain_data(value.to_dict())
     if isinstance(value, Mapping):
         return {k: plain_data(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -226,6 +231,13 @@ class RLConfig:
     the truncated importance weight ``min(pi_old / mu, off_policy_cap)`` (``mu`` the sampler's
     recorded log-prob), unless a term reads ``sampler_logprobs`` and corrects itself.
 
+    LoRA: ``lora`` (null: every parameter trains) is a mapping ``{rank, alpha, targets,
+    base_dtype}`` (:class:`~agentrl_jax.models.lora.LoraConfig`): adapters on the targeted
+    projections train, the base weights stay frozen (stored in ``base_dtype``), the optimizer
+    holds the adapters' moments only, the KL reference is the base (adapters off, no second
+    copy), the rollouts decode with the adapters merged into the weights (on device, once per
+    update) and checkpoints hold the adapters, not the base. Not with a critic (PPO).
+
     Checkpoints every ``checkpoint_every`` updates, the newest ``checkpoint_keep`` kept.
     Live metrics (each run's ``metrics.jsonl`` is the record of truth, always written):
     ``tensorboard`` (``auto``: when ``tensorboardX`` or ``tensorboard`` is installed;
@@ -268,8 +280,10 @@ class RLConfig:
     seed: int = 0
     tensorboard: str | bool = "auto"
     wandb_project: str | None = None
+    lora: LoraConfig | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "lora", LoraConfig.from_value(self.lora))
         if isinstance(self.runs, str) or not isinstance(self.runs, Sequence) or not self.runs:
             raise ConfigError(
                 f"rl.runs: must be a non-empty list of runs, each a preset name "
@@ -524,6 +538,11 @@ class TrainConfig:
             check_inputs(self.algorithm)
         except ValueError as e:
             raise ConfigError(f"TrainConfig.algorithm.{e}") from None
+        if self.rl.lora is not None and self.uses_critic:
+            raise ConfigError(
+                "rl.lora: a run with a critic (PPO) trains a full copy of the policy as its "
+                "value model; LoRA runs train without one (set rl.lora: null for this run)"
+            )
 
     @property
     def kl_coef(self) -> float:

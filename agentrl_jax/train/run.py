@@ -60,7 +60,7 @@ from agentrl_jax.train.config import Config, train_config
 from agentrl_jax.train.loop import train
 from agentrl_jax.train.presets import RunSettings, resolve_run
 from agentrl_jax.train.sinks import MetricsLogger, WandbSink, tensorboard_available
-from agentrl_jax.train.state import init_train_state, place_state
+from agentrl_jax.train.state import init_train_state, place_state, policy_params, train_model
 from agentrl_jax.train.step import make_train_step
 from agentrl_jax.trajectory import TOKEN_FIELDS, StepScorer, Trajectory, bucket_width, row_lengths
 
@@ -82,9 +82,10 @@ def train_policy(
     events: list[tuple[str, int]] | None = None,
 ) -> Any:
     """Train ``policy`` on ``env`` with ``algorithm`` under ``config`` into ``out`` (module
-    docstring); returns the final policy parameters. ``mesh``: the devices of the train
-    state (default: ``config.mesh``'s; None: one device), on which ``policy``'s parameters
-    may already lie. ``on_step(step, metrics)`` runs after every update; ``events``, if
+    docstring); returns the final policy parameters (a plain Qwen3's: with ``rl.lora`` the
+    adapters merged into the weights, in the base's training dtype). ``mesh``: the devices of
+    the train state (default: ``config.mesh``'s; None: one device), on which ``policy``'s
+    parameters may already lie. ``on_step(step, metrics)`` runs after every update; ``events``, if
     given, receives the asynchronous loop's order of events (:func:`~agentrl_jax.train.train`)."""
     if not isinstance(config, Config):
         raise TypeError(f"config: must be a Config, got {type(config).__name__}")
@@ -105,9 +106,13 @@ def train_policy(
     runner = MultiTurnRollout(text_env, tokenizer, rollout_config(config, run, valid))
     processes = distributed.is_multiprocess()
     sampler = rollout_sampler(policy, config, mesh)
-    state = place_state(init_train_state(policy, update), mesh)
+    trained = train_model(policy, update)  # with rl.lora: adapters on the shared weights
+    state = place_state(init_train_state(trained, update), mesh)
     # the step donates its input state: train on a copy, so the model keeps its parameters
-    state = state.replace(policy=jax.tree.map(jnp.copy, state.policy))
+    if state.base is None:
+        state = state.replace(policy=jax.tree.map(jnp.copy, state.policy))
+    elif config.rl.lora.base_dtype in (None, np.dtype(policy.param_dtype).name):
+        state = state.replace(base=jax.tree.map(jnp.copy, state.base))  # else cast: a copy
     checkpointer = Checkpointer.from_config(out / "checkpoints", update)
     restored = checkpointer.restore_latest(state, update)
     pending = []
@@ -125,7 +130,7 @@ def train_policy(
                 stacklevel=2,
             )
     step_fn = make_train_step(
-        nnx.graphdef(policy),
+        nnx.graphdef(trained),
         update,
         mesh=mesh,
         donate=True,
@@ -178,7 +183,8 @@ def train_policy(
         if logger is not None:
             logger.close()
         checkpointer.close()
-    return distributed.host_value(state.policy) if processes else state.policy
+    params = policy_params(state, update)  # with LoRA: the adapters merged into the weights
+    return distributed.host_value(params) if processes else params
 
 
 def rollout_sampler(policy: nnx.Module, config: Config, mesh: Any) -> SamplerPolicy:

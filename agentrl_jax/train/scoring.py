@@ -30,13 +30,15 @@ class Forward:
     model's own), ``attention`` (:data:`~agentrl_jax.models.attention.IMPLEMENTATIONS`),
     ``loss_positions`` (the static bound on sampled positions per row at which the head runs;
     None: every position), ``logits_chunk`` (positions per chunk of the head) and
-    ``sampling`` (score under this sampling distribution; None: the model's own)."""
+    ``sampling`` (score under this sampling distribution; None: the model's own) and
+    ``adapters`` (apply the model's LoRA adapters, if it has them; False: the base model)."""
 
     remat: str | None = None
     attention: str = "xla"
     loss_positions: int | None = None
     logits_chunk: int = 512
     sampling: SamplingConfig | None = None
+    adapters: bool = True
 
 
 def _shift_right(x: jax.Array) -> jax.Array:
@@ -53,6 +55,7 @@ def _hidden_states(model, tokens, token_mask, forward: Forward, constrain) -> ja
         remat=forward.remat,
         constrain=constrain,
         attention=forward.attention,
+        adapters=forward.adapters,
     )
     return hidden
 

@@ -11,6 +11,12 @@
 * ``rng``              uint32[2] PRNG key; the loop splits a rollout key off it every step
 * ``data_position``    int32 []  index of the next task batch to draw
 * ``skipped_updates``  int32 []  updates skipped because the loss or a gradient was not finite
+* ``base``             with LoRA (``rl.lora``): the frozen base weights, and ``policy`` holds the
+  adapters only (so the optimizer and the gradients cover the adapters); None without LoRA
+
+With LoRA the model's ``graphdef`` has the adapters (:func:`train_model`) and
+``nnx.merge(graphdef, state.policy, state.base)`` is the policy; :func:`policy_params` gives a
+plain Qwen3's parameters (the adapters merged into the weights) for the sampler and export.
 
 The model's ``graphdef`` (structure, dtypes, remat) and the :class:`TrainConfig` are static and
 live outside the state. The critic is a separate Qwen3 backbone (initialised as a copy of the
@@ -39,6 +45,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
+from agentrl_jax.models import lora
 from agentrl_jax.sharding import QWEN3_PARAM_RULES, PartitionRule, path_string, spec_for
 from agentrl_jax.train.config import TrainConfig
 
@@ -65,6 +72,7 @@ class TrainState:
     rng: jax.Array
     data_position: jax.Array
     skipped_updates: jax.Array
+    base: Any = None
 
 
 def make_optimizer(
@@ -100,14 +108,36 @@ def init_critic(policy_params: Any, hidden_size: int) -> CriticParams:
     )
 
 
+def train_model(model: nnx.Module, config: TrainConfig) -> nnx.Module:
+    """The model the step trains: ``model`` itself, or with ``rl.lora`` a model sharing its
+    weights with fresh adapters (:func:`~agentrl_jax.models.lora.with_adapters`, keyed by
+    ``rl.seed``); its ``graphdef`` is the step's."""
+    if config.rl.lora is None or lora.has_adapters(model):
+        return model
+    key = jax.random.fold_in(jax.random.PRNGKey(config.rl.seed), 0x10A)
+    return lora.with_adapters(model, config.rl.lora, key)
+
+
 def init_train_state(model: nnx.Module, config: TrainConfig) -> TrainState:
-    """The state at step 0 for ``model`` (its current parameters become policy and reference).
+    """The state at step 0 for ``model`` (its current parameters become policy and reference;
+    with ``rl.lora``, ``model`` is :func:`train_model`'s: its adapters are the policy, the rest
+    the frozen base, cast to ``rl.lora.base_dtype``, and there is no reference copy).
 
     The copies and optimizer states are made in one jitted call, so they land where the
     parameters are (same shardings) and no op is dispatched eagerly, one by one. Every leaf
     is committed (:func:`commit_state`).
     """
-    _, params = nnx.split(model)
+    base = None
+    if config.rl.lora is not None:
+        if not lora.has_adapters(model):
+            raise ValueError("rl.lora is set: build the state from train_model(model, config)")
+        _, params, base = lora.split_adapters(model)
+        if config.rl.lora.base_dtype is not None:
+            base = _cast(base, jnp.dtype(config.rl.lora.base_dtype))
+    else:
+        if lora.has_adapters(model):
+            raise ValueError("the model has LoRA adapters but rl.lora is null")
+        _, params = nnx.split(model)
     policy_opt, reference, critic, critic_opt = _derived_state(
         params, config, model.config.hidden_size
     )
@@ -122,8 +152,28 @@ def init_train_state(model: nnx.Module, config: TrainConfig) -> TrainState:
             rng=jax.random.PRNGKey(config.rl.seed),
             data_position=jnp.zeros((), jnp.int32),
             skipped_updates=jnp.zeros((), jnp.int32),
+            base=base,
         )
     )
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cast(params: Any, dtype: Any) -> Any:
+    return jax.tree.map(lambda x: x.astype(dtype), params)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _merged(base: Any, adapters: Any, scale: float) -> Any:
+    return lora.merged_params(base, adapters, scale)
+
+
+def policy_params(state: TrainState, config: TrainConfig) -> Any:
+    """The policy as a plain Qwen3's parameters: ``state.policy``, or with LoRA the base with
+    the adapters merged into its weights (one jitted call, on the state's devices; the base's
+    dtype). What the rollouts decode with and what a run returns."""
+    if state.base is None:
+        return state.policy
+    return _merged(state.base, state.policy, config.rl.lora.scale)
 
 
 def commit_state(state: TrainState) -> TrainState:
@@ -134,7 +184,7 @@ def commit_state(state: TrainState) -> TrainState:
     (``jax.local_devices()[0]`` if they have none). ``device_put`` onto the sharding an array
     already has is a no-op.
     """
-    leaf = jax.tree.leaves(state.policy)[0]
+    leaf = jax.tree.leaves(state.policy if state.base is None else state.base)[0]
     sharding = getattr(leaf, "sharding", None)
     if isinstance(sharding, NamedSharding):
         replicated = NamedSharding(sharding.mesh, P())
@@ -161,7 +211,10 @@ def place_state(
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _derived_state(params: Any, config: TrainConfig, hidden_size: int):
-    reference = jax.tree.map(jnp.copy, params) if config.uses_reference else None
+    # with LoRA the reference is the base, adapters off: no copy
+    reference = (
+        jax.tree.map(jnp.copy, params) if config.uses_reference and config.rl.lora is None else None
+    )
     critic = critic_opt = None
     if config.uses_critic:
         critic = init_critic(params, hidden_size)
@@ -172,7 +225,7 @@ def _derived_state(params: Any, config: TrainConfig, hidden_size: int):
 # ------------------------------------------------------------------------- sharding
 
 # State fields whose array leaves are model parameters, or optimizer moments shaped like them.
-_PARAM_FIELDS = ("policy", "policy_opt", "reference", "critic", "critic_opt")
+_PARAM_FIELDS = ("policy", "policy_opt", "reference", "critic", "critic_opt", "base")
 
 
 def _param_spec(path: str, shape: Sequence[int], mesh: Mesh, rules: Sequence[PartitionRule]) -> P:

@@ -60,6 +60,7 @@ inserts the reductions, so sums over the batch are global, like the single-devic
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -137,15 +138,20 @@ def _model_scores(
     mb: Mapping[str, jax.Array],
     constrain: Constrain | None,
     with_entropy: bool = False,
+    base: Any = None,
+    adapters: bool = True,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """``(logprobs, entropy or None)`` ``[n, L]`` of a (micro-)batch's tokens under ``params``."""
+    """``(logprobs, entropy or None)`` ``[n, L]`` of a (micro-)batch's tokens under ``params``
+    (with LoRA: the adapters, on the frozen ``base``; ``adapters=False`` scores the base)."""
+    model = nnx.merge(graphdef, params) if base is None else nnx.merge(graphdef, params, base)
+    forward = config.forward if adapters else dataclasses.replace(config.forward, adapters=False)
     return sequence_logprobs(
-        nnx.merge(graphdef, params),
+        model,
         mb["tokens"],
         mb["token_mask"],
         loss_mask=mb["loss_mask"],
         with_entropy=with_entropy,
-        forward=config.forward,
+        forward=forward,
         constrain=constrain,
     )
 
@@ -244,16 +250,27 @@ def prepare_batch(
         ) / jnp.maximum(jnp.sum(rows), 1.0)
     if _records_old_logprobs(config):
         computed["old_logprobs"] = map_micro_batches(
-            lambda mb: _model_scores(graphdef, config, state.policy, mb, constrain)[0], data, chunks
+            lambda mb: _model_scores(
+                graphdef, config, state.policy, mb, constrain, base=state.base
+            )[0],
+            data,
+            chunks,
         )
         gap_sum, metrics["sampler_gap_max"] = sampler_gap(
             computed["old_logprobs"], data["recorded_logprobs"], loss_mask
         )
         metrics["sampler_gap_mean"] = aggregation.mean(gap_sum)
     if needs.reference:
-        reference = jax.lax.stop_gradient(state.reference)
+        if state.base is None:
+            reference, base, adapters = jax.lax.stop_gradient(state.reference), None, True
+        else:  # LoRA: the frozen base is the reference, adapters off
+            reference, base, adapters = state.policy, state.base, False
         computed["ref_logprobs"] = map_micro_batches(
-            lambda mb: _model_scores(graphdef, config, reference, mb, constrain)[0], data, chunks
+            lambda mb: _model_scores(
+                graphdef, config, reference, mb, constrain, base=base, adapters=adapters
+            )[0],
+            data,
+            chunks,
         )
     data.update(
         {name: jax.lax.stop_gradient(computed[name]) for name in needs.batch if name in computed}
@@ -291,6 +308,7 @@ def policy_gradients(
     mesh: Mesh | None = None,
     *,
     first_update: bool | jax.Array = False,
+    base: Any = None,
 ) -> tuple[Any, dict[str, jax.Array]]:
     """Mean gradient of the policy loss over ``data`` (one update's rows) at ``params``, and
     metrics.
@@ -311,6 +329,9 @@ def policy_gradients(
     sampler-trainer gap (:func:`sampler_gap`) when this is the batch's only update at the
     rollout's parameters (``first_update`` True, no recorded old log-probs; with recorded
     ones :func:`prepare_batch` reports it).
+
+    LoRA: ``params`` are the adapters and ``base`` the frozen weights; gradients are the
+    adapters' only.
     """
     needs = step_inputs(config.algorithm)
     constrain = activation_constraint(mesh)
@@ -321,7 +342,7 @@ def policy_gradients(
 
     def loss_fn(params, mb):
         logprobs, entropy = _model_scores(
-            graphdef, config, params, mb, constrain, "entropy" in live
+            graphdef, config, params, mb, constrain, "entropy" in live, base=base
         )
         fields = {name: mb[name] for name in batch_fields if name in mb}
         if "old_logprobs" in batch_fields:
@@ -442,7 +463,7 @@ def compute_gradients(
     """
     data, metrics = prepare_batch(graphdef, config, state, batch, mesh)
     policy_grads, policy_metrics = policy_gradients(
-        graphdef, config, state.policy, data, mesh, first_update=True
+        graphdef, config, state.policy, data, mesh, first_update=True, base=state.base
     )
     metrics = {**metrics, **policy_metrics}
     critic_grads = None
@@ -463,20 +484,25 @@ def _apply(
 
 
 def _update_fn(
-    graphdef: nnx.GraphDef, config: TrainConfig, data: Mapping[str, jax.Array], mesh: Mesh | None
+    graphdef: nnx.GraphDef,
+    config: TrainConfig,
+    data: Mapping[str, jax.Array],
+    mesh: Mesh | None,
+    base: Any = None,
 ):
     """``(carry, (index, rows or None)) -> (carry, metrics)``: update number ``index`` on
     ``data`` at ``rows`` (all rows if None).
 
-    ``carry = (policy, policy_opt, critic, critic_opt)``. If the loss or any gradient is not
-    finite, nothing is updated and the metric ``update_skipped`` is 1.
+    ``carry = (policy, policy_opt, critic, critic_opt)`` (with LoRA ``policy`` is the adapters,
+    on the frozen ``base``). If the loss or any gradient is not finite, nothing is updated and
+    the metric ``update_skipped`` is 1.
     """
 
     def update(carry, xs):
         (policy, policy_opt, critic, critic_opt), (index, rows) = carry, xs
         mb = data if rows is None else select_rows(data, rows, mesh)
         policy_grads, metrics = policy_gradients(
-            graphdef, config, policy, mb, mesh, first_update=index == 0
+            graphdef, config, policy, mb, mesh, first_update=index == 0, base=base
         )
         finite = jnp.isfinite(metrics["loss"]) & all_finite(policy_grads)
         if critic is not None:
@@ -515,7 +541,7 @@ def train_step(
             f"num_micro_batches={config.rl.num_micro_batches} must divide the batch's {rows} rows"
         )
     data, batch_metrics = prepare_batch(graphdef, config, state, batch, mesh)
-    update = _update_fn(graphdef, config, data, mesh)
+    update = _update_fn(graphdef, config, data, mesh, state.base)
     carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
     rng, count = state.rng, config.updates_per_batch
     if count == 1:
