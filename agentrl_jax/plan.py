@@ -55,6 +55,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from agentrl_jax.models import lora
 from agentrl_jax.models.checkpoints import abstract_qwen3
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.sampling import Paging, SamplingConfig
@@ -79,6 +80,7 @@ from agentrl_jax.train import (
     init_train_state,
     make_train_step,
     state_shardings,
+    train_model,
 )
 from agentrl_jax.train.config import loss_position_bound
 from agentrl_jax.train.config import train_config as make_train_config
@@ -367,7 +369,9 @@ def _abstract(tree: Any, shardings: Any) -> Any:
 def abstract_train_state(model: nnx.Module, config: TrainConfig, mesh) -> Any:
     """The train state as ShapeDtypeStructs in their mesh layout (nothing allocated)."""
     graphdef, params = nnx.split(model)
-    state = jax.eval_shape(lambda p: init_train_state(nnx.merge(graphdef, p), config), params)
+    state = jax.eval_shape(
+        lambda p: init_train_state(train_model(nnx.merge(graphdef, p), config), config), params
+    )
     return _abstract(state, state_shardings(state, mesh))
 
 
@@ -392,10 +396,38 @@ def plan_train_step(
     state = abstract_train_state(model, config, mesh)
     batch = abstract_batch(rows, length, turns, mesh)
     step = make_train_step(
-        nnx.graphdef(model), config, mesh=mesh, state_template=state, donate=True
+        nnx.graphdef(train_model(model, config)),
+        config,
+        mesh=mesh,
+        state_template=state,
+        donate=True,
     )
-    compiled = step.jitted(batch).lower(state, batch).compile()
+    compiled = step.lower(state, batch).compile()
     return analyse(name, compiled, memory_bytes, headroom)
+
+
+def plan_lora_merge(
+    name: str,
+    model: nnx.Module,
+    config: TrainConfig,
+    mesh,
+    *,
+    memory_bytes: float,
+    headroom: float,
+) -> ProgramPlan:
+    """Compile a LoRA run's merge (:func:`~agentrl_jax.train.state.policy_params`, once, for
+    the run's result): the frozen base and the adapters in their training layout -> the plain
+    weights ``W + scale B A``, laid out as the base is."""
+    state = abstract_train_state(model, config, mesh)
+    shardings = state_shardings(state, mesh)
+    merge = jax.jit(
+        lambda base, adapters: lora.merged_params(base, adapters, config.rl.lora.scale),
+        in_shardings=(shardings.base, shardings.policy),
+        out_shardings=tree_shardings(
+            jax.eval_shape(lambda: nnx.state(model)), mesh, QWEN3_PARAM_RULES
+        ),
+    )
+    return analyse(name, merge.lower(state.base, state.policy).compile(), memory_bytes, headroom)
 
 
 def plan_weight_sync(
@@ -549,7 +581,10 @@ def plan(
     prefixes to keep (e.g. ``["train"]``), None for all."""
     model_cfg = model_config(config.model, model_name)
     dtype = jnp.dtype(config.model.dtype)
-    model = abstract_qwen3(model_cfg, dtype=dtype, param_dtype=jnp.float32)
+    lora_config = config.rl.lora
+    # a LoRA run loads its frozen base in rl.lora.base_dtype (the pipeline does)
+    param_dtype = jnp.dtype((lora_config and lora_config.base_dtype) or jnp.float32)
+    model = abstract_qwen3(model_cfg, dtype=dtype, param_dtype=param_dtype)
     mesh_config, mesh_note = fit_mesh(config.mesh, target.devices)
     config = dataclasses.replace(config, mesh=mesh_config)
     mesh = build_mesh(config.mesh, target.devices)
@@ -581,6 +616,23 @@ def plan(
                 headroom=headroom,
             )
         )
+    # with LoRA the rollouts apply the adapters to the frozen base (no merged copy of the
+    # weights: train.state.sampler_params); the weights are merged once, for the run's result
+    rollout_model = model
+    if rl.lora is not None:
+        lora_train = make_train_config(config, rl.resolved_runs()[0])
+        rollout_model = train_model(model, lora_train)
+        if wanted("lora:merge"):
+            results.append(
+                plan_lora_merge(
+                    "lora:merge",
+                    model,
+                    lora_train,
+                    mesh,
+                    memory_bytes=target.memory_bytes,
+                    headroom=headroom,
+                )
+            )
     rollout_rows = rl.max_rows_per_call or rows
     engine = config.engine
     cache_dtype = jnp.dtype(engine.kv_cache_dtype or config.model.dtype)
@@ -598,7 +650,7 @@ def plan(
         )
     results += plan_sampler(
         "rollout",
-        model,
+        rollout_model,
         rollout_mesh,
         rows=rollout_rows,
         max_len=task.max_context,

@@ -85,12 +85,14 @@ class _Setting:
     runner: MultiTurnRollout
     policy: SamplerPolicy
     model: nnx.Module
+    token_map: object
     train_ids: np.ndarray
     held_out_ids: np.ndarray
 
 
-@functools.lru_cache(maxsize=1)
-def _setting() -> _Setting:
+@functools.lru_cache(maxsize=2)
+def _setting(std: float = 0.1) -> _Setting:
+    """The maps, the rollout and a tiny policy whose weights are N(0, ``std``)."""
     maps = one_step_maps(jax.random.key(0), TRAIN_MAPS + HELD_OUT_MAPS)  # distinct maps
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=BUDGET, is_slippery=False))
     runner = MultiTurnRollout(
@@ -99,11 +101,12 @@ def _setting() -> _Setting:
         RolloutConfig(group_size=GROUP, budget=BUDGET, max_response_tokens=1, max_context=512),
     )
     token_map = frozenlake_token_map(runner, [BUDGET])
-    model = tiny_model(seed=0, vocab_size=len(token_map))
+    model = tiny_model(seed=0, std=std, vocab_size=len(token_map))
     return _Setting(
         runner,
         SamplerPolicy(model, token_map=token_map),
         model,
+        token_map,
         np.arange(TRAIN_MAPS),
         np.arange(TRAIN_MAPS, len(maps)),
     )
@@ -120,10 +123,16 @@ def _loop(
         ]
 
     metrics = []
+    model = train_model(setting.model, config)  # with rl.lora: the sampler applies the adapters
+    policy = (
+        setting.policy
+        if model is setting.model
+        else SamplerPolicy(model, token_map=setting.token_map)
+    )
     final = train(
-        init_train_state(train_model(setting.model, config), config),
+        init_train_state(model, config),
         train_step,
-        setting.runner.for_training(setting.policy),
+        setting.runner.for_training(policy),
         task_batches,
         config,
         progress=False,
@@ -132,10 +141,10 @@ def _loop(
     return final, metrics
 
 
-@functools.lru_cache(maxsize=1)
-def _control() -> tuple[list[dict[str, float]], dict[str, float]]:
+@functools.lru_cache(maxsize=2)
+def _control(std: float = 0.1) -> tuple[list[dict[str, float]], dict[str, float]]:
     """The no-update control's metrics and the initial parameters' held-out rates."""
-    setting = _setting()
+    setting = _setting(std)
 
     def unchanged(state, batch):  # the control's update: learning rate 0
         return state.replace(step=state.step + 1), {"update_skipped": jnp.zeros(())}
@@ -149,18 +158,19 @@ def _control() -> tuple[list[dict[str, float]], dict[str, float]]:
     )
 
 
-def learning_run(config: TrainConfig) -> Run:
+def learning_run(config: TrainConfig, std: float = 0.1) -> Run:
     """``config``'s training for STEPS steps, and the no-update control on the same rollout
-    keys and task batches (``config`` must have the control's seed and length)."""
+    keys and task batches (``config`` must have the control's seed and length), from the
+    tiny policy of weights N(0, ``std``)."""
     if (config.rl.seed, config.rl.steps) != (CONTROL.rl.seed, CONTROL.rl.steps):
         raise ValueError(
             f"learning_run: seed {config.rl.seed} and steps {config.rl.steps} must be "
             f"the control's ({CONTROL.rl.seed}, {CONTROL.rl.steps})"
         )
-    setting = _setting()
+    setting = _setting(std)
     graphdef = nnx.graphdef(train_model(setting.model, config))  # with rl.lora: adapters
     final, trained = _loop(setting, config, make_train_step(graphdef, config))
-    control, initial = _control()
+    control, initial = _control(std)
     final_rates = held_out_rates(
         setting.runner, setting.policy, policy_params(final, config), setting.held_out_ids
     )

@@ -569,7 +569,7 @@ def train_figures(scale: Scale) -> list[Figure]:
     step = make_train_step(nnx.graphdef(model), train, donate=True)
     batch = step.place(_train_batch(1, length, model.config.vocab_size), state)
     tokens = int(np.asarray(batch.trajectory.token_mask).sum())
-    compiled = step.jitted(batch).lower(state, batch).compile()
+    compiled = step.lower(state, batch).compile()
     predicted = analyse("train", compiled, _device_memory(), 0.0)
     with measured_peak(predicted.arguments) as measured:
         state, metrics = compiled(state, batch)

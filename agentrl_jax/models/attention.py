@@ -12,14 +12,18 @@ accumulation are float32; the result is cast to ``v.dtype``.
 
 Visibility rule
 ---------------
-Key ``j`` is visible to query ``i`` of row ``b`` iff ``j < key_limit[b, i]`` and (``key_valid``
-is None or ``key_valid[b, j]``). The one rule covers
+Key ``j`` is visible to query ``i`` of row ``b`` iff ``key_start[b, i] <= j < key_limit[b, i]``
+and (``key_valid`` is None or ``key_valid[b, j]``); ``key_start`` None means 0. The one rule
+covers
 
 * the no-cache (training) forward: ``key_limit = causal_limit(B, L)`` (``i + 1``; passing
   ``key_limit=None`` means exactly this), ``key_valid = attention_mask``, padding anywhere
   (left-padded, ragged, in the middle);
 * the KV-cache forward: ``key_limit = cache_limit(lengths, attention_mask)`` (the number of
-  filled slots visible to each token), ``key_valid=None``.
+  filled slots visible to each token), ``key_valid=None``;
+* packed rows (several sequences per row, each a contiguous segment): the causal form plus
+  ``key_start = segment_starts(segment_ids)``, the index where each token's segment begins,
+  so no token sees another segment's.
 
 A query with no visible key (a left-padding token) gets a finite, meaningless result with a
 finite gradient; "xla" gives it a uniform average over all keys (as does "cudnn", whose masked
@@ -30,7 +34,7 @@ Shapes
 ------
 ``q [B, L, H, hd]``; ``k, v [B, S, KV, hd]`` with ``H % KV == 0``; ``key_limit [B, L]`` int (or
 None: causal by index); ``key_valid [B, S]`` bool (or None: all keys valid). Returns
-``out [B, L, H, hd]`` in ``v.dtype``.
+``out [B, L, H, hd]`` in ``v.dtype``; ``key_start [B, L]`` int (or None).
 
 Implementations (``implementation=``)
 -------------------------------------
@@ -56,7 +60,8 @@ Implementations (``implementation=``)
   raises elsewhere.
 * ``"splash"`` (TPU only): the Pallas splash-attention kernel
   (``jax.experimental.pallas.ops.tpu.splash_attention``) with a causal mask and segment ids
-  ``key_valid`` (as int), vmapped over the batch. Only the causal no-cache form is expressible
+  ``key_valid`` (as int; with ``key_start``, ``key_start + 1`` on valid tokens, so each
+  segment is its own), vmapped over the batch. Only the causal no-cache form is expressible
   (``key_limit`` None or concretely equal to ``causal_limit``, ``L == S``); anything else
   raises ValueError. L is padded to whole kernel blocks (multiples of 128). Memory
   O(B * H * L) (the kernel saves out and log-sum-exp). Padding tokens (``key_valid`` False)
@@ -106,17 +111,35 @@ def cache_limit(lengths: jax.Array, attention_mask: jax.Array) -> jax.Array:
     )
 
 
+def segment_starts(segment_ids: jax.Array) -> jax.Array:
+    """``[B, L]`` int32: the index where each token's segment begins. ``segment_ids [B, L]``
+    int, a segment being a run of equal ids (packed rows: 1, 1, 1, 2, 2, 0, 0 with 0 for
+    padding; the padding run is a segment of its own, and sees no valid key)."""
+    index = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)
+    new = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], 1
+    )
+    return lax.cummax(jnp.where(new, index, 0), axis=1)
+
+
 def visibility(
-    key_limit: jax.Array | None, key_valid: jax.Array | None, length: int, keys: int
+    key_limit: jax.Array | None,
+    key_valid: jax.Array | None,
+    length: int,
+    keys: int,
+    key_start: jax.Array | None = None,
 ) -> jax.Array:
     """``[B, L, S]`` bool: key ``j`` visible to query ``i`` (the rule of the module docstring).
 
-    With both arguments None the batch axis is 1.
+    With every argument None the batch axis is 1.
     """
     if key_limit is None:
-        batch = 1 if key_valid is None else key_valid.shape[0]
+        batch = next((x.shape[0] for x in (key_valid, key_start) if x is not None), 1)
         key_limit = causal_limit(batch, length)
-    visible = jnp.arange(keys)[None, None, :] < key_limit[:, :, None]
+    keys_index = jnp.arange(keys)[None, None, :]
+    visible = keys_index < key_limit[:, :, None]
+    if key_start is not None:
+        visible = visible & (keys_index >= key_start[:, :, None])
     if key_valid is not None:
         visible = visible & key_valid.astype(bool)[:, None, :]
     return visible
@@ -172,6 +195,7 @@ def attention(
     key_limit: jax.Array | None,
     key_valid: jax.Array | None = None,
     *,
+    key_start: jax.Array | None = None,
     implementation: Implementation = "xla",
     block_q: int = 512,
     block_k: int = 512,
@@ -179,7 +203,8 @@ def attention(
     """Grouped-query attention under the module's visibility rule.
 
     q ``[B, L, H, hd]``; k, v ``[B, S, KV, hd]``; key_limit ``[B, L]`` int or None (causal);
-    key_valid ``[B, S]`` bool or None. ``block_q``/``block_k`` size the tiles of "blocked" and
+    key_valid ``[B, S]`` bool or None; key_start ``[B, L]`` int or None (packed rows:
+    :func:`segment_starts`). ``block_q``/``block_k`` size the tiles of "blocked" and
     "splash". Returns ``[B, L, H, hd]`` in ``v.dtype``.
     """
     if q.shape[2] % k.shape[2]:
@@ -187,13 +212,16 @@ def attention(
     if implementation == "auto":
         implementation = select_implementation(q, k, key_limit)
     if implementation == "xla":
-        return _xla_attention(q, k, v, visibility(key_limit, key_valid, q.shape[1], k.shape[1]))
+        visible = visibility(key_limit, key_valid, q.shape[1], k.shape[1], key_start)
+        return _xla_attention(q, k, v, visible)
     if implementation == "blocked":
-        return _blocked_attention(q, k, v, key_limit, key_valid, block_q, block_k)
+        return _blocked_attention(q, k, v, key_limit, key_valid, block_q, block_k, key_start)
     if implementation == "cudnn":
-        return _cudnn_attention(q, k, v, key_limit, key_valid)
+        return _cudnn_attention(q, k, v, key_limit, key_valid, key_start)
     if implementation == "splash":
-        return _splash_attention(q, k, v, key_limit, key_valid, block_q, block_k)
+        return _splash_attention(
+            q, k, v, key_limit, key_valid, block_q, block_k, key_start=key_start
+        )
     raise ValueError(f"unknown attention implementation {implementation!r}")
 
 
@@ -236,11 +264,11 @@ def _from_blocks(x: jax.Array, axis: int) -> jax.Array:
     return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2 :])
 
 
-def _blocked_attention(q, k, v, key_limit, key_valid, block_q, block_k):
+def _blocked_attention(q, k, v, key_limit, key_valid, block_q, block_k, key_start=None):
     """Pads, moves heads in front of the sequence axes, and runs the flash kernel.
 
-    Inside: q ``[B, KV, G, Lp, hd]``, k/v ``[B, KV, Sp, hd]``, limit ``[B, Lp]``, valid
-    ``[B, Sp]``; padded queries have limit 0, padded keys are invalid.
+    Inside: q ``[B, KV, G, Lp, hd]``, k/v ``[B, KV, Sp, hd]``, limit and start ``[B, Lp]``,
+    valid ``[B, Sp]``; padded queries have limit 0, padded keys are invalid.
     """
     batch, length, heads, head_dim = q.shape
     keys, kv_heads = k.shape[1], k.shape[2]
@@ -248,6 +276,8 @@ def _blocked_attention(q, k, v, key_limit, key_valid, block_q, block_k):
     bk, nk = _tiling(keys, block_k)
     limit = causal_limit(batch, length) if key_limit is None else key_limit.astype(jnp.int32)
     limit = _pad_axis(jnp.minimum(limit, keys), 1, bq * nq)
+    start = jnp.zeros((batch, length), jnp.int32) if key_start is None else key_start
+    start = _pad_axis(start.astype(jnp.int32), 1, bq * nq)
     valid = jnp.ones((batch, keys), bool) if key_valid is None else key_valid.astype(bool)
     valid = _pad_axis(valid, 1, bk * nk, False)
     grouped = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
@@ -257,8 +287,8 @@ def _blocked_attention(q, k, v, key_limit, key_valid, block_q, block_k):
     # Tie the masks to this call's queries. Inside a differentiated scan over layers the masks
     # are loop-invariant, and JAX would hoist everything computed from them alone (every
     # block pair's visibility, O(L x S)) out of the loop and keep it for all block pairs.
-    limit, valid, qh = lax.optimization_barrier((limit, valid, qh))
-    out = _flash(qh, kh, vh, limit, valid, bq, bk)  # [B, KV, G, Lp, hd]
+    limit, start, valid, qh = lax.optimization_barrier((limit, start, valid, qh))
+    out = _flash(qh, kh, vh, (limit, start), valid, bq, bk)  # [B, KV, G, Lp, hd]
     out = out[:, :, :, :length].transpose(0, 3, 1, 2, 4)
     return out.reshape(batch, length, heads, head_dim)
 
@@ -266,20 +296,23 @@ def _blocked_attention(q, k, v, key_limit, key_valid, block_q, block_k):
 def _block_scores(q_blk, k_blk, limit_blk, valid_blk, k_start):
     """Scaled float32 scores with invisible ones at -1e30, and the visibility.
 
-    q_blk ``[B, KV, G, bq, hd]``, k_blk ``[B, KV, bk, hd]``, limit_blk ``[B, bq]``,
-    valid_blk ``[B, bk]``, k_start: index of the block's first key. Returns scores
-    ``[B, KV, G, bq, bk]`` and visible ``[B, 1, 1, bq, bk]``.
+    q_blk ``[B, KV, G, bq, hd]``, k_blk ``[B, KV, bk, hd]``, limit_blk a pair
+    ``(limit, start)`` of ``[B, bq]``, valid_blk ``[B, bk]``, k_start: index of the block's
+    first key. Returns scores ``[B, KV, G, bq, bk]`` and visible ``[B, 1, 1, bq, bk]``.
     """
+    limit_blk, start_blk = limit_blk
     scores = jnp.einsum("bkgqd,bksd->bkgqs", q_blk, k_blk, preferred_element_type=jnp.float32)
-    key_index = k_start + jnp.arange(k_blk.shape[2])
-    visible = (key_index[None, None, :] < limit_blk[:, :, None]) & valid_blk[:, None, :]
-    visible = visible[:, None, None]
+    key_index = (k_start + jnp.arange(k_blk.shape[2]))[None, None, :]
+    visible = (key_index < limit_blk[:, :, None]) & (key_index >= start_blk[:, :, None])
+    visible = (visible & valid_blk[:, None, :])[:, None, None]
     return jnp.where(visible, scores * q_blk.shape[-1] ** -0.5, _MASKED_SCORE), visible
 
 
 def _pair_visible(limit_blk, valid_blk, k_start):
     """Scalar bool: some query of the query block may see some key of the key block."""
-    return (k_start < jnp.max(limit_blk)) & jnp.any(valid_blk)
+    limit_blk, start_blk = limit_blk
+    k_end = k_start + valid_blk.shape[-1]
+    return (k_start < jnp.max(limit_blk)) & (k_end > jnp.min(start_blk)) & jnp.any(valid_blk)
 
 
 def _flash_forward(q, k, v, limit, valid, bq, bk):
@@ -288,7 +321,8 @@ def _flash_forward(q, k, v, limit, valid, bq, bk):
     Returns out ``[B, KV, G, Lp, hd]`` in v.dtype and the log-sum-exp ``[B, KV, G, Lp]``
     float32 (0 for queries with no visible key, whose output is 0).
     """
-    q_blocks, limit_blocks = _to_blocks(q, 3, bq), _to_blocks(limit, 1, bq)
+    q_blocks = _to_blocks(q, 3, bq)
+    limit_blocks = jax.tree.map(lambda x: _to_blocks(x, 1, bq), limit)
     k_blocks, v_blocks = _to_blocks(k, 2, bk), _to_blocks(v, 2, bk)
     valid_blocks = _to_blocks(valid, 1, bk)
     k_starts = jnp.arange(k_blocks.shape[0]) * bk
@@ -339,7 +373,8 @@ def _flash_backward(q, k, v, limit, valid, out, lse, dout, bq, bk):
     that adds into a float32 dq ``[nq, B, KV, G, bq, hd]``. Returns dq, dk, dv in the dtypes
     of q, k, v.
     """
-    q_blocks, limit_blocks = _to_blocks(q, 3, bq), _to_blocks(limit, 1, bq)
+    q_blocks = _to_blocks(q, 3, bq)
+    limit_blocks = jax.tree.map(lambda x: _to_blocks(x, 1, bq), limit)
     dout_blocks, lse_blocks = _to_blocks(dout, 3, bq), _to_blocks(lse, 3, bq)
     # D_i = do_i . out_i, the softmax-Jacobian term shared by the query's row.
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
@@ -405,7 +440,8 @@ def _flash_backward(q, k, v, limit, valid, out, lse, dout, bq, bk):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _flash(q, k, v, limit, valid, bq, bk):
-    """Blocked attention on padded head-major inputs; saves only out and log-sum-exp."""
+    """Blocked attention on padded head-major inputs; saves only out and log-sum-exp.
+    ``limit``: the pair ``(key_limit, key_start)`` ``[B, Lp]``."""
     return _flash_forward(q, k, v, limit, valid, bq, bk)[0]
 
 
@@ -417,18 +453,18 @@ def _flash_fwd(q, k, v, limit, valid, bq, bk):
 def _flash_bwd(bq, bk, residuals, dout):
     q, k, v, limit, valid, out, lse = residuals
     dq, dk, dv = _flash_backward(q, k, v, limit, valid, out, lse, dout, bq, bk)
-    return dq, dk, dv, None, None
+    return dq, dk, dv, (None, None), None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 # ------------------------------------------------------------------------------- cudnn
-def _cudnn_attention(q, k, v, key_limit, key_valid):
+def _cudnn_attention(q, k, v, key_limit, key_valid, key_start=None):
     """cuDNN flash attention with the visibility as a ``[B, 1, L, S]`` mask (NVIDIA GPU only)."""
     length, keys = q.shape[1], k.shape[1]
     visible = jnp.broadcast_to(
-        visibility(key_limit, key_valid, length, keys), (q.shape[0], length, keys)
+        visibility(key_limit, key_valid, length, keys, key_start), (q.shape[0], length, keys)
     )
     out = jax.nn.dot_product_attention(
         q,
@@ -469,8 +505,11 @@ def _splash_kernel(heads: int, length: int, bq: int, bk: int, interpret: bool = 
     )
 
 
-def _splash_attention(q, k, v, key_limit, key_valid, block_q, block_k, interpret=False):
-    """TPU splash attention for the causal no-cache form; segment ids are ``key_valid``."""
+def _splash_attention(
+    q, k, v, key_limit, key_valid, block_q, block_k, interpret=False, key_start=None
+):
+    """TPU splash attention for the causal no-cache form; segment ids are ``key_valid`` (and
+    with ``key_start``, each segment's start + 1 on its valid tokens)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
 
     batch, length, heads, head_dim = q.shape
@@ -494,7 +533,8 @@ def _splash_attention(q, k, v, key_limit, key_valid, block_q, block_k, interpret
     padded = _round_up(length, math.lcm(bq, bk))
     valid = jnp.ones((batch, length), bool) if key_valid is None else key_valid.astype(bool)
     # Padding tokens (segment 0) attend among themselves, so no query row is empty.
-    segments = _pad_axis(valid.astype(jnp.int32), 1, padded)
+    ids = valid.astype(jnp.int32) if key_start is None else jnp.where(valid, key_start + 1, 0)
+    segments = _pad_axis(ids.astype(jnp.int32), 1, padded)
     scaled = (q * head_dim**-0.5).astype(q.dtype)
     qh = _pad_axis(scaled.transpose(0, 2, 1, 3), 2, padded)  # [B, H, Lp, hd]
     kh = _pad_axis(k.transpose(0, 2, 1, 3), 2, padded)  # [B, KV, Lp, hd]

@@ -154,7 +154,7 @@ def with_adapters(model: nnx.Module, config: LoraConfig, key: jax.Array) -> nnx.
         raise ValueError("the model already has LoRA adapters")
     graphdef, state = nnx.split(model)
     adapted = nnx.merge(graphdef, state)
-    shapes = {name: getattr(adapted.layers, name)[...].shape for name in config.targets}
+    shapes = {name: getattr(adapted.layers, name).get_value().shape for name in config.targets}
     adapted.layers.lora = LoraAdapters(shapes, config, key)
     return adapted
 

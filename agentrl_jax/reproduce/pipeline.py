@@ -261,11 +261,15 @@ class Reproduction:
             self.config.model.dtype
         ]
 
-    def load_model(self, model_dir: Path, *, local: bool = False):
+    def load_model(self, model_dir: Path, *, local: bool = False, param_dtype: Any = None):
         """A policy directory's model, its parameters placed by the rules of the global mesh
-        (``local``: of this process's part of it, where rollouts and evaluation run)."""
+        (``local``: of this process's part of it, where rollouts and evaluation run), stored
+        in ``param_dtype`` (None: float32)."""
         return load_qwen3(
-            model_dir, dtype=self._dtype(), mesh=self.local_mesh if local else self.mesh
+            model_dir,
+            dtype=self._dtype(),
+            param_dtype=param_dtype or jax.numpy.float32,
+            mesh=self.local_mesh if local else self.mesh,
         )
 
     # -- phases
@@ -520,7 +524,8 @@ class Reproduction:
 
     # -- RL
     def train(self, spec: RunSettings) -> dict[str, Any]:
-        model = self.load_model(self.base_dir)
+        lora = self.config.rl.lora  # a LoRA run's frozen base, loaded once in its dtype
+        model = self.load_model(self.base_dir, param_dtype=lora and lora.base_dtype)
         run_dir = self.out / "runs" / spec.name
 
         def on_step(step: int, metrics: dict) -> None:

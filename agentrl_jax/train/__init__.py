@@ -44,8 +44,10 @@ from agentrl_jax.train.state import (
     init_critic,
     init_train_state,
     policy_optimizer,
+    policy_params,
     shard_state,
     state_shardings,
+    train_model,
 )
 from agentrl_jax.train.step import (
     JittedTrainStep,
@@ -92,6 +94,8 @@ __all__ = [
     "critic_values",
     "init_critic",
     "init_train_state",
+    "policy_params",
+    "train_model",
     "make_train_step",
     "policy_gradients",
     "policy_optimizer",

@@ -65,7 +65,7 @@ from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.dynamic_sampling import Draw, assemble, packed_rows, varied_groups
 from agentrl_jax.train.logprobs import check_loss_positions
 from agentrl_jax.train.sinks import MetricsLogger
-from agentrl_jax.train.state import TrainState, policy_params
+from agentrl_jax.train.state import TrainState, sampler_params
 from agentrl_jax.trajectory import StepScorer, StepScores, Trajectory, concatenate_rows
 
 Rollout = Callable[[Any, jax.Array, Any], Trajectory]
@@ -206,7 +206,7 @@ def _synchronous(state, train_step, produce, config) -> Iterator[tuple[TrainStat
     """Each step samples with the parameters it then updates: rollout, then update."""
     while int(state.step) < config.rl.steps:
         produced = produce(
-            policy_params(state, config),
+            sampler_params(state),
             state.rng,
             int(state.data_position),
             version=int(state.step),
@@ -255,7 +255,7 @@ def _asynchronous(
 
     step = int(state.step)
     if len(queue) < min(k, steps - step):  # a fresh run: the first k batches, from the start
-        params = publish(policy_params(state, config))
+        params = publish(sampler_params(state))
         while len(queue) < min(k, steps - step):
             sample(params, step)
         del params
@@ -263,7 +263,7 @@ def _asynchronous(
         i = int(state.step)
         produced = queue.popleft()
         # before the step donates it
-        params = publish(policy_params(state, config)) if i + k < steps else None
+        params = publish(sampler_params(state)) if i + k < steps else None
         start = time.perf_counter()
         state, step_metrics = _apply(state, train_step, produced, copy_key=True)
         if events is not None:

@@ -105,14 +105,12 @@ def train_policy(
     update = train_config(config, run, valid)
     runner = MultiTurnRollout(text_env, tokenizer, rollout_config(config, run, valid))
     processes = distributed.is_multiprocess()
-    sampler = rollout_sampler(policy, config, mesh)
     trained = train_model(policy, update)  # with rl.lora: adapters on the shared weights
+    sampler = rollout_sampler(trained, config, mesh)  # with rl.lora: applies the adapters
     state = place_state(init_train_state(trained, update), mesh)
-    # the step donates its input state: train on a copy, so the model keeps its parameters
-    if state.base is None:
-        state = state.replace(policy=jax.tree.map(jnp.copy, state.policy))
-    elif config.rl.lora.base_dtype in (None, np.dtype(policy.param_dtype).name):
-        state = state.replace(base=jax.tree.map(jnp.copy, state.base))  # else cast: a copy
+    # the step donates its input state: train on a copy, so the model keeps its parameters (a
+    # LoRA run's frozen base is never donated: it stays the model's own weights)
+    state = state.replace(policy=jax.tree.map(jnp.copy, state.policy))
     checkpointer = Checkpointer.from_config(out / "checkpoints", update)
     restored = checkpointer.restore_latest(state, update)
     pending = []

@@ -592,9 +592,10 @@ class JittedTrainStep:
     Call it as ``step(state, batch) -> (state, metrics)``. :meth:`jitted` gives the
     ``jax.jit`` object for a batch's structure (step scores present or not), so the step can
     be lowered and compiled ahead of time with abstract inputs, e.g.
-    ``step.jitted(batch).lower(abstract_state, abstract_batch).compile().memory_analysis()``
-    (:mod:`agentrl_jax.plan` does this for a target's devices). ``trace_counts`` counts traces
-    (= compilations) per batch structure.
+    ``step.lower(abstract_state, abstract_batch).compile().memory_analysis()``
+    (:mod:`agentrl_jax.plan` does this for a target's devices, through :meth:`lower`).
+    ``traces`` counts traces (= compilations). With ``donate`` the input state is donated,
+    except a LoRA run's frozen base (an argument of its own).
     """
 
     def __init__(
@@ -616,30 +617,48 @@ class JittedTrainStep:
         self.traces = 0
         self._jitted: dict[Any, Any] = {}
 
-    def _step(self, state, batch):
+    def _step(self, state, batch, base):
         self.traces += 1
-        return train_step(self.graphdef, self.config, state, batch, self.mesh)
+        new, metrics = train_step(
+            self.graphdef, self.config, state.replace(base=base), batch, self.mesh
+        )
+        return new.replace(base=None), metrics
 
     def jitted(self, batch: Any):
-        """The ``jax.jit`` of the step for ``batch``'s tree structure (arrays or abstract)."""
+        """The ``jax.jit`` of the step for ``batch``'s tree structure (arrays or abstract), called
+        as ``(state without its base, batch, base)``: with LoRA the frozen base is an argument
+        of its own, never donated (it may be the caller's model's own weights) and never an
+        output; :meth:`lower` and calling the step hide this."""
         key = jax.tree.structure(batch)
         if key not in self._jitted:
             donate = (0,) if self.donate else ()
             if self.mesh is None:
                 self._jitted[key] = jax.jit(self._step, donate_argnums=donate)
             else:
+                rest = self.state_shardings.replace(base=None)
                 self._jitted[key] = jax.jit(
                     self._step,
-                    in_shardings=(self.state_shardings, batch_shardings(batch, self.mesh)),
-                    out_shardings=(self.state_shardings, NamedSharding(self.mesh, P())),
+                    in_shardings=(
+                        rest,
+                        batch_shardings(batch, self.mesh),
+                        self.state_shardings.base,
+                    ),
+                    out_shardings=(rest, NamedSharding(self.mesh, P())),
                     donate_argnums=donate,
                 )
         return self._jitted[key]
 
+    def lower(self, state: TrainState, batch: TrainBatch):
+        """The step lowered for ``state`` and ``batch`` (arrays or ShapeDtypeStructs):
+        ``.compile().memory_analysis()`` gives its memory (:mod:`agentrl_jax.plan`)."""
+        return self.jitted(batch).lower(state.replace(base=None), batch, state.base)
+
     def __call__(
         self, state: TrainState, batch: TrainBatch
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self.jitted(batch)(state, self.place(batch, state))
+        placed = self.place(batch, state)
+        new, metrics = self.jitted(batch)(state.replace(base=None), placed, state.base)
+        return new.replace(base=state.base), metrics
 
     def place(self, batch: TrainBatch, state: TrainState) -> TrainBatch:
         """``batch`` on device, once, in its final shardings: the one place the trajectory
