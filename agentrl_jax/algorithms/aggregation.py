@@ -24,6 +24,10 @@ Modes (``norm_constant`` is only used by the last one):
     Dr. GRPO); ``norm_constant=1`` is the plain sequence-mean of token sums.
 
 In the sequence modes a row with no loss tokens (a padded row) is not counted.
+
+Packed rows (several sequences per row, the train step's ``rl.packing``): with
+``segment_ids [N, L]`` (a run of equal ids is one sequence) the sequence modes take each
+sequence within its row as ``i`` above, so a packed batch gives the pair of the unpacked one.
 """
 
 from __future__ import annotations
@@ -68,10 +72,12 @@ def aggregate(
     mask: jax.Array,
     mode: str = "token-mean",
     norm_constant: float = 1.0,
+    segment_ids: jax.Array | None = None,
 ) -> LossSum:
     """Reduces per-token values ``[N, L]`` under ``mask [N, L]`` to a :class:`LossSum`.
 
-    ``mask`` may be bool or float (weights). See the module docstring for the modes.
+    ``mask`` may be bool or float (weights). See the module docstring for the modes and for
+    ``segment_ids`` (packed rows).
     """
     validate_mode(mode, norm_constant)
     if per_token.shape != mask.shape or per_token.ndim != 2:
@@ -82,6 +88,11 @@ def aggregate(
     masked = per_token * weights
     if mode == "token-mean":
         return LossSum(jnp.sum(masked), jnp.sum(weights))
+    if segment_ids is not None:  # one "row" per sequence: sums per (row, segment start)
+        index = sequence_index(segment_ids).reshape(-1)
+        size = per_token.size
+        masked = jax.ops.segment_sum(masked.reshape(-1), index, num_segments=size)[:, None]
+        weights = jax.ops.segment_sum(weights.reshape(-1), index, num_segments=size)[:, None]
     tokens_per_seq = jnp.sum(weights, axis=-1)
     has_tokens = tokens_per_seq > 0
     num_seqs = jnp.sum(has_tokens.astype(per_token.dtype))
@@ -90,6 +101,18 @@ def aggregate(
         seq_means = seq_sums / jnp.where(has_tokens, tokens_per_seq, 1.0)
         return LossSum(jnp.sum(seq_means), num_seqs)
     return LossSum(jnp.sum(seq_sums) / norm_constant, num_seqs)
+
+
+def sequence_index(segment_ids: jax.Array) -> jax.Array:
+    """``[N, L]`` int32: a distinct index in ``[0, N x L)`` per sequence of packed rows, the
+    flat position of its first token (a run of equal ``segment_ids`` is one sequence)."""
+    n, length = segment_ids.shape
+    position = jnp.arange(length, dtype=jnp.int32)
+    new = jnp.concatenate(
+        [jnp.ones((n, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
+    start = jax.lax.cummax(jnp.where(new, position, 0), axis=1)
+    return jnp.arange(n, dtype=jnp.int32)[:, None] * length + start
 
 
 def combine(parts: Iterable[LossSum]) -> LossSum:

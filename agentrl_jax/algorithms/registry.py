@@ -92,6 +92,8 @@ class LossInputs:
     returns: jax.Array | None = None  # critic targets
     sampler_logprobs: jax.Array | None = None  # behaviour policy as the sampler recorded it
     #                                            (Trajectory.sampling_logprobs): what TIS weighs by
+    segment_ids: jax.Array | None = None  # packed rows: a run of equal ids is one sequence
+    #                                       (aggregation's sequence modes count each one)
 
 
 # ------------------------------------------------------------------------- registry
@@ -164,6 +166,7 @@ class LossTerm:
     required: tuple[str, ...]
     params: Mapping[str, Param]
     target: str
+    whole_rows: bool = False  # reads each row as one sequence (packed rows would mix them)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
@@ -215,19 +218,21 @@ def register_loss_term(
     required: tuple[str, ...],
     params: Mapping[str, Param] | None = None,
     target: str = "policy",
+    whole_rows: bool = False,
 ):
     """Decorator registering ``fn(inputs: LossInputs, **params) -> per-token loss [N, L]``.
 
     ``fn`` may instead return a :class:`TermOutput` (or any pair) ``(loss [N, L], metrics)``
     to report its own metrics. ``required`` names the :class:`LossInputs` fields it reads
-    (``loss_mask`` is always there).
+    (``loss_mask`` is always there). ``whole_rows``: the term reads each row as one sequence
+    (e.g. a sequence-level ratio), so the trainer does not pack several into a row for it.
     """
     if target not in TARGETS:
         raise ValueError(f"loss term {name!r}: target must be one of {TARGETS}, got {target!r}")
 
     def decorator(fn):
         specs = _check_registration("loss term", LOSS_TERMS, name, required, LossInputs, params)
-        LOSS_TERMS[name] = LossTerm(name, fn, tuple(required), specs, target)
+        LOSS_TERMS[name] = LossTerm(name, fn, tuple(required), specs, target, whole_rows)
         return fn
 
     return decorator
@@ -580,11 +585,21 @@ def compute_loss_with_metrics(
         if token_weights is not None:
             per_token = per_token * token_weights
         parts[term.name] = aggregate(
-            per_token, inputs.loss_mask, config.aggregation, config.aggregation_constant
+            per_token,
+            inputs.loss_mask,
+            config.aggregation,
+            config.aggregation_constant,
+            inputs.segment_ids,
         )
         scaled = term_config.coef * per_token
         weighted = scaled if weighted is None else weighted + scaled
-    total = aggregate(weighted, inputs.loss_mask, config.aggregation, config.aggregation_constant)
+    total = aggregate(
+        weighted,
+        inputs.loss_mask,
+        config.aggregation,
+        config.aggregation_constant,
+        inputs.segment_ids,
+    )
     return LossResult(total, parts, metrics)
 
 
@@ -764,6 +779,7 @@ def _policy_clip_tis(inputs: LossInputs, *, clip_low, clip_high, dual_clip, cap)
 @register_loss_term(
     "gspo_clip",
     required=("logprobs", "old_logprobs", "advantages"),
+    whole_rows=True,
     params={
         "clip_low": Param(3e-4, _real(0, 1, hi_open=True), _CLIP_LOW),
         "clip_high": Param(4e-4, _real(0), "a finite number >= 0"),

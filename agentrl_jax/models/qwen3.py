@@ -72,6 +72,7 @@ from flax import nnx, struct
 from agentrl_jax.models import paged_cache, paged_kernels
 from agentrl_jax.models.attention import _xla_attention as xla_attention
 from agentrl_jax.models.attention import attention as attention_fn
+from agentrl_jax.models.attention import segment_starts
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.models.paged_cache import PagedKVCache
 
@@ -259,6 +260,16 @@ def positions_from_mask(attention_mask: jax.Array, offset: jax.Array | None = No
     return positions if offset is None else positions + offset[:, None].astype(jnp.int32)
 
 
+def packed_positions(attention_mask: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """RoPE positions of packed rows ``[B, L]``: :func:`positions_from_mask` restarted at each
+    segment (a run of equal ``segment_ids``), so every sequence sees the positions it has alone."""
+    counts = jnp.cumsum(attention_mask.astype(jnp.int32), axis=1)
+    starts = segment_starts(segment_ids)
+    rows = jnp.arange(counts.shape[0])[:, None]
+    before = counts[rows, starts] - attention_mask.astype(jnp.int32)[rows, starts]
+    return jnp.maximum(counts - before - 1, 0)
+
+
 Constrain = Callable[[jax.Array], jax.Array]
 
 # What a layer keeps for the backward pass. "none": everything autodiff saves (no
@@ -443,6 +454,7 @@ class Qwen3ForCausalLM(nnx.Module):
         few_rows: bool = False,
         layers: Sequence[dict[str, jax.Array]] | None = None,
         adapters: bool = True,
+        segment_ids: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final (normed) hidden states ``[B, L, hidden_size]`` and the updated cache.
 
@@ -456,7 +468,9 @@ class Qwen3ForCausalLM(nnx.Module):
         layers unrolled from separate arrays (faster on CPU inside a decode loop; compile
         time linear in depth) instead of one ``lax.scan`` over the stacked weights.
         ``adapters``: apply the LoRA adapters, if the model has them (False: the base model from
-        the same weights, e.g. the KL reference).
+        the same weights, e.g. the KL reference). ``segment_ids [B, L]`` (no-cache forward only):
+        packed rows, a run of equal ids one sequence that attends only within itself (give
+        each its own positions: :func:`packed_positions`).
         """
         config, dtype = self.config, self.dtype
         constrain = constrain or (lambda x: x)
@@ -470,12 +484,17 @@ class Qwen3ForCausalLM(nnx.Module):
         def cast(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
             return {name: w.astype(dtype) for name, w in p.items()}
 
+        if segment_ids is not None and cache is not None:
+            raise ValueError("segment_ids (packed rows) is for the no-cache forward only")
         if cache is None:
+            starts = None if segment_ids is None else segment_starts(segment_ids)
 
             def body(x, p):
                 p = cast(p)
                 q, k, v = attention_inputs(p, x, cos, sin, config)
-                attended = attention_fn(q, k, v, None, valid, implementation=attention)  # causal
+                attended = attention_fn(  # causal, within each segment
+                    q, k, v, None, valid, key_start=starts, implementation=attention
+                )
                 out = layer_output(p, x, attended, config)
                 return constrain(out), None
 

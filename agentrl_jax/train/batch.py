@@ -15,15 +15,19 @@ import jax
 import numpy as np
 from flax import struct
 
+from agentrl_jax.train.packing import Packing
 from agentrl_jax.trajectory import Trajectory
 
 
 @struct.dataclass
 class TrainBatch:
-    """One rollout batch and, optionally, its process scores ``[N, T]`` (0 off real turns)."""
+    """One rollout batch and, optionally, its process scores ``[N, T]`` (0 off real turns) and
+    its packing (:class:`~agentrl_jax.train.packing.Packing`: the step runs the model on rows
+    holding several trajectories; None: one trajectory per row)."""
 
     trajectory: Trajectory
     step_scores: jax.Array | None = None
+    packing: Packing | None = None
 
 
 def batch_loss_mask(trajectory: Trajectory) -> jax.Array:

@@ -222,7 +222,9 @@ class RLConfig:
     Update memory (none changes the numbers): ``remat`` (null, ``full``, ``dots``,
     ``offload``: what each layer keeps for the backward pass), ``attention`` (``xla``,
     ``blocked``, ``cudnn``, ``splash``, ``auto``), ``logits_chunk`` (positions per chunk of
-    the output head, which runs only at sampled positions).
+    the output head, which runs only at sampled positions), ``packing`` (several trajectories
+    per row of the update, each attending within itself: :mod:`agentrl_jax.train.packing`;
+    the same losses and gradients with fewer padded positions).
 
     Asynchronous training (§4): ``max_staleness`` k lets the rollouts of the next k updates be
     sampled by parameters up to k updates old, so they run while an update trains (0: the
@@ -281,6 +283,7 @@ class RLConfig:
     tensorboard: str | bool = "auto"
     wandb_project: str | None = None
     lora: LoraConfig | None = None
+    packing: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "lora", LoraConfig.from_value(self.lora))
@@ -336,6 +339,7 @@ class RLConfig:
                 "remat": one_of(REMAT_POLICIES, nullable=True),
                 "attention": one_of(ATTENTION_IMPLEMENTATIONS),
                 "logits_chunk": integer(1),
+                "packing": BOOL,
                 "max_staleness": integer(0),
                 "off_policy_cap": positive,
                 "checkpoint_every": integer(1),
@@ -538,6 +542,12 @@ class TrainConfig:
             check_inputs(self.algorithm)
         except ValueError as e:
             raise ConfigError(f"TrainConfig.algorithm.{e}") from None
+        whole_rows = [t.name for t in self.algorithm.loss_terms if t.term.whole_rows]
+        if self.rl.packing and whole_rows:
+            raise ConfigError(
+                f"rl.packing: loss term {whole_rows[0]!r} reads each row as one sequence, "
+                "so its rows cannot hold several (set rl.packing: false for this run)"
+            )
         if self.rl.lora is not None and self.uses_critic:
             raise ConfigError(
                 "rl.lora: a run with a critic (PPO) trains a full copy of the policy as its "

@@ -17,7 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from agentrl_jax.models.qwen3 import Constrain, positions_from_mask
+from agentrl_jax.models.qwen3 import Constrain, packed_positions, positions_from_mask
 from agentrl_jax.sampling.filters import SamplingConfig
 from agentrl_jax.sharding import BATCH_AXES
 from agentrl_jax.train.logprobs import position_logprobs
@@ -46,12 +46,21 @@ def _shift_right(x: jax.Array) -> jax.Array:
     return jnp.pad(x, ((0, 0), (1, 0)))
 
 
-def _hidden_states(model, tokens, token_mask, forward: Forward, constrain) -> jax.Array:
-    """The last layer's hidden states ``[N, L, D]`` under ``forward``'s remat and attention."""
+def _hidden_states(
+    model, tokens, token_mask, forward: Forward, constrain, segment_ids=None
+) -> jax.Array:
+    """The last layer's hidden states ``[N, L, D]`` under ``forward``'s remat and attention
+    (packed rows: ``segment_ids``, each sequence with its own positions)."""
+    positions = (
+        positions_from_mask(token_mask)
+        if segment_ids is None
+        else packed_positions(token_mask, segment_ids)
+    )
     hidden, _ = model.hidden_states(
         tokens,
-        positions_from_mask(token_mask),
+        positions,
         token_mask,
+        segment_ids=segment_ids,
         remat=forward.remat,
         constrain=constrain,
         attention=forward.attention,
@@ -69,6 +78,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     forward: Forward | None = None,
     constrain: Constrain | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Teacher-forced ``log pi(token_p | tokens_<p)`` ``[N, L]`` (and the entropy at each
     position's predicting distribution, ``[N, L]``, if asked); 0 at position 0.
@@ -78,10 +88,12 @@ def sequence_logprobs(
     ``forward.logits_chunk`` sizes the chunks); without it at every position. ``forward``'s
     ``remat`` applies to the layers, its ``sampling`` picks the distribution (the model's or
     the rollout's sampling distribution); ``constrain`` to activations (see
-    :func:`activation_constraint`).
+    :func:`activation_constraint`). ``segment_ids``: packed rows (several sequences per row,
+    each attending within itself at its own positions; its first token is never a loss
+    token, so no log-prob reads across a boundary).
     """
     forward = forward or Forward()
-    hidden = _hidden_states(model, tokens, token_mask, forward, constrain)
+    hidden = _hidden_states(model, tokens, token_mask, forward, constrain, segment_ids)
     mask = jnp.ones_like(token_mask, bool) if loss_mask is None else loss_mask
     return position_logprobs(
         hidden,
@@ -121,10 +133,12 @@ def critic_values(
     *,
     forward: Forward | None = None,
     constrain: Constrain | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
-    """``V`` of the state each token was sampled in, ``[N, L]`` float32 (0 at position 0)."""
+    """``V`` of the state each token was sampled in, ``[N, L]`` float32 (0 at position 0;
+    packed rows: ``segment_ids``)."""
     forward = forward or Forward()
-    hidden = _hidden_states(model, tokens, token_mask, forward, constrain)
+    hidden = _hidden_states(model, tokens, token_mask, forward, constrain, segment_ids)
     values = (
         jnp.einsum("nld,d->nl", hidden[:, :-1].astype(jnp.float32), head["kernel"]) + head["bias"]
     )

@@ -65,6 +65,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
@@ -81,7 +82,7 @@ from agentrl_jax.algorithms import (
     tis_weight,
 )
 from agentrl_jax.models.qwen3 import Constrain
-from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, PartitionRule
+from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, PartitionRule, batch_shards
 from agentrl_jax.train.batch import TrainBatch, batch_loss_mask
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.inputs import step_inputs
@@ -94,6 +95,7 @@ from agentrl_jax.train.micro_batches import (
     keep_if,
     map_micro_batches,
 )
+from agentrl_jax.train.packing import pack, plan_packing, unpack
 from agentrl_jax.train.rewards import advantage_inputs, overlong_rewards
 from agentrl_jax.train.scoring import (
     activation_constraint,
@@ -144,16 +146,25 @@ def _model_scores(
     """``(logprobs, entropy or None)`` ``[n, L]`` of a (micro-)batch's tokens under ``params``
     (with LoRA: the adapters, on the frozen ``base``; ``adapters=False`` scores the base)."""
     model = nnx.merge(graphdef, params) if base is None else nnx.merge(graphdef, params, base)
-    forward = config.forward if adapters else dataclasses.replace(config.forward, adapters=False)
     return sequence_logprobs(
         model,
         mb["tokens"],
         mb["token_mask"],
         loss_mask=mb["loss_mask"],
         with_entropy=with_entropy,
-        forward=forward,
+        forward=_forward(config, mb, adapters),
         constrain=constrain,
+        segment_ids=mb.get("segment_ids"),
     )
+
+
+def _forward(config: TrainConfig, mb: Mapping[str, jax.Array], adapters: bool = True):
+    """The step's forward settings for ``mb``: packed rows hold several trajectories' sampled
+    tokens, so the per-row bound on loss positions becomes the row's width."""
+    forward = config.forward if adapters else dataclasses.replace(config.forward, adapters=False)
+    if "segment_ids" in mb:
+        forward = dataclasses.replace(forward, loss_positions=None)
+    return forward
 
 
 def _chunks(config: TrainConfig) -> int:
@@ -220,6 +231,15 @@ def prepare_batch(
     def token_mean(x):
         return jnp.sum(x * weights) / jnp.maximum(tokens, 1.0)
 
+    # the rows the model runs on: the trajectories, or several per row (packed)
+    packing = batch.packing
+    to_rows = (lambda x: x) if packing is None else (lambda x: pack(x, packing))
+    from_rows = (
+        (lambda y: y) if packing is None else (lambda y: unpack(y, packing, *full_mask.shape))
+    )
+    if packing is not None:
+        data = {name: pack(x, packing) for name, x in data.items()}
+        data["segment_ids"] = packing.segment_ids
     old_values = None
     if needs.critic_model:
         backbone = nnx.merge(graphdef, state.critic.backbone)
@@ -231,17 +251,22 @@ def prepare_batch(
                 mb["token_mask"],
                 forward=config.forward,
                 constrain=constrain,
+                segment_ids=mb.get("segment_ids"),
             ),
             data,
             chunks,
         )
-        metrics["value_mean"] = token_mean(old_values)
-    computed = {"old_values": old_values, "sampler_logprobs": traj.sampling_logprobs}
+        metrics["value_mean"] = token_mean(from_rows(old_values))
+    computed = {"old_values": old_values, "sampler_logprobs": to_rows(traj.sampling_logprobs)}
     if needs.batch & {"advantages", "returns"}:
-        advantages = compute_advantages(
-            config.algorithm, advantage_inputs(batch, config, old_values)
+        advantages = compute_advantages(  # per trajectory, on its own row
+            config.algorithm,
+            advantage_inputs(batch, config, None if old_values is None else from_rows(old_values)),
         )
-        computed.update(advantages=advantages.advantages, returns=advantages.returns)
+        computed.update(
+            advantages=to_rows(advantages.advantages),
+            returns=None if advantages.returns is None else to_rows(advantages.returns),
+        )
         metrics["advantage_mean"] = token_mean(advantages.advantages)
     if config.algorithm.overlong_buffer > 0:
         rows = traj.row_mask.astype(jnp.float32)
@@ -257,7 +282,7 @@ def prepare_batch(
             chunks,
         )
         gap_sum, metrics["sampler_gap_max"] = sampler_gap(
-            computed["old_logprobs"], data["recorded_logprobs"], loss_mask
+            computed["old_logprobs"], data["recorded_logprobs"], data["loss_mask"]
         )
         metrics["sampler_gap_mean"] = aggregation.mean(gap_sum)
     if needs.reference:
@@ -345,6 +370,7 @@ def policy_gradients(
             graphdef, config, params, mb, constrain, "entropy" in live, base=base
         )
         fields = {name: mb[name] for name in batch_fields if name in mb}
+        fields["segment_ids"] = mb.get("segment_ids")
         if "old_logprobs" in batch_fields:
             own = jax.lax.stop_gradient(logprobs)
             fields["old_logprobs"] = (
@@ -419,8 +445,10 @@ def critic_gradients(
             mb["token_mask"],
             forward=config.forward,
             constrain=constrain,
+            segment_ids=mb.get("segment_ids"),
         )
         fields = {name: mb[name] for name in batch_fields}
+        fields["segment_ids"] = mb.get("segment_ids")
         fields.update({"values": values} if "values" in needs.critic else {})
         result = compute_loss_with_metrics(
             config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields), "critic"
@@ -534,7 +562,7 @@ def train_step(
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """All the updates of one rollout batch (see the module docstring). Pure; jit it with
     :func:`make_train_step`."""
-    rows = batch.trajectory.tokens.shape[0]
+    rows = batch.trajectory.tokens.shape[0] if batch.packing is None else batch.packing.shape[0]
     if rows % _chunks(config):
         raise ValueError(
             f"mini_batches={config.rl.mini_batches} x "
@@ -656,9 +684,28 @@ class JittedTrainStep:
     def __call__(
         self, state: TrainState, batch: TrainBatch
     ) -> tuple[TrainState, dict[str, jax.Array]]:
+        batch = self.packed(batch)
         placed = self.place(batch, state)
         new, metrics = self.jitted(batch)(state.replace(base=None), placed, state.base)
         return new.replace(base=state.base), metrics
+
+    def packed(self, batch: TrainBatch) -> TrainBatch:
+        """``batch`` with its packing planned on the host (``rl.packing``; else as it is):
+        trajectories into rows of the batch's width, the row count a multiple of the
+        micro-batch count times the mesh's batch shards (:mod:`agentrl_jax.train.packing`)."""
+        if not self.config.rl.packing or batch.packing is not None:
+            return batch
+        if distributed.is_multiprocess():
+            raise ValueError(
+                "rl.packing: packing plans the whole batch on one host; with several "
+                "processes each holds only its share (set rl.packing: false)"
+            )
+        traj = batch.trajectory
+        multiple = _chunks(self.config) * (1 if self.mesh is None else batch_shards(self.mesh))
+        plan = plan_packing(
+            np.asarray(traj.token_mask), np.asarray(traj.row_mask), multiple=multiple
+        )
+        return batch.replace(packing=plan)
 
     def place(self, batch: TrainBatch, state: TrainState) -> TrainBatch:
         """``batch`` on device, once, in its final shardings: the one place the trajectory
