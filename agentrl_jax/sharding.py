@@ -51,6 +51,7 @@ QWEN3_PARAM_RULES: tuple[PartitionRule, ...] = (
     (r"^layers/(q_proj|k_proj|v_proj|gate_proj|up_proj)$", P(None, "tensor", "fsdp")),
     (r"^layers/(o_proj|down_proj)$", P(None, "fsdp", "tensor")),
     (r"^(layers/)?\w*norm$", P()),
+    (r"^layers/lora/\w+$", P()),  # LoRA adapters (models/lora.py): small, replicated
 )
 
 # KVCache fields: k/v [layers, batch, slots, kv_heads, head_dim], lengths [batch].

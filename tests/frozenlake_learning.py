@@ -90,15 +90,22 @@ class _Setting:
     held_out_ids: np.ndarray
 
 
-@functools.lru_cache(maxsize=2)
-def _setting(std: float = 0.1) -> _Setting:
-    """The maps, the rollout and a tiny policy whose weights are N(0, ``std``)."""
+@functools.lru_cache(maxsize=4)
+def _setting(std: float = 0.1, window: int | None = None) -> _Setting:
+    """The maps, the rollout (showing the policy the last ``window`` turns; None: all) and a
+    tiny policy whose weights are N(0, ``std``)."""
     maps = one_step_maps(jax.random.key(0), TRAIN_MAPS + HELD_OUT_MAPS)  # distinct maps
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=BUDGET, is_slippery=False))
     runner = MultiTurnRollout(
         env,
         load_tokenizer(),
-        RolloutConfig(group_size=GROUP, budget=BUDGET, max_response_tokens=1, max_context=512),
+        RolloutConfig(
+            group_size=GROUP,
+            budget=BUDGET,
+            max_response_tokens=1,
+            max_context=512,
+            history_window=window,
+        ),
     )
     token_map = frozenlake_token_map(runner, [BUDGET])
     model = tiny_model(seed=0, std=std, vocab_size=len(token_map))
@@ -141,10 +148,12 @@ def _loop(
     return final, metrics
 
 
-@functools.lru_cache(maxsize=2)
-def _control(std: float = 0.1) -> tuple[list[dict[str, float]], dict[str, float]]:
+@functools.lru_cache(maxsize=4)
+def _control(
+    std: float = 0.1, window: int | None = None
+) -> tuple[list[dict[str, float]], dict[str, float]]:
     """The no-update control's metrics and the initial parameters' held-out rates."""
-    setting = _setting(std)
+    setting = _setting(std, window)
 
     def unchanged(state, batch):  # the control's update: learning rate 0
         return state.replace(step=state.step + 1), {"update_skipped": jnp.zeros(())}
@@ -158,19 +167,19 @@ def _control(std: float = 0.1) -> tuple[list[dict[str, float]], dict[str, float]
     )
 
 
-def learning_run(config: TrainConfig, std: float = 0.1) -> Run:
+def learning_run(config: TrainConfig, std: float = 0.1, window: int | None = None) -> Run:
     """``config``'s training for STEPS steps, and the no-update control on the same rollout
     keys and task batches (``config`` must have the control's seed and length), from the
-    tiny policy of weights N(0, ``std``)."""
+    tiny policy of weights N(0, ``std``), the rollouts showing it the last ``window`` turns."""
     if (config.rl.seed, config.rl.steps) != (CONTROL.rl.seed, CONTROL.rl.steps):
         raise ValueError(
             f"learning_run: seed {config.rl.seed} and steps {config.rl.steps} must be "
             f"the control's ({CONTROL.rl.seed}, {CONTROL.rl.steps})"
         )
-    setting = _setting(std)
+    setting = _setting(std, window)
     graphdef = nnx.graphdef(train_model(setting.model, config))  # with rl.lora: adapters
     final, trained = _loop(setting, config, make_train_step(graphdef, config))
-    control, initial = _control(std)
+    control, initial = _control(std, window)
     final_rates = held_out_rates(
         setting.runner, setting.policy, policy_params(final, config), setting.held_out_ids
     )

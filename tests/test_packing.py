@@ -19,7 +19,7 @@ from agentrl_jax.models.attention import _splash_attention, attention, segment_s
 from agentrl_jax.models.qwen3 import packed_positions
 from agentrl_jax.train import RLConfig, TrainConfig, init_train_state, make_train_step
 from agentrl_jax.train.batch import TrainBatch
-from agentrl_jax.train.packing import pack, plan_packing, unpack
+from agentrl_jax.train.packing import pack, plan_packing, row_sequences, unpack
 from agentrl_jax.train.step import compute_gradients
 
 
@@ -27,7 +27,7 @@ def test_plan_packs_whole_rows_first_fit_longest_first():
     mask = np.zeros((5, 8), bool)
     for row, n in enumerate([5, 3, 0, 2, 6]):
         mask[row, :n] = True
-    plan = plan_packing(mask, np.array([1, 1, 1, 1, 1]), multiple=2)
+    plan = plan_packing(row_sequences(mask, np.ones(5)), 5, 8, multiple=2)
     # longest first: 6 (row 4) | 5 (row 0) + 3 (row 1) | 2 (row 3) joins row 4's: 6 + 2 = 8
     np.testing.assert_array_equal(plan.rows[0], [4] * 6 + [3] * 2)
     np.testing.assert_array_equal(plan.rows[1], [0] * 5 + [1] * 3)
@@ -37,7 +37,8 @@ def test_plan_packs_whole_rows_first_fit_longest_first():
     x = jnp.asarray(np.arange(40).reshape(5, 8))
     back = unpack(pack(x, plan), plan, 5, 8)
     np.testing.assert_array_equal(np.where(mask, back, 0), np.where(mask, x, 0))
-    assert plan_packing(mask, np.ones(5), multiple=4).shape == (4, 8)  # empty rows pad it
+    # rounded up to the micro-batch multiple (empty rows), never below it
+    assert plan_packing(row_sequences(mask, np.ones(5)), 5, 8, multiple=4).shape == (4, 8)
 
 
 def test_segment_starts_and_positions():

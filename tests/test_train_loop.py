@@ -131,17 +131,19 @@ def test_a_non_finite_update_is_skipped_logged_and_the_run_continues(tmp_path, c
     assert ("R_single", records[0]["R_single"], 1) in Writer.scalars
 
 
-def test_turns_sampled_from_a_history_window_are_refused():
-    """The step re-scores responses with the whole conversation as context; a windowed turn
-    (context_start past the system header) would be scored on a context it never saw."""
-    config = TrainConfig(rl=RLConfig(steps=1))
+def test_turns_sampled_from_a_history_window_need_a_config_that_trains_them_step_wise():
+    """A windowed turn (context_start past the system header) is trained under its own
+    context, so a response is both a loss token and later turns' context: a sequence mode of
+    aggregation (which would count turns, not trajectories) is refused."""
+    config = TrainConfig(rl=RLConfig(steps=1), algorithm={"aggregation": "seq-mean-token-mean"})
     traj = random_trajectory(0)
     windowed = traj.replace(context_start=traj.context_start.at[2, 1].set(5))
     state = init_train_state(tiny_model(), config)
     with pytest.raises(
         ValueError,
         match=r"Trajectory.context_start: 1 turns were sampled from a windowed "
-        r"history \(first: row 2, turn 1\)",
+        r"history \(first: row 2, turn 1\); the step trains each of them under its own "
+        r"context, which it cannot with aggregation 'seq-mean-token-mean' \(use token-mean\)",
     ):
         train(
             state, None, lambda params, key, tasks: windowed, lambda i: None, config, progress=False

@@ -19,12 +19,19 @@ shapes, vocab 151,936, cut to 2 layers). Batches (``masks``), ``rows`` conversat
 * ``frozenlake``: a multi-turn row as FrozenLake makes them, a ~105-token turn of which ~8
   tokens are the response (~8% sampled). Ours then runs the output head only at the sampled
   positions (``TrainConfig.loss_positions`` = turns x 8), as the reproduction does; the
-  baseline is transformers' usual full-sequence logits.
+  baseline is transformers' usual full-sequence logits;
+* ``frozenlake-ragged``: the same turns, but episodes of FrozenLake's varied lengths (row
+  ``i`` plays 1 + ``i`` mod the turns that fit, so lengths spread from one turn to the whole
+  width) right-padded to ``tokens``. Two rows: ours padded, and ours packed (``rl.packing``:
+  several episodes per row, :mod:`agentrl_jax.train.packing`), each against the same
+  baseline (transformers on the padded batch with its attention mask), the packed row also
+  against ours padded (``settings.vs_padded``).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import tempfile
 from typing import Sequence
 
@@ -127,6 +134,25 @@ def frozenlake_batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> tuple
     return t, turns * FROZENLAKE_RESPONSE
 
 
+def ragged_frozenlake_batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> Trajectory:
+    """:func:`frozenlake_batch` with row ``i`` cut after ``1 + i mod turns`` turns (tokens,
+    loss positions and turns past it are padding): FrozenLake's spread of episode lengths."""
+    t, _ = frozenlake_batch(rows, tokens, vocab, seed)
+    turns = t.turn_mask.shape[1]
+    first = max(1, min(FROZENLAKE_TURN, tokens) - FROZENLAKE_RESPONSE)
+    played = 1 + np.arange(rows) % turns
+    ends = np.minimum(first + (played - 1) * FROZENLAKE_TURN + FROZENLAKE_RESPONSE, tokens)
+    inside = np.arange(tokens)[None, :] < ends[:, None]
+    keep = jnp.asarray(inside)
+    return t.replace(
+        token_mask=t.token_mask & keep,
+        loss_mask=t.loss_mask & keep,
+        logprobs=jnp.where(keep, t.logprobs, 0.0),
+        token_turn=jnp.where(keep, t.token_turn, -1),
+        turn_mask=jnp.asarray(np.arange(turns)[None, :] < played[:, None]),
+    )
+
+
 def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
     """The baseline's update as a closure, and its first-step loss."""
     import torch
@@ -178,7 +204,7 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
     return step
 
 
-MASKS = ("synthetic", "frozenlake")
+MASKS = ("synthetic", "frozenlake", "frozenlake-ragged")
 
 
 def run(
@@ -205,48 +231,86 @@ def run(
         train_config = TrainConfig()  # the paper's GRPO defaults
         if mask == "synthetic":
             batch = synthetic_batch(rows, tokens, model_config.vocab_size)
-        else:
+        elif mask == "frozenlake":
             batch, bound = frozenlake_batch(rows, tokens, model_config.vocab_size)
+            train_config = TrainConfig(loss_positions=bound)
+        else:
+            batch = ragged_frozenlake_batch(rows, tokens, model_config.vocab_size)
+            bound = int(jnp.max(jnp.sum(batch.loss_mask, axis=1)))
             train_config = TrainConfig(loss_positions=bound)
         num_tokens = int(jnp.sum(batch.token_mask))
         with tempfile.TemporaryDirectory() as model_dir:
             export_qwen3(model, model_dir)
             torch_step = _torch_step(model_dir, batch, train_config)
-        state = init_train_state(model, train_config)
-        step = make_train_step(nnx.split(model)[0], train_config, donate=True)
-        state, metrics = step(state, TrainBatch(batch))
-        ours_loss, torch_loss = float(metrics["loss"]), torch_step()
-        if not abs(ours_loss - torch_loss) <= LOSS_AGREEMENT_RTOL * max(abs(torch_loss), 1e-3):
-            raise RuntimeError(
-                f"{size}: first-step losses disagree: ours {ours_loss}, torch {torch_loss}"
-            )
-
-        def ours():
-            nonlocal state
-            state, m = step(state, TrainBatch(batch))
-            jax.block_until_ready(m)
-
-        ours_s = median_time(ours, repeats=repeats)
+        torch_loss = torch_step()
         torch_s = median_time(torch_step, repeats=repeats)
-        del state
-        results.append(
-            BenchResult(
-                name=f"GRPO update, {size}, {mask} mask, {rows}x{tokens} tokens",
-                unit="tokens/s",
-                ours=num_tokens / ours_s,
-                baseline=num_tokens / torch_s,
-                baseline_name="PyTorch transformers fwd+ref fwd+bwd+AdamW",
-                settings={
-                    "size": size,
-                    "mask": mask,
-                    "loss_positions": train_config.loss_positions,
-                    "loss_tokens": int(jnp.sum(batch.loss_mask)),
-                    "rows": rows,
-                    "tokens": tokens,
-                    "repeats": repeats,
-                    "backend": jax.default_backend(),
-                    "first_step_loss": ours_loss,
-                },
+        configs = [("padded", train_config)]
+        if mask == "frozenlake-ragged":
+            packed = dataclasses.replace(
+                train_config, rl=dataclasses.replace(train_config.rl, packing=True)
             )
-        )
+            configs.append(("packed", packed))
+        padded_s = None
+        for layout, config in configs:
+            ours_s, ours_loss, rows_run = _time_ours(model, config, batch, repeats)
+            if not abs(ours_loss - torch_loss) <= LOSS_AGREEMENT_RTOL * max(abs(torch_loss), 1e-3):
+                raise RuntimeError(
+                    f"{size}, {layout}: first-step losses disagree: ours {ours_loss}, "
+                    f"torch {torch_loss}"
+                )
+            settings = {
+                "size": size,
+                "mask": mask,
+                "layout": layout,
+                "rows_computed": rows_run,
+                "loss_positions": config.loss_positions,
+                "loss_tokens": int(jnp.sum(batch.loss_mask)),
+                "real_token_share": num_tokens / (rows * tokens),
+                "rows": rows,
+                "tokens": tokens,
+                "repeats": repeats,
+                "backend": jax.default_backend(),
+                "first_step_loss": ours_loss,
+            }
+            if layout == "padded":
+                padded_s = ours_s
+            else:
+                settings["vs_padded"] = padded_s / ours_s
+            results.append(
+                BenchResult(
+                    name=f"GRPO update, {size}, {mask} mask, {layout}, {rows}x{tokens} tokens",
+                    unit="tokens/s",
+                    ours=num_tokens / ours_s,
+                    baseline=num_tokens / torch_s,
+                    baseline_name="PyTorch transformers fwd+ref fwd+bwd+AdamW",
+                    settings=settings,
+                )
+            )
     return results
+
+
+def _time_ours(
+    model: Qwen3ForCausalLM, config: TrainConfig, batch: Trajectory, repeats: int
+) -> tuple[float, float, int]:
+    """Seconds per warm update of ours under ``config``, its first-step loss, and the rows it
+    computes (fewer than the batch's when packed)."""
+    state = init_train_state(model, config)
+    state = state.replace(policy=jax.tree.map(jnp.copy, state.policy))  # the step donates it
+    step = make_train_step(nnx.split(model)[0], config, donate=True)
+    train_batch = step.packed(TrainBatch(batch))
+    rows_run = (
+        train_batch.trajectory.tokens.shape[0]
+        if train_batch.packing is None
+        else train_batch.packing.shape[0]
+    )
+    state, metrics = step(state, train_batch)
+    loss = float(metrics["loss"])
+
+    def ours():
+        nonlocal state
+        state, m = step(state, train_batch)
+        jax.block_until_ready(m)
+
+    seconds = median_time(ours, repeats=repeats)
+    del state
+    return seconds, loss, rows_run

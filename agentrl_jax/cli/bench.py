@@ -107,7 +107,8 @@ def bench_train_step(
     repeats: int = typer.Option(3, help="Timed runs (median)."),
     mask: list[str] = typer.Option(
         ["synthetic", "frozenlake"],
-        help="Loss masks: synthetic (~55% sampled tokens), frozenlake (~8 of every 105).",
+        help="Loss masks: synthetic (~55% sampled tokens), frozenlake (~8 of every 105), "
+        "frozenlake-ragged (FrozenLake's spread of episode lengths; padded and packed rows).",
     ),
 ) -> None:
     """Tokens/s of one GRPO update vs the same update in PyTorch transformers."""

@@ -9,7 +9,7 @@ configured estimator and terms declare (:mod:`.inputs`); the loop (:mod:`.loop`)
 rollout and does the side effects (metrics to :mod:`.sinks`, progress, checkpoints).
 """
 
-from agentrl_jax.train.batch import TrainBatch, batch_loss_mask, check_full_history
+from agentrl_jax.train.batch import TrainBatch, batch_loss_mask, check_step_wise
 from agentrl_jax.train.checkpoint import (
     Checkpointer,
     CheckpointMismatchError,
@@ -85,7 +85,7 @@ __all__ = [
     "algorithm_to_dict",
     "batch_loss_mask",
     "batch_shardings",
-    "check_full_history",
+    "check_step_wise",
     "check_inputs",
     "check_loss_positions",
     "compute_gradients",

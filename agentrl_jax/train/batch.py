@@ -1,9 +1,9 @@
 """The batch one train step takes: a rollout's trajectories and, optionally, their process
 scores; and the checks the loop runs on it before it is placed on device.
 
-Context: every sampled token is scored with the whole row before it as its context, which is
-what the policy saw when the rollout kept the whole history (:func:`check_full_history`
-rejects turns sampled from a history window).
+Context: every sampled token is scored under the context the policy saw: the row before it
+when the rollout kept the whole history, else its turn's window (:func:`windowed_turns`,
+trained step-wise; :func:`check_step_wise` says when a config cannot).
 """
 
 from __future__ import annotations
@@ -35,27 +35,40 @@ def batch_loss_mask(trajectory: Trajectory) -> jax.Array:
     return trajectory.loss_mask.astype(bool) & trajectory.row_mask.astype(bool)[:, None]
 
 
-def check_full_history(trajectory: Trajectory) -> None:
-    """Raises ValueError if a turn was sampled from a windowed history (host-side check).
-
-    The step scores every sampled token with the whole row before it as its context, which
-    reproduces the sampling log-probs only if each turn saw the whole history, i.e.
-    ``context_start == prefix_len`` on every real turn. A history window (the rollout's
-    ``history_window``) changes positions and attention per turn; training on such rows would
-    need each turn re-scored on its own context, which this step does not do.
-    """
+def windowed_turns(trajectory: Trajectory) -> np.ndarray:
+    """``[N, T]`` bool (host): real turns sampled from a history window
+    (``context_start != prefix_len``), which the step trains under their own context."""
     real = np.asarray(trajectory.turn_mask, bool) & np.asarray(trajectory.row_mask, bool)[:, None]
-    windowed = real & (
+    return real & (
         np.asarray(trajectory.context_start) != np.asarray(trajectory.prefix_len)[:, None]
     )
-    if windowed.any():
+
+
+def check_step_wise(trajectory: Trajectory, config: Any) -> None:
+    """Raises ValueError if ``trajectory`` has turns sampled from a history window that
+    ``config`` (a :class:`~agentrl_jax.train.config.TrainConfig`) cannot train step-wise
+    (host-side; the loop runs it on every batch).
+
+    Such turns are trained each under its own context (:func:`~agentrl_jax.train.packing.
+    turn_sequences`), so a response token appears once as a loss token and again as the
+    context of later turns: the aggregation must be ``token-mean`` (a sequence mode would
+    count turns, not trajectories), and there can be no critic (its values would be read on
+    several contexts at once).
+    """
+    windowed = windowed_turns(trajectory)
+    if not windowed.any():
+        return
+    problem = None
+    if config.algorithm.aggregation != "token-mean":
+        problem = f"aggregation {config.algorithm.aggregation!r} (use token-mean)"
+    elif config.uses_critic:
+        problem = "a critic (PPO: train with the whole history)"
+    if problem is not None:
         row, turn = (int(i[0]) for i in np.nonzero(windowed))
         raise ValueError(
             f"Trajectory.context_start: {int(windowed.sum())} turns were sampled from a "
-            f"windowed history "
-            f"(first: row {row}, turn {turn}); the train step scores each response with the whole "
-            "conversation as its context, so it needs rollouts with the whole history kept "
-            "(history_window=None)"
+            f"windowed history (first: row {row}, turn {turn}); the step trains each of them "
+            f"under its own context, which it cannot with {problem}"
         )
 
 

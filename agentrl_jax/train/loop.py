@@ -7,8 +7,9 @@ Each iteration of :func:`train`:
    the same tasks); with DAPO's dynamic sampling (``algorithm.dynamic_sampling``) it keeps
    drawing (a new key, the next position) until the groups whose rewards vary fill a batch,
    at most ``algorithm.max_rollout_batches`` times (:mod:`agentrl_jax.train.dynamic_sampling`);
-2. runs the injected ``rollout(policy_params, key, tasks) -> Trajectory`` (and checks that its
-   turns saw the whole history, see :func:`~agentrl_jax.train.step.check_full_history`);
+2. runs the injected ``rollout(policy_params, key, tasks) -> Trajectory`` (and checks that the
+   config can train turns sampled from a history window, if any:
+   :func:`~agentrl_jax.train.batch.check_step_wise`);
 3. scores steps with the optional process scorer (its scores shape the reward when
    ``config.rl.process_reward_coef > 0``) and the optional quality scorer (for R_single; it may
    be the same object, then it runs once);
@@ -59,7 +60,7 @@ from tqdm.auto import tqdm
 
 from agentrl_jax import distributed
 from agentrl_jax.process_rewards import mean_step_score
-from agentrl_jax.train.batch import Produced, TrainBatch, check_full_history
+from agentrl_jax.train.batch import Produced, TrainBatch, check_step_wise
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.dynamic_sampling import Draw, assemble, packed_rows, varied_groups
@@ -332,7 +333,7 @@ def produce_batch(
         tasks = task_batches(position)
         position += 1
         trajectory = jax.block_until_ready(rollout(params, rollout_key, tasks))
-        check_full_history(trajectory)
+        check_step_wise(trajectory, config)
         check_loss_positions(trajectory, config.loss_positions)
         rolled = time.perf_counter()
         process = process_scorer(trajectory, tasks) if process_scorer is not None else None

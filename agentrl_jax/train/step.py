@@ -39,9 +39,12 @@ metric is reported as its mean over the batch's updates under its own name, and,
 than one update, as the ``[updates]`` array under ``updates/<name>``; ``update_skipped``
 counts the skipped updates of the batch.
 
-Context: every sampled token is scored with the whole row before it as its context, which is
-what the policy saw when the rollout kept the whole history (:func:`check_full_history`, which
-the loop runs on every batch, rejects turns sampled from a history window).
+Context: every sampled token is scored under the context the policy sampled it with: the whole
+row before it, or for a turn sampled from a history window (the rollout's ``history_window``)
+the system header and that window. Such batches are trained step-wise: each windowed turn is
+a sequence of its own, packed with the others (:func:`~agentrl_jax.train.packing.
+turn_sequences`, :meth:`JittedTrainStep.packed`), its response the only loss tokens in it.
+``rl.packing`` packs whole rows the same way.
 
 Alignment: the log-prob of token ``p`` comes from the logits at ``p - 1``, and the value of
 token ``p`` from the critic's hidden state at ``p - 1`` (the state the token was sampled in);
@@ -83,7 +86,7 @@ from agentrl_jax.algorithms import (
 )
 from agentrl_jax.models.qwen3 import Constrain
 from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, PartitionRule, batch_shards
-from agentrl_jax.train.batch import TrainBatch, batch_loss_mask
+from agentrl_jax.train.batch import TrainBatch, batch_loss_mask, check_step_wise, windowed_turns
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.inputs import step_inputs
 from agentrl_jax.train.logprobs import kept_mask
@@ -95,7 +98,7 @@ from agentrl_jax.train.micro_batches import (
     keep_if,
     map_micro_batches,
 )
-from agentrl_jax.train.packing import pack, plan_packing, unpack
+from agentrl_jax.train.packing import pack, plan_packing, row_sequences, turn_sequences, unpack
 from agentrl_jax.train.rewards import advantage_inputs, overlong_rewards
 from agentrl_jax.train.scoring import (
     activation_constraint,
@@ -239,6 +242,7 @@ def prepare_batch(
     )
     if packing is not None:
         data = {name: pack(x, packing) for name, x in data.items()}
+        data["loss_mask"] = data["loss_mask"] & packing.trains  # a turn trains in its own sequence
         data["segment_ids"] = packing.segment_ids
     old_values = None
     if needs.critic_model:
@@ -693,19 +697,26 @@ class JittedTrainStep:
         """``batch`` with its packing planned on the host (``rl.packing``; else as it is):
         trajectories into rows of the batch's width, the row count a multiple of the
         micro-batch count times the mesh's batch shards (:mod:`agentrl_jax.train.packing`)."""
-        if not self.config.rl.packing or batch.packing is not None:
+        if batch.packing is not None:
+            return batch
+        traj = batch.trajectory
+        step_wise = windowed_turns(traj).any()
+        if not (self.config.rl.packing or step_wise):
             return batch
         if distributed.is_multiprocess():
             raise ValueError(
-                "rl.packing: packing plans the whole batch on one host; with several "
-                "processes each holds only its share (set rl.packing: false)"
+                "rl.packing (or a rollout history window): packing plans the whole batch on "
+                "one host; with several processes each holds only its share"
             )
-        traj = batch.trajectory
-        multiple = _chunks(self.config) * (1 if self.mesh is None else batch_shards(self.mesh))
-        plan = plan_packing(
-            np.asarray(traj.token_mask), np.asarray(traj.row_mask), multiple=multiple
+        check_step_wise(traj, self.config)
+        sequences = (
+            turn_sequences(traj)
+            if step_wise
+            else row_sequences(np.asarray(traj.token_mask), np.asarray(traj.row_mask))
         )
-        return batch.replace(packing=plan)
+        rows, width = traj.tokens.shape
+        multiple = _chunks(self.config) * (1 if self.mesh is None else batch_shards(self.mesh))
+        return batch.replace(packing=plan_packing(sequences, rows, width, multiple))
 
     def place(self, batch: TrainBatch, state: TrainState) -> TrainBatch:
         """``batch`` on device, once, in its final shardings: the one place the trajectory
