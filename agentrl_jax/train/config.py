@@ -208,6 +208,10 @@ class RLConfig:
     null: all at once; the tokens do not depend on it), ``refill`` (with it) is continuous
     batching. ``scoring``: the distribution the update scores sampled tokens under, ``model``
     (temperature 1, whole vocabulary) or ``sampling`` (the rollout's; module docstring).
+    ``history_window`` k (null: the whole history) shows the policy only the system header and
+    its last k turns in the training rollouts; the update then trains each turn under the
+    context it saw (step-wise, :mod:`agentrl_jax.train.packing`; token-mean aggregation, no
+    critic). The evaluation keeps the whole history.
 
     Optimisation: AdamW (``learning_rate``, ``weight_decay``, ``adam_*``) after global-norm
     clipping at ``max_grad_norm`` (null: none); a critic (PPO) has its own AdamW
@@ -284,6 +288,7 @@ class RLConfig:
     wandb_project: str | None = None
     lora: LoraConfig | None = None
     packing: bool = False
+    history_window: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "lora", LoraConfig.from_value(self.lora))
@@ -340,6 +345,7 @@ class RLConfig:
                 "attention": one_of(ATTENTION_IMPLEMENTATIONS),
                 "logits_chunk": integer(1),
                 "packing": BOOL,
+                "history_window": optional(integer(1)),
                 "max_staleness": integer(0),
                 "off_policy_cap": positive,
                 "checkpoint_every": integer(1),
@@ -393,7 +399,25 @@ class RLConfig:
                 f"rl.wandb_project: logging to W&B project {self.wandb_project!r} needs the "
                 "wandb package (pip install wandb); it is not installed"
             )
-        self.resolved_runs()  # every run's algorithm builds (errors name rl.runs[i])
+        runs = self.resolved_runs()  # every run's algorithm builds (errors name rl.runs[i])
+        for run in runs if self.history_window is not None else ():
+            if run.algorithm.aggregation != "token-mean":
+                problem = f"aggregation {run.algorithm.aggregation!r} (use token-mean)"
+            elif step_inputs(run.algorithm).critic_model:
+                problem = "a critic"
+            else:
+                continue
+            raise ConfigError(
+                f"rl.history_window: run {run.name!r} trains each windowed turn under its own "
+                f"context (step-wise), which it cannot with {problem}; set "
+                "rl.history_window: null to keep the whole history"
+            )
+        for run in runs if self.lora is not None else ():
+            if step_inputs(run.algorithm).critic_model:
+                raise ConfigError(
+                    f"rl.lora: run {run.name!r} has a critic (PPO), which trains a full copy of "
+                    "the policy as its value model; LoRA runs train without one"
+                )
         # every hyper-parameter the runs' presets declare, with its value (given, else the
         # default), so configs that state a default and configs that do not are equal, and a
         # written config reads back the same under any defaults

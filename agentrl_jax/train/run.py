@@ -223,6 +223,7 @@ def rollout_config(
         sampling=sampling,
         max_rows_per_call=rl.max_rows_per_call,
         refill=rl.refill,
+        history_window=rl.history_window,
     )
 
 
