@@ -26,6 +26,20 @@ def test_run_reports_tokens_per_second_against_pytorch():
     assert set(line) == {"name", "unit", "ours", "baseline", "baseline_name", "settings", "ratio"}
 
 
+def test_the_ragged_frozenlake_batch_is_timed_padded_and_packed():
+    padded, packed = bench_train_step.run(
+        sizes=("tiny",), rows=4, tokens=256, repeats=1, masks=("frozenlake-ragged",)
+    )
+    assert padded.name == "GRPO update, tiny, frozenlake-ragged mask, padded, 4x256 tokens"
+    assert packed.settings["layout"] == "packed" and packed.settings["vs_padded"] > 0
+    # rows of 1 and 2 turns (105 and 210 tokens): the two short ones share a packed row
+    assert (padded.settings["rows_computed"], packed.settings["rows_computed"]) == (4, 3)
+    # run() raised unless each first-step loss agrees with PyTorch's on the padded batch
+    assert packed.settings["first_step_loss"] == pytest.approx(
+        padded.settings["first_step_loss"], rel=1e-5
+    )
+
+
 def test_synthetic_batch_has_rollout_layout():
     batch = bench_train_step.synthetic_batch(rows=4, tokens=32, vocab=50)
     assert batch.tokens.shape == (4, 32) and bool(batch.token_mask.all())

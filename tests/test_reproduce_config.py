@@ -55,6 +55,7 @@ def test_the_shipped_configs_are_the_expected_set():
     assert [p.name for p in ONE_GPU_CONFIGS] == [
         "frozenlake_qwen3_0.6b_1gpu.yaml",
         "frozenlake_qwen3_1.7b_1gpu.yaml",
+        "frozenlake_qwen3_8b_lora_1gpu.yaml",
     ]
 
 
@@ -73,10 +74,11 @@ def test_every_config_loads_and_round_trips(path):
     for section, fields in written.items():
         for field, value in fields.items():
             if isinstance(value, dict):  # a mapping field: key by key
+                below = default[section][field] or {}  # e.g. rl.lora: null below
                 for key, item in value.items():
                     assert plain[section][field][key] == item, f"{path.name}: {section}.{field}"
-                    if field != "options" or key in default[section][field]:
-                        assert default[section][field].get(key) != item, (path.name, field, key)
+                    if field != "options" or key in below:
+                        assert below.get(key) != item, (path.name, field, key)
                 continue
             assert plain[section][field] == value, f"{path.name}: {section}.{field}"
             if (section, field) != ("task", "env"):
@@ -376,13 +378,16 @@ def test_tokenizer_isolate_is_refused_where_no_tokenizer_is_built_or_nothing_is_
 # ---------------------------------------------------------------- the paper's numbers
 
 
-def _paper_checks(config: ReproduceConfig, pass_k_samples: int = 128) -> None:
+def _paper_checks(
+    config: ReproduceConfig, pass_k_samples: int = 128, learning_rate: float = 1e-6
+) -> None:
     """docs/paper.md §2-§4 and §7 numbers every paper-scale config must hold (one GPU holds
-    32 samples of a task at the full context, not the paper's 128: ``pass_k_samples``)."""
+    32 samples of a task at the full context, not the paper's 128: ``pass_k_samples``; LoRA
+    adapters train at 1e-5, not full fine-tuning's 1e-6: ``learning_rate``)."""
     assert config.task.t_max == 70  # §2
     rl = config.rl
     assert rl.group_size == 16  # §4 G
-    assert rl.learning_rate == 1e-6 and rl.weight_decay == 0.01  # §4 AdamW
+    assert rl.learning_rate == learning_rate and rl.weight_decay == 0.01  # §4 AdamW
     assert rl.preset_params["kl_coef"] == 0.001  # §4 KL
     assert rl.temperature == 1.0 and rl.top_p == 1.0  # §4 rollouts
     assert rl.critic_learning_rate == 1e-5  # §4 PPO critic
@@ -407,7 +412,13 @@ def _paper_checks(config: ReproduceConfig, pass_k_samples: int = 128) -> None:
 def test_paper_configs_hold_the_papers_numbers(path):
     config = load_config(path)
     one_gpu = path in ONE_GPU_CONFIGS
-    _paper_checks(config, pass_k_samples=32 if one_gpu else 128)
+    lora = config.rl.lora is not None
+    assert lora == ("lora" in path.name)
+    if lora:  # Qwen3-8B: 16 rows of its cache on one GPU; rank 16 on every projection
+        assert config.rl.lora.rank == 16 and len(config.rl.lora.targets) == 7
+        _paper_checks(config, pass_k_samples=16, learning_rate=1e-5)
+    else:
+        _paper_checks(config, pass_k_samples=32 if one_gpu else 128)
     if one_gpu:  # one device, its model named in the folder (plan reads the size from it)
         assert config.mesh.resolve(1) == (1, 1, 1)
         assert path.name.split("_")[2] in config.model.model_dir.lower()
@@ -434,7 +445,11 @@ def test_a_default_hyper_parameter_applies_only_where_a_run_declares_it(path):
         load_config(path, ["rl.runs=[dapo]", "rl.preset_params.kl_coef=0.1"])
 
 
-@pytest.mark.parametrize("path", PAPER_CONFIGS + ONE_GPU_CONFIGS, ids=lambda p: p.name)
+# every paper run (PPO's critic included, so not the LoRA config's adapters-only policy)
+FULL_CONFIGS = PAPER_CONFIGS + [p for p in ONE_GPU_CONFIGS if "lora" not in p.name]
+
+
+@pytest.mark.parametrize("path", FULL_CONFIGS, ids=lambda p: p.name)
 def test_paper_configs_reach_the_trainer_with_the_papers_numbers(path):
     config = load_config(path, [f"rl.runs=[{','.join(PAPER_RUNS)}]"])
     specs = config.rl.resolved_runs()

@@ -264,11 +264,14 @@ class Reproduction:
     def load_model(self, model_dir: Path, *, local: bool = False, param_dtype: Any = None):
         """A policy directory's model, its parameters placed by the rules of the global mesh
         (``local``: of this process's part of it, where rollouts and evaluation run), stored
-        in ``param_dtype`` (None: float32)."""
+        in ``param_dtype`` (None: a LoRA run's ``rl.lora.base_dtype`` where set, so a frozen
+        base and the policies made from it are held once in it; else float32)."""
+        lora = self.config.rl.lora
+        default = (lora and lora.base_dtype) or "float32"
         return load_qwen3(
             model_dir,
             dtype=self._dtype(),
-            param_dtype=param_dtype or jax.numpy.float32,
+            param_dtype=jax.numpy.dtype(param_dtype or default),
             mesh=self.local_mesh if local else self.mesh,
         )
 
@@ -490,7 +493,8 @@ class Reproduction:
         # the main process's devices: a warm start over every process's would sum its
         # gradients across hosts in another order than one host does, and the policies of
         # one and several processes would then differ (by float rounding, amplified by RL)
-        model = self.load_model(self.init_dir, local=True)
+        # the warm start trains every parameter: float32, whatever a LoRA run's base dtype
+        model = self.load_model(self.init_dir, local=True, param_dtype="float32")
         log_path = self.out / "warm_start" / "history.jsonl"
 
         steps = sft.num_sft_steps(
@@ -524,8 +528,7 @@ class Reproduction:
 
     # -- RL
     def train(self, spec: RunSettings) -> dict[str, Any]:
-        lora = self.config.rl.lora  # a LoRA run's frozen base, loaded once in its dtype
-        model = self.load_model(self.base_dir, param_dtype=lora and lora.base_dtype)
+        model = self.load_model(self.base_dir)  # a LoRA run's frozen base: in its base_dtype
         run_dir = self.out / "runs" / spec.name
 
         def on_step(step: int, metrics: dict) -> None:

@@ -37,15 +37,6 @@ PLANS: dict[str, tuple[str, list[str]]] = {
     "frozenlake_qwen3_0.6b_1gpu_1x80gib_tpu-compiler": ("frozenlake_qwen3_0.6b_1gpu", GPU_1),
     "frozenlake_qwen3_1.7b_1gpu_1x80gib_tpu-compiler": ("frozenlake_qwen3_1.7b_1gpu", GPU_1),
     "frozenlake_qwen3_8b_lora_1gpu_1x80gib_tpu-compiler": ("frozenlake_qwen3_8b_lora_1gpu", GPU_1),
-    # the same LoRA config on a v5e-8 (16 GiB a chip): the base sharded over the 8 chips, and
-    # decoding reads it as trained (a replicated bfloat16 copy would not fit a chip)
-    "frozenlake_qwen3_8b_lora_1gpu_v5e-2x4": (
-        "frozenlake_qwen3_8b_lora_1gpu",
-        [
-            *["--topology", "v5e:2x4", "--set", "engine.generation_layout=training"],
-            *["--set", "rl.num_micro_batches=32"],
-        ],
-    ),
     "frozenlake_qwen3_4b_gpu_8x80gib_tpu-compiler": ("frozenlake_qwen3_4b_gpu", GPUS_8),
     "frozenlake_qwen3_8b_gpu_8x80gib_tpu-compiler": ("frozenlake_qwen3_8b_gpu", GPUS_8),
     "sql_qwen3_4b_gpu_8x80gib_tpu-compiler": ("sql_qwen3_4b_gpu", GPUS_8),
