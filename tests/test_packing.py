@@ -80,13 +80,32 @@ def test_attention_within_segments_equals_each_sequence_alone(implementation):
         at += n
 
 
-@pytest.mark.parametrize("attention_impl", ["xla", "blocked"])
-@pytest.mark.parametrize("aggregation_mode", ["token-mean", "seq-mean-token-mean"])
+PPO = {  # GAE on a critic whose values the packed rows compute, then unpack per trajectory
+    "advantage": "gae",
+    "aggregation": "seq-mean-token-mean",
+    "loss_terms": [{"name": "policy_clip"}, {"name": "value_clip"}],
+}
+
+
+@pytest.mark.parametrize(
+    "attention_impl, aggregation_mode",
+    [
+        ("xla", "token-mean"),
+        ("xla", "seq-mean-token-mean"),
+        ("blocked", "token-mean"),
+        ("blocked", "seq-mean-token-mean"),
+        ("xla", "ppo"),
+    ],
+)
 def test_packed_step_gradients_equal_the_unpacked_ones(attention_impl, aggregation_mode):
-    algorithm = {
-        "aggregation": aggregation_mode,
-        "loss_terms": [{"name": "policy_clip"}, {"name": "kl", "coef": 0.1}],
-    }
+    algorithm = (
+        PPO
+        if aggregation_mode == "ppo"
+        else {
+            "aggregation": aggregation_mode,
+            "loss_terms": [{"name": "policy_clip"}, {"name": "kl", "coef": 0.1}],
+        }
+    )
     plain = TrainConfig(
         rl=RLConfig(attention=attention_impl, num_micro_batches=2), algorithm=algorithm
     )
@@ -100,17 +119,27 @@ def test_packed_step_gradients_equal_the_unpacked_ones(attention_impl, aggregati
     packed_batch = step.packed(batch)
     assert packed_batch.packing.shape[0] < 16  # fewer rows than trajectories
     graphdef = nnx.graphdef(model)
+    if aggregation_mode == "ppo":  # a critic that is not the policy: values and returns vary
+        state = state.replace(
+            critic=state.critic.replace(
+                head={"kernel": jnp.linspace(-1.0, 1.0, 16), "bias": jnp.asarray(0.3)}
+            )
+        )
     with jax.default_matmul_precision("highest"):
-        g_plain, _, m_plain = jax.jit(compute_gradients, static_argnums=(0, 1))(
+        g_plain, c_plain, m_plain = jax.jit(compute_gradients, static_argnums=(0, 1))(
             graphdef, plain, state, batch
         )
-        g_packed, _, m_packed = jax.jit(compute_gradients, static_argnums=(0, 1))(
+        g_packed, c_packed, m_packed = jax.jit(compute_gradients, static_argnums=(0, 1))(
             graphdef, packed, state, packed_batch
         )
-    for name in ("loss", "loss/policy_clip", "loss/kl", "advantage_mean", "loss_tokens"):
+    names = ["loss", "loss/policy_clip", "advantage_mean", "loss_tokens"]
+    names += ["value_loss", "value_mean"] if aggregation_mode == "ppo" else ["loss/kl"]
+    for name in names:
         np.testing.assert_allclose(m_packed[name], m_plain[name], rtol=1e-6, atol=1e-7)
-    for a, b in zip(jax.tree.leaves(g_packed), jax.tree.leaves(g_plain), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+    grads = [(g_packed, g_plain)] + ([(c_packed, c_plain)] if c_plain is not None else [])
+    for got, want in grads:
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
     assert float(jnp.max(jnp.abs(jax.tree.leaves(g_plain)[0]))) > 1e-4
 
 

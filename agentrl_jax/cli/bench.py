@@ -96,6 +96,22 @@ def bench_sample(
     emit(sample.run(configs=config, repeats=repeats, torch_threads=torch_threads), json_out)
 
 
+@app.command("lora")
+def bench_lora(
+    json_out: bool = JSON_OPT,
+    size: list[str] = typer.Option(
+        ["qwen3-0.6b-2layers"], help="Model shapes: tiny, qwen3-0.6b-2layers."
+    ),
+    batch: int = typer.Option(8, help="Rows decoded at once."),
+    rank: int = typer.Option(16, help="LoRA rank (every attention and MLP projection)."),
+    repeats: int = typer.Option(3, help="Timed runs (median)."),
+) -> None:
+    """Decode time with a LoRA run's adapters applied vs the same sampler on merged weights."""
+    from agentrl_jax.bench import lora
+
+    emit(lora.run(sizes=size, batch=batch, rank=rank, repeats=repeats), json_out)
+
+
 @app.command("train-step")
 def bench_train_step(
     json_out: bool = JSON_OPT,

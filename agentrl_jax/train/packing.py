@@ -103,26 +103,45 @@ def turn_sequences(trajectory: Any) -> list[Sequence]:
     return out
 
 
-def plan_packing(sequences: list[Sequence], rows: int, width: int, multiple: int = 1) -> Packing:
+def packed_loss_bound(bound: int | None, rows: int, packed_rows: int, width: int) -> int | None:
+    """The loss positions per packed row at which the step runs the output head: a packed row
+    stands for ``rows / packed_rows`` rows of ``bound`` each (at most ``width - 1``), so the
+    head runs at as many positions in all as unpacked (None: every position)."""
+    if bound is None:
+        return None
+    return min(width - 1, bound * -(-rows // packed_rows))
+
+
+def plan_packing(
+    sequences: list[Sequence],
+    rows: int,
+    width: int,
+    multiple: int = 1,
+    *,
+    loss_mask: np.ndarray | None = None,
+    loss_bound: int | None = None,
+) -> Packing:
     """Pack ``sequences`` (:func:`row_sequences`, :func:`turn_sequences`) of a batch of
     ``rows`` rows into rows of ``width``: first fit, longest first (ties keep their order, so
-    the plan is a pure function of its input). Returns NumPy arrays."""
+    the plan is a pure function of its input). With ``loss_bound`` (the step's loss positions
+    per unpacked row) and the batch's ``loss_mask``, a packed row also holds at most
+    :func:`packed_loss_bound` loss tokens, so the step's output head runs at no more positions
+    than unpacked. Returns NumPy arrays."""
     longest = max((len(cols) for _, cols, _ in sequences), default=0)
     if longest > width:
         raise ValueError(f"a sequence of {longest} tokens does not fit packed rows of {width}")
     order = sorted(range(len(sequences)), key=lambda k: (-len(sequences[k][1]), k))
-    fill: list[int] = []
-    members: list[list[int]] = []
-    for k in order:
-        size = len(sequences[k][1])
-        slot = next((b for b, used in enumerate(fill) if used + size <= width), None)
-        if slot is None:
-            fill.append(0)
-            members.append([])
-            slot = len(fill) - 1
-        members[slot].append(k)
-        fill[slot] += size
-    count = packed_row_count(len(fill), multiple, rows)
+    losses = [0] * len(sequences)
+    if loss_bound is not None and loss_mask is not None:
+        mask = np.asarray(loss_mask, bool)
+        losses = [int((mask[row, cols] & trains).sum()) for row, cols, trains in sequences]
+    count = packed_row_count(len(_first_fit(sequences, order, losses, width, None)), multiple, rows)
+    while True:  # a loss cap per row may need more rows, which lowers the cap: to a fixed point
+        cap = packed_loss_bound(loss_bound, rows, count, width)
+        members = _first_fit(sequences, order, losses, width, cap)
+        if len(members) <= count:
+            break
+        count = packed_row_count(len(members), multiple, rows)
     source = np.zeros((count, width), np.int32)
     cols = np.zeros((count, width), np.int32)
     segments = np.zeros((count, width), np.int32)
@@ -140,6 +159,32 @@ def plan_packing(sequences: list[Sequence], rows: int, width: int, multiple: int
     return Packing(source, cols, segments > 0, segments, trains)
 
 
+def _first_fit(
+    sequences: list[Sequence], order: list[int], losses: list[int], width: int, cap: int | None
+) -> list[list[int]]:
+    """Sequence indices per packed row: each, in ``order``, into the first row with room for
+    its tokens (and, with ``cap``, its loss tokens)."""
+    fill: list[tuple[int, int]] = []
+    members: list[list[int]] = []
+    for k in order:
+        size, loss = len(sequences[k][1]), losses[k]
+        slot = next(
+            (
+                b
+                for b, (used, used_loss) in enumerate(fill)
+                if used + size <= width and (cap is None or used_loss + loss <= cap)
+            ),
+            None,
+        )
+        if slot is None:
+            fill.append((0, 0))
+            members.append([])
+            slot = len(fill) - 1
+        members[slot].append(k)
+        fill[slot] = (fill[slot][0] + size, fill[slot][1] + loss)
+    return members
+
+
 def pack(x: jax.Array, packing: Packing) -> jax.Array:
     """``x [N, L, ...]`` per token -> ``[P, W, ...]`` in the packed layout (zero/False on
     empty slots)."""
@@ -153,11 +198,3 @@ def unpack(y: jax.Array, packing: Packing, rows: int, length: int) -> jax.Array:
     of one token, a trained one's)."""
     target = jnp.where(packing.valid & packing.trains, packing.rows, rows)  # else dropped
     return jnp.zeros((rows, length), y.dtype).at[target, packing.cols].set(y, mode="drop")
-
-
-def padding_share(token_mask: np.ndarray, packing: Packing | None = None) -> float:
-    """The share of the positions a step computes that hold no token (host; the packed
-    layout's when ``packing`` is given)."""
-    real = float(np.asarray(token_mask, bool).sum())
-    total = np.asarray(token_mask).size if packing is None else np.asarray(packing.valid).size
-    return 1.0 - real / max(total, 1)

@@ -98,7 +98,14 @@ from agentrl_jax.train.micro_batches import (
     keep_if,
     map_micro_batches,
 )
-from agentrl_jax.train.packing import pack, plan_packing, row_sequences, turn_sequences, unpack
+from agentrl_jax.train.packing import (
+    pack,
+    packed_loss_bound,
+    plan_packing,
+    row_sequences,
+    turn_sequences,
+    unpack,
+)
 from agentrl_jax.train.rewards import advantage_inputs, overlong_rewards
 from agentrl_jax.train.scoring import (
     activation_constraint,
@@ -162,12 +169,20 @@ def _model_scores(
 
 
 def _forward(config: TrainConfig, mb: Mapping[str, jax.Array], adapters: bool = True):
-    """The step's forward settings for ``mb``: packed rows hold several trajectories' sampled
-    tokens, so the per-row bound on loss positions becomes the row's width."""
-    forward = config.forward if adapters else dataclasses.replace(config.forward, adapters=False)
-    if "segment_ids" in mb:
-        forward = dataclasses.replace(forward, loss_positions=None)
-    return forward
+    """The step's forward settings (the base model's with ``adapters=False``)."""
+    return config.forward if adapters else dataclasses.replace(config.forward, adapters=False)
+
+
+def for_batch(config: TrainConfig, batch: TrainBatch) -> TrainConfig:
+    """``config`` for ``batch``'s rows: packed rows hold several rows' loss tokens, so the
+    bound on loss positions per row becomes :func:`~agentrl_jax.train.packing.packed_loss_bound`
+    (static: from the batch's shapes; the packing plan keeps every packed row within it)."""
+    if batch.packing is None or config.loss_positions is None:
+        return config
+    rows = batch.trajectory.tokens.shape[0]
+    packed_rows, width = batch.packing.shape
+    bound = packed_loss_bound(config.loss_positions, rows, packed_rows, width)
+    return dataclasses.replace(config, loss_positions=bound)
 
 
 def _chunks(config: TrainConfig) -> int:
@@ -217,15 +232,29 @@ def prepare_batch(
     constrain = activation_constraint(mesh)
     traj = batch.trajectory
     full_mask = batch_loss_mask(traj)
-    loss_mask = (
-        full_mask if config.loss_positions is None else kept_mask(full_mask, config.loss_positions)
-    )
+    packing = batch.packing  # the rows the model runs on: the trajectories, or packed ones
+
+    def bounded(mask):  # the loss positions the head runs at, per row it runs on
+        return mask if config.loss_positions is None else kept_mask(mask, config.loss_positions)
+
     data = {
         "tokens": traj.tokens,
         "token_mask": traj.token_mask.astype(bool),
-        "loss_mask": loss_mask,
+        "loss_mask": bounded(full_mask) if packing is None else full_mask,
         "recorded_logprobs": recorded_logprobs(traj, config),
     }
+    to_rows = (lambda x: x) if packing is None else (lambda x: pack(x, packing))
+    from_rows = (
+        (lambda y: y) if packing is None else (lambda y: unpack(y, packing, *full_mask.shape))
+    )
+    if packing is not None:
+        data = {name: pack(x, packing) for name, x in data.items()}
+        # a turn trains in its own sequence only
+        data["loss_mask"] = bounded(data["loss_mask"] & packing.trains)
+        data["segment_ids"] = packing.segment_ids
+        loss_mask = unpack(data["loss_mask"], packing, *full_mask.shape)
+    else:
+        loss_mask = data["loss_mask"]
     chunks = _chunks(config)
     weights = loss_mask.astype(jnp.float32)
     tokens = jnp.sum(weights)
@@ -234,16 +263,6 @@ def prepare_batch(
     def token_mean(x):
         return jnp.sum(x * weights) / jnp.maximum(tokens, 1.0)
 
-    # the rows the model runs on: the trajectories, or several per row (packed)
-    packing = batch.packing
-    to_rows = (lambda x: x) if packing is None else (lambda x: pack(x, packing))
-    from_rows = (
-        (lambda y: y) if packing is None else (lambda y: unpack(y, packing, *full_mask.shape))
-    )
-    if packing is not None:
-        data = {name: pack(x, packing) for name, x in data.items()}
-        data["loss_mask"] = data["loss_mask"] & packing.trains  # a turn trains in its own sequence
-        data["segment_ids"] = packing.segment_ids
     old_values = None
     if needs.critic_model:
         backbone = nnx.merge(graphdef, state.critic.backbone)
@@ -493,6 +512,7 @@ def compute_gradients(
     metrics)``, the losses as means over the batch. ``mesh`` (static) adds sharding
     constraints on activations (rows over the batch axes).
     """
+    config = for_batch(config, batch)
     data, metrics = prepare_batch(graphdef, config, state, batch, mesh)
     policy_grads, policy_metrics = policy_gradients(
         graphdef, config, state.policy, data, mesh, first_update=True, base=state.base
@@ -566,6 +586,7 @@ def train_step(
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """All the updates of one rollout batch (see the module docstring). Pure; jit it with
     :func:`make_train_step`."""
+    config = for_batch(config, batch)
     rows = batch.trajectory.tokens.shape[0] if batch.packing is None else batch.packing.shape[0]
     if rows % _chunks(config):
         raise ValueError(
@@ -716,7 +737,15 @@ class JittedTrainStep:
         )
         rows, width = traj.tokens.shape
         multiple = _chunks(self.config) * (1 if self.mesh is None else batch_shards(self.mesh))
-        return batch.replace(packing=plan_packing(sequences, rows, width, multiple))
+        plan = plan_packing(
+            sequences,
+            rows,
+            width,
+            multiple,
+            loss_mask=np.asarray(batch_loss_mask(traj)),
+            loss_bound=self.config.loss_positions,
+        )
+        return batch.replace(packing=plan)
 
     def place(self, batch: TrainBatch, state: TrainState) -> TrainBatch:
         """``batch`` on device, once, in its final shardings: the one place the trajectory
