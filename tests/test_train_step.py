@@ -41,7 +41,7 @@ from agentrl_jax.train import (  # noqa: E402
     shard_state,
     state_shardings,
 )
-from agentrl_jax.train.state import commit_state  # noqa: E402
+from agentrl_jax.train.state import commit_state, train_model  # noqa: E402
 
 ATOL = 1e-6
 # GRPO with clip-higher, KL, an entropy bonus and sequence-mean aggregation: every term and a
@@ -130,6 +130,10 @@ def _max_diff(a, b) -> float:
 
 # config, micro-batches, mesh (data, fsdp, tensor): sharding and micro-batching together
 MESH_CASES = {"grpo": (GRPO, 2, (2, 2, 2)), "ppo": (PPO, 2, (8, 1, 1))}
+LORA_PACKED = TrainConfig(
+    rl=RLConfig(lora={"rank": 4, "alpha": 8.0}, packing=True, num_micro_batches=2),
+    algorithm={"loss_terms": [{"name": "policy_clip"}], "aggregation": "seq-mean-token-mean"},
+)
 
 
 def _batch(seed: int) -> TrainBatch:
@@ -184,6 +188,30 @@ def _sharded_results(out: Path) -> None:
                     v for k, v in opt_specs.items() if k.endswith("mu/layers/q_proj")
                 ),
             }
+    # LoRA adapters on a sharded base, trajectories packed: the packed rows split over the
+    # 2 x 2 batch shards, the replicated adapters' gradients summed across them
+    config, mesh = LORA_PACKED, build_mesh(MeshConfig(2, 2, 2))
+    model = train_model(_model_and_graphdef()[0], config)
+    graphdef, state = nnx.graphdef(model), init_train_state(model, config)
+    step = make_train_step(graphdef, config, mesh=mesh, state_template=state)
+    packed = step.packed(batch)
+    assert packed.packing.shape[0] % 8 == 0  # 2 micro-batches x 4 batch shards
+    sharded = jax.jit(
+        functools.partial(compute_gradients, graphdef, config, mesh=mesh),
+        in_shardings=(state_shardings(state, mesh), batch_shardings(packed, mesh)),
+    )(shard_state(state, mesh), jax.device_put(packed, batch_shardings(packed, mesh)))
+    single = jax.jit(functools.partial(compute_gradients, graphdef, config))(
+        state, step.packed(batch)
+    )
+    unpacked = jax.jit(
+        functools.partial(
+            compute_gradients,
+            graphdef,
+            dataclasses.replace(config, rl=dataclasses.replace(config.rl, packing=False)),
+        )
+    )(state, batch)
+    for name, grads in (("sharded", sharded), ("single", single), ("unpacked", unpacked)):
+        save(f"lora/{name}", (grads[0], grads[2]["loss"]))
     np.savez(out, **arrays)
     out.with_suffix(".json").write_text(json.dumps(specs))
 
@@ -420,6 +448,10 @@ def test_eight_devices_give_the_single_device_gradients_and_update(multi_device_
     specs = json.loads(out.with_suffix(".json").read_text())
     column_parallel = str(jax.sharding.PartitionSpec(None, "tensor", "fsdp"))
     assert specs == {"q_proj": column_parallel, "mu_q_proj": column_parallel}
+    # LoRA with packing: sharded = one device = unpacked (the adapters' gradients, the loss)
+    _assert_close(leaves("lora/sharded"), leaves("lora/single"), "LoRA packed, sharded")
+    _assert_close(leaves("lora/single"), leaves("lora/unpacked"), "LoRA packed vs unpacked")
+    assert max(float(np.max(np.abs(x))) for x in leaves("lora/single")[:-1]) > 1e-6
 
 
 if __name__ == "__main__":
