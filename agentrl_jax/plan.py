@@ -170,6 +170,7 @@ class ProgramPlan:
     fits: bool
     headroom: float  # 1 - peak / device memory
     compiler_peak: int = 0  # the compiler's peak_memory_in_bytes (0: it gives none)
+    error: str = ""  # why the compiler refused it (e.g. out of memory); "" when it compiled
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "largest": [list(x) for x in self.largest]}
@@ -327,13 +328,23 @@ def largest_buffers(hlo_text: str, count: int = 5) -> tuple[tuple[str, int], ...
 
 
 def analyse(name: str, compiled: Any, memory_bytes: float, headroom: float) -> ProgramPlan:
-    """A :class:`ProgramPlan` from a compiled program (``jitted.lower(...).compile()``).
+    """A :class:`ProgramPlan` from a compiled program (``jitted.lower(...).compile()``), or
+    from a lowered one (``jitted.lower(...)``), compiled here: a compiler that runs out of
+    device memory (XLA:TPU refuses such a program) gives a plan that does not fit, its peak
+    the compiler's figure of what it needed (:func:`refused_plan`), instead of an error.
 
     The peak is the larger of the compiler's ``peak_memory_in_bytes`` and the bound
     arguments + outputs - aliased + temporaries: XLA:GPU allocates a program's temporaries as
     one block beside its arguments, so on a GPU the bound is what is allocated, even where
     XLA:TPU's simulated heap gives a lower peak; XLA:CPU's peak leaves temporaries out.
     ``compiler_peak`` keeps the compiler's own figure."""
+    if not hasattr(compiled, "memory_analysis"):  # lowered: compile it here
+        try:
+            compiled = compiled.compile()
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            return refused_plan(name, str(e), memory_bytes)
     m = compiled.memory_analysis()
     bound = (
         m.argument_size_in_bytes
@@ -354,6 +365,24 @@ def analyse(name: str, compiled: Any, memory_bytes: float, headroom: float) -> P
         bool(peak <= memory_bytes * (1 - headroom)),
         float(1 - peak / memory_bytes),
         compiler_peak,
+    )
+
+
+_NEEDED = re.compile(r"required for HLO temporaries \((\d+(?:\.\d+)?)([KMGT])\)")
+
+
+def refused_plan(name: str, message: str, memory_bytes: float) -> ProgramPlan:
+    """The plan of a program the compiler refused for want of memory: not fitting, its
+    temporaries and peak what the compiler says it needed (XLA:TPU: "the total memory required
+    for HLO temporaries (20.61G) exceeds available HBM (15.75G)"; 0 if it says nothing), and
+    the compiler's first line as ``error``."""
+    found = _NEEDED.search(message)
+    needed = 0
+    if found:
+        needed = int(float(found.group(1)) * 1024 ** "KMGT".index(found.group(2)) * 1024)
+    first = next((line.strip() for line in message.splitlines() if line.strip()), message)
+    return ProgramPlan(
+        name, 0, 0, 0, needed, needed, (), False, float(1 - needed / memory_bytes), 0, first[:300]
     )
 
 
@@ -402,8 +431,7 @@ def plan_train_step(
         state_template=state,
         donate=True,
     )
-    compiled = step.lower(state, batch).compile()
-    return analyse(name, compiled, memory_bytes, headroom)
+    return analyse(name, step.lower(state, batch), memory_bytes, headroom)
 
 
 def plan_lora_merge(
@@ -427,7 +455,7 @@ def plan_lora_merge(
             jax.eval_shape(lambda: nnx.state(model)), mesh, QWEN3_PARAM_RULES
         ),
     )
-    return analyse(name, merge.lower(state.base, state.policy).compile(), memory_bytes, headroom)
+    return analyse(name, merge.lower(state.base, state.policy), memory_bytes, headroom)
 
 
 def plan_weight_sync(
@@ -452,7 +480,7 @@ def plan_weight_sync(
     else:
         targets = [NamedSharding(mesh, P())] * len(jax.tree.leaves(params))
     copy = copier(jax.tree.structure(params), tuple(targets), jnp.dtype(model.dtype))
-    return analyse(name, copy.lower(source).compile(), memory_bytes, headroom)
+    return analyse(name, copy.lower(source), memory_bytes, headroom)
 
 
 def plan_sampler(
@@ -500,32 +528,32 @@ def plan_sampler(
 
     out = []
     if init and wanted(f"{prefix}:init"):
-        compiled = sampler._init.lower(rows, max_len, cache_dtype, pool).compile()
-        out.append(analyse(f"{prefix}:init", compiled, memory_bytes, headroom))
+        lowered = sampler._init.lower(rows, max_len, cache_dtype, pool)
+        out.append(analyse(f"{prefix}:init", lowered, memory_bytes, headroom))
     if wanted(f"{prefix}:append"):
-        compiled = sampler._append.lower(
+        lowered = sampler._append.lower(
             params, state, rows_of((rows, max_len), jnp.int32), rows_of((rows, max_len), jnp.bool_)
-        ).compile()
-        out.append(analyse(f"{prefix}:append", compiled, memory_bytes, headroom))
+        )
+        out.append(analyse(f"{prefix}:append", lowered, memory_bytes, headroom))
     if refill and wanted(f"{prefix}:append_rows"):
-        compiled = sampler._append_rows.lower(
+        lowered = sampler._append_rows.lower(
             params,
             state,
             rows_of((rows,), jnp.int32),
             rows_of((rows, max_len), jnp.int32),
             rows_of((rows, max_len), jnp.bool_),
-        ).compile()
-        out.append(analyse(f"{prefix}:append_rows", compiled, memory_bytes, headroom))
+        )
+        out.append(analyse(f"{prefix}:append_rows", lowered, memory_bytes, headroom))
     if wanted(f"{prefix}:decode"):
-        compiled = sampler._decode.lower(
+        lowered = sampler._decode.lower(
             params,
             state,
             rows_of((rows, 2), jnp.uint32),
             rows_of((rows,), jnp.int32),
             rows_of((rows,), jnp.bool_),
             sampling=sampling,
-        ).compile()
-        out.append(analyse(f"{prefix}:decode", compiled, memory_bytes, headroom))
+        )
+        out.append(analyse(f"{prefix}:decode", lowered, memory_bytes, headroom))
     return out
 
 
@@ -556,8 +584,7 @@ def plan_likelihood(
         jax.ShapeDtypeStruct((rows, length), d, sharding=row_sharding)
         for d in (jnp.int32, jnp.bool_)
     )
-    compiled = program.lower(params, tokens, mask, mask).compile()
-    return analyse(name, compiled, memory_bytes, headroom)
+    return analyse(name, program.lower(params, tokens, mask, mask), memory_bytes, headroom)
 
 
 def eval_rows(ev: Any, eval_maps: int) -> int:
@@ -753,6 +780,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"{gib(p['temporaries'])} | {gib(p['peak'])} | {p['headroom']:.0%} | "
             f"{'yes' if p['fits'] else 'NO'} | {big[0]} {gib(big[1])} |"
         )
+        if p.get("error"):
+            lines.append(f"|  | {p['name']}: the compiler refused it: {p['error']} |||||||")
     lines.append("")
     lines.append("all programs fit" if report["fits"] else "some programs do NOT fit")
     return "\n".join(lines)

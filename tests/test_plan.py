@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_jax.plan import GIB, QWEN3_ARCHITECTURES, largest_buffers, model_config
+from agentrl_jax.plan import (
+    GIB,
+    QWEN3_ARCHITECTURES,
+    largest_buffers,
+    model_config,
+    refused_plan,
+)
 from agentrl_jax.reproduce.settings import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,3 +272,15 @@ def test_plan_refuses_a_pool_that_cannot_hold_one_row_per_device():
     assert child.returncode == 2  # a one-line usage error, no traceback
     squeezed = "".join((child.stdout + child.stderr).replace("│", "").split())
     assert "num_pages=64(8shard(s))cannotholdonerowofmax_len=256" in squeezed
+
+
+def test_a_program_the_compiler_refuses_for_memory_is_planned_as_not_fitting():
+    message = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (20.61G) exceeds available HBM (15.75G).\nmore"
+    )
+    refused = refused_plan("rollout:decode", message, 16 * GIB)
+    assert refused.fits is False and refused.temporaries == refused.peak
+    assert refused.peak == int(20.61 * GIB)
+    assert refused.error.startswith("RESOURCE_EXHAUSTED: Ran out of memory on HBM")
+    assert round(refused.headroom, 3) == round(1 - 20.61 / 16, 3)

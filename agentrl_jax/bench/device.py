@@ -571,8 +571,9 @@ def train_figures(scale: Scale) -> list[Figure]:
     tokens = int(np.asarray(batch.trajectory.token_mask).sum())
     compiled = step.lower(state, batch).compile()
     predicted = analyse("train", compiled, _device_memory(), 0.0)
-    with measured_peak(predicted.arguments) as measured:
-        state, metrics = compiled(state, batch)
+    with measured_peak(predicted.arguments) as measured:  # the step's own calling convention
+        new, metrics = compiled(state.replace(base=None), batch, state.base)
+        state = new.replace(base=state.base)
         _sync(metrics)
 
     def update() -> float:
