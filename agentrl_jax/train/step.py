@@ -227,6 +227,11 @@ def prepare_batch(
     gap metrics). Scoring runs in pieces of the updates'
     micro-batch shape (``N / (mini_batches x num_micro_batches)`` rows, so it never holds
     more activations than an update). ``metrics``: batch-level scalars.
+
+    With ``batch.packing`` every ``[N, L]`` field is packed into the ``[P, W]`` rows the model
+    runs on (plus ``segment_ids``; the loss mask keeps each turn's tokens in its own sequence
+    only), the advantages are still computed per trajectory (from the unpacked critic values)
+    and then packed, and the metrics count each trajectory's tokens once.
     """
     needs = step_inputs(config.algorithm)
     constrain = activation_constraint(mesh)
