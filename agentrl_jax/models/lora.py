@@ -22,7 +22,7 @@ weights instead, with the same variable type and the same math as PEFT (so
 
 Public API: :class:`LoraConfig` (``rl.lora`` of the config tree), :func:`with_adapters`
 (a model sharing the base weights, plus adapters), :func:`merged_params` / :func:`merged_model`
-(``W + scale B A``: what the sampler decodes with and what export writes), :func:`peft_tensors`
+(``W + scale B A``: what a run returns and export writes), :func:`peft_tensors`
 and :func:`export_peft` (the adapters in PEFT's format).
 """
 
