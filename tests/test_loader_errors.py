@@ -867,9 +867,10 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
             "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: "
             "adam_b1, adam_b2, adam_eps, algorithm, attention, checkpoint_every, "
             "checkpoint_keep, critic_learning_rate, critic_weight_decay, epochs, group_size, "
-            "judge_model_dir, learning_rate, logits_chunk, max_grad_norm, max_rows_per_call, "
-            "max_staleness, mini_batches, num_micro_batches, off_policy_cap, preset_params, "
-            "process_reward_coef, "
+            "history_window, judge_model_dir, learning_rate, logits_chunk, lora, "
+            "max_grad_norm, max_rows_per_call, "
+            "max_staleness, mini_batches, num_micro_batches, off_policy_cap, packing, "
+            "preset_params, process_reward_coef, "
             "process_rewards, refill, remat, runs, scoring, seed, steps, tasks_per_step, "
             "temperature, tensorboard, top_k, top_p, wandb_project, weight_decay",
         ),

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from flax import struct
 
+from agentrl_jax import distributed
 from agentrl_jax.train.packing import Packing
 from agentrl_jax.trajectory import Trajectory
 
@@ -52,14 +53,16 @@ def check_step_wise(trajectory: Trajectory, config: Any) -> None:
     Such turns are trained each under its own context (:func:`~agentrl_jax.train.packing.
     turn_sequences`), so a response token appears once as a loss token and again as the
     context of later turns: the aggregation must be ``token-mean`` (a sequence mode would
-    count turns, not trajectories), and there can be no critic (its values would be read on
-    several contexts at once).
+    count turns, not trajectories), there can be no critic (its values would be read on
+    several contexts at once), and one process (the packing plan needs the whole batch).
     """
     windowed = windowed_turns(trajectory)
     if not windowed.any():
         return
     problem = None
-    if config.algorithm.aggregation != "token-mean":
+    if distributed.is_multiprocess():
+        problem = "several processes (the packing plan needs the whole batch on one host)"
+    elif config.algorithm.aggregation != "token-mean":
         problem = f"aggregation {config.algorithm.aggregation!r} (use token-mean)"
     elif config.uses_critic:
         problem = "a critic (PPO: train with the whole history)"

@@ -675,7 +675,7 @@ class JittedTrainStep:
         self.traces = 0
         self._jitted: dict[Any, Any] = {}
 
-    def _step(self, state, batch, base):
+    def _step(self, state, batch, base=None):
         self.traces += 1
         new, metrics = train_step(
             self.graphdef, self.config, state.replace(base=base), batch, self.mesh
@@ -726,7 +726,12 @@ class JittedTrainStep:
         if batch.packing is not None:
             return batch
         traj = batch.trajectory
-        step_wise = windowed_turns(traj).any()
+        # a batch already placed over several processes is no host array: such runs never
+        # train step-wise (the loop's check_step_wise refuses windowed turns there)
+        placed = isinstance(traj.context_start, jax.Array) and not (
+            traj.context_start.is_fully_addressable
+        )
+        step_wise = not placed and windowed_turns(traj).any()
         if not (self.config.rl.packing or step_wise):
             return batch
         if distributed.is_multiprocess():
