@@ -226,6 +226,27 @@ def test_merged_export_loads_in_transformers_with_equal_logits(tmp_path):
     np.testing.assert_allclose(np.asarray(ours), theirs, rtol=0, atol=1e-4)
 
 
+def test_peft_loads_the_adapters_with_logits_equal_to_ours(tmp_path):
+    import peft  # noqa: PLC0415 (the test extra installs it)
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    base = tiny_model(seed=9, vocab_size=64)
+    model = _with_random_b(lora.with_adapters(base, LORA, jax.random.key(9)), jax.random.key(10))
+    export_qwen3(base, tmp_path / "base")
+    lora.export_peft(model, tmp_path / "adapter")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    adapted = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    tokens = (jnp.arange(9)[None] * 7) % 64
+    mask = jnp.ones_like(tokens, bool)
+    ours, _ = model(tokens, positions_from_mask(mask), mask)
+    with torch.no_grad():
+        theirs = adapted(torch.tensor(np.asarray(tokens))).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours), theirs, rtol=0, atol=1e-4)
+    plain, _ = base(tokens, positions_from_mask(mask), mask)
+    assert float(jnp.max(jnp.abs(plain - ours))) > 1e-3  # the adapters change the logits
+
+
 def test_peft_export_layout(tmp_path):
     model = _with_random_b(
         lora.with_adapters(tiny_model(seed=8, vocab_size=64), LORA, jax.random.key(7)),
