@@ -22,7 +22,7 @@ from agentrl_jax.models.checkpoints import export_qwen3
 from agentrl_jax.models.qwen3 import positions_from_mask
 from agentrl_jax.train import RLConfig, TrainConfig, init_train_state, make_train_step
 from agentrl_jax.train.batch import TrainBatch
-from agentrl_jax.train.checkpoint import Checkpointer
+from agentrl_jax.train.checkpoint import Checkpointer, CheckpointMismatchError
 from agentrl_jax.train.state import policy_params, train_model
 from agentrl_jax.train.step import compute_gradients
 
@@ -207,6 +207,23 @@ def test_resume_is_bit_exact_and_checkpoints_hold_no_base(tmp_path):
         restored, _ = step(restored, batch)
     for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(restored), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_resume_on_another_base_is_refused(tmp_path):
+    config = _train_config()
+    model = train_model(tiny_model(seed=6, vocab_size=16), config)
+    state, _ = make_train_step(nnx.graphdef(model), config)(
+        init_train_state(model, config), TrainBatch(random_trajectory(0, rows=8, vocab=16))
+    )
+    with Checkpointer(tmp_path, every=1, keep=2) as checkpointer:
+        checkpointer.save(state, config)
+        checkpointer.wait()
+    other = train_model(tiny_model(seed=11, vocab_size=16), config)  # same shapes, other weights
+    with Checkpointer(tmp_path, every=1, keep=2) as checkpointer:
+        with pytest.raises(CheckpointMismatchError, match="trained on another base model"):
+            checkpointer.restore_latest(init_train_state(other, config), config)
+        same = checkpointer.restore_latest(init_train_state(model, config), config)
+    assert int(same.state.step) == 1  # the base it was trained on resumes
 
 
 def test_merged_export_loads_in_transformers_with_equal_logits(tmp_path):

@@ -5,7 +5,8 @@ A checkpoint ``<directory>/<step>/`` holds two Orbax items:
 * ``state``: the :class:`~agentrl_jax.train.state.TrainState` pytree (policy, reference and
   critic parameters, both optimizer states, step, PRNG key, data position, skip count); with
   LoRA the policy is the adapters and the frozen base is not saved: a resumed run takes it
-  from the model it is started with, as the first run did;
+  from the model it is started with, as the first run did (the JSON keeps a fingerprint of the
+  base, and a resume on another base raises :class:`CheckpointMismatchError`);
 * ``config``: JSON with the :class:`~agentrl_jax.train.config.TrainConfig` (``to_dict``) and
   any caller metadata (e.g. the model directory);
 * ``pending`` (asynchronous runs only, ``rl.max_staleness > 0``): the batches sampled ahead
@@ -149,6 +150,8 @@ class Checkpointer:
         payload = {"train_config": config.to_dict(), **dict(metadata or {})}
         # LoRA: the frozen base is the model the run started from, not saved again
         items = {"state": ocp.args.StandardSave(state.replace(base=None))}
+        if state.base is not None:
+            payload["base_fingerprint"] = base_fingerprint(state.base)
         if pending:
             arrays, payload["pending"] = _pending_arrays(pending)
             items["pending"] = ocp.args.StandardSave(arrays)
@@ -238,6 +241,7 @@ class Checkpointer:
                 gc.collect()
                 continue
             state = restored.state.replace(base=template.base)  # LoRA: the run's own base
+            _check_base(template, dict(restored.config), step, path)
             return Restored(state, step, path, dict(restored.config), tuple(skipped))
         if skipped:
             details = "; ".join(f"{p}: {r}" for p, r in skipped)
@@ -325,6 +329,42 @@ def _pending_batches(
             )
         )
     return out
+
+
+@jax.jit
+def _leaf_moments(base: Any) -> Any:
+    return [
+        jax.numpy.stack(
+            [
+                jax.numpy.sum(x.astype(jax.numpy.float32)),
+                jax.numpy.sum(jax.numpy.square(x.astype(jax.numpy.float32))),
+            ]
+        )
+        for x in jax.tree.leaves(base)
+    ]
+
+
+def base_fingerprint(base: Any) -> list[float]:
+    """A LoRA run's frozen base in a few numbers: each weight's sum and sum of squares
+    (float32, in leaf order). Another model differs in them by far more than the float
+    rounding of another device or layout."""
+    return [float(v) for pair in jax.device_get(_leaf_moments(base)) for v in np.asarray(pair)]
+
+
+def _check_base(template: TrainState, saved: Mapping[str, Any], step: int, path: Path) -> None:
+    """Raises :class:`CheckpointMismatchError` if a LoRA checkpoint was trained on another base
+    than ``template``'s (its saved fingerprint, :func:`base_fingerprint`, differs)."""
+    wanted = saved.get("base_fingerprint")
+    if template.base is None or wanted is None:
+        return
+    got = base_fingerprint(template.base)
+    if len(got) != len(wanted) or not np.allclose(got, wanted, rtol=1e-4, atol=1e-6):
+        raise CheckpointMismatchError(
+            f"checkpoint step {step} at {path} holds LoRA adapters trained on another base "
+            "model (its weights' sums differ from this run's): it is left as it is; resume "
+            "with the base model it was trained on, or give this run another checkpoint "
+            "directory"
+        )
 
 
 def _check_restored(state: Any, abstract: Any, config: Any) -> None:
