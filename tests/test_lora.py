@@ -224,6 +224,14 @@ def test_a_resume_on_another_base_is_refused(tmp_path):
             checkpointer.restore_latest(init_train_state(other, config), config)
         same = checkpointer.restore_latest(init_train_state(model, config), config)
     assert int(same.state.step) == 1  # the base it was trained on resumes
+    # a tampered fingerprint (not a list of numbers) is a mismatch, not a crash
+    saved = tmp_path / "1" / "config" / "metadata"
+    payload = json.loads(saved.read_text())
+    for bad in ("abc", [None], ["1.0"] * len(payload["base_fingerprint"])):
+        saved.write_text(json.dumps({**payload, "base_fingerprint": bad}))
+        with Checkpointer(tmp_path, every=1, keep=2) as checkpointer:
+            with pytest.raises(CheckpointMismatchError, match="another base model"):
+                checkpointer.restore_latest(init_train_state(model, config), config)
 
 
 def test_merged_export_loads_in_transformers_with_equal_logits(tmp_path):

@@ -166,6 +166,16 @@ def test_segment_aggregation_counts_each_sequence():
     assert (float(part.total), float(part.denom)) == (1.5 + 4.0, 2.0)  # (1+2)/2 and 4/1
 
 
+def test_bad_packing_and_window_settings_name_the_field():
+    for value in (0, -1, "2", 2.5, True):
+        with pytest.raises(ConfigError, match=r"rl\.history_window: must be null or an int >= 1"):
+            RLConfig(history_window=value)
+    with pytest.raises(ConfigError, match=r"rl\.packing: must be true or false"):
+        RLConfig(packing="yes")
+    with pytest.raises(ConfigError, match=r"rl\.history_window: run 'ppo' trains each windowed"):
+        RLConfig(runs=("ppo",), history_window=2, preset_params={"aggregation": "token-mean"})
+
+
 def test_packing_refuses_terms_that_read_whole_rows():
     with pytest.raises(ConfigError, match=r"rl\.packing: loss term 'gspo_clip'"):
         TrainConfig(

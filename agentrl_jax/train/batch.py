@@ -16,6 +16,7 @@ import numpy as np
 from flax import struct
 
 from agentrl_jax import distributed
+from agentrl_jax.train.config import step_wise_problem
 from agentrl_jax.train.packing import Packing
 from agentrl_jax.trajectory import Trajectory
 
@@ -51,21 +52,16 @@ def check_step_wise(trajectory: Trajectory, config: Any) -> None:
     (host-side; the loop runs it on every batch).
 
     Such turns are trained each under its own context (:func:`~agentrl_jax.train.packing.
-    turn_sequences`), so a response token appears once as a loss token and again as the
-    context of later turns: the aggregation must be ``token-mean`` (a sequence mode would
-    count turns, not trajectories), there can be no critic (its values would be read on
-    several contexts at once), and one process (the packing plan needs the whole batch).
+    turn_sequences`): the algorithm must allow it
+    (:func:`~agentrl_jax.train.config.step_wise_problem`), and one process (the packing plan
+    needs the whole batch).
     """
     windowed = windowed_turns(trajectory)
     if not windowed.any():
         return
-    problem = None
+    problem = step_wise_problem(config.algorithm)
     if distributed.is_multiprocess():
         problem = "several processes (the packing plan needs the whole batch on one host)"
-    elif config.algorithm.aggregation != "token-mean":
-        problem = f"aggregation {config.algorithm.aggregation!r} (use token-mean)"
-    elif config.uses_critic:
-        problem = "a critic (PPO: train with the whole history)"
     if problem is not None:
         row, turn = (int(i[0]) for i in np.nonzero(windowed))
         raise ValueError(

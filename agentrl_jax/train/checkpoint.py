@@ -358,7 +358,10 @@ def _check_base(template: TrainState, saved: Mapping[str, Any], step: int, path:
     if template.base is None or wanted is None:
         return
     got = base_fingerprint(template.base)
-    if len(got) != len(wanted) or not np.allclose(got, wanted, rtol=1e-4, atol=1e-6):
+    valid = isinstance(wanted, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in wanted
+    )
+    if not valid or len(got) != len(wanted) or not np.allclose(got, wanted, rtol=1e-4, atol=1e-6):
         raise CheckpointMismatchError(
             f"checkpoint step {step} at {path} holds LoRA adapters trained on another base "
             "model (its weights' sums differ from this run's): it is left as it is; resume "

@@ -401,11 +401,8 @@ class RLConfig:
             )
         runs = self.resolved_runs()  # every run's algorithm builds (errors name rl.runs[i])
         for run in runs if self.history_window is not None else ():
-            if run.algorithm.aggregation != "token-mean":
-                problem = f"aggregation {run.algorithm.aggregation!r} (use token-mean)"
-            elif step_inputs(run.algorithm).critic_model:
-                problem = "a critic"
-            else:
+            problem = step_wise_problem(run.algorithm)
+            if problem is None:
                 continue
             raise ConfigError(
                 f"rl.history_window: run {run.name!r} trains each windowed turn under its own "
@@ -446,6 +443,18 @@ class RLConfig:
     def updates_per_batch(self) -> int:
         """Optimizer updates per rollout batch: ``epochs x mini_batches``."""
         return self.epochs * self.mini_batches
+
+
+def step_wise_problem(algorithm: AlgorithmConfig) -> str | None:
+    """Why ``algorithm`` cannot train turns sampled from a history window each under its own
+    context (None: it can). A response is then a loss token in its turn's sequence and context
+    in later ones, so the aggregation must be token-mean (a sequence mode would count turns,
+    not trajectories), and no critic (its values would be read on several contexts)."""
+    if algorithm.aggregation != "token-mean":
+        return f"aggregation {algorithm.aggregation!r} (use token-mean)"
+    if step_inputs(algorithm).critic_model:
+        return "a critic (PPO: train with the whole history)"
+    return None
 
 
 def _declared_default(runs: Sequence[Any], name: str) -> Any:

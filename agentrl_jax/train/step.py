@@ -162,15 +162,10 @@ def _model_scores(
         mb["token_mask"],
         loss_mask=mb["loss_mask"],
         with_entropy=with_entropy,
-        forward=_forward(config, mb, adapters),
+        forward=config.forward if adapters else dataclasses.replace(config.forward, adapters=False),
         constrain=constrain,
         segment_ids=mb.get("segment_ids"),
     )
-
-
-def _forward(config: TrainConfig, mb: Mapping[str, jax.Array], adapters: bool = True):
-    """The step's forward settings (the base model's with ``adapters=False``)."""
-    return config.forward if adapters else dataclasses.replace(config.forward, adapters=False)
 
 
 def for_batch(config: TrainConfig, batch: TrainBatch) -> TrainConfig:
