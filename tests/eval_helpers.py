@@ -17,6 +17,7 @@ from envs.frozenlake import grid, qstar  # noqa: E402
 TURN = re.compile(
     r"\[MAX TURNS\] (\d+) \[CURRENT TURN\] (\d+) \[REMAINING TURNS\] (\d+)\n(.*?)<\|im_end\|>", re.S
 )
+LAST_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 SYSTEM_BUDGET = re.compile(r"at most (\d+) turns")
 SYMBOL_TILE = {"_": grid.FROZEN, "P": grid.FROZEN, "O": grid.HOLE, "G": grid.GOAL}
 
@@ -75,7 +76,12 @@ class QStarAgent:
                 replies.append("")
                 continue
             self.contexts.append(context)
-            _, _, remaining, text = turns_in(context)[-1]
+            shown = turns_in(context)
+            if shown:
+                _, _, remaining, text = shown[-1]
+            else:  # the budget hidden: the last user message is the grid alone
+                remaining, text = self.horizon, LAST_USER.findall(context)[-1]
+            remaining = min(remaining, self.horizon)  # an overstated budget (approximate)
             tiles, pos = parse_grid(text)
             action = int(np.argmax(self.table(tiles)[remaining, pos]))
             if self.rng.random() < self.epsilon:

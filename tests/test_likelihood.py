@@ -259,3 +259,23 @@ def test_the_rollout_records_the_sampling_distributions_log_probs(setup):
         np.asarray(scored)[mask], np.asarray(traj.sampling_logprobs)[mask], atol=1e-5
     )
     assert np.abs(np.asarray(traj.sampling_logprobs) - np.asarray(traj.logprobs))[mask].max() > 1e-2
+
+
+def test_token_scores_are_transformers_log_probs_and_entropies(setup, policy_dirs):
+    """The erosion analysis' per-token scores: each sampled token's log-prob and the entropy
+    of the distribution that predicts it, against transformers' logits (row by row)."""
+    base, _, trajectories, _ = setup
+    traj = trajectories["RL"]
+    logp, entropy = likelihood.token_scores(base.model, traj, rows_per_batch=4)
+    torch_model = load_hf_qwen3(policy_dirs[0])
+    scored = np.asarray(traj.loss_mask, bool) & np.asarray(traj.token_mask, bool)
+    assert np.all(logp[~scored] == 0) and np.all(entropy[~scored] == 0)
+    for row in range(traj.tokens.shape[0]):
+        length = int(traj.token_mask[row].sum())
+        ids = np.asarray(traj.tokens[row, :length])
+        ref = jax.nn.log_softmax(jnp.asarray(hf_logits(torch_model, ids[None])[0], jnp.float32))
+        ref = np.asarray(ref, np.float64)
+        for pos in np.flatnonzero(scored[row, :length]):
+            np.testing.assert_allclose(logp[row, pos], ref[pos - 1, ids[pos]], atol=1e-5)
+            want = -np.sum(np.exp(ref[pos - 1]) * ref[pos - 1])
+            np.testing.assert_allclose(entropy[row, pos], want, atol=1e-4)

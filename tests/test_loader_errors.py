@@ -760,15 +760,16 @@ YAML_CASES = {
     "a number for the runs": (
         "rl:\n  runs: 3\n",
         "rl.runs: must be a non-empty list of runs, each a preset name (grpo, budgetmix, "
-        "budgetmix-adaptive, gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, dapo-budgetmix, "
-        "dr-grpo, rloo, gspo) or a mapping {name, preset, label, budget_mix, params, "
-        "algorithm}, got 3",
+        "budgetmix-adaptive, budgetmix-presentation, gigpo, gigpo-budgetmix, ppo, "
+        "ppo-budgetmix, dapo, dapo-budgetmix, dr-grpo, rloo, gspo) or a mapping {name, preset, "
+        "label, budget_mix, presentation, params, algorithm}, got 3",
     ),
     "a list in the runs": (
         "rl:\n  runs: [[grpo]]\n",
-        "rl.runs[0]: must be a preset name (grpo, budgetmix, budgetmix-adaptive, gigpo, "
-        "gigpo-budgetmix, ppo, ppo-budgetmix, dapo, dapo-budgetmix, dr-grpo, rloo, gspo) or a "
-        "mapping {name, preset, label, budget_mix, params, algorithm}, got ['grpo']",
+        "rl.runs[0]: must be a preset name (grpo, budgetmix, budgetmix-adaptive, "
+        "budgetmix-presentation, gigpo, gigpo-budgetmix, ppo, ppo-budgetmix, dapo, "
+        "dapo-budgetmix, dr-grpo, rloo, gspo) or a mapping {name, preset, label, budget_mix, "
+        "presentation, params, algorithm}, got ['grpo']",
     ),
     "a huge int for a number": (
         "eval:\n  top_p: " + "9" * 400 + "\n",

@@ -138,7 +138,7 @@ def test_phases_json_records_every_phase_in_order(finished, config):
     for run, label in (
         ("grpo", "GRPO"),
         ("budgetmix", "BudgetMix GRPO"),
-        ("budgetmix-adaptive", "Adaptive BudgetMix GRPO"),
+        ("budgetmix-presentation", "Presentation-mixed BudgetMix GRPO"),
     ):
         assert phases[f"train:{run}"]["resumed_from_step"] == 0
         assert phases[f"train:{run}"]["label"] == label
@@ -201,7 +201,7 @@ def test_report_renders_with_table1_and_valid_figures(finished, config):
             score["mean"] == pytest.approx(again.mean) and f"| {policy} | {again.mean:.3f}" in text
         )
     # every figure names its analysis and its run
-    for run in ("GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO"):
+    for run in ("GRPO", "BudgetMix GRPO", "Presentation-mixed BudgetMix GRPO"):
         for title in (
             f"Training dynamics: {run}",
             f"Step-level action quality on matched states: {run} vs base",
@@ -245,7 +245,7 @@ def markdown_table1(path: Path) -> tuple[list[str], dict[str, list[str]]]:
 
 def test_table1_is_recomputed_from_the_saved_counts(finished, config):
     record = json.loads((finished / "raw" / "table.json").read_text())
-    policies = ["base", "GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO"]
+    policies = ["base", "GRPO", "BudgetMix GRPO", "Presentation-mixed BudgetMix GRPO"]
     assert record["policies"] == policies
     levels = [(p * config.task.t_max) // 100 for p in (25, 50, 75, 100)]
     assert record["levels"] == levels and record["k"] == config.eval.k

@@ -115,7 +115,7 @@ def reproduce_command(
         None,
         "--seeds",
         help="Run the whole study at each of these seeds (repeatable) into OUT/seed_<s>/, "
-        "then OUT/seeds.md: each finding across them.",
+        "then OUT/seeds.md and OUT/report.md: each finding across them.",
     ),
     print_config: bool = _PRINT,
     plugin: Optional[List[str]] = _PLUGIN,
@@ -195,7 +195,12 @@ def _reproduce(
     from agentrl_jax.reproduce.config import dump_config, load_config
     from agentrl_jax.reproduce.folder import ReproduceError, plugins_hint
     from agentrl_jax.reproduce.pipeline import last_training_phase, reproduce
-    from agentrl_jax.reproduce.seeds import seed_folder, seed_overrides, write_across_seeds
+    from agentrl_jax.reproduce.seeds import (
+        seed_folder,
+        seed_overrides,
+        write_across_seeds,
+        write_seeds_report,
+    )
 
     if seeds and len(set(seeds)) != len(seeds):
         raise typer.BadParameter(f"--seeds: each seed once, got {seeds}")
@@ -248,3 +253,9 @@ def _reproduce(
             )
     if seeds and until is None:
         typer.echo(f"Findings across seeds: {write_across_seeds(out, seeds)}")
+        report = write_seeds_report(out, seeds)
+        typer.echo(
+            f"Report across seeds: {report}"
+            if report is not None
+            else f"{out} holds a run of its own: its report.md is kept (see seeds.md)"
+        )

@@ -10,6 +10,7 @@ from agentrl_jax.errors import ConfigError
 from agentrl_jax.evaluation import passk, passt
 from agentrl_jax.evaluation.state_diagnostics import INVALID_SCORES
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from agentrl_jax.prompts import PRESENTATIONS
 from agentrl_jax.rollout import RolloutConfig
 from agentrl_jax.sampling import SamplingConfig
 from agentrl_jax.validation import (
@@ -51,6 +52,10 @@ _CHECKS: dict[str, Check] = {
     "states_per_call": optional(_COUNT),
     "diagnostic_tasks": optional(_COUNT),
     "attention": one_of(ATTENTION_IMPLEMENTATIONS),
+    "presentation_noise": (lambda v: real(0.0, 1.0)[0](v) and v < 1, "a number in [0, 1)"),
+    "presentation_tasks": optional(_COUNT),
+    "splice_tasks": optional(_COUNT),
+    "splice_samples": _COUNT,
 }
 
 
@@ -92,6 +97,17 @@ class EvalConfig:
     states_per_call: int | None = None
     attention: str = "xla"  # memory: the likelihood forward's ("blocked": no [L, L] scores)
     seed: int = 0
+    # budget presentation (not in the paper, whose prompts always state the budget): every
+    # policy's Pass@k with the budget shown each of these ways, at 50% and 100% of T_max, on
+    # the first presentation_tasks tasks (null: all)
+    presentations: tuple[str, ...] = ("exact", "hidden", "approximate")
+    presentation_noise: float = 0.25  # the approximate budget's relative error bound
+    presentation_tasks: int | None = 96
+    # the splice analysis: trajectories handed from one policy to another at these
+    # normalised depths (the turn round(d T_max)), splice_samples per task
+    splice_depths: tuple[float, ...] = (0.25, 0.5, 0.75)
+    splice_tasks: int | None = 32
+    splice_samples: int = 4
 
     def __post_init__(self):
         if self.budgets is not None:
@@ -106,18 +122,54 @@ class EvalConfig:
                     f"got {short_repr(self.budgets)}"
                 )
             object.__setattr__(self, "budgets", tuple(sorted({int(b) for b in self.budgets})))
+        self._check_presentations()
+        self._check_depths()
         validate("eval", self, _CHECKS)
         if self.k > self.samples:
             raise ConfigError(f"eval.k: must be <= eval.samples ({self.samples}), got {self.k}")
 
+    def _check_presentations(self) -> None:
+        value = self.presentations
+        if (
+            isinstance(value, (str, bytes))
+            or not isinstance(value, Sequence)
+            or "exact" not in value
+            or any(m not in PRESENTATIONS for m in value)
+            or len(set(value)) != len(value)
+        ):
+            raise ConfigError(
+                f"eval.presentations: must be a list of distinct presentations of "
+                f"{list(PRESENTATIONS)} holding exact (the reference), got {short_repr(value)}"
+            )
+        object.__setattr__(self, "presentations", tuple(value))
+
+    def _check_depths(self) -> None:
+        value = self.splice_depths
+        if (
+            isinstance(value, (str, bytes))
+            or not isinstance(value, Sequence)
+            or not value
+            or not all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in value)
+            or not all(0 < d < 1 for d in value)
+        ):
+            raise ConfigError(
+                f"eval.splice_depths: must be a non-empty list of numbers in (0, 1), got "
+                f"{short_repr(value)}"
+            )
+        object.__setattr__(self, "splice_depths", tuple(sorted({float(d) for d in value})))
+
     def analysis_tasks(self, name: str, task_ids: Sequence[int]) -> Sequence[int]:
         """The tasks analysis ``name`` plays: all of ``task_ids`` for ``table`` (Table 1 and
-        Pass@T, whose intervals need every task), the first :attr:`diagnostic_tasks` for the
-        others (the Pass@K curve, the state pools, the likelihood), whose sample sizes are
-        their own settings."""
-        if name == "table" or self.diagnostic_tasks is None:
-            return task_ids
-        return task_ids[: self.diagnostic_tasks]
+        Pass@T, whose intervals need every task), the first :attr:`presentation_tasks` and
+        :attr:`splice_tasks` for ``presentation`` and ``splice``, the first
+        :attr:`diagnostic_tasks` for the others (the Pass@K curve, the state pools, the
+        likelihood, the erosion), whose sample sizes are their own settings."""
+        count = {
+            "table": None,
+            "presentation": self.presentation_tasks,
+            "splice": self.splice_tasks,
+        }.get(name, self.diagnostic_tasks)
+        return task_ids if count is None else task_ids[:count]
 
     def table_budgets(self, t_max: int) -> tuple[int, ...]:
         """The Pass@T budgets at ``T_max``: :attr:`budgets` (default 1..T_max) and the levels."""

@@ -18,11 +18,23 @@ import jax
 import numpy as np
 
 from agentrl_jax.evaluation import passt
+from agentrl_jax.evaluation.splicing import SplicedPolicy
+from agentrl_jax.prompts import BudgetPresentation
 from agentrl_jax.rollout import RolloutConfig
 from agentrl_jax.sampling import Policy
 from agentrl_jax.trajectory import Trajectory
 
-STREAMS = {"passk": 1, "passt": 2, "sources": 3, "steps": 4, "errors": 5, "likelihood": 6}
+STREAMS = {
+    "passk": 1,
+    "passt": 2,
+    "sources": 3,
+    "steps": 4,
+    "errors": 5,
+    "likelihood": 6,
+    "presentation": 7,
+    "splice": 8,
+    "erosion": 9,
+}
 """The stream of randomness each analysis draws from (``sources``: the trajectories the state
 pools are drawn from)."""
 
@@ -131,6 +143,78 @@ def pass_at_t_counts(
             )
             play.progress(rollout_units(play.tasks, samples, budget))
     return counts
+
+
+def presentation_counts(
+    play: Play,
+    policies: Mapping[str, Policy],
+    key: jax.Array,
+    *,
+    presentations: Sequence[str],
+    noise: float,
+    budgets: Sequence[int],
+    samples: int,
+) -> dict[str, dict[str, dict[int, tuple]]]:
+    """``{presentation: {policy: {T: (n [tasks], c [tasks])}}}``: :func:`pass_at_t_counts`
+    with the budget shown each way (:class:`~agentrl_jax.prompts.BudgetPresentation`), the
+    same key for every presentation (paired per task), for
+    :mod:`~agentrl_jax.evaluation.analyses.presentation`."""
+    out = {}
+    for mode in presentations:
+        shown = BudgetPresentation(mode=mode, noise=noise)
+        config = dataclasses.replace(play.config, presentation=shown)
+        play.echo(f"Budget presentation: {mode}")
+        out[mode] = pass_at_t_counts(
+            dataclasses.replace(play, config=config),
+            policies,
+            key,
+            budgets=budgets,
+            samples=samples,
+        )
+    return out
+
+
+def switch_turn(depth: float, t_max: int) -> int:
+    """The turn a splice at normalised depth ``depth`` hands over at: ``round(depth T_max)``
+    (Python's round: half to even), at least 1 and at most ``T_max - 1``."""
+    return min(max(int(round(depth * t_max)), 1), max(t_max - 1, 1))
+
+
+def splice_successes(
+    play: Play,
+    policies: Mapping[str, Policy],
+    key: jax.Array,
+    *,
+    pairs: Sequence[tuple[str, str]],
+    depths: Sequence[float],
+    samples: int,
+) -> tuple[dict[str, np.ndarray], dict[str, dict[float, np.ndarray]]]:
+    """``(alone, spliced)``: ``alone[policy]`` ``bool[tasks, samples]`` successes at
+    ``T_max``; ``spliced["A>B"][d]`` the same with A playing the turns before
+    :func:`switch_turn` ``(d)`` and B the rest (:class:`SplicedPolicy`), for every ``(A, B)``
+    of ``pairs``. Every rollout uses ``key``, so prefixes are matched (see
+    :mod:`~agentrl_jax.evaluation.splicing`), for
+    :mod:`~agentrl_jax.evaluation.analyses.splice`."""
+    t_max, tasks = play.env.t_max, play.tasks
+
+    def successes(policy: Policy) -> np.ndarray:
+        traj = play.rollout(policy, key, samples=samples, budget=t_max)
+        return np.asarray(traj.success, bool).reshape(tasks, samples)
+
+    alone = {}
+    for name in dict.fromkeys(name for pair in pairs for name in pair):
+        play.echo(f"Splice: {name} alone, {tasks} tasks x {samples} samples at T={t_max}")
+        alone[name] = successes(policies[name])
+    spliced: dict[str, dict[float, np.ndarray]] = {}
+    for first, then in pairs:
+        label = f"{first}>{then}"
+        spliced[label] = {}
+        for depth in depths:
+            turn = switch_turn(depth, t_max)
+            play.echo(f"Splice: {first}'s first {turn} turns, then {then}")
+            policy = SplicedPolicy(policies[first], policies[then], turn)
+            spliced[label][float(depth)] = successes(policy)
+    return alone, spliced
 
 
 # ---------------------------------------------------------------- likelihood (§7.4)

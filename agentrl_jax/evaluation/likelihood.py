@@ -261,3 +261,58 @@ def likelihood_data(
         action_valid[name] = np.asarray(host.action_valid, bool)
         success[name] = np.asarray(host.success, bool)
     return LikelihoodData(logp_base, logp_rl, turn_mask, action_valid, success)
+
+
+@functools.cache
+def _entropy_program(graphdef: nnx.GraphDef, config: Forward):
+    def score(params, tokens, token_mask, loss_mask):
+        return sequence_logprobs(
+            nnx.merge(graphdef, params),
+            tokens,
+            token_mask,
+            loss_mask=loss_mask,
+            with_entropy=True,
+            forward=config,
+        )
+
+    return jax.jit(score)
+
+
+def token_scores(
+    model: Qwen3ForCausalLM,
+    trajectory: Trajectory,
+    *,
+    rows_per_batch: int = 16,
+    attention: str = "xla",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Teacher-forced ``(log pi(token), entropy of pi at it)``, each ``float64[N, L]``, at
+    every sampled token of ``trajectory`` (``loss_mask``; 0 elsewhere), on one device; the
+    trajectory's ids must be the model's (no token map). For the erosion analysis
+    (:mod:`~agentrl_jax.evaluation.analyses.erosion`)."""
+    traj = jax.device_get(trajectory)
+    tokens = np.asarray(traj.tokens)
+    token_mask = np.asarray(traj.token_mask, bool)
+    scored = np.asarray(traj.loss_mask, bool) & token_mask
+    rows, length = tokens.shape
+    width = bucket_width(int(token_mask.sum(axis=1).max(initial=1)), length, _MIN_WIDTH)
+    rows_per_batch = min(max(int(rows_per_batch), 1), _power_of_two(rows, 1))
+    graphdef, params = nnx.split(model)
+    program = _entropy_program(graphdef, scoring_config(attention))
+    logp, entropy = np.zeros((rows, length)), np.zeros((rows, length))
+    for start in range(0, rows, rows_per_batch):
+        index = np.minimum(np.arange(start, start + rows_per_batch), rows - 1)  # pad: repeat
+        out = program(
+            params,
+            tokens[index, :width].astype(np.int32),
+            token_mask[index, :width],
+            scored[index, :width],
+        )
+        real = min(rows_per_batch, rows - start)
+        got_logp, got_entropy = (np.asarray(x, np.float64)[:real] for x in out)
+        logp[start : start + real, :width] = np.where(
+            scored[start : start + real, :width], got_logp, 0
+        )
+        entropy[start : start + real, :width] = np.where(
+            scored[start : start + real, :width], got_entropy, 0
+        )
+    return logp, entropy

@@ -73,6 +73,10 @@ class RecordedQualityStates:
     error_note: str = "one injected erroneous response"
     success_note: str = "solving the task within the remaining budget"
     workers: int = 8
+    # the span of a response the action is read from (the erosion's action tokens; None:
+    # every response token is "other")
+    action_pattern: str | None = None
+    action_note: str = "the span the environment reads the action from"
 
     def invalid_note(self, settings: Any) -> str:
         del settings

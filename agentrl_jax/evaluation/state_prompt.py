@@ -35,20 +35,28 @@ class StatePrompt(BudgetPrompt):
 
     @classmethod
     def of(cls, prompt: BudgetPrompt, stated_budget: int) -> "StatePrompt":
-        return cls(system=prompt.system, turn=prompt.turn, stated_budget=int(stated_budget))
+        return cls(
+            system=prompt.system,
+            turn=prompt.turn,
+            hidden_system=prompt.hidden_system,
+            hidden_turn=prompt.hidden_turn,
+            stated_budget=int(stated_budget),
+        )
 
-    def _check(self, budget: int) -> None:
+    def _check(self, budget: int, shown: int | None = None) -> None:
+        if shown is not None and shown != budget:
+            raise ValueError("StatePrompt states the original budget: an exact presentation only")
         if not 1 <= budget <= self.stated_budget:
             raise ValueError(
                 f"StatePrompt: remaining budget {budget} is not in [1, {self.stated_budget}]"
             )
 
-    def system_text(self, instructions: str, budget: int) -> str:
-        self._check(budget)
+    def system_text(self, instructions: str, budget: int, shown: int | None = None) -> str:
+        self._check(budget, shown)
         return super().system_text(instructions, self.stated_budget)
 
-    def turn_text(self, observation: str, budget: int, turn: int) -> str:
-        self._check(budget)
+    def turn_text(self, observation: str, budget: int, turn: int, shown: int | None = None) -> str:
+        self._check(budget, shown)
         start = self.stated_budget - budget
         return super().turn_text(observation, self.stated_budget, start + turn)
 

@@ -20,6 +20,12 @@ named policies, the first being the base: the reproduction pipeline calls
   share), and name the quality, the injected error and the suite as it says.
 * ``likelihood``: ActionNLL under the base model and the cumulative LLR (§7.4), pairwise.
 * ``dynamics``: R_multi and R_single over training from each run's metrics log (§7.5).
+* ``presentation``: Pass@(k, T) with the budget shown exactly, hidden and approximately
+  (:mod:`~agentrl_jax.evaluation.analyses.presentation`).
+* ``splice``: the base and each other policy handing episodes to each other part-way
+  (:mod:`~agentrl_jax.evaluation.analyses.splice`).
+* ``erosion``: the base's tokens under each run's snapshots, and step quality by state class
+  from ``steps`` and ``errors`` (:mod:`~agentrl_jax.evaluation.analyses.erosion`).
 
 Each analysis samples its data through the drivers ``agentrl-jax eval`` uses
 (:mod:`agentrl_jax.evaluation.drivers`: same seed and settings, same samples), writes
@@ -34,7 +40,7 @@ import dataclasses
 import functools
 import numbers
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -46,9 +52,12 @@ from agentrl_jax.evaluation.analyses import (
     continuation,
     depth,
     dynamics,
+    erosion,
     error_recovery,
     pass_at_k,
     pass_at_t,
+    presentation,
+    splice,
     step_quality,
 )
 from agentrl_jax.evaluation.analyses import likelihood as likelihood_analysis
@@ -75,7 +84,7 @@ __all__ = [
     "write_report",
 ]  # the last two re-exported: the pipeline's whole interface is here
 
-PAIRWISE = ("steps", "errors", "likelihood")
+PAIRWISE = ("steps", "errors", "splice", "likelihood", "erosion")
 # The order of a raw record's settings (raw/*.json).
 RECORDED_SETTINGS = (
     "samples",
@@ -148,6 +157,7 @@ class _Run:
     min_turns: np.ndarray  # [tasks of env] fewest turns that can succeed (the structural bound)
     bound_note: str  # what that bound means in this environment
     states: Any = None  # the step diagnostics' states (evaluation.state_diagnostics)
+    snapshots: Any = None  # runs' saved snapshots for erosion (Snapshots), None: none
 
     @property
     def names(self) -> list[str]:
@@ -317,6 +327,173 @@ def _passk(run: _Run) -> list[Section]:
             (raw,),
         )
     ]
+
+
+# ---------------------------------------------------------------- research instruments
+
+
+def presentation_budgets(t_max: int) -> tuple[int, ...]:
+    """The budgets the presentation analysis plays: 50% and 100% of ``T_max``."""
+    levels = passk.budget_levels(t_max)
+    return tuple(sorted({levels[1], levels[-1]}))
+
+
+def _presentation(run: _Run) -> list[Section]:
+    s = run.settings
+    budgets = presentation_budgets(run.t_max)
+    counts = drivers.presentation_counts(
+        run.play,
+        run.policies,
+        run.key("presentation"),
+        presentations=s.presentations,
+        noise=s.presentation_noise,
+        budgets=budgets,
+        samples=s.samples,
+    )
+    raw = run.write_raw(
+        "presentation",
+        {
+            "k": s.k,
+            "samples": s.samples,
+            "budgets": budgets,
+            "noise": s.presentation_noise,
+            "counts": {
+                mode: {
+                    p: {b: {"n": n, "c": c} for b, (n, c) in by_budget.items()}
+                    for p, by_budget in by_policy.items()
+                }
+                for mode, by_policy in counts.items()
+            },
+        },
+    )
+    result = presentation.compute(
+        results.presentation_counts(results.load_raw(run.out, "presentation")), s.k
+    )
+    section = presentation.section(
+        run.out, result, tasks=len(run.task_ids), samples=s.samples, noise=s.presentation_noise
+    )
+    return [_with(section, files=(raw,))]
+
+
+def _splice(run: _Run) -> list[Section]:
+    s = run.settings
+    pairs = [(a, b) for other in run.names[1:] for a, b in ((run.base, other), (other, run.base))]
+    alone, spliced = drivers.splice_successes(
+        run.play,
+        run.policies,
+        run.key("splice"),
+        pairs=pairs,
+        depths=s.splice_depths,
+        samples=s.splice_samples,
+    )
+    turns = [drivers.switch_turn(d, run.t_max) for d in s.splice_depths]
+    raw = run.write_raw(
+        "splice",
+        {
+            "samples": s.splice_samples,
+            "depths": s.splice_depths,
+            "turns": turns,
+            "alone": alone,
+            "spliced": {
+                label: {str(d): x for d, x in by_depth.items()}
+                for label, by_depth in spliced.items()
+            },
+        },
+    )
+    result = splice.compute(*results.splice_successes(results.load_raw(run.out, "splice")))
+    return [_with(splice.section(run.out, result), files=(raw,))]
+
+
+class Snapshots(Protocol):
+    """Where the erosion analysis finds an RL policy's snapshots over training: ``steps(policy)``
+    the saved steps (ascending; [] for none) and ``load(policy, step)`` the model at one of
+    them (loaded when scored, one at a time)."""
+
+    def steps(self, policy: str) -> Sequence[int]: ...
+
+    def load(self, policy: str, step: int) -> Any: ...
+
+
+FINAL_STEP = -1
+"""The step the erosion analysis gives a final policy whose run left no snapshots."""
+
+
+def _state_qualities(run: _Run) -> erosion.StateErosion | None:
+    """The state view of the erosion from the ``steps`` and ``errors`` raw records (None
+    without ``steps``)."""
+    steps, errors = results.load_raw(run.out, "steps"), results.load_raw(run.out, "errors")
+    if steps is None:
+        return None
+    matched = {}
+    for other, pair in steps["pairs"].items():
+        turn = np.asarray(pair["states"]["turn"], np.int64)
+        budget = np.asarray(pair["states"].get("budget", [run.t_max] * len(turn)), np.int64)
+        q = pair["quality"]
+        matched[other] = (np.asarray(q[steps["base"]]), np.asarray(q[other]), turn, budget)
+    at_errors = {
+        other: (np.asarray(pair["quality"][errors["base"]]), np.asarray(pair["quality"][other]))
+        for other, pair in (errors or {"pairs": {}})["pairs"].items()
+    }
+    return erosion.compute_states(matched, at_errors)
+
+
+def _erosion(run: _Run) -> list[Section]:
+    s = run.settings
+    not_models = [n for n, m in run.models.items() if not isinstance(m, Qwen3ForCausalLM)]
+    if not_models:
+        raise ValueError(f"erosion: needs a Qwen3 model for every policy; {not_models} are not")
+    traj = drivers.likelihood_rollouts(
+        run.play,
+        {run.base: run.policies[run.base]},
+        run.key("erosion"),
+        samples=s.likelihood_samples,
+        budget=run.t_max,
+    )[run.base]
+    scored = np.asarray(traj.loss_mask, bool) & np.asarray(traj.token_mask, bool)
+    token_turn = np.asarray(traj.token_turn)
+    pattern = getattr(run.states, "action_pattern", None)
+    classes = erosion.token_classes(
+        np.asarray(traj.tokens), scored, token_turn, run.tokenizer.decode, pattern
+    )
+    rows, cols = np.nonzero(scored)
+    n = scored.shape[0]
+    depth_of = erosion.depth_class(token_turn[rows, cols], np.asarray(traj.budget)[rows])
+    sums = lambda x: erosion.class_sums(x[rows, cols], rows, classes[rows, cols], depth_of, n)  # noqa: E731
+    score = functools.partial(
+        likelihood.token_scores, trajectory=traj, rows_per_batch=s.likelihood_rows_per_batch
+    )
+    base_logp, base_entropy = score(run.models[run.base], attention=s.attention)
+    entropy_sums, change_sums = {}, {}
+    for other in run.names[1:]:
+        steps = list(run.snapshots.steps(other)) if run.snapshots is not None else []
+        entropy_sums[other] = {0: sums(base_entropy)}
+        change_sums[other] = {0: sums(np.zeros_like(base_logp))}
+        for step in steps or [FINAL_STEP]:
+            model = run.models[other] if not steps else run.snapshots.load(other, step)
+            logp, entropy_ = score(model, attention=s.attention)
+            entropy_sums[other][int(step)] = sums(entropy_)
+            change_sums[other][int(step)] = sums(logp - base_logp)
+    run.progress(rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max))
+    raw = run.write_raw(
+        "erosion",
+        {
+            "samples": s.likelihood_samples,
+            "action_pattern": pattern,
+            "counts": sums(np.ones_like(base_logp)),
+            "entropy": entropy_sums,
+            "logp_change": change_sums,
+        },
+    )
+    saved = results.load_raw(run.out, "erosion")
+    tokens = erosion.compute_tokens(*results.erosion_sums(saved))
+    section = erosion.section(
+        run.out,
+        tokens,
+        _state_qualities(run),
+        quality=getattr(run.states, "quality_name", "step quality"),
+        action_note=getattr(run.states, "action_note", "the span the action is read from"),
+    )
+    return [_with(section, files=(raw,))]
 
 
 # ---------------------------------------------------------------- step diagnostics (§7.1-7.3)
@@ -601,6 +778,7 @@ def run_analysis(
     min_turns: Any = None,
     bound_note: str | None = None,
     states: Any = None,
+    snapshots: Snapshots | None = None,
 ) -> list[Section]:
     """Run one analysis of :data:`ANALYSES` and write its files under ``out``.
 
@@ -628,6 +806,8 @@ def run_analysis(
       states: what ``steps`` and ``errors`` score states with, required by those two
         (:mod:`agentrl_jax.evaluation.state_diagnostics`; the environment study's
         :meth:`~agentrl_jax.reproduce.studies.Study.state_diagnostics`).
+      snapshots: the RL policies' saved snapshots over training, for ``erosion``
+        (:class:`Snapshots`; None: the base and the final policies only).
 
     Returns:
       The analysis' report sections (also saved to ``out/sections/<name>.json``).
@@ -661,12 +841,16 @@ def run_analysis(
         np.asarray(min_turns),
         bound_note,
         states,
+        snapshots,
     )
     if name == "dynamics":
         sections = _dynamics(run, dict(training_logs or {}))
     else:
         sections = {
             "table": _table,
+            "presentation": _presentation,
+            "splice": _splice,
+            "erosion": _erosion,
             "passk": _passk,
             "steps": _steps,
             "errors": _errors,
@@ -698,6 +882,16 @@ def analysis_units(
             p * sum(rollout_units(num_tasks, s.samples, b) for b in s.table_budgets(t_max))
         ),
         "passk": lambda: p * rollout_units(num_tasks, s.pass_k_samples, t_max),
+        "presentation": lambda: (
+            p
+            * len(s.presentations)
+            * sum(rollout_units(num_tasks, s.samples, b) for b in presentation_budgets(t_max))
+        ),
+        "splice": lambda: (
+            (p + pairs * 2 * len(s.splice_depths))
+            * rollout_units(num_tasks, s.splice_samples, t_max)
+        ),
+        "erosion": lambda: rollout_units(num_tasks, s.likelihood_samples, t_max),
         "steps": lambda: sources + pairs * 2 * rollout_units(s.states, s.group_size, 1),
         "errors": lambda: sources + pairs * 2 * rollout_units(s.states, s.group_size, t_max),
         "likelihood": lambda: (

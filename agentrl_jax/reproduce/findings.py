@@ -56,6 +56,9 @@ BUDGETMIX_SMALL = "BudgetMix beats full-budget RL at small budgets (25%, 50%)"
 ERROR_RECOVERY = "Error recovery, not single-step quality, is where RL gains"
 FULL_BUDGET_DYNAMICS = "Full-budget RL: R_multi rises while R_single falls"
 BUDGETMIX_DYNAMICS = "BudgetMix keeps R_single"
+# open questions the paper leaves (its §9 discussion), measured by this stack's instruments
+HIDDEN_BUDGET = "Hiding the budget costs the policy (open question)"
+SPLICE_CONTINUATION = "RL's advantage lies in how it continues, not in where it got (open question)"
 
 # short names of the headlines (PaperFigures.texts, a study's paper_figures)
 HEADLINES = {
@@ -65,6 +68,8 @@ HEADLINES = {
     "error_recovery": ERROR_RECOVERY,
     "full_budget_dynamics": FULL_BUDGET_DYNAMICS,
     "budgetmix_dynamics": BUDGETMIX_DYNAMICS,
+    "hidden_budget": HIDDEN_BUDGET,
+    "splice_continuation": SPLICE_CONTINUATION,
 }
 
 PAPER = {
@@ -76,6 +81,10 @@ PAPER = {
     "error states; continuation 51.3% vs 38.6% (§7.1, §7.2)",
     FULL_BUDGET_DYNAMICS: "FrozenLake R_multi +0.568, R_single -0.091 (§7.5)",
     BUDGETMIX_DYNAMICS: "R_single +0.006 with R_multi +0.323 (§7.5)",
+    HIDDEN_BUDGET: "not tested: every prompt states the budget (§6); the budget-aware prompt is "
+    "what BudgetMix relies on",
+    SPLICE_CONTINUATION: "argued from correlational evidence (ActionNLL overlap, cumulative "
+    "LLR, §7.4): RL composes locally reasonable actions more reliably",
 }
 
 
@@ -183,7 +192,7 @@ def judge(effect: Effect) -> str:
     if ci.low == ci.high == 0:  # every difference exactly 0 (e.g. both fail every task, or a
         return UNDERPOWERED  # metric stuck at 0): a zero-width interval at 0 says nothing
     low, high = sorted((d * ci.low, d * ci.high))  # in the paper's direction
-    if high < 0:
+    if high < 0:  # a "keeps" effect that significantly falls is refuted too (not kept)
         return REFUTED
     if low > -effect.margin:
         return SHOWS
@@ -209,12 +218,22 @@ def _power(*effects: Effect) -> str:
 
 
 def _effects_json(*effects: Effect) -> dict[str, Any]:
+    """Each effect's verdict and what it was judged on, by name (``findings.json``'s
+    ``numbers["effects"]``): ``estimate``, ``low``, ``high`` and ``n`` (its 95% CI; a missing
+    bound is NaN, written null), ``direction``, ``points``, ``paper_size``, ``margin`` and
+    ``detectable``; :mod:`.seeds` reads them across seeds."""
     return {
         e.name: {
             "verdict": judge(e),
             "detectable": detectable(e.ci),
             "paper_size": e.size,
             "margin": e.margin,
+            "estimate": float(e.ci.mean),
+            "low": float(e.ci.low),
+            "high": float(e.ci.high),
+            "n": int(e.ci.n),
+            "direction": int(e.direction),
+            "points": bool(e.points),
         }
         for e in effects
     }
@@ -253,7 +272,9 @@ def check_pass_at_k(
     record: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
 ) -> list[Finding]:
     """RL above base at every k: the lead at each k and, at the k where it is smallest, the
-    CI of the paired per-task difference (the weakest point decides)."""
+    CI of the paired per-task difference (the weakest point decides). The leads at k = 1 and
+    at the largest k are recorded beside it (``effects``; they do not enter the verdict), so
+    the same effects can be compared across seeds whichever k is the weakest."""
     base, out = record["policies"][0], []
     counts = {p: (np.asarray(v["n"]), np.asarray(v["c"])) for p, v in record["counts"].items()}
     ks = np.arange(1, int(min(n.min() for n, _ in counts.values())) + 1)
@@ -269,7 +290,14 @@ def check_pass_at_k(
             f"pass@{ks[-1]} {curve[policy][-1]:.3f} vs {curve[base][-1]:.3f}; ahead at "
             f"{ahead} of {ks.size} k; smallest lead at k = {ks[weakest]}: {_pt(ci)}"
         )
-        effect = Effect(f"lead at k = {ks[weakest]}", ci)
+        effect = Effect("smallest lead over k", ci)
+        ends = [
+            Effect(
+                f"lead at k = {ks[i]}",
+                stats.paired_difference(per_task[policy][:, i], per_task[base][:, i]),
+            )
+            for i in sorted({0, ks.size - 1})
+        ]
         out.append(
             Finding(
                 PASS_AT_K,
@@ -282,7 +310,7 @@ def check_pass_at_k(
                     "lead": lead,
                     "weakest_k": int(ks[weakest]),
                     "weakest_lead": ci,
-                    "effects": _effects_json(effect),
+                    "effects": _effects_json(effect, *ends),
                 },
             )
         )
@@ -506,6 +534,76 @@ def check_dynamics(
     return out
 
 
+# ---------------------------------------------------------------- open questions (instruments)
+
+
+def check_hidden_budget(
+    record: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
+    """Per policy: Pass@k with the budget hidden minus shown exactly, at ``T_max`` (paired per
+    task; the hypothesis' direction: down). No paper size: it never measured it."""
+    from agentrl_jax.evaluation.analyses import presentation
+
+    if "hidden" not in record["counts"]:
+        return []
+    counts, k, t_max = results.presentation_counts(record), int(record["k"]), max(record["budgets"])
+    out = []
+    for policy in record["policies"]:
+        hidden = presentation.per_task(counts, "hidden", policy, t_max, k)
+        exact = presentation.per_task(counts, "exact", policy, t_max, k)
+        drop = stats.paired_difference(hidden, exact)
+        effect = Effect(f"hidden - exact at T = {t_max}", drop, direction=-1)
+        observed = (
+            f"Pass@{k} at T = {t_max}: hidden {100 * hidden.mean():.1f}% vs exact "
+            f"{100 * exact.mean():.1f}%: {_pt(drop)}"
+        )
+        out.append(
+            Finding(
+                HIDDEN_BUDGET,
+                policy,
+                figures.text(HIDDEN_BUDGET),
+                observed + _power(effect),
+                _verdict(effect),
+                {"hidden_minus_exact": drop, "effects": _effects_json(effect)},
+            )
+        )
+    return out
+
+
+def check_splice(
+    record: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
+    """Per RL policy: the splice's continuation effect averaged over depths above 0 (the
+    prefix effect reported beside it; :mod:`~agentrl_jax.evaluation.analyses.splice`)."""
+    from agentrl_jax.evaluation.analyses import splice
+
+    res = splice.compute(*results.splice_successes(record))
+    out = []
+    for policy, c in res.comparisons.items():
+        effect = Effect("continuation effect", c.continuation_mean)
+        observed = (
+            f"continuation effect {_pt(c.continuation_mean)}, prefix effect "
+            f"{_pt(c.prefix_mean)} (averaged over d = "
+            f"{', '.join(f'{d:g}' for d in c.depths)}): the advantage lies {c.where}"
+        )
+        out.append(
+            Finding(
+                SPLICE_CONTINUATION,
+                policy,
+                figures.text(SPLICE_CONTINUATION),
+                observed + _power(effect),
+                _verdict(effect),
+                {
+                    "continuation": c.continuation_mean,
+                    "prefix": c.prefix_mean,
+                    "where": c.where,
+                    "effects": _effects_json(effect),
+                },
+            )
+        )
+    return out
+
+
 # ---------------------------------------------------------------- all of them
 
 
@@ -551,6 +649,12 @@ def check_findings(
         dynamics.append(
             _absent(BUDGETMIX_DYNAMICS, "no BudgetMix run's training log", figures=figures)
         )
+    # the instruments' open questions, where their analyses ran (no "not measured" rows: a
+    # run without them answers nothing the paper claimed)
+    if raw["presentation"] is not None:
+        dynamics += check_hidden_budget(raw["presentation"], figures)
+    if raw["splice"] is not None:
+        dynamics += check_splice(raw["splice"], figures)
     return found + dynamics
 
 
@@ -563,6 +667,8 @@ SOURCES = {
     ERROR_RECOVERY: "Continuation success from error states",
     FULL_BUDGET_DYNAMICS: "Training dynamics",
     BUDGETMIX_DYNAMICS: "Training dynamics",
+    HIDDEN_BUDGET: "Budget presentation",
+    SPLICE_CONTINUATION: "Splice",
 }
 
 

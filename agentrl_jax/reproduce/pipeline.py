@@ -63,7 +63,7 @@ from agentrl_jax.reproduce.report import write_report
 from agentrl_jax.reproduce.studies import StudyError
 from agentrl_jax.sharding import training_mesh
 from agentrl_jax.train.presets import RunSettings
-from agentrl_jax.train.run import train_policy
+from agentrl_jax.train.run import snapshot_params, snapshot_steps, train_policy
 from agentrl_jax.trajectory import Trajectory
 from envs import EnvDataError, EnvOptionError, EnvTasks
 
@@ -181,6 +181,9 @@ PHASE_COST = {
     "eval:steps": 2.0e-3,
     "eval:errors": 8.2e-4,
     "eval:likelihood": 1.8e-3,
+    "eval:presentation": 0.5e-3,  # these three fit on the stored run of 2026-12-06
+    "eval:splice": 1.8e-3,
+    "eval:erosion": 1.4e-2,
     "eval:dynamics": 0.5,
     "report": 0.05,
 }
@@ -190,6 +193,34 @@ BAR_FORMAT = "{desc}{percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
 def phase_cost(phase: str) -> float:
     """Predicted seconds per unit of ``phase`` (``train:<run>`` as ``train``)."""
     return PHASE_COST.get(phase, PHASE_COST.get(phase.split(":")[0], 1e-3))
+
+
+class RunSnapshots:
+    """The erosion analysis' view of a reproduction's RL runs over training
+    (:class:`~agentrl_jax.reproduce.evaluate.Snapshots`): the steps of each run's kept
+    checkpoints (``rl.checkpoint_every``, ``rl.checkpoint_keep``) and the policy at one of
+    them, restored read-only on this process's devices."""
+
+    def __init__(self, reproduction: "Reproduction"):
+        self.reproduction = reproduction
+
+    def _spec(self, label: str) -> RunSettings:
+        return next(spec for spec in self.reproduction.runs if spec.label == label)
+
+    def _dir(self, label: str) -> Path:
+        return self.reproduction.out / "runs" / self._spec(label).name
+
+    def steps(self, label: str) -> list[int]:
+        return snapshot_steps(self._dir(label))
+
+    def load(self, label: str, step: int) -> Any:
+        r = self.reproduction
+        model = r.load_model(r.base_dir, local=True)
+        params = snapshot_params(
+            model, r.tokenizer, r.config, self._spec(label), self._dir(label), step
+        )
+        nnx.update(model, params)
+        return model
 
 
 class Reproduction:
@@ -601,6 +632,11 @@ class Reproduction:
         where it has none), built once for every analysis."""
         return self.study.state_diagnostics(self.tasks.test)
 
+    @functools.cached_property
+    def snapshots(self) -> "RunSnapshots":
+        """Each RL run's checkpoints, for the erosion analysis."""
+        return RunSnapshots(self)
+
     def evaluate(self, analysis: str) -> dict[str, Any]:
         # what the findings (and the dynamics' summary) compare this run with
         findings.PaperFigures(**self.study.paper_figures).write(self.written)
@@ -622,6 +658,7 @@ class Reproduction:
             min_turns=self.study.min_turns(test),
             bound_note=self.study.bound_note_for(task.options),
             states=self.state_diagnostics,
+            snapshots=self.snapshots,
         )
         return {}
 

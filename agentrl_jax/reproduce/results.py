@@ -28,8 +28,19 @@ import numpy as np
 
 from agentrl_jax.evaluation import passk, stats
 
-ANALYSES = ("table", "passk", "steps", "errors", "likelihood", "dynamics")
-"""The analyses, in report order."""
+ANALYSES = (
+    "table",
+    "presentation",
+    "passk",
+    "steps",
+    "errors",
+    "splice",
+    "likelihood",
+    "erosion",
+    "dynamics",
+)
+"""The analyses, in report order (and run order: ``erosion`` reads ``steps``' and ``errors``'
+raw records)."""
 
 RAW_DIR = "raw"
 BUDGETMIX = "budgetmix"
@@ -135,3 +146,45 @@ def per_task_pass(record: Mapping[str, Any], policy: str, budget: int) -> np.nda
 def mean_ci_from_json(value: Mapping[str, Any]) -> stats.MeanCI:
     """A :class:`stats.MeanCI` read back from JSON (where NaN was written as null)."""
     return stats.MeanCI(**{k: math.nan if v is None else v for k, v in value.items()})
+
+
+def presentation_counts(record: Mapping[str, Any]) -> dict[str, dict[str, dict[int, tuple]]]:
+    """``{presentation: {policy: {T: (n, c)}}}`` from a raw ``presentation`` record."""
+    return {
+        mode: {
+            policy: {
+                int(b): (np.asarray(v["n"], np.int64), np.asarray(v["c"], np.int64))
+                for b, v in by_budget.items()
+            }
+            for policy, by_budget in by_policy.items()
+        }
+        for mode, by_policy in record["counts"].items()
+    }
+
+
+def splice_successes(record: Mapping[str, Any]) -> tuple:
+    """The arguments of :func:`agentrl_jax.evaluation.analyses.splice.compute` from a raw
+    ``splice`` record: ``(alone, spliced, base, t_max, turns)``."""
+    alone = {p: np.asarray(v, bool) for p, v in record["alone"].items()}
+    spliced = {
+        label: {float(d): np.asarray(v, bool) for d, v in by_depth.items()}
+        for label, by_depth in record["spliced"].items()
+    }
+    return alone, spliced, record["base"], int(record["t_max"]), list(record["turns"])
+
+
+def erosion_sums(record: Mapping[str, Any]) -> tuple:
+    """The arguments of :func:`agentrl_jax.evaluation.analyses.erosion.compute_tokens` from a
+    raw ``erosion`` record: ``(entropy, logp_change, counts)``."""
+
+    def by_step(value: Mapping[str, Any]) -> dict:
+        return {
+            run: {int(step): np.asarray(x, np.float64) for step, x in steps.items()}
+            for run, steps in value.items()
+        }
+
+    return (
+        by_step(record["entropy"]),
+        by_step(record["logp_change"]),
+        np.asarray(record["counts"], np.float64),
+    )

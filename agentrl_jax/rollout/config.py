@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from agentrl_jax.prompts import BudgetPrompt
+from agentrl_jax.prompts import BudgetPresentation, BudgetPrompt
 from agentrl_jax.sampling import SamplingConfig
 from agentrl_jax.trajectory import Trajectory
 
@@ -38,6 +38,9 @@ class RolloutConfig:
       it), so rows at different turns sample together and no seat idles while rows wait.
     enable_thinking: Qwen3's thinking switch in the chat template.
     prompt: the budget-aware wording (§6).
+    presentation: how the budget is shown (:class:`~agentrl_jax.prompts.BudgetPresentation`:
+      exact, hidden, approximate, or mixed per group); the episode ends after ``B`` turns
+      whatever is shown. A mode name or ``{mode, noise, modes}`` is accepted.
     lanes: the seats split into this many lanes, each a cache of its own (the policy and its
       ``fork()``s); while one lane's environment step runs (on a thread of its own), the next
       lane samples, so slow environment steps (Python environments: queries, tests, sandboxes)
@@ -60,6 +63,7 @@ class RolloutConfig:
     sampling: SamplingConfig = SamplingConfig()
     enable_thinking: bool = False
     prompt: BudgetPrompt = BudgetPrompt()
+    presentation: BudgetPresentation = BudgetPresentation()
     max_rows_per_call: int | None = None
     refill: bool = False
     adaptive_budgets: bool = False
@@ -118,6 +122,11 @@ class RolloutConfig:
             raise ValueError(
                 f"RolloutConfig.sampling must be a SamplingConfig, got {self.sampling!r}"
             )
+        try:
+            presentation = BudgetPresentation.from_value(self.presentation)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"RolloutConfig.{error}") from None
+        object.__setattr__(self, "presentation", presentation)
         if not isinstance(self.prompt, BudgetPrompt):
             raise ValueError(f"RolloutConfig.prompt must be a BudgetPrompt, got {self.prompt!r}")
 

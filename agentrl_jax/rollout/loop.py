@@ -56,11 +56,16 @@ class MultiTurnRollout:
     def _next_prompt_uncached(self, user: str) -> tuple[int, ...]:
         return tuple(self.chat.next_prompt(user))
 
-    def _first_prompt_uncached(self, budget: int, observation: str) -> tuple[tuple[int, ...], int]:
-        """``(tokens, prefix_len)``; ``prefix_len`` 0 when the header cannot be split off."""
+    def _first_prompt_uncached(
+        self, budget: int, observation: str, shown: int | None = None
+    ) -> tuple[tuple[int, ...], int]:
+        """``(tokens, prefix_len)``; ``prefix_len`` 0 when the header cannot be split off.
+        ``shown``: the budget the prompt states (None: ``budget``; 0: none)."""
         prompt = self.config.prompt
-        user = prompt.turn_text(observation, budget, 0)
-        ids = tuple(self.chat.first_prompt(prompt.system_text(self.instructions, budget), user))
+        user = prompt.turn_text(observation, budget, 0, shown)
+        ids = tuple(
+            self.chat.first_prompt(prompt.system_text(self.instructions, budget, shown), user)
+        )
         tail = self._next_prompt(user)
         if ids[len(ids) - len(tail) :] == tail:
             return ids, len(ids) - len(tail)
@@ -121,14 +126,21 @@ class MultiTurnRollout:
         row_task = np.repeat(tasks, size)
         group = np.repeat(np.arange(groups), size)
         key_budget, key_env, key_policy = jax.random.split(key, 3)
-        budget = self._group_budgets(key_budget, tasks, budgets)[group]
+        group_budget = self._group_budgets(key_budget, tasks, budgets)
+        budget = group_budget[group]
+        # the budget each row is shown (its own stream: exact rollouts draw nothing new)
+        shown = cfg.presentation.shown_budgets(jax.random.fold_in(key, 3), group_budget)[group]
+        exact = cfg.presentation.exact
         env_seed = int(jax.random.randint(key_env, (), 0, np.iinfo(np.int32).max))
         with timer("env"):
             env_state, observations = self.env.reset(row_task, env_seed)
 
         length = cfg.record_length
         rec = Record(rows, length, self.num_turns)
-        first = [self._first_prompt(int(b), o) for b, o in zip(budget, observations)]
+        first = [
+            self._first_prompt(int(b), o) if exact else self._first_prompt(int(b), o, int(s))
+            for b, o, s in zip(budget, observations, shown)
+        ]
         context_len = np.array([len(ids) for ids, _ in first], np.int64)
         fits = context_len <= min(cfg.max_context, length)
         for r in np.flatnonzero(fits):
@@ -142,6 +154,7 @@ class MultiTurnRollout:
             success=np.zeros(rows, bool),
             turns_used=np.zeros(rows, np.int32),
             texts=[[] for _ in range(rows)],
+            shown=None if exact else shown,
         )
         # several processes splitting the rows: this one plays its share only
         shares = distributed.row_shares(rows) if cfg.split_processes else None
@@ -328,6 +341,7 @@ class MultiTurnRollout:
             play.budget,
             play.context_len,
             play.overflow,
+            play.shown,
             timer,
         )
         seats.vacate(np.flatnonzero(live & ~next_live))
@@ -387,6 +401,7 @@ class MultiTurnRollout:
         budget: np.ndarray,
         context_len: np.ndarray,
         overflow: np.ndarray,
+        shown: np.ndarray | None,
         timer: Timer,
     ):
         """Append the next user message to rows going on, or end them with ``overflow``:
@@ -397,7 +412,12 @@ class MultiTurnRollout:
         closing = np.zeros(rows, np.int64)
         for r in np.flatnonzero(going):
             close = tuple(self.chat.close_response(out.tokens[r, : out.lengths[r]].tolist()))
-            user = cfg.prompt.turn_text(result.observations[r], int(budget[r]), int(turn[r]) + 1)
+            user = cfg.prompt.turn_text(
+                result.observations[r],
+                int(budget[r]),
+                int(turn[r]) + 1,
+                None if shown is None else int(shown[r]),
+            )
             chunks[r] = close + self._next_prompt(user)
             closing[r] = len(close)
         chunk_len = np.array([len(c) for c in chunks], np.int64)

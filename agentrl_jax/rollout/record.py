@@ -31,6 +31,7 @@ class Play:
     success: np.ndarray
     turns_used: np.ndarray
     texts: list[list[str]]
+    shown: np.ndarray | None = None  # the budget each row is shown (prompts.HIDDEN: none)
     live_rows: list[int] = dataclasses.field(default_factory=list)  # per turn, over all parts
     sampled: int = 0
 

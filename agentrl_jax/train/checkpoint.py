@@ -250,6 +250,30 @@ class Checkpointer:
             )
         return None
 
+    def restore_step(self, template: TrainState, step: int) -> TrainState:
+        """The state saved at ``step`` (read only: a checkpoint that does not restore into
+        ``template``'s structure raises :class:`CheckpointRestoreError` and stays in place),
+        e.g. to score a run's snapshots after training."""
+        self.wait()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template.replace(base=None))
+        mismatch = self._mismatch(step, abstract, None)
+        if mismatch:
+            raise CheckpointMismatchError(f"checkpoint step {step}: {mismatch}")
+        try:
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), config=ocp.args.JsonRestore()
+                ),
+            )
+            _check_restored(restored.state, abstract, restored.config)
+        except Exception as e:  # noqa: BLE001 - reported as one error naming the checkpoint
+            raise CheckpointRestoreError(
+                f"checkpoint {self.path(step)} cannot be restored: {type(e).__name__}: "
+                f"{str(e).splitlines()[0][:300] if str(e) else ''}"
+            ) from None
+        return restored.state.replace(base=template.base)
+
     def _mismatch(self, step: int, abstract: Any, config: TrainConfig | None) -> str:
         """How the saved state's arrays differ from ``abstract``'s ("" if they agree, or if the
         checkpoint's metadata cannot be read: then the restore itself decides)."""

@@ -192,7 +192,8 @@ class RLConfig:
 
     ``runs`` lists them: names of presets (:data:`~agentrl_jax.train.presets.RUN_PRESETS`:
     ``grpo``, ``budgetmix``, ``budgetmix-adaptive``, ``gigpo``, ``ppo``, ``dapo``,
-    ``dr-grpo``, ...) or mappings ``{name, preset, label, budget_mix, params, algorithm}``
+    ``dr-grpo``, ...) or mappings ``{name, preset, label, budget_mix, presentation, params,
+    algorithm}``
     composing any registered advantage estimator and loss terms. ``preset_params`` sets the
     presets' declared hyper-parameters for every run that declares them (e.g. ``kl_coef``,
     ``aggregation``, ``clip_low``, ``gigpo_gamma``); ``algorithm`` holds
@@ -296,7 +297,7 @@ class RLConfig:
             raise ConfigError(
                 f"rl.runs: must be a non-empty list of runs, each a preset name "
                 f"({', '.join(RUN_PRESETS)}) or a mapping {{name, preset, label, budget_mix, "
-                f"params, algorithm}}, got {short_repr(self.runs)}"
+                f"presentation, params, algorithm}}, got {short_repr(self.runs)}"
             )
         object.__setattr__(self, "runs", freeze(plain_data(self.runs)))
         object.__setattr__(

@@ -8,6 +8,9 @@ mapping::
      preset: gigpo,               # optional: start from this preset (default: ``name``, if one)
      label: "GiGPO, DAPO clip",   # optional: the run in tables (default: the preset's, else name)
      budget_mix: false,           # optional: BudgetMix budgets (default: the preset's, else false)
+     presentation: exact,         # optional: how the budget is shown (default: the preset's,
+                                  #   else exact; prompts.BudgetPresentation: a mode or
+                                  #   {mode, noise, modes}; "mixed" draws one per group)
      params: {gigpo_omega: 0.5},  # optional: the preset's hyper-parameters for this run
      algorithm: {...}}            # optional: AlgorithmConfig fields over the preset's
 
@@ -45,6 +48,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from agentrl_jax.algorithms import AGGREGATION_MODES, AlgorithmConfig, Param
 from agentrl_jax.errors import ConfigError
+from agentrl_jax.prompts import BudgetPresentation
 from agentrl_jax.train.inputs import check_inputs
 from agentrl_jax.validation import is_real, short_repr
 
@@ -56,13 +60,16 @@ BUDGET_MIX = (False, True, "adaptive")
 class RunPreset(NamedTuple):
     """A named run: its ``label`` in tables, its ``algorithm`` (a function of the values of
     the hyper-parameters it declares in ``params``, giving ``AlgorithmConfig.from_dict``
-    data) and whether it draws BudgetMix budgets (paper §5): False, True, or ``"adaptive"``:
-    only budgets each task can meet (none below its structural bound)."""
+    data), whether it draws BudgetMix budgets (paper §5): False, True, or ``"adaptive"``:
+    only budgets each task can meet (none below its structural bound), and how its rollouts
+    show the budget (``presentation``: a :class:`~agentrl_jax.prompts.BudgetPresentation`
+    mode, default exact)."""
 
     label: str
     algorithm: AlgorithmBuilder
     budget_mix: bool | str = False
     params: Mapping[str, Param] = {}
+    presentation: str = "exact"
 
 
 # ---------------------------------------------------------------- the paper's hyper-parameters
@@ -189,6 +196,11 @@ RUN_PRESETS: dict[str, RunPreset] = {
     "grpo": RunPreset("GRPO", grpo_algorithm, False, _GRPO),
     "budgetmix": RunPreset("BudgetMix GRPO", grpo_algorithm, True, _GRPO),
     "budgetmix-adaptive": RunPreset("Adaptive BudgetMix GRPO", grpo_algorithm, "adaptive", _GRPO),
+    # BudgetMix that also randomises how the budget is shown, per group (exact, hidden,
+    # approximate): a policy that must not lean on the budget line being there or exact
+    "budgetmix-presentation": RunPreset(
+        "Presentation-mixed BudgetMix GRPO", grpo_algorithm, True, _GRPO, "mixed"
+    ),
     "gigpo": RunPreset("GiGPO", gigpo_algorithm, False, _GIGPO),
     "gigpo-budgetmix": RunPreset("BudgetMix GiGPO", gigpo_algorithm, True, _GIGPO),
     "ppo": RunPreset("PPO", ppo_algorithm, False, _PPO),
@@ -239,18 +251,20 @@ def register_run_preset(
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a folder name
 RESERVED_NAMES = ("init", "base")  # models/init, models/base are the reproduction's own
 BASE_LABEL = "base"  # the warm-started policy's name in the evaluation
-RUN_FIELDS = ("name", "preset", "label", "budget_mix", "params", "algorithm")
+RUN_FIELDS = ("name", "preset", "label", "budget_mix", "presentation", "params", "algorithm")
 ALGORITHM_FIELDS = tuple(f.name for f in dataclasses.fields(AlgorithmConfig))
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-    """One resolved run of ``rl.runs``: its folder name, label, BudgetMix and algorithm."""
+    """One resolved run of ``rl.runs``: its folder name, label, BudgetMix, algorithm and how
+    its rollouts show the budget."""
 
     name: str
     label: str
     budget_mix: bool | str  # False, True or "adaptive"
     algorithm: AlgorithmConfig
+    presentation: BudgetPresentation = BudgetPresentation()
 
 
 def _is_mapping(value: Any) -> bool:
@@ -353,13 +367,13 @@ def _entry_fields(where: str, entry: Any) -> dict[str, Any]:
         if entry not in RUN_PRESETS:
             raise ConfigError(
                 f"{where}: unknown run preset {entry!r}; presets: {', '.join(RUN_PRESETS)} "
-                "(or a mapping {name, preset, label, budget_mix, params, algorithm})"
+                "(or a mapping {name, preset, label, budget_mix, presentation, params, algorithm})"
             )
         return {"name": entry}
     if not _is_mapping(entry):
         raise ConfigError(
             f"{where}: must be a preset name ({', '.join(RUN_PRESETS)}) or a mapping "
-            f"{{name, preset, label, budget_mix, params, algorithm}}, got "
+            f"{{name, preset, label, budget_mix, presentation, params, algorithm}}, got "
             f"{short_repr(_plain(entry))}"
         )
     unknown = sorted(set(entry) - set(RUN_FIELDS))
@@ -413,7 +427,15 @@ def resolve_run(where: str, entry: Any, rl: Any) -> RunSettings:
         check_algorithm_overrides(f"{where}.algorithm", fields.get("algorithm", {})),
     ):
         data = merge_algorithm(data, override)
-    return RunSettings(name, label, budget_mix, build_algorithm(f"{where}.algorithm", data))
+    try:
+        presentation = BudgetPresentation.from_value(
+            fields.get("presentation", preset.presentation if preset else "exact")
+        )
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{where}.{error}") from None
+    return RunSettings(
+        name, label, budget_mix, build_algorithm(f"{where}.algorithm", data), presentation
+    )
 
 
 def resolve_runs(rl: Any) -> tuple[RunSettings, ...]:

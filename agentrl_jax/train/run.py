@@ -198,6 +198,34 @@ def rollout_sampler(policy: nnx.Module, config: Config, mesh: Any) -> SamplerPol
     return SamplerPolicy.from_engine(policy, config.engine, mesh=mesh)
 
 
+def snapshot_steps(out: str | Path) -> list[int]:
+    """The steps of the checkpoints a run saved under ``out`` (ascending; [] if none)."""
+    directory = Path(out) / "checkpoints"
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def snapshot_params(
+    policy: Any, tokenizer, config: Config, algorithm: RunSettings, out: str | Path, step: int
+) -> Any:
+    """The policy parameters (a plain Qwen3's, as :func:`train_policy` returns them) of the
+    checkpoint ``train_policy`` saved at ``step`` under ``out``, for a run of ``algorithm``
+    (resolved) under ``config`` started from ``policy`` (its base; its structure is the
+    template). Read only: nothing under ``out`` changes."""
+    vocab = policy.config.vocab_size
+    valid = len(tokenizer) if len(tokenizer) < vocab else None
+    update = train_config(config, algorithm, valid)
+    trained = train_model(policy, update)
+    template = init_train_state(trained, update)
+    checkpointer = Checkpointer.from_config(Path(out) / "checkpoints", update, async_save=False)
+    try:
+        state = checkpointer.restore_step(template, step)
+    finally:
+        checkpointer.close()
+    return policy_params(state, update)
+
+
 def _like(value: Any, template: jax.Array) -> jax.Array:
     """Host ``value`` placed as ``template`` is (on every process's devices of its sharding)."""
     value = np.asarray(value, template.dtype)
@@ -208,7 +236,8 @@ def rollout_config(
     config: Config, run: RunSettings, valid_vocab_size: int | None = None
 ) -> RolloutConfig:
     """The training rollouts of ``run``: ``rl.group_size`` trajectories per task at ``T_max``
-    (BudgetMix: budgets drawn per group, only those each task can meet for an adaptive run),
+    (BudgetMix: budgets drawn per group, only those each task can meet for an adaptive run;
+    the budget shown as the run's ``presentation`` says),
     the task's lengths, ``rl``'s sampling (over the tokenizer's ``valid_vocab_size``) and
     rows per call."""
     task, rl = config.task, config.rl
@@ -224,6 +253,7 @@ def rollout_config(
         max_rows_per_call=rl.max_rows_per_call,
         refill=rl.refill,
         history_window=rl.history_window,
+        presentation=run.presentation,
     )
 
 

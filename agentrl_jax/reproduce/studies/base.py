@@ -44,8 +44,21 @@ from envs.registry import task_set
 
 # The analyses every environment supports (they need the rollout and the models only).
 GENERIC_ANALYSES = ("table", "passk", "likelihood", "dynamics")
-# ... and with the step diagnostics, for a study that scores states (Study.state_diagnostics)
-ALL_ANALYSES = ("table", "passk", "steps", "errors", "likelihood", "dynamics")
+# ... and with the step diagnostics, for a study that scores states (Study.state_diagnostics),
+# the erosion localisation, which reads them, and the research instruments beside them
+# (budget presentation, splice), which any environment could run but which the studies
+# with a step score carry
+ALL_ANALYSES = (
+    "table",
+    "presentation",
+    "passk",
+    "steps",
+    "errors",
+    "splice",
+    "likelihood",
+    "erosion",
+    "dynamics",
+)
 
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.S)
 _REMAINING = re.compile(r"\[REMAINING TURNS\] (\d+)\n")
@@ -154,11 +167,14 @@ class RecordedQuality:
 # (notebooks/rl_sweep.md).
 CPU_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "rl": {
-        "runs": ["grpo", "budgetmix", "budgetmix-adaptive"],
+        # the paper's two, the adaptive variant, and BudgetMix with the budget's presentation
+        # randomised per group (exact, hidden, approximate): the budget-presentation study
+        "runs": ["grpo", "budgetmix", "budgetmix-adaptive", "budgetmix-presentation"],
         "steps": 40,
         "group_size": 8,
         "learning_rate": 1e-3,  # paper: 1e-6 (Qwen3-4B/8B); 2e-3 breaks the tiny default
         "attention": "blocked",  # the warm start's and the updates': faster than xla here
+        "checkpoint_keep": 4,  # steps 10, 20, 30, 40: the erosion analysis' snapshots
         "preset_params": {
             "kl_coef": 0.05,  # paper: 0.001; 0.05 keeps the tiny policy's answer format
             # GRPO's own per-sequence mean (DeepSeekMath); with token-mean, failed episodes

@@ -127,6 +127,8 @@ class CodeStudy(Study):
             error_note="one injected submission: the reference program with one mutation "
             "that fails a test",
             success_note="passing every test within the remaining budget",
+            action_pattern=r"```.*?(?:```|$)",
+            action_note="the fenced code block the program is read from, fences included",
         )
 
 

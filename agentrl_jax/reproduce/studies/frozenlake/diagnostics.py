@@ -370,6 +370,10 @@ class QStarStates:
     error_note = "one injected move that lengthens the shortest path to the goal"
     success_note = "reaching the goal within the remaining budget"
     gamma = DEFAULT_GAMMA  # the discount of Q*, the step quality (§7)
+    # the span of a response the action is read from (the erosion's action tokens): the last
+    # <answer> tag and its content (envs.frozenlake.text)
+    action_pattern = r"(?i)<\s{0,4}answer\s{0,4}>.*?(?:<\s{0,4}/\s{0,4}answer\s{0,4}>|$)"
+    action_note = "the last <answer>...</answer> tag, tags included"
 
     def __init__(self, env: Any):
         self.env = env
