@@ -336,3 +336,29 @@ def test_patterns_match_the_environments_actions():
     pattern = re.compile(QStarStates.action_pattern, re.S)
     assert pattern.search("think\n\n<answer>Left</answer>").group(0) == "<answer>Left</answer>"
     assert pattern.search("< ANSWER >up").group(0) == "< ANSWER >up"
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("presentations", ["hidden"], "eval.presentations"),  # no exact reference
+        ("presentations", "exact", "eval.presentations"),
+        ("presentations", ["exact", "exact"], "eval.presentations"),
+        ("presentations", ["exact", "vague"], "eval.presentations"),
+        ("presentation_noise", 1.0, "eval.presentation_noise"),
+        ("presentation_noise", float("nan"), "eval.presentation_noise"),
+        ("presentation_noise", "0.1", "eval.presentation_noise"),
+        ("splice_depths", [0.0], "eval.splice_depths"),
+        ("splice_depths", [1.0], "eval.splice_depths"),
+        ("splice_depths", [], "eval.splice_depths"),
+        ("splice_depths", [True], "eval.splice_depths"),
+        ("splice_depths", "0.5", "eval.splice_depths"),
+        ("splice_samples", 0, "eval.splice_samples"),
+        ("splice_tasks", -1, "eval.splice_tasks"),
+    ],
+)
+def test_hostile_instrument_settings_name_their_field(field, value, message):
+    from agentrl_jax.evaluation.config import EvalConfig
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        EvalConfig(**{field: value})

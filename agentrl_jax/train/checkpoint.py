@@ -218,13 +218,7 @@ class Checkpointer:
                     "that wrote it, or give this run another checkpoint directory"
                 )
             try:
-                restored = self._manager.restore(
-                    step,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(abstract), config=ocp.args.JsonRestore()
-                    ),
-                )
-                _check_restored(restored.state, abstract, restored.config)
+                restored = self._read(step, abstract)
             except Exception as e:  # noqa: BLE001 - any failure means this checkpoint is unusable
                 reason = f"{type(e).__name__}: {str(e).splitlines()[0][:500] if str(e) else ''}"
                 skipped.append((path, reason))
@@ -260,19 +254,26 @@ class Checkpointer:
         if mismatch:
             raise CheckpointMismatchError(f"checkpoint step {step}: {mismatch}")
         try:
-            restored = self._manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract), config=ocp.args.JsonRestore()
-                ),
-            )
-            _check_restored(restored.state, abstract, restored.config)
+            restored = self._read(step, abstract)
         except Exception as e:  # noqa: BLE001 - reported as one error naming the checkpoint
             raise CheckpointRestoreError(
                 f"checkpoint {self.path(step)} cannot be restored: {type(e).__name__}: "
                 f"{str(e).splitlines()[0][:300] if str(e) else ''}"
             ) from None
+        _check_base(template, dict(restored.config), step, self.path(step))
         return restored.state.replace(base=template.base)
+
+    def _read(self, step: int, abstract: Any) -> Any:
+        """The checkpoint at ``step`` (its state restored into ``abstract``, and its config),
+        checked against ``abstract``; raises whatever the read raises."""
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), config=ocp.args.JsonRestore()
+            ),
+        )
+        _check_restored(restored.state, abstract, restored.config)
+        return restored
 
     def _mismatch(self, step: int, abstract: Any, config: TrainConfig | None) -> str:
         """How the saved state's arrays differ from ``abstract``'s ("" if they agree, or if the

@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from agentrl_jax.reproduce.results import ANALYSES
 from envs.protocol import EnvEntry, EnvTasks
 from envs.registry import task_set
 
@@ -48,17 +49,7 @@ GENERIC_ANALYSES = ("table", "passk", "likelihood", "dynamics")
 # the erosion localisation, which reads them, and the research instruments beside them
 # (budget presentation, splice), which any environment could run but which the studies
 # with a step score carry
-ALL_ANALYSES = (
-    "table",
-    "presentation",
-    "passk",
-    "steps",
-    "errors",
-    "splice",
-    "likelihood",
-    "erosion",
-    "dynamics",
-)
+ALL_ANALYSES = ANALYSES
 
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.S)
 _REMAINING = re.compile(r"\[REMAINING TURNS\] (\d+)\n")
