@@ -87,7 +87,7 @@ def eval_command(
                 raise ReproduceError("--out: where the results go")
             settings, logs = load_config(config, set_ or (), env=env), None
             policies = _named(policy)
-        output_folder(out)
+        out = output_folder(out)
         report = evaluate_policies(
             settings,
             policies,

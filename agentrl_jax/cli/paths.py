@@ -29,7 +29,16 @@ def _writable_ancestor(path: Path, option: str) -> None:
 
 
 def output_folder(path: Path, option: str = "--out") -> Path:
-    """``path`` if it is, or can be made, a writable folder; else a one-line ``BadParameter``."""
+    """``path`` if it is, or can be made, a writable folder; else a one-line ``BadParameter``.
+    A symbolic link to a folder is resolved (the folder it points to is returned); a link to
+    nothing is refused."""
+    if path.is_symlink():
+        if not path.exists():
+            raise typer.BadParameter(
+                f"{option} {path}: is a symbolic link to {os.readlink(path)}, which does not "
+                "exist; name a folder"
+            )
+        path = path.resolve()
     if path.exists() and not path.is_dir():
         raise typer.BadParameter(f"{option} {path}: is a file, not a folder")
     _writable_ancestor(path, option)

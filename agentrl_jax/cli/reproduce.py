@@ -228,7 +228,7 @@ def _reproduce(
         typer.echo(dump_config(settings[0]), nl=False)
         return
     out = out if out is not None else Path("results") / env
-    output_folder(out)
+    out = output_folder(out)
     runs = [(seed, out if seed is None else seed_folder(out, seed), o) for seed, o in runs]
     for (_seed, folder, overrides), setting in zip(runs, settings):
         shown = f" with --set {', '.join(overrides)}" if overrides else ""

@@ -7,11 +7,11 @@ into it.
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
+from agentrl_jax.folders import MARKER, FolderGuardError, FolderKind, claim, remove_folder
 from agentrl_jax.plugins import loaded_plugins
 from agentrl_jax.reproduce.config import ReproduceConfig, dump_config, load_config
 from agentrl_jax.reproduce.machine import machine
@@ -25,6 +25,18 @@ class ReproduceError(ValueError):
 
 class ResultsFolderError(ReproduceError):
     """The results folder cannot be used (e.g. it holds a run of another config)."""
+
+
+def _results_layout(path: Path) -> bool:
+    """A results folder made before folders were marked: its ``config.yaml`` and
+    ``phases.json``, both plain files."""
+    return all(
+        (path / name).is_file() and not (path / name).is_symlink()
+        for name in (CONFIG_FILE, PHASES_FILE)
+    )
+
+
+RESULTS = FolderKind("results", "results folder", layout=_results_layout)
 
 
 class Phases:
@@ -97,9 +109,13 @@ def record_plugins(out: Path) -> list[dict[str, Any]]:
 
 def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
     """Create ``out`` (or check that it holds this config), and write ``config.yaml`` (and
-    ``plugins.json``)."""
-    if fresh and out.exists():
-        shutil.rmtree(out)
+    ``plugins.json``). ``fresh`` deletes ``out`` first, only if it is a results folder
+    (:data:`RESULTS`: one this project made); anything else is refused, untouched."""
+    if fresh:
+        try:
+            remove_folder(out, RESULTS)
+        except FolderGuardError as error:
+            raise ResultsFolderError(f"--fresh: {error}; choose another --out") from None
     saved = out / CONFIG_FILE
     if saved.exists():
         try:
@@ -121,10 +137,13 @@ def prepare_folder(out: Path, config: ReproduceConfig, fresh: bool) -> None:
                 f"{', '.join(changed)}); use --fresh to start over or "
                 "another --out"
             )
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(entry.name != MARKER for entry in out.iterdir()):
         raise ResultsFolderError(
             f"{out} is not empty and holds no {CONFIG_FILE}; choose another --out"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        claim(out, RESULTS)
+    except FolderGuardError as error:
+        raise ResultsFolderError(f"{error}") from None
     saved.write_text(dump_config(config))
     record_plugins(out)

@@ -33,10 +33,10 @@ count while training, and the ETA.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -48,6 +48,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from agentrl_jax import distributed
+from agentrl_jax.folders import SCRATCH, claim, remove_folder
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
@@ -254,7 +255,9 @@ class Reproduction:
         self.phases = Phases(self.out)
         # where this process writes an analysis' files: the folder, or (not the main
         # process) a scratch folder of its own
-        self.written = self.out if self.main else Path(tempfile.mkdtemp(prefix="agentrl-jax-"))
+        self.written = (
+            self.out if self.main else claim(tempfile.mkdtemp(prefix="agentrl-jax-"), SCRATCH)
+        )
         self.log = log
         self.mesh = self._mesh()
         self.local_mesh = distributed.local_mesh(self.mesh)  # rollouts and evaluation
@@ -417,7 +420,8 @@ class Reproduction:
             self.bar.close()
             self.tasks.close()
             if not self.main:
-                shutil.rmtree(self.written, ignore_errors=True)
+                with contextlib.suppress(OSError):  # a scratch folder left behind is harmless
+                    remove_folder(self.written, SCRATCH)
         report = self.out / "report.md"
         self.log(
             f"reproduce: {'done' if 'report' in self.phases.done else f'stopped after {until}'} "

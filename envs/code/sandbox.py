@@ -36,18 +36,19 @@ exception and never a pass.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import tempfile
 import time
 from typing import Any, Sequence, Union
 
+from agentrl_jax.folders import FolderKind, remove_folder
 from envs.code.isolation import (
     INSIDE_SCRIPTS,
     STRICT,
@@ -232,7 +233,7 @@ def run_tests(
     if not tests:
         return []
     strict = isolation == STRICT
-    workdir = None if strict else tempfile.mkdtemp(prefix="agentrl-code-", dir=tmp_root)
+    workdir = None if strict else tempfile.mkdtemp(prefix=_WORKDIR_PREFIX, dir=tmp_root)
     uid, judge_uid = candidate_uids()
     job = dict(
         program=program,
@@ -428,6 +429,15 @@ def _signal_session(sid: int) -> int:
     return alive
 
 
+# a program's working directory: made by run_tests with this prefix, deleted after it
+_WORKDIR_PREFIX = "agentrl-code-"
+WORKDIR = FolderKind(
+    "code-workdir",
+    "program working directory",
+    layout=lambda p: p.name.startswith(_WORKDIR_PREFIX),
+)
+
+
 def _remove_tree(path: str) -> None:
     """Delete the working directory, whatever permissions the program left on it."""
     for root, dirs, _ in os.walk(path):
@@ -438,7 +448,8 @@ def _remove_tree(path: str) -> None:
                     os.chmod(directory, 0o700)
             except OSError:
                 pass
-    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        remove_folder(path, WORKDIR)
 
 
 def _verdict(test: Test, record: dict | None, missing: tuple[str, str]) -> TestResult:
