@@ -38,6 +38,9 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from agentrl_jax.errors import ConfigError
+from agentrl_jax.validation import MAX_DEVICES, Check, check_fields, integer, is_int, setting
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # a batch dimension is split over both
 
@@ -61,6 +64,15 @@ KV_CACHE_RULES: tuple[PartitionRule, ...] = (
 )
 
 
+# a mesh axis' size: a number of devices, or -1 for all those the other axes leave
+_AXIS = Check(
+    lambda v: integer(1, MAX_DEVICES).test(v) or (is_int(v) and v == -1),
+    f"-1 (all remaining devices) or an int in [1, {MAX_DEVICES}]",
+    -1,
+    MAX_DEVICES,
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
     """Mesh axis sizes; at most one may be -1, meaning "all remaining devices".
@@ -69,20 +81,16 @@ class MeshConfig:
     process's devices); the axes lay out the training devices, the rest. 0 (the default):
     rollouts share the training devices (colocated)."""
 
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
-    rollout: int = 0
+    data: int = setting(-1, _AXIS)
+    fsdp: int = setting(1, _AXIS)
+    tensor: int = setting(1, _AXIS)
+    rollout: int = setting(0, integer(0, MAX_DEVICES))
 
     def __post_init__(self) -> None:
-        if isinstance(self.rollout, bool) or not isinstance(self.rollout, int) or self.rollout < 0:
-            raise ValueError(f"MeshConfig.rollout must be an int >= 0, got {self.rollout!r}")
+        check_fields("mesh", self)
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
-        for name, size in sizes.items():
-            if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
-                raise ValueError(f"MeshConfig.{name} must be a positive int or -1, got {size!r}")
         if list(sizes.values()).count(-1) > 1:
-            raise ValueError(f"MeshConfig: at most one axis may be -1, got {sizes}")
+            raise ConfigError(f"mesh: at most one axis may be -1, got {sizes}")
 
     def resolve(self, num_devices: int) -> tuple[int, int, int]:
         """Concrete ``(data, fsdp, tensor)`` sizes for ``num_devices`` devices."""

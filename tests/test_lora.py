@@ -162,7 +162,7 @@ def test_base_dtype_and_the_merged_policy_params():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ConfigError, match=r"rl\.lora\.rank: must be an int >= 1"):
+    with pytest.raises(ConfigError, match=r"rl\.lora\.rank: must be an int in \[1, 131072\]"):
         RLConfig(lora={"rank": 0})
     with pytest.raises(ConfigError, match=r"rl\.lora\.targets: must be a non-empty list"):
         RLConfig(lora={"targets": ["qkv"]})

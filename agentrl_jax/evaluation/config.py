@@ -15,48 +15,45 @@ from agentrl_jax.rollout import RolloutConfig
 from agentrl_jax.sampling import SamplingConfig
 from agentrl_jax.validation import (
     BOOL,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_ROWS,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_TURNS,
     Check,
+    check_fields,
     integer,
     is_int,
+    is_real,
     one_of,
     optional,
     real,
+    setting,
     short_repr,
-    validate,
 )
 
-_COUNT = integer(1)
-_CHECKS: dict[str, Check] = {
-    **{
-        name: _COUNT
-        for name in (
-            "samples",
-            "k",
-            "pass_k_samples",
-            "group_size",
-            "source_samples",
-            "depth_bins",
-            "likelihood_samples",
-            "likelihood_rows_per_batch",
-            "max_response_tokens",
-            "max_context",
-        )
-    },
-    "states": integer(2),
-    "seed": integer(0),
-    "temperature": (real(0.0)[0], "a number >= 0"),
-    "top_p": (real(0.0, 1.0, lo_open=True)[0], "a number in (0, 1]"),
-    "invalid": one_of(INVALID_SCORES),
-    "enable_thinking": BOOL,
-    "tasks_per_call": optional(_COUNT),
-    "states_per_call": optional(_COUNT),
-    "diagnostic_tasks": optional(_COUNT),
-    "attention": one_of(ATTENTION_IMPLEMENTATIONS),
-    "presentation_noise": (lambda v: real(0.0, 1.0)[0](v) and v < 1, "a number in [0, 1)"),
-    "presentation_tasks": optional(_COUNT),
-    "splice_tasks": optional(_COUNT),
-    "splice_samples": _COUNT,
-}
+_SAMPLES = integer(1, MAX_SAMPLES)  # draws per task or state
+_TASKS = optional(integer(1, MAX_COUNT))  # the first N tasks or states (null: all)
+
+
+def _budgets(v) -> bool:
+    return (
+        not isinstance(v, (str, bytes))
+        and isinstance(v, Sequence)
+        and len(v) > 0
+        and all(is_int(b, 1) and b <= MAX_TURNS for b in v)
+    )
+
+
+def _depths(v) -> bool:
+    return (
+        not isinstance(v, (str, bytes))
+        and isinstance(v, Sequence)
+        and len(v) > 0
+        and all(is_real(d) and 0 < d < 1 for d in v)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,60 +68,65 @@ class EvalConfig:
     (:data:`~agentrl_jax.evaluation.state_diagnostics.INVALID_SCORES`).
     """
 
-    samples: int = 8  # trajectories per task and budget (Pass@T, Table 1)
-    k: int = 8  # k of Pass@(k, T) (paper: 8)
-    budgets: tuple[int, ...] | None = (
-        1,
-        2,
-    )  # Pass@T budgets besides the Table 1 levels (null: 1..T_max)
-    diagnostic_tasks: int | None = (
-        32  # the first N tasks for every analysis but Table 1 / Pass@T (null: all)
+    # trajectories per task and budget (Pass@T, Table 1)
+    samples: int = setting(8, _SAMPLES)
+    k: int = setting(8, _SAMPLES)  # k of Pass@(k, T) (paper: 8)
+    # Pass@T budgets besides the Table 1 levels (null: 1..T_max)
+    budgets: tuple[int, ...] | None = setting(
+        (1, 2),
+        Check(
+            lambda v: v is None or _budgets(v),
+            f"null or a non-empty list of ints in [1, {MAX_TURNS}]",
+            1,
+            MAX_TURNS,
+        ),
     )
-    pass_k_samples: int = 32  # per task at T_max for the Pass@K curve (paper: 128)
-    states: int = 256  # matched state pool per pair (paper: 512)
-    group_size: int = 8  # actions per state and policy (paper: 16)
-    source_samples: int = 4  # trajectories per task the states are drawn from
-    invalid: str = "noop"
-    depth_bins: int = 10
-    likelihood_samples: int = 4  # trajectories per task and policy for §7.4
-    likelihood_rows_per_batch: int = 16
-    temperature: float = 0.6  # evaluation decoding (paper §3)
-    top_p: float = 0.9
-    max_response_tokens: int = 256
-    max_context: int = 4096
-    enable_thinking: bool = False
-    tasks_per_call: int | None = None
-    states_per_call: int | None = None
-    attention: str = "xla"  # memory: the likelihood forward's ("blocked": no [L, L] scores)
-    seed: int = 0
+    # the first N tasks for every analysis but Table 1 / Pass@T (null: all)
+    diagnostic_tasks: int | None = setting(32, _TASKS)
+    pass_k_samples: int = setting(
+        32, _SAMPLES
+    )  # per task at T_max for the Pass@K curve (paper: 128)
+    states: int = setting(256, integer(2, MAX_COUNT))  # matched state pool per pair (paper: 512)
+    group_size: int = setting(8, _SAMPLES)  # actions per state and policy (paper: 16)
+    source_samples: int = setting(4, _SAMPLES)  # trajectories per task the states are drawn from
+    invalid: str = setting("noop", one_of(INVALID_SCORES))
+    depth_bins: int = setting(10, integer(1, MAX_TURNS))
+    likelihood_samples: int = setting(4, _SAMPLES)  # trajectories per task and policy for §7.4
+    likelihood_rows_per_batch: int = setting(16, integer(1, MAX_ROWS))
+    temperature: float = setting(0.6, real(0.0, MAX_TEMPERATURE))  # evaluation decoding (§3)
+    top_p: float = setting(0.9, real(0.0, 1.0, lo_open=True))
+    max_response_tokens: int = setting(256, integer(1, MAX_CONTEXT))
+    max_context: int = setting(4096, integer(1, MAX_CONTEXT))
+    enable_thinking: bool = setting(False, BOOL)
+    tasks_per_call: int | None = setting(None, _TASKS)
+    states_per_call: int | None = setting(None, _TASKS)
+    # memory: the likelihood forward's ("blocked": no [L, L] scores)
+    attention: str = setting("xla", one_of(ATTENTION_IMPLEMENTATIONS))
+    seed: int = setting(0, integer(0, MAX_SEED))
     # budget presentation (not in the paper, whose prompts always state the budget): every
     # policy's Pass@k with the budget shown each of these ways, at 50% and 100% of T_max, on
     # the first presentation_tasks tasks (null: all)
     presentations: tuple[str, ...] = ("exact", "hidden", "approximate")
-    presentation_noise: float = 0.25  # the approximate budget's relative error bound
-    presentation_tasks: int | None = 96
+    # the approximate budget's relative error bound
+    presentation_noise: float = setting(0.25, real(0.0, 1.0, hi_open=True))
+    presentation_tasks: int | None = setting(96, _TASKS)
     # the splice analysis: trajectories handed from one policy to another at these
     # normalised depths (the turn round(d T_max)), splice_samples per task
-    splice_depths: tuple[float, ...] = (0.25, 0.5, 0.75)
-    splice_tasks: int | None = 32
-    splice_samples: int = 4
+    splice_depths: tuple[float, ...] = setting(
+        (0.25, 0.5, 0.75),
+        Check(_depths, "a non-empty list of numbers in (0, 1)", 0.0, 1.0),
+    )
+    splice_tasks: int | None = setting(32, _TASKS)
+    splice_samples: int = setting(4, _SAMPLES)
 
     def __post_init__(self):
-        if self.budgets is not None:
-            if (
-                isinstance(self.budgets, (str, bytes))
-                or not isinstance(self.budgets, Sequence)
-                or not self.budgets
-                or not all(is_int(b, 1) for b in self.budgets)
-            ):
-                raise ConfigError(
-                    f"eval.budgets: must be null or a non-empty list of ints >= 1, "
-                    f"got {short_repr(self.budgets)}"
-                )
-            object.__setattr__(self, "budgets", tuple(sorted({int(b) for b in self.budgets})))
         self._check_presentations()
-        self._check_depths()
-        validate("eval", self, _CHECKS)
+        check_fields("eval", self)
+        if self.budgets is not None:
+            object.__setattr__(self, "budgets", tuple(sorted({int(b) for b in self.budgets})))
+        object.__setattr__(
+            self, "splice_depths", tuple(sorted({float(d) for d in self.splice_depths}))
+        )
         if self.k > self.samples:
             raise ConfigError(f"eval.k: must be <= eval.samples ({self.samples}), got {self.k}")
 
@@ -142,21 +144,6 @@ class EvalConfig:
                 f"{list(PRESENTATIONS)} holding exact (the reference), got {short_repr(value)}"
             )
         object.__setattr__(self, "presentations", tuple(value))
-
-    def _check_depths(self) -> None:
-        value = self.splice_depths
-        if (
-            isinstance(value, (str, bytes))
-            or not isinstance(value, Sequence)
-            or not value
-            or not all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in value)
-            or not all(0 < d < 1 for d in value)
-        ):
-            raise ConfigError(
-                f"eval.splice_depths: must be a non-empty list of numbers in (0, 1), got "
-                f"{short_repr(value)}"
-            )
-        object.__setattr__(self, "splice_depths", tuple(sorted({float(d) for d in value})))
 
     def analysis_tasks(self, name: str, task_ids: Sequence[int]) -> Sequence[int]:
         """The tasks analysis ``name`` plays: all of ``task_ids`` for ``table`` (Table 1 and

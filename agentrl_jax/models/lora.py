@@ -39,7 +39,17 @@ import numpy as np
 from flax import nnx
 
 from agentrl_jax.errors import ConfigError
-from agentrl_jax.validation import integer, one_of, real, short_repr, validate
+from agentrl_jax.validation import (
+    MAX_COEF,
+    MAX_WIDTH,
+    Check,
+    check_fields,
+    integer,
+    one_of,
+    real,
+    setting,
+    short_repr,
+)
 
 # The projections an adapter may target, and the Hugging Face module each lives in.
 PROJECTIONS = {
@@ -61,33 +71,40 @@ class LoraConfig:
     base weights' storage dtype in training, null: the model's own; ``bfloat16`` halves them,
     as Qwen3-8B on one GPU needs). Validated on construction, errors name ``rl.lora.<field>``."""
 
-    rank: int = 16
-    alpha: float = 32.0
-    targets: tuple[str, ...] = tuple(PROJECTIONS)
-    base_dtype: str | None = None
+    rank: int = setting(16, integer(1, MAX_WIDTH))  # also <= min(in, out): check_rank
+    alpha: float = setting(32.0, real(0.0, MAX_COEF, lo_open=True))
+    targets: tuple[str, ...] = setting(
+        tuple(PROJECTIONS),
+        Check(
+            lambda v: (
+                isinstance(v, tuple)
+                and len(v) > 0
+                and len(set(v)) == len(v)
+                and all(t in PROJECTIONS for t in v)
+            ),
+            f"a non-empty list of distinct projections from {list(PROJECTIONS)}",
+        ),
+    )
+    base_dtype: str | None = setting(None, one_of(BASE_DTYPES, nullable=True))
 
     def __post_init__(self):
         targets = self.targets
         if isinstance(targets, (list, tuple)) and all(isinstance(t, str) for t in targets):
             object.__setattr__(self, "targets", tuple(targets))
-        validate(
-            "rl.lora",
-            self,
-            {
-                "rank": integer(1),
-                "alpha": real(0.0, lo_open=True),
-                "targets": (
-                    lambda v: (
-                        isinstance(v, tuple)
-                        and len(v) > 0
-                        and len(set(v)) == len(v)
-                        and all(t in PROJECTIONS for t in v)
-                    ),
-                    f"a non-empty list of distinct projections from {list(PROJECTIONS)}",
-                ),
-                "base_dtype": one_of(BASE_DTYPES, nullable=True),
-            },
-        )
+        check_fields("rl.lora", self)
+
+    def check_rank(self, shapes: Mapping[str, tuple[int, int]]) -> None:
+        """Refuses (:class:`ConfigError` naming ``rl.lora.rank``) a rank above ``min(in,
+        out)`` of a targeted projection, ``shapes[name] = (out, in)`` (:func:`projection_shapes`;
+        each target must be a key):
+        such an adapter holds more numbers than the weight it adapts, and no more rank."""
+        bound, name = min((min(shapes[t]), t) for t in self.targets)
+        if self.rank > bound:
+            out, in_ = shapes[name]
+            raise ConfigError(
+                f"rl.lora.rank: must be <= {bound}, min(in, out) of the targeted projections "
+                f"({name} is [{out}, {in_}]), got {self.rank}"
+            )
 
     @property
     def scale(self) -> float:
@@ -147,6 +164,21 @@ def has_adapters(model: nnx.Module) -> bool:
     return getattr(getattr(model, "layers", None), "lora", None) is not None
 
 
+def projection_shapes(
+    hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int
+) -> dict[str, tuple[int, int]]:
+    """Each of :data:`PROJECTIONS`' weight shape ``(out, in)`` in a Qwen3 of these sizes."""
+    return {
+        "q_proj": (heads * head_dim, hidden),
+        "k_proj": (kv_heads * head_dim, hidden),
+        "v_proj": (kv_heads * head_dim, hidden),
+        "o_proj": (hidden, heads * head_dim),
+        "gate_proj": (intermediate, hidden),
+        "up_proj": (intermediate, hidden),
+        "down_proj": (hidden, intermediate),
+    }
+
+
 def with_adapters(model: nnx.Module, config: LoraConfig, key: jax.Array) -> nnx.Module:
     """A Qwen3 sharing ``model``'s weights (no copy; ``model`` itself is unchanged) with fresh
     adapters on ``config.targets`` (``B = 0``: it computes what ``model`` does)."""
@@ -155,6 +187,7 @@ def with_adapters(model: nnx.Module, config: LoraConfig, key: jax.Array) -> nnx.
     graphdef, state = nnx.split(model)
     adapted = nnx.merge(graphdef, state)
     shapes = {name: getattr(adapted.layers, name).get_value().shape for name in config.targets}
+    config.check_rank({name: shape[-2:] for name, shape in shapes.items()})  # before allocating
     adapted.layers.lora = LoraAdapters(shapes, config, key)
     return adapted
 

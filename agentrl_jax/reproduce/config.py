@@ -43,12 +43,13 @@ import yaml
 
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.evaluation.config import EvalConfig
+from agentrl_jax.models.lora import projection_shapes
 from agentrl_jax.reproduce.settings import ModelConfig, WarmStartConfig
 from agentrl_jax.sampling.config import EngineConfig
 from agentrl_jax.sharding import MeshConfig
-from agentrl_jax.train.config import Config, RLConfig, TaskConfig, plain_data
+from agentrl_jax.train.config import Config, RLConfig, TaskConfig
 from agentrl_jax.train.presets import declared_defaults
-from agentrl_jax.validation import short_repr
+from agentrl_jax.validation import UnreadableNumber, short_repr
 
 _SECTIONS: dict[str, type] = {
     "task": TaskConfig,
@@ -89,6 +90,17 @@ class ReproduceConfig(Config):
                 f"rl.process_reward_coef: {self.rl.process_reward_coef} weighs process rewards, "
                 "but rl.process_rewards names none (oracle or judge)"
             )
+        if self.rl.lora is not None and self.model.model_dir is None:  # a loaded model: at setup
+            m = self.model
+            self.rl.lora.check_rank(
+                projection_shapes(
+                    m.hidden_size,
+                    m.intermediate_size,
+                    m.num_attention_heads,
+                    m.num_key_value_heads,
+                    m.head_dim,
+                )
+            )
         if self.model.tokenizer_isolate and self.study.tokenizer_isolate is None:
             raise ConfigError(
                 f"model.tokenizer_isolate: the {self.task.env} environment's study "
@@ -104,13 +116,8 @@ class ReproduceConfig(Config):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (YAML/JSON), a copy; ``config_from_dict(c.to_dict()) == c``."""
-        return {
-            name: {
-                f.name: plain_data(getattr(getattr(self, name), f.name))
-                for f in dataclasses.fields(getattr(self, name))
-            }
-            for name in _SECTIONS
-        }
+        sections = self.plain_sections()
+        return {name: sections[name] for name in _SECTIONS}
 
 
 def env_defaults(env: str) -> dict[str, dict[str, Any]]:
@@ -229,12 +236,18 @@ def config_from_dict(
             message = str(error)
             raise ConfigError(
                 where.prefix(name)
-                + (message if message.startswith(f"{name}.") else f"{name}: {message}")
+                + (
+                    message
+                    if message.startswith((f"{name}.", f"{name}:"))
+                    else f"{name}: {message}"
+                )
             ) from None
     try:
         return ReproduceConfig(**built)
     except ValueError as error:
-        raise ConfigError(where.prefix("task", "eval", "engine", "model") + str(error)) from None
+        raise ConfigError(
+            where.prefix("task", "eval", "engine", "model", "rl") + str(error)
+        ) from None
 
 
 # fields of earlier versions, accepted by the structure check before migrate() moves them
@@ -258,7 +271,10 @@ class _Where:
         named = " with ".join(
             filter(
                 None,
-                [self.source, f"override {', '.join(repr(o) for o in items)}" if items else ""],
+                [
+                    self.source,
+                    f"override {', '.join(short_repr(o, 120) for o in items)}" if items else "",
+                ],
             )
         )
         return f"{named}: " if named else ""
@@ -477,7 +493,16 @@ def read_yaml(path: Path) -> Any:
 
 class _StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the
-    last silently, so a second ``rl:`` block would hide the first)."""
+    last silently, so a second ``rl:`` block would hide the first), and reads an integer too
+    long for Python (more than 4,300 decimal digits) as an
+    :class:`~agentrl_jax.validation.UnreadableNumber`, which the field it is given to refuses
+    by name (PyYAML would end in a traceback)."""
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            return UnreadableNumber(sum(c.isdigit() for c in str(node.value)))
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -494,6 +519,8 @@ class _StrictLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
 
 MAX_DEPTH = 32  # nested collections a config may hold (the deepest real one: 5)
 

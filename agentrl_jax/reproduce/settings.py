@@ -10,7 +10,24 @@ from __future__ import annotations
 import dataclasses
 
 from agentrl_jax.errors import ConfigError
-from agentrl_jax.validation import BOOL, integer, one_of, real, validate
+from agentrl_jax.validation import (
+    BOOL,
+    MAX_COUNT,
+    MAX_LAYERS,
+    MAX_RATE,
+    MAX_ROWS,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    Check,
+    check_fields,
+    integer,
+    one_of,
+    real,
+    setting,
+)
 
 DTYPES = ("float32", "bfloat16")
 
@@ -24,39 +41,28 @@ class ModelConfig:
     (:attr:`agentrl_jax.reproduce.studies.Study.tokenizer_isolate`; FrozenLake: every grid cell) as
     tokens of their own instead of merging them with their neighbours."""
 
-    model_dir: str | None = None
-    hidden_size: int = 64
-    intermediate_size: int = 192
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 16
-    tokenizer_vocab: int = 768
-    tokenizer_isolate: bool = False
-    dtype: str = "float32"  # compute dtype (parameters stay float32)
-    seed: int = 0
+    model_dir: str | None = setting(
+        None, Check(lambda v: v is None or (isinstance(v, str) and v != ""), "null or a path")
+    )
+    hidden_size: int = setting(64, integer(2, MAX_WIDTH))
+    intermediate_size: int = setting(192, integer(1, MAX_WIDTH))
+    num_hidden_layers: int = setting(2, integer(1, MAX_LAYERS))
+    num_attention_heads: int = setting(4, integer(1, MAX_LAYERS))
+    num_key_value_heads: int = setting(2, integer(1, MAX_LAYERS))
+    head_dim: int = setting(
+        16,
+        Check(
+            lambda v: integer(2, 1024).test(v) and v % 2 == 0, "an even int in [2, 1024]", 2, 1024
+        ),
+    )
+    # a byte-level BPE: its 256 bytes and special tokens, then merges
+    tokenizer_vocab: int = setting(768, integer(261, MAX_VOCAB))
+    tokenizer_isolate: bool = setting(False, BOOL)
+    dtype: str = setting("float32", one_of(DTYPES))  # compute dtype (parameters stay float32)
+    seed: int = setting(0, integer(0, MAX_SEED))
 
     def __post_init__(self):
-        validate(
-            "model",
-            self,
-            {
-                "model_dir": (
-                    lambda v: v is None or (isinstance(v, str) and v != ""),
-                    "null or a path",
-                ),
-                "hidden_size": integer(2),
-                "intermediate_size": integer(1),
-                "num_hidden_layers": integer(1),
-                "num_attention_heads": integer(1),
-                "num_key_value_heads": integer(1),
-                "head_dim": (lambda v: integer(2)[0](v) and v % 2 == 0, "an even int >= 2"),
-                "tokenizer_vocab": integer(261),
-                "tokenizer_isolate": BOOL,
-                "dtype": one_of(DTYPES),
-                "seed": integer(0),
-            },
-        )
+        check_fields("model", self)
         if self.tokenizer_isolate and self.model_dir is not None:
             raise ConfigError(
                 "model.tokenizer_isolate: only for the tokenizer built from the task's "
@@ -81,31 +87,17 @@ class WarmStartConfig:
     Qwen3).
     """
 
-    enabled: bool = True
-    demo_tasks: int = 256  # training tasks demonstrated (the first ones)
-    demos_per_task: int = 4
-    mistake_rate: float = 0.25
-    epochs: int = 3
-    batch_size: int = 32
-    learning_rate: float = 3e-3
-    weight_decay: float = 0.01
-    group_by_length: bool = False  # batch demos of similar lengths, each batch at its own width
-    seed: int = 0
+    enabled: bool = setting(True, BOOL)
+    demo_tasks: int = setting(256, integer(1, MAX_COUNT))  # training tasks demonstrated (the first)
+    demos_per_task: int = setting(4, integer(1, MAX_SAMPLES))
+    mistake_rate: float = setting(0.25, real(0.0, 1.0))
+    epochs: int = setting(3, integer(1, MAX_STEPS))
+    batch_size: int = setting(32, integer(1, MAX_ROWS))
+    learning_rate: float = setting(3e-3, real(0.0, MAX_RATE, lo_open=True))
+    weight_decay: float = setting(0.01, real(0.0, MAX_RATE))
+    # batch demos of similar lengths, each batch at its own width
+    group_by_length: bool = setting(False, BOOL)
+    seed: int = setting(0, integer(0, MAX_SEED))
 
     def __post_init__(self):
-        validate(
-            "warm_start",
-            self,
-            {
-                "enabled": BOOL,
-                "group_by_length": BOOL,
-                "demo_tasks": integer(1),
-                "demos_per_task": integer(1),
-                "mistake_rate": real(0.0, 1.0),
-                "epochs": integer(1),
-                "batch_size": integer(1),
-                "learning_rate": real(0.0, lo_open=True),
-                "weight_decay": real(0.0),
-                "seed": integer(0),
-            },
-        )
+        check_fields("warm_start", self)

@@ -22,7 +22,15 @@ import dataclasses
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.sampling.sampler import Paging
 from agentrl_jax.sharding import GENERATION_LAYOUTS
-from agentrl_jax.validation import integer, one_of, optional, validate
+from agentrl_jax.validation import (
+    MAX_CONTEXT,
+    MAX_TOKENS,
+    check_fields,
+    integer,
+    one_of,
+    optional,
+    setting,
+)
 
 KV_CACHE_DTYPES = ("float32", "bfloat16")
 KV_PAGE_SIZE = 16  # the page size the reproduction and the evaluation use by default
@@ -32,24 +40,15 @@ KV_PAGE_SIZE = 16  # the page size the reproduction and the evaluation use by de
 class EngineConfig:
     """The sampling engine (module docstring), validated on construction."""
 
-    kv_cache_dtype: str | None = None
-    prefill_chunk: int | None = None
-    kv_page_size: int | None = KV_PAGE_SIZE
-    kv_pages: int | None = None
-    generation_layout: str = "auto"
+    kv_cache_dtype: str | None = setting(None, one_of(KV_CACHE_DTYPES, nullable=True))
+    prefill_chunk: int | None = setting(None, optional(integer(1, MAX_CONTEXT)))
+    kv_page_size: int | None = setting(KV_PAGE_SIZE, optional(integer(1, MAX_CONTEXT)))
+    # pages of the pool: at most one per token of MAX_TOKENS' rows x context
+    kv_pages: int | None = setting(None, optional(integer(1, MAX_TOKENS)))
+    generation_layout: str = setting("auto", one_of(GENERATION_LAYOUTS))
 
     def __post_init__(self):
-        validate(
-            "engine",
-            self,
-            {
-                "kv_cache_dtype": one_of(KV_CACHE_DTYPES, nullable=True),
-                "prefill_chunk": optional(integer(1)),
-                "kv_page_size": optional(integer(1)),
-                "kv_pages": optional(integer(1)),
-                "generation_layout": one_of(GENERATION_LAYOUTS),
-            },
-        )
+        check_fields("engine", self)
         if self.kv_pages is not None and self.kv_page_size is None:
             raise ConfigError(
                 f"engine.kv_pages: a pool of {self.kv_pages} pages needs the paged KV cache "

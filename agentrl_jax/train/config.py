@@ -66,14 +66,30 @@ from agentrl_jax.train.presets import (
 from agentrl_jax.train.scoring import Forward
 from agentrl_jax.validation import (
     BOOL,
+    MAX_COEF,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_RATE,
+    MAX_ROWS,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_STALENESS,
+    MAX_STEPS,
+    MAX_TEMPERATURE,
+    MAX_TOKENS,
+    MAX_TURNS,
+    MAX_VOCAB,
+    SAFE_DIGITS,
+    Check,
+    check_fields,
     freeze,
     integer,
-    is_int,
-    is_real,
     one_of,
     optional,
     real,
+    setting,
     short_repr,
+    unprintable,
     validate,
 )
 
@@ -81,7 +97,9 @@ SCORING = ("model", "sampling")
 TENSORBOARD = ("auto", True, False)
 PROCESS_REWARDS = ("oracle", "judge")
 # Table 1's 25% level, (25 T_max) // 100, must be a budget of at least one turn.
-_T_MAX = (lambda v: is_int(v, 4), "an int >= 4 (the 25% budget level must be >= 1 turn)")
+_T_MAX = integer(4, MAX_TURNS)._replace(
+    expect=f"an int in [4, {MAX_TURNS}] (the 25% budget level must be >= 1 turn)"
+)
 
 
 def plain_data(value: Any) -> Any:
@@ -114,36 +132,35 @@ class TaskConfig:
     ``max_context`` bound a response and a conversation, in tokens.
     """
 
-    env: str = "frozenlake"
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    t_max: int = 12  # largest budget (paper §2: 70 on 8x8 FrozenLake, 10 SQL)
-    train_tasks: int = 512
-    eval_tasks: int = 288  # held-out tasks: Table 1's Pass@8 cells within +-5.8 pt (95%)
-    seed: int = 0
-    max_response_tokens: int = 8  # most tokens of one response (a FrozenLake answer is 3 + stop)
-    max_context: int = 384  # tokens of context per trajectory (T_max 12 needs ~310)
+    env: str = setting(
+        "frozenlake",
+        Check(lambda v: isinstance(v, str) and v != "", "a registered environment's name"),
+    )
+    options: Mapping[str, Any] = setting(
+        check=Check(lambda v: isinstance(v, Mapping), "a mapping of the environment's options"),
+        default_factory=dict,
+    )
+    t_max: int = setting(12, _T_MAX)  # largest budget (paper §2: 70 on 8x8 FrozenLake, 10 SQL)
+    train_tasks: int = setting(512, integer(1, MAX_COUNT))
+    # held-out tasks: Table 1's Pass@8 cells within +-5.8 pt (95%)
+    eval_tasks: int = setting(288, integer(1, MAX_COUNT))
+    seed: int = setting(0, integer(0, MAX_SEED))
+    # most tokens of one response (a FrozenLake answer is 3 + stop)
+    max_response_tokens: int = setting(8, integer(1, MAX_CONTEXT))
+    # tokens of context per trajectory (T_max 12 needs ~310)
+    max_context: int = setting(384, integer(16, MAX_CONTEXT))
 
     def __post_init__(self):
-        validate(
-            "task",
-            self,
-            {
-                "env": (
-                    lambda v: isinstance(v, str) and v != "",
-                    "a registered environment's name",
-                ),
-                "options": (
-                    lambda v: isinstance(v, Mapping),
-                    "a mapping of the environment's options",
-                ),
-                "t_max": _T_MAX,
-                "train_tasks": integer(1),
-                "eval_tasks": integer(1),
-                "seed": integer(0),
-                "max_response_tokens": integer(1),
-                "max_context": integer(16),
-            },
-        )
+        check_fields("task", self)
+        for field, value in (
+            ("t_max", self.t_max),
+            ("max_response_tokens", self.max_response_tokens),
+        ):
+            if value > self.max_context:  # every turn takes at least one token of the context
+                raise ConfigError(
+                    f"task.{field}: must be <= task.max_context ({self.max_context}): every "
+                    f"turn takes at least one token of the context, got {value}"
+                )
         import envs  # noqa: PLC0415 (the registry; plugins may have added to it)
 
         try:
@@ -254,42 +271,59 @@ class RLConfig:
     runs: tuple[Any, ...] = ("grpo",)
     preset_params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     algorithm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    steps: int = 100
-    tasks_per_step: int = 8
-    group_size: int = 16  # G (paper §4: 16)
-    temperature: float = 1.0  # rollout temperature (paper §4: 1.0)
-    top_k: int = 0
-    top_p: float = 1.0
-    scoring: str = "model"
-    max_rows_per_call: int | None = None
-    refill: bool = False
-    learning_rate: float = 1e-6  # paper §4
-    weight_decay: float = 0.01  # paper §4
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-8
-    max_grad_norm: float | None = 1.0
-    critic_learning_rate: float = 1e-5  # paper §4 (PPO)
-    critic_weight_decay: float = 0.01
-    epochs: int = 1
-    mini_batches: int = 1
-    num_micro_batches: int = 1
-    process_rewards: str | None = None
-    process_reward_coef: float = 0.0
-    judge_model_dir: str | None = None
-    remat: str | None = None
-    attention: str = "xla"
-    logits_chunk: int = 512
-    max_staleness: int = 0
-    off_policy_cap: float = 2.0
-    checkpoint_every: int = 10
-    checkpoint_keep: int = 2
-    seed: int = 0
-    tensorboard: str | bool = "auto"
-    wandb_project: str | None = None
+    steps: int = setting(100, integer(1, MAX_STEPS))
+    tasks_per_step: int = setting(8, integer(1, MAX_ROWS))
+    group_size: int = setting(16, integer(2, MAX_SAMPLES))  # G (paper §4: 16)
+    # rollout temperature (paper §4: 1.0)
+    temperature: float = setting(
+        1.0,
+        real(0.0, MAX_TEMPERATURE, lo_open=True)._replace(
+            expect=f"a number in (0, {MAX_TEMPERATURE:g}] (greedy rollouts have no "
+            "distribution to score under)"
+        ),
+    )
+    top_k: int = setting(
+        0, integer(0, MAX_VOCAB)._replace(expect=f"an int in [0, {MAX_VOCAB}] (0: off)")
+    )
+    top_p: float = setting(1.0, real(0.0, 1.0, lo_open=True))
+    scoring: str = setting("model", one_of(SCORING))
+    max_rows_per_call: int | None = setting(None, optional(integer(1, MAX_ROWS)))
+    refill: bool = setting(False, BOOL)
+    learning_rate: float = setting(1e-6, real(0.0, MAX_RATE, lo_open=True))  # paper §4
+    weight_decay: float = setting(0.01, real(0.0, MAX_RATE))  # paper §4
+    adam_b1: float = setting(0.9, real(0.0, 1.0, hi_open=True))
+    adam_b2: float = setting(0.999, real(0.0, 1.0, hi_open=True))
+    adam_eps: float = setting(1e-8, real(0.0, 1.0, lo_open=True))
+    max_grad_norm: float | None = setting(1.0, optional(real(0.0, MAX_COEF, lo_open=True)))
+    critic_learning_rate: float = setting(1e-5, real(0.0, MAX_RATE, lo_open=True))  # paper §4
+    critic_weight_decay: float = setting(0.01, real(0.0, MAX_RATE))
+    epochs: int = setting(1, integer(1, MAX_STEPS))
+    mini_batches: int = setting(1, integer(1, MAX_ROWS))
+    num_micro_batches: int = setting(1, integer(1, MAX_ROWS))
+    process_rewards: str | None = setting(None, one_of(PROCESS_REWARDS, nullable=True))
+    process_reward_coef: float = setting(0.0, real(0.0, MAX_COEF))
+    judge_model_dir: str | None = setting(
+        None, Check(lambda v: v is None or (isinstance(v, str) and v != ""), "null or a path")
+    )
+    remat: str | None = setting(None, one_of(REMAT_POLICIES, nullable=True))
+    attention: str = setting("xla", one_of(ATTENTION_IMPLEMENTATIONS))
+    logits_chunk: int = setting(512, integer(1, MAX_CONTEXT))
+    max_staleness: int = setting(0, integer(0, MAX_STALENESS))
+    off_policy_cap: float = setting(2.0, real(0.0, MAX_COEF, lo_open=True))
+    checkpoint_every: int = setting(10, integer(1, MAX_STEPS))
+    checkpoint_keep: int = setting(2, integer(1, 1000))
+    seed: int = setting(0, integer(0, MAX_SEED))
+    tensorboard: str | bool = setting("auto", one_of(TENSORBOARD))
+    wandb_project: str | None = setting(
+        None,
+        Check(
+            lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+            "null or a W&B project name",
+        ),
+    )
     lora: LoraConfig | None = None
-    packing: bool = False
-    history_window: int | None = None
+    packing: bool = setting(False, BOOL)
+    history_window: int | None = setting(None, optional(integer(1, MAX_TURNS)))
 
     def __post_init__(self):
         object.__setattr__(self, "lora", LoraConfig.from_value(self.lora))
@@ -308,57 +342,7 @@ class RLConfig:
             "preset_params",
             freeze(check_preset_params("rl.preset_params", self.preset_params)),
         )
-        positive = real(0.0, lo_open=True)
-        validate(
-            "rl",
-            self,
-            {
-                "steps": integer(1),
-                "tasks_per_step": integer(1),
-                "group_size": integer(2),
-                "temperature": (
-                    positive[0],
-                    "a finite number > 0 (greedy rollouts have no distribution to score under)",
-                ),
-                "top_k": (lambda v: is_int(v, 0), "an int >= 0 (0: off)"),
-                "top_p": real(0.0, 1.0, lo_open=True),
-                "scoring": one_of(SCORING),
-                "max_rows_per_call": optional(integer(1)),
-                "refill": BOOL,
-                "learning_rate": positive,
-                "weight_decay": real(0.0),
-                "adam_b1": (lambda v: is_real(v) and 0 <= v < 1, "a number in [0, 1)"),
-                "adam_b2": (lambda v: is_real(v) and 0 <= v < 1, "a number in [0, 1)"),
-                "adam_eps": positive,
-                "max_grad_norm": optional(positive),
-                "critic_learning_rate": positive,
-                "critic_weight_decay": real(0.0),
-                "epochs": integer(1),
-                "mini_batches": integer(1),
-                "num_micro_batches": integer(1),
-                "process_rewards": one_of(PROCESS_REWARDS, nullable=True),
-                "process_reward_coef": real(0.0),
-                "judge_model_dir": (
-                    lambda v: v is None or (isinstance(v, str) and v != ""),
-                    "null or a path",
-                ),
-                "remat": one_of(REMAT_POLICIES, nullable=True),
-                "attention": one_of(ATTENTION_IMPLEMENTATIONS),
-                "logits_chunk": integer(1),
-                "packing": BOOL,
-                "history_window": optional(integer(1)),
-                "max_staleness": integer(0),
-                "off_policy_cap": positive,
-                "checkpoint_every": integer(1),
-                "checkpoint_keep": integer(1),
-                "seed": integer(0, 2**32 - 1),
-                "tensorboard": one_of(TENSORBOARD),
-                "wandb_project": (
-                    lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
-                    "null or a W&B project name",
-                ),
-            },
-        )
+        check_fields("rl", self)
         rows = self.tasks_per_step * self.group_size
         if rows % self.mini_batches:
             raise ConfigError(
@@ -484,12 +468,36 @@ class Config:
                 raise ConfigError(
                     f"{f.name}: must be a {SECTIONS[f.name].__name__}, got {short_repr(value)}"
                 )
+        found = unprintable(self.plain_sections())
+        if found is not None:
+            raise ConfigError(
+                f"{found}: a NaN or an integer too long to print ({SAFE_DIGITS:,}+ digits) is "
+                "no setting's value"
+            )
+        rows = self.rl.tasks_per_step * self.rl.group_size
+        if rows * self.task.max_context > MAX_TOKENS:
+            raise ConfigError(
+                f"rl.tasks_per_step: a step's rows (tasks_per_step x group_size = {rows:,}) "
+                f"times task.max_context ({self.task.max_context:,}) is "
+                f"{rows * self.task.max_context:,} tokens, more than one batch can index "
+                f"({MAX_TOKENS:,}, int32); lower tasks_per_step, group_size or max_context"
+            )
         if self.mesh.tensor > 1 and self.engine.kv_page_size is not None:
             raise ConfigError(
                 f"engine.kv_page_size: the paged KV cache splits rows over the data and fsdp "
                 f"axes only, and mesh.tensor is {self.mesh.tensor}; set engine.kv_page_size "
                 "to null (the static cache) or tensor to 1"
             )
+
+    def plain_sections(self) -> dict[str, dict[str, Any]]:
+        """Every section as plain data (``{section: {field: value}}``, what YAML holds)."""
+        return {
+            f.name: {
+                g.name: plain_data(getattr(getattr(self, f.name), g.name))
+                for g in dataclasses.fields(getattr(self, f.name))
+            }
+            for f in dataclasses.fields(self)
+        }
 
 
 SECTIONS: dict[str, type] = {
