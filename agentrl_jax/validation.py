@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import typing
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from agentrl_jax.errors import ConfigError
@@ -148,6 +149,24 @@ def declared_range(field: dataclasses.Field) -> tuple[float, float] | None:
     if check is None or check.lo is None or check.hi is None:
         return None
     return check.lo, check.hi
+
+
+def numeric_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of dataclass ``cls`` that hold a number or numbers (an int or a float,
+    optional or in a tuple; not a bool): those that must declare a range."""
+
+    def holds_numbers(hint: Any) -> bool:
+        if hint in (int, float):
+            return True
+        return any(holds_numbers(a) for a in typing.get_args(hint) if a is not Ellipsis)
+
+    hints = typing.get_type_hints(cls)
+    return [f for f in dataclasses.fields(cls) if holds_numbers(hints[f.name])]
+
+
+def undeclared_ranges(cls: type) -> list[str]:
+    """The numeric fields of ``cls`` (:func:`numeric_fields`) declaring no ``[lo, hi]``."""
+    return [f.name for f in numeric_fields(cls) if declared_range(f) is None]
 
 
 def check_fields(prefix: str, obj: Any) -> None:

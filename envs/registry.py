@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
+from agentrl_jax.validation import undeclared_ranges
 from envs.protocol import EnvEntry, EnvOptionError, EnvTasks
 
 _REGISTRY: dict[str, EnvEntry] = {}
@@ -63,6 +64,13 @@ def register(
         raise EnvOptionError(f"envs.register({name!r}): the factory must be callable")
     if option_type is not None and not dataclasses.is_dataclass(option_type):
         raise EnvOptionError(f"envs.register({name!r}): option_type must be a dataclass")
+    undeclared = [] if option_type is None else undeclared_ranges(option_type)
+    if undeclared:
+        raise EnvOptionError(
+            f"envs.register({name!r}): option_type's numeric options must declare their range "
+            f"(agentrl_jax.validation.setting(default, integer(lo, hi)) or real(lo, hi)); "
+            f"{', '.join(undeclared)} do not"
+        )
     entry = EnvEntry(name, factory, label, max_response_tokens, max_context, lanes, option_type)
     _REGISTRY[name] = entry
     return entry

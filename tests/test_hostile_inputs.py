@@ -32,7 +32,7 @@ from agentrl_jax.models.lora import LoraConfig
 from agentrl_jax.reproduce.config import _SECTIONS, config_from_dict, default_config, load_config
 from agentrl_jax.reproduce.folder import RESULTS
 from agentrl_jax.train.config import Config, TaskConfig
-from agentrl_jax.validation import MAX_TOKENS, declared_range
+from agentrl_jax.validation import MAX_TOKENS, declared_range, numeric_fields, real, setting
 
 # ---------------------------------------------------------------- one guarded way to delete
 
@@ -170,25 +170,8 @@ _CLASSES = {
 }
 
 
-def _numeric(cls: type, field: dataclasses.Field) -> bool:
-    """Whether ``field`` holds a number or numbers (ints or floats, not bools)."""
-    hint = typing.get_type_hints(cls)[field.name]
-
-    def numbers(t) -> bool:
-        if t in (int, float):
-            return True
-        return any(numbers(a) for a in typing.get_args(t) if a is not Ellipsis)
-
-    return numbers(hint)
-
-
 def _numeric_fields():
-    return [
-        (section, cls, f)
-        for section, cls in _CLASSES.items()
-        for f in dataclasses.fields(cls)
-        if _numeric(cls, f)
-    ]
+    return [(section, cls, f) for section, cls in _CLASSES.items() for f in numeric_fields(cls)]
 
 
 def test_every_numeric_field_declares_its_range():
@@ -202,6 +185,24 @@ def test_every_numeric_field_declares_its_range():
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         values = default if isinstance(default, tuple) else (default,)
         assert all(v is None or lo <= v <= hi for v in values), (section, f.name, default)
+
+
+def test_an_environment_option_without_a_range_cannot_be_registered():
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        size: int = 4  # no range: refused
+        rate: float = setting(0.5, real(0.0, 1.0))
+
+    with pytest.raises(envs.EnvOptionError, match=r"numeric options must declare .*; size do"):
+        envs.register(
+            "ranged",
+            lambda **_: None,
+            label="R",
+            max_response_tokens=1,
+            max_context=16,
+            option_type=Options,
+        )
+    assert "ranged" not in envs.names()
 
 
 def _hostile(lo: float, hi: float, integral: bool) -> list[tuple[str, str]]:
