@@ -21,6 +21,12 @@ Two kinds of environment satisfy the protocol:
 The environment never sees the turn budget: the rollout owns the budget, states it in the
 prompt (paper §6), and ends a row after ``B`` turns with reward 0 unless it succeeded.
 
+Every observation has a character budget: an environment declares ``max_observation_chars``
+(default :data:`DEFAULT_OBSERVATION_CHARS`; read by :func:`observation_budget`), and the rollout
+cuts each observation to it before it becomes tokens (:func:`cut_observation`), saying in the
+text how much was cut. An environment should shape its own texts to fit (the SQL environment's
+result table does); the cut is the backstop that holds for any environment.
+
 The registry's types live here too (:mod:`envs.registry` keeps the names): an
 :class:`EnvEntry` is a registered environment (its factory and what the rollout must know
 of its texts), and a factory returns :class:`EnvTasks`, an environment over its tasks.
@@ -78,7 +84,11 @@ class TurnResult:
 
 
 class TextEnv(Protocol):
-    """What the rollout calls. ``t_max`` is the paper's largest budget for the environment."""
+    """What the rollout calls. ``t_max`` is the paper's largest budget for the environment.
+
+    An environment may also declare ``max_observation_chars``, the most characters of one
+    observation the rollout shows (:func:`observation_budget`; the module docstring).
+    """
 
     name: str
     t_max: int
@@ -97,6 +107,50 @@ class TextEnv(Protocol):
         self, state: Any, responses: Sequence[str], live: np.ndarray
     ) -> tuple[Any, TurnResult]:
         """Parse and play ``responses`` for rows where ``live``; others stay as they are."""
+
+
+# Characters of one observation the rollout shows where an environment declares no budget: about
+# 4,000 tokens at ~4 characters a token, a quarter of the 16,384-token context the built-in
+# environments other than SQL run with.
+DEFAULT_OBSERVATION_CHARS = 16_000
+# The smallest budget an environment may declare: room for the note that says what was cut.
+MIN_OBSERVATION_CHARS = 100
+
+
+def observation_budget(env: Any) -> int:
+    """The most characters of one observation of ``env`` the rollout shows: its
+    ``max_observation_chars`` where it declares one, else :data:`DEFAULT_OBSERVATION_CHARS`.
+
+    Raises ``ValueError`` naming the environment if the declared value is not an int
+    >= :data:`MIN_OBSERVATION_CHARS`.
+    """
+    budget = getattr(env, "max_observation_chars", DEFAULT_OBSERVATION_CHARS)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < MIN_OBSERVATION_CHARS:
+        name = getattr(env, "name", type(env).__name__)
+        raise ValueError(
+            f"environment {name!r}: max_observation_chars must be an int >= "
+            f"{MIN_OBSERVATION_CHARS}, got {budget!r}"
+        )
+    return budget
+
+
+def _cut_note(count: int) -> str:
+    return f"\n... [observation cut: {count:,} more characters]"
+
+
+def cut_observation(text: str, max_chars: int) -> str:
+    """``text`` if it has at most ``max_chars`` characters, else its head and a note stating how
+    many characters were cut (``"... [observation cut: 123,456 more characters]"``), the whole
+    at most ``max_chars`` characters long (``max_chars`` >= :data:`MIN_OBSERVATION_CHARS`)."""
+    if max_chars < MIN_OBSERVATION_CHARS:
+        raise ValueError(
+            f"cut_observation: max_chars must be >= {MIN_OBSERVATION_CHARS}, got {max_chars}"
+        )
+    if len(text) <= max_chars:
+        return text
+    # The note for len(text) is at least as long as the note for the count actually cut.
+    keep = max_chars - len(_cut_note(len(text)))
+    return text[:keep] + _cut_note(len(text) - keep)
 
 
 def text_key(*parts: object) -> int:
@@ -130,6 +184,7 @@ class PythonEnv(abc.ABC):
 
     name: str = "python-env"
     t_max: int = 10
+    max_observation_chars: int = DEFAULT_OBSERVATION_CHARS
 
     @abc.abstractmethod
     def instructions(self) -> str: ...
@@ -176,6 +231,7 @@ class PythonTextEnv:
             raise ValueError(f"step_timeout_s must be > 0, got {step_timeout_s}")
         self.env = env
         self.name, self.t_max = env.name, env.t_max
+        self.max_observation_chars = observation_budget(env)
         self.step_timeout_s = step_timeout_s
         self.workers = workers
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=env.name)

@@ -20,7 +20,7 @@ from agentrl_jax.rollout.record import Play, Record, gather_rows, host_array
 from agentrl_jax.rollout.seating import Seats, lane_seats, row_keys, row_parts
 from agentrl_jax.sampling import Policy, PolicySettings, Responses, SamplerPolicy
 from agentrl_jax.trajectory import Trajectory
-from envs.protocol import TextEnv, TurnResult
+from envs.protocol import TextEnv, TurnResult, cut_observation, observation_budget
 
 
 class MultiTurnRollout:
@@ -39,6 +39,8 @@ class MultiTurnRollout:
         self.env, self.tokenizer, self.config = env, tokenizer, config
         self.chat = ChatTokens(tokenizer, enable_thinking=config.enable_thinking)
         self.instructions = env.instructions()
+        # Each observation is cut to the environment's budget before it becomes tokens.
+        self.observation_chars = observation_budget(env)
         # T of the record: room for every budget this configuration can draw.
         self.num_turns = config.budget if config.budget is not None else env.t_max
         self.settings = PolicySettings(
@@ -134,6 +136,7 @@ class MultiTurnRollout:
         env_seed = int(jax.random.randint(key_env, (), 0, np.iinfo(np.int32).max))
         with timer("env"):
             env_state, observations = self.env.reset(row_task, env_seed)
+        observations = [cut_observation(o, self.observation_chars) for o in observations]
 
         length = cfg.record_length
         rec = Record(rows, length, self.num_turns)
@@ -413,7 +416,7 @@ class MultiTurnRollout:
         for r in np.flatnonzero(going):
             close = tuple(self.chat.close_response(out.tokens[r, : out.lengths[r]].tolist()))
             user = cfg.prompt.turn_text(
-                result.observations[r],
+                cut_observation(result.observations[r], self.observation_chars),
                 int(budget[r]),
                 int(turn[r]) + 1,
                 None if shown is None else int(shown[r]),

@@ -131,6 +131,10 @@ class BfclEnv(PythonEnv):
 
     name = "bfcl"
     t_max = 24
+    # The observation budget (envs.protocol.observation_budget): the first message lists every
+    # function as JSON, up to 28,815 characters in bfcl-eval's four multi-turn categories, so
+    # the default (16,000) would cut it; 40,000 characters fit its 16,384-token context.
+    max_observation_chars = 40_000
 
     def __init__(
         self, config: BfclConfig | None = None, *, tasks: Sequence[data.BfclTask] | None = None

@@ -11,11 +11,24 @@ Comparison rules
   significant digits, and one with an integral value equals that INTEGER (``COUNT(*)``
   equals ``COUNT(*) * 1.0``; ``0.1 + 0.2`` equals ``0.3``). TEXT is compared exactly (case
   and spaces count) and never equals a number (``'1'`` is not ``1``); BLOBs byte for byte.
+
+Judging by digest
+-----------------
+The SQL worker process answers with only as much of a result as fits its byte cap
+(:mod:`envs.sql.query_worker`), so the environment judges a submission on digests the worker
+computes over the whole result (:func:`result_digests`): two results match under the rules
+above exactly when their digests for the gold query's order rule are equal (SHA-256 of each
+normalised row's ``repr``, in order or sorted; a collision is the only way to differ).
+:func:`results_match` is the same rule on rows in hand.
+
+This module imports only the standard library: the worker process, which runs with ``-I -S``,
+loads it from its file.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import math
 import re
 from typing import Any, Sequence
@@ -88,3 +101,30 @@ def results_match(
     if ordered:
         return gold == mine
     return collections.Counter(gold) == collections.Counter(mine)
+
+
+def row_key(row: Sequence[Any]) -> bytes:
+    """The 32-byte key of one row in the form compared: two rows have equal keys exactly when
+    they compare equal (``repr`` of the normalised tuple tells apart every pair of normalised
+    values that differ: ``1`` and ``'1'``, ``b'a'`` and ``'a'``; an integral REAL is an int)."""
+    values = tuple(row)
+    if float in map(type, values):  # only REALs change (a C-speed test: results can be wide)
+        values = tuple(map(normalise_value, values))
+    return hashlib.sha256(repr(values).encode("utf-8", "surrogatepass")).digest()
+
+
+def result_digests(rows: Sequence[Sequence[Any]]) -> dict[str, str]:
+    """``{"ordered": hex, "unordered": hex}``: SHA-256 of ``rows``' keys (:func:`row_key`) in
+    their order, and sorted (a multiset: each row as many times as it occurs). For any results
+    ``a`` and ``b``, ``results_match(a, b, ordered)`` equals
+    ``result_digests(a)[k] == result_digests(b)[k]`` with ``k`` the order rule's name."""
+    keys = [row_key(row) for row in rows]
+    return {
+        "ordered": hashlib.sha256(b"".join(keys)).hexdigest(),
+        "unordered": hashlib.sha256(b"".join(sorted(keys))).hexdigest(),
+    }
+
+
+def digest_rule(ordered: bool) -> str:
+    """The name of the digest (:func:`result_digests`) an ``ordered`` gold result is judged on."""
+    return "ordered" if ordered else "unordered"

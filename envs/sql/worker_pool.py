@@ -15,6 +15,12 @@ each have a process of their own, and a query costs a pipe round trip; a start c
 interpreter start-up (``python -I -S``, stdlib only: tens of milliseconds), paid before the
 query's clock starts.
 
+A worker's answer is one line of at most the request's byte cap
+(:func:`~envs.sql.query_worker.response_cap`; the worker leaves out what does not fit and says
+so): the caller reads at most that many bytes of it, and a longer line is an error, never
+decoded, so a query cannot grow this process by more than about the cap (and the objects
+decoded from it), whatever its result.
+
 Workers run with ``-I`` (no environment variables, user site or working directory on the path)
 and an address-space cap (``memory_bytes``). They exit when their stdin closes, so they do not
 outlive this process; :func:`shutdown` (registered with ``atexit``) kills any that are left.
@@ -69,10 +75,11 @@ class _Worker:
         self.process.stdin.write(json.dumps(request, ensure_ascii=True).encode("ascii") + b"\n")
 
     def read_line(self, deadline: float, max_bytes: int) -> bytes | None:
-        """The next line written, or None once ``deadline`` (monotonic) passes.
+        """The next line written (at most ``max_bytes`` bytes before its newline), or None once
+        ``deadline`` (monotonic) passes. Reads at most ``max_bytes + 1`` bytes.
 
         Raises ``EOFError`` if the process closed its output (it died) and ``OverflowError``
-        if the line grows past ``max_bytes``.
+        if the line is longer than ``max_bytes``.
         """
         fd = self.process.stdout.fileno()
         poller = select.poll()
@@ -84,7 +91,7 @@ class _Worker:
                 return None
             if not poller.poll(max(1, int(remaining * 1000) + 1)):
                 continue
-            chunk = os.read(fd, _READ_CHUNK)
+            chunk = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - len(buffer)))
             if not chunk:
                 raise EOFError
             start = len(buffer)
@@ -154,10 +161,9 @@ class WorkerPool:
         if worker is None:
             return {"error": f"the query could not run: {failure}", "timed_out": False}
         timeout_s = float(request["timeout_s"])
+        cap = query_worker.response_cap(request)
         try:
-            line = worker.read_line(
-                time.monotonic() + timeout_s + GRACE_S, query_worker.MAX_RESPONSE_BYTES + 1024
-            )
+            line = worker.read_line(time.monotonic() + timeout_s + GRACE_S, cap)
         except EOFError:
             self._drop(worker)  # reaps it, so its exit status is known
             return {
@@ -165,9 +171,12 @@ class WorkerPool:
                 f"{worker.process.returncode})",
                 "timed_out": False,
             }
-        except OverflowError:
+        except OverflowError:  # the worker broke its cap: nothing past the cap was read
             self._drop(worker)
-            return {"error": "the result is too large to return", "timed_out": False}
+            return {
+                "error": f"the database worker's answer was longer than its {cap:,}-byte cap",
+                "timed_out": False,
+            }
         if line is None:  # past the deadline: the query is stopped by killing its process
             self._drop(worker)
             return {"error": query_worker.timeout_message(timeout_s), "timed_out": True}
