@@ -38,6 +38,7 @@ from agentrl_jax.models import (
 from agentrl_jax.models.checkpoints import abstract_qwen3
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.sampling import SamplerPolicy, SamplingConfig
+from agentrl_jax.validation import short_repr
 
 MODEL_DIR_KEY = "model_dir"  # the checkpoint metadata naming the run's Hugging Face directory
 _ITEMS = ("state", "config")
@@ -197,6 +198,12 @@ def load_policy(
                 "model it was trained from"
             )
         model_dir = metadata[MODEL_DIR_KEY]
+        if not (isinstance(model_dir, str) and model_dir):  # JSON of any type: not a crash
+            raise PolicyLoadError(
+                f"policy {step_dir}: the checkpoint's {MODEL_DIR_KEY!r} is "
+                f"{short_repr(model_dir, 120)}, not a directory name; pass the Hugging Face "
+                "directory of the model it was trained from"
+            )
     model_dir = Path(model_dir)
     if not is_model_dir(model_dir):
         raise PolicyLoadError(

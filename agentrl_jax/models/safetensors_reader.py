@@ -14,10 +14,13 @@ field. Only the header is read; tensors are ``np.memmap`` views, so a multi-GB f
 read whole, and never twice.
 
 :func:`index_checkpoint` lists a model directory's tensors, from ``model.safetensors`` or a
-sharded ``model.safetensors.index.json``. Shard names must be relative and stay inside the
-directory after symlinks are followed (``../x``, ``/abs/x`` or a link out are errors), except
-for the Hugging Face hub cache's own layout, where ``snapshots/<rev>/<file>`` links to
-``../../blobs/<hash>`` of the same repository.
+sharded ``model.safetensors.index.json``. Its ``weight_map`` must be an object of tensor name ->
+shard file name, each a plain file name of the directory itself: a non-empty string without NUL
+bytes that the file system can encode, relative, without path separators, and inside the
+directory after symlinks are followed (``../x``, ``/abs/x``, ``sub/x`` or a link out are
+errors), except for the Hugging Face hub cache's own layout, where ``snapshots/<rev>/<file>``
+links to ``../../blobs/<hash>`` of the same repository. Messages show names cut to
+:data:`SHOWN_NAME` characters.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100_000_000  # the reference implementation's limit
 METADATA_KEY = "__metadata__"
+SHOWN_NAME = 120  # characters of a tensor or file name a message shows
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -243,7 +247,7 @@ def index_checkpoint(model_dir: str | Path) -> dict[str, TensorEntry]:
         headers = {}
         for file_name in sorted(set(weight_map.values())):
             tensor = next(n for n, f in weight_map.items() if f == file_name)
-            where = f"{index_path}: weight_map[{tensor!r}] = {file_name!r}"
+            where = f"{index_path}: {_map_entry(tensor, file_name)}"
             headers[file_name] = read_safetensors_header(
                 contained_file(model_dir, file_name, where)
             )
@@ -251,8 +255,8 @@ def index_checkpoint(model_dir: str | Path) -> dict[str, TensorEntry]:
         for name, file_name in weight_map.items():
             if name not in headers[file_name]:
                 raise CheckpointError(
-                    f"{index_path}: weight_map[{name!r}] = {file_name!r}, but "
-                    f"that file holds no tensor {name!r}"
+                    f"{index_path}: {_map_entry(name, file_name)}, but "
+                    f"that file holds no tensor {_name(name)}"
                 )
             entries[name] = headers[file_name][name]
         return entries
@@ -265,9 +269,16 @@ def index_checkpoint(model_dir: str | Path) -> dict[str, TensorEntry]:
 def read_weight_map(index_path: Path) -> dict[str, str]:
     """The ``weight_map`` of a shard index: tensor name -> shard file name (not yet checked
     against the directory, see :func:`contained_file`)."""
-    index = load_json_object(
-        index_path.read_bytes(), source=str(index_path), what="the index", error=CheckpointError
-    )
+    try:
+        index = load_json_object(
+            index_path.read_bytes(), source=str(index_path), what="the index", error=CheckpointError
+        )
+    except CheckpointError:
+        raise
+    except ValueError as e:  # json's own limits, e.g. an int of more digits than Python reads
+        raise CheckpointError(
+            f"{index_path}: the index cannot be read ({str(e)[:SHOWN_NAME]})"
+        ) from None
     if "weight_map" not in index:
         raise CheckpointError(f"{index_path}: field 'weight_map' is missing")
     weight_map = index["weight_map"]
@@ -279,28 +290,68 @@ def read_weight_map(index_path: Path) -> dict[str, str]:
     for name, file_name in weight_map.items():
         if not (isinstance(file_name, str) and file_name):
             raise CheckpointError(
-                f"{index_path}: weight_map[{name!r}] must be a file name, "
-                f"got {short_repr(file_name)}"
+                f"{index_path}: weight_map[{_name(name)}] must be a file name, "
+                f"got {_name(file_name)}"
             )
+        problem = file_name_problem(file_name)
+        if problem:
+            raise CheckpointError(f"{index_path}: {_map_entry(name, file_name)} {problem}")
     return weight_map
+
+
+def file_name_problem(name: str) -> str:
+    """Why the string ``name`` cannot name a file at all ("" if it can): a NUL byte, or
+    characters the file system cannot encode (lone surrogates). Pure; where it points is
+    :func:`contained_file`'s to check."""
+    if "\0" in name:
+        return "holds a NUL byte; shard files must be plain file names"
+    try:
+        os.fsencode(name)
+    except UnicodeError:
+        return "holds characters no file name can hold (unpaired surrogates)"
+    return ""
+
+
+def _name(value: Any) -> str:
+    return short_repr(value, SHOWN_NAME)
+
+
+def _map_entry(tensor: Any, file_name: Any) -> str:
+    return f"weight_map[{_name(tensor)}] = {_name(file_name)}"
 
 
 def contained_file(model_dir: Path, name: str, where: str) -> Path:
     """``model_dir / name``, after checking that it is a relative name of an existing file that
-    stays inside ``model_dir`` with symlinks followed (see the module docstring)."""
+    stays inside ``model_dir`` with symlinks followed, in ``model_dir`` itself (no path
+    separators; see the module docstring). Every failure is a :class:`CheckpointError` that
+    starts with ``where``."""
+    problem = file_name_problem(name)
+    if problem:
+        raise CheckpointError(f"{where} {problem}")
     if os.path.isabs(name):
         raise CheckpointError(
             f"{where} is an absolute path; shard files must be named "
             "relative to the model directory"
         )
     root = model_dir.resolve()
-    target = (root / name).resolve()
-    if not any(target.is_relative_to(allowed) for allowed in _allowed_roots(root)):
-        raise CheckpointError(f"{where} resolves to {target}, outside the model directory {root}")
-    if not target.exists():
-        raise CheckpointError(f"{where}, which does not exist in {model_dir}")
-    if not target.is_file():
-        raise CheckpointError(f"{where} is not a regular file")
+    try:
+        target = (root / name).resolve()
+        if not any(target.is_relative_to(allowed) for allowed in _allowed_roots(root)):
+            raise CheckpointError(
+                f"{where} resolves to {target}, outside the model directory {root}"
+            )
+        if name in (".", "..") or "/" in name or "\\" in name:
+            raise CheckpointError(
+                f"{where} is a path, not a file name: shard files must lie in the model "
+                "directory itself"
+            )
+        if not target.exists():
+            raise CheckpointError(f"{where}, which does not exist in {model_dir}")
+        if not target.is_file():
+            raise CheckpointError(f"{where} is not a regular file")
+    except (OSError, RuntimeError) as e:  # a name too long, a symlink loop
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)[:SHOWN_NAME]
+        raise CheckpointError(f"{where} cannot be looked up ({reason})") from None
     return model_dir / name  # the name the files are known by (in a hub cache, not the blob's)
 
 
