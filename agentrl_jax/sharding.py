@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from typing import Any, Sequence
 
@@ -109,6 +110,15 @@ class MeshConfig:
                 f"devices, but {num_devices} are available"
             )
         return sizes  # type: ignore[return-value]
+
+
+def device_memory_bytes(device: Any) -> int:
+    """The memory one device may allocate: its allocator's limit (``memory_stats()``'s
+    ``bytes_limit``, GPU and TPU), else, for a CPU, the machine's physical memory."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def training_devices(config: MeshConfig, devices: Sequence[Any] | None = None) -> list[Any]:

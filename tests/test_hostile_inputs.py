@@ -365,3 +365,55 @@ def test_config_yaml_is_never_written_with_an_unprintable_value(tmp_path):
             "task.options.data: a NaN or an integer too long to print (4,000+ digits) is no "
             "setting's value"
         )
+
+
+def test_rollouts_whose_kv_cache_cannot_fit_a_device_are_refused_before_allocating(
+    tmp_path, monkeypatch
+):
+    """The stated memory rule for the counts (``check_rollout_memory``): 2 layers x 2 K/V x
+    2 heads x 16 dims x 4 bytes = 512 bytes of KV cache per token; 64 rows x 384 tokens are
+    12 MiB, refused on a device of 8 MiB, accepted on one of 16 MiB; max_rows_per_call 32
+    halves it."""
+    import agentrl_jax.train.run as run
+    from agentrl_jax.reproduce.policy_init import random_qwen3
+
+    config = load_config(
+        None, ["rl.tasks_per_step=4", "rl.group_size=16", "engine.kv_page_size=null"]
+    )
+    model = random_qwen3(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        eos_token_ids=(1,),
+        seed=0,
+    )
+    assert run.kv_cache_bytes(config.engine, model.config, 64, 384, model.dtype) == 64 * 384 * 512
+    monkeypatch.setattr(run, "device_memory_bytes", lambda device: 8 * 2**20)
+    monkeypatch.setattr(run.jax, "local_devices", lambda: [object()])
+    with pytest.raises(ConfigError) as error:
+        run.train_policy(model, None, "frozenlake", "grpo", config, out=tmp_path / "run")
+    assert str(error.value) == (
+        "rl.tasks_per_step: a rollout's KV cache, 64 rows (tasks_per_step x group_size) x "
+        "task.max_context 384 tokens, is 12.0 MiB on each of 1 device(s), more than one "
+        "device's 8.0 MiB; lower rl.max_rows_per_call, the rows or task.max_context (or bound "
+        "the paged pool, engine.kv_pages)"
+    )
+    assert not (tmp_path / "run").exists()  # nothing was written
+    monkeypatch.setattr(run, "device_memory_bytes", lambda device: 16 * 2**20)
+    run.check_rollout_memory(model, config)
+    monkeypatch.setattr(run, "device_memory_bytes", lambda device: 8 * 2**20)
+    halved = load_config(
+        None,
+        [
+            "rl.tasks_per_step=4",
+            "rl.group_size=16",
+            "rl.max_rows_per_call=32",
+            "engine.kv_page_size=null",
+        ],
+    )
+    run.check_rollout_memory(model, halved)  # 32 x 384 x 512 bytes = 6 MiB

@@ -18,6 +18,9 @@ page is preempted and its turn replayed, with the same tokens, once pages are fr
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+import numpy as np
 
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.sampling.sampler import Paging
@@ -61,3 +64,18 @@ class EngineConfig:
         if self.kv_page_size is None:
             return None
         return Paging(page_size=self.kv_page_size, num_pages=self.kv_pages)
+
+
+def kv_cache_bytes(engine: EngineConfig, model: Any, rows: int, context: int, dtype: Any) -> int:
+    """Bytes of the KV cache a rollout of ``rows`` rows of ``context`` tokens holds: K and V of
+    every layer, key-value head and head dimension per token, in the cache's dtype
+    (``engine.kv_cache_dtype``, else ``dtype``, the model's compute dtype); the paged pool's
+    ``kv_pages x kv_page_size`` tokens where ``engine.kv_pages`` bounds it. ``model`` is a
+    :class:`~agentrl_jax.models.config.Qwen3Config`."""
+    tokens = rows * context
+    if engine.kv_pages is not None:
+        tokens = engine.kv_pages * engine.kv_page_size
+    itemsize = np.dtype(engine.kv_cache_dtype or dtype).itemsize
+    return (
+        2 * model.num_hidden_layers * model.num_key_value_heads * model.head_dim * tokens * itemsize
+    )

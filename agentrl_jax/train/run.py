@@ -51,11 +51,13 @@ from flax import nnx
 
 import envs
 from agentrl_jax import distributed
+from agentrl_jax.errors import ConfigError
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import SamplerPolicy
+from agentrl_jax.sampling.config import kv_cache_bytes
 from agentrl_jax.sampling.weights import sync_weights
-from agentrl_jax.sharding import data_mesh, rollout_devices, training_mesh
-from agentrl_jax.train.checkpoint import Checkpointer
+from agentrl_jax.sharding import data_mesh, device_memory_bytes, rollout_devices, training_mesh
+from agentrl_jax.train.checkpoint import BatchShape, Checkpointer
 from agentrl_jax.train.config import Config, train_config
 from agentrl_jax.train.loop import train
 from agentrl_jax.train.presets import RunSettings, resolve_run
@@ -95,6 +97,7 @@ def train_policy(
         else resolve_run("algorithm", algorithm, config.rl)
     )
     out = Path(out)
+    check_rollout_memory(policy, config)  # before anything is allocated
     if isinstance(env, str):
         env = envs.task_set(config.task, split="train", count=config.task.train_tasks)
     text_env = env.env if isinstance(env, envs.EnvTasks) else env
@@ -118,7 +121,9 @@ def train_policy(
         state = restored.state
         pending = [
             dataclasses.replace(p, rng=_like(p.rng, state.rng))
-            for p in checkpointer.restore_pending(restored)
+            for p in checkpointer.restore_pending(
+                restored, BatchShape(turns=runner.num_turns, tokens=runner.config.record_length)
+            )
         ]
         if config.rl.max_staleness and not pending and int(state.step) < config.rl.steps:
             warnings.warn(
@@ -183,6 +188,37 @@ def train_policy(
         checkpointer.close()
     params = policy_params(state, update)  # with LoRA: the adapters merged into the weights
     return distributed.host_value(params) if processes else params
+
+
+def check_rollout_memory(policy: nnx.Module, config: Config) -> None:
+    """Refuses (:class:`~agentrl_jax.errors.ConfigError` naming the fields) rollouts whose KV
+    cache cannot fit the devices that sample them, by the rule: the cache of the rows one
+    rollout call holds (``rl.max_rows_per_call``, else ``tasks_per_step x group_size``) at
+    ``task.max_context`` tokens (:func:`~agentrl_jax.sampling.config.kv_cache_bytes`), split
+    evenly over the sampling devices, is at most one device's memory
+    (:func:`~agentrl_jax.sharding.device_memory_bytes`). The rest of the rollout (weights,
+    logits) comes on top: passing this rule is necessary, not sufficient (``agentrl-jax plan``
+    compiles the programs for the whole figure)."""
+    rl = config.rl
+    rows = rl.max_rows_per_call or rl.tasks_per_step * rl.group_size
+    devices = rollout_devices(config.mesh) or jax.local_devices()
+    need = kv_cache_bytes(config.engine, policy.config, rows, config.task.max_context, policy.dtype)
+    shares = len(devices) * jax.process_count()  # rows are split by process, then by device
+    per_device = -(-need // shares)
+    have = device_memory_bytes(devices[0])
+    if per_device > have:
+
+        def size(n: int) -> str:
+            return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+        raise ConfigError(
+            f"rl.tasks_per_step: a rollout's KV cache, {rows:,} rows "
+            f"({'rl.max_rows_per_call' if rl.max_rows_per_call else 'tasks_per_step x group_size'})"
+            f" x task.max_context {config.task.max_context:,} tokens, is {size(per_device)} "
+            f"on each of {shares} device(s), more than one device's {size(have)}; lower "
+            "rl.max_rows_per_call, the rows or task.max_context "
+            "(or bound the paged pool, engine.kv_pages)"
+        )
 
 
 def rollout_sampler(policy: nnx.Module, config: Config, mesh: Any) -> SamplerPolicy:
