@@ -417,3 +417,31 @@ def test_rollouts_whose_kv_cache_cannot_fit_a_device_are_refused_before_allocati
         ],
     )
     run.check_rollout_memory(model, halved)  # 32 x 384 x 512 bytes = 6 MiB
+
+
+@pytest.mark.parametrize("where", ["config.json", "a safetensors header"])
+def test_an_integer_too_long_to_read_in_a_model_folder_is_the_loaders_error(tmp_path, where):
+    """Python refuses to read an integer of more than 4,300 digits with a bare ValueError; the
+    loaders refuse one of more than 100, naming the file."""
+    from agentrl_jax.models import CheckpointError, load_qwen3
+    from agentrl_jax.models.strict_json import load_json_object
+
+    huge = "9" * 5000
+    if where == "a safetensors header":
+        with pytest.raises(CheckpointError) as error:
+            load_json_object(
+                '{"w": {"dtype": "F32", "shape": [' + huge + "], "
+                '"data_offsets": [0, 4]}}',
+                source="model.safetensors",
+                what="the header",
+                error=CheckpointError,
+            )
+        assert str(error.value) == (
+            "model.safetensors: the header holds an integer of 5,000 digits (at most 100)"
+        )
+        return
+    (tmp_path / "config.json").write_text('{"hidden_size": ' + huge + "}")
+    with pytest.raises(ValueError) as error:
+        load_qwen3(tmp_path)
+    assert "holds an integer of 5,000 digits (at most 100)" in str(error.value)
+    assert str(tmp_path / "config.json") in str(error.value)

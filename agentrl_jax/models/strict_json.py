@@ -1,5 +1,6 @@
 """Strict JSON objects for the checkpoint loaders (``config.json``, the shard index, safetensors
-headers): UTF-8, standard JSON (no ``NaN``/``Infinity``), an object at the top, no key twice.
+headers): UTF-8, standard JSON (no ``NaN``/``Infinity``), an object at the top, no key twice, no integer of
+more than :data:`MAX_INT_DIGITS` digits.
 
 ``json.loads`` alone accepts ``NaN``, keeps the last of two equal keys silently and raises its own
 error types; :func:`load_json_object` raises the caller's error class with a message that names
@@ -28,7 +29,12 @@ def load_json_object(
                 f"{source}: {what} is not UTF-8 text ({e.reason} at byte {e.start})"
             ) from None
     try:
-        value = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constants)
+        value = json.loads(
+            data,
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constants,
+            parse_int=_bounded_int,
+        )
     except json.JSONDecodeError as e:
         raise error(
             f"{source}: {what} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
@@ -63,6 +69,18 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _Rejected(f"has the key {key!r} twice")
         out[key] = value
     return out
+
+
+# Digits an integer may have: more than any size, count or offset a checkpoint holds (Python
+# itself refuses to read more than 4,300, with a ValueError of its own).
+MAX_INT_DIGITS = 100
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _Rejected(f"holds an integer of {digits:,} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
 
 
 def _no_constants(name: str) -> Any:
