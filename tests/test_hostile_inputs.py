@@ -430,8 +430,7 @@ def test_an_integer_too_long_to_read_in_a_model_folder_is_the_loaders_error(tmp_
     if where == "a safetensors header":
         with pytest.raises(CheckpointError) as error:
             load_json_object(
-                '{"w": {"dtype": "F32", "shape": [' + huge + "], "
-                '"data_offsets": [0, 4]}}',
+                '{"w": {"dtype": "F32", "shape": [' + huge + '], "data_offsets": [0, 4]}}',
                 source="model.safetensors",
                 what="the header",
                 error=CheckpointError,

@@ -736,7 +736,10 @@ YAML_CASES = {
         "mesh:\n  1: 2\n",
         "mesh: unknown field 1; known: data, fsdp, rollout, tensor",
     ),
-    "a string for an int": ("rl:\n  steps: '3'\n", "rl.steps: must be an int in [1, 10000000], got '3'"),
+    "a string for an int": (
+        "rl:\n  steps: '3'\n",
+        "rl.steps: must be an int in [1, 10000000], got '3'",
+    ),
     "a float for an int": (
         "task:\n  train_tasks: 2.5\n",
         "task.train_tasks: must be an int in [1, 1048576], got 2.5",

@@ -168,7 +168,9 @@ def test_segment_aggregation_counts_each_sequence():
 
 def test_bad_packing_and_window_settings_name_the_field():
     for value in (0, -1, "2", 2.5, True):
-        with pytest.raises(ConfigError, match=r"rl\.history_window: must be null or an int in \[1, 4096\]"):
+        with pytest.raises(
+            ConfigError, match=r"rl\.history_window: must be null or an int in \[1, 4096\]"
+        ):
             RLConfig(history_window=value)
     with pytest.raises(ConfigError, match=r"rl\.packing: must be true or false"):
         RLConfig(packing="yes")

@@ -340,9 +340,13 @@ def test_overrides_parse_values_as_yaml_and_apply_on_the_file():
         ("rll.steps=3", r"with override 'rll\.steps=3': unknown section 'rll'"),
         (
             "rl.steps=three",
-            r"with override 'rl\.steps=three': rl\.steps: must be an int in \[1, 10000000\], got 'three'$",
+            r"with override 'rl\.steps=three': rl\.steps: must be an int in \[1, 10000000\], "
+            r"got 'three'$",
         ),
-        ("rl.steps=", r"with override 'rl\.steps=': rl\.steps: must be an int in \[1, 10000000\], got None$"),
+        (
+            "rl.steps=",
+            r"with override 'rl\.steps=': rl\.steps: must be an int in \[1, 10000000\], got None$",
+        ),
         (
             "rl.runs=[grpo, nope]",
             r"with override 'rl\.runs=\[grpo, nope\]': rl\.runs\[1\]: unknown run preset 'nope'",

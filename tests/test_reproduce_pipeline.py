@@ -418,7 +418,9 @@ def test_tokenizer_isolate_builds_a_tokenizer_with_one_token_per_grid_cell(tmp_p
 
 def test_cli_errors_name_the_problem(tmp_path):
     out = ["--config", str(CI_CONFIG), "--out", str(tmp_path / "never")]
-    assert "rl.steps: must be an int in [1, 10000000], got 0" in cli_error(*out, "--set", "rl.steps=0")
+    assert "rl.steps: must be an int in [1, 10000000], got 0" in cli_error(
+        *out, "--set", "rl.steps=0"
+    )
     assert "override 'rlsteps=3': expected section.field=value" in cli_error(
         *out, "--set", "rlsteps=3"
     )

@@ -1,6 +1,6 @@
 """Strict JSON objects for the checkpoint loaders (``config.json``, the shard index, safetensors
-headers): UTF-8, standard JSON (no ``NaN``/``Infinity``), an object at the top, no key twice, no integer of
-more than :data:`MAX_INT_DIGITS` digits.
+headers): UTF-8, standard JSON (no ``NaN``/``Infinity``), an object at the top, no key twice,
+no integer of more than :data:`MAX_INT_DIGITS` digits.
 
 ``json.loads`` alone accepts ``NaN``, keeps the last of two equal keys silently and raises its own
 error types; :func:`load_json_object` raises the caller's error class with a message that names
