@@ -25,6 +25,7 @@ from test_cli_paths import _one_line_error, _refused, _squeezed, _stub_the_run
 from typer.testing import CliRunner
 
 import envs
+from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.cli import app
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.folders import MARKER, SCRATCH, FolderGuardError, claim, remove_folder
@@ -162,6 +163,8 @@ def test_remove_folder_touches_only_its_own_kind(tmp_path):
 _CLASSES = {
     **_SECTIONS,
     "rl.lora": LoraConfig,
+    "rl.algorithm": AlgorithmConfig,
+    "rl.algorithm.loss_terms[0]": LossTermConfig,
     **{
         f"task.options ({name})": envs.entry(name).option_type
         for name in envs.names()
@@ -224,8 +227,23 @@ def _hostile(lo: float, hi: float, integral: bool) -> list[tuple[str, str]]:
     ]
 
 
-def _section_path(section: str) -> list[str]:
-    return ["task", "options"] if section.startswith("task.options") else section.split(".")
+def _written(section: str, field: str, value: str) -> tuple[str, str]:
+    """``(YAML text, the field's name in the error)`` setting ``field`` of ``section`` to the
+    YAML ``value``."""
+    if section == "rl.algorithm":
+        return (
+            f"rl:\n  algorithm:\n    {field}: {value}\n",
+            f"rl.runs[0].algorithm: AlgorithmConfig.{field}",
+        )
+    if section == "rl.algorithm.loss_terms[0]":
+        return (
+            f"rl:\n  algorithm:\n    loss_terms: [{{name: policy_clip, {field}: {value}}}]\n",
+            f"rl.runs[0].algorithm: AlgorithmConfig.loss_terms[0]: "
+            f"LossTermConfig(name='policy_clip').{field}",
+        )
+    path = ["task", "options"] if section.startswith("task.options") else section.split(".")
+    text = "".join("  " * depth + f"{part}:\n" for depth, part in enumerate(path))
+    return text + "  " * len(path) + f"{field}: {value}\n", ".".join([*path, field])
 
 
 @pytest.mark.parametrize(
@@ -237,18 +255,10 @@ def test_every_numeric_field_refuses_hostile_values_naming_field_value_and_range
     tmp_path, section, cls, field
 ):
     lo, hi = declared_range(field)
-    integral = "int" in str(typing.get_type_hints(cls)[field.name]) and "float" not in str(
-        typing.get_type_hints(cls)[field.name]
-    )
-    path = _section_path(section)
-    name = ".".join(path + [field.name])
-    is_list = "tuple" in str(typing.get_type_hints(cls)[field.name])
+    hint = str(typing.get_type_hints(cls)[field.name])
+    integral = "int" in hint and "float" not in hint
     for text, shown in _hostile(lo, hi, integral):
-        value = f"[{text}]" if is_list else text
-        yaml = ""
-        for depth, part in enumerate(path):
-            yaml += "  " * depth + f"{part}:\n"
-        yaml += "  " * len(path) + f"{field.name}: {value}\n"
+        yaml, name = _written(section, field.name, f"[{text}]" if "tuple" in hint else text)
         config = tmp_path / "hostile.yaml"
         config.write_text(yaml)
         with pytest.raises(ConfigError) as error:
@@ -260,8 +270,7 @@ def test_every_numeric_field_refuses_hostile_values_naming_field_value_and_range
         assert len(got) <= 120, message
         if shown is not None:
             assert shown in message, message
-        check = field.metadata["check"]
-        assert check.expect in message, message  # the declared range is named
+        assert field.metadata["check"].expect in message, message  # the declared range
 
 
 def test_a_hostile_override_is_one_line_exit_2_and_writes_nothing(tmp_path):

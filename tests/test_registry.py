@@ -82,7 +82,7 @@ def test_default_config_is_the_papers_grpo_and_is_hashable():
         (
             dict(loss_terms=({"name": "kl", "coef": -1.0}, {"name": "policy_clip"})),
             r"AlgorithmConfig\.loss_terms\[0\]: LossTermConfig\(name='kl'\)\.coef: "
-            r"must be a finite number >= 0",
+            r"must be a number in \[0, 1e\+06\], got -1\.0",
         ),
         (
             dict(loss_terms=({"name": "policy_clip", "weight": 1.0},)),

@@ -48,6 +48,17 @@ import jax.numpy as jnp
 from agentrl_jax.algorithms import advantages as adv
 from agentrl_jax.algorithms import losses
 from agentrl_jax.algorithms.aggregation import AGGREGATION_MODES, LossSum, aggregate, validate_mode
+from agentrl_jax.validation import (
+    BOOL,
+    MAX_COEF,
+    MAX_CONTEXT,
+    MAX_TURNS,
+    check_fields,
+    integer,
+    optional,
+    real,
+    setting,
+)
 
 TARGETS = ("policy", "critic")
 
@@ -278,7 +289,7 @@ class LossTermConfig:
     pairs."""
 
     name: str
-    coef: float = 1.0
+    coef: float = setting(1.0, real(0.0, MAX_COEF))
     params: Any = ()
 
     def __post_init__(self):
@@ -286,11 +297,7 @@ class LossTermConfig:
             raise ValueError(
                 f"LossTermConfig.name: unknown loss term {self.name!r}; known: {_known(LOSS_TERMS)}"
             )
-        if not (_is_real(self.coef) and self.coef >= 0):
-            raise ValueError(
-                f"LossTermConfig(name={self.name!r}).coef: must be a finite number >= 0, "
-                f"got {self.coef!r}"
-            )
+        check_fields(f"LossTermConfig(name={self.name!r})", self)
         where = f"LossTermConfig(name={self.name!r}).params"
         object.__setattr__(
             self, "params", _resolve_params(where, LOSS_TERMS[self.name].params, self.params)
@@ -326,37 +333,20 @@ class AlgorithmConfig:
     advantage_params: Any = ()
     loss_terms: tuple[LossTermConfig, ...] = dataclasses.field(default_factory=_default_loss_terms)
     aggregation: str = "token-mean"
-    aggregation_constant: float | None = 1.0
-    dynamic_sampling: bool = False
-    max_rollout_batches: int = 4
-    overlong_buffer: float = 0.0
-    overlong_penalty: float = 1.0
+    # Dr. GRPO's constant: at most MAX_TURNS x MAX_CONTEXT sampled tokens a row can hold
+    aggregation_constant: float | None = setting(
+        1.0, optional(real(0.0, float(MAX_TURNS * MAX_CONTEXT), lo_open=True))
+    )
+    dynamic_sampling: bool = setting(False, BOOL)
+    # rollout batches one update may draw (each a whole batch of rollouts)
+    max_rollout_batches: int = setting(4, integer(1, 1024))
+    overlong_buffer: float = setting(
+        0.0, real(0.0, 1.0)._replace(expect="a number in [0, 1] (0: off)")
+    )
+    overlong_penalty: float = setting(1.0, real(0.0, MAX_COEF))
 
     def __post_init__(self):
-        for field, ok, expect in (
-            ("dynamic_sampling", isinstance(self.dynamic_sampling, bool), "true or false"),
-            (
-                "max_rollout_batches",
-                isinstance(self.max_rollout_batches, numbers.Integral)
-                and not isinstance(self.max_rollout_batches, bool)
-                and self.max_rollout_batches >= 1,
-                "an int >= 1",
-            ),
-            (
-                "overlong_buffer",
-                _is_real(self.overlong_buffer) and 0 <= self.overlong_buffer <= 1,
-                "a number in [0, 1] (0: off)",
-            ),
-            (
-                "overlong_penalty",
-                _is_real(self.overlong_penalty) and self.overlong_penalty >= 0,
-                "a number >= 0",
-            ),
-        ):
-            if not ok:
-                raise ValueError(
-                    f"AlgorithmConfig.{field}: must be {expect}, got {getattr(self, field)!r}"
-                )
+        check_fields("AlgorithmConfig", self)
         if self.advantage not in ADVANTAGE_ESTIMATORS:
             raise ValueError(
                 f"AlgorithmConfig.advantage: unknown advantage estimator {self.advantage!r}; "
