@@ -472,7 +472,7 @@ def test_a_weight_map_that_is_not_names_to_names_is_named(tmp_path):
             index_checkpoint(tmp_path)
         assert str(error.value) == f"{index_path}: {problem}"
     index_path.write_text('{"weight_map": {"x": 1' + "0" * 5000 + "}}")  # past json's digits
-    with pytest.raises(CheckpointError, match="the index cannot be read"):
+    with pytest.raises(CheckpointError, match=r"the index holds an integer of 5,001 digits"):
         index_checkpoint(tmp_path)
 
 
