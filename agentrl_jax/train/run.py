@@ -57,10 +57,11 @@ from agentrl_jax.sampling import SamplerPolicy
 from agentrl_jax.sampling.config import kv_cache_bytes
 from agentrl_jax.sampling.weights import sync_weights
 from agentrl_jax.sharding import data_mesh, device_memory_bytes, rollout_devices, training_mesh
-from agentrl_jax.train.checkpoint import BatchShape, Checkpointer
+from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import Config, train_config
 from agentrl_jax.train.loop import train
 from agentrl_jax.train.presets import RunSettings, resolve_run
+from agentrl_jax.train.restore_checks import BatchShape
 from agentrl_jax.train.sinks import MetricsLogger, WandbSink, tensorboard_available
 from agentrl_jax.train.state import init_train_state, place_state, policy_params, train_model
 from agentrl_jax.train.step import make_train_step
