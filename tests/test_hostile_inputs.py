@@ -273,7 +273,8 @@ def test_every_numeric_field_refuses_hostile_values_naming_field_value_and_range
         assert field.metadata["check"].expect in message, message  # the declared range
 
 
-def test_a_hostile_override_is_one_line_exit_2_and_writes_nothing(tmp_path):
+def test_a_hostile_override_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch):
+    _stub_the_run(monkeypatch)
     out = tmp_path / "results"
     for item, expected in [
         (
@@ -301,6 +302,11 @@ def test_a_hostile_override_is_one_line_exit_2_and_writes_nothing(tmp_path):
         # --print-config: nothing of it printed either (it is refused before writing)
         result = CliRunner().invoke(app, [*args, "--print-config"])
         assert result.exit_code == 2 and "task:" not in result.output
+    # the corrected rerun (the field within its range) prepares the folder
+    args = ["reproduce", "frozenlake", "--out", str(out), "--set", "rl.lora.rank=4"]
+    result = CliRunner().invoke(app, [*args, "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert load_config(out / "config.yaml").rl.lora.rank == 4
 
 
 def test_ranges_that_follow_from_other_fields():
