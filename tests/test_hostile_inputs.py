@@ -459,3 +459,25 @@ def test_an_integer_too_long_to_read_in_a_model_folder_is_the_loaders_error(tmp_
         load_qwen3(tmp_path)
     assert "holds an integer of 5,000 digits (at most 100)" in str(error.value)
     assert str(tmp_path / "config.json") in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        ("0x" + "f" * 400, "4446241647709404462001681406551736431581923451213783931941822309375"),
+        ("9" * 5000, "an integer of 5,000 digits"),
+        (".nan", "nan"),
+    ],
+)
+def test_a_hostile_estimator_parameter_is_named_never_a_traceback(value, shown):
+    """A registered estimator's hyper-parameter (``rl.algorithm.advantage_params``): an integer
+    too large for a float once ended in an OverflowError; now the parameter's one-line error,
+    the value cut to 120 characters."""
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [f"rl.algorithm.advantage_params={{eps: {value}}}"])
+    message = str(error.value)
+    assert "rl.runs[0].algorithm: AlgorithmConfig.advantage_params['eps']: must be a finite " in (
+        message
+    )
+    got = message.split(", got ", 1)[1]
+    assert got.startswith(shown) and len(got) <= 120, message

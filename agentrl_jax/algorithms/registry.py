@@ -38,8 +38,6 @@ New estimators and terms are added with :func:`register_advantage` and
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
@@ -58,6 +56,7 @@ from agentrl_jax.validation import (
     optional,
     real,
     setting,
+    short_repr,
 )
 
 TARGETS = ("policy", "critic")
@@ -119,21 +118,12 @@ class Param:
     expect: str
 
 
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _real(
     lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_open=False
 ) -> Callable[[Any], bool]:
-    def check(v) -> bool:
-        if not _is_real(v):
-            return False
-        if lo is not None and (v <= lo if lo_open else v < lo):
-            return False
-        return not (hi is not None and (v >= hi if hi_open else v > hi))
-
-    return check
+    """The predicate of :func:`agentrl_jax.validation.real` (a finite number in the range; an
+    integer too large for a float fails it, it never raises)."""
+    return real(lo, hi, lo_open=lo_open, hi_open=hi_open).test
 
 
 def _is_bool(v) -> bool:
@@ -258,7 +248,7 @@ def _resolve_params(where: str, specs: Mapping[str, Param], given) -> tuple[tupl
         given = dict(given or {})
     except (TypeError, ValueError):
         raise ValueError(
-            f"{where}: must be a mapping of parameter names to values, got {given!r}"
+            f"{where}: must be a mapping of parameter names to values, got {short_repr(given, 120)}"
         ) from None
     unknown = sorted(set(given) - set(specs))
     if unknown:
@@ -270,7 +260,8 @@ def _resolve_params(where: str, specs: Mapping[str, Param], given) -> tuple[tupl
     for key, spec in specs.items():
         value = given.get(key, spec.default)
         if not spec.check(value):
-            raise ValueError(f"{where}[{key!r}]: must be {spec.expect}, got {value!r}")
+            shown = short_repr(value, 120)
+            raise ValueError(f"{where}[{key!r}]: must be {spec.expect}, got {shown}")
         resolved[key] = value
     return tuple(sorted(resolved.items()))
 
@@ -388,7 +379,8 @@ class AlgorithmConfig:
     def _resolve_terms(terms) -> tuple[LossTermConfig, ...]:
         if isinstance(terms, (str, Mapping, LossTermConfig)) or not hasattr(terms, "__iter__"):
             raise ValueError(
-                f"AlgorithmConfig.loss_terms: must be a sequence of loss terms, got {terms!r}"
+                "AlgorithmConfig.loss_terms: must be a sequence of loss terms, got "
+                f"{short_repr(terms, 120)}"
             )
         resolved, seen = [], set()
         for i, term in enumerate(terms):
@@ -397,7 +389,7 @@ class AlgorithmConfig:
                 if extra or "name" not in term:
                     raise ValueError(
                         f"AlgorithmConfig.loss_terms[{i}]: needs 'name' and only name/coef/params, "
-                        f"got {dict(term)!r}"
+                        f"got {short_repr(dict(term), 120)}"
                     )
                 try:
                     term = LossTermConfig(**term)
@@ -406,7 +398,7 @@ class AlgorithmConfig:
             if not isinstance(term, LossTermConfig):
                 raise ValueError(
                     f"AlgorithmConfig.loss_terms[{i}]: must be a LossTermConfig or mapping, "
-                    f"got {term!r}"
+                    f"got {short_repr(term, 120)}"
                 )
             if term.name in seen:
                 raise ValueError(
