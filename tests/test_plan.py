@@ -89,8 +89,15 @@ def test_model_config_from_known_sizes_and_from_the_random_init_settings():
 
 
 def test_plan_on_eight_estimated_gpus_compiles_every_program():
-    code, report = _plan("--gpus", "8", "--gpu-memory-gib", "80")
+    code, report = _plan("--gpus", "8", "--gpu-memory-gib", "80", "--gpu-stand-in", "cpu")
     assert code == 0 and report["fits"] and report["estimate"] and report["stand_in"] == "cpu"
+    # every figure names its compiler; --gpus alone plans H100s, so the roofline is an H100's
+    assert report["compiler"] == "XLA:CPU (stand-in for GPU)" and report["gpu"] == "h100"
+    assert all(p["compiler"] == report["compiler"] and p["compiled"] for p in report["programs"])
+    headline = [x["name"].split(" ")[0] for x in report["predictions"]]
+    assert headline == ["decode", "decode", "decode", "train", "rollout"]
+    decode = next(p for p in report["programs"] if p["name"] == "rollout:decode")
+    assert decode["prediction"]["unit"] == "tokens/s" and decode["prediction"]["value"] > 0
     assert report["mesh"].startswith("data=1 fsdp=8 tensor=1")
     names = {p["name"] for p in report["programs"]}
     assert names == PROGRAMS, names
@@ -129,6 +136,45 @@ def test_plan_for_a_tpu_topology():
     code, report = _plan("--topology", "v5p:2x2x2")
     assert code == 0 and report["fits"] and not report["estimate"]
     assert "TPU v5" in report["target"] and {p["name"] for p in report["programs"]} == PROGRAMS
+
+
+def test_plan_refuses_an_unknown_gpu_naming_the_known_ones():
+    child = subprocess.run(
+        [sys.executable, "-m", "agentrl_jax.cli", "plan", *CI, "--gpu", "b200"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert child.returncode == 2 and "h100, h200, a100" in child.stderr, child.stderr
+
+
+def test_xla_gpu_without_the_cuda_plugin_says_what_to_install():
+    from agentrl_jax.plan import cuda_plugin_version, cuda_target
+
+    if cuda_plugin_version() is not None:
+        pytest.skip("the CUDA plugin is installed here (tests/gpu/ compiles with it)")
+    with pytest.raises(ValueError, match=r"pip install -e '\.\[cuda\]'"):
+        cuda_target("h100", 8)
+    with pytest.raises(ValueError, match="unknown GPU; known: h100, h200, a100"):
+        cuda_target("v100")
+
+
+def test_auto_attention_chooses_for_the_platform_a_program_is_built_for():
+    """A plan for GPUs runs in a CPU process: ``built_for`` makes "auto" choose cuDNN there
+    (bfloat16, no cache), splash for a TPU, and the default backend's choice outside it."""
+    import jax.numpy as jnp
+
+    from agentrl_jax.models import attention
+
+    q = jnp.zeros((1, 256, 4, 128), jnp.bfloat16)
+    assert attention.select_implementation(q, q, None) == "xla"
+    with attention.built_for("gpu"):
+        assert attention.target_platform() == "gpu"
+        assert attention.select_implementation(q, q, None) == "cudnn"
+        with attention.built_for("tpu"):
+            assert attention.select_implementation(q, q, None) == "splash"
+        assert attention.select_implementation(q.astype(jnp.float32), q, None) == "xla"
+    assert attention.target_platform() == "cpu"
 
 
 def test_gpu_targets_refuse_what_they_cannot_stand_in_for():

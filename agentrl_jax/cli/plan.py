@@ -1,20 +1,24 @@
-"""``agentrl-jax plan``: does a config fit a target? Compiled, not guessed
-(:mod:`agentrl_jax.plan`).
+"""``agentrl-jax plan``: does a config fit a target, and how fast could it run? Compiled, not
+guessed (:mod:`agentrl_jax.plan`).
 
     agentrl-jax plan --config configs/frozenlake_qwen3_4b_tpu.yaml --topology v5p:2x2x2
-    agentrl-jax plan --config configs/frozenlake_qwen3_8b_gpu.yaml --gpus 8 \\
-        --gpu-memory-gib 80 --json
+    agentrl-jax plan --config configs/frozenlake_qwen3_8b_gpu.yaml --gpu h100 --gpus 8 --json
 
-No accelerator and no weights are needed. TPU targets need libtpu (``pip install -e ".[tpu]"``);
-GPU targets are estimated with a stand-in compiler: ``--gpu-stand-in tpu`` compiles for TPU v5p
-chips of the same count (needs libtpu; bfloat16 kept, the closer estimate), ``--gpu-stand-in cpu``
-(the default) on fake CPU devices (the command restarts itself with
-``XLA_FLAGS=--xla_force_host_platform_device_count=N`` when this process has fewer).
-Exit status 0 when every program fits with the headroom asked, 1 when one does not.
+No accelerator and no weights are needed. GPU targets (``--gpu h100|h200|a100``, ``--gpus N``
+of them in one node; ``--gpus`` alone means H100s) are compiled by XLA:GPU itself on
+compile-only devices when jax's CUDA plugin is installed (``pip install -e ".[cuda]"``; the
+command restarts itself with ``JAX_PLATFORMS=cpu`` so that jax opens no driver), with a
+roofline prediction per program. Without the plugin a stand-in compiler estimates them:
+``--gpu-stand-in tpu`` (TPU v5p chips, needs libtpu; the default when libtpu is installed) or
+``cpu`` (fake CPU devices: XLA:CPU computes bfloat16 in float32, so buffers can be twice their
+GPU size). The report names the compiler of every figure. TPU targets need libtpu
+(``pip install -e ".[tpu]"``). Exit status 0 when every program compiles and fits with the
+headroom asked, 1 when one does not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -37,14 +41,20 @@ def plan(
     topology: Optional[str] = typer.Option(
         None, help="A TPU topology, e.g. v5p:2x2x2 (needs libtpu)."
     ),
-    gpus: Optional[int] = typer.Option(
-        None, help="GPUs in one node (estimated on fake CPU devices)."
+    gpu: Optional[str] = typer.Option(
+        None, help="A GPU to compile for with XLA:GPU: h100, h200 or a100 (needs the cuda extra)."
     ),
-    gpu_memory_gib: float = typer.Option(80.0, help="Memory per GPU in GiB."),
-    gpu_stand_in: str = typer.Option(
-        "cpu",
-        help="Compiler standing in for XLA:GPU: cpu (fake CPU "
-        "devices, coarse) or tpu (TPU v5p, needs libtpu).",
+    gpus: Optional[int] = typer.Option(
+        None, help="GPUs in one node (default 1 with --gpu; alone: H100s)."
+    ),
+    gpu_memory_gib: Optional[float] = typer.Option(
+        None, help="Memory per GPU in GiB (default: the GPU's own)."
+    ),
+    gpu_stand_in: Optional[str] = typer.Option(
+        None,
+        help="Estimate GPUs with another compiler: tpu (TPU v5p, needs libtpu) or cpu (fake CPU "
+        "devices, coarse). Default: XLA:GPU when the CUDA plugin is installed, else tpu when "
+        "libtpu is, else cpu.",
     ),
     headroom: float = typer.Option(0.15, help="Share of device memory to keep free (0.15 = 15%)."),
     model: Optional[str] = typer.Option(
@@ -68,25 +78,30 @@ def plan(
     ),
 ) -> None:
     """Per program and device: arguments, outputs, temporaries, peak, largest buffers, fit."""
-    if (topology is None) == (gpus is None):
-        raise typer.BadParameter("give exactly one of --topology or --gpus")
+    from agentrl_jax.plan import targets
+
+    if (topology is None) == (gpus is None and gpu is None):
+        raise typer.BadParameter("give exactly one of --topology or --gpu/--gpus")
     if not 0 <= headroom < 1:
         raise typer.BadParameter(f"--headroom must be in [0, 1), got {headroom}")
-    if gpus is not None and gpu_stand_in == "cpu":
+    compiler = None
+    if topology is None:
+        gpu = (gpu or "h100").lower()
+        gpus = 1 if gpus is None else gpus
+        if gpu not in targets.GPUS:
+            raise typer.BadParameter(f"--gpu {gpu!r}: unknown; known: {', '.join(targets.GPUS)}")
         if gpus < 1:
             raise typer.BadParameter(f"--gpus must be >= 1, got {gpus}")
-        flag = f"--xla_force_host_platform_device_count={gpus}"
-        if os.environ.get(_CHILD) is None and flag not in os.environ.get("XLA_FLAGS", ""):
-            env = dict(
-                os.environ,
-                XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
-                JAX_PLATFORMS="cpu",
-                **{_CHILD: "1"},
-            )
-            child = subprocess.run(
-                [sys.executable, "-m", "agentrl_jax.cli", "plan", *sys.argv[2:]], env=env
-            )
-            raise typer.Exit(child.returncode)
+        if gpu_stand_in not in (None, "cpu", "tpu"):
+            raise typer.BadParameter(f"--gpu-stand-in must be 'cpu' or 'tpu', got {gpu_stand_in!r}")
+        compiler = gpu_stand_in or (
+            "xla-gpu"
+            if targets.cuda_plugin_version()
+            else "tpu"
+            if targets.libtpu_installed()
+            else "cpu"
+        )
+        _restart_for(compiler, gpus)
 
     from agentrl_jax import plan as planner
     from agentrl_jax.plugins import load_plugins
@@ -95,15 +110,47 @@ def plan(
     try:
         load_plugins(plugin or ())
         settings = load_config(config, set_ or ())
-        target = (
-            planner.tpu_target(topology)
-            if topology is not None
-            else planner.gpu_target(gpus, gpu_memory_gib, gpu_stand_in)
-        )
+        if topology is not None:
+            target = planner.tpu_target(topology)
+        elif compiler == "xla-gpu":
+            target = planner.cuda_target(gpu, gpus)
+            if gpu_memory_gib is not None:
+                target = dataclasses.replace(target, memory_bytes=gpu_memory_gib * planner.GIB)
+        else:
+            spec = planner.GPUS[gpu]
+            memory = gpu_memory_gib or spec.memory_bytes / planner.GIB
+            target = planner.gpu_target(gpus, memory, compiler, gpu=spec)
         report = planner.plan(
             settings, target, headroom=headroom, model_name=model, programs=program
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     typer.echo(json.dumps(report, indent=1) if json_out else planner.format_table(report))
-    raise typer.Exit(0 if report["fits"] else 1)
+    raise typer.Exit(0 if report["fits"] and report["compiled"] else 1)
+
+
+def _restart_for(compiler: str, gpus: int) -> None:
+    """Run this command again in a child process started as ``compiler`` needs (fake CPU
+    devices; or ``JAX_PLATFORMS=cpu`` for XLA:GPU's compile-only devices), unless this is that
+    process; exits with the child's status."""
+    from agentrl_jax.plan import targets
+
+    if compiler == "cpu":
+        flag = f"--xla_force_host_platform_device_count={gpus}"
+        if os.environ.get(_CHILD) is not None or flag in os.environ.get("XLA_FLAGS", ""):
+            return
+        env = {
+            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
+            "JAX_PLATFORMS": "cpu",
+        }
+    elif compiler == "xla-gpu":
+        if os.environ.get(_CHILD) is not None or targets.in_cuda_compile_process():
+            return
+        env = dict(targets.CUDA_COMPILE_ENV)
+    else:
+        return
+    child = subprocess.run(
+        [sys.executable, "-m", "agentrl_jax.cli", "plan", *sys.argv[2:]],
+        env={**os.environ, **env, _CHILD: "1"},
+    )
+    raise typer.Exit(child.returncode)

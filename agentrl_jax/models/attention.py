@@ -69,13 +69,18 @@ Implementations (``implementation=``)
   Runs on one device per call: under a multi-device mesh call it inside ``shard_map``. Compiled
   for a TPU v5p topology (forward and grad) and checked against "xla" in the Pallas
   interpreter on CPU (see the tests).
-* ``"auto"``: see :func:`select_implementation`.
+* ``"auto"``: see :func:`select_implementation`; it chooses for the platform the program is
+  built for: the default backend's, or the one named by :func:`built_for` (a plan compiling
+  for GPUs or TPUs that are not there, in a process whose backend is the CPU).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
+from collections.abc import Iterator
 from typing import Literal
 
 import jax
@@ -165,14 +170,33 @@ def is_causal_limit(key_limit: jax.Array | None) -> bool:
 
 
 # ------------------------------------------------------------------------------- selection
+_BUILT_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("built_for", default=None)
+
+
+@contextlib.contextmanager
+def built_for(platform: str | None) -> Iterator[None]:
+    """Within the block, ``"auto"`` chooses for ``platform`` (``jax.Device.platform``: "gpu",
+    "tpu", "cpu"; None: the default backend's) when a program is traced."""
+    token = _BUILT_FOR.set(platform)
+    try:
+        yield
+    finally:
+        _BUILT_FOR.reset(token)
+
+
+def target_platform() -> str:
+    """The platform ``"auto"`` chooses for: :func:`built_for`'s, else the default backend."""
+    return _BUILT_FOR.get() or jax.default_backend()
+
+
 def select_implementation(q: jax.Array, k: jax.Array, key_limit: jax.Array | None) -> str:
-    """The implementation ``"auto"`` runs for these inputs on the default backend.
+    """The implementation ``"auto"`` runs for these inputs on :func:`target_platform`.
 
     TPU: "splash" for the causal no-cache form (``key_limit`` None, L == S, hd a multiple of
     128). NVIDIA GPU: "cudnn" for the no-cache form in float16/bfloat16 with hd <= 128 and a
     multiple of 8. Otherwise "blocked" when L * S exceeds ``_XLA_MAX_SCORES``, else "xla".
     """
-    backend = jax.default_backend()
+    backend = target_platform()
     length, keys, head_dim = q.shape[1], k.shape[1], q.shape[-1]
     if backend == "tpu" and key_limit is None and length == keys and head_dim % _SPLASH_LANES == 0:
         return "splash"

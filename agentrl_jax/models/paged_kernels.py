@@ -26,13 +26,16 @@ on a CPU (`tests/test_paged_kernels.py`).
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
 KERNELS = ("xla", "pallas_tpu", "pallas_gpu")
 _SPLITS = (16, 8, 4, 2, 1)
+# The Triton kernel keeps a block's keys and values in shared memory: XLA:GPU (jax 0.10.2,
+# compiled for H100 and A100) takes 64 KiB tiles of keys (256 bfloat16 tokens of head_dim 128)
+# and refuses 128 KiB ones (276 KiB of shared memory asked for the block; an H100 block may opt
+# in to 227 KiB, an A100's to 163 KiB). tests/gpu/test_gpu_compile.py compiles both.
+GPU_TILE_BYTES = 64 * 1024
 
 
 def unmet(kernel: str, *, page_size: int, head_dim: int, dtype) -> str | None:
@@ -53,7 +56,21 @@ def unmet(kernel: str, *, page_size: int, head_dim: int, dtype) -> str | None:
             )
     if kernel == "pallas_gpu" and (head_dim % 16 or page_size % 16):
         return f"it needs head_dim and pages multiples of 16, got {head_dim} and {page_size}"
+    if kernel == "pallas_gpu" and page_size * head_dim * jnp.dtype(dtype).itemsize > GPU_TILE_BYTES:
+        return (
+            f"a page of {page_size} tokens x head_dim {head_dim} in {jnp.dtype(dtype)} is over the "
+            f"{GPU_TILE_BYTES // 1024} KiB its shared memory holds for one block of keys"
+        )
     return None
+
+
+def gpu_block_pages(block_pages: int, per_row: int, page_bytes: int) -> int:
+    """Pages per block of the Triton kernel's loop: at most ``block_pages``, a divisor of the
+    pages each of its ``k_splits`` reads (``per_row`` over the splits), and at most
+    :data:`GPU_TILE_BYTES` of keys (``page_bytes`` a page)."""
+    splits = next(s for s in _SPLITS if per_row % s == 0)
+    most = max(1, min(block_pages, GPU_TILE_BYTES // page_bytes))
+    return _divisor(per_row // splits, most)
 
 
 def select_kernel(platform: str, *, page_size: int, head_dim: int, dtype) -> str:
@@ -121,13 +138,14 @@ def decode_attention(
         from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention  # noqa: PLC0415
 
         splits = next(s for s in _SPLITS if per_row % s == 0)
+        page_bytes = size * head_dim * k_pool.dtype.itemsize
         return paged_attention(
             scaled,
             k_pool.reshape(flat),
             v_pool.reshape(flat),
             table,
             lengths,
-            pages_per_compute_block=math.gcd(block_pages, per_row // splits),
+            pages_per_compute_block=gpu_block_pages(block_pages, per_row, page_bytes),
             k_splits=splits,
             interpret=interpret,
         )

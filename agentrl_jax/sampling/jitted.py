@@ -153,9 +153,7 @@ class Sampler:
         self.paging = paging
         self.platform = (mesh.devices.flat[0] if mesh is not None else self.device).platform
         self.sharded_pages = paging is not None and mesh is not None
-        self.unroll_layers = (
-            jax.default_backend() == "cpu" if unroll_layers is None else unroll_layers
-        )
+        self.unroll_layers = self.platform == "cpu" if unroll_layers is None else unroll_layers
         self.trace_counts: collections.Counter[str] = collections.Counter()
         self._init = jax.jit(self._init_impl, static_argnums=(0, 1, 2, 3))
         self._release = jax.jit(self._release_impl, donate_argnums=0)

@@ -5,10 +5,14 @@ and libtpu versions that compiled it.
     python notebooks/plans/regenerate.py                 # every plan (tens of minutes)
     python notebooks/plans/regenerate.py 0.6b 1.7b       # the plans whose name holds these
 
-Run it with a Python that has the ``tpu`` extra (``pip install -e ".[tpu]"``): TPU targets and
-the GPU estimates with ``--gpu-stand-in tpu`` compile through libtpu's compile-only devices. No
-accelerator, no weights. ``tests/test_plans_stored.py`` checks that every JSON here is listed
-below and is consistent in itself.
+GPU plans (``_xla-gpu``) are compiled by XLA:GPU itself for compile-only H100s: run them with a
+Python that has the ``cuda`` extra (``pip install -e ".[cuda]"``; no GPU needed). TPU plans
+compile through libtpu's compile-only devices: a Python with the ``tpu`` extra
+(``pip install -e ".[tpu]"``). No accelerator, no weights. ``tests/test_plans_stored.py`` checks
+that every JSON here is listed below and is consistent in itself.
+
+    python notebooks/plans/regenerate.py xla-gpu         # the GPU plans (cuda extra)
+    python notebooks/plans/regenerate.py v5              # the TPU plans (tpu extra)
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
-GPUS_8 = ["--gpus", "8", "--gpu-memory-gib", "80", "--gpu-stand-in", "tpu"]
-GPU_1 = ["--gpus", "1", "--gpu-memory-gib", "80", "--gpu-stand-in", "tpu"]
+H100_8 = ["--gpu", "h100", "--gpus", "8"]
+H100_1 = ["--gpu", "h100", "--gpus", "1"]
 V5P_64_COLOCATED = ["--topology", "v5p:4x4x2", "--set", "mesh.data=8", "--set", "mesh.fsdp=4"]
 V5P_64_SPLIT = [
     *["--topology", "v5p:4x4x2", "--set", "mesh.data=4", "--set", "mesh.fsdp=4"],
@@ -34,9 +38,9 @@ V5P_64_SPLIT = [
 
 # name -> (config, plan arguments)
 PLANS: dict[str, tuple[str, list[str]]] = {
-    "frozenlake_qwen3_0.6b_1gpu_1x80gib_tpu-compiler": ("frozenlake_qwen3_0.6b_1gpu", GPU_1),
-    "frozenlake_qwen3_1.7b_1gpu_1x80gib_tpu-compiler": ("frozenlake_qwen3_1.7b_1gpu", GPU_1),
-    "frozenlake_qwen3_8b_lora_1gpu_1x80gib_tpu-compiler": ("frozenlake_qwen3_8b_lora_1gpu", GPU_1),
+    "frozenlake_qwen3_0.6b_1gpu_h100_xla-gpu": ("frozenlake_qwen3_0.6b_1gpu", H100_1),
+    "frozenlake_qwen3_1.7b_1gpu_h100_xla-gpu": ("frozenlake_qwen3_1.7b_1gpu", H100_1),
+    "frozenlake_qwen3_8b_lora_1gpu_h100_xla-gpu": ("frozenlake_qwen3_8b_lora_1gpu", H100_1),
     # the LoRA config on a v5e-8 (16 GiB a chip): the base sharded 8 ways and read as trained
     # by decode, the static KV cache without refill (with the paged one and refill a sampling
     # program needs 20.6 GiB a chip), 1 row per chip per micro-batch, 8,192-token rows (at
@@ -50,11 +54,11 @@ PLANS: dict[str, tuple[str, list[str]]] = {
             *["--set", "eval.max_context=8192"],
         ],
     ),
-    "frozenlake_qwen3_4b_gpu_8x80gib_tpu-compiler": ("frozenlake_qwen3_4b_gpu", GPUS_8),
-    "frozenlake_qwen3_8b_gpu_8x80gib_tpu-compiler": ("frozenlake_qwen3_8b_gpu", GPUS_8),
-    "sql_qwen3_4b_gpu_8x80gib_tpu-compiler": ("sql_qwen3_4b_gpu", GPUS_8),
-    "code_qwen3_4b_gpu_8x80gib_tpu-compiler": ("code_qwen3_4b_gpu", GPUS_8),
-    "bfcl_qwen3_4b_gpu_8x80gib_tpu-compiler": ("bfcl_qwen3_4b_gpu", GPUS_8),
+    "frozenlake_qwen3_4b_gpu_8xh100_xla-gpu": ("frozenlake_qwen3_4b_gpu", H100_8),
+    "frozenlake_qwen3_8b_gpu_8xh100_xla-gpu": ("frozenlake_qwen3_8b_gpu", H100_8),
+    "sql_qwen3_4b_gpu_8xh100_xla-gpu": ("sql_qwen3_4b_gpu", H100_8),
+    "code_qwen3_4b_gpu_8xh100_xla-gpu": ("code_qwen3_4b_gpu", H100_8),
+    "bfcl_qwen3_4b_gpu_8xh100_xla-gpu": ("bfcl_qwen3_4b_gpu", H100_8),
     "frozenlake_qwen3_4b_tpu_v5p-2x2x2": ("frozenlake_qwen3_4b_tpu", ["--topology", "v5p:2x2x2"]),
     "frozenlake_qwen3_8b_tpu_v5p-2x2x2": ("frozenlake_qwen3_8b_tpu", ["--topology", "v5p:2x2x2"]),
     "frozenlake_qwen3_4b_tpu_v5p-4x4x2_colocated": ("frozenlake_qwen3_4b_tpu", V5P_64_COLOCATED),
@@ -94,6 +98,7 @@ def regenerate(name: str) -> dict:
         "date": datetime.date.today().isoformat(),
         "jax": importlib.metadata.version("jax"),
         "libtpu": _version("libtpu"),
+        "jax_cuda12_plugin": _version("jax-cuda12-plugin"),
         "seconds": round(time.perf_counter() - start),
     }
     (HERE / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")

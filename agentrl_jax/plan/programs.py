@@ -22,21 +22,20 @@ reads the compiler's per-device memory analysis:
 * ``eval:likelihood``   the teacher-forced forward of the likelihood analysis (§7.4) at
                         ``eval.likelihood_rows_per_batch`` rows of ``eval.max_context`` tokens.
 
-Targets: a TPU topology (``tpu_target("v5p:2x2x2")``: compile-only devices of libtpu, the
-optional ``tpu`` extra; the compiler's figures are the real chip's) or GPUs, whose compiler
-needs a GPU, so the figures are an *estimate* made with a stand-in compiler:
+Targets (:mod:`~agentrl_jax.plan.targets`): compile-only NVIDIA GPUs compiled by XLA:GPU
+itself (``cuda_target("h100", 8)``, jax's CUDA plugin), compile-only TPU chips (``tpu_target``,
+libtpu), or a stand-in compiler for GPUs where the plugin is missing (``gpu_target``: TPU v5p
+chips or fake CPU devices; estimates). Programs are traced for the target's platform
+(``attention.built_for``), so ``attention: auto``, the paged decode kernel and the layer loop
+are what that platform runs; the report names the compiler of every figure.
 
-* ``gpu_target(8, 80, stand_in="tpu")``: compile-only TPU v5p chips of the same count (needs
-  libtpu). The mesh, shardings, shapes and dtypes are the GPU run's; buffer assignment and
-  fusion are XLA:TPU's, which keeps bfloat16 as bfloat16. The closer estimate.
-* ``gpu_target(8, 80)`` (``stand_in="cpu"``): fake CPU devices. XLA:CPU computes bfloat16 in
-  float32, so buffers can be twice their GPU size. Cheap, coarse.
-
-Each :class:`ProgramPlan`
-holds arguments, outputs, aliased (donated) and temporary bytes, the peak, the largest
-buffers of the partitioned program, and whether it fits in the device memory with the asked
-headroom. The peak is never below arguments + outputs - aliased + temporaries (what XLA:GPU
-allocates: :func:`analyse`); the compiler's own peak is kept beside it.
+Each :class:`ProgramPlan` holds arguments, outputs, aliased (donated) and temporary bytes, the
+peak, the largest buffers of the partitioned program, whether it compiled (a compiler failure
+is reported as a program that did not, with the compiler's message) and fits in the device
+memory with the asked headroom, and on a GPU target its roofline prediction
+(:mod:`~agentrl_jax.plan.roofline`). The peak is never below arguments + outputs - aliased +
+temporaries (what XLA:GPU allocates: :func:`analyse`); the compiler's own peak is kept beside
+it.
 
 ``agentrl-jax plan`` is the command-line front end (:mod:`agentrl_jax.cli.plan`).
 """
@@ -55,9 +54,11 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from agentrl_jax.models import lora
+from agentrl_jax.models import attention, lora
 from agentrl_jax.models.checkpoints import abstract_qwen3
 from agentrl_jax.models.config import Qwen3Config
+from agentrl_jax.plan import roofline
+from agentrl_jax.plan.targets import GIB, GpuSpec, Target
 from agentrl_jax.sampling import Paging, SamplingConfig
 from agentrl_jax.sampling.jitted import Sampler
 from agentrl_jax.sampling.sampler import init_state
@@ -86,18 +87,6 @@ from agentrl_jax.train.config import loss_position_bound
 from agentrl_jax.train.config import train_config as make_train_config
 from agentrl_jax.train.step import batch_shardings
 from agentrl_jax.trajectory import Trajectory
-
-GIB = 1024**3
-
-# HBM per chip (bytes) by libtpu device kind.
-TPU_MEMORY = {
-    "TPU v4": 32 * GIB,
-    "TPU v5 lite": 16 * GIB,
-    "TPU v5": 95.74 * GIB,
-    "TPU v5p": 95.74 * GIB,
-    "TPU v6 lite": 32 * GIB,
-    "TPU v6e": 32 * GIB,
-}
 
 # Hugging Face config.json values of the Qwen3 dense models (for planning without the files).
 QWEN3_ARCHITECTURES: dict[str, dict[str, Any]] = {
@@ -145,18 +134,6 @@ _COMMON = dict(
 
 
 @dataclasses.dataclass(frozen=True)
-class Target:
-    """Devices to compile for, the memory of each, whether figures are estimates (a stand-in
-    compiler) and whether that stand-in is XLA:CPU (``cpu_stand_in``)."""
-
-    name: str
-    devices: tuple[Any, ...]
-    memory_bytes: float
-    estimate: bool
-    cpu_stand_in: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
 class ProgramPlan:
     """One compiled program's per-device memory (bytes)."""
 
@@ -171,66 +148,12 @@ class ProgramPlan:
     headroom: float  # 1 - peak / device memory
     compiler_peak: int = 0  # the compiler's peak_memory_in_bytes (0: it gives none)
     error: str = ""  # why the compiler refused it (e.g. out of memory); "" when it compiled
+    compiled: bool = True  # False: the compiler failed (``error`` says why)
+    compiler: str = ""  # which compiler produced the figures (Target.compiler)
+    prediction: dict[str, Any] | None = None  # roofline.Prediction.to_dict() on a GPU target
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "largest": [list(x) for x in self.largest]}
-
-
-def tpu_target(topology: str) -> Target:
-    """Compile-only devices of a TPU topology (e.g. ``"v5p:2x2x2"``); needs libtpu."""
-    try:
-        from jax.experimental import topologies
-
-        devices = topologies.get_topology_desc(topology, "tpu").devices
-    except Exception as e:  # libtpu missing or the name unknown
-        raise ValueError(
-            f"--topology {topology!r}: no TPU topology ({type(e).__name__}: {e}); "
-            "install the tpu extra (pip install -e '.[tpu]') and use a name like v5p:2x2x2"
-        ) from None
-    kind = devices[0].device_kind
-    if kind not in TPU_MEMORY:
-        raise ValueError(
-            f"--topology {topology!r}: unknown device kind {kind!r} (known: {sorted(TPU_MEMORY)})"
-        )
-    return Target(f"{topology} ({kind})", tuple(devices), TPU_MEMORY[kind], estimate=False)
-
-
-def gpu_target(count: int, memory_gib: float, stand_in: str = "cpu") -> Target:
-    """``count`` GPUs of ``memory_gib`` each, estimated with a stand-in compiler.
-
-    ``stand_in="tpu"``: compile-only TPU v5p chips of the same count (the first ``count`` chips
-    of the smallest v5p topology holding them; needs libtpu), bfloat16 kept as such.
-    ``stand_in="cpu"``: fake CPU devices; the process must have at least ``count`` of them
-    (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before jax starts).
-    """
-    if stand_in == "tpu":
-        if count < 1:
-            raise ValueError(f"--gpus must be >= 1, got {count}")
-        # the smallest v5p topology holding them (4 chips a host); a count that is not a
-        # multiple of 4 compiles on the first ``count`` chips
-        topology = f"v5p:2x2x{-(-count // 4)}"
-        devices = tpu_target(topology).devices[:count]
-        return Target(
-            f"{count} x GPU {memory_gib:g} GiB (estimated with the TPU compiler, {topology})",
-            tuple(devices),
-            memory_gib * GIB,
-            estimate=True,
-        )
-    if stand_in != "cpu":
-        raise ValueError(f"--gpu-stand-in must be 'cpu' or 'tpu', got {stand_in!r}")
-    devices = jax.devices("cpu")
-    if len(devices) < count:
-        raise ValueError(
-            f"--gpus {count}: this process has {len(devices)} CPU devices; start it with "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={count}"
-        )
-    return Target(
-        f"{count} x GPU {memory_gib:g} GiB (estimated on CPU devices)",
-        tuple(devices[:count]),
-        memory_gib * GIB,
-        estimate=True,
-        cpu_stand_in=True,
-    )
 
 
 def qwen3_config(name: str) -> Qwen3Config:
@@ -341,10 +264,8 @@ def analyse(name: str, compiled: Any, memory_bytes: float, headroom: float) -> P
     if not hasattr(compiled, "memory_analysis"):  # lowered: compile it here
         try:
             compiled = compiled.compile()
-        except jax.errors.JaxRuntimeError as e:
-            if "RESOURCE_EXHAUSTED" not in str(e):
-                raise
-            return refused_plan(name, str(e), memory_bytes)
+        except Exception as e:  # noqa: BLE001 - every compiler failure is a finding
+            return refused_plan(name, f"{type(e).__name__}: {e}", memory_bytes)
     m = compiled.memory_analysis()
     bound = (
         m.argument_size_in_bytes
@@ -372,17 +293,29 @@ _NEEDED = re.compile(r"required for HLO temporaries \((\d+(?:\.\d+)?)([KMGT])\)"
 
 
 def refused_plan(name: str, message: str, memory_bytes: float) -> ProgramPlan:
-    """The plan of a program the compiler refused for want of memory: not fitting, its
-    temporaries and peak what the compiler says it needed (XLA:TPU: "the total memory required
-    for HLO temporaries (20.61G) exceeds available HBM (15.75G)"; 0 if it says nothing), and
-    the compiler's first line as ``error``."""
+    """The plan of a program the compiler refused: not compiled, not fitting, its temporaries
+    and peak what the compiler says it needed (XLA:TPU: "the total memory required for HLO
+    temporaries (20.61G) exceeds available HBM (15.75G)"; 0 if it says nothing), and the
+    compiler's first line as ``error`` (e.g. XLA:GPU's "RESOURCE_EXHAUSTED: Shared memory size
+    limit exceeded" for a Triton kernel whose blocks do not fit)."""
     found = _NEEDED.search(message)
     needed = 0
     if found:
         needed = int(float(found.group(1)) * 1024 ** "KMGT".index(found.group(2)) * 1024)
     first = next((line.strip() for line in message.splitlines() if line.strip()), message)
     return ProgramPlan(
-        name, 0, 0, 0, needed, needed, (), False, float(1 - needed / memory_bytes), 0, first[:300]
+        name,
+        0,
+        0,
+        0,
+        needed,
+        needed,
+        (),
+        False,
+        float(1 - needed / memory_bytes),
+        0,
+        first[:300],
+        compiled=False,
     )
 
 
@@ -595,6 +528,87 @@ def eval_rows(ev: Any, eval_maps: int) -> int:
     return max(tasks * samples, (ev.states_per_call or ev.states) * ev.group_size)
 
 
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """Rows one device holds in each program of a plan (what its predictions are for)."""
+
+    train_rows: int  # per update (all micro-batches)
+    micro_batches: int
+    rollout_rows: int  # per rollout call
+    eval_rows: int
+    likelihood_rows: int
+
+
+# What the rollout prediction assumes of a turn where the config does not say: the chat
+# prompt (system, rules, the first observation) and one observation, in tokens (FrozenLake
+# 8x8 with Qwen3's tokenizer is of this order; a prediction names what it assumes).
+PROMPT_TOKENS = 512
+OBSERVATION_TOKENS = 128
+
+
+def _predict(
+    name: str, config: Any, model: Qwen3Config, gpu: GpuSpec, shape: Shapes
+) -> dict[str, Any] | None:
+    """The roofline prediction of one planned program (per device), None where there is none
+    to make (init, seating rows)."""
+    task, ev = config.task, config.eval
+    weights = roofline.matmul_parameters(model)
+    if name.startswith("train:"):
+        spec = next(r for r in config.rl.resolved_runs() if f"train:{r.name}" == name)
+        train = make_train_config(config, spec)
+        rows = max(1, shape.train_rows)
+        return roofline.train_step(
+            model, gpu, rows, task.max_context,
+            micro_batches=min(shape.micro_batches, rows), reference=train.uses_reference,
+            critic=train.uses_critic, remat=config.rl.remat is not None,
+            full_weights=config.rl.lora is None,
+        ).to_dict()  # fmt: skip
+    for prefix, rows, length in (
+        ("rollout", shape.rollout_rows, task.max_context),
+        ("eval", shape.eval_rows, ev.max_context),
+    ):
+        if name == f"{prefix}:decode":
+            return roofline.decode_step(model, gpu, rows, length / 2).to_dict()
+        if name == f"{prefix}:append":
+            chunk = config.engine.prefill_chunk or length
+            return roofline.prefill(model, gpu, rows, chunk, length / 2).to_dict()
+    if name == "eval:likelihood":
+        return roofline.forward(model, gpu, shape.likelihood_rows, ev.max_context).to_dict()
+    if name == "sync:weights":  # float32 read, the compute dtype written
+        return roofline.bytes_moved(name, gpu, 6 * weights, weights, "weights/s").to_dict()
+    if name == "lora:merge":
+        return roofline.bytes_moved(name, gpu, 4 * weights, weights, "weights/s").to_dict()
+    return None
+
+
+def predictions(
+    config: Any, model: Qwen3Config, gpu: GpuSpec, shape: Shapes
+) -> list[roofline.Prediction]:
+    """The headline roofline figures of a config on one ``gpu``: decode tokens/s at batch 1, 8
+    and 64 (half of ``task.max_context`` cached), one update's tokens/s and MFU per device,
+    and the rollout's turns/s per device (``task.t_max`` turns of ``max_response_tokens``)."""
+    task = config.task
+    out = [roofline.decode_step(model, gpu, b, task.max_context / 2) for b in (1, 8, 64)]
+    rows = max(1, shape.train_rows)
+    train = make_train_config(config, config.rl.resolved_runs()[0])
+    out.append(
+        roofline.train_step(
+            model, gpu, rows, task.max_context,
+            micro_batches=min(shape.micro_batches, rows), reference=train.uses_reference,
+            critic=train.uses_critic, remat=config.rl.remat is not None,
+            full_weights=config.rl.lora is None,
+        )
+    )  # fmt: skip
+    out.append(
+        roofline.rollout_turns(
+            model, gpu, shape.rollout_rows, turns=task.t_max,
+            response_tokens=task.max_response_tokens, observation_tokens=OBSERVATION_TOKENS,
+            prompt_tokens=PROMPT_TOKENS, max_context=task.max_context,
+        )
+    )  # fmt: skip
+    return out
+
+
 def plan(
     config: Any,
     target: Target,
@@ -605,7 +619,24 @@ def plan(
 ) -> dict[str, Any]:
     """Compile the programs of a :class:`~agentrl_jax.reproduce.config.ReproduceConfig` for
     ``target`` and report their memory (see the module docstring). ``programs``: name
-    prefixes to keep (e.g. ``["train"]``), None for all."""
+    prefixes to keep (e.g. ``["train"]``), None for all.
+
+    Every program is traced for ``target.platform`` (``attention: auto`` picks cuDNN for a GPU,
+    splash for a TPU, even in a process whose backend is the CPU) and compiled by
+    ``target.compiler``, which the report names; on a GPU target each program also carries a
+    roofline prediction (:mod:`~agentrl_jax.plan.roofline`) and the report the headline ones
+    (:func:`predictions`)."""
+    with attention.built_for(target.platform):
+        return _plan(config, target, headroom, model_name, programs)
+
+
+def _plan(
+    config: Any,
+    target: Target,
+    headroom: float,
+    model_name: str | None,
+    programs: Sequence[str] | None,
+) -> dict[str, Any]:
     model_cfg = model_config(config.model, model_name)
     dtype = jnp.dtype(config.model.dtype)
     lora_config = config.rl.lora
@@ -727,8 +758,23 @@ def plan(
             )
         )
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
+    shape = Shapes(
+        train_rows=rows // rl.mini_batches // batch_devices,
+        micro_batches=rl.num_micro_batches,
+        rollout_rows=-(-rollout_rows // batch_shards(rollout_mesh)),
+        eval_rows=-(-eval_rows(ev, task.eval_tasks) // batch_shards(mesh)),
+        likelihood_rows=-(-ev.likelihood_rows_per_batch // batch_shards(mesh)),
+    )
+    headline: list[dict[str, Any]] = []
+    if target.gpu is not None:
+        predict = lambda name: _predict(name, config, model_cfg, target.gpu, shape)  # noqa: E731
+        results = [dataclasses.replace(p, prediction=predict(p.name)) for p in results]
+        headline = [x.to_dict() for x in predictions(config, model_cfg, target.gpu, shape)]
+    results = [dataclasses.replace(p, compiler=target.compiler) for p in results]
     return {
         "target": target.name,
+        "compiler": target.compiler,
+        "gpu": target.gpu.name if target.gpu is not None else None,
         "estimate": target.estimate,
         "stand_in": ("cpu" if target.cpu_stand_in else "tpu") if target.estimate else None,
         "mesh": describe_mesh(mesh),
@@ -747,21 +793,32 @@ def plan(
         // rl.num_micro_batches,
         "length": task.max_context,
         "programs": [p.to_dict() for p in results],
+        "predictions": headline,
+        "compiled": all(p.compiled for p in results),
         "fits": all(p.fits for p in results),
     }
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """``report`` (from :func:`plan`) as a Markdown table, GiB per device."""
+    """``report`` (from :func:`plan`) as Markdown tables, GiB per device; on a GPU target the
+    roofline predictions beside the memory."""
 
     def gib(b):
         return f"{b / GIB:.3g}"
 
+    def speed(p):
+        if not p:
+            return "-"
+        mfu = f", MFU {p['mfu']:.0%}" if p.get("mfu") is not None else ""
+        return f"{p['value']:.4g} {p['unit']} ({p['bound']}{mfu})"
+
+    gpu = report.get("gpu") is not None
     lines = [
         f"target: {report['target']}; mesh {report['mesh']}; "
         f"{gib(report['device_memory_bytes'])} GiB "
-        f"per device, headroom asked {report['headroom']:.0%}"
-        + (f"; ESTIMATE ({report['stand_in']} compiler)" if report["estimate"] else ""),
+        f"per device, headroom asked {report['headroom']:.0%}",
+        f"compiler: {report['compiler']}"
+        + (" (an ESTIMATE: not the target's own compiler)" if report["estimate"] else ""),
         f"train rows per device per micro-batch: "
         f"{report['train_rows_per_device_per_micro_batch']}, "
         f"length {report['length']}",
@@ -769,9 +826,9 @@ def format_table(report: dict[str, Any]) -> str:
         "",
         (
             "| program | arguments | outputs | aliased | temporaries | peak (GiB) | headroom "
-            "| fits | largest buffer |"
+            "| fits | largest buffer |" + (" roofline per device |" if gpu else "")
         ),
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""),
     ]
     for p in report["programs"]:
         big = p["largest"][0] if p["largest"] else ("-", 0)
@@ -779,9 +836,14 @@ def format_table(report: dict[str, Any]) -> str:
             f"| {p['name']} | {gib(p['arguments'])} | {gib(p['outputs'])} | {gib(p['aliased'])} | "
             f"{gib(p['temporaries'])} | {gib(p['peak'])} | {p['headroom']:.0%} | "
             f"{'yes' if p['fits'] else 'NO'} | {big[0]} {gib(big[1])} |"
+            + (f" {speed(p.get('prediction'))} |" if gpu else "")
         )
         if p.get("error"):
             lines.append(f"|  | {p['name']}: the compiler refused it: {p['error']} |||||||")
+    if report.get("predictions"):
+        lines += ["", f"roofline on one {report['gpu']} (upper bounds; what each assumes):", ""]
+        for x in report["predictions"]:
+            lines.append(f"- {x['name']}: {speed(x)}; {x['assumes']}")
     lines.append("")
     lines.append("all programs fit" if report["fits"] else "some programs do NOT fit")
     return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""Will a config fit, and how fast will it run? Compiled for the target, not guessed.
+
+* :mod:`~agentrl_jax.plan.targets`: what is compiled for (compile-only GPUs by XLA:GPU, TPU
+  topologies by XLA:TPU, stand-ins where a compiler is missing) and the GPUs known by name;
+* :mod:`~agentrl_jax.plan.programs`: every program of a config compiled for a target, its
+  per-device memory (:func:`plan`, :func:`format_table`);
+* :mod:`~agentrl_jax.plan.roofline`: the speed those programs would reach on a GPU, from their
+  FLOPs and bytes against its peak FLOP/s and bandwidth.
+
+``agentrl-jax plan`` is the command-line front end (:mod:`agentrl_jax.cli.plan`).
+"""
+
+from agentrl_jax.plan.programs import (
+    QWEN3_ARCHITECTURES,
+    ProgramPlan,
+    analyse,
+    eval_rows,
+    fit_mesh,
+    format_table,
+    largest_buffers,
+    model_config,
+    plan,
+    qwen3_config,
+    refused_plan,
+)
+from agentrl_jax.plan.targets import (
+    CUDA_COMPILE_ENV,
+    GIB,
+    GPUS,
+    TPU_MEMORY,
+    GpuSpec,
+    Target,
+    cuda_plugin_version,
+    cuda_target,
+    gpu_spec,
+    gpu_target,
+    tpu_target,
+)
+
+__all__ = [
+    "CUDA_COMPILE_ENV",
+    "GIB",
+    "GPUS",
+    "QWEN3_ARCHITECTURES",
+    "TPU_MEMORY",
+    "GpuSpec",
+    "ProgramPlan",
+    "Target",
+    "analyse",
+    "cuda_plugin_version",
+    "cuda_target",
+    "eval_rows",
+    "fit_mesh",
+    "format_table",
+    "gpu_spec",
+    "gpu_target",
+    "largest_buffers",
+    "model_config",
+    "plan",
+    "qwen3_config",
+    "refused_plan",
+    "tpu_target",
+]
