@@ -39,10 +39,20 @@ Speed (``ratio`` = value / reference value):
   chat template) with a random Qwen3 of the 0.6B shape, against the same rollouts one task group
   at a time.
 
+On a GPU of :data:`agentrl_jax.plan.GPUS` (H100, H200, A100) the decode, train-step and rollout
+figures also carry, in ``settings``, ``predicted``: the roofline of the same shape
+(:mod:`agentrl_jax.plan.roofline`: decode at the steps' mean cache, ``prompt + new / 2``
+tokens; the update with its KL reference and remat; the rollout with every row playing every
+turn, at the measured prompt and observation tokens), and ``of_predicted``: measured over
+predicted, the share of the bound reached. Elsewhere (a CPU) both are null.
+
 Memory (``ratio`` = measured / predicted): the peak that :mod:`agentrl_jax.plan` predicts for the
 train step and for decode (the compiler's memory analysis of the very programs that run)
 against the allocator's measured peak (``Device.memory_stats``; the CPU has none, so there the
 line carries the prediction alone).
+
+``--compile-only h100`` runs nothing: it compiles these figures' programs for a GPU that is not
+there (:mod:`agentrl_jax.bench.compile_only`), one line per figure under the same names.
 """
 
 from __future__ import annotations
@@ -61,11 +71,11 @@ import numpy as np
 from flax import nnx
 
 from agentrl_jax.bench.forward import CONFIGS as MODEL_SHAPES
+from agentrl_jax.plan import roofline
+from agentrl_jax.plan.roofline import Prediction, layer_matmul_parameters, model_flops_per_token
+from agentrl_jax.plan.targets import GpuSpec, gpu_spec
 
 PARTS = ("memory", "logits", "paged_kernel", "cudnn_attention", "train_step", "decode", "rollout")
-
-# Dense bfloat16 peak FLOP/s by device kind (NVIDIA's data sheets, SXM parts).
-PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 
 TINY_DIMS = dict(MODEL_SHAPES["tiny"], vocab_size=512)
 
@@ -139,17 +149,89 @@ def dims(shape: str) -> dict[str, Any]:
     return our_config(shape).to_hf_dict()
 
 
-def layer_matmul_parameters(config) -> int:
-    """The parameters of one layer's matmuls: q, k, v, o and the three MLP projections."""
-    d, f = config.hidden_size, config.intermediate_size
-    q = config.num_attention_heads * config.head_dim
-    kv = config.num_key_value_heads * config.head_dim
-    return d * (q + 2 * kv) + q * d + 3 * d * f
-
-
 def device_name(device: Any = None) -> str:
     device = device or jax.devices()[0]
     return f"{device.platform}:{device.device_kind}"
+
+
+# ---------------------------------------------------------------------------- names
+# One place for the figures' names: ``--compile-only`` (agentrl_jax.bench.compile_only) prints
+# the same ones, so its lines join this run's.
+LOGITS = "logits {shape} vs transformers"
+PAGED_KERNEL = "paged attention: Pallas GPU kernel vs XLA"
+CUDNN = "attention: cuDNN vs XLA"
+TRAIN_CHECK = "train step: loss and gradients vs CPU"
+
+
+def decode_name(shape: str, batch: int) -> str:
+    return f"decode {shape} batch {batch}"
+
+
+def generate_name(shape: str, batch: int) -> str:
+    return f"generate {shape} batch {batch}"
+
+
+def train_name(scale: Scale) -> str:
+    return f"train step {scale.train_shape} L {scale.train_tokens}"
+
+
+def memory_name(name: str) -> str:
+    """The memory figure of the program behind figure ``name`` (e.g. a decode's)."""
+    return f"memory {name}: measured vs plan"
+
+
+def rollout_name(scale: Scale) -> str:
+    return (
+        f"rollout FrozenLake {scale.rollout_shape}, {scale.rollout_tasks} tasks x G "
+        f"{scale.rollout_group}"
+    )
+
+
+MEMORY_DECODE_BATCH = 64  # the memory figure's decode program: the widest decode batch
+ROLLOUT_RESPONSE_TOKENS = 8  # the rollout figure's max_response_tokens
+ROLLOUT_CONTEXT = 1536  # and its max_context
+
+
+# ---------------------------------------------------------------------------- predicted
+def gpu_here() -> GpuSpec | None:
+    """The :class:`~agentrl_jax.plan.GpuSpec` of the device measured (jax's first), None where
+    it is not a GPU of :data:`agentrl_jax.plan.GPUS` (a CPU): no roofline there."""
+    return gpu_spec(jax.devices()[0].device_kind)
+
+
+def decode_prediction(config, spec: GpuSpec, batch: int, scale: Scale) -> Prediction:
+    """The roofline of a decode figure: ``batch`` rows at the mean cache length of its steps,
+    ``prompt_len + new_tokens / 2`` tokens."""
+    return roofline.decode_step(config, spec, batch, scale.prompt_len + scale.new_tokens / 2)
+
+
+def train_prediction(config, spec: GpuSpec, scale: Scale, rows: int = 1) -> Prediction:
+    """The roofline of the train-step figure (``config`` with the layers it keeps): ``rows`` rows
+    of ``train_tokens``, a KL reference, full rematerialisation."""
+    return roofline.train_step(config, spec, rows, scale.train_tokens, reference=True, remat=True)
+
+
+def rollout_prediction(
+    config, spec: GpuSpec, scale: Scale, prompt_tokens: float, observation_tokens: float
+) -> Prediction:
+    """The roofline of the rollout figure: every row (tasks x G) playing every turn of the
+    budget, ``ROLLOUT_RESPONSE_TOKENS`` a response, the measured prompt and observation
+    tokens (:func:`turn_tokens`)."""
+    return roofline.rollout_turns(
+        config, spec, scale.rollout_tasks * scale.rollout_group, turns=scale.rollout_budget,
+        response_tokens=ROLLOUT_RESPONSE_TOKENS, observation_tokens=round(observation_tokens),
+        prompt_tokens=round(prompt_tokens), max_context=ROLLOUT_CONTEXT,
+    )  # fmt: skip
+
+
+def against(prediction: Prediction | None, measured: float | None) -> dict[str, Any]:
+    """A speed figure's ``settings`` entries ``predicted`` (the roofline's
+    :meth:`~agentrl_jax.plan.roofline.Prediction.to_dict`) and ``of_predicted`` (measured over
+    predicted value: the share of the bound reached); both None without a prediction (a CPU)."""
+    if prediction is None:
+        return {"predicted": None, "of_predicted": None}
+    share = None if measured is None else float(measured / prediction.value)
+    return {"predicted": prediction.to_dict(), "of_predicted": share}
 
 
 def _sync(tree: Any) -> Any:
@@ -171,6 +253,11 @@ def _torch_device():
 
 
 # ---------------------------------------------------------------------------- correctness
+def logits_tokens(scale: Scale) -> tuple[int, int]:
+    """Rows and tokens of the logits figure's batch."""
+    return (2, 16) if scale.tiny else (2, 64)
+
+
 def logits_figure(scale: Scale, seed: int = 0) -> Figure:
     """Our float32 logits against transformers' on the same random checkpoint."""
     import torch  # noqa: PLC0415
@@ -183,7 +270,7 @@ def logits_figure(scale: Scale, seed: int = 0) -> Figure:
     config = transformers.Qwen3Config(**dims(scale.logits_shape))
     hf = transformers.Qwen3ForCausalLM(config).eval()
     rng = np.random.default_rng(seed)
-    batch, length = (2, 64) if not scale.tiny else (2, 16)
+    batch, length = logits_tokens(scale)
     tokens = rng.integers(0, config.vocab_size, (batch, length))
     with tempfile.TemporaryDirectory() as folder:
         hf.save_pretrained(folder)
@@ -198,7 +285,7 @@ def logits_figure(scale: Scale, seed: int = 0) -> Figure:
         got, _ = ours(jnp.asarray(tokens), positions_from_mask(mask), mask)
     got = np.asarray(got)
     return Figure(
-        f"logits {scale.logits_shape} vs transformers",
+        LOGITS.format(shape=scale.logits_shape),
         "correctness",
         float(np.abs(got - want).max()),
         "max abs logit difference",
@@ -214,13 +301,18 @@ def logits_figure(scale: Scale, seed: int = 0) -> Figure:
     )
 
 
+# the paged-kernel figure's batch, heads, KV heads, layers, pages, page size, pages a row, head_dim
+PAGED_SHAPE = (8, 16, 8, 2, 96, 16, 8, 128)
+PAGED_BLOCK_PAGES = 2
+
+
 def paged_kernel_figure(seed: int = 0) -> Figure:
     """The Pallas GPU paged-attention kernel against the XLA paged attention."""
     from agentrl_jax.models import paged_cache, paged_kernels  # noqa: PLC0415
 
     on_gpu = jax.default_backend() in ("gpu", "cuda")
     rng = np.random.default_rng(seed)
-    batch, heads, kv_heads, layers, pages, size, per_row, hd = 8, 16, 8, 2, 96, 16, 8, 128
+    batch, heads, kv_heads, layers, pages, size, per_row, hd = PAGED_SHAPE
     pools = [
         jnp.asarray(rng.normal(size=(kv_heads, layers, pages, size, hd)), jnp.float32)
         for _ in range(2)
@@ -235,14 +327,15 @@ def paged_kernel_figure(seed: int = 0) -> Figure:
     q = jnp.asarray(rng.normal(size=(batch, heads, hd)), jnp.float32)
     with jax.default_matmul_precision("highest"):
         want = paged_cache.paged_attention(
-            q[:, None], *pools, 1, jnp.asarray(table), jnp.asarray(lengths)[:, None], block_pages=2
-        )[:, 0]
+            q[:, None], *pools, 1, jnp.asarray(table), jnp.asarray(lengths)[:, None],
+            block_pages=PAGED_BLOCK_PAGES,
+        )[:, 0]  # fmt: skip
         got = paged_kernels.decode_attention(
             "pallas_gpu", q, *pools, 1, jnp.asarray(table), jnp.asarray(lengths),
-            block_pages=2, interpret=not on_gpu,
+            block_pages=PAGED_BLOCK_PAGES, interpret=not on_gpu,
         )  # fmt: skip
     return Figure(
-        "paged attention: Pallas GPU kernel vs XLA",
+        PAGED_KERNEL,
         "correctness",
         float(jnp.abs(got - want).max()),
         "max abs difference",
@@ -258,18 +351,21 @@ def paged_kernel_figure(seed: int = 0) -> Figure:
     )
 
 
+CUDNN_SHAPE = (2, 512, 16, 8, 128)  # the cuDNN figure's batch, length, heads, KV heads, head_dim
+
+
 def cudnn_figure(seed: int = 0) -> Figure:
     """cuDNN's fused attention against the XLA attention (bfloat16, causal, padded rows)."""
     from agentrl_jax.models.attention import attention  # noqa: PLC0415
 
     reference = "XLA attention (agentrl_jax.models.attention), same bfloat16 inputs"
     if jax.default_backend() not in ("gpu", "cuda"):
-        return Figure("attention: cuDNN vs XLA", "correctness", None, "max abs difference",
+        return Figure(CUDNN, "correctness", None, "max abs difference",
                       reference, None, tolerance=2e-2,
                       settings={"unavailable": f"cuDNN needs an NVIDIA GPU, this is "
                                                f"{device_name()}"})  # fmt: skip
     rng = np.random.default_rng(seed)
-    b, length, heads, kv, hd = 2, 512, 16, 8, 128
+    b, length, heads, kv, hd = CUDNN_SHAPE
     q, k, v = (
         jnp.asarray(rng.normal(size=(b, length, n, hd)), jnp.bfloat16) for n in (heads, kv, kv)
     )
@@ -278,7 +374,7 @@ def cudnn_figure(seed: int = 0) -> Figure:
     want = attention(q, k, v, None, valid, implementation="xla").astype(jnp.float32)
     rows = valid[:, :, None, None]  # padded queries' outputs are discarded by every caller
     diff = jnp.where(rows, jnp.abs(got - want), 0.0)
-    return Figure("attention: cuDNN vs XLA", "correctness", float(diff.max()),
+    return Figure(CUDNN, "correctness", float(diff.max()),
                   "max abs difference", reference, float(jnp.abs(want).max()), tolerance=2e-2,
                   settings={"batch": b, "length": length, "heads": heads, "kv_heads": kv,
                             "head_dim": hd})  # fmt: skip
@@ -291,19 +387,30 @@ def _train_batch(rows: int, tokens: int, vocab: int, seed: int = 0):
     return TrainBatch(synthetic_batch(rows, tokens, vocab, seed))
 
 
+def train_check_config(scale: Scale):
+    """The train-step check's model: the 0.6B shape cut to 2 layers (the CPU side stays
+    seconds), float32."""
+    if scale.tiny:
+        return our_config("tiny")
+    return dataclasses.replace(our_config("qwen3-0.6b"), num_hidden_layers=2)
+
+
+def train_check_tokens(scale: Scale) -> tuple[int, int]:
+    """Rows and tokens of the train-step check's batch."""
+    return (4, 64) if scale.tiny else (4, 256)
+
+
 def train_step_figure(scale: Scale, seed: int = 0) -> Figure:
     """One GRPO update's loss and gradients on the device against the same on the CPU."""
     from agentrl_jax.models import Qwen3ForCausalLM  # noqa: PLC0415
     from agentrl_jax.train import TrainConfig, init_train_state  # noqa: PLC0415
     from agentrl_jax.train.step import compute_gradients  # noqa: PLC0415
 
-    config = our_config("tiny" if scale.tiny else "qwen3-0.6b")
-    if not scale.tiny:  # the 0.6B shape cut to 2 layers: the CPU side stays seconds
-        config = dataclasses.replace(config, num_hidden_layers=2)
+    config = train_check_config(scale)
     model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(seed))
     train = TrainConfig()
     state = init_train_state(model, train)
-    batch = _train_batch(4, 64 if scale.tiny else 256, config.vocab_size, seed)
+    batch = _train_batch(*train_check_tokens(scale), config.vocab_size, seed)
     graphdef = nnx.graphdef(model)
     grads = jax.jit(lambda s, b: compute_gradients(graphdef, train, s, b)[::2])
     cpu = jax.devices("cpu")[0]
@@ -317,7 +424,7 @@ def train_step_figure(scale: Scale, seed: int = 0) -> Figure:
     diff = max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(g_dev),
                                                             jax.tree.leaves(g_cpu)))  # fmt: skip
     return Figure(
-        "train step: loss and gradients vs CPU",
+        TRAIN_CHECK,
         "correctness",
         max(diff / scale_g, abs(loss_dev - loss_cpu) / max(abs(loss_cpu), 1e-6)),
         "max relative difference (gradients: over the largest gradient; loss)",
@@ -357,7 +464,7 @@ def measured_peak(arguments: int) -> Iterator[dict[str, Any]]:
 
 def _memory_figure(name: str, predicted: Any, measured: dict[str, Any], settings) -> Figure:
     return Figure(
-        f"memory {name}: measured vs plan",
+        memory_name(name),
         "memory",
         None if measured["bytes"] is None else float(measured["bytes"]),
         "bytes",
@@ -378,7 +485,7 @@ def _device_memory() -> float:
     return float(stats.get("bytes_limit", 80 * 1024**3))
 
 
-def decode_memory_figure(scale: Scale, batch: int = 64) -> Figure:
+def decode_memory_figure(scale: Scale, batch: int = MEMORY_DECODE_BATCH) -> Figure:
     """Plan's figure for the decode program (cache for ``prompt + new`` tokens) against the
     measured peak of the same compiled program."""
     from agentrl_jax.plan import analyse  # noqa: PLC0415
@@ -396,7 +503,7 @@ def decode_memory_figure(scale: Scale, batch: int = 64) -> Figure:
     args = sampler._decode_args(params, state, key, None, None)
     with measured_peak(predicted.arguments) as measured:
         _sync(compiled(*args))
-    return _memory_figure(f"decode {shape} batch {batch}", predicted, measured,
+    return _memory_figure(decode_name(shape, batch), predicted, measured,
                           {"shape": shape, "batch": batch, "max_len": max_len})  # fmt: skip
 
 
@@ -411,6 +518,14 @@ def _random_model(shape: str, seed: int = 0, param_dtype=jnp.bfloat16, layers: i
     return Qwen3ForCausalLM(
         config, dtype=jnp.bfloat16, param_dtype=param_dtype, rngs=nnx.Rngs(seed)
     )
+
+
+def train_config(scale: Scale):
+    """The train-step figure's :class:`~agentrl_jax.train.TrainConfig`: full rematerialisation,
+    ``attention: auto`` (cuDNN on an NVIDIA GPU; XLA's at tiny shapes)."""
+    from agentrl_jax.train import RLConfig, TrainConfig  # noqa: PLC0415
+
+    return TrainConfig(rl=RLConfig(remat="full", attention="xla" if scale.tiny else "auto"))
 
 
 def train_layers(shape: str, memory_bytes: float) -> int:
@@ -456,6 +571,7 @@ def decode_figures(scale: Scale, bandwidth: float) -> list[Figure]:
     from agentrl_jax.sampling import SamplingConfig  # noqa: PLC0415
 
     greedy = SamplingConfig(temperature=0.0)
+    spec = gpu_here()
     out = []
     for shape in scale.decode_shapes:
         model = _random_model(shape)
@@ -490,14 +606,16 @@ def decode_figures(scale: Scale, bandwidth: float) -> list[Figure]:
                         "new_tokens": scale.new_tokens, "param_bytes": param_bytes,
                         "copy_bandwidth_bytes_per_s": bandwidth, "step_ms": step_s * 1e3,
                         "device": device_name()}  # fmt: skip
-            out.append(Figure(f"decode {shape} batch {batch}", "speed", batch / step_s,
+            prediction = None if spec is None else decode_prediction(config, spec, batch, scale)
+            out.append(Figure(decode_name(shape, batch), "speed", batch / step_s,
                               "tokens/s", "HBM floor: (parameter + cache bytes) per step over "
                               "the measured copy bandwidth", batch / floor_s,
-                              settings=settings))  # fmt: skip
+                              settings={**settings,
+                                        **against(prediction, batch / step_s)}))  # fmt: skip
             ours_s = _median(generate, scale.repeats)
             theirs_s = _transformers_generate_s(shape, prompt, scale)
             tokens = batch * scale.new_tokens
-            out.append(Figure(f"generate {shape} batch {batch}", "speed", tokens / ours_s,
+            out.append(Figure(generate_name(shape, batch), "speed", tokens / ours_s,
                               "tokens/s", f"PyTorch transformers generate (greedy, bfloat16, "
                               f"{_torch_device()}, same shape)",
                               None if theirs_s is None else tokens / theirs_s,
@@ -544,27 +662,17 @@ def _transformers_generate_s(shape: str, prompt, scale: Scale) -> float | None:
     return seconds
 
 
-def model_flops_per_token(config, length: int) -> float:
-    """Forward FLOPs per token: 2 x matmul parameters (the output head included) plus
-    causal attention's scores and values (2 x 2 x heads x head_dim x length / 2 per layer)."""
-    layers, d = config.num_hidden_layers, config.hidden_size
-    matmul = layers * layer_matmul_parameters(config) + d * config.vocab_size
-    # (QK^T + PV) x 2 FLOPs x length / 2 (causal) per layer
-    attention = layers * 2 * config.num_attention_heads * config.head_dim * length
-    return 2 * matmul + attention
-
-
 def train_figures(scale: Scale) -> list[Figure]:
     """One GRPO update at the train shape: tokens/s, MFU; plan's peak against the measured."""
     from agentrl_jax.plan import analyse  # noqa: PLC0415
-    from agentrl_jax.train import RLConfig, TrainConfig, init_train_state  # noqa: PLC0415
+    from agentrl_jax.train import init_train_state  # noqa: PLC0415
     from agentrl_jax.train.step import make_train_step  # noqa: PLC0415
 
     shape, length = scale.train_shape, scale.train_tokens
     layers = train_layers(shape, _device_memory())
     model = _random_model(shape, param_dtype=jnp.float32, layers=layers)
-    attention = "auto" if not scale.tiny else "xla"
-    train = TrainConfig(rl=RLConfig(remat="full", attention=attention))
+    train = train_config(scale)
+    attention = train.rl.attention
     state = init_train_state(model, train)
     step = make_train_step(nnx.graphdef(model), train, donate=True)
     batch = step.place(_train_batch(1, length, model.config.vocab_size), state)
@@ -586,8 +694,9 @@ def train_figures(scale: Scale) -> list[Figure]:
     seconds = _median(update, scale.repeats)
     # policy forward + backward (3x forward) and the reference forward: 4x forward FLOPs
     flops = 4 * model_flops_per_token(model.config, length) * length
-    kind = jax.devices()[0].device_kind
-    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in kind), None)
+    spec = gpu_here()
+    peak = None if spec is None else spec.peak_bf16_flops
+    prediction = None if spec is None else train_prediction(model.config, spec, scale)
     settings = {"shape": shape, "layers": layers, "length": length, "rows": 1,
                 "remat": "full", "attention": attention, "param_dtype": "float32",
                 "compute_dtype": "bfloat16", "update_s": seconds,
@@ -595,7 +704,7 @@ def train_figures(scale: Scale) -> list[Figure]:
     del state
     return [
         Figure(
-            f"train step {shape} L {length}",
+            train_name(scale),
             "speed",
             tokens / seconds,
             "tokens/s",
@@ -605,27 +714,56 @@ def train_figures(scale: Scale) -> list[Figure]:
                 **settings,
                 "mfu": None if peak is None else flops / seconds / peak,
                 "peak_flops": peak,
+                **against(prediction, tokens / seconds),
             },
         ),  # fmt: skip
-        _memory_figure(f"train step {shape} L {length}", predicted, measured, settings),
+        _memory_figure(train_name(scale), predicted, measured, settings),
     ]
+
+
+def frozenlake_runner(scale: Scale, seed: int = 0):
+    """The rollout figure's FrozenLake runner (real tokenizer and chat template, 4x4 maps,
+    budget and group of ``scale``) and the key of its rollouts."""
+    from agentrl_jax.models.tokenizer import load_tokenizer  # noqa: PLC0415
+    from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig  # noqa: PLC0415
+    from envs.frozenlake import maps as fl_maps  # noqa: PLC0415
+    from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv  # noqa: PLC0415
+
+    budget = scale.rollout_budget
+    key_maps, key_run = jax.random.split(jax.random.key(seed))
+    env = FrozenLakeTextEnv(fl_maps.generate(key_maps, scale.rollout_tasks, size=4),
+                            FrozenLakeTextConfig(t_max=budget))  # fmt: skip
+    config = RolloutConfig(group_size=scale.rollout_group, budget=budget,
+                           max_response_tokens=ROLLOUT_RESPONSE_TOKENS,
+                           max_context=ROLLOUT_CONTEXT)  # fmt: skip
+    return MultiTurnRollout(env, load_tokenizer(), config), key_run
+
+
+def turn_tokens(runner, budget: int) -> tuple[list[int], list[int]]:
+    """Tokens of each task's first prompt (system, rules, the first grid) and of the message
+    that follows a response on its first grid (closing the response, the next user turn), as
+    ``runner`` builds them: what a rollout of ``runner`` prefills, turn after turn."""
+    from envs.protocol import cut_observation  # noqa: PLC0415
+
+    tasks = np.arange(runner.env.num_tasks())
+    _, observations = runner.env.reset(tasks, 0)
+    chat, prompt = runner.chat, runner.config.prompt
+    first, after = [], []
+    for text in observations:
+        text = cut_observation(text, runner.observation_chars)
+        system = prompt.system_text(runner.instructions, budget)
+        first.append(len(chat.first_prompt(system, prompt.turn_text(text, budget, 0))))
+        user = prompt.turn_text(text, budget, 1)
+        after.append(len(chat.close_response([])) + len(chat.next_prompt(user)))
+    return first, after
 
 
 def rollout_figure(scale: Scale, seed: int = 0) -> Figure:
     """The rollout engine's turns/s on FrozenLake against one task group at a time."""
-    from agentrl_jax.models.tokenizer import load_tokenizer  # noqa: PLC0415
-    from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig  # noqa: PLC0415
     from agentrl_jax.sampling import Paging, SamplerPolicy  # noqa: PLC0415
-    from envs.frozenlake import maps as fl_maps  # noqa: PLC0415
-    from envs.frozenlake.text_env import FrozenLakeTextConfig, FrozenLakeTextEnv  # noqa: PLC0415
 
-    budget, group = scale.rollout_budget, scale.rollout_group
-    key_maps, key_run = jax.random.split(jax.random.key(seed))
-    env = FrozenLakeTextEnv(fl_maps.generate(key_maps, scale.rollout_tasks, size=4),
-                            FrozenLakeTextConfig(t_max=budget))  # fmt: skip
-    config = RolloutConfig(group_size=group, budget=budget, max_response_tokens=8,
-                           max_context=1536)  # fmt: skip
-    runner = MultiTurnRollout(env, load_tokenizer(), config)
+    budget = scale.rollout_budget
+    runner, key_run = frozenlake_runner(scale, seed)
     if scale.tiny:
         from agentrl_jax.bench.rollout import frozenlake_token_map, tiny_policy_model  # noqa
 
@@ -650,8 +788,14 @@ def rollout_figure(scale: Scale, seed: int = 0) -> Figure:
             for k in range(len(tasks))
         ]  # fmt: skip
     )
+    first, after = turn_tokens(runner, budget)
+    prompt_tokens, observation_tokens = float(np.mean(first)), float(np.mean(after))
+    spec = gpu_here()
+    prediction = None if spec is None else rollout_prediction(
+        model.config, spec, scale, prompt_tokens, observation_tokens
+    )  # fmt: skip
     return Figure(
-        f"rollout FrozenLake {scale.rollout_shape}, {len(tasks)} tasks x G {group}",
+        rollout_name(scale),
         "speed",
         turns / batched_s,
         "turns/s",
@@ -659,11 +803,14 @@ def rollout_figure(scale: Scale, seed: int = 0) -> Figure:
         one_turns / one_s,
         settings={
             "budget": budget,
-            "max_response_tokens": 8,
+            "max_response_tokens": ROLLOUT_RESPONSE_TOKENS,
             "paged": True,
             "turns": turns,
             "seconds": batched_s,
+            "prompt_tokens": prompt_tokens,
+            "observation_tokens": observation_tokens,
             "device": device_name(),
+            **against(prediction, turns / batched_s),
         },  # fmt: skip
     )
 

@@ -220,13 +220,24 @@ def bench_device(
         help="Only these parts (repeatable): memory, logits, paged_kernel, cudnn_attention, "
         "train_step, decode, rollout. Default: all.",
     ),
+    compile_only: Optional[str] = typer.Option(
+        None,
+        "--compile-only",
+        metavar="GPU",
+        help="Run nothing: compile every program for this GPU (h100, h200, a100) with XLA:GPU, "
+        "no GPU needed (needs the cuda extra); one JSON line per figure, its memory and "
+        "roofline prediction.",
+    ),
 ) -> None:
     """The first run on an accelerator: correctness against references, speed against the
     HBM floor, the chip's peak and PyTorch, plan's memory against the measured. One JSON line
     per figure (docs/hardware.md, "The first run on a GPU"); exit 1 if a correctness figure is
-    outside its tolerance."""
+    outside its tolerance. With --compile-only GPU: the same figures' programs compiled for
+    that GPU; exit 1 if one does not compile or fit."""
     import os
 
+    if compile_only is not None:
+        _compile_only(compile_only.lower(), tiny, part)
     # jax reserves 75% of a GPU's memory up front unless told not to: PyTorch's reference
     # runs need room beside it, and the measured peaks are the allocator's real ones.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -239,3 +250,47 @@ def bench_device(
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     raise typer.Exit(1 if any(f.ok is False for f in figures) else 0)
+
+
+def _compile_only(gpu: str, tiny: bool, parts: Optional[List[str]]) -> None:
+    """``bench device --compile-only GPU``: in a process started as XLA:GPU's compile-only
+    devices need (this command restarts itself so, as ``agentrl-jax plan`` does); exits."""
+    import os
+    import subprocess
+    import sys
+
+    from agentrl_jax.bench.device import PARTS
+    from agentrl_jax.plan import targets
+
+    if gpu not in targets.GPUS:
+        raise typer.BadParameter(
+            f"--compile-only {gpu!r}: unknown GPU; known: {', '.join(targets.GPUS)}"
+        )
+    unknown = [p for p in parts or () if p not in PARTS]
+    if unknown:
+        raise typer.BadParameter(f"unknown part(s) {unknown}; known: {', '.join(PARTS)}")
+    if targets.cuda_plugin_version() is None:
+        typer.echo(
+            f"Error: --compile-only {gpu}: XLA:GPU needs jax's CUDA plugin: "
+            "pip install -e '.[cuda]' (no GPU needed)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if not targets.in_cuda_compile_process():
+        argv = ["bench", "device", "--compile-only", gpu, *(["--tiny"] if tiny else [])]
+        argv += [f"--part={p}" for p in parts or ()]
+        child = subprocess.run(
+            [sys.executable, "-m", "agentrl_jax.cli", *argv],
+            env={**os.environ, **targets.CUDA_COMPILE_ENV},
+        )
+        raise typer.Exit(child.returncode)
+    from agentrl_jax.bench import compile_only
+
+    try:
+        figures = compile_only.run(
+            gpu, tiny=tiny, parts=parts or PARTS, emit=lambda f: print(f.to_json(), flush=True)
+        )
+    except ValueError as error:
+        typer.echo(f"Error: {error}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(0 if all(f.compiled and f.fits for f in figures) else 1)

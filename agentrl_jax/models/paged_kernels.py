@@ -65,12 +65,16 @@ def unmet(kernel: str, *, page_size: int, head_dim: int, dtype) -> str | None:
 
 
 def gpu_block_pages(block_pages: int, per_row: int, page_bytes: int) -> int:
-    """Pages per block of the Triton kernel's loop: at most ``block_pages``, a divisor of the
-    pages each of its ``k_splits`` reads (``per_row`` over the splits), and at most
-    :data:`GPU_TILE_BYTES` of keys (``page_bytes`` a page)."""
+    """Pages per block of the Triton kernel's loop: a power of two (Triton's arrays are; 3
+    pages a block fails to lower), a divisor of the pages each of its ``k_splits`` reads
+    (``per_row`` over the splits), at most ``block_pages`` and at most :data:`GPU_TILE_BYTES`
+    of keys (``page_bytes`` a page)."""
     splits = next(s for s in _SPLITS if per_row % s == 0)
     most = max(1, min(block_pages, GPU_TILE_BYTES // page_bytes))
-    return _divisor(per_row // splits, most)
+    pages = 1
+    while (per_row // splits) % (2 * pages) == 0 and 2 * pages <= most:
+        pages *= 2
+    return pages
 
 
 def select_kernel(platform: str, *, page_size: int, head_dim: int, dtype) -> str:

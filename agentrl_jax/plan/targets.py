@@ -131,7 +131,8 @@ CUDA_COMPILE_ENV = {
 def cuda_target(name: str, count: int = 1) -> Target:
     """``count`` compile-only ``name`` GPUs (a key of :data:`GPUS`) on one host, compiled by
     XLA:GPU. ValueError naming what is missing: the CUDA plugin (the ``cuda`` extra) or a
-    process started with ``JAX_PLATFORMS=cpu``."""
+    process started with ``JAX_PLATFORMS=cpu``. Turns jax's persistent compilation cache off in
+    this process (compile-only executables cannot be loaded from it)."""
     spec = GPUS.get(name.lower())
     if spec is None:
         raise ValueError(f"--gpu {name!r}: unknown GPU; known: {', '.join(GPUS)}")
@@ -144,6 +145,10 @@ def cuda_target(name: str, count: int = 1) -> Target:
         )
     from jax.experimental import topologies  # noqa: PLC0415
 
+    # a compile-only executable cannot be loaded back from jax's persistent cache ("PjRtCompiler
+    # must be constructed with a Client"): entries would be written, warned about and compiled
+    # again on every later run, so this process keeps none
+    jax.config.update("jax_enable_compilation_cache", False)
     try:
         topology = topologies.get_topology_desc(
             platform="cuda",
