@@ -139,13 +139,12 @@ def test_plan_for_a_tpu_topology():
 
 
 def test_plan_refuses_an_unknown_gpu_naming_the_known_ones():
-    child = subprocess.run(
-        [sys.executable, "-m", "agentrl_jax.cli", "plan", *CI, "--gpu", "b200"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert child.returncode == 2 and "h100, h200, a100" in child.stderr, child.stderr
+    from typer.testing import CliRunner
+
+    from agentrl_jax.cli import app
+
+    result = CliRunner().invoke(app, ["plan", *CI, "--gpu", "b200"], env={"COLUMNS": "1000"})
+    assert result.exit_code == 2 and "h100, h200, a100" in result.output, result.output
 
 
 def test_xla_gpu_without_the_cuda_plugin_says_what_to_install():

@@ -546,6 +546,21 @@ PROMPT_TOKENS = 512
 OBSERVATION_TOKENS = 128
 
 
+def _train_prediction(
+    config: Any, run: Any, model: Qwen3Config, gpu: GpuSpec, shape: Shapes
+) -> roofline.Prediction:
+    """One update of ``run`` on one device: its rows at ``task.max_context`` tokens, with the
+    passes the run's step makes (KL reference, critic, recompute, LoRA's frozen base)."""
+    train = make_train_config(config, run)
+    rows = max(1, shape.train_rows)
+    return roofline.train_step(
+        model, gpu, rows, config.task.max_context,
+        micro_batches=min(shape.micro_batches, rows), reference=train.uses_reference,
+        critic=train.uses_critic, remat=config.rl.remat is not None,
+        full_weights=config.rl.lora is None,
+    )  # fmt: skip
+
+
 def _predict(
     name: str, config: Any, model: Qwen3Config, gpu: GpuSpec, shape: Shapes
 ) -> dict[str, Any] | None:
@@ -554,15 +569,8 @@ def _predict(
     task, ev = config.task, config.eval
     weights = roofline.matmul_parameters(model)
     if name.startswith("train:"):
-        spec = next(r for r in config.rl.resolved_runs() if f"train:{r.name}" == name)
-        train = make_train_config(config, spec)
-        rows = max(1, shape.train_rows)
-        return roofline.train_step(
-            model, gpu, rows, task.max_context,
-            micro_batches=min(shape.micro_batches, rows), reference=train.uses_reference,
-            critic=train.uses_critic, remat=config.rl.remat is not None,
-            full_weights=config.rl.lora is None,
-        ).to_dict()  # fmt: skip
+        run = next(r for r in config.rl.resolved_runs() if f"train:{r.name}" == name)
+        return _train_prediction(config, run, model, gpu, shape).to_dict()
     for prefix, rows, length in (
         ("rollout", shape.rollout_rows, task.max_context),
         ("eval", shape.eval_rows, ev.max_context),
@@ -589,16 +597,7 @@ def predictions(
     and the rollout's turns/s per device (``task.t_max`` turns of ``max_response_tokens``)."""
     task = config.task
     out = [roofline.decode_step(model, gpu, b, task.max_context / 2) for b in (1, 8, 64)]
-    rows = max(1, shape.train_rows)
-    train = make_train_config(config, config.rl.resolved_runs()[0])
-    out.append(
-        roofline.train_step(
-            model, gpu, rows, task.max_context,
-            micro_batches=min(shape.micro_batches, rows), reference=train.uses_reference,
-            critic=train.uses_critic, remat=config.rl.remat is not None,
-            full_weights=config.rl.lora is None,
-        )
-    )  # fmt: skip
+    out.append(_train_prediction(config, config.rl.resolved_runs()[0], model, gpu, shape))
     out.append(
         roofline.rollout_turns(
             model, gpu, shape.rollout_rows, turns=task.t_max,
