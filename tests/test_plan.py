@@ -172,6 +172,9 @@ def test_auto_attention_chooses_for_the_platform_a_program_is_built_for():
         assert attention.select_implementation(q, q, None) == "cudnn"
         with attention.built_for("tpu"):
             assert attention.select_implementation(q, q, None) == "splash"
+            # a program XLA splits over a mesh cannot hold a Mosaic kernel: not splash there
+            with attention.partitioned():
+                assert attention.select_implementation(q, q, None) == "xla"
         assert attention.select_implementation(q.astype(jnp.float32), q, None) == "xla"
     assert attention.target_platform() == "cpu"
 

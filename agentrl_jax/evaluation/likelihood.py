@@ -38,6 +38,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from agentrl_jax import distributed
+from agentrl_jax.models.attention import partitioned
 from agentrl_jax.models.qwen3 import Qwen3ForCausalLM
 from agentrl_jax.sampling import TokenMap
 from agentrl_jax.sampling.scheduler import params_mesh
@@ -65,14 +66,15 @@ def scoring_program(graphdef: nnx.GraphDef, config: Forward, mesh: Mesh | None =
     constrain = activation_constraint(mesh)
 
     def score(params, tokens, token_mask, loss_mask):
-        logprobs, _ = sequence_logprobs(
-            nnx.merge(graphdef, params),
-            tokens,
-            token_mask,
-            loss_mask=loss_mask,
-            forward=config,
-            constrain=constrain,
-        )
+        with partitioned(mesh is not None and mesh.size > 1):
+            logprobs, _ = sequence_logprobs(
+                nnx.merge(graphdef, params),
+                tokens,
+                token_mask,
+                loss_mask=loss_mask,
+                forward=config,
+                constrain=constrain,
+            )
         return logprobs
 
     if mesh is None:

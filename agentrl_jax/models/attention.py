@@ -184,6 +184,22 @@ def built_for(platform: str | None) -> Iterator[None]:
         _BUILT_FOR.reset(token)
 
 
+_PARTITIONED: contextvars.ContextVar[bool] = contextvars.ContextVar("partitioned", default=False)
+
+
+@contextlib.contextmanager
+def partitioned(on: bool = True) -> Iterator[None]:
+    """Within the block, the program traced is split over several devices by XLA's partitioner
+    (``jit`` with shardings over a mesh of more than one device, not ``shard_map``): ``"auto"``
+    then chooses no Pallas Mosaic kernel ("splash"), which XLA cannot partition ("Mosaic kernels
+    cannot be automatically partitioned")."""
+    token = _PARTITIONED.set(on)
+    try:
+        yield
+    finally:
+        _PARTITIONED.reset(token)
+
+
 def target_platform() -> str:
     """The platform ``"auto"`` chooses for: :func:`built_for`'s, else the default backend."""
     return _BUILT_FOR.get() or jax.default_backend()
@@ -193,12 +209,19 @@ def select_implementation(q: jax.Array, k: jax.Array, key_limit: jax.Array | Non
     """The implementation ``"auto"`` runs for these inputs on :func:`target_platform`.
 
     TPU: "splash" for the causal no-cache form (``key_limit`` None, L == S, hd a multiple of
-    128). NVIDIA GPU: "cudnn" for the no-cache form in float16/bfloat16 with hd <= 128 and a
-    multiple of 8. Otherwise "blocked" when L * S exceeds ``_XLA_MAX_SCORES``, else "xla".
+    128) in a program on one device (not within :func:`partitioned`). NVIDIA GPU: "cudnn" for
+    the no-cache form in float16/bfloat16 with hd <= 128 and a multiple of 8. Otherwise
+    "blocked" when L * S exceeds ``_XLA_MAX_SCORES``, else "xla".
     """
     backend = target_platform()
     length, keys, head_dim = q.shape[1], k.shape[1], q.shape[-1]
-    if backend == "tpu" and key_limit is None and length == keys and head_dim % _SPLASH_LANES == 0:
+    if (
+        backend == "tpu"
+        and not _PARTITIONED.get()
+        and key_limit is None
+        and length == keys
+        and head_dim % _SPLASH_LANES == 0
+    ):
         return "splash"
     if (
         backend in ("gpu", "cuda")

@@ -84,6 +84,7 @@ from agentrl_jax.algorithms import (
     metric_sum,
     tis_weight,
 )
+from agentrl_jax.models.attention import partitioned
 from agentrl_jax.models.qwen3 import Constrain
 from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, PartitionRule, batch_shards
 from agentrl_jax.train.batch import TrainBatch, batch_loss_mask, check_step_wise, windowed_turns
@@ -672,9 +673,10 @@ class JittedTrainStep:
 
     def _step(self, state, batch, base=None):
         self.traces += 1
-        new, metrics = train_step(
-            self.graphdef, self.config, state.replace(base=base), batch, self.mesh
-        )
+        with partitioned(self.mesh is not None and self.mesh.size > 1):
+            new, metrics = train_step(
+                self.graphdef, self.config, state.replace(base=base), batch, self.mesh
+            )
         return new.replace(base=None), metrics
 
     def jitted(self, batch: Any):
