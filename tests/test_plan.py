@@ -138,6 +138,54 @@ def test_plan_for_a_tpu_topology():
     assert "TPU v5" in report["target"] and {p["name"] for p in report["programs"]} == PROGRAMS
 
 
+def test_float32_copies_of_half_precision_buffers_are_found_in_the_hlo():
+    from agentrl_jax.plan import programs
+
+    text = "bf16[8,4,16] %a; f32[8,4,16] %b = convert(%a); f32[2,3] %c; bf16[5] %d; f32[5,1] %e"
+    assert programs.float32_copies(text) == (("f32[8,4,16]", 8 * 4 * 16 * 4),)
+    assert programs.float32_copies("f32[8,4,16] %b; s32[8,4,16] %i") == ()
+
+
+def test_a_plan_the_cpu_stand_in_inflates_is_unknown_not_no_and_names_the_buffer():
+    """The one-GPU 0.6B config without extras (the XLA:CPU stand-in): decode holds a float32
+    copy of the 56 GiB bfloat16 KV cache, which only XLA:CPU makes, so it does not fit as
+    compiled (283 GiB); the verdict is "unknown on this compiler", exit 0, the buffer named and
+    the command that gives the verdict said. docs/hardware.md: XLA:GPU plans it at 57 GiB."""
+    child = subprocess.run(
+        [
+            *[sys.executable, "-m", "agentrl_jax.cli", "plan"],
+            *["--config", str(ROOT / "configs/frozenlake_qwen3_0.6b_1gpu.yaml"), "--gpus", "1"],
+            *["--gpu-stand-in", "cpu", "--program", "rollout:decode", "--json"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    report = json.loads(child.stdout[child.stdout.index("{") :])
+    assert report["verdict"] == "unknown on this compiler" and report["fits"] is None
+    assert "pip install -e '.[cuda]'" in report["real_verdict"]
+    (decode,) = report["programs"]
+    assert decode["verdict"] == "unknown on this compiler" and not decode["fits"]
+    assert decode["float32_copies"][0] == ["f32[8,28,4096,128,128]", 56 * GIB]
+
+
+def test_the_tpu_stand_in_without_libtpu_names_only_the_option_passed():
+    from agentrl_jax.plan import gpu_target
+
+    try:
+        import libtpu  # noqa: F401
+
+        pytest.skip("libtpu is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ValueError) as refused:
+        gpu_target(1, 80, stand_in="tpu")
+    assert "--gpu-stand-in tpu" in str(refused.value) and "--topology" not in str(refused.value)
+    assert "pip install -e '.[tpu]'" in str(refused.value)
+
+
 def test_plan_refuses_an_unknown_gpu_naming_the_known_ones():
     from typer.testing import CliRunner
 

@@ -13,7 +13,8 @@ roofline prediction per program. Without the plugin a stand-in compiler estimate
 ``cpu`` (fake CPU devices: XLA:CPU computes bfloat16 in float32, so buffers can be twice their
 GPU size). The report names the compiler of every figure. TPU targets need libtpu
 (``pip install -e ".[tpu]"``). Exit status 0 when every program compiles and fits with the
-headroom asked, 1 when one does not.
+headroom asked (or the stand-in cannot tell: "unknown on this compiler", naming the buffer it
+inflated and how to get the verdict), 1 when one does not compile or does not fit.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ def plan(
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     typer.echo(json.dumps(report, indent=1) if json_out else planner.format_table(report))
-    raise typer.Exit(0 if report["fits"] and report["compiled"] else 1)
+    # exit 1 only for a verdict the compiler supports: "unknown on this compiler" exits 0
+    raise typer.Exit(0 if report["fits"] is not False and report["compiled"] else 1)
 
 
 def _restart_for(compiler: str, gpus: int) -> None:

@@ -210,7 +210,13 @@ def gpu_target(
         # the smallest v5p topology holding them (4 chips a host); a count that is not a
         # multiple of 4 compiles on the first ``count`` chips
         topology = f"v5p:2x2x{-(-count // 4)}"
-        devices = tpu_target(topology).devices[:count]
+        try:
+            devices = tpu_target(topology).devices[:count]
+        except ValueError:  # name the option the user passed, not the topology chosen for it
+            raise ValueError(
+                "--gpu-stand-in tpu: the TPU compiler needs libtpu: pip install -e '.[tpu]' "
+                "(or leave --gpu-stand-in out: XLA:GPU with the cuda extra, else XLA:CPU)"
+            ) from None
         return Target(
             f"{count} x {label} {memory_gib:g} GiB (estimated with the TPU compiler, {topology})",
             tuple(devices),
