@@ -247,27 +247,39 @@ _BYTES = {
 }
 
 
-def largest_buffers(hlo_text: str, count: int = 5) -> tuple[tuple[str, int], ...]:
-    """The ``count`` largest distinct array shapes named in an HLO module, with their bytes."""
+def buffer_sizes(hlo_text: str) -> dict[str, int]:
+    """Every distinct array shape named in an HLO module (``"bf16[8,28]"``) with its bytes."""
     sizes = {}
     for dtype, dims in _SHAPE.findall(hlo_text):
         n = 1
         for d in filter(None, dims.split(",")):
             n *= int(d)
         sizes[f"{dtype}[{dims}]"] = n * _BYTES[dtype]
+    return sizes
+
+
+def largest_buffers(
+    hlo_text: str, count: int = 5, sizes: dict[str, int] | None = None
+) -> tuple[tuple[str, int], ...]:
+    """The ``count`` largest distinct array shapes named in an HLO module, with their bytes
+    (``sizes``: :func:`buffer_sizes` of it, where already read)."""
+    sizes = buffer_sizes(hlo_text) if sizes is None else sizes
     return tuple(sorted(sizes.items(), key=lambda kv: -kv[1])[:count])
 
 
-def float32_copies(hlo_text: str) -> tuple[tuple[str, int], ...]:
+def float32_copies(
+    hlo_text: str, sizes: dict[str, int] | None = None
+) -> tuple[tuple[str, int], ...]:
     """The float32 arrays of an HLO module with the dimensions of a bfloat16 or float16 array
     of it, largest first, with their bytes: the copies XLA:CPU makes to compute half precision
     in float32 (XLA:GPU and XLA:TPU compute it as it is), e.g. ``f32[8,28,4096,128,128]`` of a
-    bfloat16 KV cache."""
-    half = {dims for dtype, dims in _SHAPE.findall(hlo_text) if dtype in ("bf16", "f16")}
+    bfloat16 KV cache. ``sizes``: :func:`buffer_sizes` of it, where already read."""
+    sizes = buffer_sizes(hlo_text) if sizes is None else sizes
+    half = {shape[shape.index("[") :] for shape in sizes if shape.startswith(("bf16[", "f16["))}
     return tuple(
         (shape, size)
-        for shape, size in largest_buffers(hlo_text, count=1 << 30)
-        if shape.startswith("f32[") and shape[4:-1] in half and size
+        for shape, size in largest_buffers(hlo_text, len(sizes), sizes)
+        if shape.startswith("f32[") and shape[3:] in half and size
     )
 
 
@@ -297,6 +309,7 @@ def analyse(name: str, compiled: Any, memory_bytes: float, headroom: float) -> P
     compiler_peak = int(getattr(m, "peak_memory_in_bytes", 0) or 0)
     peak = max(compiler_peak, bound)
     text = compiled.as_text()
+    sizes = buffer_sizes(text)  # the HLO read once for both lists
     return ProgramPlan(
         name,
         int(m.argument_size_in_bytes),
@@ -304,11 +317,11 @@ def analyse(name: str, compiled: Any, memory_bytes: float, headroom: float) -> P
         int(m.alias_size_in_bytes),
         int(m.temp_size_in_bytes),
         int(peak),
-        largest_buffers(text),
+        largest_buffers(text, sizes=sizes),
         bool(peak <= memory_bytes * (1 - headroom)),
         float(1 - peak / memory_bytes),
         compiler_peak,
-        float32_copies=float32_copies(text)[:3],
+        float32_copies=float32_copies(text, sizes)[:3],
     )
 
 
