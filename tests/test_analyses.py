@@ -1,6 +1,7 @@
 """Each analysis' ``compute`` against numbers worked out by hand on a small fixed input, and its
 result's JSON round trip (``Result.from_json(json of r.to_json()) == r``)."""
 
+import csv
 import dataclasses
 import json
 import math
@@ -8,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from agentrl_jax.evaluation import report
 from agentrl_jax.evaluation.analyses import (
     continuation,
     depth,
@@ -95,12 +97,41 @@ def test_table1_with_a_difference_row_by_hand():
         )
     # T = 3: both solve every task every time: 100% each, a difference of exactly 0
     assert res.rows["b"][3].mean == 1.0 and res.rows["b - a (pt)"][3].mean == 0.0
-    # shown in points: 25 -/+ 100 * z / 4 = 25 -/+ 49.0 -> "+25.0 [-24.0, +74.0]"
+    # shown in points: 25 -/+ 100 * z / 4 = 25 -/+ 49.0 -> "+25.0 [-24.0, +74.0]"; a policy's
+    # cell the same interval unsigned (a at T = 2: per task (1/2, 1), 75 -/+ 49.0; at T = 3
+    # and 4 every task solved: a zero-width interval)
     lines = table1.markdown(res).splitlines()
     assert lines[0] == "| Pass@1 (%) | 25% (T=1) | 50% (T=2) | 75% (T=3) | 100% (T=4) |"
-    assert lines[2] == "| a | 25.0 | 75.0 | 100.0 | 100.0 |"
+    assert lines[2] == (
+        "| a | 25.0 [-24.0, 74.0] | 75.0 [26.0, 124.0] | 100.0 [100.0, 100.0] "
+        "| 100.0 [100.0, 100.0] |"
+    )
     assert lines[4].startswith("| b - a (pt) | +25.0 [-24.0, +74.0] | -25.0 [")
     round_trip(res)
+
+
+def test_table1_markdown_cells_are_the_csv_values_and_intervals(tmp_path):
+    """Every cell of Table 1's Markdown, policy rows and difference rows, is ``table1.csv``'s
+    value and 95% interval of that row and level, rounded to one decimal."""
+    other = {1: ([4, 4], [1, 3]), 2: ([4, 4], [2, 4]), 3: ([4, 4], [3, 4]), 4: ([4, 4], [4, 4])}
+    res = table1.compute(
+        {"a": COUNTS, "b": other}, k=1, t_max=4, levels=(1, 2, 3, 4), pairs=[("b", "a")]
+    )
+    sec = table1.section(tmp_path, res, report.Section("Table 1"), tasks=2, samples=4)
+    header, *rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in sec.markdown.splitlines()
+        if not line.startswith("|---")
+    ]
+    stored = {r["row"]: r for r in csv.DictReader((tmp_path / table1.TABLE1_CSV).open())}
+    assert [r[0] for r in rows] == list(stored) == ["a", "b", "b - a (pt)"]
+    for label, *cells in rows:
+        row = stored[label]
+        form = "{:+.1f}" if row["kind"] == "difference" else "{:.1f}"
+        for level, cell in zip(header[1:], cells):
+            value, low, high = (float(row[level + s]) for s in ("", " ci_low", " ci_high"))
+            expected = f"{form.format(value)} [{form.format(low)}, {form.format(high)}]"
+            assert cell == expected, (label, level)
 
 
 def test_step_quality_by_hand():

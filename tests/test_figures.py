@@ -334,6 +334,260 @@ def _drawn(monkeypatch):
     return drawn
 
 
+def legends_outside_the_axes(fig) -> list:
+    """Every legend of ``fig`` (the figure's and its axes'), each asserted to cover no axes'
+    frame (the data area), to lie whole on the canvas and to be at least 9 pt."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    canvas = fig.bbox
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        assert canvas.x0 <= box.x0 and box.x1 <= canvas.x1, (box, canvas)
+        assert canvas.y0 <= box.y0 and box.y1 <= canvas.y1, (box, canvas)
+        for ax in fig.axes:
+            assert not box.overlaps(ax.get_window_extent(renderer)), (box, ax.get_title())
+        assert min(t.get_fontsize() for t in legend.get_texts()) >= figures.LEGEND_FONTSIZE
+    return legends
+
+
+def test_curve_and_bar_legends_sit_beside_the_axes(tmp_path, monkeypatch):
+    """Pass@K, Pass@T and Table 1's bars: one legend each, to the right of the axes, naming
+    every policy (and the bound), the longest name included."""
+    drawn = _drawn(monkeypatch)
+    names = ["base", "GRPO", "Presentation-mixed BudgetMix GRPO"]
+    ks = np.arange(1, 33)
+    pass_at_k.plot_pass_at_k(
+        {p: (ks, np.linspace(0.2 + 0.1 * i, 0.9, ks.size)) for i, p in enumerate(names)},
+        tmp_path / "pk",
+    )
+    budgets = np.array([1, 2, 3, 6, 9, 12])
+    pass_at_t.plot_pass_at_t(
+        {
+            p: (budgets, np.linspace(0.1, 0.95 - 0.05 * i, budgets.size))
+            for i, p in enumerate(names)
+        },
+        tmp_path / "pt",
+        bound=(np.arange(1, 13), np.linspace(0.2, 1.0, 12)),
+        t_max=12,
+    )
+    pass_at_t.plot_budget_table(
+        {p: {3: 0.95, 6: 0.97, 9: 0.99, 12: 1.0} for p in names}, tmp_path / "t1"
+    )
+    expected = [names + ["structural bound"] if i == 1 else names for i in range(3)]
+    for fig, labels in zip(drawn, expected):
+        (legend,) = legends_outside_the_axes(fig)
+        (ax,) = fig.axes
+        assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # to the right
+        assert [t.get_text() for t in legend.get_texts()] == labels
+
+
+def test_the_splice_figure_has_one_legend_below_its_panels(tmp_path, monkeypatch):
+    """Three RL policies: three panels, two to a row (the fourth slot removed), and one legend
+    below them all naming the four ways of playing."""
+    from agentrl_jax.evaluation.analyses import splice
+
+    drawn = _drawn(monkeypatch)
+    monkeypatch.setattr(splice, "save_figure", figures.save_figure)
+    rng = np.random.default_rng(0)
+    play = lambda: rng.random((6, 4)) < 0.4  # noqa: E731  successes [tasks, samples]
+    rl = ["GRPO", "BudgetMix GRPO", "Presentation-mixed BudgetMix GRPO"]
+    depths = (0.25, 0.5, 0.75)
+    spliced = {
+        splice.pair_label(a, b): {d: play() for d in depths}
+        for p in rl
+        for a, b in (("base", p), (p, "base"))
+    }
+    res = splice.compute({p: play() for p in ["base"] + rl}, spliced, "base", 12, [3, 6, 9])
+    splice.plot(res, tmp_path / "splice")
+    (fig,) = drawn
+    assert [ax.get_title() for ax in fig.axes] == rl
+    (legend,) = legends_outside_the_axes(fig)
+    assert legend in fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "base then the panel's RL policy",
+        "the panel's RL policy then base",
+        "base alone",
+        "the panel's RL policy alone",
+    ]
+    box = legend.get_window_extent()
+    assert all(box.y1 <= ax.get_window_extent().y0 for ax in fig.axes)  # below every panel
+
+
+# ---------------------------------------------------------------- every figure's legend
+
+LONG = "Presentation-mixed BudgetMix GRPO"  # the longest policy name of the default run
+NAMES = ["base", "GRPO", LONG]
+
+
+def _draw_pass_at_k(tmp_path, rng):
+    ks = np.arange(1, 33)
+    curves = {p: (ks, np.linspace(0.2 + 0.1 * i, 0.9, ks.size)) for i, p in enumerate(NAMES)}
+    pass_at_k.plot_pass_at_k(curves, tmp_path / "f")
+
+
+def _draw_pass_at_t(tmp_path, rng):
+    budgets = np.array([1, 2, 3, 6, 9, 12])
+    curves = {p: (budgets, np.linspace(0.1, 0.95 - 0.05 * i, 6)) for i, p in enumerate(NAMES)}
+    bound = (np.arange(1, 13), np.linspace(0.2, 1.0, 12))
+    pass_at_t.plot_pass_at_t(curves, tmp_path / "f", bound=bound, t_max=12)
+
+
+def _draw_budget_table(tmp_path, rng):
+    table = {p: {3: 0.95, 6: 0.97, 9: 0.99, 12: 1.0} for p in NAMES}
+    pass_at_t.plot_budget_table(table, tmp_path / "f", labels=pass_at_t.budget_level_labels(12))
+
+
+def _draw_step_quality(tmp_path, rng):
+    pools = {
+        "all": (rng.random(20), rng.random(20)),
+        "actions_differ": (rng.random(9), rng.random(9)),
+    }
+    step_quality.plot_step_quality(pools, tmp_path / "f", policy_names=("base", LONG))
+
+
+def _draw_continuation(tmp_path, rng):
+    rates = {"base": stats.MeanCI(0.1, 0.05, 0.2, 50), LONG: stats.MeanCI(0.6, 0.5, 0.7, 50)}
+    continuation.plot_rates_with_ci(rates, tmp_path / "f")
+
+
+def _draw_depth(tmp_path, rng):
+    at = rng.uniform(size=40)
+    curves = {
+        label: stats.binned_curve(at, rng.uniform(size=40), bins=4, n_resamples=20)
+        for label in ("base", LONG, f"{LONG} - base")
+    }
+    depth.plot_quality_vs_depth(curves, tmp_path / "f")
+
+
+def _draw_action_nll(tmp_path, rng):
+    samples = {"base responses": rng.normal(12, 2, 30), f"{LONG} responses": rng.normal(10, 2, 30)}
+    likelihood.plot_action_nll_hist(samples, tmp_path / "f", bins=8)
+
+
+def _draw_cumulative_llr(tmp_path, rng):
+    sets = {name: tiny_llr_set(rng, n=10, t=8) for name in ("RL trajectories", "base trajectories")}
+    likelihood.plot_cumulative_llr(likelihood.compute({"base": [1.0]}, sets).llr, tmp_path / "f")
+
+
+def _draw_training_dynamics(tmp_path, rng):
+    series = {"R_multi": np.linspace(0.2, 0.7, 10), "R_single": np.linspace(0.5, 0.4, 10)}
+    dynamics.plot_training_dynamics(np.arange(10), series, tmp_path / "f")
+
+
+def _draw_erosion(tmp_path, rng):
+    from agentrl_jax.evaluation.analyses import erosion
+
+    rows, klass, at = rng.integers(0, 4, 30), rng.integers(0, 2, 30), rng.integers(0, 3, 30)
+    sums = lambda x: erosion.class_sums(x, rows, klass, at, 4)  # noqa: E731
+    runs = ("GRPO", LONG)
+    steps = (0, 10, 20)
+    entropy = {r: {s: sums(rng.uniform(0.5, 2.0, 30)) for s in steps} for r in runs}
+    change = {r: {s: sums(rng.normal(0, 1, 30)) for s in steps} for r in runs}
+    erosion.plot(erosion.compute_tokens(entropy, change, sums(np.ones(30))), tmp_path / "f")
+
+
+def _draw_presentation(tmp_path, rng):
+    from agentrl_jax.evaluation.analyses import presentation
+
+    counts = {
+        mode: {p: {b: (np.full(6, 8), rng.integers(0, 9, 6)) for b in (6, 12)} for p in NAMES}
+        for mode in ("exact", "hidden", "approximate")
+    }
+    presentation.plot(presentation.compute(counts, 8), tmp_path / "f")
+
+
+def _draw_splice(tmp_path, rng):
+    from agentrl_jax.evaluation.analyses import splice
+
+    play = lambda: rng.random((6, 4)) < 0.4  # noqa: E731  successes [tasks, samples]
+    depths = (0.25, 0.5, 0.75)
+    spliced = {
+        splice.pair_label(a, b): {d: play() for d in depths}
+        for p in NAMES[1:]
+        for a, b in (("base", p), (p, "base"))
+    }
+    res = splice.compute({p: play() for p in NAMES}, spliced, "base", 12, [3, 6, 9])
+    splice.plot(res, tmp_path / "f")
+
+
+FIGURES = {  # "module.function": (draws it, its legends)
+    "pass_at_k.plot_pass_at_k": (_draw_pass_at_k, 1),
+    "pass_at_t.plot_pass_at_t": (_draw_pass_at_t, 1),
+    "pass_at_t.plot_budget_table": (_draw_budget_table, 1),
+    "step_quality.plot_step_quality": (_draw_step_quality, 1),
+    "continuation.plot_rates_with_ci": (_draw_continuation, 0),
+    "depth.plot_quality_vs_depth": (_draw_depth, 1),
+    "likelihood.plot_action_nll_hist": (_draw_action_nll, 1),
+    "likelihood.plot_cumulative_llr": (_draw_cumulative_llr, 2),  # one per panel, its own
+    "dynamics.plot_training_dynamics": (_draw_training_dynamics, 0),
+    "erosion.plot": (_draw_erosion, 1),
+    "presentation.plot": (_draw_presentation, 1),
+    "splice.plot": (_draw_splice, 1),
+}
+
+
+def _figure_functions() -> set[str]:
+    """``"module.function"`` of every ``plot*`` function the analyses define."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from agentrl_jax.evaluation import analyses
+
+    out = set()
+    for info in pkgutil.iter_modules(analyses.__path__):
+        module = importlib.import_module(f"{analyses.__name__}.{info.name}")
+        for name, obj in vars(module).items():
+            if name.startswith("plot") and inspect.isfunction(obj):
+                if obj.__module__ == module.__name__:
+                    out.add(f"{info.name}.{name}")
+    return out
+
+
+def test_the_legend_test_covers_every_figure():
+    assert _figure_functions() == set(FIGURES)
+
+
+def _drawn_everywhere(monkeypatch):
+    """:func:`_drawn`, also for the analyses that imported ``save_figure`` by name."""
+    import importlib
+    import pkgutil
+
+    from agentrl_jax.evaluation import analyses
+
+    drawn = _drawn(monkeypatch)
+    for info in pkgutil.iter_modules(analyses.__path__):
+        module = importlib.import_module(f"{analyses.__name__}.{info.name}")
+        if getattr(module, "save_figure", None) is not None:
+            monkeypatch.setattr(module, "save_figure", figures.save_figure)
+    return drawn
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_every_legend_sits_outside_the_data(name, tmp_path, monkeypatch):
+    """Each figure, drawn from small synthetic inputs with the default run's longest policy
+    name: its legends (as many as expected) cover no panel, lie whole on the canvas, are at
+    least 9 pt and cover no panel's tick labels, axis labels or title."""
+    draw, expected = FIGURES[name]
+    drawn = _drawn_everywhere(monkeypatch)
+    draw(tmp_path, np.random.default_rng(0))
+    (fig,) = drawn
+    legends = legends_outside_the_axes(fig)
+    assert len(legends) == expected
+    renderer = fig.canvas.get_renderer()
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            parts = [ax.xaxis.get_tightbbox(renderer), ax.yaxis.get_tightbbox(renderer)]
+            if ax.get_title():
+                parts.append(ax.title.get_window_extent(renderer))
+            for extent in parts:
+                if extent is not None:
+                    assert not box.overlaps(extent), (name, box, extent)
+        assert all(t.get_text() for t in legend.get_texts())
+
+
 def test_matched_and_error_state_figures_have_their_own_titles(tmp_path, monkeypatch):
     drawn = _drawn(monkeypatch)
     rng = np.random.default_rng(1)

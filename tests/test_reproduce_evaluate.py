@@ -12,6 +12,7 @@ likelihood wiring against the log-probs the sampler recorded."""
 from __future__ import annotations
 
 import collections
+import csv
 import dataclasses
 import json
 import math
@@ -328,11 +329,13 @@ def test_table1_is_recomputed_from_the_saved_counts(scripted):
 
     # The report's Table 1 shows exactly these numbers (and the differences in points).
     path = report.write_report(out, header_markdown="## Run\n\nscripted agents")
-    header, shown = first_table(path.read_text())
+    text = path.read_text()
+    header, shown = first_table(text[text.index("## Table 1") :])
     assert header == ["Pass@2 (%)", "25% (T=1)", "50% (T=3)", "75% (T=4)", "100% (T=6)"]
-    assert len(shown) == 6  # Table 1 comes first: 3 policies, 3 differences
+    assert len(shown) == 6  # 3 policies, 3 differences
     for policy in NAMES:
-        assert shown[policy] == [f"{100 * table[policy][t]:.1f}" for t in record["levels"]]
+        values = [cell.split(" ")[0] for cell in shown[policy]]
+        assert values == [f"{100 * table[policy][t]:.1f}" for t in record["levels"]]
     for a, b in (("GRPO", "base"), ("BudgetMix GRPO", "base"), ("BudgetMix GRPO", "GRPO")):
         cells = shown[f"{a} - {b} (pt)"]
         for cell, t in zip(cells, record["levels"]):
@@ -341,6 +344,12 @@ def test_table1_is_recomputed_from_the_saved_counts(scripted):
     csv_rows = (out / "table1.csv").read_text().splitlines()
     assert csv_rows[0].startswith("row,kind,25% (T=1),25% (T=1) ci_low,25% (T=1) ci_high")
     assert [r.split(",")[0] for r in csv_rows[1:]] == list(shown)
+    # every cell, a policy's too, is the CSV's value and 95% interval to one decimal
+    for row in csv.DictReader(csv_rows):
+        form = "{:+.1f}" if row["kind"] == "difference" else "{:.1f}"
+        for level, cell in zip(header[1:], shown[row["row"]]):
+            value, low, high = (float(row[level + s]) for s in ("", " ci_low", " ci_high"))
+            assert cell == f"{form.format(value)} [{form.format(low)}, {form.format(high)}]"
 
 
 def test_step_diagnostics_of_an_optimal_policy(scripted, env):
@@ -364,7 +373,7 @@ def test_step_diagnostics_of_an_optimal_policy(scripted, env):
         assert errors["success"]["GRPO"][i] == [fits] * SETTINGS.group_size, (i, task, pos)
 
 
-def test_report_puts_table1_first_and_the_findings_last(scripted):
+def test_report_leads_with_the_findings_then_table1(scripted):
     out, _ = scripted
     path = report.write_report(
         out, header_markdown="## Run\n\nscripted agents on 4x4 maps", title="Tiny reproduction"
@@ -372,8 +381,34 @@ def test_report_puts_table1_first_and_the_findings_last(scripted):
     text = path.read_text()
     tokens = MarkdownIt().parse(text)
     headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
-    assert headings[:3] == ["Tiny reproduction", "Run", "Table 1: Pass@2 by budget level"]
-    assert headings[-1] == findings.FINDINGS_TITLE
+    assert headings[:4] == [
+        "Tiny reproduction",
+        "Run",
+        findings.FINDINGS_TITLE,
+        "Table 1: Pass@2 by budget level",
+    ]
+    assert headings.count(findings.FINDINGS_TITLE) == 1
+    # the section opens with the count of each verdict, the table's verdicts counted
+    section = text[text.index(f"## {findings.FINDINGS_TITLE}") : text.index("## Table 1")]
+    summary = section.splitlines()[2]
+    rows = [
+        [c.strip() for c in line.strip("|").split(" | ")]
+        for line in section.splitlines()[5:]
+        if line.startswith("| ")
+    ]  # the findings table after its header and separator lines
+    assert section.splitlines()[4].startswith("| Paper headline | Checked on | Paper |")
+    shown = collections.Counter(r[-1].split("**")[1] for r in rows)
+    assert sum(shown.values()) == len(json.loads((out / "findings.json").read_text()))
+    assert summary == (
+        f"**Of {sum(shown.values())} findings: "
+        + ", ".join(f"{shown[v]} {v}" for v in findings.VERDICTS)
+        + ".**"
+    )
+    # the Pass@K finding and section name the k this run measured (1..samples per task)
+    samples = results.load_raw(out, "passk")["samples"]
+    papers = [r[2] for r in rows if r[0] == findings.PASS_AT_K]
+    assert papers and all(p.endswith(f"; this run: k = 1..{samples}") for p in papers)
+    assert f"k = 1..{samples}. " in text[text.index("## Pass@K at T_max") :]
     assert "Training dynamics: start to end" in headings and "Pass@K at T_max = 6" in headings
     images = [
         c.attrs["src"]
@@ -548,7 +583,12 @@ def test_findings_follow_the_numbers(tmp_path):
     empty = findings.check_findings(tmp_path / "empty")
     assert {f.verdict for f in empty} == {findings.NOT_MEASURED} and len(empty) == 6
     section = findings.write_findings(tmp_path / "empty", empty)
-    assert section.markdown.count("\n") == 2 + len(empty)
+    table = findings.findings_markdown(empty)
+    assert table.count("\n") == 2 + len(empty)
+    assert section.markdown == table + "\n" + findings.VERDICT_RULE
+    assert section.text == (
+        "**Of 6 findings: 0 shows, 0 refuted, 0 does not show, 0 underpowered, 6 not measured.**"
+    )
 
 
 # ---------------------------------------------------------------- Qwen3 models
@@ -718,3 +758,27 @@ def test_one_rule_decides_every_verdict():
     assert keeps(-0.2, 0.05) == findings.UNDERPOWERED  # 2.8 SE = 0.18 > 0.091
     assert keeps(-0.1, 0.0) == findings.NOT_SHOWN  # 2.8 SE = 0.071 <= 0.091
     assert keeps(0.0, 0.0) == findings.UNDERPOWERED  # R_single 0 throughout: kept nothing
+
+
+def test_the_verdict_rules_worked_example_is_judged_as_it_says():
+    """The report's made-up example (a paper size of 10 pt, a lead of +5.2 pt) gets from
+    :func:`judge` the verdicts the text gives it, with the smallest detectable effects it
+    quotes; the rule names every verdict once, in bold."""
+    from agentrl_jax.evaluation.stats import MeanCI
+    from agentrl_jax.reproduce.findings import VERDICT_RULE, Effect, detectable, judge
+
+    rule = " ".join(VERDICT_RULE.split())
+    for low, high, verdict, quoted in (
+        (0.3, 10.1, findings.SHOWS, 'A lead of +5.2 pt [+0.3, +10.1] shows "RL beats base"'),
+        (-0.7, 11.1, findings.NOT_SHOWN, "A lead of +5.2 pt [-0.7, +11.1] does not show it"),
+        (-6.8, 17.2, findings.UNDERPOWERED, "A lead of +5.2 pt [-6.8, +17.2] is underpowered"),
+    ):
+        ci = MeanCI((low + high) / 200, low / 100, high / 100, 50)
+        assert judge(Effect("lead", ci, size=0.10)) == verdict, (low, high)
+        assert quoted in rule
+    assert "smallest detectable effect, 8.4 pt" in rule
+    assert f"{100 * detectable(MeanCI(0.052, -0.007, 0.111, 50)):.1f}" == "8.4"
+    assert "smallest detectable effect is 17.2 pt" in rule
+    assert f"{100 * detectable(MeanCI(0.052, -0.068, 0.172, 50)):.1f}" == "17.2"
+    for verdict in findings.VERDICTS:
+        assert rule.count(f"- **{verdict}**:") == 1, verdict

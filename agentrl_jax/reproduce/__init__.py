@@ -12,6 +12,6 @@ here.
 * :mod:`.evaluate`    - Pass@(K, T), Table 1 and the diagnostics for several policies.
 * :mod:`.results`     - the raw results' layout, and numbers recomputed from them alone.
 * :mod:`.findings`    - the paper's headlines checked against a run's numbers.
-* :mod:`.report`      - ``report.md``: Table 1 first, the analyses, the findings.
+* :mod:`.report`      - ``report.md``: the findings first, then Table 1 and the analyses.
 * :mod:`.pipeline`    - the phases, their results folder, resuming, and the progress bar.
 """

@@ -5,19 +5,23 @@ its numbers, and returns a :class:`Finding` per policy (or run) it applies to. A
 one or more tested effects (:class:`Effect`: a 95% CI, the paper's direction and, where the
 paper gives it, the paper's size), each judged by one rule (:func:`judge`):
 
-* ``shows``: the CI excludes "no effect" on the paper's side;
-* ``refuted``: the CI excludes "no effect" on the other side;
-* ``does not show``: the CI includes "no effect", and the run could have detected an effect of
+* ``shows``: the whole CI lies on the side the paper predicts (zero excluded);
+* ``refuted``: the whole CI lies on the other side;
+* ``does not show``: the CI contains zero, although the run could have detected an effect of
   the paper's size (its smallest detectable effect, :func:`detectable`, is at most that size);
-* ``underpowered``: the CI includes "no effect" and the run could not have detected an effect
-  of the paper's size (or the paper gives no size, or there is no CI, or the CI is [0, 0]:
-  every difference exactly 0, e.g. both policies fail every task): it says nothing.
+* ``underpowered``: the CI contains zero and the run could not have detected an effect of the
+  paper's size (or the paper gives no size, or there is no CI, or the CI is [0, 0]: every
+  difference exactly 0, e.g. both policies fail every task): it says nothing.
 
 A headline's verdict is its weakest effect's (refuted < does not show < underpowered <
 shows); ``not measured``: the analyses it needs were not run (or do not apply). A "keeps"
 headline (BudgetMix keeps R_single) tests non-inferiority: "no effect" is then a fall as large
 as the paper's full-budget one. CIs are normal 95% intervals of paired per-task (or per-state)
 differences (:func:`stats.paired_difference`), or of a difference of two means.
+
+The report's section (:func:`write_findings`) opens with the count of each verdict
+(:func:`verdict_summary`), then the table, then the rule in plain words with a worked example
+(:data:`VERDICT_RULE`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ SHOWS, UNDERPOWERED, NOT_SHOWN, REFUTED, NOT_MEASURED = (
     "not measured",
 )
 VERDICT_ORDER = (REFUTED, NOT_SHOWN, UNDERPOWERED, SHOWS)  # weakest first
+VERDICTS = (SHOWS, REFUTED, NOT_SHOWN, UNDERPOWERED, NOT_MEASURED)  # as the summary counts them
 Z95 = NormalDist().inv_cdf(0.975)
 POWER_Z = Z95 + NormalDist().inv_cdf(0.80)  # 80% power at a two-sided 5% level: 2.80 SE
 FINDINGS_JSON = "findings.json"
@@ -274,7 +279,9 @@ def check_pass_at_k(
     """RL above base at every k: the lead at each k and, at the k where it is smallest, the
     CI of the paired per-task difference (the weakest point decides). The leads at k = 1 and
     at the largest k are recorded beside it (``effects``; they do not enter the verdict), so
-    the same effects can be compared across seeds whichever k is the weakest."""
+    the same effects can be compared across seeds whichever k is the weakest. The paper's
+    cell names the k this run measured (1..the fewest samples of a task), beside the paper's
+    range."""
     base, out = record["policies"][0], []
     counts = {p: (np.asarray(v["n"]), np.asarray(v["c"])) for p, v in record["counts"].items()}
     ks = np.arange(1, int(min(n.min() for n, _ in counts.values())) + 1)
@@ -302,7 +309,7 @@ def check_pass_at_k(
             Finding(
                 PASS_AT_K,
                 policy,
-                figures.text(PASS_AT_K),
+                f"{figures.text(PASS_AT_K)}; this run: k = {ks[0]}..{ks[-1]}",
                 observed + _power(effect),
                 _verdict(effect),
                 {
@@ -698,32 +705,57 @@ def findings_markdown(found: Sequence[Finding], titles: Sequence[str] = ()) -> s
     return "\n".join(lines) + "\n"
 
 
+def verdict_summary(found: Sequence[Finding]) -> str:
+    """One line counting the findings' verdicts: ``Of 25 findings: 0 shows, 0 refuted, 10 does
+    not show, 15 underpowered, 0 not measured.`` (every verdict named, in :data:`VERDICTS`
+    order)."""
+    counts = [f"{sum(f.verdict == v for f in found)} {v}" for v in VERDICTS]
+    return f"Of {len(found)} findings: {', '.join(counts)}."
+
+
+# The rule of :func:`judge` in plain words, one sentence a verdict, and a worked example whose
+# numbers are made up but judged as :func:`judge` and :func:`detectable` judge them (a test
+# checks it).
+VERDICT_RULE = """\
+**How to read a verdict.** Each §9 / §7.5 headline is checked in kind on this run's raw \
+results, as one or more effects, each with its 95% interval:
+
+- **shows**: the whole 95% interval lies on the side the paper predicts.
+- **refuted**: the whole interval lies on the other side.
+- **does not show**: the interval contains zero, although the run was large enough to detect \
+an effect of the paper's size: its smallest detectable effect (80% power at the 5% level) is \
+at most that size.
+- **underpowered**: the interval contains zero and the run was too small to tell (its \
+smallest detectable effect is larger than the paper's, or the paper gives no size, or every \
+difference is exactly 0). It says nothing either way.
+- **not measured**: the analysis it needs was not run.
+
+Example (made-up numbers): the paper reports RL ahead of base by 10 pt. A lead of \
++5.2 pt [+0.3, +10.1] shows "RL beats base". A lead of +5.2 pt [-0.7, +11.1] does not show \
+it: the interval contains zero, and its smallest detectable effect, 8.4 pt, is below the \
+paper's 10 pt. A lead of +5.2 pt [-6.8, +17.2] is underpowered: its smallest detectable \
+effect is 17.2 pt.
+
+A headline with several effects takes its weakest effect's verdict (refuted, then does not \
+show, then underpowered, then shows). "BudgetMix keeps R_single" is tested against a fall as \
+large as full-budget RL's in the paper: that fall, not zero, is the line the interval must \
+stay above. Differences are paired per task (Pass@k) or per state (continuation); training \
+changes compare the means of the first and last tenth of the logged steps. A small model on a \
+few tasks can miss effects the paper measured at scale: a verdict describes this run only.
+"""
+
+
 def write_findings(
     out: str | Path, found: Sequence[Finding], titles: Sequence[str] = ()
 ) -> Section:
-    """``findings.json`` and the report's section with the findings table (its verdicts
-    linking to the sections among ``titles`` they were checked on)."""
+    """``findings.json`` and the report's section: the count of each verdict
+    (:func:`verdict_summary`), the findings table (its verdicts linking to the sections among
+    ``titles`` they were checked on), then how to read a verdict (:data:`VERDICT_RULE`)."""
     out = Path(out)
     path = eval_report.write_json(out / FINDINGS_JSON, [dataclasses.asdict(f) for f in found])
-    text = (
-        "Each §9 / §7.5 headline checked in kind on this run's raw results, each of its "
-        "effects by one rule. shows: the 95% CI excludes no effect on the paper's side; "
-        "refuted: it excludes no effect on the other side; does not show: the CI includes no "
-        "effect although the run could have detected an effect of the paper's size (its "
-        "smallest detectable effect, 80% power at the 5% level, is at most that size); "
-        "underpowered: the CI includes no effect and the run could not have detected the "
-        "paper's size (or the paper gives none, or every difference is exactly 0): it says "
-        "nothing. A headline takes its "
-        "weakest effect's verdict; BudgetMix keeping R_single is tested against a fall as "
-        "large as full-budget RL's; not measured: the analysis was not run. Differences are paired "
-        "per task (Pass@k) or per state (continuation); training changes compare the means "
-        "of the first and last tenth of the logged steps. A small model on a few tasks can miss "
-        "effects "
-        "the paper measured at scale: a verdict describes this run only."
-    )
     return Section(
         FINDINGS_TITLE,
-        text,
+        f"**{verdict_summary(found)}**",
         files=(path.relative_to(out).as_posix(),),
-        markdown=findings_markdown(found, titles),
+        markdown=findings_markdown(found, titles) + "\n" + VERDICT_RULE,
     )

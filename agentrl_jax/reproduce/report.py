@@ -1,9 +1,11 @@
 """The reproduction's report: Table 1 with its difference rows, the saved sections of each
-analysis, and ``report.md`` with a "Paper findings vs this run" section (side effects).
+analysis, and ``report.md`` led by a "Paper findings vs this run" section (side effects).
 
 ``report.md`` reads: the title, the caller's header (run description, configuration,
-timings), Table 1, the sections of the analyses present in :data:`~.results.ANALYSES` order,
-and the findings of :mod:`.findings`, all computed from the raw results under ``raw/``.
+timings), the findings of :mod:`.findings` (the count of each verdict, the table, how to read
+a verdict), Table 1, then the sections of the analyses present in
+:data:`~.results.ANALYSES` order, all computed from the raw results under ``raw/``;
+``report.html`` the same, in the same order.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ def write_report(
     found = findings.write_findings(out, checked, [s.title for s in sections])
     return eval_report.write_report(
         out,
-        sections + [found],
+        [found] + sections,
         title=title,
         preamble=header_markdown,
         first=findings.FINDINGS_TITLE,

@@ -52,14 +52,15 @@ def plot_quality_vs_depth(
     ylabel: str = "action quality Q*",
     title: str = "Action quality vs normalised depth t / T_max",
 ) -> tuple[Path, Path]:
-    """Binned curves with 95% bands against normalised depth (Figure 5 style).
+    """Binned curves with 95% bands against normalised depth (Figure 5 style), the legend
+    beside the axes.
 
     Args:
       curves: ``{label: stats.BinnedCurve}`` (or its ``to_dict()``): ``centers``, ``mean``,
         ``low``, ``high`` arrays of shape ``[bins]``; NaN bins are gaps.
     """
     figures.nonempty("plot_quality_vs_depth", curves)
-    fig, axes = figures.new_figure()
+    fig, axes = figures.new_figure(width=5.0 + figures.legend_width(curves))
     ax = axes[0, 0]
     for name, curve in curves.items():
         x, mean = figures.field(curve, "centers"), figures.field(curve, "mean")
@@ -74,7 +75,7 @@ def plot_quality_vs_depth(
         )
     ax.set(xlabel="normalised depth t / T_max", ylabel=ylabel, title=title, xlim=(0, 1))
     ax.grid(alpha=0.3)
-    ax.legend()
+    figures.legend_outside(ax)
     return figures.save_figure(fig, out_path)
 
 

@@ -31,7 +31,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from agentrl_jax.evaluation import stats
-from agentrl_jax.evaluation.figures import new_figure, save_figure
+from agentrl_jax.evaluation.figures import legend_below, new_figure, save_figure
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
 
@@ -246,7 +246,8 @@ def markdown(tokens: TokenErosion, states: StateErosion | None, quality: str) ->
 
 def plot(tokens: TokenErosion, out_path: str | Path) -> tuple[Path, Path]:
     """Per run: entropy (left) and the log-prob change of the base's tokens (right) against
-    the training step, one line per token class (all depths)."""
+    the training step, one line per token class (all depths) with its 95% band; one legend
+    (the token classes) below the panels."""
     runs = [r for r, c in tokens.curves.items() if c]
     fig, axes = new_figure(ncols=2, nrows=max(1, len(runs)), height=3.0)
     for row, run in zip(axes, runs):
@@ -262,7 +263,8 @@ def plot(tokens: TokenErosion, out_path: str | Path) -> tuple[Path, Path]:
         row[1].set_title(f"{run}: log-prob change of the base's tokens", fontsize=9)
         for ax in row:
             ax.set_xlabel("training step")
-            ax.legend(fontsize=7)
+    if runs:
+        legend_below(fig, axes[0][0], ncols=len(TOKEN_CLASSES), title="token class")
     return save_figure(fig, out_path)
 
 

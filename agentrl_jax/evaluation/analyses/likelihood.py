@@ -271,7 +271,8 @@ def plot_action_nll_hist(
     bins: int = 50,
     title: str = "ActionNLL under the base policy",
 ) -> tuple[Path, Path]:
-    """Overlaid density histograms of ActionNLL per response source (Figure 6 style).
+    """Overlaid density histograms of ActionNLL per response source (Figure 6 style), the
+    legend (each source with its mean) beside the axes.
 
     Args:
       samples: ``{label: nll [M]}``, e.g. ``{"base responses": ..., "RL responses": ...}``.
@@ -286,14 +287,13 @@ def plot_action_nll_hist(
     everything = np.concatenate(list(arrays.values()))
     lo, hi = everything.min(), everything.max()
     edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
-    fig, axes = figures.new_figure()
+    labels = {name: f"{name} (mean {values.mean():.2f})" for name, values in arrays.items()}
+    fig, axes = figures.new_figure(width=5.0 + figures.legend_width(labels.values()))
     ax = axes[0, 0]
     for name, values in arrays.items():
-        ax.hist(
-            values, bins=edges, density=True, alpha=0.45, label=f"{name} (mean {values.mean():.2f})"
-        )
+        ax.hist(values, bins=edges, density=True, alpha=0.45, label=labels[name])
     ax.set(xlabel=r"$-\log\pi_{B}(r \mid h)$  [nats]", ylabel="density", title=title)
-    ax.legend(fontsize=8)
+    figures.legend_outside(ax)
     return figures.save_figure(fig, out_path)
 
 
@@ -310,7 +310,8 @@ def plot_cumulative_llr(
     One panel per :class:`LLRSet` (e.g. ``{"RL trajectories": ..., "base trajectories": ...}``):
     thin lines for up to ``max_lines`` trajectories per outcome, the mean over trajectories
     still running at each turn with its 95% band, and the mean final value (the report's)
-    drawn at the trajectories' mean last turn.
+    drawn at the trajectories' mean last turn. Each panel's legend (its own counts and final
+    values) sits under it.
     """
     figures.nonempty("plot_cumulative_llr", sets)
     fig, axes = figures.new_figure(ncols=len(sets), width=4.6)
@@ -356,7 +357,7 @@ def plot_cumulative_llr(
         ax.axhline(0, color="black", linewidth=0.8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel="turn t", ylabel=r"$\mathrm{LLR}_{1:t}$  [nats]", title=name)
-        ax.legend(fontsize=8)
+        figures.legend_under(ax)
     fig.suptitle(title)
     return figures.save_figure(fig, out_path)
 

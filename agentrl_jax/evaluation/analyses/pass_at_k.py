@@ -59,14 +59,14 @@ def plot_pass_at_k(
     bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
     title: str = "Pass@K at full budget",
 ) -> tuple[Path, Path]:
-    """Pass@K curves, one per policy (Figure 2 style).
+    """Pass@K curves, one per policy (Figure 2 style), the legend beside the axes.
 
     Args:
       curves: ``{policy: (ks [K], pass@k [K])}``.
       bands: optional ``{policy: (low [K], high [K])}`` shaded around the curve.
     """
     figures.nonempty("plot_pass_at_k", curves)
-    fig, axes = figures.new_figure()
+    fig, axes = figures.new_figure(width=5.0 + figures.legend_width(curves))
     ax = axes[0, 0]
     for name, pair in curves.items():
         ks, values = figures.xy(name, pair)
@@ -77,8 +77,17 @@ def plot_pass_at_k(
     ax.set_xscale("log", base=2)
     ax.set(xlabel="k (attempts)", ylabel="Pass@k", title=title, ylim=(0, 1.02))
     ax.grid(alpha=0.3)
-    ax.legend()
+    figures.legend_outside(ax)
     return figures.save_figure(fig, out_path)
+
+
+def k_range(res: PassAtK) -> str:
+    """The k the curves plot: ``"1..32"`` (each policy's range where they differ, ``"base
+    1..32, RL 1..16"``: a policy with fewer samples stops earlier)."""
+    spans = {p: f"{int(c.k[0])}..{int(c.k[-1])}" for p, c in res.curves.items()}
+    if len(set(spans.values())) == 1:
+        return next(iter(spans.values()))
+    return ", ".join(f"{p} {span}" for p, span in spans.items())
 
 
 def section(folder: str | Path, res: PassAtK, name: str = "pass_at_k") -> Section:
@@ -95,8 +104,8 @@ def section(folder: str | Path, res: PassAtK, name: str = "pass_at_k") -> Sectio
     png, _ = plot_pass_at_k(
         {p: (c.k, c.pass_at_k) for p, c in res.curves.items()}, figure_path(folder, name)
     )
-    summary = ", ".join(
-        f"{p}: pass@1 {c.pass_at_k[0]:.3f}, pass@{int(c.k[-1])} {c.pass_at_k[-1]:.3f}"
+    summary = f"k = {k_range(res)}. " + ", ".join(
+        f"{p}: pass@{int(c.k[0])} {c.pass_at_k[0]:.3f}, pass@{int(c.k[-1])} {c.pass_at_k[-1]:.3f}"
         for p, c in res.curves.items()
     )
     return Section(

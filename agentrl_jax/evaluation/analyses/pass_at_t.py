@@ -84,7 +84,8 @@ def plot_pass_at_t(
     t_max: int | None = None,
     title: str | None = None,
 ) -> tuple[Path, Path]:
-    """Pass@(k, T) against the budget T, one curve per policy, with the structural bound.
+    """Pass@(k, T) against the budget T, one curve per policy, with the structural bound; the
+    legend beside the axes.
 
     Args:
       curves: ``{policy: (budgets [B], pass@(k, T) [B])}``.
@@ -92,7 +93,8 @@ def plot_pass_at_t(
       t_max: when given, marks the full budget with a vertical line.
     """
     figures.nonempty("plot_pass_at_t", curves)
-    fig, axes = figures.new_figure()
+    labels = list(curves) + (["structural bound"] if bound is not None else [])
+    fig, axes = figures.new_figure(width=5.0 + figures.legend_width(labels))
     ax = axes[0, 0]
     for name, pair in curves.items():
         budgets, values = figures.xy(name, pair)
@@ -112,7 +114,7 @@ def plot_pass_at_t(
         title=title or f"Pass@T at k = {k}",
     )
     ax.grid(alpha=0.3)
-    ax.legend()
+    figures.legend_outside(ax)
     return figures.save_figure(fig, out_path)
 
 
@@ -146,14 +148,15 @@ def plot_budget_table(
     labels: Mapping[int, str] | None = None,
     title: str | None = None,
 ) -> tuple[Path, Path]:
-    """Grouped bars of Pass@k at each budget level (Table 1 as a figure).
+    """Grouped bars of Pass@k at each budget level (Table 1 as a figure), the legend beside
+    the axes.
 
     Args:
       table: ``{policy: {T: pass@(k, T)}}`` (e.g. from ``passk.pass_at_k_table``).
       labels: optional ``{T: column label}``, e.g. :func:`budget_level_labels`; default ``"T=17"``.
     """
     budgets = _budget_columns(table)
-    fig, axes = figures.new_figure(width=max(5.0, 1.4 * len(budgets)))
+    fig, axes = figures.new_figure(width=max(5.0, 1.4 * len(budgets)) + figures.legend_width(table))
     ax = axes[0, 0]
     width = 0.8 / len(table)
     x = np.arange(len(budgets))
@@ -163,7 +166,7 @@ def plot_budget_table(
         ax.bar_label(bars, labels=[f"{100 * v:.1f}" for v in values], fontsize=7)
     ax.set_xticks(x, _budget_header(budgets, labels))
     ax.set(ylabel=f"Pass@{k}", ylim=(0, 1.1), title=title or f"Pass@{k} by budget")
-    ax.legend(fontsize=8)
+    figures.legend_outside(ax)
     return figures.save_figure(fig, out_path)
 
 
@@ -218,6 +221,13 @@ def _curve_columns(res: PassAtT) -> dict[str, list]:
     return columns
 
 
+def budget_list(res: PassAtT) -> str:
+    """The budgets the curves plot: ``"1, 2, 3, 6, 9, 12"``."""
+    return ", ".join(
+        str(b) for b in sorted({int(b) for c in res.curves.values() for b in c.budget})
+    )
+
+
 def section(folder: str | Path, res: PassAtT, name: str = "pass_at_t") -> list[Section]:
     """Write ``<name>.json``/``.csv`` and the Pass@T figure, and with a table
     ``<name>_table.json``/``.csv`` and its figure; the sections "Pass@T at k = ..." and
@@ -242,7 +252,8 @@ def section(folder: str | Path, res: PassAtT, name: str = "pass_at_t") -> list[S
     sections = [
         Section(
             f"Pass@T at k = {res.k}",
-            "Each budget sampled afresh with its own budget in the prompt.",
+            f"Budgets T = {budget_list(res)}, each sampled afresh with its own budget in "
+            "the prompt.",
             (rel(folder, png),),
             (rel(folder, json_path), rel(folder, csv_path)),
         )

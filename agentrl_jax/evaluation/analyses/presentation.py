@@ -21,7 +21,7 @@ from typing import Mapping
 import numpy as np
 
 from agentrl_jax.evaluation import passk, stats
-from agentrl_jax.evaluation.figures import new_figure, save_figure
+from agentrl_jax.evaluation.figures import legend_below, new_figure, save_figure
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
 
@@ -104,7 +104,8 @@ def markdown(res: PresentationRobustness, trained: Mapping[str, str] | None = No
 
 
 def plot(res: PresentationRobustness, out_path: str | Path) -> tuple[Path, Path]:
-    """Pass@k per policy (groups) and presentation (bars) at each budget (panels), with CIs."""
+    """Pass@k per policy (groups) and presentation (bars) at each budget (panels), with CIs;
+    one legend (the presentations) below the panels."""
     fig, axes = new_figure(ncols=len(res.budgets), width=max(4.0, 1.3 * len(res.policies)))
     width = 0.8 / len(res.modes)
     x = np.arange(len(res.policies))
@@ -120,7 +121,7 @@ def plot(res: PresentationRobustness, out_path: str | Path) -> tuple[Path, Path]
         ax.set_title(f"T = {budget}")
         ax.set_ylabel(f"Pass@{res.k}")
         ax.set_ylim(0, 1)
-    axes[0][0].legend(title="budget shown", fontsize=7)
+    legend_below(fig, axes[0][0], ncols=len(res.modes), title="budget shown")
     return save_figure(fig, out_path)
 
 

@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from agentrl_jax.evaluation import stats
-from agentrl_jax.evaluation.figures import new_figure, save_figure
+from agentrl_jax.evaluation.figures import legend_below, new_figure, save_figure
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
 
@@ -190,24 +190,32 @@ def markdown(res: Splice) -> str:
 
 
 def plot(res: Splice, out_path: str | Path) -> tuple[Path, Path]:
-    """Success against d per RL policy: the two splices, the policies alone (flat)."""
-    fig, axes = new_figure(ncols=max(1, len(res.comparisons)))
-    for ax, (policy, c) in zip(axes[0], res.comparisons.items()):
+    """Success against d per RL policy (a panel each, two to a row): the two splices, the
+    policies alone (flat); one legend below the panels, its series named by the panel's
+    policy where there are several."""
+    n = max(1, len(res.comparisons))
+    fig, axes = new_figure(ncols=min(n, 2), nrows=(n + 1) // 2)
+    panels = list(axes.flat)
+    rl = next(iter(res.comparisons)) if n == 1 else "the panel's RL policy"
+    for ax, (policy, c) in zip(panels, res.comparisons.items()):
         for series, label in (
-            (c.base_then_rl, f"{res.base} then {policy}"),
-            (c.rl_then_base, f"{policy} then {res.base}"),
+            (c.base_then_rl, f"{res.base} then {rl}"),
+            (c.rl_then_base, f"{rl} then {res.base}"),
         ):
             mean = np.array([s.mean for s in series])
             low = np.array([s.low for s in series])
             high = np.array([s.high for s in series])
             ax.plot(c.depths, mean, marker="o", label=label)
             ax.fill_between(c.depths, low, high, alpha=0.15)
-        for alone, label, style in ((c.base_alone, res.base, ":"), (c.rl_alone, policy, "--")):
+        for alone, label, style in ((c.base_alone, res.base, ":"), (c.rl_alone, rl, "--")):
             ax.axhline(alone.mean, linestyle=style, color="grey", label=f"{label} alone")
         ax.set_xlabel("hand-over depth d (turn round(d T_max))")
         ax.set_ylabel(f"success at T = {res.t_max}")
-        ax.set_title(policy, fontsize=9)
-        ax.legend(fontsize=6)
+        ax.set_title(policy, fontsize=10)
+    for ax in panels[len(res.comparisons) :]:
+        ax.remove()
+    if res.comparisons:
+        legend_below(fig, panels[0], ncols=2 if n > 1 else 1)
     return save_figure(fig, out_path)
 
 

@@ -63,7 +63,7 @@ def plot_step_quality(
 
     One scatter panel per pool (x = base, y = RL; points above the diagonal are states
     where RL is better) and a bar panel with the share of states where RL is better / tied
-    / worse, as computed by :func:`stats.paired_comparison`.
+    / worse, as computed by :func:`stats.paired_comparison` (its legend below the panels).
 
     Args:
       pools: ``{pool name: (q_base [S], q_rl [S])}``, e.g. ``{"matched": ..., "error": ...}``.
@@ -97,7 +97,7 @@ def plot_step_quality(
     ax.axhline(0.5, color="black", linewidth=0.8, linestyle=":")
     ax.set_xticks(x, list(shares))
     ax.set(ylabel="share of states", ylim=(0, 1), title="who is better")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncols=3)
+    figures.legend_below(fig, ax, ncols=3)
     fig.suptitle(title)
     return figures.save_figure(fig, out_path)
 

@@ -62,15 +62,19 @@ def compute(
 
 
 def _points(ci: stats.MeanCI, signed: bool) -> str:
-    value = f"{100 * ci.mean:+.1f}" if signed else f"{100 * ci.mean:.1f}"
-    if not signed or not (math.isfinite(ci.low) and math.isfinite(ci.high)):
+    """``64.2 [58.6, 69.7]`` (a policy's Pass@k in %) or ``+5.2 [+0.3, +10.1]`` (a difference
+    in points): the value and its 95% CI, as ``table1.csv`` holds them, to one decimal; the
+    value alone without a CI."""
+    form = "{:+.1f}" if signed else "{:.1f}"
+    value = form.format(100 * ci.mean)
+    if not (math.isfinite(ci.low) and math.isfinite(ci.high)):
         return value
-    return f"{value} [{100 * ci.low:+.1f}, {100 * ci.high:+.1f}]"
+    return f"{value} [{form.format(100 * ci.low)}, {form.format(100 * ci.high)}]"
 
 
 def markdown(res: Table1) -> str:
     """Table 1 as Markdown: Pass@k in % per policy and budget level, then the differences in
-    points with their 95% CIs."""
+    points, each cell with its 95% CI."""
     labels = budget_level_labels(res.t_max)
     header = [f"Pass@{res.k} (%)"] + [labels[t] for t in res.levels]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -107,8 +111,9 @@ def section(
     text = (
         f"Pass@{res.k} at 25/50/75/100% of T_max = {res.t_max} (budgets "
         f"(p * T_max) // 100), {tasks} tasks x {samples} samples per budget, each budget sampled "
-        "afresh with it in the prompt. Rows ending in (pt): mean per-task difference in "
-        "points with a 95% normal CI over tasks (paired: the same tasks)."
+        "afresh with it in the prompt. Each cell: the value [its 95% normal CI over tasks]. "
+        "Policy rows: Pass@k in %; rows ending in (pt): the mean per-task difference in "
+        "points (paired: the same tasks)."
     )
     return dataclasses.replace(
         into,
