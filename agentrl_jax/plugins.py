@@ -11,6 +11,9 @@ before it reads the config (so ``rl.runs`` may name them):
 * the environment variable ``AGENTRL_JAX_PLUGINS``: the same, separated by ``os.pathsep``
   (``:`` on Linux and macOS), read before the options.
 
+Both are imported before ``--help`` is shown too, so the help's lists of environments, run
+presets and analyses name what they register (:mod:`agentrl_jax.cli.registries`).
+
 A path is imported as a file (from anywhere; its directory need not be on ``sys.path``); any
 other string as a module name (installed, or on ``PYTHONPATH``). A plugin already imported,
 by name or from the same file (e.g. a test module that registers its own term and then runs

@@ -39,6 +39,8 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from agentrl_jax.errors import did_you_mean
+
 REQUIRED_TURN_FIELDS = ("max_turns", "current_turn", "remaining_turns", "observation")
 REQUIRED_SYSTEM_FIELDS = ("instructions", "max_turns")
 BUDGET_FIELDS = ("max_turns", "current_turn", "remaining_turns")
@@ -185,6 +187,7 @@ class BudgetPresentation:
             if unknown:
                 raise ValueError(
                     f"presentation: unknown field {unknown[0]!r}; known: mode, noise, modes"
+                    f"{did_you_mean(unknown[0], ('mode', 'noise', 'modes'))}"
                 )
             return cls(**value)
         raise ValueError(

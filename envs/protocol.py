@@ -47,6 +47,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from agentrl_jax.errors import did_you_mean
+
 
 @dataclasses.dataclass(frozen=True)
 class TurnResult:
@@ -485,6 +487,7 @@ class EnvEntry:
             raise EnvOptionError(
                 f"environment {self.name!r} takes no option {', '.join(map(repr, unknown))}; "
                 f"it takes: {', '.join(takes) or 'none'}"
+                f"{did_you_mean(unknown[0], takes) if len(unknown) == 1 else ''}"
             )
         if self.option_type is None:
             return dict(options)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
+from agentrl_jax.errors import did_you_mean
 from agentrl_jax.validation import undeclared_ranges
 from envs.protocol import EnvEntry, EnvOptionError, EnvTasks
 
@@ -88,6 +89,7 @@ def entry(name: str) -> EnvEntry:
     except KeyError:
         raise EnvOptionError(
             f"unknown environment {name!r}; registered: {', '.join(_REGISTRY)}"
+            f"{did_you_mean(name, _REGISTRY)}"
         ) from None
 
 
@@ -99,6 +101,7 @@ def check_options(name: str, options: Sequence[str]) -> EnvEntry:
         raise EnvOptionError(
             f"environment {name!r} takes no option {', '.join(map(repr, unknown))}"
             f"; it takes: {', '.join(found.options) or 'none'}"
+            f"{did_you_mean(unknown[0], found.options) if len(unknown) == 1 else ''}"
         )
     return found
 

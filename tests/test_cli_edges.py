@@ -309,3 +309,150 @@ def test_a_mesh_the_devices_cannot_lay_out_is_one_line_before_any_work(tmp_path,
     line = _one_line_error(result)
     assert _squeezed("Invalid value: mesh: ") in line and "--setmesh.data=-1" in line, line
     assert not out.exists()
+
+
+# ---------------------------------------------------- help lists what is registered, typos
+
+
+def _wide(*args: str) -> tuple[int, str]:
+    """Exit code and output of a command, rendered 1000 columns wide, whitespace normalised
+    (no line wrapped inside a list of names, no box edge inside one)."""
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "1000"})
+    assert "Traceback" not in result.output
+    return result.exit_code, " ".join(result.output.split())
+
+
+def _listed(*args: str) -> str:
+    code, text = _wide(*args, "--help")
+    assert code == 0, text
+    return text
+
+
+def _names():
+    """The registered environments, run presets and analyses, each as the help lists them."""
+    from agentrl_jax.cli.registries import analyses, environments, presets
+
+    return tuple(", ".join(names()) for names in (environments, presets, analyses))
+
+
+@pytest.fixture
+def registries_restored():
+    """Whatever a test's plugins register (environments, presets, the plugin records) is gone
+    after it, so later tests see the built-in registries."""
+    import envs.registry
+    from agentrl_jax import plugins
+    from agentrl_jax.train.presets import RUN_PRESETS
+
+    tables = (envs.registry._REGISTRY, RUN_PRESETS, plugins._LOADED)
+    before = [dict(table) for table in tables]
+    yield
+    for table, saved in zip(tables, before):
+        table.clear()
+        table.update(saved)
+
+
+def test_help_lists_every_registered_environment_preset_and_analysis():
+    environments, presets, analyses = _names()
+    assert "frozenlake, sql" in environments and "grpo, budgetmix" in presets
+    assert "table, " in analyses and ", dynamics" in analyses
+    assert f"study of an environment ({environments})" in _listed()  # the command list
+    reproduce = _listed("reproduce")
+    assert f"one of those registered: {environments}" in reproduce  # ENV
+    assert f"a registered run preset ({presets})" in reproduce
+    assert f"those of {analyses} that" in reproduce
+    evaluate = _listed("eval")
+    assert f"One of {analyses} (repeatable" in evaluate  # --analysis
+    assert f"one of {environments}." in evaluate  # --env
+    train = _listed("train")
+    assert f"one of {environments} (default" in train and f"preset ({presets})" in train
+    assert "{environments}" not in reproduce + evaluate + train  # every placeholder filled
+
+
+def test_help_lists_what_a_plugin_registers(tmp_path, monkeypatch, registries_restored):
+    """A plugin's environment and run preset are listed like the built-in ones: from
+    AGENTRL_JAX_PLUGINS by every help, from --plugin by the help of the command it is given to
+    (click shows --help before it takes any option's value: the command reads them itself)."""
+    from agentrl_jax.plugins import PLUGINS_ENV
+
+    def plugin(name: str) -> Path:
+        path = tmp_path / f"{name}.py"
+        path.write_text(
+            "import envs\n"
+            "from agentrl_jax.train.presets import grpo_algorithm, register_run_preset\n"
+            f"envs.register({name!r}, lambda: None, label='Maze', max_response_tokens=8, "
+            "max_context=64)\n"
+            f"register_run_preset('{name}-grpo', label='Maze GRPO', "
+            "algorithm=lambda p: {'advantage': 'grpo'})\n"
+        )
+        return path
+
+    monkeypatch.setenv(PLUGINS_ENV, str(plugin("maze_from_env")))
+    for command in ((), ("reproduce",), ("eval",), ("train",)):
+        # (after the environments registered before it: other test files may have added some)
+        assert ", maze_from_env" in _listed(*command), command
+    assert ", maze_from_env-grpo" in _listed("reproduce")
+    environments, presets, _ = _names()
+    assert environments.endswith("maze_from_env") and presets.endswith("maze_from_env-grpo")
+
+    given = plugin("maze_given")
+    for command in ("reproduce", "eval", "train"):
+        assert "maze_from_env, maze_given" in _listed(command, "--plugin", str(given)), command
+    assert "maze_from_env-grpo, maze_given-grpo" in _listed("reproduce", f"--plugin={given}")
+
+    code, text = _wide("reproduce", "--plugin", str(tmp_path / "missing.py"), "--help")
+    assert code == 2 and "Invalid value for '--plugin': plugin" in text and "no such file" in text
+
+
+def test_help_names_a_plugin_that_cannot_be_imported(tmp_path, monkeypatch, registries_restored):
+    from agentrl_jax.plugins import PLUGINS_ENV
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    monkeypatch.setenv(PLUGINS_ENV, str(broken))
+    code, text = _wide("--help")
+    assert code == 2
+    assert f"Invalid value for {PLUGINS_ENV}: plugin {broken}: importing it failed" in text
+
+
+@pytest.mark.parametrize(
+    "args, suggestion",
+    [
+        (["reproduce", "frozenlak"], "unknown environment 'frozenlak'; registered: "),
+        (["reproduce", "frozenlake", "--set", "rl.stepz=3"], "rl: unknown field 'stepz'; known: "),
+        (["train", "--env", "FrozenLake"], "unknown environment 'FrozenLake'; registered: "),
+        (
+            ["reproduce", "frozenlake", "--set", "rl.runs=[grpo, budgetmx]"],
+            "rl.runs[1]: unknown run preset 'budgetmx'; presets: ",
+        ),
+        (
+            [
+                "eval",
+                "--config",
+                str(ROOT / "configs" / "frozenlake_ci.yaml"),
+                "--policy",
+                "base=/nowhere",
+                "--policy",
+                "RL=/nowhere",
+                "--analysis",
+                "pask",
+            ],
+            "unknown or unsupported analysis 'pask': the frozenlake study supports ",
+        ),
+    ],
+    ids=["environment", "field", "environment-case", "preset", "analysis"],
+)
+def test_a_misspelt_name_gets_the_closest_registered_one(tmp_path, args, suggestion):
+    """The message lists the valid names, then suggests the closest: one line, exit 2, before
+    any work (no results folder, no policy loaded)."""
+    out = tmp_path / "out"
+    code, text = _wide(*args, "--out", str(out), *(["--print-config"] if args[0] != "eval" else []))
+    closest = {
+        "frozenlak": "frozenlake",
+        "rl.stepz=3": "steps",
+        "FrozenLake": "frozenlake",
+        "rl.runs=[grpo, budgetmx]": "budgetmix",
+        "pask": "passk",
+    }[args[-1]]
+    assert code == 2 and suggestion in text, text
+    assert f"; did you mean '{closest}'?" in text.split(suggestion, 1)[1], text
+    assert not out.exists() or not any(out.iterdir())

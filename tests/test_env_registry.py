@@ -147,6 +147,18 @@ def test_options_and_names_are_checked_before_anything_loads():
             envs.make(name, split="validation")
 
 
+def test_a_misspelt_environment_or_option_gets_the_closest_registered_one():
+    with pytest.raises(envs.EnvOptionError) as error:
+        envs.entry("FrozenLake")
+    assert str(error.value).startswith("unknown environment 'FrozenLake'; registered: frozenlake")
+    assert str(error.value).endswith("; did you mean 'frozenlake'?")
+    with pytest.raises(envs.EnvOptionError, match=r"it takes: .*; did you mean 'slippery'\?$"):
+        envs.check_options("frozenlake", ["slipery"])
+    with pytest.raises(envs.EnvOptionError) as error:
+        envs.make("xyzzy")
+    assert "did you mean" not in str(error.value)
+
+
 def test_register_refuses_what_it_cannot_serve():
     with pytest.raises(envs.EnvOptionError, match="'guess' is already registered"):
         envs.register("guess", make_guess, label="x", max_response_tokens=1, max_context=8)

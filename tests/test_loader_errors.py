@@ -730,7 +730,7 @@ YAML_CASES = {
         "warm_start:\n  epoch: 2\n",
         "warm_start: unknown field 'epoch'; known: "
         "batch_size, demo_tasks, demos_per_task, enabled, epochs, group_by_length, "
-        "learning_rate, mistake_rate, seed, weight_decay",
+        "learning_rate, mistake_rate, seed, weight_decay; did you mean 'epochs'?",
     ),
     "a non-string field": (
         "mesh:\n  1: 2\n",
@@ -876,13 +876,14 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
             "max_staleness, mini_batches, num_micro_batches, off_policy_cap, packing, "
             "preset_params, process_reward_coef, "
             "process_rewards, refill, remat, runs, scoring, seed, steps, tasks_per_step, "
-            "temperature, tensorboard, top_k, top_p, wandb_project, weight_decay",
+            "temperature, tensorboard, top_k, top_p, wandb_project, weight_decay; "
+            "did you mean 'steps'?",
         ),
         (
             "rl:\n  steps: 3\n",
             ["rll.steps=3"],
             f"config {{path}} with override 'rll.steps=3': unknown section 'rll'; "
-            f"known: {SECTIONS}",
+            f"known: {SECTIONS}; did you mean 'rl'?",
         ),
         (
             "task:\n  t_max: 8\n",

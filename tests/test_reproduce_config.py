@@ -366,6 +366,62 @@ def test_a_malformed_override_is_a_clear_error(override, message):
         load_config(CONFIGS / "frozenlake_ci.yaml", [override])
 
 
+@pytest.mark.parametrize(
+    "override, refused, closest",
+    [
+        ("rl.stepz=3", "rl: unknown field 'stepz'; known: ", "steps"),
+        ("warm_start.epoch=2", "warm_start: unknown field 'epoch'; known: ", "epochs"),
+        ("rll.steps=3", "unknown section 'rll'; known: ", "rl"),
+        ("rl.lora={rnk: 2}", "rl.lora.rnk: unknown field; known: ", "rank"),
+        (
+            "task.env=frozenlak",
+            "task.env: unknown environment 'frozenlak'; registered: ",
+            "frozenlake",
+        ),
+        ("task.options={map_sise: 4}", "takes no option 'map_sise'; it takes: ", "map_size"),
+        ("rl.runs=[grpo, GiGPO]", "rl.runs[1]: unknown run preset 'GiGPO'; presets: ", "gigpo"),
+        (
+            "rl.runs=[{name: x, preset: dapo-budgetmx}]",
+            "rl.runs[0].preset: must be one of ",
+            "dapo-budgetmix",
+        ),
+        ("rl.runs=[{name: x, lable: X}]", "rl.runs[0]: unknown field 'lable'; known: ", "label"),
+        ("rl.algorithm={advantag: grpo}", "rl.algorithm: unknown field 'advantag'", "advantage"),
+        (
+            "rl.runs=[{name: x, preset: grpo, params: {clip_hi: 0.3}}]",
+            "unknown hyper-parameter 'clip_hi'; the preset declares: ",
+            "clip_high",
+        ),
+        ("rl.preset_params={kl_cof: 0.1}", "kl_cof: no run's preset declares it", "kl_coef"),
+        (
+            "rl.runs=[{name: x, algorithm: {advantage: gipo}}]",
+            "unknown advantage estimator 'gipo'; known: ",
+            "gigpo",
+        ),
+        (
+            "rl.runs=[{name: x, algorithm: {loss_terms: [policy_clp]}}]",
+            "unknown loss term 'policy_clp'; known: ",
+            "policy_clip",
+        ),
+    ],
+)
+def test_a_misspelt_name_is_refused_with_the_closest_valid_one(override, refused, closest):
+    """A config field or section, environment (or its option), run preset (or its field and
+    hyper-parameters), estimator or loss term that is not one: the message lists the valid
+    names and ends with the closest (difflib, ignoring case)."""
+    with pytest.raises(ValueError) as error:
+        load_config(CONFIGS / "frozenlake_ci.yaml", [override])
+    message = str(error.value)
+    assert refused in message and message.endswith(f"; did you mean {closest!r}?"), message
+
+
+def test_a_name_close_to_none_gets_no_suggestion():
+    for override in ("rl.runs=[grpo, nope]", "task.env=xyzzy", "rl.xyzzy=1"):
+        with pytest.raises(ValueError) as error:
+            load_config(CONFIGS / "frozenlake_ci.yaml", [override])
+        assert "did you mean" not in str(error.value), str(error.value)
+
+
 def test_tokenizer_isolate_is_refused_where_no_tokenizer_is_built_or_nothing_is_declared():
     with pytest.raises(ValueError, match=r"model\.tokenizer_isolate: only for the tokenizer built"):
         load_config(

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from agentrl_jax.algorithms import advantages as adv
 from agentrl_jax.algorithms import losses
 from agentrl_jax.algorithms.aggregation import AGGREGATION_MODES, LossSum, aggregate, validate_mode
+from agentrl_jax.errors import did_you_mean
 from agentrl_jax.validation import (
     BOOL,
     MAX_COEF,
@@ -254,7 +255,7 @@ def _resolve_params(where: str, specs: Mapping[str, Param], given) -> tuple[tupl
     if unknown:
         raise ValueError(
             f"{where}: unknown parameter {unknown[0]!r}; "
-            f"known: {', '.join(sorted(specs)) or 'none'}"
+            f"known: {', '.join(sorted(specs)) or 'none'}{did_you_mean(unknown[0], specs)}"
         )
     resolved = {}
     for key, spec in specs.items():
@@ -287,6 +288,7 @@ class LossTermConfig:
         if self.name not in LOSS_TERMS:
             raise ValueError(
                 f"LossTermConfig.name: unknown loss term {self.name!r}; known: {_known(LOSS_TERMS)}"
+                f"{did_you_mean(self.name, LOSS_TERMS)}"
             )
         check_fields(f"LossTermConfig(name={self.name!r})", self)
         where = f"LossTermConfig(name={self.name!r}).params"
@@ -342,6 +344,7 @@ class AlgorithmConfig:
             raise ValueError(
                 f"AlgorithmConfig.advantage: unknown advantage estimator {self.advantage!r}; "
                 f"known: {_known(ADVANTAGE_ESTIMATORS)}"
+                f"{did_you_mean(self.advantage, ADVANTAGE_ESTIMATORS)}"
             )
         estimator = ADVANTAGE_ESTIMATORS[self.advantage]
         object.__setattr__(
@@ -416,6 +419,7 @@ class AlgorithmConfig:
         if unknown:
             raise ValueError(
                 f"AlgorithmConfig: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}"
+                f"{did_you_mean(unknown[0], known)}"
             )
         return cls(**d)
 

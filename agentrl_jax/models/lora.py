@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentrl_jax.errors import ConfigError
+from agentrl_jax.errors import ConfigError, did_you_mean
 from agentrl_jax.validation import (
     MAX_COEF,
     MAX_WIDTH,
@@ -125,6 +125,7 @@ class LoraConfig:
         if unknown:
             raise ConfigError(
                 f"rl.lora.{unknown[0]}: unknown field; known: {', '.join(sorted(known))}"
+                f"{did_you_mean(unknown[0], known)}"
             )
         return cls(**value)
 

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from agentrl_jax.errors import ConfigError
+from agentrl_jax.errors import ConfigError, did_you_mean
 from agentrl_jax.evaluation.config import EvalConfig
 from agentrl_jax.models.lora import projection_shapes
 from agentrl_jax.reproduce.settings import ModelConfig, WarmStartConfig
@@ -298,6 +298,7 @@ def _sections(
         if name not in _SECTIONS or not isinstance(name, str):
             raise ConfigError(
                 f"{where.prefix(str(name))}unknown section {name!r}; known: {', '.join(_SECTIONS)}"
+                f"{did_you_mean(name, _SECTIONS)}"
             )
         if values is None:
             values = {}
@@ -306,13 +307,12 @@ def _sections(
                 f"{where.prefix(name)}{name}: must be a mapping of fields, got {_kind(values)}"
             )
         fields = [f.name for f in dataclasses.fields(_SECTIONS[name])]
+        extra = (known or {}).get(name, ())
         for field in values:
-            if not isinstance(field, str) or (
-                field not in fields and field not in (known or {}).get(name, ())
-            ):
+            if not isinstance(field, str) or (field not in fields and field not in extra):
                 raise ConfigError(
                     f"{where.prefix(name)}{name}: unknown field {field!r}; known: "
-                    f"{', '.join(sorted(fields))}"
+                    f"{', '.join(sorted(fields))}{did_you_mean(field, [*fields, *extra])}"
                 )
         out[name] = dict(values)
     return out

@@ -812,8 +812,7 @@ def run_analysis(
     Returns:
       The analysis' report sections (also saved to ``out/sections/<name>.json``).
     """
-    if name not in ANALYSES:
-        raise ValueError(f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}")
+    results.check_analysis(name)
     if not isinstance(settings, EvalConfig):
         raise ValueError(f"settings: must be an EvalConfig, got {type(settings).__name__}")
     _check_models(models, name)
@@ -899,6 +898,4 @@ def analysis_units(
         ),
         "dynamics": lambda: 1,
     }
-    if name not in units:
-        raise ValueError(f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}")
-    return units[name]()
+    return units[results.check_analysis(name)]()

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from agentrl_jax.errors import did_you_mean
 from agentrl_jax.evaluation import passk, stats
 
 ANALYSES = (
@@ -47,10 +48,19 @@ BUDGETMIX = "budgetmix"
 DEFAULT_FULL_BUDGET = "GRPO"  # the counterpart of a policy named just "BudgetMix"
 
 
+def check_analysis(name: str) -> str:
+    """``name``, one of :data:`ANALYSES`; a ValueError naming them (and the closest) if it is
+    not."""
+    if name not in ANALYSES:
+        raise ValueError(
+            f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}{did_you_mean(name, ANALYSES)}"
+        )
+    return name
+
+
 def raw_path(out: str | Path, analysis: str) -> Path:
     """``<out>/raw/<analysis>.json``."""
-    if analysis not in ANALYSES:
-        raise ValueError(f"unknown analysis {analysis!r}; known: {', '.join(ANALYSES)}")
+    check_analysis(analysis)
     return Path(out) / RAW_DIR / f"{analysis}.json"
 
 

@@ -47,7 +47,7 @@ import importlib.util
 from typing import Any, Mapping, Sequence
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
-from agentrl_jax.errors import ConfigError
+from agentrl_jax.errors import ConfigError, did_you_mean
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.lora import LoraConfig
 from agentrl_jax.models.qwen3 import REMAT_POLICIES
@@ -659,6 +659,7 @@ class TrainConfig:
         if unknown:
             raise ConfigError(
                 f"TrainConfig: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}"
+                f"{did_you_mean(unknown[0], known)}"
             )
         rl = d.get("rl", {})
         return cls(**{**d, "rl": rl if isinstance(rl, RLConfig) else RLConfig(**rl)})

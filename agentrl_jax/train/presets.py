@@ -47,7 +47,7 @@ import re
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from agentrl_jax.algorithms import AGGREGATION_MODES, AlgorithmConfig, Param
-from agentrl_jax.errors import ConfigError
+from agentrl_jax.errors import ConfigError, did_you_mean
 from agentrl_jax.prompts import BudgetPresentation
 from agentrl_jax.train.inputs import check_inputs
 from agentrl_jax.validation import is_real, short_repr
@@ -282,6 +282,7 @@ def check_algorithm_overrides(where: str, value: Any) -> dict[str, Any]:
     if unknown:
         raise ConfigError(
             f"{where}: unknown field {unknown[0]!r}; known: {', '.join(ALGORITHM_FIELDS)}"
+            f"{did_you_mean(unknown[0], ALGORITHM_FIELDS)}"
         )
     return dict(value)
 
@@ -341,7 +342,7 @@ def preset_values(where: str, preset: RunPreset, shared: Mapping[str, Any], own:
     if unknown:
         raise ConfigError(
             f"{where}.params: unknown hyper-parameter {unknown[0]!r}; the preset declares: "
-            f"{', '.join(preset.params) or 'none'}"
+            f"{', '.join(preset.params) or 'none'}{did_you_mean(unknown[0], preset.params)}"
         )
     values = {}
     for name, param in preset.params.items():
@@ -368,6 +369,7 @@ def _entry_fields(where: str, entry: Any) -> dict[str, Any]:
             raise ConfigError(
                 f"{where}: unknown run preset {entry!r}; presets: {', '.join(RUN_PRESETS)} "
                 "(or a mapping {name, preset, label, budget_mix, presentation, params, algorithm})"
+                f"{did_you_mean(entry, RUN_PRESETS)}"
             )
         return {"name": entry}
     if not _is_mapping(entry):
@@ -378,7 +380,10 @@ def _entry_fields(where: str, entry: Any) -> dict[str, Any]:
         )
     unknown = sorted(set(entry) - set(RUN_FIELDS))
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join(RUN_FIELDS)}")
+        raise ConfigError(
+            f"{where}: unknown field {unknown[0]!r}; known: {', '.join(RUN_FIELDS)}"
+            f"{did_you_mean(unknown[0], RUN_FIELDS)}"
+        )
     if "name" not in entry:
         raise ConfigError(f"{where}: needs a name (its folder under runs/ and models/)")
     return dict(entry)
@@ -400,7 +405,7 @@ def resolve_run(where: str, entry: Any, rl: Any) -> RunSettings:
     ):
         raise ConfigError(
             f"{where}.preset: must be one of {', '.join(RUN_PRESETS)}, got "
-            f"{short_repr(preset_name)}"
+            f"{short_repr(preset_name)}{did_you_mean(preset_name, RUN_PRESETS)}"
         )
     preset = RUN_PRESETS.get(preset_name)
     label = fields.get("label", preset.label if preset else name)
@@ -458,7 +463,7 @@ def resolve_runs(rl: Any) -> tuple[RunSettings, ...]:
     if unused:
         raise ConfigError(
             f"rl.preset_params.{unused[0]}: no run's preset declares it; they declare: "
-            f"{', '.join(sorted(declared)) or 'none'}"
+            f"{', '.join(sorted(declared)) or 'none'}{did_you_mean(unused[0], declared)}"
         )
     return runs
 
