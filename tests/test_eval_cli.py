@@ -226,3 +226,37 @@ def test_one_policy_gets_the_analyses_one_policy_can_have():
     assert "likelihood" in two and "dynamics" in two
     one = default_analyses(config, with_logs=False, policies=1)
     assert one == tuple(n for n in two if n not in PAIRWISE and n != "dynamics") and one
+
+
+def test_an_interrupted_eval_says_what_it_kept_and_the_command_again(policies, tmp_path):
+    """Ctrl-C during the second analysis: one line naming it, the finished analysis kept, no
+    report, the same command to evaluate again; exit status 130, no traceback."""
+    from agentrl_jax.reproduce import evaluate
+
+    base_dir, _run_dir, rl_weights = policies
+    real = evaluate.run_analysis
+    ran = []
+
+    def interrupted_second(name, *args, **kwargs):
+        if ran:
+            raise KeyboardInterrupt
+        ran.append(name)
+        return real(name, *args, **kwargs)
+
+    out = tmp_path / "out"
+    # (in the order the message writes them: policies, analyses, config, settings, folder)
+    args = ["eval", "--policy", f"base={base_dir}", "--policy", f"RL={rl_weights}"]
+    args += ["--analysis", "passk", "--analysis", "likelihood", "--config", str(CI_CONFIG)]
+    args += [*TINY, "--out", str(out)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(evaluate, "run_analysis", interrupted_second)
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
+    assert result.exit_code == 130, result.output
+    assert "Traceback" not in result.output
+    said = [line for line in result.output.splitlines() if line.startswith("eval: interrupted")]
+    assert said == [
+        f"eval: interrupted during analysis likelihood; saved in {out}: the files of the "
+        "finished analyses (passk), no report; eval does not resume, so rerun to evaluate "
+        f"again: agentrl-jax {' '.join(args)}"
+    ]
+    assert (out / "pass_at_k.json").is_file() and not (out / "report.md").exists()

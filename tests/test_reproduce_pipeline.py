@@ -2,9 +2,12 @@
 the results folder and its report, Table 1 recomputed from the saved counts, and resuming.
 
 One uninterrupted run (the module fixture) is the reference. A second run of the same config
-is stopped after the warm start (``--until``), continued in a subprocess that is SIGKILLed
-once the GRPO run has checkpointed, and resumed in-process: it must reuse the finished
+is stopped after the warm start (``--until``), continued by ``agentrl-jax train`` in a
+subprocess that gets SIGINT (Ctrl-C) once the GRPO run has checkpointed (it must say where it
+stopped, what is saved and the command that resumes, and exit 130), and resumed by that
+command in-process (which must say from where), then evaluated: it must reuse the finished
 phases untouched and end with the very same bytes (exported models, Table 1 counts).
+(A SIGKILLed training run resuming to the same bits: tests/test_train_checkpoint.py.)
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -169,7 +173,8 @@ def test_report_renders_with_table1_and_valid_figures(finished, config):
         if t.type == "inline" and tokens[i - 1].type == "heading_open"
     ]
     assert headings[0] == "FrozenLake reproduction"
-    assert headings[1] == "Table 1: Pass@2 by budget level"  # Table 1 first, then the analyses
+    # the findings first, then Table 1, then the analyses
+    assert headings[1:3] == ["Paper findings vs this run", "Table 1: Pass@2 by budget level"]
     assert any(h.startswith("Paper findings vs this run") for h in headings)
     assert sum(t.type == "table_open" for t in tokens) >= 2  # Table 1 and training dynamics
     # the base's continuation rate is measured once per comparison, on that pair's states: said
@@ -239,8 +244,9 @@ def test_report_renders_with_table1_and_valid_figures(finished, config):
 
 
 def markdown_table1(path: Path) -> tuple[list[str], dict[str, list[str]]]:
-    """Header and ``{row label: cells}`` of the first table in a Markdown file."""
-    return first_table(path.read_text())
+    """Header and ``{row label: cells}`` of Table 1 in a report (its section's first table)."""
+    text = path.read_text()
+    return first_table(text[text.index("## Table 1") :])
 
 
 def test_table1_is_recomputed_from_the_saved_counts(finished, config):
@@ -272,7 +278,9 @@ def test_table1_is_recomputed_from_the_saved_counts(finished, config):
         assert [table[policy][t] for t in levels] == pytest.approx(
             [hand[policy, t] for t in levels], abs=1e-12
         )
-        assert shown[policy] == [f"{100 * hand[policy, t]:.1f}" for t in levels]
+        assert [cell.split(" ")[0] for cell in shown[policy]] == [
+            f"{100 * hand[policy, t]:.1f}" for t in levels
+        ]
     for a, b in (("GRPO", "base"), ("BudgetMix GRPO", "base"), ("BudgetMix GRPO", "GRPO")):
         diffs = [f"{100 * (hand[a, t] - hand[b, t]):+.1f}" for t in levels]
         assert [cell.split(" ")[0] for cell in shown[f"{a} - {b} (pt)"]] == diffs
@@ -446,23 +454,14 @@ def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
     first_phases = read_phases(out)
     kept = snapshot([out / "models" / "init", out / "models" / "base", out / "warm_start"])
 
-    # 2. Go on in a subprocess and SIGKILL it once GRPO has checkpointed a step.
+    # 2. Go on with `train` in a subprocess and interrupt it (SIGINT, as Ctrl-C) once GRPO has
+    # checkpointed a step.
     log = tmp_path / "child.log"
     checkpoints = out / "runs" / "grpo" / "checkpoints"
+    train = ["train", "--config", str(CI_CONFIG), "--out", str(out)]
     with log.open("w") as sink:
         child = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from agentrl_jax.cli import main; main()",
-                "reproduce",
-                "frozenlake",
-                "--config",
-                str(CI_CONFIG),
-                "--out",
-                str(out),
-                "--no-progress",
-            ],
+            [sys.executable, "-c", "from agentrl_jax.cli import main; main()", *train],
             stdout=sink,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -480,13 +479,29 @@ def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
                     f"no checkpoint in time:\n{log.read_text()[-3000:]}"
                 )
                 time.sleep(0.02)
-            os.kill(child.pid, signal.SIGKILL)
+            os.kill(child.pid, signal.SIGINT)
+            child.wait(timeout=120)
         finally:
             if child.poll() is None:
                 child.kill()
             child.wait()
-    assert child.returncode == -signal.SIGKILL
+    said = log.read_text()
+    assert child.returncode == 130, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
     killed_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    stopped = [line for line in said.splitlines() if line.startswith("train: interrupted")]
+    assert len(stopped) == 1, said[-3000:]
+    match = re.fullmatch(
+        re.escape("train: interrupted during train:grpo at update ")
+        + r"(\d+)"
+        + re.escape(
+            f"/{config.rl.steps}; saved: 3 finished phases (setup, demos, warm_start); "
+            f"train:grpo from its checkpoint at update {killed_at}/{config.rl.steps}; "
+            f"resume with: agentrl-jax {' '.join(train)}"
+        ),
+        stopped[0],
+    )
+    assert match and int(match.group(1)) >= killed_at, stopped[0]
     # Killed between checkpoints (steps take seconds, the poll 20 ms): the rerun must really
     # continue training from a restored state, not just export a finished one.
     assert killed_at < config.rl.steps, f"killed too late: checkpoint {killed_at} was the last"
@@ -494,7 +509,14 @@ def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
     assert "train:grpo" not in interrupted
     assert interrupted == first_phases  # the subprocess redid none of them
 
-    # 3. Resume in-process up to Table 1.
+    # 3. Resume with the command the interrupt named (in-process), then Table 1.
+    result = CliRunner().invoke(app, [*train, "--no-progress"], env={"COLUMNS": "1000"})
+    assert result.exit_code == 0, result.output
+    assert (
+        f"train: resuming {out}: 3 finished phases (setup, demos, warm_start); train:grpo from "
+        f"its checkpoint at update {killed_at}/{config.rl.steps}\n"
+    ) in result.output
+    assert "train: done in " in result.output and "stopped after" not in result.output
     reproduce(config, out, progress=False, until="eval:table")
     phases = read_phases(out)
     assert (
@@ -698,3 +720,38 @@ def test_the_stored_runs_of_other_environments_recompute_from_their_raw(tmp_path
     assert config["task"]["env"] == folder.split("_")[1]
     if folder == "results_code_cpu":  # compared with DeepCoder-MT's own figures (raw/paper.json)
         assert "DeepCoder-MT R_multi +0.331" in (stored / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "folder", ["results_cpu_large", "results_sql_cpu", "results_code_cpu", "results_bfcl_cpu"]
+)
+def test_the_stored_reports_lead_with_their_findings(folder):
+    """A stored run's ``report.md`` opens (after its header) with the findings: a line counting
+    the verdicts of its ``findings.json``, the Pass@K rows naming the k it measured; then
+    Table 1, every cell (a policy's too) ``table1.csv``'s value and 95% interval."""
+    import csv
+
+    from agentrl_jax.reproduce import findings
+
+    stored = ROOT / "notebooks" / folder
+    text = (stored / "report.md").read_text()
+    headings = re.findall(r"^## (.*)$", text, flags=re.MULTILINE)
+    assert headings[0] == findings.FINDINGS_TITLE and headings[1].startswith("Table 1: Pass@")
+    rows = json.loads((stored / findings.FINDINGS_JSON).read_text())
+    counts = ", ".join(f"{sum(r['verdict'] == v for r in rows)} {v}" for v in findings.VERDICTS)
+    section = text[text.index("## " + headings[0]) : text.index("## " + headings[1])]
+    assert section.splitlines()[2] == f"**Of {len(rows)} findings: {counts}.**"
+    samples = json.loads((stored / "raw" / "passk.json").read_text())["samples"]
+    assert all(
+        r["paper"].endswith(f"; this run: k = 1..{samples}")
+        for r in rows
+        if r["headline"] == findings.PASS_AT_K
+    )
+    header, shown = first_table(text[text.index("## Table 1") :])
+    table = list(csv.DictReader((stored / "table1.csv").read_text().splitlines()))
+    assert list(shown) == [r["row"] for r in table]
+    for row in table:
+        form = "{:+.1f}" if row["kind"] == "difference" else "{:.1f}"
+        for level, cell in zip(header[1:], shown[row["row"]]):
+            value, low, high = (float(row[level + s]) for s in ("", " ci_low", " ci_high"))
+            assert cell == f"{form.format(value)} [{form.format(low)}, {form.format(high)}]"

@@ -10,21 +10,26 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import typer  # noqa: E402
 
-from agentrl_jax.cli import bench, evaluate, plan, reproduce, solve  # noqa: E402
+from agentrl_jax.cli import bench, compare, evaluate, plan, reproduce, solve  # noqa: E402
+from agentrl_jax.cli.registries import RegistryHelpCommand, RegistryHelpGroup  # noqa: E402
 
+# The help of eval, reproduce and train names the registered environments, run presets and
+# analyses, read when it is shown (plugins included): cli/registries.py.
 app = typer.Typer(
     name="agentrl-jax",
     help="JAX-native multi-turn RL for LLM agents.",
+    cls=RegistryHelpGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 app.add_typer(bench.app, name="bench")
-app.command("eval")(evaluate.eval_command)
-app.command("reproduce", no_args_is_help=True)(reproduce.reproduce_command)
-app.command("train")(reproduce.train_command)
+app.command("eval", cls=RegistryHelpCommand)(evaluate.eval_command)
+app.command("reproduce", cls=RegistryHelpCommand, no_args_is_help=True)(reproduce.reproduce_command)
+app.command("train", cls=RegistryHelpCommand)(reproduce.train_command)
 app.add_typer(solve.app, name="solve")
 app.command("plan")(plan.plan)
+app.command("compare")(compare.compare_command)
 
 
 def main() -> None:

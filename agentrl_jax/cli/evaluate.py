@@ -20,10 +20,13 @@ policies`). See :mod:`agentrl_jax.reproduce.evaluate_policies`.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from agentrl_jax.cli.interrupts import interruptible
 
 
 def eval_command(
@@ -39,13 +42,14 @@ def eval_command(
     analysis: Optional[List[str]] = typer.Option(
         None,
         "--analysis",
-        help="table, passk, steps, errors, likelihood or dynamics (repeatable; default: every "
-        "one the environment's study supports).",
+        help="One of {analyses} (repeatable; default: every one the environment's study supports).",
     ),
     config: Optional[Path] = typer.Option(
         None, help="YAML config, without a results folder (default: the environment's)."
     ),
-    env: Optional[str] = typer.Option(None, help="The environment, without a results folder."),
+    env: Optional[str] = typer.Option(
+        None, help="The environment, without a results folder: one of {environments}."
+    ),
     set_: Optional[List[str]] = typer.Option(
         None, "--set", help="Override a field: section.field=value (repeatable)."
     ),
@@ -55,14 +59,17 @@ def eval_command(
     plugin: Optional[List[str]] = typer.Option(
         None,
         "--plugin",
-        help="A Python file or module to import first (repeatable; also AGENTRL_JAX_PLUGINS).",
+        help="A Python file or module to import first (repeatable; also AGENTRL_JAX_PLUGINS): "
+        "its environments can then be named (and --help with it lists them).",
     ),
     compile_cache: Optional[str] = typer.Option(
         None, "--compile-cache", help="Folder of the persistent XLA compilation cache, or off."
     ),
 ) -> None:
     """Evaluate policies on any registered environment: Pass@(K, T), Table 1 and the paper's
-    diagnostics, with figures and report.md."""
+    diagnostics, with figures and report.md.
+
+    Environments: {environments}. Analyses: {analyses}."""
     from agentrl_jax.cli.compile_cache import use_compile_cache
     from agentrl_jax.cli.paths import output_folder
     from agentrl_jax.plugins import load_plugins
@@ -88,17 +95,36 @@ def eval_command(
             settings, logs = load_config(config, set_ or (), env=env), None
             policies = _named(policy)
         out = output_folder(out)
-        report = evaluate_policies(
-            settings,
-            policies,
-            out,
-            analyses=analysis or None,
-            training_logs=logs if not policy else None,
-            echo=typer.echo,
-        )
+        with interruptible():
+            report = evaluate_policies(
+                settings,
+                policies,
+                out,
+                analyses=analysis or None,
+                training_logs=logs if not policy else None,
+                echo=typer.echo,
+                rerun=_command_line(folder, policy, analysis, config, env, set_, out, plugin),
+            )
     except ValueError as error:  # ReproduceError, ConfigError, a bad --policy
         raise typer.BadParameter(str(error)) from None
     typer.echo(f"Report: {report}")
+
+
+def _command_line(folder, policy, analysis, config, env, set_, out, plugin) -> str:
+    """This ``eval`` command, as the user would type it again."""
+    words = ["agentrl-jax", "eval"] + ([str(folder)] if folder is not None else [])
+    for flag, values in (
+        ("--policy", policy),
+        ("--analysis", analysis),
+        ("--config", [config] if config is not None else None),
+        ("--env", [env] if env is not None else None),
+        ("--set", set_),
+        ("--out", [out]),
+        ("--plugin", plugin),
+    ):
+        for value in values or ():
+            words += [flag, str(value)]
+    return shlex.join(words)
 
 
 def _named(items: List[str]) -> dict[str, Path]:

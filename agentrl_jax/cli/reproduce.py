@@ -15,6 +15,9 @@ end to end, and its training alone; both resumable.
 
 ENV is any registered environment (:mod:`envs.registry`: ``frozenlake``, ``sql``, ``code``,
 ``bfcl``, or one a ``--plugin`` registers; ``train`` reads it from the config's ``task.env``).
+The help texts name the environments, run presets and analyses registered when ``--help`` is
+shown, a plugin's too (the ``{environments}``, ``{presets}`` and ``{analyses}`` placeholders
+below: :mod:`agentrl_jax.cli.registries`).
 Its study (:mod:`agentrl_jax.reproduce.studies`) gives the config's defaults
 (:attr:`~agentrl_jax.reproduce.studies.Study.config_defaults`, under ``--config`` and
 ``--set``), the tasks, the warm start's demonstrations and the analyses.
@@ -42,10 +45,13 @@ training run continues from its newest checkpoint (see :mod:`agentrl_jax.reprodu
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from agentrl_jax.cli.interrupts import interruptible
 
 # The options both commands take.
 _CONFIG = typer.Option(
@@ -68,7 +74,7 @@ _PLUGIN = typer.Option(
     "--plugin",
     help="A Python file or module to import first (repeatable; also AGENTRL_JAX_PLUGINS): "
     "its registered environments, loss terms, estimators and run presets can then be named "
-    "in the config.",
+    "in the config (and --help with it lists them).",
 )
 _COORDINATOR = typer.Option(
     None,
@@ -100,7 +106,9 @@ _COMPILE_CACHE = typer.Option(
 
 def reproduce_command(
     env: str = typer.Argument(
-        ..., help="The environment: frozenlake, sql, code, bfcl, or one a --plugin registers."
+        ...,
+        help="The environment, one of those registered: {environments} (a --plugin module "
+        "may register more).",
     ),
     config: Optional[Path] = _CONFIG,
     out: Optional[Path] = _OUT,
@@ -126,21 +134,32 @@ def reproduce_command(
     heartbeat_timeout: int = _HEARTBEAT,
     compile_cache: Optional[str] = _COMPILE_CACHE,
 ) -> None:
-    """Base policy (SFT on imperfect demonstrations), full-budget GRPO and BudgetMix GRPO
-    from it, then Table 1, Pass@K, Pass@T, likelihood, training dynamics and, where the
-    environment has an oracle (FrozenLake's Q*), step quality and error states, written to a
-    results folder with report.md."""
+    """The paper's study of an environment ({environments}): the base policy, the RL runs of
+    its config's registered presets from it, then the analyses, into a results folder with
+    report.md.
+
+    The base policy: SFT on imperfect demonstrations (or a local Qwen3). The RL runs: rl.runs,
+    each a registered run preset ({presets}) or a run composed of registered loss terms and
+    advantage estimators; the built-in defaults train several presets (--print-config shows
+    which). The analyses: those of {analyses} that the environment's study supports (step
+    quality, error states and the analyses built on them where it scores states, e.g.
+    FrozenLake's Q*).
+
+    A --plugin module (or one named by AGENTRL_JAX_PLUGINS) may register more environments and
+    presets; --plugin FILE --help lists them too."""
     _start(coordinator, num_processes, process_id, cluster_auto, heartbeat_timeout, compile_cache)
     from agentrl_jax.distributed import fail_fast
 
-    with fail_fast():
+    with fail_fast(), interruptible():
         _reproduce(env, config, out, set_, fresh, progress, until, seeds, plugin, print_config)
 
 
 def train_command(
     config: Optional[Path] = _CONFIG,
     env: Optional[str] = typer.Option(
-        None, help="The environment (default: the config's task.env, else frozenlake)."
+        None,
+        help="The environment, one of {environments} (default: the config's task.env, else "
+        "frozenlake).",
     ),
     out: Optional[Path] = _OUT,
     set_: Optional[List[str]] = _SET,
@@ -155,14 +174,37 @@ def train_command(
     heartbeat_timeout: int = _HEARTBEAT,
     compile_cache: Optional[str] = _COMPILE_CACHE,
 ) -> None:
-    """Train the config's RL runs (``rl.runs``) from its policy (a local Qwen3, or a random
+    """Train the config's RL runs (rl.runs) from its policy (a local Qwen3, or a random
     init warm-started on the environment's demonstrations) into a results folder: models,
-    checkpoints and metrics, without the evaluation."""
+    checkpoints and metrics, without the evaluation.
+
+    Each run of rl.runs is a registered run preset ({presets}) or a run composed of
+    registered loss terms and advantage estimators; a --plugin module may register more."""
     _start(coordinator, num_processes, process_id, cluster_auto, heartbeat_timeout, compile_cache)
     from agentrl_jax.distributed import fail_fast
 
-    with fail_fast():
+    with fail_fast(), interruptible():
         _reproduce(env, config, out, set_, fresh, progress, None, None, plugin, print_config, True)
+
+
+def resume_command(command: str, env, config, out, set_, plugin, until=None, seeds=None) -> str:
+    """The command line that goes on with an interrupted run: the same command, options and
+    folder, without ``--fresh`` (which would delete what is saved)."""
+    words = ["agentrl-jax", command] + ([env] if command == "reproduce" else [])
+    if command == "train" and env is not None:
+        words += ["--env", env]
+    if config is not None:
+        words += ["--config", str(config)]
+    words += ["--out", str(out)]
+    for item in set_ or ():
+        words += ["--set", item]
+    for item in plugin or ():
+        words += ["--plugin", item]
+    if until is not None:
+        words += ["--until", until]
+    for seed in seeds or ():
+        words += ["--seeds", str(seed)]
+    return shlex.join(words)
 
 
 def _start(coordinator, num_processes, process_id, cluster_auto, heartbeat_timeout, cache) -> None:
@@ -202,6 +244,7 @@ def _reproduce(
         write_seeds_report,
     )
 
+    given_env = env  # as the user named it (train: None where the config says it)
     if seeds and len(set(seeds)) != len(seeds):
         raise typer.BadParameter(f"--seeds: each seed once, got {seeds}")
     runs = (  # (seed, overrides) per reproduction
@@ -230,6 +273,7 @@ def _reproduce(
     out = out if out is not None else Path("results") / env
     out = output_folder(out)
     runs = [(seed, out if seed is None else seed_folder(out, seed), o) for seed, o in runs]
+    command = "train" if train_only else "reproduce"
     for (_seed, folder, overrides), setting in zip(runs, settings):
         shown = f" with --set {', '.join(overrides)}" if overrides else ""
         typer.echo(
@@ -238,7 +282,17 @@ def _reproduce(
         )
         stop = last_training_phase(setting) if train_only else until
         try:
-            report = reproduce(setting, folder, fresh=fresh, progress=progress, until=stop)
+            report = reproduce(
+                setting,
+                folder,
+                fresh=fresh,
+                progress=progress,
+                until=stop,
+                command=command,
+                resume_with=resume_command(
+                    command, given_env, config, out, set_, plugin, until, seeds
+                ),
+            )
         except ReproduceError as error:
             raise typer.BadParameter(str(error)) from None
         if train_only:

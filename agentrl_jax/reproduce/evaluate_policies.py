@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax.errors import did_you_mean
 from agentrl_jax.reproduce import evaluate, findings
 from agentrl_jax.reproduce.config import ReproduceConfig
 from agentrl_jax.reproduce.folder import ReproduceError
@@ -96,10 +97,13 @@ def evaluate_policies(
     analyses: Sequence[str] | None = None,
     training_logs: Mapping[str, str | Path] | None = None,
     echo: Callable[[str], None] = print,
+    rerun: str | None = None,
 ) -> Path:
     """Run ``analyses`` (default: :func:`default_analyses`) of ``policies`` (``{label:
     directory}``, the base first) on the environment of ``config`` into ``out`` and write its
-    report; returns the report's path. Pairwise analyses need two policies or more."""
+    report; returns the report's path. Pairwise analyses need two policies or more. An
+    interrupt (KeyboardInterrupt) is said in one line (where, what is saved, ``rerun``: the
+    command that evaluates again) and raised again."""
     from agentrl_jax.evaluation.policies import PolicyLoadError, load_policy, same_tokenizer
     from agentrl_jax.reproduce.pipeline import make_tasks
 
@@ -112,6 +116,7 @@ def evaluate_policies(
             raise ReproduceError(
                 f"unknown or unsupported analysis {name!r}: the {config.task.env} study "
                 f"supports {', '.join(supported)}"
+                f"{did_you_mean(name, supported) if name not in evaluate.ANALYSES else ''}"
             )
         if name in evaluate.PAIRWISE and len(policies) < 2:
             raise ReproduceError(f"{name} compares the base with other policies: name two")
@@ -152,22 +157,33 @@ def evaluate_policies(
         findings.PaperFigures(**study.paper_figures).write(out)
         states = study.state_diagnostics(test)
         models = {label: policy.model for label, policy in loaded.items()}
+        finished: list[str] = []
         for name in analyses:
             echo(f"Analysis: {name}")
-            evaluate.run_analysis(
-                name,
-                out,
-                test.env,
-                np.arange(len(test.names)),
-                first.tokenizer,
-                models if name != "dynamics" else dict.fromkeys(loaded),
-                ev,
-                engine=config.engine,
-                training_logs=training_logs,
-                min_turns=study.min_turns(test),
-                bound_note=study.bound_note_for(config.task.options),
-                states=states,
-            )
+            try:
+                evaluate.run_analysis(
+                    name,
+                    out,
+                    test.env,
+                    np.arange(len(test.names)),
+                    first.tokenizer,
+                    models if name != "dynamics" else dict.fromkeys(loaded),
+                    ev,
+                    engine=config.engine,
+                    training_logs=training_logs,
+                    min_turns=study.min_turns(test),
+                    bound_note=study.bound_note_for(config.task.options),
+                    states=states,
+                )
+            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as the command line turns it
+                kept = ", ".join(finished) if finished else "none"
+                echo(
+                    f"eval: interrupted during analysis {name}; saved in {out}: the files of "
+                    f"the finished analyses ({kept}), no report; eval does not resume, so "
+                    f"rerun to evaluate again{f': {rerun}' if rerun else ''}"
+                )
+                raise
+            finished.append(name)
     finally:
         tasks.close()
     named = ", ".join(f"{label} = {path}" for label, path in policies.items())

@@ -48,6 +48,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from agentrl_jax import distributed
+from agentrl_jax.errors import did_you_mean
 from agentrl_jax.folders import SCRATCH, claim, remove_folder
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.config import Qwen3Config
@@ -135,7 +136,10 @@ def last_training_phase(config: ReproduceConfig) -> str:
 def check_until(config: ReproduceConfig, until: str | None) -> None:
     names = phase_names(config)
     if until is not None and until not in names:
-        raise ReproduceError(f"--until: unknown phase {until!r}; phases: {', '.join(names)}")
+        raise ReproduceError(
+            f"--until: unknown phase {until!r}; phases: {', '.join(names)}"
+            + did_you_mean(until, names)
+        )
 
 
 def check_mesh(config: ReproduceConfig) -> None:
@@ -235,8 +239,15 @@ class Reproduction:
         fresh: bool = False,
         progress: bool = True,
         log: Callable[[str], None] = print,
+        command: str = "reproduce",
+        resume_with: str | None = None,
     ):
         self.config, self.out = config, Path(out)
+        # the command the messages name (``reproduce`` or ``train``) and the one that resumes
+        # this run (the rerun of the same command; default: ``reproduce`` on this folder)
+        self.command = command
+        self.resume_with = resume_with or f"agentrl-jax {command} ... --out {self.out}"
+        self._where = ""  # the running phase's position (e.g. "update 3/8"), for an interrupt
         self.main = distributed.is_main()
         # the tasks (and the demonstrations' tasks) before the folder is touched: data that
         # cannot be read, or demonstrated, is one line, and the corrected command runs there
@@ -268,7 +279,7 @@ class Reproduction:
             total=self.total_work(),
             disable=not (progress and self.main),
             dynamic_ncols=True,
-            desc="reproduce",
+            desc=command,
             bar_format=BAR_FORMAT,
             smoothing=0,
         )
@@ -401,11 +412,15 @@ class Reproduction:
         if until is not None:
             names = names[: names.index(until) + 1]
         started = time.perf_counter()
+        if self.main and self.phases.done and not all(p in self.phases.done for p in names):
+            self.log(f"{self.command}: resuming {self.out}: {self.saved_text(names)}")
+        phase = None
         try:
             for phase in names:
                 if phase in self.phases.done:
                     self.bar.update(self._work(phase))
                     continue
+                self._where = ""
                 self.bar.set_description(phase)
                 self.bar.set_postfix_str("")  # the last phase's values leave the bar
                 self._cost = phase_cost(phase)
@@ -416,6 +431,15 @@ class Reproduction:
                 if self.main:
                     self.phases.finish(phase, time.perf_counter() - began, **info)
                 distributed.barrier(f"reproduce:{phase}")  # its files are written
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as the command line turns it
+            if self.main:
+                self.bar.close()
+                where = f" at {self._where}" if self._where else ""
+                self.log(
+                    f"{self.command}: interrupted during {phase}{where}; saved: "
+                    f"{self.saved_text(names)}; resume with: {self.resume_with}"
+                )
+            raise
         finally:
             self.bar.close()
             self.tasks.close()
@@ -423,12 +447,32 @@ class Reproduction:
                 with contextlib.suppress(OSError):  # a scratch folder left behind is harmless
                     remove_folder(self.written, SCRATCH)
         report = self.out / "report.md"
+        finished = "report" in self.phases.done or self.command != "reproduce"
         self.log(
-            f"reproduce: {'done' if 'report' in self.phases.done else f'stopped after {until}'} "
+            f"{self.command}: {'done' if finished else f'stopped after {until}'} "
             f"in {time.perf_counter() - started:.0f} s (this invocation)"
             + (f"; report: {report}" if report.exists() else "")
         )
         return report
+
+    def saved_text(self, names: list[str]) -> str:
+        """What a rerun keeps of ``names``: the finished phases, then each unfinished RL run's
+        newest checkpoint (or that it has none yet and starts over)."""
+        done = [p for p in names if p in self.phases.done]
+        parts = [
+            "no phase finished"
+            if not done
+            else f"{len(done)} finished phase{'s' * (len(done) != 1)} ({', '.join(done)})"
+        ]
+        steps = self.config.rl.steps
+        for p in names:
+            if p.startswith("train:") and p not in self.phases.done:
+                at = _checkpointed_steps(self.out / "runs" / p[6:])
+                if at:
+                    parts.append(f"{p} from its checkpoint at update {at}/{steps}")
+                elif (self.out / "runs" / p[6:]).exists():
+                    parts.append(f"{p} has no checkpoint yet (it starts again at update 0)")
+        return "; ".join(parts)
 
     def _run_phase(self, phase: str) -> dict[str, Any] | None:
         if phase == "setup":
@@ -567,6 +611,7 @@ class Reproduction:
         run_dir = self.out / "runs" / spec.name
 
         def on_step(step: int, metrics: dict) -> None:
+            self._where = f"update {step}/{self.config.rl.steps}"
             self._advance(self.rl_step_units)
             self.bar.set_postfix_str(
                 ", ".join(
@@ -728,10 +773,15 @@ def reproduce(
     fresh: bool = False,
     progress: bool = True,
     until: str | None = None,
+    command: str = "reproduce",
+    resume_with: str | None = None,
 ) -> Path:
     """Run (or resume) the reproduction of ``config`` in ``out``, up to phase ``until``
-    (default: all); returns the report's path."""
+    (default: all); returns the report's path. ``command`` names the messages (``reproduce``
+    or ``train``); ``resume_with`` is the command line an interrupt says resumes the run."""
     check_until(config, until)  # before the folder is touched
     check_model_dirs(config)
     check_mesh(config)
-    return Reproduction(config, out, fresh=fresh, progress=progress).run(until)
+    return Reproduction(
+        config, out, fresh=fresh, progress=progress, command=command, resume_with=resume_with
+    ).run(until)
