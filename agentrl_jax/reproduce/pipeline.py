@@ -745,8 +745,9 @@ class Reproduction:
                 test=self.tasks.test,
             ),
             f"Machine: {self._machines_text()}; phases so far took {seconds:.0f} s in all "
-            "(see phases.json). Numbers on CPU depend on the CPU's vector instructions and the "
-            "jax version: compare runs of the same machine and versions.",
+            "(see phases.json). Numbers on CPU depend on whether the CPU has AVX-512 and on the "
+            "jax version: compare runs of the same kind of CPU and versions (`agentrl-jax "
+            "compare` checks the built-in default against its stored runs).",
             "Exact config: [config.yaml](config.yaml).",
         ]
         plugins = recorded_plugins(self.out)
