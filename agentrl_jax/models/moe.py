@@ -1,0 +1,121 @@
+"""Qwen3 mixture-of-experts feed-forward, as pure functions: the router, dropless experts and
+routing replay (PAPER.md §4; issue #58).
+
+Math (matches ``transformers``' ``Qwen3MoeSparseMoeBlock``): per token, router logits
+``x @ router.T`` over ``E`` experts; probabilities ``softmax`` in float32; the ``k`` most
+probable experts, their probabilities renormalised to sum to 1 when ``normalize``
+(``norm_topk_prob``); the output is the weighted sum of those experts' SwiGLU feed-forwards
+``down_e(silu(gate_e(x)) * up_e(x))``.
+
+Dropless: every token reaches its ``k`` experts whatever the load. The ``T * k`` (token,
+expert) assignments are sorted by expert and each projection is one grouped matmul over the
+sorted rows (:func:`jax.lax.ragged_dot_general`, the group sizes counted from the routing), so
+the shapes depend only on ``T``, ``k`` and the sizes, never on where tokens go: one compile
+serves every routing, and a skewed router (every token to one expert) drops nothing.
+
+Routing replay: :func:`route` with ``experts`` given uses those experts (the ones the sampler
+chose) instead of its own top-k, weighted by the router's own probabilities of them, so the
+trainer computes the sampled tokens through the sampled experts while the router's gradient
+still flows through the weights of the experts it is given.
+
+Parameters keep Hugging Face's per-expert layouts, stacked over experts: ``gate`` and ``up``
+``[E, I, H]`` (each expert's ``gate_proj.weight`` / ``up_proj.weight``), ``down`` ``[E, H,
+I]``, ``router`` ``[E, H]`` (``mlp.gate.weight``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# rows [T*k, H] x expert weights [E, I, H], contracting H with the weights' last axis; the
+# rows are ragged along their first axis, grouped by the weights' first (expert) axis
+_ROWS_BY_LAST = jax.lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(([1], [2]), ([], [])),
+    lhs_ragged_dimensions=[0],
+    rhs_group_dimensions=[0],
+)
+
+
+def route(
+    router_logits: jax.Array, k: int, *, normalize: bool, experts: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """Each token's experts and their weights.
+
+    Args:
+      router_logits: ``[T, E]`` (any float dtype).
+      k: experts per token (``num_experts_per_tok``).
+      normalize: renormalise the ``k`` probabilities to sum to 1 (``norm_topk_prob``).
+      experts: ``[T, k]`` int, experts to use instead of the router's top-k (routing replay);
+        None: the top-k, most probable first (ties: the lower index first).
+
+    Returns:
+      ``(weights [T, k] in router_logits.dtype, experts [T, k] int32)``.
+    """
+    probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+    if experts is None:
+        top, experts = jax.lax.top_k(probs, k)
+    else:
+        experts = experts.astype(jnp.int32)
+        top = jnp.take_along_axis(probs, experts, axis=-1)
+    if normalize:
+        top = top / jnp.sum(top, axis=-1, keepdims=True)
+    return top.astype(router_logits.dtype), experts.astype(jnp.int32)
+
+
+def experts_ffn(
+    x: jax.Array,
+    experts: jax.Array,
+    weights: jax.Array,
+    gate: jax.Array,
+    up: jax.Array,
+    down: jax.Array,
+) -> jax.Array:
+    """The weighted sum of each token's experts' SwiGLU feed-forwards, dropless.
+
+    Args:
+      x: ``[T, H]`` tokens.
+      experts: ``[T, k]`` int, each token's experts (:func:`route`).
+      weights: ``[T, k]``, their weights.
+      gate, up: ``[E, I, H]``; down: ``[E, H, I]``.
+
+    Returns:
+      ``[T, H]`` in ``x.dtype``. The largest buffers are the ``[T * k, I]`` activations.
+    """
+    tokens, k = experts.shape
+    num_experts = gate.shape[0]
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)  # the assignments grouped by expert
+    token = order // k
+    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    rows = x[token]  # [T*k, H]
+
+    def grouped(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+        return jax.lax.ragged_dot_general(
+            lhs, rhs, group_sizes, _ROWS_BY_LAST, preferred_element_type=x.dtype
+        )
+
+    hidden = jax.nn.silu(grouped(rows, gate)) * grouped(rows, up)  # [T*k, I]
+    out = grouped(hidden, down) * weights.reshape(-1)[order][:, None].astype(x.dtype)
+    return jnp.zeros_like(x).at[token].add(out)
+
+
+def moe_block(
+    x: jax.Array,
+    router: jax.Array,
+    gate: jax.Array,
+    up: jax.Array,
+    down: jax.Array,
+    *,
+    k: int,
+    normalize: bool,
+    experts: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A Qwen3 sparse MoE block on ``x`` ``[..., H]``: ``(out [..., H], router_logits [T, E],
+    experts [T, k])`` with ``T`` the tokens of ``x``. ``experts`` (``[T, k]``): replay those
+    (see :func:`route`); the router logits are returned for auxiliary losses."""
+    shape = x.shape
+    flat = x.reshape(-1, shape[-1])
+    logits = flat @ router.T.astype(flat.dtype)
+    weights, chosen = route(logits, k, normalize=normalize, experts=experts)
+    return experts_ffn(flat, chosen, weights, gate, up, down).reshape(shape), logits, chosen

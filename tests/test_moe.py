@@ -1,0 +1,145 @@
+"""The Qwen3 mixture-of-experts block (agentrl_jax/models/moe.py) against ``transformers``'
+``Qwen3MoeSparseMoeBlock`` on random weights at odd sizes: routing choices equal for every
+token, outputs to 1e-5 in float32, with and without renormalised top-k weights. Dropless: a
+router that sends every token to one expert drops none (checked against a dense per-token
+reference). Routing replay: given experts are used, weighted by the router's own
+probabilities, with the router's gradient flowing through them. One compile serves every
+routing."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from compile_counter import count_backend_compiles
+from transformers import Qwen3MoeConfig
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+from agentrl_jax.models import moe
+
+HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 20, 12, 6, 2
+
+
+def reference_block(normalize: bool, seed: int = 0) -> Qwen3MoeSparseMoeBlock:
+    config = Qwen3MoeConfig(
+        hidden_size=HIDDEN,
+        moe_intermediate_size=INTERMEDIATE,
+        num_experts=EXPERTS,
+        num_experts_per_tok=TOP_K,
+        norm_topk_prob=normalize,
+    )
+    torch.manual_seed(seed)
+    block = Qwen3MoeSparseMoeBlock(config).float()
+    for parameter in block.parameters():
+        torch.nn.init.normal_(parameter, std=0.5)
+    return block
+
+
+def our_weights(block: Qwen3MoeSparseMoeBlock) -> dict[str, jax.Array]:
+    """The block's weights in Hugging Face's per-expert layouts, stacked over experts."""
+    gate_up = block.experts.gate_up_proj.detach().numpy()  # [E, 2I, H]
+    return {
+        "router": jnp.asarray(block.gate.weight.detach().numpy()),
+        "gate": jnp.asarray(gate_up[:, :INTERMEDIATE]),
+        "up": jnp.asarray(gate_up[:, INTERMEDIATE:]),
+        "down": jnp.asarray(block.experts.down_proj.detach().numpy()),
+    }
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm_topk", "raw_topk"])
+def test_the_block_equals_transformers(normalize):
+    block = reference_block(normalize)
+    x = np.random.default_rng(1).standard_normal((3, 7, HIDDEN)).astype(np.float32)
+    with torch.no_grad():
+        want = block(torch.from_numpy(x)).numpy()
+        _, want_weights, want_experts = block.gate(torch.from_numpy(x).reshape(-1, HIDDEN))
+    w = our_weights(block)
+    out, logits, experts = moe.moe_block(
+        jnp.asarray(x), w["router"], w["gate"], w["up"], w["down"], k=TOP_K, normalize=normalize
+    )
+    np.testing.assert_array_equal(np.asarray(experts), want_experts.numpy())  # every token
+    weights, _ = moe.route(logits, TOP_K, normalize=normalize)
+    np.testing.assert_allclose(np.asarray(weights), want_weights.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
+    # every expert was used by some token, so every group of the grouped matmul was exercised
+    assert set(np.asarray(experts).ravel()) == set(range(EXPERTS))
+
+
+def dense_reference(x, experts, weights, w) -> np.ndarray:
+    """Each token through each of its experts, one at a time, in float64."""
+    x, gate, up, down = (np.asarray(a, np.float64) for a in (x, w["gate"], w["up"], w["down"]))
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for e, weight in zip(np.asarray(experts)[t], np.asarray(weights, np.float64)[t]):
+            g, u = gate[e] @ x[t], up[e] @ x[t]
+            out[t] += weight * (down[e] @ (g / (1 + np.exp(-g)) * u))
+    return out
+
+
+def test_a_skewed_router_drops_no_token():
+    """Every token's first choice is expert 4 (no capacity limit: all 40 reach it)."""
+    w = our_weights(reference_block(True))
+    x = np.random.default_rng(2).standard_normal((40, HIDDEN)).astype(np.float32)
+    x[:, 0] = 5.0  # a feature every token has ...
+    router = np.asarray(w["router"]).copy()
+    router[4] = 0.0
+    router[4, 0] = 20.0  # ... that expert 4 reads: logit 100 for every token
+    w["router"] = jnp.asarray(router)
+    out, _, experts = moe.moe_block(
+        jnp.asarray(x), w["router"], w["gate"], w["up"], w["down"], k=TOP_K, normalize=True
+    )
+    assert (np.asarray(experts)[:, 0] == 4).all()
+    weights, _ = moe.route(jnp.asarray(x) @ w["router"].T, TOP_K, normalize=True)
+    np.testing.assert_allclose(
+        np.asarray(out), dense_reference(x, experts, weights, w), rtol=1e-4, atol=1e-5
+    )
+
+
+def test_routing_replay_uses_the_given_experts_and_trains_the_router():
+    w = our_weights(reference_block(True))
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((9, HIDDEN)).astype(np.float32))
+    _, logits, own = moe.moe_block(
+        x, w["router"], w["gate"], w["up"], w["down"], k=2, normalize=True
+    )
+    replayed = (own + 1) % EXPERTS  # experts the router did not choose
+    out, _, used = moe.moe_block(
+        x, w["router"], w["gate"], w["up"], w["down"], k=2, normalize=True, experts=replayed
+    )
+    np.testing.assert_array_equal(np.asarray(used), np.asarray(replayed))
+    probs = np.asarray(jax.nn.softmax(logits, axis=-1), np.float64)
+    weights = np.take_along_axis(probs, np.asarray(replayed), axis=-1)
+    weights /= weights.sum(-1, keepdims=True)  # the router's own probabilities, renormalised
+    np.testing.assert_allclose(
+        np.asarray(out), dense_reference(x, replayed, weights, w), rtol=1e-4, atol=1e-5
+    )
+
+    def loss(router):
+        y, _, _ = moe.moe_block(
+            x, router, w["gate"], w["up"], w["down"], k=2, normalize=False, experts=replayed
+        )
+        return jnp.sum(y**2)
+
+    grad = np.asarray(jax.grad(loss)(w["router"]))
+    assert np.isfinite(grad).all() and np.abs(grad).sum() > 0  # the router learns under replay
+
+
+def test_one_compile_serves_every_routing():
+    w = our_weights(reference_block(True))
+    block = jax.jit(
+        lambda x, r: moe.moe_block(x, r, w["gate"], w["up"], w["down"], k=2, normalize=True)
+    )
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((16, HIDDEN)).astype(np.float32))
+    block(x, w["router"])  # compiled here
+    routers = [  # uniform, mixed, skewed routings
+        jnp.asarray(scale * rng.standard_normal((EXPERTS, HIDDEN)).astype(np.float32))
+        for scale in (0.0, 1.0, 30.0)
+    ]
+    routings = set()
+    with count_backend_compiles() as compiles:
+        for router in routers:
+            _, _, experts = block(x, router)
+            routings.add(tuple(np.bincount(np.asarray(experts).ravel(), minlength=EXPERTS)))
+    assert compiles == [] and len(routings) == 3
