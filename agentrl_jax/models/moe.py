@@ -18,6 +18,9 @@ chose) instead of its own top-k, weighted by the router's own probabilities of t
 trainer computes the sampled tokens through the sampled experts while the router's gradient
 still flows through the weights of the experts it is given.
 
+Expert parallelism (:func:`expert_parallel`): the experts split over a mesh axis, each
+device computing the assignments to its own experts for the tokens of its group.
+
 Parameters keep Hugging Face's per-expert layouts, stacked over experts: ``gate`` and ``up``
 ``[E, I, H]`` (each expert's ``gate_proj.weight`` / ``up_proj.weight``), ``down`` ``[E, H,
 I]``, ``router`` ``[E, H]`` (``mlp.gate.weight``).
@@ -25,8 +28,12 @@ I]``, ``router`` ``[E, H]`` (``mlp.gate.weight``).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 # rows [T*k, H] x expert weights [E, I, H], contracting H with the weights' last axis; the
 # rows are ragged along their first axis, grouped by the weights' first (expert) axis
@@ -70,6 +77,7 @@ def experts_ffn(
     gate: jax.Array,
     up: jax.Array,
     down: jax.Array,
+    first: jax.Array | int = 0,
 ) -> jax.Array:
     """The weighted sum of each token's experts' SwiGLU feed-forwards, dropless.
 
@@ -77,17 +85,23 @@ def experts_ffn(
       x: ``[T, H]`` tokens.
       experts: ``[T, k]`` int, each token's experts (:func:`route`).
       weights: ``[T, k]``, their weights.
-      gate, up: ``[E, I, H]``; down: ``[E, H, I]``.
+      gate, up: ``[E_here, I, H]``; down: ``[E_here, H, I]``: experts ``first`` ..
+        ``first + E_here - 1`` (all of them by default). Assignments to other experts add
+        nothing here: another device computes them (:func:`expert_parallel`).
+      first: the index of this device's first expert.
 
     Returns:
       ``[T, H]`` in ``x.dtype``. The largest buffers are the ``[T * k, I]`` activations.
     """
     tokens, k = experts.shape
-    num_experts = gate.shape[0]
-    flat = experts.reshape(-1)
-    order = jnp.argsort(flat, stable=True)  # the assignments grouped by expert
+    here = gate.shape[0]
+    flat = experts.reshape(-1) - first
+    # experts held here in order, then every other assignment (its rows come out zero: the
+    # grouped matmul leaves rows past the sum of the group sizes at 0)
+    key = jnp.where((flat >= 0) & (flat < here), flat, here)
+    order = jnp.argsort(key, stable=True)
     token = order // k
-    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    group_sizes = jnp.bincount(key, length=here + 1)[:here].astype(jnp.int32)
     rows = x[token]  # [T*k, H]
 
     def grouped(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
@@ -100,6 +114,34 @@ def experts_ffn(
     return jnp.zeros_like(x).at[token].add(out)
 
 
+def expert_parallel(mesh: Mesh, axis: str = "expert", batch_axes: tuple[str, ...] = ()):
+    """:func:`experts_ffn` with the experts split over the mesh axis ``axis``: a function of
+    the same arguments (no ``first``) for ``jit``, its tokens ``[T, ...]`` split over
+    ``batch_axes + (axis,)`` and its expert weights ``[E, ...]`` over ``axis``.
+
+    Each device gathers the tokens of its ``axis`` group (all-gather), computes the
+    assignments to the experts it holds, and the partial outputs are summed back onto the
+    tokens' own devices (reduce-scatter): a token routed to an expert on another device is
+    computed there, whatever the load, with static shapes. ``T`` must divide by the devices
+    the tokens are split over, ``E`` by the size of ``axis``.
+    """
+    tokens_spec = P((*batch_axes, axis))
+    experts_spec = P(axis)
+
+    def local(x, experts, weights, gate, up, down):
+        first = jax.lax.axis_index(axis) * gate.shape[0]
+        gather = functools.partial(jax.lax.all_gather, axis_name=axis, axis=0, tiled=True)
+        out = experts_ffn(gather(x), gather(experts), gather(weights), gate, up, down, first)
+        return jax.lax.psum_scatter(out, axis, scatter_dimension=0, tiled=True)
+
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(tokens_spec, tokens_spec, tokens_spec, experts_spec, experts_spec, experts_spec),
+        out_specs=tokens_spec,
+    )
+
+
 def moe_block(
     x: jax.Array,
     router: jax.Array,
@@ -110,12 +152,14 @@ def moe_block(
     k: int,
     normalize: bool,
     experts: jax.Array | None = None,
+    ffn=experts_ffn,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """A Qwen3 sparse MoE block on ``x`` ``[..., H]``: ``(out [..., H], router_logits [T, E],
     experts [T, k])`` with ``T`` the tokens of ``x``. ``experts`` (``[T, k]``): replay those
-    (see :func:`route`); the router logits are returned for auxiliary losses."""
+    (see :func:`route`); the router logits are returned for auxiliary losses. ``ffn``: the
+    experts' computation, :func:`experts_ffn` or an :func:`expert_parallel` one."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
     logits = flat @ router.T.astype(flat.dtype)
     weights, chosen = route(logits, k, normalize=normalize, experts=experts)
-    return experts_ffn(flat, chosen, weights, gate, up, down).reshape(shape), logits, chosen
+    return ffn(flat, chosen, weights, gate, up, down).reshape(shape), logits, chosen
