@@ -56,6 +56,9 @@ QWEN3_PARAM_RULES: tuple[PartitionRule, ...] = (
     (r"^layers/(o_proj|down_proj)$", P(None, "fsdp", "tensor")),
     (r"^(layers/)?\w*norm$", P()),
     (r"^layers/lora/\w+$", P()),  # LoRA adapters (models/lora.py): small, replicated
+    (r"^layers/router$", P()),  # MoE routers [layers, experts, hidden]: small, replicated
+    (r"^layers/(experts_gate|experts_up)$", P(None, None, "tensor", "fsdp")),
+    (r"^layers/experts_down$", P(None, None, "fsdp", "tensor")),
 )
 
 # KVCache fields: k/v [layers, batch, slots, kv_heads, head_dim], lengths [batch].

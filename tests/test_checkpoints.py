@@ -227,7 +227,7 @@ def test_unexpected_tensor_is_named_with_its_file(tmp_path):
     tensors["model.layers.2.mlp.up_proj.weight"] = torch.zeros(96, 64)  # a third layer
     save_file(tensors, tmp_path / "model.safetensors")
     message = (
-        "unexpected tensor(s) not part of a Qwen3ForCausalLM with this config.json: "
+        "unexpected tensor(s) not part of a Qwen3 with this config.json: "
         "'model.layers.2.mlp.up_proj.weight' in model.safetensors"
     )
     with pytest.raises(CheckpointError, match=re.escape(message)):
@@ -260,7 +260,8 @@ def test_integer_tensor_is_rejected(tmp_path):
     "model_type,arch",
     [
         ("llama", "LlamaForCausalLM"),
-        ("qwen3_moe", "Qwen3MoeForCausalLM"),
+        ("qwen2_moe", "Qwen2MoeForCausalLM"),
+        ("qwen3_moe", "Qwen3ForCausalLM"),  # a MoE config naming the dense class
         ("qwen3", "Qwen3ForSequenceClassification"),
     ],
 )

@@ -122,7 +122,7 @@ def test_a_bad_model_folder_is_one_line_and_the_corrected_rerun_works(
         "directory needs config.json",
         "not a Qwen3": f"model.model_dir: {model}/config.json: unsupported architecture "
         "(model_type='llama', architectures=[]); only model_type='qwen3' Qwen3ForCausalLM "
-        "(dense Qwen3) is implemented",
+        "(dense Qwen3) and 'qwen3_moe' Qwen3MoeForCausalLM (Qwen3 MoE) are implemented",
     }[problem]
     assert _squeezed(expected) in _one_line_error(result)
     assert not out.exists()

@@ -254,7 +254,7 @@ def test_a_tensor_the_model_does_not_have_is_named(tiny_dir, tmp_path):
         lambda t: t.update({"model.layers.2.mlp.up_proj.weight": np.zeros((32, 16), np.float32)}),
     )
     assert _raises(CheckpointError, load_qwen3, model_dir) == (
-        f"{path}: 1 unexpected tensor(s) not part of a Qwen3ForCausalLM with this config.json: "
+        f"{path}: 1 unexpected tensor(s) not part of a Qwen3 with this config.json: "
         "'model.layers.2.mlp.up_proj.weight' in model.safetensors"
     )
 

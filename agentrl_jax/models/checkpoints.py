@@ -35,7 +35,12 @@ from safetensors.numpy import save_file
 
 from agentrl_jax.errors import CheckpointError
 from agentrl_jax.models.config import Qwen3Config
-from agentrl_jax.models.qwen3 import LAYER_PARAM_NAMES, Qwen3ForCausalLM
+from agentrl_jax.models.qwen3 import (
+    ATTENTION_PARAM_NAMES,
+    MOE_PARAM_NAMES,
+    Qwen3ForCausalLM,
+    layer_param_names,
+)
 from agentrl_jax.models.safetensors_reader import (
     INDEX_FILE,
     SINGLE_FILE,
@@ -73,6 +78,7 @@ AUXILIARY_FILES = (
     "chat_template.jinja",
 )
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+_EXPERTS = ("experts_gate", "experts_up", "experts_down")
 
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 _TORCH_DTYPE_NAMES = {
@@ -94,16 +100,38 @@ _LAYER_SUFFIX = {
     "gate_proj": "mlp.gate_proj.weight",
     "up_proj": "mlp.up_proj.weight",
     "down_proj": "mlp.down_proj.weight",
+    "router": "mlp.gate.weight",
+    # the experts': one tensor per layer and expert ("{e}": the expert)
+    "experts_gate": "mlp.experts.{e}.gate_proj.weight",
+    "experts_up": "mlp.experts.{e}.up_proj.weight",
+    "experts_down": "mlp.experts.{e}.down_proj.weight",
 }
+
+
+def stacked_axes(path: str) -> int:
+    """How many leading axes of our parameter ``path`` stack Hugging Face tensors: 2 for the
+    experts' (layer, expert), 1 for other layer weights, 0 for the rest."""
+    if path.startswith("layers/experts_"):
+        return 2
+    return 1 if path.startswith("layers/") else 0
 
 
 # ---------------------------------------------------------------------------- name mapping
 def hf_tensor_names(config: Qwen3Config) -> dict[str, list[str]]:
-    """Our parameter path -> its Hugging Face tensor names (one per layer for stacked weights)."""
+    """Our parameter path -> its Hugging Face tensor names: one per layer for stacked weights
+    (the layers that have it: a dense MLP's the dense layers, the router the MoE layers), one
+    per layer and expert (layer-major) for the experts'."""
     names = {"embed_tokens": ["model.embed_tokens.weight"]}
-    for param in LAYER_PARAM_NAMES:
+    kinds = config.moe_layers
+    for param in layer_param_names(config):
+        suffix = _LAYER_SUFFIX[param]
+        if param in ATTENTION_PARAM_NAMES:
+            layers = range(config.num_hidden_layers)
+        else:  # the layers whose feed-forward it belongs to
+            layers = [i for i, is_moe in enumerate(kinds) if is_moe == (param in MOE_PARAM_NAMES)]
+        experts = range(config.num_experts) if param in _EXPERTS else [None]
         names[f"layers/{param}"] = [
-            f"model.layers.{i}.{_LAYER_SUFFIX[param]}" for i in range(config.num_hidden_layers)
+            f"model.layers.{i}.{suffix.format(e=e)}" for i in layers for e in experts
         ]
     names["norm"] = ["model.norm.weight"]
     if not config.tie_word_embeddings:
@@ -142,10 +170,10 @@ def check_tensors(
         listed = [f"{n!r} in {entries[n].file.name}" for n in unexpected[:5]]
         raise CheckpointError(
             f"{where}: {len(unexpected)} unexpected tensor(s) not part of a "
-            f"Qwen3ForCausalLM with this config.json: {', '.join(listed)}"
+            f"Qwen3 with this config.json: {', '.join(listed)}"
         )
     for path, hfs in names.items():
-        shape = expected_shapes[path][1:] if path.startswith("layers/") else expected_shapes[path]
+        shape = expected_shapes[path][stacked_axes(path) :]
         for hf in hfs:
             entry = entries[hf]
             if entry.shape != tuple(shape):
@@ -213,7 +241,7 @@ def load_qwen3(
     def place(keypath, leaf, sharding):
         path = path_string(keypath)
         return _array_from_tensors(
-            [entries[n] for n in names[path]], path.startswith("layers/"), leaf, sharding
+            [entries[n] for n in names[path]], stacked_axes(path), leaf, sharding
         )
 
     params = jax.tree_util.tree_map_with_path(place, abstract, shardings)
@@ -223,21 +251,24 @@ def load_qwen3(
 
 def _array_from_tensors(
     tensors: list[TensorEntry],
-    stacked: bool,
+    stacked: int,
     leaf: jax.ShapeDtypeStruct,
     sharding: jax.sharding.Sharding,
 ) -> jax.Array:
-    """One (possibly layer-stacked) parameter, each device shard read from the files directly."""
+    """One parameter whose ``stacked`` leading axes stack the ``tensors`` (row-major: layer,
+    then expert), each device shard read from the files directly."""
     dtype = np.dtype(leaf.dtype)
 
     def read_shard(index: tuple[slice, ...] | None) -> np.ndarray:
         index = tuple(index) if index is not None else (slice(None),) * len(leaf.shape)
         if not stacked:
             return tensors[0].read(index, dtype)
-        layers = range(len(tensors))[index[0]]
-        shard = np.empty((len(layers), *tensors[0].mmap()[index[1:]].shape), dtype)
-        for row, layer in enumerate(layers):  # host holds the shard and nothing else
-            shard[row] = tensors[layer].mmap()[index[1:]]
+        picked = [range(size)[i] for size, i in zip(leaf.shape[:stacked], index[:stacked])]
+        rest = index[stacked:]
+        shard = np.empty((*map(len, picked), *tensors[0].mmap()[rest].shape), dtype)
+        for row in np.ndindex(*shard.shape[:stacked]):  # the host holds the shard, no more
+            at = [r[i] for r, i in zip(picked, row)]
+            shard[row] = tensors[int(np.ravel_multi_index(at, leaf.shape[:stacked]))].mmap()[rest]
         return shard
 
     return jax.make_array_from_callback(leaf.shape, sharding, read_shard, dtype=dtype)
@@ -317,9 +348,11 @@ def _hf_tensors(params: Mapping[str, Any], config: Qwen3Config):
     """(Hugging Face name, shape, fetch-to-host thunk) for every tensor, in checkpoint order."""
     for path, hfs in hf_tensor_names(config).items():
         array = _lookup(params, path)
-        if path.startswith("layers/"):
+        stacked = stacked_axes(path)
+        if stacked:
             for i, hf in enumerate(hfs):
-                yield hf, array.shape[1:], (lambda a=array, i=i: _to_host(a[i]))
+                at = np.unravel_index(i, array.shape[:stacked])
+                yield hf, array.shape[stacked:], (lambda a=array, at=at: _to_host(a[at]))
         else:
             yield hfs[0], array.shape, (lambda a=array: _to_host(a))
 

@@ -30,11 +30,13 @@ from agentrl_jax.validation import (
 
 SUPPORTED_ARCHITECTURE = "Qwen3ForCausalLM"
 SUPPORTED_MODEL_TYPE = "qwen3"
+MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
+MOE_MODEL_TYPE = "qwen3_moe"
 SUPPORTED_ROPE_TYPES = ("default", "linear", "yarn")
 
 
 class UnsupportedArchitectureError(ConfigError):
-    """``config.json`` describes a model other than a dense Qwen3 causal LM."""
+    """``config.json`` describes a model other than a Qwen3 (dense or MoE) causal LM."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +98,13 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
-    """A dense Qwen3 decoder. Field names follow ``config.json``."""
+    """A Qwen3 decoder, dense or mixture-of-experts. Field names follow ``config.json``.
+
+    MoE (``qwen3_moe``): ``num_experts > 0`` experts of ``moe_intermediate_size``, each token
+    routed to ``num_experts_per_tok`` of them (their weights renormalised when
+    ``norm_topk_prob``), in layer ``i`` unless ``i`` is in ``mlp_only_layers`` or ``(i + 1) %
+    decoder_sparse_step`` (those keep a dense MLP of ``intermediate_size``), as
+    ``transformers`` decides; :attr:`moe_layers` says which."""
 
     vocab_size: int
     hidden_size: int
@@ -113,11 +121,28 @@ class Qwen3Config:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.eos_token_ids, list):  # e.g. a tokenizer's convert_tokens_to_ids
-            object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        for name in ("eos_token_ids", "mlp_only_layers"):  # lists, e.g. from JSON
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         validate("", self, _CHECKS)
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError(
+                f"num_experts_per_tok: must be in [1, num_experts={self.num_experts}], "
+                f"got {self.num_experts_per_tok}"
+            )
+        if self.num_experts and self.moe_intermediate_size < 1:
+            raise ConfigError(
+                "moe_intermediate_size: must be >= 1 with experts, got "
+                f"{self.moe_intermediate_size}"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_key_value_heads: must divide num_attention_heads "
@@ -136,6 +161,16 @@ class Qwen3Config:
                         f"{name}: {token_id} is not a token of vocab_size="
                         f"{self.vocab_size} (ids run 0..{self.vocab_size - 1})"
                     )
+
+    @property
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether its feed-forward is the experts' (else a dense MLP)."""
+        return tuple(
+            self.num_experts > 0
+            and i not in self.mlp_only_layers
+            and (i + 1) % self.decoder_sparse_step == 0
+            for i in range(self.num_hidden_layers)
+        )
 
     @property
     def num_query_groups(self) -> int:
@@ -175,6 +210,7 @@ class Qwen3Config:
                 bos_token_id=_given(d, "bos_token_id"),
                 eos_token_ids=_eos_ids(d),
                 pad_token_id=_given(d, "pad_token_id"),
+                **(_moe_fields(d) if d.get("model_type") == MOE_MODEL_TYPE else {}),
             )
         except ConfigError as e:
             raise type(e)(f"{source}: {e}") from None
@@ -206,9 +242,10 @@ class Qwen3Config:
             if len(self.eos_token_ids) == 1
             else list(self.eos_token_ids)
         )
+        moe = self.num_experts > 0
         return {
-            "architectures": [SUPPORTED_ARCHITECTURE],
-            "model_type": SUPPORTED_MODEL_TYPE,
+            "architectures": [MOE_ARCHITECTURE if moe else SUPPORTED_ARCHITECTURE],
+            "model_type": MOE_MODEL_TYPE if moe else SUPPORTED_MODEL_TYPE,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -238,6 +275,20 @@ class Qwen3Config:
             "pad_token_id": self.pad_token_id,
             "torch_dtype": torch_dtype,
             "use_cache": True,
+            **(
+                {
+                    "num_experts": self.num_experts,  # and as transformers >= 5 names it:
+                    "num_local_experts": self.num_experts,
+                    "num_experts_per_tok": self.num_experts_per_tok,
+                    "moe_intermediate_size": self.moe_intermediate_size,
+                    "norm_topk_prob": self.norm_topk_prob,
+                    "decoder_sparse_step": self.decoder_sparse_step,
+                    "mlp_only_layers": list(self.mlp_only_layers),
+                    "output_router_logits": False,
+                }
+                if moe
+                else {}
+            ),
         }
 
 
@@ -262,7 +313,30 @@ _CHECKS = {
         (lambda v: isinstance(v, tuple) and all(is_int(i, 0) for i in v)),
         "a tuple of ints >= 0",
     ),  # read from config.json's eos_token_id
+    "num_experts": integer(0, 2**16),
+    "num_experts_per_tok": integer(0, 2**16),
+    "moe_intermediate_size": integer(0, 2**31 - 1),
+    "norm_topk_prob": BOOL,
+    "decoder_sparse_step": integer(1, 2**16),
+    "mlp_only_layers": (
+        (lambda v: isinstance(v, tuple) and all(is_int(i, 0) for i in v)),
+        "a list of layer indices >= 0",
+    ),
 }
+
+
+def _moe_fields(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The MoE fields of a ``qwen3_moe`` ``config.json`` (checked by :class:`Qwen3Config`)."""
+    only = _given(d, "mlp_only_layers", [])
+    return {
+        # hub files say num_experts, transformers >= 5 writes num_local_experts
+        "num_experts": _given(d, "num_experts") or _required(d, "num_local_experts"),
+        "num_experts_per_tok": _required(d, "num_experts_per_tok"),
+        "moe_intermediate_size": _required(d, "moe_intermediate_size"),
+        "norm_topk_prob": _given(d, "norm_topk_prob", False),
+        "decoder_sparse_step": _given(d, "decoder_sparse_step", 1),
+        "mlp_only_layers": tuple(only) if isinstance(only, list) else only,
+    }
 
 
 def _given(d: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -305,11 +379,14 @@ def _check_architecture(d: Mapping[str, Any]) -> None:
     if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise ConfigError(f"architectures: must be a list of strings, got {short_repr(archs)}")
     model_type = d.get("model_type")
-    if model_type != SUPPORTED_MODEL_TYPE or (archs and SUPPORTED_ARCHITECTURE not in archs):
+    supported = {SUPPORTED_MODEL_TYPE: SUPPORTED_ARCHITECTURE, MOE_MODEL_TYPE: MOE_ARCHITECTURE}
+    known = isinstance(model_type, str) and model_type in supported
+    if not known or (archs and supported[model_type] not in archs):
         raise UnsupportedArchitectureError(
             f"unsupported architecture (model_type={model_type!r}, "
             f"architectures={archs!r}); only model_type={SUPPORTED_MODEL_TYPE!r} "
-            f"{SUPPORTED_ARCHITECTURE} (dense Qwen3) is implemented"
+            f"{SUPPORTED_ARCHITECTURE} (dense Qwen3) and {MOE_MODEL_TYPE!r} "
+            f"{MOE_ARCHITECTURE} (Qwen3 MoE) are implemented"
         )
 
 

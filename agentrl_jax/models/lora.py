@@ -187,6 +187,12 @@ def with_adapters(model: nnx.Module, config: LoraConfig, key: jax.Array) -> nnx.
         raise ValueError("the model already has LoRA adapters")
     graphdef, state = nnx.split(model)
     adapted = nnx.merge(graphdef, state)
+    absent = [name for name in config.targets if not hasattr(adapted.layers, name)]
+    if absent:  # a dense MLP's projections in a model whose every layer has experts
+        raise ValueError(
+            f"rl.lora.targets: {absent} are not projections of this model (every layer's "
+            "feed-forward is a mixture of experts); target the attention's projections"
+        )
     shapes = {name: getattr(adapted.layers, name).get_value().shape for name in config.targets}
     config.check_rank({name: shape[-2:] for name, shape in shapes.items()})  # before allocating
     adapted.layers.lora = LoraAdapters(shapes, config, key)

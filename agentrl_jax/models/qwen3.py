@@ -69,15 +69,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from agentrl_jax.models import paged_cache, paged_kernels
+from agentrl_jax.models import moe, paged_cache, paged_kernels
 from agentrl_jax.models.attention import _xla_attention as xla_attention
 from agentrl_jax.models.attention import attention as attention_fn
 from agentrl_jax.models.attention import segment_starts
 from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.models.paged_cache import PagedKVCache
 
-# Stacked per-layer parameter names (Hugging Face leaf names), in checkpoint order.
-LAYER_PARAM_NAMES = (
+# Stacked per-layer parameter names (Hugging Face leaf names), in checkpoint order: those of
+# every layer (attention, norms), then a dense MLP's (stacked over the dense layers only) and
+# the experts' (over the MoE layers only; :mod:`agentrl_jax.models.moe`'s layouts).
+ATTENTION_PARAM_NAMES = (
     "input_layernorm",
     "q_proj",
     "k_proj",
@@ -86,10 +88,37 @@ LAYER_PARAM_NAMES = (
     "k_norm",
     "o_proj",
     "post_attention_layernorm",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
 )
+MLP_PARAM_NAMES = ("gate_proj", "up_proj", "down_proj")
+MOE_PARAM_NAMES = ("router", "experts_gate", "experts_up", "experts_down")
+LAYER_PARAM_NAMES = ATTENTION_PARAM_NAMES + MLP_PARAM_NAMES
+"""A dense model's stacked parameters (an MoE model's: :func:`layer_param_names`)."""
+
+
+def layer_param_names(config: Qwen3Config) -> tuple[str, ...]:
+    """The stacked parameters of a model of ``config``, in checkpoint order: the dense MLP's
+    where some layer has one, the experts' where some layer has them."""
+    kinds = config.moe_layers
+    return (
+        ATTENTION_PARAM_NAMES
+        + (MLP_PARAM_NAMES if not all(kinds) else ())
+        + (MOE_PARAM_NAMES if any(kinds) else ())
+    )
+
+
+def layer_segments(config: Qwen3Config) -> list[tuple[int, int, bool, int]]:
+    """The layers as runs of one kind: ``(first layer, end, is MoE, first index in that
+    kind's stack)`` each. A dense model, or Qwen3-30B-A3B (every layer MoE), is one run."""
+    runs: list[tuple[int, int, bool, int]] = []
+    counts = {False: 0, True: 0}
+    for layer, kind in enumerate(config.moe_layers):
+        if runs and runs[-1][2] == kind:
+            first, _, _, index = runs[-1]
+            runs[-1] = (first, layer + 1, kind, index)
+        else:
+            runs.append((layer, layer + 1, kind, counts[kind]))
+        counts[kind] += 1
+    return runs
 
 
 # ---------------------------------------------------------------------------- pure pieces
@@ -244,10 +273,22 @@ def layer_output(
     config: Qwen3Config,
     few_rows: bool = False,
 ) -> jax.Array:
-    """Residual stream after one layer, given its attention output ``attended [B, L, H, hd]``."""
+    """Residual stream after one layer, given its attention output ``attended [B, L, H, hd]``:
+    its feed-forward a dense MLP, or the experts where ``p`` holds a router."""
     x = x + project(p, "o_proj", attended.reshape(*x.shape[:2], -1), few_rows)
     h = rms_norm(x, p["post_attention_layernorm"], config.rms_norm_eps)
-    return x + swiglu_mlp(p, h, few_rows)
+    if "router" not in p:
+        return x + swiglu_mlp(p, h, few_rows)
+    out, _, _ = moe.moe_block(
+        h,
+        p["router"],
+        p["experts_gate"],
+        p["experts_up"],
+        p["experts_down"],
+        k=config.num_experts_per_tok,
+        normalize=config.norm_topk_prob,
+    )
+    return x + out
 
 
 def positions_from_mask(attention_mask: jax.Array, offset: jax.Array | None = None) -> jax.Array:
@@ -341,25 +382,9 @@ class Qwen3DecoderLayers(nnx.Module):
     """
 
     def __init__(self, config: Qwen3Config, *, param_dtype: jnp.dtype, rngs: nnx.Rngs):
-        n, d, i = config.num_hidden_layers, config.hidden_size, config.intermediate_size
-        q_out = config.num_attention_heads * config.head_dim
-        kv_out = config.num_key_value_heads * config.head_dim
-        shapes = {
-            "input_layernorm": (n, d),
-            "q_proj": (n, q_out, d),
-            "k_proj": (n, kv_out, d),
-            "v_proj": (n, kv_out, d),
-            "q_norm": (n, config.head_dim),
-            "k_norm": (n, config.head_dim),
-            "o_proj": (n, d, q_out),
-            "post_attention_layernorm": (n, d),
-            "gate_proj": (n, i, d),
-            "up_proj": (n, i, d),
-            "down_proj": (n, d, i),
-        }
-        for name in LAYER_PARAM_NAMES:
-            shape = shapes[name]
-            if len(shape) == 2:  # a norm weight
+        self.names = layer_param_names(config)
+        for name, shape in layer_param_shapes(config).items():
+            if name in ("input_layernorm", "q_norm", "k_norm", "post_attention_layernorm"):
                 value = jnp.ones(shape, param_dtype)
             else:
                 value = _normal_init(rngs.params(), shape, param_dtype)
@@ -368,11 +393,56 @@ class Qwen3DecoderLayers(nnx.Module):
     def stacked(self, adapters: bool = True) -> dict[str, jax.Array]:
         """Every stacked weight by name, plus the LoRA adapters' (``{name}_a``, ``{name}_b``)
         when the layers have them (``lora``) and ``adapters``."""
-        out = {name: getattr(self, name)[...] for name in LAYER_PARAM_NAMES}
+        out = {name: getattr(self, name)[...] for name in self.names}
         lora = getattr(self, "lora", None)
         if adapters and lora is not None:
             out.update(lora.stacked())
         return out
+
+
+def layer_param_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """Each stacked parameter's shape (:func:`layer_param_names`, in that order)."""
+    n, d, i = config.num_hidden_layers, config.hidden_size, config.intermediate_size
+    q_out = config.num_attention_heads * config.head_dim
+    kv_out = config.num_key_value_heads * config.head_dim
+    moe_layers = sum(config.moe_layers)
+    dense, e, mi = n - moe_layers, config.num_experts, config.moe_intermediate_size
+    shapes = {
+        "input_layernorm": (n, d),
+        "q_proj": (n, q_out, d),
+        "k_proj": (n, kv_out, d),
+        "v_proj": (n, kv_out, d),
+        "q_norm": (n, config.head_dim),
+        "k_norm": (n, config.head_dim),
+        "o_proj": (n, d, q_out),
+        "post_attention_layernorm": (n, d),
+        "gate_proj": (dense, i, d),
+        "up_proj": (dense, i, d),
+        "down_proj": (dense, d, i),
+        "router": (moe_layers, e, d),
+        "experts_gate": (moe_layers, e, mi, d),
+        "experts_up": (moe_layers, e, mi, d),
+        "experts_down": (moe_layers, e, d, mi),
+    }
+    return {name: shapes[name] for name in layer_param_names(config)}
+
+
+def segment_params(
+    stacked: dict[str, jax.Array], segment: tuple[int, int, bool, int]
+) -> dict[str, jax.Array]:
+    """The stacked weights of one run of layers (:func:`layer_segments`): the attention's and
+    norms' of its layers, and the feed-forward's of its kind (adapters follow their weight)."""
+    first, end, is_moe, index = segment
+    feed_forward = MOE_PARAM_NAMES if is_moe else MLP_PARAM_NAMES
+    out = {}
+    for name, w in stacked.items():
+        base = name[:-2] if name.endswith(("_a", "_b")) else name
+        if base in ATTENTION_PARAM_NAMES:
+            out[name] = w if (first, end) == (0, w.shape[0]) else w[first:end]
+        elif base in feed_forward:
+            size = end - first
+            out[name] = w if (index, size) == (0, w.shape[0]) else w[index : index + size]
+    return out
 
 
 def _normal_init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
@@ -437,8 +507,10 @@ class Qwen3ForCausalLM(nnx.Module):
         copy of the layer weights while they live."""
         stacked = self.layers.stacked()
         return [
-            {name: w[i].astype(self.dtype) for name, w in stacked.items()}
-            for i in range(self.config.num_hidden_layers)
+            {name: w[i - first].astype(self.dtype) for name, w in segment.items()}
+            for first, end, is_moe, index in layer_segments(self.config)
+            for segment in [segment_params(stacked, (first, end, is_moe, index))]
+            for i in range(first, end)
         ]
 
     def hidden_states(
@@ -498,7 +570,10 @@ class Qwen3ForCausalLM(nnx.Module):
                 out = layer_output(p, x, attended, config)
                 return constrain(out), None
 
-            x, _ = jax.lax.scan(remat_layer(body, policy), x, layer_params)
+            for segment in layer_segments(config):  # one scan per run of one layer kind
+                x, _ = jax.lax.scan(
+                    remat_layer(body, policy), x, segment_params(layer_params, segment)
+                )
         else:
             filled = cache.lengths[:, None] + jnp.cumsum(valid.astype(jnp.int32), axis=1)  # [B, L]
             slots = jnp.where(valid, filled - 1, cache.max_len)  # padding -> out of range: dropped
@@ -550,11 +625,12 @@ class Qwen3ForCausalLM(nnx.Module):
 
             carry = (x, cache.k, cache.v)
             if layers is None:
-                carry, _ = jax.lax.scan(
-                    remat_layer(body, policy),
-                    carry,
-                    (layer_params, jnp.arange(config.num_hidden_layers)),
-                )
+                for segment in layer_segments(config):  # one scan per run of one layer kind
+                    carry, _ = jax.lax.scan(
+                        remat_layer(body, policy),
+                        carry,
+                        (segment_params(layer_params, segment), jnp.arange(*segment[:2])),
+                    )
             else:
                 for index, p in enumerate(layers):
                     carry, _ = body(carry, (p, index))

@@ -1,0 +1,184 @@
+"""Qwen3 MoE (``qwen3_moe``) from and to Hugging Face checkpoints, against ``transformers``'
+``Qwen3MoeForCausalLM`` at odd sizes (3 layers, the middle one dense via ``mlp_only_layers``,
+6 experts, top-2): logits to 1e-5 in float32, every MoE layer's routing choices for every
+token, the export's tensors bit for bit, and the cache forward (prefill, then one token at a
+time) equal to the whole-sequence forward."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from hf_qwen3 import hf_logits
+from safetensors.numpy import load_file
+
+from agentrl_jax.models import export_qwen3, load_qwen3, moe
+from agentrl_jax.models.qwen3 import KVCache, positions_from_mask
+
+TINY_MOE = dict(
+    vocab_size=97,
+    hidden_size=20,
+    intermediate_size=28,
+    moe_intermediate_size=12,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    num_experts=6,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    mlp_only_layers=[1],
+    initializer_range=0.2,
+)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """``(directory, transformers model)`` of a random tiny Qwen3 MoE (norms perturbed
+    around 1, weights at std 0.2 so the routing is decided by margins, not rounding)."""
+    path = tmp_path_factory.mktemp("moe") / "hf"
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**TINY_MOE)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+    model.save_pretrained(path)
+    return path, model
+
+
+TOKENS = np.random.default_rng(0).integers(0, TINY_MOE["vocab_size"], (2, 11))
+
+
+def test_logits_and_routing_equal_transformers(saved):
+    path, reference = saved
+    ours = load_qwen3(path)
+    assert ours.config.moe_layers == (True, False, True)
+    mask = jnp.ones(TOKENS.shape, bool)
+    logits, _ = ours(jnp.asarray(TOKENS), positions_from_mask(mask), mask)
+    want = hf_logits(reference, TOKENS)
+    assert np.abs(want).max() > 1  # logits O(1): the tolerance means something
+    np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-5, atol=1e-5)
+
+    # each MoE layer's choices, from the router's input as transformers computed it
+    seen = {}
+    hooks = [
+        layer.mlp.gate.register_forward_hook(
+            lambda module, args, out, i=i: seen.update({i: (args[0], out[2])})
+        )
+        for i, layer in enumerate(reference.model.layers)
+        if i != 1
+    ]
+    with torch.no_grad():
+        reference(torch.from_numpy(TOKENS))
+    for hook in hooks:
+        hook.remove()
+    routers = np.asarray(ours.layers.router[...])
+    for stack, layer in enumerate(sorted(seen)):
+        hidden, want_experts = seen[layer]
+        logits = jnp.asarray(hidden.numpy()) @ jnp.asarray(routers[stack]).T
+        _, experts = moe.route(logits, 2, normalize=True)
+        np.testing.assert_array_equal(np.asarray(experts), want_experts.numpy())
+
+
+def test_export_round_trips_bit_for_bit(saved, tmp_path):
+    path, reference = saved
+    out = export_qwen3(load_qwen3(path), tmp_path / "out", max_shard_bytes=20_000)
+    assert len(list(out.glob("model-*.safetensors"))) > 1  # sharded, with an index
+    original = load_file(path / "model.safetensors")
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    exported = {}
+    for name in sorted(set(index.values())):
+        exported.update(load_file(out / name))
+    assert sorted(exported) == sorted(original)  # per-expert names, the dense layer's MLP
+    for name, tensor in original.items():
+        np.testing.assert_array_equal(exported[name], tensor, err_msg=name)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen3_moe" and config["mlp_only_layers"] == [1]
+    again = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    np.testing.assert_array_equal(hf_logits(again, TOKENS), hf_logits(reference, TOKENS))
+
+
+def test_the_cache_forward_equals_the_whole_sequence(saved):
+    ours = load_qwen3(saved[0])
+    tokens = jnp.asarray(TOKENS)
+    mask = jnp.ones(TOKENS.shape, bool)
+    whole, _ = ours(tokens, positions_from_mask(mask), mask)
+    cache = KVCache.empty(ours.config, 2, 16, jnp.float32)
+    prefix = 6
+    steps = [
+        ours(tokens[:, :prefix], positions_from_mask(mask[:, :prefix]), mask[:, :prefix], cache)
+    ]
+    cache = steps[0][1]
+    for t in range(prefix, TOKENS.shape[1]):
+        one = mask[:, t : t + 1]
+        logits, cache = ours(
+            tokens[:, t : t + 1], positions_from_mask(one, cache.lengths), one, cache
+        )
+        steps.append((logits, cache))
+    got = jnp.concatenate([logits for logits, _ in steps], axis=1)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(whole), rtol=1e-5, atol=1e-5)
+    # the layers unrolled from split weights (the CPU sampler's decode) compute the same
+    cache = KVCache.empty(ours.config, 2, 16, jnp.float32)
+    hidden, _ = ours.hidden_states(
+        tokens, positions_from_mask(mask), mask, cache, layers=ours.split_layers()
+    )
+    np.testing.assert_allclose(
+        np.asarray(ours.logits(hidden)), np.asarray(whole), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_the_paged_engine_decodes_it_as_transformers_generates(saved):
+    """Greedy decode of a ragged left-padded batch through the paged engine: transformers'
+    ``generate`` token for token, the log-probs of teacher forcing, and a second batch of other
+    prompts compiles nothing."""
+    import jax
+    from compile_counter import count_backend_compiles
+    from flax import nnx
+
+    from agentrl_jax.sampling import Paging, Sampler, SamplingConfig, pad_rows
+
+    path, reference = saved
+    model = load_qwen3(path)
+    params = nnx.state(model)
+    rng = np.random.default_rng(1)
+    new, width = 8, 11
+
+    def batch():
+        rows = [rng.integers(0, TINY_MOE["vocab_size"], n).tolist() for n in (7, 2, 11, 5)]
+        return pad_rows(rows, width)
+
+    sampler = Sampler(
+        model, max_new_tokens=new, stop_token_ids=(), paging=Paging(page_size=4, block_pages=2)
+    )
+
+    def decode(tokens, mask):
+        state = sampler.append(params, sampler.init(4, width + new), tokens, mask)
+        return sampler.decode(params, state, jax.random.key(0), SamplingConfig(temperature=0))[1]
+
+    tokens, mask = batch()
+    out = decode(tokens, mask)
+    with torch.no_grad():
+        expected = reference.generate(
+            torch.tensor(tokens, dtype=torch.long),
+            attention_mask=torch.tensor(mask, dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=new,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[:, width:].numpy()
+    np.testing.assert_array_equal(out.tokens, expected)
+    # teacher forcing: the whole sequence at once, the log-prob of each generated token
+    full = jnp.concatenate([jnp.asarray(tokens), jnp.asarray(out.tokens)], axis=1)
+    full_mask = jnp.concatenate([jnp.asarray(mask, bool), jnp.ones(out.tokens.shape, bool)], 1)
+    logits, _ = model(full, positions_from_mask(full_mask), full_mask)
+    scores = jax.nn.log_softmax(logits[:, width - 1 : -1], axis=-1)
+    forced = jnp.take_along_axis(scores, jnp.asarray(out.tokens)[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(np.asarray(out.log_probs), np.asarray(forced), atol=1e-5)
+    with count_backend_compiles() as compiles:
+        decode(*batch())
+    assert compiles == []
