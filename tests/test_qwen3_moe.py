@@ -1,23 +1,33 @@
 """Qwen3 MoE (``qwen3_moe``) from and to Hugging Face checkpoints, against ``transformers``'
 ``Qwen3MoeForCausalLM`` at odd sizes (3 layers, the middle one dense via ``mlp_only_layers``,
 6 experts, top-2): logits to 1e-5 in float32, every MoE layer's routing choices for every
-token, the export's tensors bit for bit, and the cache forward (prefill, then one token at a
-time) equal to the whole-sequence forward."""
+token, the export's tensors bit for bit, the cache forward (prefill, then one token at a time)
+equal to the whole-sequence forward, the paged engine's greedy decode equal to ``generate``; and
+the real train step's gradients on an all-MoE model equal to its loss written out."""
 
 from __future__ import annotations
 
+import functools
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import torch
 import transformers
+from compile_counter import count_backend_compiles
+from flax import nnx
 from hf_qwen3 import hf_logits
 from safetensors.numpy import load_file
+from train_fakes import random_trajectory, tiny_model
 
+from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.models import export_qwen3, load_qwen3, moe
 from agentrl_jax.models.qwen3 import KVCache, positions_from_mask
+from agentrl_jax.sampling import Paging, Sampler, SamplingConfig, pad_rows
+from agentrl_jax.train import RLConfig, TrainBatch, TrainConfig, compute_gradients, init_train_state
 
 TINY_MOE = dict(
     vocab_size=97,
@@ -136,12 +146,6 @@ def test_the_paged_engine_decodes_it_as_transformers_generates(saved):
     """Greedy decode of a ragged left-padded batch through the paged engine: transformers'
     ``generate`` token for token, the log-probs of teacher forcing, and a second batch of other
     prompts compiles nothing."""
-    import jax
-    from compile_counter import count_backend_compiles
-    from flax import nnx
-
-    from agentrl_jax.sampling import Paging, Sampler, SamplingConfig, pad_rows
-
     path, reference = saved
     model = load_qwen3(path)
     params = nnx.state(model)
@@ -182,3 +186,55 @@ def test_the_paged_engine_decodes_it_as_transformers_generates(saved):
     with count_backend_compiles() as compiles:
         decode(*batch())
     assert compiles == []
+
+
+def test_the_train_step_on_a_moe_model_is_its_loss_gradient():
+    """The real train step's gradients (remat "full", the head in chunks of 8 positions, and
+    in 2 micro-batches) equal ``jax.grad`` of the clipped policy loss written out on the MoE
+    forward; every expert that a token reached gets a gradient."""
+    model = tiny_model(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, norm_topk_prob=True
+    )
+    assert model.config.moe_layers == (True, True)
+    graphdef = nnx.split(model)[0]
+    algorithm = AlgorithmConfig(
+        aggregation="seq-mean-token-mean", loss_terms=(LossTermConfig("policy_clip"),)
+    )
+    config = TrainConfig(rl=RLConfig(remat="full", logits_chunk=8), algorithm=algorithm)
+    split = TrainConfig(
+        rl=RLConfig(remat="full", logits_chunk=8, num_micro_batches=2), algorithm=algorithm
+    )
+    state = init_train_state(model, config)
+    traj = random_trajectory(3, rows=8, padded_rows=1)
+    grads, _, _ = jax.jit(functools.partial(compute_gradients, graphdef, config))(
+        state, TrainBatch(traj)
+    )
+    micro, _, _ = jax.jit(functools.partial(compute_gradients, graphdef, split))(
+        state, TrainBatch(traj)
+    )
+
+    success, rows, groups = (np.asarray(x) for x in (traj.success, traj.row_mask, traj.group_id))
+    advantages = np.zeros(len(success), np.float32)
+    for g in np.unique(groups[rows]):
+        members = rows & (groups == g)
+        r = success[members].astype(np.float64)
+        advantages[members] = (r - r.mean()) / (r.std(ddof=1) + 1e-6) if members.sum() > 1 else 0
+
+    def loss(params):  # one update per batch: the ratio is 1, the loss -A per token
+        tokens, mask = traj.tokens, traj.token_mask
+        logits, _ = nnx.merge(graphdef, params)(tokens, positions_from_mask(mask), mask)
+        log_probs = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+        lp = jnp.take_along_axis(log_probs, tokens[:, 1:, None], axis=-1)[..., 0]
+        per_token = -jnp.asarray(advantages)[:, None] * jnp.exp(lp - jax.lax.stop_gradient(lp))
+        weights = (traj.loss_mask & traj.row_mask[:, None])[:, 1:].astype(jnp.float32)
+        counts = weights.sum(1)
+        means = (per_token * weights).sum(1) / jnp.maximum(counts, 1)
+        return jnp.sum(jnp.where(counts > 0, means, 0)) / jnp.sum(counts > 0)
+
+    want = jax.jit(jax.grad(loss))(state.policy)
+    for got in (grads, micro):
+        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6, rtol=1e-5)
+    assert float(optax.tree.norm(want)) > 1e-3
+    experts = np.asarray(want["layers"]["experts_up"])  # [layers, experts, I, H]
+    assert (np.abs(experts).reshape(2, 4, -1).max(-1) > 0).sum() >= 6  # most experts trained
