@@ -101,3 +101,38 @@ def test_another_config_or_a_broken_reference_gets_a_reason(copy, tmp_path):
     assert result.exit_code == 2 and f"{broken}: not a reference file" in result.output
     result = run_compare(str(tmp_path / "nowhere"))
     assert result.exit_code == 2 and "no config.yaml, so not a results folder" in result.output
+
+
+@pytest.mark.parametrize(
+    "name, text, said",
+    [
+        ("table1.csv", "a,b\n1,2\n", "table1.csv: not Table 1 (no 'row' column)"),
+        ("table1.csv", "row,kind,x\nbase,policy,1,2,3\n", "line 2 does not match the header"),
+        ("table1.csv", b"row\n\xff\xfe\n", "table1.csv: not text"),
+        ("findings.json", "{not json", "findings.json: not JSON"),
+        ("findings.json", '{"headline": "x"}', "findings.json: not a list of findings"),
+        ("findings.json", '[{"headline": 1, "subject": "s", "verdict": "v"}]', "not a list"),
+        ("findings.json", "[null]", "findings.json: not a list of findings"),
+    ],
+)
+def test_a_hostile_results_file_is_named_not_a_crash(copy, name, text, said):
+    path = copy / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    result = run_compare(str(copy))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "compare: " in result.output and said in result.output
+
+
+@pytest.mark.parametrize("flags", ["avx512f", None, [1, 2], {"avx512f": True}])
+def test_cpu_flags_phases_json_cannot_read_are_not_guessed(copy, flags):
+    """A run whose phases.json records no readable CPU flags is matched with no reference
+    (a string "avx512f" is not read as the flag list it is not)."""
+    phases = json.loads((copy / "phases.json").read_text())
+    for record in phases.values():
+        record["machine"].update(cpu_flags=flags, cpu_id=7, processes="two")
+    (copy / "phases.json").write_text(json.dumps(phases))
+    result = run_compare(str(copy))
+    assert result.exit_code == 2, result.output
+    assert "phases.json records no CPU features of the run" in result.output
+    (copy / "phases.json").write_text("[1, 2")  # not JSON at all: no machine known either
+    assert "records no CPU features" in run_compare(str(copy)).output

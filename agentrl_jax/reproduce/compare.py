@@ -125,15 +125,43 @@ def compared_files(folder: Path) -> dict[str, str]:
     return found
 
 
-def table1_cells(text: str) -> dict[str, dict[str, str]]:
-    """``table1.csv``'s text as ``{row: {column: cell}}`` (cells as written)."""
-    rows = list(csv.DictReader(io.StringIO(text)))
-    return {r["row"]: {c: v for c, v in r.items() if c not in ("row", "kind")} for r in rows}
+def table1_cells(text: str, source: str = "table1.csv") -> dict[str, dict[str, str]]:
+    """``table1.csv``'s text as ``{row: {column: cell}}`` (cells as written); a ``ValueError``
+    naming ``source`` for a file that is not such a table."""
+    reader = csv.DictReader(io.StringIO(text))
+    if not reader.fieldnames or "row" not in reader.fieldnames:
+        raise ValueError(f"{source}: not Table 1 (no 'row' column)")
+    cells = {}
+    for r in reader:
+        if None in r or None in r.values():  # a line with more or fewer cells than the header
+            raise ValueError(f"{source}: line {reader.line_num} does not match the header")
+        cells[r["row"]] = {c: v for c, v in r.items() if c not in ("row", "kind")}
+    return cells
 
 
-def verdicts(findings: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """``findings.json``'s records as ``{"headline | subject": verdict}``."""
-    return {f"{f['headline']} | {f['subject']}": str(f["verdict"]) for f in findings}
+def verdicts(findings: Any, source: str = "findings.json") -> dict[str, str]:
+    """``findings.json``'s records as ``{"headline | subject": verdict}``; a ``ValueError``
+    naming ``source`` for anything but a list of records holding those three strings."""
+    keys = ("headline", "subject", "verdict")
+    if not isinstance(findings, list) or not all(
+        isinstance(f, dict) and all(isinstance(f.get(k), str) for k in keys) for f in findings
+    ):
+        raise ValueError(f"{source}: not a list of findings (headline, subject, verdict)")
+    return {f"{f['headline']} | {f['subject']}": f["verdict"] for f in findings}
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not text ({error})") from None
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(_text(path))
+    except ValueError as error:
+        raise ValueError(f"{path}: not JSON ({error})") from None
 
 
 def run_machines(folder: Path) -> list[dict[str, Any]]:
@@ -150,9 +178,12 @@ def run_machines(folder: Path) -> list[dict[str, Any]]:
     return seen
 
 
-def features(machine: Mapping[str, Any]) -> tuple[str, ...]:
-    """The :data:`DECIDING` features a machine record has."""
-    flags = set(machine.get("cpu_flags") or ())
+def features(machine: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The :data:`DECIDING` features a machine record has; None where it records no
+    readable CPU flags (then nothing is known of them)."""
+    flags = machine.get("cpu_flags")
+    if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
+        return None
     return tuple(f for f in DECIDING if f in flags)
 
 
@@ -171,12 +202,12 @@ def fingerprint(folder: str | Path, name: str = "", source: str = "") -> Referen
     return Reference(
         name=name or folder.name,
         made_on=" then ".join(describe(m) for m in machines) or "unknown",
-        features=features(machines[0]) if machines else (),
+        features=(features(machines[0]) if machines else None) or (),
         jax=str(machines[0].get("jax")) if machines else "unknown",
         config_sha256=_sha256(config),
         files=compared_files(folder),
-        table1=table1_cells(table.read_text()) if table.is_file() else {},
-        verdicts=verdicts(json.loads(found.read_text())) if found.is_file() else {},
+        table1=table1_cells(_text(table), str(table)) if table.is_file() else {},
+        verdicts=verdicts(_json(found), str(found)) if found.is_file() else {},
         source=source,
     )
 
@@ -322,6 +353,12 @@ def report(folder: str | Path, reference: Reference | None = None) -> tuple[str,
     if len(machines) > 1 and len({features(m) for m in machines}) > 1:
         lines.append(
             "Its phases ran on CPUs with different vector features: no reference can match it"
+        )
+        return "\n".join(lines), 2
+    if reference is None and (not machines or features(machines[0]) is None):
+        lines.append(
+            "No reference to compare with: phases.json records no CPU features of the run "
+            "(name one with --reference)"
         )
         return "\n".join(lines), 2
     lines.append(

@@ -88,17 +88,21 @@ def machine() -> dict[str, Any]:
 
 def describe(record: dict[str, Any]) -> str:
     """One line for a report: ``Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167
-    stepping 1; avx2 fma avx512f ...; 2 cores, x86_64), 1 x cpu; jax 0.10.2, jaxlib 0.10.2``."""
+    stepping 1; avx2 fma avx512f ...; 2 cores, x86_64), 1 x cpu; jax 0.10.2, jaxlib 0.10.2``
+    (a record read back from ``phases.json``: fields of other types are written as they are,
+    never a crash)."""
+    flags = record.get("cpu_flags")
     detail = "; ".join(
         part
         for part in (
-            record.get("cpu_id", ""),
-            " ".join(record.get("cpu_flags", [])),
+            str(record.get("cpu_id", "")),
+            " ".join(str(f) for f in flags) if isinstance(flags, list) else "",
             f"{record.get('cores')} cores, {record.get('arch')}",
         )
         if part
     )
     processes = record.get("processes", 1)
+    processes = processes if isinstance(processes, int) else 1
     return (
         f"{record.get('cpu', 'unknown')} ({detail}), {record.get('devices')}"
         f"{f' in {processes} processes' if processes and processes > 1 else ''}; "
