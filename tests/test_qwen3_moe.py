@@ -19,7 +19,7 @@ import torch
 import transformers
 from compile_counter import count_backend_compiles
 from flax import nnx
-from hf_qwen3 import hf_logits
+from hf_qwen3 import hf_greedy, hf_logits
 from safetensors.numpy import load_file
 from train_fakes import random_trajectory, tiny_model
 
@@ -166,16 +166,7 @@ def test_the_paged_engine_decodes_it_as_transformers_generates(saved):
 
     tokens, mask = batch()
     out = decode(tokens, mask)
-    with torch.no_grad():
-        expected = reference.generate(
-            torch.tensor(tokens, dtype=torch.long),
-            attention_mask=torch.tensor(mask, dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=new,
-            eos_token_id=None,
-            pad_token_id=0,
-        )[:, width:].numpy()
-    np.testing.assert_array_equal(out.tokens, expected)
+    np.testing.assert_array_equal(out.tokens, hf_greedy(reference, tokens, mask, new))
     # teacher forcing: the whole sequence at once, the log-prob of each generated token
     full = jnp.concatenate([jnp.asarray(tokens), jnp.asarray(out.tokens)], axis=1)
     full_mask = jnp.concatenate([jnp.asarray(mask, bool), jnp.ones(out.tokens.shape, bool)], 1)
@@ -238,3 +229,58 @@ def test_the_train_step_on_a_moe_model_is_its_loss_gradient():
     assert float(optax.tree.norm(want)) > 1e-3
     experts = np.asarray(want["layers"]["experts_up"])  # [layers, experts, I, H]
     assert (np.abs(experts).reshape(2, 4, -1).max(-1) > 0).sum() >= 6  # most experts trained
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"num_experts_per_tok": 7}, "num_experts_per_tok: must be in [1, num_experts=6], got 7"),
+        ({"num_experts_per_tok": 0}, "num_experts_per_tok: must be in [1, num_experts=6]"),
+        ({"num_local_experts": {"n": 6}}, "num_experts: must be"),
+        ({"num_local_experts": None}, "num_local_experts: required field is missing"),
+        ({"moe_intermediate_size": 0}, "moe_intermediate_size: must be >= 1 with experts"),
+        ({"moe_intermediate_size": 2**40}, "moe_intermediate_size: must be"),
+        ({"decoder_sparse_step": 0}, "decoder_sparse_step: must be"),
+        ({"mlp_only_layers": "1"}, "mlp_only_layers: must be a list of layer indices"),
+        ({"mlp_only_layers": [1.5]}, "mlp_only_layers: must be a list of layer indices"),
+        ({"mlp_only_layers": [-1]}, "mlp_only_layers: must be a list of layer indices"),
+        ({"norm_topk_prob": "yes"}, "norm_topk_prob: must be true or false"),
+        ({"model_type": ["qwen3_moe"]}, "unsupported architecture"),
+    ],
+)
+def test_a_hostile_moe_config_is_a_config_error_naming_the_field(saved, change, said):
+    from agentrl_jax.models import ConfigError, Qwen3Config
+
+    config = json.loads((saved[0] / "config.json").read_text())
+    with pytest.raises(ConfigError) as raised:
+        Qwen3Config.from_hf_dict({**config, **change})
+    assert said in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "experts, said",
+    [
+        (
+            7,
+            "missing 6 tensor(s) that config.json requires, e.g. "
+            "['model.layers.0.mlp.experts.6.down_proj.weight'",
+        ),
+        (
+            5,
+            "unexpected tensor(s) not part of a Qwen3 with this config.json: "
+            "'model.layers.0.mlp.experts.5",
+        ),
+    ],
+)
+def test_expert_tensors_the_config_does_not_describe_are_refused(saved, tmp_path, experts, said):
+    import shutil
+
+    from agentrl_jax.models import CheckpointError
+
+    folder = tmp_path / "edited"
+    shutil.copytree(saved[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_local_experts": experts}))
+    with pytest.raises(CheckpointError) as raised:
+        load_qwen3(folder)
+    assert said in str(raised.value)
