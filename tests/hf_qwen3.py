@@ -60,3 +60,23 @@ def hf_logits(
     with torch.no_grad():
         out = model(torch.tensor(tokens, dtype=torch.long), **kwargs).logits
     return out.float().numpy()
+
+
+def hf_greedy(
+    model: transformers.PreTrainedModel,
+    tokens: np.ndarray,
+    attention_mask: np.ndarray,
+    new: int,
+    eos_token_id: int | None = None,
+) -> np.ndarray:
+    """``generate``'s greedy continuation ``[B, new]`` of left-padded ``tokens`` (pad id 0)."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor(tokens, dtype=torch.long),
+            attention_mask=torch.tensor(attention_mask, dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=new,
+            eos_token_id=eos_token_id,
+            pad_token_id=0,
+        )
+    return out[:, tokens.shape[1] :].numpy()

@@ -7,10 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from compile_counter import count_backend_compiles
 from flax import nnx
-from hf_qwen3 import save_random_hf_qwen3
+from hf_qwen3 import hf_greedy, save_random_hf_qwen3
 
 from agentrl_jax.models import KVCache, load_qwen3, positions_from_mask
 from agentrl_jax.sampling import Sampler, SamplingConfig, StopReason, filtered_log_probs, pad_rows
@@ -54,16 +53,7 @@ def test_greedy_equals_transformers_generate_on_a_ragged_left_padded_batch(tmp_p
     new = 16
 
     def transformers_greedy(eos):
-        with torch.no_grad():
-            out = hf.generate(
-                torch.tensor(tokens, dtype=torch.long),
-                attention_mask=torch.tensor(mask, dtype=torch.long),
-                do_sample=False,
-                max_new_tokens=new,
-                eos_token_id=eos,
-                pad_token_id=0,
-            )
-        return out[:, tokens.shape[1] :].numpy()
+        return hf_greedy(hf, tokens, mask, new, eos)
 
     row, where, eos = first_new_token(transformers_greedy(None).tolist(), 3)  # stops mid-way
     expected = transformers_greedy(eos)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-import torch
 from compile_counter import count_backend_compiles
+from hf_qwen3 import hf_greedy
 from test_sampler import conversation_inputs, random_rows, run_conversation, tiny  # noqa: F401
 
 from agentrl_jax.sampling import Paging, Sampler, SamplingConfig, StopReason, pad_rows
@@ -22,15 +22,7 @@ def test_greedy_equals_transformers_generate_and_the_static_sampler(tiny):
     rows = random_rows(np.random.default_rng(0), (7, 2, 11, 5))
     tokens, mask = pad_rows(rows, 11)
     new = 16
-    with torch.no_grad():
-        expected = hf.generate(
-            torch.tensor(tokens, dtype=torch.long),
-            attention_mask=torch.tensor(mask, dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=new,
-            eos_token_id=None,
-            pad_token_id=0,
-        )[:, tokens.shape[1] :].numpy()
+    expected = hf_greedy(hf, tokens, mask, new)
     outs = {}
     for name, paging in (("static", None), ("paged", PAGING)):
         sampler = Sampler(model, max_new_tokens=new, stop_token_ids=(), paging=paging)

@@ -20,13 +20,12 @@ policies`). See :mod:`agentrl_jax.reproduce.evaluate_policies`.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from agentrl_jax.cli.interrupts import interruptible
+from agentrl_jax.cli.interrupts import command_line, interruptible
 
 
 def eval_command(
@@ -112,19 +111,18 @@ def eval_command(
 
 def _command_line(folder, policy, analysis, config, env, set_, out, plugin) -> str:
     """This ``eval`` command, as the user would type it again."""
-    words = ["agentrl-jax", "eval"] + ([str(folder)] if folder is not None else [])
-    for flag, values in (
-        ("--policy", policy),
-        ("--analysis", analysis),
-        ("--config", [config] if config is not None else None),
-        ("--env", [env] if env is not None else None),
-        ("--set", set_),
-        ("--out", [out]),
-        ("--plugin", plugin),
-    ):
-        for value in values or ():
-            words += [flag, str(value)]
-    return shlex.join(words)
+    return command_line(
+        ["agentrl-jax", "eval", *([str(folder)] if folder is not None else [])],
+        [
+            ("--policy", policy),
+            ("--analysis", analysis),
+            ("--config", config),
+            ("--env", env),
+            ("--set", set_),
+            ("--out", out),
+            ("--plugin", plugin),
+        ],
+    )
 
 
 def _named(items: List[str]) -> dict[str, Path]:

@@ -4,9 +4,10 @@ command's own message: where, what is saved, how to go on) and exits 130 or 143.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import signal
 import threading
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 import typer
 
@@ -34,3 +35,15 @@ def interruptible() -> Iterator[None]:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def command_line(words: Sequence[str], options: Sequence[tuple[str, Any]]) -> str:
+    """A command as the user would type it again: ``words`` (``agentrl-jax train``, any
+    arguments), then each ``(flag, value)`` of ``options`` whose value is not None, a list
+    value once per item (a repeatable option), shell-quoted."""
+    out = list(words)
+    for flag, value in options:
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None:
+                out += [flag, str(item)]
+    return shlex.join(out)

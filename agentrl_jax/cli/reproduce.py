@@ -45,13 +45,12 @@ training run continues from its newest checkpoint (see :mod:`agentrl_jax.reprodu
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from agentrl_jax.cli.interrupts import interruptible
+from agentrl_jax.cli.interrupts import command_line, interruptible
 
 # The options both commands take.
 _CONFIG = typer.Option(
@@ -190,21 +189,10 @@ def train_command(
 def resume_command(command: str, env, config, out, set_, plugin, until=None, seeds=None) -> str:
     """The command line that goes on with an interrupted run: the same command, options and
     folder, without ``--fresh`` (which would delete what is saved)."""
-    words = ["agentrl-jax", command] + ([env] if command == "reproduce" else [])
-    if command == "train" and env is not None:
-        words += ["--env", env]
-    if config is not None:
-        words += ["--config", str(config)]
-    words += ["--out", str(out)]
-    for item in set_ or ():
-        words += ["--set", item]
-    for item in plugin or ():
-        words += ["--plugin", item]
-    if until is not None:
-        words += ["--until", until]
-    for seed in seeds or ():
-        words += ["--seeds", str(seed)]
-    return shlex.join(words)
+    positional = [env] if command == "reproduce" else []
+    options = [("--env", env if command == "train" else None), ("--config", config)]
+    options += [("--out", out), ("--set", set_), ("--plugin", plugin), ("--until", until)]
+    return command_line(["agentrl-jax", command, *positional], [*options, ("--seeds", seeds)])
 
 
 def _start(coordinator, num_processes, process_id, cluster_auto, heartbeat_timeout, cache) -> None:
