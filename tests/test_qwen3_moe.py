@@ -87,12 +87,55 @@ def test_logits_and_routing_equal_transformers(saved):
         reference(torch.from_numpy(TOKENS))
     for hook in hooks:
         hook.remove()
-    routers = np.asarray(ours.layers.router[...])
+    # the forward's own record of them (what the sampler keeps for routing replay)
+    _, _, routing = ours.hidden_states(
+        jnp.asarray(TOKENS), positions_from_mask(mask), mask, routing=True
+    )
+    assert routing.experts.shape == (2, 11, 2, 2) and routing.logits.shape == (2, 11, 2, 6)
     for stack, layer in enumerate(sorted(seen)):
-        hidden, want_experts = seen[layer]
-        logits = jnp.asarray(hidden.numpy()) @ jnp.asarray(routers[stack]).T
-        _, experts = moe.route(logits, 2, normalize=True)
-        np.testing.assert_array_equal(np.asarray(experts), want_experts.numpy())
+        want_experts = seen[layer][1].numpy().reshape(2, 11, 2)
+        np.testing.assert_array_equal(np.asarray(routing.experts[:, :, stack]), want_experts)
+
+
+def test_replayed_experts_are_the_ones_used_and_the_router_still_learns(saved):
+    ours = load_qwen3(saved[0])
+    tokens, mask = jnp.asarray(TOKENS), jnp.ones(TOKENS.shape, bool)
+    positions = positions_from_mask(mask)
+    hidden, _, own = ours.hidden_states(tokens, positions, mask, routing=True)
+    # replaying the model's own routing is the same forward, bit for bit
+    again, _, same = ours.hidden_states(tokens, positions, mask, replay=own.experts, routing=True)
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(hidden))
+    np.testing.assert_array_equal(np.asarray(same.experts), np.asarray(own.experts))
+    # other experts for the first row's tokens (the second row records nothing: -1 routes itself)
+    other = (own.experts + 1) % 6
+    other = other.at[1].set(-1)
+    moved, _, used = ours.hidden_states(tokens, positions, mask, replay=other, routing=True)
+    np.testing.assert_array_equal(np.asarray(used.experts[0]), np.asarray(other[0]))
+    np.testing.assert_array_equal(np.asarray(used.experts[1]), np.asarray(own.experts[1]))
+    assert np.abs(np.asarray(moved[0] - hidden[0])).max() > 1e-3
+    # the second row's tokens attend only to themselves and route themselves: unchanged
+    np.testing.assert_allclose(np.asarray(moved[1]), np.asarray(hidden[1]), rtol=1e-6, atol=1e-6)
+    differ = moe.differs(used.logits.reshape(-1, 6), other.reshape(-1, 2))
+    assert np.asarray(differ).reshape(2, 11, 2)[0].all() and not np.asarray(differ)[22:].any()
+
+    # under replay the router's gradient flows through the replayed experts' weights
+    graphdef, state = nnx.split(ours)
+
+    def loss(state):
+        h, _ = nnx.merge(graphdef, state).hidden_states(tokens, positions, mask, replay=other)
+        return jnp.sum(h**2)
+
+    grads = jax.grad(loss)(state)
+    assert np.abs(np.asarray(grads["layers"]["router"][...])).max() > 0
+
+    # the cache forwards (scanned and unrolled) record and replay alike
+    for layers in (None, ours.split_layers()):
+        cache = KVCache.empty(ours.config, 2, 16, jnp.float32)
+        cached, _, got = ours.hidden_states(
+            tokens, positions, mask, cache, layers=layers, replay=other, routing=True
+        )
+        np.testing.assert_array_equal(np.asarray(got.experts), np.asarray(used.experts))
+        np.testing.assert_allclose(np.asarray(cached), np.asarray(moved), rtol=1e-5, atol=1e-5)
 
 
 def test_export_round_trips_bit_for_bit(saved, tmp_path):

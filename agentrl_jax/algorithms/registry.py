@@ -90,7 +90,8 @@ class AdvantageOutput(NamedTuple):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LossInputs:
-    """What loss terms read, all per token ``[N, L]``; unneeded fields may be None."""
+    """What loss terms read, all per token ``[N, L]`` (the router's ``[N, L, M, ...]``, over
+    an MoE model's ``M`` MoE layers); unneeded fields may be None."""
 
     loss_mask: jax.Array
     logprobs: jax.Array | None = None  # current policy (differentiated)
@@ -105,6 +106,9 @@ class LossInputs:
     #                                            (Trajectory.sampling_logprobs): what TIS weighs by
     segment_ids: jax.Array | None = None  # packed rows: a run of equal ids is one sequence
     #                                       (aggregation's sequence modes count each one)
+    router_logits: jax.Array | None = None  # [N, L, M, E] current policy's router logits per
+    #                                         MoE layer (differentiated; MoE models only)
+    router_experts: jax.Array | None = None  # [N, L, M, k] int32 the experts each token used
 
 
 # ------------------------------------------------------------------------- registry

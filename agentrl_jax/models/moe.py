@@ -32,6 +32,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -44,6 +45,34 @@ _ROWS_BY_LAST = jax.lax.RaggedDotDimensionNumbers(
 )
 
 
+@struct.dataclass
+class Routing:
+    """A forward's routing over its ``M`` MoE layers (``Qwen3ForCausalLM.hidden_states(...,
+    routing=True)``): ``experts [B, L, M, k]`` int32, the experts each token used (its
+    router's top-k, or the replayed ones); ``logits [B, L, M, E]``, the router logits (in the
+    compute dtype), for the router's auxiliary losses and the replay metrics."""
+
+    experts: jax.Array
+    logits: jax.Array
+
+    @classmethod
+    def from_layers(cls, runs: list[tuple[jax.Array, jax.Array]]) -> "Routing | None":
+        """From each run of MoE layers' ``(experts [n, B, L, k], logits [n, B, L, E])``, in
+        layer order; None when there are none (a dense model)."""
+        if not runs:
+            return None
+        experts, logits = (jnp.moveaxis(jnp.concatenate(part, axis=0), 0, 2) for part in zip(*runs))
+        return cls(experts=experts, logits=logits)
+
+
+def top_experts(router_logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The router's own choice: ``(probs [T, E] float32, their top-k [T, k] float32, experts
+    [T, k] int32)``, most probable first (ties: the lower index first)."""
+    probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+    top, experts = jax.lax.top_k(probs, k)
+    return probs, top, experts.astype(jnp.int32)
+
+
 def route(
     router_logits: jax.Array, k: int, *, normalize: bool, experts: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
@@ -54,20 +83,32 @@ def route(
       k: experts per token (``num_experts_per_tok``).
       normalize: renormalise the ``k`` probabilities to sum to 1 (``norm_topk_prob``).
       experts: ``[T, k]`` int, experts to use instead of the router's top-k (routing replay);
-        None: the top-k, most probable first (ties: the lower index first).
+        a token whose row holds a negative id routes itself (a token with nothing recorded).
+        None: every token routes itself, by its top-k (:func:`top_experts`).
 
     Returns:
       ``(weights [T, k] in router_logits.dtype, experts [T, k] int32)``.
     """
-    probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
-    if experts is None:
-        top, experts = jax.lax.top_k(probs, k)
-    else:
-        experts = experts.astype(jnp.int32)
+    probs, top, own = top_experts(router_logits, k)
+    if experts is not None:
+        given = experts.astype(jnp.int32)
+        replayed = jnp.all(given >= 0, axis=-1, keepdims=True)
+        experts = jnp.where(replayed, given, own)
         top = jnp.take_along_axis(probs, experts, axis=-1)
+    else:
+        experts = own
     if normalize:
         top = top / jnp.sum(top, axis=-1, keepdims=True)
-    return top.astype(router_logits.dtype), experts.astype(jnp.int32)
+    return top.astype(router_logits.dtype), experts
+
+
+def differs(router_logits: jax.Array, experts: jax.Array) -> jax.Array:
+    """``[T]`` bool: the router's own top-k (:func:`top_experts`) is not the set ``experts``
+    ``[T, k]`` (order ignored; rows with a negative id: False), the routing-replay metric."""
+    _, _, own = top_experts(router_logits, experts.shape[-1])
+    given = experts.astype(jnp.int32)
+    same = jnp.all(jnp.sort(own, axis=-1) == jnp.sort(given, axis=-1), axis=-1)
+    return jnp.all(given >= 0, axis=-1) & ~same
 
 
 def experts_ffn(

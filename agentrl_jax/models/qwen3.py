@@ -272,14 +272,21 @@ def layer_output(
     attended: jax.Array,
     config: Qwen3Config,
     few_rows: bool = False,
-) -> jax.Array:
+    replay: jax.Array | None = None,
+    moe_ffn: Callable | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """Residual stream after one layer, given its attention output ``attended [B, L, H, hd]``:
-    its feed-forward a dense MLP, or the experts where ``p`` holds a router."""
+    its feed-forward a dense MLP, or the experts where ``p`` holds a router. Also the layer's
+    routing, ``(experts [B, L, k] int32, router logits [B, L, E])``, None for a dense layer.
+    ``replay [B, L, k]``: experts to use instead of the router's (:func:`moe.route`);
+    ``moe_ffn``: the experts' computation (:func:`moe.experts_ffn` by default, or an
+    :func:`moe.expert_parallel` one)."""
     x = x + project(p, "o_proj", attended.reshape(*x.shape[:2], -1), few_rows)
     h = rms_norm(x, p["post_attention_layernorm"], config.rms_norm_eps)
     if "router" not in p:
-        return x + swiglu_mlp(p, h, few_rows)
-    out, _, _ = moe.moe_block(
+        return x + swiglu_mlp(p, h, few_rows), None
+    rows = x.shape[:2]
+    out, logits, chosen = moe.moe_block(
         h,
         p["router"],
         p["experts_gate"],
@@ -287,8 +294,10 @@ def layer_output(
         p["experts_down"],
         k=config.num_experts_per_tok,
         normalize=config.norm_topk_prob,
+        experts=None if replay is None else replay.reshape(-1, replay.shape[-1]),
+        ffn=moe_ffn or moe.experts_ffn,
     )
-    return x + out
+    return x + out, (chosen.reshape(*rows, -1), logits.reshape(*rows, -1))
 
 
 def positions_from_mask(attention_mask: jax.Array, offset: jax.Array | None = None) -> jax.Array:
@@ -527,8 +536,12 @@ class Qwen3ForCausalLM(nnx.Module):
         layers: Sequence[dict[str, jax.Array]] | None = None,
         adapters: bool = True,
         segment_ids: jax.Array | None = None,
-    ) -> tuple[jax.Array, KVCache | None]:
-        """Final (normed) hidden states ``[B, L, hidden_size]`` and the updated cache.
+        replay: jax.Array | None = None,
+        routing: bool = False,
+        moe_ffn: Callable | None = None,
+    ) -> tuple[jax.Array, KVCache | None] | tuple[jax.Array, KVCache | None, moe.Routing | None]:
+        """Final (normed) hidden states ``[B, L, hidden_size]`` and the updated cache (and,
+        with ``routing``, the MoE layers' routing: see below).
 
         ``remat``: a :data:`REMAT_POLICIES` name (or a bool), overriding the model's own.
         ``constrain``: applied to the residual stream ``[B, L, D]`` at every layer boundary
@@ -543,6 +556,13 @@ class Qwen3ForCausalLM(nnx.Module):
         the same weights, e.g. the KL reference). ``segment_ids [B, L]`` (no-cache forward only):
         packed rows, a run of equal ids one sequence that attends only within itself (give
         each its own positions: :func:`packed_positions`).
+
+        MoE models: ``replay [B, L, M, k]`` int, the experts each token uses in each of the
+        ``M`` MoE layers instead of its router's choice (routing replay; a row of negative ids:
+        the router's own), None for none. ``routing``: also return the routing, a third value
+        :class:`~agentrl_jax.models.moe.Routing` (the experts used ``[B, L, M, k]`` and the
+        router logits ``[B, L, M, E]``; None for a dense model). ``moe_ffn``: the experts'
+        computation (:func:`layer_output`).
         """
         config, dtype = self.config, self.dtype
         constrain = constrain or (lambda x: x)
@@ -556,24 +576,39 @@ class Qwen3ForCausalLM(nnx.Module):
         def cast(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
             return {name: w.astype(dtype) for name, w in p.items()}
 
+        moe_index = np.cumsum([0, *config.moe_layers])  # layer -> its index among MoE layers
+        by_layer = None if replay is None else jnp.moveaxis(replay.astype(jnp.int32), 2, 0)
+
+        def segment_replay(segment):  # [layers of the run, B, L, k] or None
+            first, end, is_moe, index = segment
+            return by_layer[index : index + end - first] if is_moe and replay is not None else None
+
+        def feed_forward(p, x, attended, replay_l, few_rows=False):
+            return layer_output(p, x, attended, config, few_rows, replay_l, moe_ffn)
+
+        traces = []  # each MoE run's (experts [n, B, L, k], logits [n, B, L, E])
         if segment_ids is not None and cache is not None:
             raise ValueError("segment_ids (packed rows) is for the no-cache forward only")
         if cache is None:
             starts = None if segment_ids is None else segment_starts(segment_ids)
 
-            def body(x, p):
+            def body(x, xs):
+                p, replay_l = xs
                 p = cast(p)
                 q, k, v = attention_inputs(p, x, cos, sin, config)
                 attended = attention_fn(  # causal, within each segment
                     q, k, v, None, valid, key_start=starts, implementation=attention
                 )
-                out = layer_output(p, x, attended, config)
-                return constrain(out), None
+                out, trace = feed_forward(p, x, attended, replay_l)
+                return constrain(out), trace
 
             for segment in layer_segments(config):  # one scan per run of one layer kind
-                x, _ = jax.lax.scan(
-                    remat_layer(body, policy), x, segment_params(layer_params, segment)
+                x, trace = jax.lax.scan(
+                    remat_layer(body, policy),
+                    x,
+                    (segment_params(layer_params, segment), segment_replay(segment)),
                 )
+                traces.append(trace)
         else:
             filled = cache.lengths[:, None] + jnp.cumsum(valid.astype(jnp.int32), axis=1)  # [B, L]
             slots = jnp.where(valid, filled - 1, cache.max_len)  # padding -> out of range: dropped
@@ -616,24 +651,30 @@ class Qwen3ForCausalLM(nnx.Module):
 
             def body(carry, xs):
                 x, k_all, v_all = carry
-                p, layer = xs
+                p, layer, replay_l = xs
                 p = cast(p)
                 q, k, v = attention_inputs(p, x, cos, sin, config, few_rows)
                 attended, k_all, v_all = store_and_attend(q, k, v, k_all, v_all, layer)
-                out = layer_output(p, x, attended, config, few_rows)
-                return (constrain(out), k_all, v_all), None
+                out, trace = feed_forward(p, x, attended, replay_l, few_rows)
+                return (constrain(out), k_all, v_all), trace
 
             carry = (x, cache.k, cache.v)
             if layers is None:
                 for segment in layer_segments(config):  # one scan per run of one layer kind
-                    carry, _ = jax.lax.scan(
-                        remat_layer(body, policy),
-                        carry,
-                        (segment_params(layer_params, segment), jnp.arange(*segment[:2])),
+                    xs = (segment_params(layer_params, segment), jnp.arange(*segment[:2]))
+                    carry, trace = jax.lax.scan(
+                        remat_layer(body, policy), carry, (*xs, segment_replay(segment))
                     )
+                    traces.append(trace)
             else:
                 for index, p in enumerate(layers):
-                    carry, _ = body(carry, (p, index))
+                    replayed = config.moe_layers[index] and replay is not None
+                    replay_l = by_layer[moe_index[index]] if replayed else None
+                    carry, trace = body(carry, (p, index, replay_l))
+                    traces.append(None if trace is None else jax.tree.map(lambda t: t[None], trace))
             x, k_all, v_all = carry
             cache = cache.replace(k=k_all, v=v_all, lengths=filled[:, -1])
-        return constrain(rms_norm(x, self.norm[...], config.rms_norm_eps)), cache
+        hidden = constrain(rms_norm(x, self.norm[...], config.rms_norm_eps))
+        if not routing:
+            return hidden, cache
+        return hidden, cache, moe.Routing.from_layers([t for t in traces if t is not None])

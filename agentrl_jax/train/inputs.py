@@ -11,7 +11,8 @@ the reference kept in the train state).
 The step can provide, for the terms of each target:
 
 * **live** inputs, recomputed from the parameters being updated at every update (and
-  differentiated): ``logprobs`` and ``entropy`` for policy terms, ``values`` for critic terms;
+  differentiated): ``logprobs`` and ``entropy`` for policy terms (and, on an MoE model, the
+  forward's ``router_logits`` and ``router_experts``), ``values`` for critic terms;
 * **batch** inputs, computed once per rollout batch before its first update, for terms of
   either target: ``old_logprobs`` (the policy before the batch's first update), ``ref_logprobs``
   (the frozen reference), ``advantages`` (the configured estimator), ``old_values`` (the
@@ -39,7 +40,7 @@ from agentrl_jax.algorithms import (
 
 TARGETS = ("policy", "critic")
 LIVE_INPUTS: dict[str, frozenset[str]] = {
-    "policy": frozenset({"logprobs", "entropy"}),
+    "policy": frozenset({"logprobs", "entropy", "router_logits", "router_experts"}),
     "critic": frozenset({"values"}),
 }
 BATCH_INPUTS = frozenset(
