@@ -1,10 +1,13 @@
-"""Smoke test of ``agentrl-jax bench train-step`` at a tiny size (fields, agreement; no timing)."""
+"""Smoke test of ``agentrl-jax bench train-step`` at tiny sizes, dense and MoE (fields,
+agreement; no timing)."""
 
 import json
 
 import pytest
+from typer.testing import CliRunner
 
 from agentrl_jax.bench import train_step as bench_train_step
+from agentrl_jax.cli import app
 
 
 def test_run_reports_tokens_per_second_against_pytorch():
@@ -20,8 +23,12 @@ def test_run_reports_tokens_per_second_against_pytorch():
         frozenlake.settings["loss_positions"] == 8 and frozenlake.settings["loss_tokens"] == 4 * 8
     )
     assert result.settings["size"] == "tiny" and result.settings["rows"] == 4
-    # run() itself raises unless both first-step losses agree (same weights, same batch).
+    # run() itself raises unless both first-step losses and gradient norms agree (same weights,
+    # same batch).
     assert result.settings["first_step_loss"] != 0
+    assert result.settings["first_step_grad_norm"] == pytest.approx(
+        result.settings["torch_first_step_grad_norm"], rel=1e-3
+    )
     line = json.loads(result.to_json())
     assert set(line) == {"name", "unit", "ours", "baseline", "baseline_name", "settings", "ratio"}
 
@@ -64,3 +71,28 @@ def test_run_rejects_bad_arguments():
         bench_train_step.run(sizes=("huge",))
     with pytest.raises(ValueError, match="rows must be a multiple of the group size 4"):
         bench_train_step.run(sizes=("tiny",), rows=6)
+
+
+def test_moe_size_is_timed_against_transformers_moe_model():
+    (result,) = bench_train_step.run(
+        sizes=("tiny-moe",), rows=4, tokens=32, repeats=1, masks=("synthetic",)
+    )
+    assert result.name == "GRPO update, tiny-moe, synthetic mask, 4x32 tokens" and result.ratio > 0
+    assert result.settings["num_experts"] == 8
+    assert result.settings["torch_implementation"].endswith(" experts")  # Qwen3MoeForCausalLM
+    # the gradient norm is the model's: the same experts, routing and no router loss either side
+    assert result.settings["first_step_grad_norm"] == pytest.approx(
+        result.settings["torch_first_step_grad_norm"], rel=1e-3
+    )
+
+
+def test_disagreeing_gradient_norms_stop_the_run():
+    bench_train_step._check_agreement("tiny, padded", (0.5, 2.0), (0.5, 2.0 * (1 + 1e-5)))
+    with pytest.raises(RuntimeError, match="tiny, padded: first-step gradient norms disagree"):
+        bench_train_step._check_agreement("tiny, padded", (0.5, 2.0), (0.5, 2.2))
+
+
+def test_help_lists_every_size():
+    out = CliRunner().invoke(app, ["bench", "train-step", "--help"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert all(name in out.output for name in bench_train_step.SIZES)

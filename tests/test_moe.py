@@ -214,3 +214,47 @@ def test_expert_parallel_on_8_devices_equals_one_device(tmp_path):
     # of 32 tokens x top-2: the spread router uses most experts, the skewed one sends every
     # token to expert 5 (one device's expert computes 32 rows, its neighbours' a few)
     assert sum(c > 0 for c in spread) >= 6 and skewed[5] == 32, (spread, skewed)
+
+
+@pytest.mark.parametrize("sizes", [[9, 0, 17, 1, 0, 14], [0, 41, 0, 0, 0, 0], [3, 3, 3, 3, 3, 20]])
+def test_the_blocked_grouped_matmul_is_ragged_dot(sizes):
+    """The CPU/GPU form of the grouped matmul equals ``jax.lax.ragged_dot_general`` (the TPU
+    form) in values and gradients, for spread, skewed and lopsided groups, with 3 rows past
+    the groups (assignments to experts on other devices) left at 0."""
+    rng = np.random.default_rng(sum(sizes))
+    lhs = jnp.asarray(rng.normal(size=(44, 20)), jnp.float32)
+    rhs = jnp.asarray(rng.normal(size=(6, 12, 20)), jnp.float32)
+    sizes = jnp.asarray(sizes, jnp.int32)
+
+    def ragged(lhs, rhs):
+        return jax.lax.ragged_dot_general(lhs, rhs, sizes, moe._ROWS_BY_LAST)
+
+    for block in (None, 8, 16):
+        blocked = lambda lhs, rhs: moe.blocked_grouped_matmul(lhs, rhs, sizes, block)  # noqa: E731
+        got = blocked(lhs, rhs)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(ragged(lhs, rhs)), atol=1e-5)
+        assert np.all(np.asarray(got)[41:] == 0)
+        for want, grad in zip(
+            jax.grad(lambda *a: jnp.sum(jnp.sin(ragged(*a))), (0, 1))(lhs, rhs),
+            jax.grad(lambda *a: jnp.sum(jnp.sin(blocked(*a))), (0, 1))(lhs, rhs),
+        ):
+            np.testing.assert_allclose(np.asarray(grad), np.asarray(want), atol=1e-5)
+
+
+def test_the_blocked_experts_do_the_assignments_work_not_every_experts():
+    """XLA:CPU expands ragged_dot into one full product per expert; the blocked form's
+    temporaries at 64 experts, 8 per token, 256 tokens (float32) are a small part of it."""
+    tokens, k, experts, hidden, inner = 256, 8, 64, 64, 32
+    args = (
+        jax.ShapeDtypeStruct((tokens * k, hidden), jnp.float32),
+        jax.ShapeDtypeStruct((experts, inner, hidden), jnp.float32),
+        jax.ShapeDtypeStruct((experts,), jnp.int32),
+    )
+
+    def temporaries(fn):
+        return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+    ragged = temporaries(lambda x, w, s: jax.lax.ragged_dot_general(x, w, s, moe._ROWS_BY_LAST))
+    blocked = temporaries(moe.blocked_grouped_matmul)
+    assert ragged >= experts * tokens * k * inner * 4  # the [E, T*k, I] product
+    assert blocked < ragged / 8, (blocked, ragged)

@@ -58,7 +58,9 @@ def bench_maps(
 def bench_forward(
     json_out: bool = JSON_OPT,
     config: list[str] = typer.Option(
-        ["tiny", "qwen3-0.6b-2layers"], help="Model shapes: tiny, qwen3-0.6b-2layers."
+        ["tiny", "qwen3-0.6b-2layers"],
+        help="Model shapes: tiny, qwen3-0.6b-2layers; Qwen3 MoE: tiny-moe, qwen3-30b-a3b-1layer "
+        "(Qwen3-30B-A3B, 1 of its 48 layers).",
     ),
     batch: int = typer.Option(4, help="Sequences per forward."),
     seq_len: int = typer.Option(128, help="Tokens per sequence."),
@@ -116,7 +118,9 @@ def bench_lora(
 def bench_train_step(
     json_out: bool = JSON_OPT,
     size: list[str] = typer.Option(
-        ["tiny", "qwen3-0.6b-2l"], help="Model sizes: tiny, qwen3-0.6b-2l."
+        ["tiny", "qwen3-0.6b-2l"],
+        help="Model sizes: tiny, qwen3-0.6b-2l; Qwen3 MoE: tiny-moe, qwen3-30b-a3b-1l-32e-v16k "
+        "(Qwen3-30B-A3B cut to 1 layer, 32 experts, 16k vocabulary; use --rows 4 on 24 GiB).",
     ),
     rows: int = typer.Option(8, help="Conversations per batch (a multiple of 4)."),
     tokens: int = typer.Option(256, help="Tokens per conversation."),

@@ -9,9 +9,13 @@ probable experts, their probabilities renormalised to sum to 1 when ``normalize`
 
 Dropless: every token reaches its ``k`` experts whatever the load. The ``T * k`` (token,
 expert) assignments are sorted by expert and each projection is one grouped matmul over the
-sorted rows (:func:`jax.lax.ragged_dot_general`, the group sizes counted from the routing), so
-the shapes depend only on ``T``, ``k`` and the sizes, never on where tokens go: one compile
-serves every routing, and a skewed router (every token to one expert) drops nothing.
+sorted rows (:func:`grouped_matmul`, the group sizes counted from the routing), so the shapes
+depend only on ``T``, ``k`` and the sizes, never on where tokens go: one compile serves every
+routing, and a skewed router (every token to one expert) drops nothing. The grouped matmul is
+:func:`jax.lax.ragged_dot_general` on TPU, whose compiler has it natively; XLA:CPU and XLA:GPU
+expand that op into one full product per expert (``E`` times the work, ``[E, T * k, ...]``
+buffers), so there it runs in blocks instead (:func:`blocked_grouped_matmul`: each expert's rows
+in blocks of one expert, about the assignments' own work).
 
 Routing replay: :func:`route` with ``experts`` given uses those experts (the ones the sampler
 chose) instead of its own top-k, weighted by the router's own probabilities of them, so the
@@ -35,6 +39,11 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+
+from agentrl_jax.models.attention import target_platform
+
+# recorded expert ids (routing replay): up to 32767 experts, -1 for none
+EXPERT_ID_DTYPE = jnp.int16
 
 # rows [T*k, H] x expert weights [E, I, H], contracting H with the weights' last axis; the
 # rows are ragged along their first axis, grouped by the weights' first (expert) axis
@@ -111,6 +120,71 @@ def differs(router_logits: jax.Array, experts: jax.Array) -> jax.Array:
     return jnp.all(given >= 0, axis=-1) & ~same
 
 
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """``lhs [R, K]`` rows sorted by group times their group's ``rhs [G, O, K]`` (contracting
+    ``K`` with its last axis): ``[R, O]`` in ``lhs.dtype``; rows past ``sum(group_sizes)`` are
+    0. The form for the platform a program is built for
+    (:func:`~agentrl_jax.models.attention.target_platform`): :func:`jax.lax.ragged_dot_general`
+    on TPU, :func:`blocked_grouped_matmul` elsewhere."""
+    if target_platform() == "tpu":
+        return jax.lax.ragged_dot_general(
+            lhs, rhs, group_sizes, _ROWS_BY_LAST, preferred_element_type=lhs.dtype
+        )
+    return blocked_grouped_matmul(lhs, rhs, group_sizes)
+
+
+def blocked_grouped_matmul(
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, block: int | None = None
+) -> jax.Array:
+    """:func:`grouped_matmul` in blocks of ``block`` rows of one group each.
+
+    Each group's rows are cut into blocks (its last one padded), at most ``ceil(R / block) +
+    G`` blocks in all whatever the sizes; a block is multiplied by its group's matrix alone,
+    a few blocks at a time in a ``lax.scan`` (their matrices gathered, about 2**24 numbers per
+    step). Work: ``R`` rows plus the padding, at most ``G * (block - 1)`` rows. ``block``
+    (static): by default the rows per group on average, as a power of two in [8, 128].
+    """
+    rows, depth = lhs.shape
+    groups, out_dim, _ = rhs.shape
+    if block is None:
+        block = min(128, max(8, 1 << max(-(-rows // groups) - 1, 0).bit_length()))
+    count = -(-rows // block) + groups  # a bound on the blocks, whatever the group sizes
+    per_step = max(1, min(count, (1 << 24) // max(out_dim * depth, 1)))
+    count = -(-count // per_step) * per_step
+    sizes = group_sizes.astype(jnp.int32)
+    starts = jnp.cumsum(sizes) - sizes  # each group's first row
+    blocks = -(-sizes // block)
+    first_block = jnp.cumsum(blocks) - blocks
+    b = jnp.arange(count)
+    group = jnp.minimum(jnp.searchsorted(jnp.cumsum(blocks), b, side="right"), groups - 1)
+    offset = (b - first_block[group])[:, None] * block + jnp.arange(block)[None, :]
+    valid = (offset < sizes[group][:, None]) & (b < jnp.sum(blocks))[:, None]
+    x = jnp.where(valid[..., None], lhs[jnp.where(valid, starts[group][:, None] + offset, 0)], 0)
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)  # the backward gathers the
+    def step(_, xs):  # matrices again instead of keeping every step's: [count, O, K] in all
+        x_blocks, which = xs  # [per_step, block, K], [per_step]
+        products = jnp.einsum(
+            "sbk,sok->sbo", x_blocks, rhs[which], preferred_element_type=lhs.dtype
+        )
+        return None, products
+
+    _, out = jax.lax.scan(
+        step,
+        None,
+        (x.reshape(-1, per_step, block, depth), group.reshape(-1, per_step)),
+    )
+    out = out.reshape(count * block, out_dim)
+    # back to the sorted rows: row r, the i-th of its group g, is row i % block of that
+    # group's block i // block
+    r = jnp.arange(rows)
+    row_group = jnp.minimum(jnp.searchsorted(jnp.cumsum(sizes), r, side="right"), groups - 1)
+    i = r - starts[row_group]
+    here = r < jnp.sum(sizes)
+    source = (first_block[row_group] + i // block) * block + i % block
+    return jnp.where(here[:, None], out[jnp.where(here, source, 0)], 0).astype(lhs.dtype)
+
+
 def experts_ffn(
     x: jax.Array,
     experts: jax.Array,
@@ -146,9 +220,7 @@ def experts_ffn(
     rows = x[token]  # [T*k, H]
 
     def grouped(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
-        return jax.lax.ragged_dot_general(
-            lhs, rhs, group_sizes, _ROWS_BY_LAST, preferred_element_type=x.dtype
-        )
+        return grouped_matmul(lhs, rhs, group_sizes)
 
     hidden = jax.nn.silu(grouped(rows, gate)) * grouped(rows, up)  # [T*k, I]
     out = grouped(hidden, down) * weights.reshape(-1)[order][:, None].astype(x.dtype)
