@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -208,9 +209,9 @@ def local_mesh(mesh: Mesh | None) -> Mesh | None:
     shape = per_process_mesh_shape(
         tuple(mesh.shape[a] for a in mesh.axis_names), jax.process_count()
     )
-    if shape == (1, 1, 1):
+    if math.prod(shape) == 1:
         return None
-    return build_mesh(MeshConfig(*shape), jax.local_devices())
+    return build_mesh(MeshConfig(**dict(zip(mesh.axis_names, shape))), jax.local_devices())
 
 
 def host_key(key: jax.Array) -> jax.Array:

@@ -1,9 +1,14 @@
-"""Device meshes and partition rules (data / fsdp / tensor parallel).
+"""Device meshes and partition rules (data / fsdp / expert / tensor parallel).
 
-A mesh has three named axes:
+A mesh has four named axes:
 
 * ``data``   - batch split across replicas of the parameters;
 * ``fsdp``   - batch split *and* parameters split (gathered per use, ZeRO-3 style);
+* ``expert`` - a mixture-of-experts model's experts split (each device holds ``E / expert`` of
+  every MoE layer's experts, whole). For everything else it is a second ``fsdp``: the batch
+  (and so every activation's rows) is split over it, and the other weights' ZeRO dimension
+  over ``fsdp`` x ``expert``. A token meets the experts it is routed to on their devices
+  (:func:`moe_ffn`); a dense model gains nothing from it (size 1, the default);
 * ``tensor`` - attention heads and MLP columns split (Megatron style).
 
 Partition rules map a parameter's path (``"layers/q_proj"``, ``"embed_tokens"``, ...) to a
@@ -14,14 +19,17 @@ so every rule set works on every mesh; results are identical, only the layout ch
 Layout (:func:`build_mesh`; ``jax.devices()`` lists every process's devices after
 ``jax.distributed.initialize()``):
 
-* TPU, one slice: the whole mesh is ICI. ``(data, fsdp, tensor)`` is laid over the slice's
-  physical torus (``mesh_utils.create_device_mesh``, physical axes split where needed), however
-  many hosts the slice has; e.g. fsdp=8 on a v5p 2x2x2 (2 hosts of 4 chips) is the whole cube.
-  v4 / v5p need one device per chip (megacore mode, their default).
+* TPU, one slice: the whole mesh is ICI. ``(data, fsdp x expert, tensor)`` is laid over the
+  slice's physical torus (``mesh_utils.create_device_mesh``, physical axes split where needed),
+  however many hosts the slice has; e.g. fsdp=8 on a v5p 2x2x2 (2 hosts of 4 chips) is the
+  whole cube.
+  v4 / v5p need one device per chip (megacore mode, their default). ``expert`` is the inner
+  part of the ``fsdp x expert`` axis (an expert group's devices are neighbours), so a mesh with
+  ``expert`` 1 is laid out exactly as the ``(data, fsdp, tensor)`` mesh it always was.
 * TPU, several slices: slices are joined over DCN along ``data`` only; inside a slice as above.
 * GPU / CPU: one process -> one node-local mesh; several processes -> processes along ``data``
   (the only axis whose collectives are rare enough for the network between hosts), ``fsdp`` x
-  ``tensor`` and the rest of ``data`` inside a process.
+  ``expert`` x ``tensor`` and the rest of ``data`` inside a process.
 """
 
 from __future__ import annotations
@@ -42,23 +50,28 @@ from jax.sharding import PartitionSpec as P
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.validation import MAX_DEVICES, Check, check_fields, integer, is_int, setting
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")  # a batch dimension is split over both
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")  # a batch dimension is split over all three
+# where a weight is split ZeRO-style (gathered per use): fsdp, and expert beside it
+ZERO = ("fsdp", "expert")
 
 PartitionRule = tuple[str, P]
 
 # Qwen3ForCausalLM parameters (Hugging Face [out, in] layouts; layer weights have a leading
 # layer axis). Column-parallel q/k/v/gate/up split their output features over `tensor`,
 # row-parallel o/down split their input features, so each layer needs one reduction per block.
+# The hidden dimension is split ZeRO-style over fsdp x expert (on a mesh whose expert axis is 1,
+# over fsdp alone, as before the expert axis). The experts [M, E, I, H] / [M, E, H, I] split E
+# over `expert`, I over `tensor` and H over `fsdp`.
 QWEN3_PARAM_RULES: tuple[PartitionRule, ...] = (
-    (r"^(embed_tokens|lm_head)$", P("tensor", "fsdp")),
-    (r"^layers/(q_proj|k_proj|v_proj|gate_proj|up_proj)$", P(None, "tensor", "fsdp")),
-    (r"^layers/(o_proj|down_proj)$", P(None, "fsdp", "tensor")),
+    (r"^(embed_tokens|lm_head)$", P("tensor", ZERO)),
+    (r"^layers/(q_proj|k_proj|v_proj|gate_proj|up_proj)$", P(None, "tensor", ZERO)),
+    (r"^layers/(o_proj|down_proj)$", P(None, ZERO, "tensor")),
     (r"^(layers/)?\w*norm$", P()),
     (r"^layers/lora/\w+$", P()),  # LoRA adapters (models/lora.py): small, replicated
     (r"^layers/router$", P()),  # MoE routers [layers, experts, hidden]: small, replicated
-    (r"^layers/(experts_gate|experts_up)$", P(None, None, "tensor", "fsdp")),
-    (r"^layers/experts_down$", P(None, None, "fsdp", "tensor")),
+    (r"^layers/(experts_gate|experts_up)$", P(None, "expert", "tensor", "fsdp")),
+    (r"^layers/experts_down$", P(None, "expert", "fsdp", "tensor")),
 )
 
 # KVCache fields: k/v [layers, batch, slots, kv_heads, head_dim], lengths [batch].
@@ -83,36 +96,59 @@ class MeshConfig:
 
     ``rollout``: devices of each process that only sample rollouts (the last ones of each
     process's devices); the axes lay out the training devices, the rest. 0 (the default):
-    rollouts share the training devices (colocated)."""
+    rollouts share the training devices (colocated).
+
+    ``expert``: the expert axis (see the module docstring; a keyword after ``rollout``, so
+    ``MeshConfig(data, fsdp, tensor)`` means what it always did). The experts' count must
+    divide by it; the batch is split over ``data`` x ``fsdp`` x ``expert``."""
 
     data: int = setting(-1, _AXIS)
     fsdp: int = setting(1, _AXIS)
     tensor: int = setting(1, _AXIS)
     rollout: int = setting(0, integer(0, MAX_DEVICES))
+    expert: int = setting(1, _AXIS)
 
     def __post_init__(self) -> None:
         check_fields("mesh", self)
-        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        sizes = self.axes()
         if list(sizes.values()).count(-1) > 1:
             raise ConfigError(f"mesh: at most one axis may be -1, got {sizes}")
 
-    def resolve(self, num_devices: int) -> tuple[int, int, int]:
-        """Concrete ``(data, fsdp, tensor)`` sizes for ``num_devices`` devices."""
-        sizes = (self.data, self.fsdp, self.tensor)
+    def axes(self) -> dict[str, int]:
+        """The configured size of each mesh axis (-1 unresolved), in ``MESH_AXES`` order."""
+        return {axis: getattr(self, axis) for axis in MESH_AXES}
+
+    def sizes(self, num_devices: int) -> tuple[int, ...]:
+        """Concrete sizes of every axis of ``MESH_AXES`` (data, fsdp, expert, tensor) for
+        ``num_devices`` devices."""
+        sizes = tuple(self.axes().values())
         known = math.prod(s for s in sizes if s != -1)
         if -1 in sizes:
             if num_devices % known:
                 raise ValueError(
-                    f"MeshConfig {sizes}: {num_devices} devices are not divisible "
-                    f"by the fixed axes' product {known}"
+                    f"MeshConfig {self._show(sizes, named=False)}: {num_devices} devices are "
+                    f"not divisible by the fixed axes' product {known}"
                 )
             sizes = tuple(num_devices // known if s == -1 else s for s in sizes)
         if math.prod(sizes) != num_devices:
             raise ValueError(
-                f"MeshConfig (data, fsdp, tensor)={sizes} needs {math.prod(sizes)} "
+                f"MeshConfig {self._show(sizes)} needs {math.prod(sizes)} "
                 f"devices, but {num_devices} are available"
             )
-        return sizes  # type: ignore[return-value]
+        return sizes
+
+    def resolve(self, num_devices: int) -> tuple[int, int, int]:
+        """Concrete ``(data, fsdp, tensor)`` sizes for ``num_devices`` devices (the expert
+        axis, ``self.expert`` or what -1 resolves to, is :meth:`sizes`'s third)."""
+        data, fsdp, _, tensor = self.sizes(num_devices)
+        return data, fsdp, tensor
+
+    def _show(self, sizes: tuple[int, ...], named: bool = True) -> str:
+        """``(data, fsdp, tensor)=(2, 2, 2)`` (``named``) or ``(2, 2, 2)``, with ``expert``
+        only where it is not 1 (named then, whatever ``named`` asks)."""
+        names = [a for a, s in zip(MESH_AXES, sizes) if a != "expert" or s != 1]
+        kept = tuple(s for a, s in zip(MESH_AXES, sizes) if a in names)
+        return f"({', '.join(names)})={kept}" if named or "expert" in names else str(kept)
 
 
 def device_memory_bytes(device: Any) -> int:
@@ -152,23 +188,25 @@ def rollout_devices(config: MeshConfig) -> list[Any]:
 
 
 def build_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = None) -> Mesh:
-    """A ``("data", "fsdp", "tensor")`` mesh over ``devices`` (default: all global devices
-    but the rollout devices, :func:`training_devices`)."""
+    """A ``("data", "fsdp", "expert", "tensor")`` mesh over ``devices`` (default: all global
+    devices but the rollout devices, :func:`training_devices`), laid out as the ``(data, fsdp
+    x expert, tensor)`` grid of :func:`device_grid` (the module docstring)."""
     devices = training_devices(config, devices)
-    shape = config.resolve(len(devices))
+    sizes = config.sizes(len(devices))
+    data, fsdp, expert, tensor = sizes
     if config.rollout:  # part of each host's devices (holey for the torus layouts): in order,
         # hosts along data
         order = sorted(devices, key=lambda d: (d.process_index, d.id))
-        grid = np.array(order, dtype=object).reshape(shape)
+        grid = np.array(order, dtype=object).reshape(sizes)
     else:
-        grid = device_grid(shape, devices)
+        grid = device_grid((data, fsdp * expert, tensor), devices).reshape(sizes)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
 def training_mesh(config: MeshConfig) -> Mesh | None:
     """The train state's mesh (:func:`build_mesh` over the training devices), or None where
     it would be one device."""
-    if config.resolve(len(training_devices(config))) == (1, 1, 1):
+    if math.prod(config.sizes(len(training_devices(config)))) == 1:
         return None
     return build_mesh(config)
 
@@ -180,12 +218,13 @@ def data_mesh(devices: Sequence[Any]) -> Mesh:
     try:
         return build_mesh(MeshConfig(data=-1), devices)
     except (AssertionError, ValueError):
-        grid = np.array(list(devices), dtype=object).reshape(len(devices), 1, 1)
+        grid = np.array(list(devices), dtype=object).reshape(len(devices), 1, 1, 1)
         return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
 def device_grid(shape: tuple[int, int, int], devices: Sequence[Any]) -> np.ndarray:
-    """``devices`` as an array of ``shape`` = (data, fsdp, tensor), laid out as the module says."""
+    """``devices`` as an array of ``shape`` = (data, fsdp, tensor), laid out as the module says
+    (:func:`build_mesh` passes ``fsdp x expert`` as the middle axis and splits it after)."""
     if devices[0].platform == "tpu":
         return _tpu_grid(shape, devices)
     num_processes = len({d.process_index for d in devices})
@@ -230,38 +269,43 @@ def slice_index(device: Any) -> int:
     return getattr(device, "slice_index", 0)
 
 
-def per_process_mesh_shape(shape: tuple[int, int, int], num_processes: int) -> tuple[int, int, int]:
-    """The part of a ``(data, fsdp, tensor)`` mesh that lives on one host (processes on data)."""
+def per_process_mesh_shape(shape: tuple[int, ...], num_processes: int) -> tuple[int, ...]:
+    """The part of a mesh of ``shape`` (``data`` first: ``(data, fsdp, tensor)`` or ``MESH_AXES``'
+    four) that lives on one host (processes on data)."""
     return _split_data(shape, num_processes, ("process", "processes"), "hosts are laid along data")
 
 
-def per_slice_mesh_shape(shape: tuple[int, int, int], num_slices: int) -> tuple[int, int, int]:
-    """The part of a ``(data, fsdp, tensor)`` mesh inside one TPU slice (slices on data)."""
+def per_slice_mesh_shape(shape: tuple[int, ...], num_slices: int) -> tuple[int, ...]:
+    """The part of a mesh of ``shape`` (``data`` first) inside one TPU slice (slices on data)."""
     return _split_data(
         shape, num_slices, ("slice", "slices"), "TPU slices are laid along data (DCN)"
     )
 
 
 def _split_data(
-    shape: tuple[int, int, int], parts: int, unit: tuple[str, str], why: str
-) -> tuple[int, int, int]:
-    """``shape`` with ``data`` divided by ``parts`` (``unit``: singular and plural name)."""
-    data, fsdp, tensor = shape
+    shape: tuple[int, ...], parts: int, unit: tuple[str, str], why: str
+) -> tuple[int, ...]:
+    """``shape`` with ``data`` (its first) divided by ``parts`` (``unit``: singular and plural
+    name)."""
+    data, *rest = shape
     if data % parts:
         raise ValueError(
             f"with {parts} {unit[1]} the data axis ({data}) must be a "
             f"multiple of the {unit[0]} count: {why}"
         )
-    return (data // parts, fsdp, tensor)
+    return (data // parts, *rest)
 
 
 def describe_mesh(mesh: Mesh) -> str:
-    """One line for logs: ``"data=1 fsdp=8 tensor=1: 8 TPU v5 devices, 2 processes, 1 slice"``."""
+    """One line for logs: ``"data=1 fsdp=8 tensor=1: 8 TPU v5 devices, 2 processes, 1 slice"``
+    (``expert=N`` between fsdp and tensor where N is not 1)."""
     devices = list(mesh.devices.flat)
     kinds = "/".join(sorted({d.device_kind for d in devices}))
     processes = len({d.process_index for d in devices})
     slices = len({slice_index(d) for d in devices})
-    axes = " ".join(f"{name}={size}" for name, size in mesh.shape.items())
+    axes = " ".join(
+        f"{name}={size}" for name, size in mesh.shape.items() if name != "expert" or size != 1
+    )
     return (
         f"{axes}: {len(devices)} {kinds} devices, {processes} process"
         f"{'es' * (processes > 1)}, {slices} slice{'s' * (slices > 1)}"
@@ -269,7 +313,11 @@ def describe_mesh(mesh: Mesh) -> str:
 
 
 def spec_for(path: str, shape: Sequence[int], mesh: Mesh, rules: Sequence[PartitionRule]) -> P:
-    """The first matching rule's spec for ``path``, replicating dims an axis does not divide."""
+    """The first matching rule's spec for ``path``, replicating dims an axis does not divide.
+
+    A dimension split over several axes (``("fsdp", "expert")``) is split over those of them
+    the mesh has, less ``expert`` where it is 1 (one axis left: named alone), so a mesh whose
+    ``expert`` axis is 1 gives the specs it gave before that axis existed."""
     matched = next(((pattern, spec) for pattern, spec in rules if re.search(pattern, path)), None)
     if matched is None:
         raise ValueError(
@@ -284,10 +332,26 @@ def spec_for(path: str, shape: Sequence[int], mesh: Mesh, rules: Sequence[Partit
         )
     fitted = []
     for dim, axes in zip(shape, spec, strict=False):  # trailing dims beyond spec: replicated
-        names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-        ways = math.prod(mesh.shape[name] for name in names)
-        fitted.append(axes if ways > 1 and dim % ways == 0 else None)
+        fitted.append(_fit_axes(dim, axes, mesh))
     return P(*fitted)
+
+
+def _fit_axes(dim: int, axes: Any, mesh: Mesh) -> Any:
+    """One dimension's spec entry fitted to ``mesh`` (see :func:`spec_for`)."""
+    if axes is None:
+        return None
+    if isinstance(axes, str):
+        ways = mesh.shape.get(axes, 1)
+        return axes if ways > 1 and dim % ways == 0 else None
+    names = [
+        name
+        for name in axes
+        if name in mesh.shape and not (name == "expert" and mesh.shape[name] == 1)
+    ]
+    ways = math.prod(mesh.shape[name] for name in names)
+    if ways <= 1 or dim % ways:
+        return None
+    return names[0] if len(names) == 1 else tuple(names)
 
 
 def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[PartitionRule]) -> Any:
@@ -344,11 +408,14 @@ __all__ = [
     "MESH_AXES",
     "MeshConfig",
     "QWEN3_PARAM_RULES",
+    "ZERO",
     "batch_sharding",
     "build_mesh",
     "describe",
     "describe_mesh",
     "device_grid",
+    "expert_shards",
+    "moe_ffn",
     "per_process_mesh_shape",
     "per_slice_mesh_shape",
     "shard_tree",
@@ -364,8 +431,12 @@ GENERATION_LAYOUTS = ("auto", "replicated", "training")
 
 
 def _drop_axis(axes: Any, axis: str) -> Any:
-    """One dimension's entry of a PartitionSpec without mesh axis ``axis``."""
-    if axes is None or axes == axis:
+    """One dimension's entry of a PartitionSpec without mesh axis ``axis`` (a ZeRO split
+    over ``fsdp`` x ``expert``, :data:`ZERO`, is dropped whole with either); without ``fsdp``,
+    the experts' ``E`` split over ``expert`` spreads over ``fsdp`` x ``expert``."""
+    if axis == "fsdp" and axes == "expert":
+        return ZERO
+    if axes is None or axes == axis or (axis in ZERO and tuple(axes) == ZERO):
         return None
     if isinstance(axes, str):
         return axes
@@ -377,19 +448,26 @@ def generation_rules(
     rules: Sequence[PartitionRule] = QWEN3_PARAM_RULES, drop: str = "fsdp"
 ) -> tuple[PartitionRule, ...]:
     """``rules`` with mesh axis ``drop`` removed from every spec: the parameters replicated
-    over that axis (``P(None, "tensor", "fsdp")`` -> ``P(None, "tensor", None)``)."""
+    over that axis (``P(None, "tensor", "fsdp")`` -> ``P(None, "tensor", None)``). The ZeRO
+    split of the dense weights over ``fsdp`` x ``expert`` goes whole (``P(None, "tensor",
+    ("fsdp", "expert"))`` -> ``P(None, "tensor", None)``). An MoE model's experts stay split,
+    whole experts over ``fsdp`` x ``expert`` (``P(None, "expert", "tensor", "fsdp")`` ->
+    ``P(None, ("fsdp", "expert"), "tensor", None)``; on a mesh without an expert axis, over
+    ``fsdp``): all of Qwen3-30B-A3B's experts on every device would be 57 GiB. The experts'
+    computation is then partitioned by XLA (each device's assignments to its experts)."""
     return tuple(
         (pattern, P(*(_drop_axis(axes, drop) for axes in spec))) for pattern, spec in rules
     )
 
 
 def resolve_layout(layout: str, mesh: Mesh | None) -> str:
-    """``"auto"``: ``"replicated"`` on a mesh whose ``fsdp`` axis has more than one device,
-    else ``"training"`` (nothing to gain: the training layout has no ``fsdp`` split)."""
+    """``"auto"``: ``"replicated"`` on a mesh whose ``fsdp`` or ``expert`` axis has more than
+    one device, else ``"training"`` (nothing to gain: the training layout has no ZeRO split)."""
     if layout not in GENERATION_LAYOUTS:
         raise ValueError(f"generation_layout must be one of {GENERATION_LAYOUTS}, got {layout!r}")
     if layout == "auto":
-        return "replicated" if mesh is not None and mesh.shape["fsdp"] > 1 else "training"
+        zero = mesh is not None and any(mesh.shape.get(axis, 1) > 1 for axis in ZERO)
+        return "replicated" if zero else "training"
     return layout
 
 
@@ -425,5 +503,56 @@ def generation_params(
 
 
 def batch_shards(mesh: Mesh) -> int:
-    """How many ways a mesh splits a batch (``data`` x ``fsdp``)."""
-    return int(np.prod([mesh.shape[axis] for axis in BATCH_AXES]))
+    """How many ways a mesh splits a batch (``data`` x ``fsdp`` x ``expert``)."""
+    return int(np.prod([mesh.shape.get(axis, 1) for axis in BATCH_AXES]))
+
+
+# ---------------------------------------------------------------------------- expert parallelism
+EXPERT_EXCHANGES = ("shard_map", "compiler")
+"""How tokens reach the experts of an ``expert`` axis (:func:`moe_ffn`)."""
+
+
+def expert_shards(mesh: Mesh | None) -> int:
+    """The size of a mesh's ``expert`` axis (1 without a mesh or without the axis)."""
+    return 1 if mesh is None else int(mesh.shape.get("expert", 1))
+
+
+def moe_ffn(mesh: Mesh | None, exchange: str = "shard_map"):
+    """The experts' computation a forward on ``mesh`` passes to the model
+    (``Qwen3ForCausalLM.hidden_states(..., moe_ffn=...)``), or None for the default
+    (:func:`~agentrl_jax.models.moe.experts_ffn` under the caller's ``jit``).
+
+    On a mesh whose ``expert`` axis has more than one device, ``exchange="shard_map"`` gives
+    :func:`~agentrl_jax.models.moe.expert_parallel` over it: each device all-gathers the
+    tokens of its expert group (rows split over :data:`BATCH_AXES`), computes the assignments
+    to the ``E / expert`` experts it holds, and the partial outputs are reduce-scattered back
+    onto the tokens' devices; the expert weights are never gathered over ``expert`` (over
+    ``fsdp`` and ``tensor``, where they are split, once per layer as ZeRO does).
+    ``exchange="compiler"``: None, the experts' ``E`` split by the partition rules alone and
+    the exchange left to XLA's SPMD partitioner (on 8 fake CPU devices it splits the grouped
+    matmuls by expert and all-reduces the ``[T * k, H]`` rows over the mesh). The train step
+    on Qwen3-30B-A3B measured 56.8 GiB a v5p chip with the first, 117 with the second
+    (docs/hardware.md, "Qwen3-30B-A3B"). Without an expert axis: None."""
+    if exchange not in EXPERT_EXCHANGES:
+        raise ValueError(f"exchange must be one of {EXPERT_EXCHANGES}, got {exchange!r}")
+    if expert_shards(mesh) <= 1 or exchange == "compiler":
+        return None
+    from agentrl_jax.models import moe  # here: agentrl_jax.models imports this module
+
+    batch = tuple(axis for axis in BATCH_AXES if axis != "expert")
+    parallel = moe.expert_parallel(mesh, "expert", batch)
+    experts_split, tokens_split = expert_shards(mesh), batch_shards(mesh)
+
+    def ffn(x, experts, weights, gate, up, down):
+        if gate.shape[0] % experts_split:
+            raise ValueError(
+                f"mesh.expert={experts_split} must divide the model's {gate.shape[0]} experts"
+            )
+        if x.shape[0] % tokens_split:
+            raise ValueError(
+                f"expert parallelism splits a forward's tokens over data x fsdp x expert "
+                f"({tokens_split} devices), which do not divide its {x.shape[0]} tokens"
+            )
+        return parallel(x, experts, weights, gate, up, down)
+
+    return ffn

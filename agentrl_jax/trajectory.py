@@ -21,6 +21,10 @@ Token-level fields (``[N, L]``):
                     policy); 0 elsewhere. Equal to ``logprobs`` at temperature 1 without
                     truncation; records written before it existed get ``logprobs``
                     (:meth:`Trajectory.from_arrays`)
+  ``experts``       int16 ``[N, L, M, k]``: an MoE policy's experts for each sampled token in
+                    each of its ``M`` MoE layers (the router's top-k when the sampler cached
+                    the token), -1 on tokens it did not sample, for routing replay. ``M = k =
+                    0`` for a dense policy (and records written before it existed)
 
 Turn-level fields (``[N, T]``):
   ``turn_mask``     bool   turns that happened (a prefix of each row)
@@ -73,6 +77,7 @@ class Trajectory:
     token_turn: jax.Array
     logprobs: jax.Array
     sampling_logprobs: jax.Array
+    experts: jax.Array
     turn_mask: jax.Array
     action: jax.Array
     action_valid: jax.Array
@@ -102,11 +107,14 @@ class Trajectory:
     @classmethod
     def from_arrays(cls, arrays: Any) -> "Trajectory":
         """A record from a mapping of its fields' arrays (e.g. an ``np.load``-ed ``.npz``).
-        A record saved before ``sampling_logprobs`` existed gets ``logprobs`` for it. Unknown
+        A record saved before ``sampling_logprobs`` existed gets ``logprobs`` for it, one saved
+        before ``experts`` existed none (``M = k = 0``). Unknown
         or missing fields raise ValueError naming them."""
         data = {k: arrays[k] for k in arrays.keys()} if hasattr(arrays, "keys") else dict(arrays)
         if "sampling_logprobs" not in data and "logprobs" in data:
             data["sampling_logprobs"] = data["logprobs"]
+        if "experts" not in data and "tokens" in data:
+            data["experts"] = no_experts(np.shape(data["tokens"]))
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown, missing = sorted(set(data) - fields), sorted(fields - set(data))
         if unknown or missing:
@@ -119,8 +127,11 @@ class Trajectory:
         return self.replace(**{f: getattr(self, f)[:, :0] for f in TOKEN_FIELDS})
 
     @classmethod
-    def zeros(cls, num_rows: int, num_tokens: int, num_turns: int) -> "Trajectory":
-        """An all-padding record of the given sizes (a template for tests and buffers)."""
+    def zeros(
+        cls, num_rows: int, num_tokens: int, num_turns: int, routing: tuple[int, int] = (0, 0)
+    ) -> "Trajectory":
+        """An all-padding record of the given sizes (a template for tests and buffers);
+        ``routing``: ``(M, k)``, an MoE policy's MoE layers and experts per token."""
         i32, f32, b = jnp.int32, jnp.float32, bool
         tok = lambda dt: jnp.zeros((num_rows, num_tokens), dt)  # noqa: E731
         turn = lambda dt: jnp.zeros((num_rows, num_turns), dt)  # noqa: E731
@@ -132,6 +143,7 @@ class Trajectory:
             token_turn=jnp.full((num_rows, num_tokens), -1, i32),
             logprobs=tok(f32),
             sampling_logprobs=tok(f32),
+            experts=jnp.full((num_rows, num_tokens, *routing), -1, jnp.int16),
             turn_mask=turn(b),
             action=jnp.full((num_rows, num_turns), -1, i32),
             action_valid=turn(b),
@@ -152,8 +164,21 @@ class Trajectory:
 
 
 # the [N, L] fields, and what a padded token slot holds in each
-TOKEN_FIELDS = ("tokens", "token_mask", "loss_mask", "token_turn", "logprobs", "sampling_logprobs")
-TOKEN_PADDING = {"token_turn": -1}  # the others: 0 / False
+TOKEN_FIELDS = (
+    "tokens",
+    "token_mask",
+    "loss_mask",
+    "token_turn",
+    "logprobs",
+    "sampling_logprobs",
+    "experts",
+)
+TOKEN_PADDING = {"token_turn": -1, "experts": -1}  # the others: 0 / False
+
+
+def no_experts(shape: tuple[int, ...]) -> np.ndarray:
+    """``Trajectory.experts`` of a dense policy's record of ``[N, L]`` tokens: ``[N, L, 0, 0]``."""
+    return np.zeros((*shape[:2], 0, 0), np.int16)
 
 
 def bucket_width(used: int, limit: int, smallest: int = 64) -> int:
@@ -192,7 +217,7 @@ def concatenate_rows(records: "list[Trajectory]") -> "Trajectory":
             parts = [
                 np.pad(
                     x,
-                    ((0, 0), (0, width - x.shape[1])),
+                    ((0, 0), (0, width - x.shape[1])) + ((0, 0),) * (x.ndim - 2),
                     constant_values=TOKEN_PADDING.get(f.name, 0),
                 )
                 for x in parts

@@ -91,9 +91,9 @@ class _Setting:
 
 
 @functools.lru_cache(maxsize=4)
-def _setting(std: float = 0.1, window: int | None = None) -> _Setting:
+def _setting(std: float = 0.1, window: int | None = None, model: tuple = ()) -> _Setting:
     """The maps, the rollout (showing the policy the last ``window`` turns; None: all) and a
-    tiny policy whose weights are N(0, ``std``)."""
+    tiny policy whose weights are N(0, ``std``) (``model``: config overrides, as pairs)."""
     maps = one_step_maps(jax.random.key(0), TRAIN_MAPS + HELD_OUT_MAPS)  # distinct maps
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=BUDGET, is_slippery=False))
     runner = MultiTurnRollout(
@@ -108,7 +108,7 @@ def _setting(std: float = 0.1, window: int | None = None) -> _Setting:
         ),
     )
     token_map = frozenlake_token_map(runner, [BUDGET])
-    model = tiny_model(seed=0, std=std, vocab_size=len(token_map))
+    model = tiny_model(seed=0, std=std, vocab_size=len(token_map), **dict(model))
     return _Setting(
         runner,
         SamplerPolicy(model, token_map=token_map),
@@ -150,10 +150,10 @@ def _loop(
 
 @functools.lru_cache(maxsize=4)
 def _control(
-    std: float = 0.1, window: int | None = None
+    std: float = 0.1, window: int | None = None, model: tuple = ()
 ) -> tuple[list[dict[str, float]], dict[str, float]]:
     """The no-update control's metrics and the initial parameters' held-out rates."""
-    setting = _setting(std, window)
+    setting = _setting(std, window, model)
 
     def unchanged(state, batch):  # the control's update: learning rate 0
         return state.replace(step=state.step + 1), {"update_skipped": jnp.zeros(())}
@@ -167,19 +167,22 @@ def _control(
     )
 
 
-def learning_run(config: TrainConfig, std: float = 0.1, window: int | None = None) -> Run:
+def learning_run(
+    config: TrainConfig, std: float = 0.1, window: int | None = None, model: tuple = ()
+) -> Run:
     """``config``'s training for STEPS steps, and the no-update control on the same rollout
     keys and task batches (``config`` must have the control's seed and length), from the
-    tiny policy of weights N(0, ``std``), the rollouts showing it the last ``window`` turns."""
+    tiny policy of weights N(0, ``std``) (``model``: its config overrides, as pairs), the
+    rollouts showing it the last ``window`` turns."""
     if (config.rl.seed, config.rl.steps) != (CONTROL.rl.seed, CONTROL.rl.steps):
         raise ValueError(
             f"learning_run: seed {config.rl.seed} and steps {config.rl.steps} must be "
             f"the control's ({CONTROL.rl.seed}, {CONTROL.rl.steps})"
         )
-    setting = _setting(std, window)
+    setting = _setting(std, window, model)
     graphdef = nnx.graphdef(train_model(setting.model, config))  # with rl.lora: adapters
     final, trained = _loop(setting, config, make_train_step(graphdef, config))
-    control, initial = _control(std, window)
+    control, initial = _control(std, window, model)
     final_rates = held_out_rates(
         setting.runner, setting.policy, policy_params(final, config), setting.held_out_ids
     )

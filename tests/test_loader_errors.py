@@ -734,7 +734,7 @@ YAML_CASES = {
     ),
     "a non-string field": (
         "mesh:\n  1: 2\n",
-        "mesh: unknown field 1; known: data, fsdp, rollout, tensor",
+        "mesh: unknown field 1; known: data, expert, fsdp, rollout, tensor",
     ),
     "a string for an int": (
         "rl:\n  steps: '3'\n",
@@ -875,7 +875,8 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
             "max_grad_norm, max_rows_per_call, "
             "max_staleness, mini_batches, num_micro_batches, off_policy_cap, packing, "
             "preset_params, process_reward_coef, "
-            "process_rewards, refill, remat, runs, scoring, seed, steps, tasks_per_step, "
+            "process_rewards, refill, remat, routing_replay, runs, scoring, seed, steps, "
+            "tasks_per_step, "
             "temperature, tensorboard, top_k, top_p, wandb_project, weight_decay; "
             "did you mean 'steps'?",
         ),

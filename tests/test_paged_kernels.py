@@ -150,12 +150,13 @@ import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from jax.experimental import topologies
 from jax.sharding import Mesh
-from agentrl_jax import plan
+from agentrl_jax.plan.programs import _abstract
+from agentrl_jax.sharding import generation_rules, tree_shardings
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
 from agentrl_jax.sampling import Paging, Sampler, SamplingConfig
 from agentrl_jax.sampling.sampler import init_state
 devices = topologies.get_topology_desc("v5p:2x2x2", "tpu").devices
-mesh = Mesh(np.array(devices).reshape(1, 8, 1), ("data", "fsdp", "tensor"))
+mesh = Mesh(np.array(devices).reshape(1, 8, 1, 1), ("data", "fsdp", "expert", "tensor"))
 config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=128)
 model = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0), dtype=jnp.bfloat16))
@@ -163,9 +164,9 @@ sampler = Sampler(model, max_new_tokens=4, mesh=mesh,
                   paging=Paging(page_size=128, kernel=sys.argv[1]))
 pool = sampler.pool(64, 2048, dtype=jnp.bfloat16)
 state = jax.eval_shape(lambda: init_state(config, 64, 2048, jnp.bfloat16, model.dtype, pool))
-state = plan._abstract(state, sampler.state_shardings(state))
+state = _abstract(state, sampler.state_shardings(state))
 params = nnx.state(model)
-params = plan._abstract(params, plan.tree_shardings(params, mesh, plan.generation_rules()))
+params = _abstract(params, tree_shardings(params, mesh, generation_rules()))
 rows = lambda shape, dtype: jax.ShapeDtypeStruct(
     shape, dtype, sharding=sampler.rows_sharding(len(shape)))
 compiled = sampler._decode.lower(params, state, rows((64, 2), jnp.uint32), rows((64,), jnp.int32),

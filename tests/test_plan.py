@@ -85,7 +85,36 @@ def test_model_config_from_known_sizes_and_from_the_random_init_settings():
     assert (tiny.hidden_size, tiny.vocab_size) == (64, 768)
     with pytest.raises(ValueError, match="no known size"):
         model_config(ModelConfig(model_dir="/nowhere/llama"))
-    assert set(QWEN3_ARCHITECTURES) == {"qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"}
+    assert set(QWEN3_ARCHITECTURES) == {
+        "qwen3-0.6b",
+        "qwen3-1.7b",
+        "qwen3-4b",
+        "qwen3-8b",
+        "qwen3-30b-a3b",
+    }
+    # Qwen3-30B-A3B's config.json, read from a folder's name (a fine-tune's too)
+    moe = model_config(ModelConfig(model_dir="/models/Qwen3-30B-A3B-Instruct-2507"))
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size) == (128, 8, 768)
+    assert (moe.hidden_size, moe.num_hidden_layers, moe.num_key_value_heads) == (2048, 48, 4)
+    assert moe.norm_topk_prob and moe.moe_layers == (True,) * 48
+    assert not moe.tie_word_embeddings and moe.rope_theta == 1e6
+    assert model_config(ModelConfig(model_dir="/models/Qwen3-8B")).num_experts == 0
+
+
+def test_the_roofline_counts_an_moe_tokens_experts_and_reads_the_ones_its_rows_reach():
+    from agentrl_jax.plan import qwen3_config, roofline
+
+    moe, dense = qwen3_config("qwen3-30b-a3b"), qwen3_config("qwen3-8b")
+    active = roofline.matmul_parameters(moe)  # a token's: attention, router, 8 experts, head
+    expert = 3 * 2048 * 768
+    assert active == 48 * (2048 * (4096 + 1024) + 4096 * 2048 + 2048 * 128 + 8 * expert) + (
+        2048 * 151936
+    )
+    every = roofline.stored_matmul_parameters(moe)
+    assert every == active + 48 * 120 * expert  # a train step reads all 128 experts
+    assert roofline.stored_matmul_parameters(moe, 1) == active  # one token: its 8
+    assert active < roofline.stored_matmul_parameters(moe, 64) < every
+    assert roofline.stored_matmul_parameters(dense, 7) == roofline.matmul_parameters(dense)
 
 
 def test_plan_on_eight_estimated_gpus_compiles_every_program():
@@ -307,7 +336,8 @@ def test_plan_for_gpus_with_the_tpu_compiler_standing_in():
     code, report = _plan("--gpus", "8", "--gpu-memory-gib", "80", "--gpu-stand-in", "tpu")
     assert code == 0 and report["fits"] and report["estimate"] and report["stand_in"] == "tpu"
     assert (
-        "8 x GPU 80 GiB" in report["target"] and {p["name"] for p in report["programs"]} == PROGRAMS
+        "8 x NVIDIA H100 80GB HBM3 80 GiB" in report["target"]  # --gpus alone: H100s
+        and {p["name"] for p in report["programs"]} == PROGRAMS
     )
 
 

@@ -50,9 +50,20 @@ def test_a_stored_plan_is_consistent_in_itself(path):
 
 @pytest.mark.parametrize("path", STORED, ids=lambda p: p.stem)
 def test_every_stored_plan_of_a_config_fits_within_85_percent(path):
-    """Each config a user starts from fits its target with the 15% headroom asked."""
+    """Each config a user starts from fits its target with the 15% headroom asked, but for the
+    plans stored to show that one does not (``regenerate.DOES_NOT_FIT``, each with its reason):
+    those compiled and do not fit."""
     report = json.loads(path.read_text())
     assert report["headroom"] == 0.15
-    assert report["fits"], [
+    misfits = [
         (p["name"], round(p["peak"] / 1024**3, 1)) for p in report["programs"] if not p["fits"]
     ]
+    if path.stem in REGENERATE.DOES_NOT_FIT:
+        assert REGENERATE.DOES_NOT_FIT[path.stem] and report["compiled"]
+        assert not report["fits"] and misfits, path.stem
+    else:
+        assert report["fits"], misfits
+
+
+def test_every_plan_said_not_to_fit_is_stored():
+    assert set(REGENERATE.DOES_NOT_FIT) <= set(REGENERATE.PLANS)

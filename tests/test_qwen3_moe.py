@@ -99,17 +99,25 @@ def test_logits_and_routing_equal_transformers(saved):
 
 def test_replayed_experts_are_the_ones_used_and_the_router_still_learns(saved):
     ours = load_qwen3(saved[0])
+    graphdef, state = nnx.split(ours)
     tokens, mask = jnp.asarray(TOKENS), jnp.ones(TOKENS.shape, bool)
     positions = positions_from_mask(mask)
-    hidden, _, own = ours.hidden_states(tokens, positions, mask, routing=True)
+
+    @jax.jit
+    def forward(state, replay):
+        return nnx.merge(graphdef, state).hidden_states(
+            tokens, positions, mask, replay=replay, routing=True
+        )[::2]
+
+    nothing = jnp.full((2, 11, 2, 2), -1, jnp.int32)  # no record: every token routes itself
+    hidden, own = forward(state, nothing)
     # replaying the model's own routing is the same forward, bit for bit
-    again, _, same = ours.hidden_states(tokens, positions, mask, replay=own.experts, routing=True)
+    again, same = forward(state, own.experts)
     np.testing.assert_array_equal(np.asarray(again), np.asarray(hidden))
     np.testing.assert_array_equal(np.asarray(same.experts), np.asarray(own.experts))
     # other experts for the first row's tokens (the second row records nothing: -1 routes itself)
-    other = (own.experts + 1) % 6
-    other = other.at[1].set(-1)
-    moved, _, used = ours.hidden_states(tokens, positions, mask, replay=other, routing=True)
+    other = ((own.experts + 1) % 6).at[1].set(-1)
+    moved, used = forward(state, other)
     np.testing.assert_array_equal(np.asarray(used.experts[0]), np.asarray(other[0]))
     np.testing.assert_array_equal(np.asarray(used.experts[1]), np.asarray(own.experts[1]))
     assert np.abs(np.asarray(moved[0] - hidden[0])).max() > 1e-3
@@ -119,21 +127,17 @@ def test_replayed_experts_are_the_ones_used_and_the_router_still_learns(saved):
     assert np.asarray(differ).reshape(2, 11, 2)[0].all() and not np.asarray(differ)[22:].any()
 
     # under replay the router's gradient flows through the replayed experts' weights
-    graphdef, state = nnx.split(ours)
-
-    def loss(state):
-        h, _ = nnx.merge(graphdef, state).hidden_states(tokens, positions, mask, replay=other)
-        return jnp.sum(h**2)
-
-    grads = jax.grad(loss)(state)
+    grads = jax.grad(lambda state: jnp.sum(forward(state, other)[0] ** 2))(state)
     assert np.abs(np.asarray(grads["layers"]["router"][...])).max() > 0
 
     # the cache forwards (scanned and unrolled) record and replay alike
     for layers in (None, ours.split_layers()):
         cache = KVCache.empty(ours.config, 2, 16, jnp.float32)
-        cached, _, got = ours.hidden_states(
-            tokens, positions, mask, cache, layers=layers, replay=other, routing=True
-        )
+        cached, _, got = jax.jit(
+            lambda cache, layers: ours.hidden_states(
+                tokens, positions, mask, cache, layers=layers, replay=other, routing=True
+            )
+        )(cache, layers)
         np.testing.assert_array_equal(np.asarray(got.experts), np.asarray(used.experts))
         np.testing.assert_allclose(np.asarray(cached), np.asarray(moved), rtol=1e-5, atol=1e-5)
 
@@ -160,26 +164,29 @@ def test_the_cache_forward_equals_the_whole_sequence(saved):
     ours = load_qwen3(saved[0])
     tokens = jnp.asarray(TOKENS)
     mask = jnp.ones(TOKENS.shape, bool)
-    whole, _ = ours(tokens, positions_from_mask(mask), mask)
+    forward = jax.jit(lambda tokens, mask, cache: ours(tokens, positions_from_mask(mask), mask))
+    whole, _ = forward(tokens, mask, None)
+    step = jax.jit(
+        lambda tokens, mask, cache: ours(
+            tokens, positions_from_mask(mask, cache.lengths), mask, cache
+        )
+    )
     cache = KVCache.empty(ours.config, 2, 16, jnp.float32)
     prefix = 6
-    steps = [
-        ours(tokens[:, :prefix], positions_from_mask(mask[:, :prefix]), mask[:, :prefix], cache)
-    ]
+    steps = [step(tokens[:, :prefix], mask[:, :prefix], cache)]
     cache = steps[0][1]
     for t in range(prefix, TOKENS.shape[1]):
-        one = mask[:, t : t + 1]
-        logits, cache = ours(
-            tokens[:, t : t + 1], positions_from_mask(one, cache.lengths), one, cache
-        )
+        logits, cache = step(tokens[:, t : t + 1], mask[:, t : t + 1], cache)
         steps.append((logits, cache))
     got = jnp.concatenate([logits for logits, _ in steps], axis=1)
     np.testing.assert_allclose(np.asarray(got), np.asarray(whole), rtol=1e-5, atol=1e-5)
     # the layers unrolled from split weights (the CPU sampler's decode) compute the same
     cache = KVCache.empty(ours.config, 2, 16, jnp.float32)
-    hidden, _ = ours.hidden_states(
-        tokens, positions_from_mask(mask), mask, cache, layers=ours.split_layers()
-    )
+    hidden, _ = jax.jit(
+        lambda cache: ours.hidden_states(
+            tokens, positions_from_mask(mask), mask, cache, layers=ours.split_layers()
+        )
+    )(cache)
     np.testing.assert_allclose(
         np.asarray(ours.logits(hidden)), np.asarray(whole), rtol=1e-5, atol=1e-5
     )

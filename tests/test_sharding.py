@@ -36,8 +36,8 @@ from agentrl_jax.sharding import (
 MESH_SHAPES = [(8, 1, 1), (2, 1, 4), (1, 2, 4), (2, 2, 2)]
 
 
-def _mesh(data: int, fsdp: int, tensor: int) -> AbstractMesh:
-    return AbstractMesh((data, fsdp, tensor), MESH_AXES)
+def _mesh(data: int, fsdp: int, tensor: int, expert: int = 1) -> AbstractMesh:
+    return AbstractMesh((data, fsdp, expert, tensor), MESH_AXES)
 
 
 def test_rules_split_heads_and_mlp_columns_over_tensor_and_features_over_fsdp():
@@ -97,6 +97,7 @@ def test_mesh_config_validation_and_resolution():
 
 def test_hosts_are_laid_along_data():
     assert per_process_mesh_shape((4, 2, 4), num_processes=2) == (2, 2, 4)
+    assert per_process_mesh_shape((4, 1, 2, 1), num_processes=2) == (2, 1, 2, 1)  # MESH_AXES
     with pytest.raises(ValueError, match="multiple of the process count"):
         per_process_mesh_shape((1, 2, 4), num_processes=2)
     assert per_slice_mesh_shape((4, 2, 4), num_slices=4) == (1, 2, 4)
@@ -107,7 +108,7 @@ def test_hosts_are_laid_along_data():
 def test_single_device_mesh():
     mesh = build_mesh()
     assert mesh.axis_names == MESH_AXES and mesh.devices.size == len(mesh.devices.flat)
-    assert mesh.axis_types == (AxisType.Auto,) * 3
+    assert mesh.axis_types == (AxisType.Auto,) * 4 and MESH_AXES[2] == "expert"
     assert describe_mesh(mesh).startswith("data=1 fsdp=1 tensor=1: 1 cpu devices, 1 process,")
 
 
@@ -139,6 +140,8 @@ def test_meshes_on_8_fake_cpu_devices():
         "import json; from agentrl_jax.sharding import MeshConfig, build_mesh\n"
         "meshes = [build_mesh(MeshConfig(*c)) for c in [(-1, 1, 1), (-1, 8, 1), (2, 4, 1),"
         " (1, 4, 2), (2, 2, 2), (-1, 1, 4)]]\n"
+        "meshes += [build_mesh(MeshConfig(fsdp=2, expert=4)), build_mesh(MeshConfig(expert=2,"
+        " tensor=2))]\n"
         "print(json.dumps([[list(m.devices.shape), [d.id for d in m.devices.flat],"
         " list(m.axis_names), [str(t) for t in m.axis_types]] for m in meshes]))"
     )
@@ -147,17 +150,19 @@ def test_meshes_on_8_fake_cpu_devices():
     )
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [tuple(shape) for shape, *_ in report] == [
-        (8, 1, 1),
-        (1, 8, 1),
-        (2, 4, 1),
-        (1, 4, 2),
-        (2, 2, 2),
-        (2, 1, 4),
+    assert [tuple(shape) for shape, *_ in report] == [  # (data, fsdp, expert, tensor)
+        (8, 1, 1, 1),
+        (1, 8, 1, 1),
+        (2, 4, 1, 1),
+        (1, 4, 1, 2),
+        (2, 2, 1, 2),
+        (2, 1, 1, 4),
+        (1, 2, 4, 1),
+        (2, 1, 2, 2),
     ]
     for _, ids, names, types in report:
         assert sorted(ids) == list(range(8)) and tuple(names) == MESH_AXES
-        assert types == [str(AxisType.Auto)] * 3
+        assert types == [str(AxisType.Auto)] * 4
 
 
 # --- TPU topologies (compile-only devices from libtpu; skipped where libtpu is absent) ---
@@ -174,10 +179,14 @@ def _tpu_devices(topology: str, **options) -> tuple:
 V4_MEGACORE = {"chip_config_name": "megacore"}  # v4's default: one device per chip
 
 
-def _assert_tpu_mesh(mesh, devices, shape: tuple[int, int, int]) -> None:
-    assert mesh.devices.shape == shape and mesh.axis_names == MESH_AXES
-    assert mesh.axis_types == (AxisType.Auto,) * 3
+def _assert_tpu_mesh(mesh, devices, shape: tuple[int, int, int]):
+    """Checks a mesh of ``shape`` = (data, fsdp, tensor), expert 1; returns its devices as a
+    (data, fsdp, tensor) grid."""
+    data, fsdp, tensor = shape
+    assert mesh.devices.shape == (data, fsdp, 1, tensor) and mesh.axis_names == MESH_AXES
+    assert mesh.axis_types == (AxisType.Auto,) * 4
     assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+    return mesh.devices[:, :, 0, :]
 
 
 def _is_cuboid(devices) -> bool:
@@ -207,14 +216,14 @@ def test_one_tpu_slice_is_all_ici_across_its_hosts(topology, options, config, sh
     devices = _tpu_devices(topology, **options)
     assert len({d.process_index for d in devices}) > 1  # hosts of 4 chips: several processes
     mesh = build_mesh(config, devices)
-    _assert_tpu_mesh(mesh, devices, shape)
+    grid = _assert_tpu_mesh(mesh, devices, shape)
     data, fsdp, tensor = shape
-    groups = [mesh.devices[i, :, j] for i in range(data) for j in range(tensor)]
+    groups = [grid[i, :, j] for i in range(data) for j in range(tensor)]
     if data == tensor == 1:  # fsdp spans the whole slice, both hosts included
         assert set(groups[0]) == set(devices)
     if topology.startswith(("v5p", "v4")):  # 3-D tori: every axis group is a contiguous block
         assert all(_is_cuboid(group) for group in groups)
-        assert all(_is_cuboid(mesh.devices[i, j, :]) for i in range(data) for j in range(fsdp))
+        assert all(_is_cuboid(grid[i, j, :]) for i in range(data) for j in range(fsdp))
     assert describe_mesh(mesh).endswith(
         f"{len(devices)} {devices[0].device_kind} devices, "
         f"{len({d.process_index for d in devices})} processes, "
@@ -231,13 +240,11 @@ def test_tpu_slices_are_laid_along_data():
         (MeshConfig(data=4, fsdp=4), (4, 4, 1)),
     ]:
         mesh = build_mesh(config, devices)
-        _assert_tpu_mesh(mesh, devices, shape)
+        grid = _assert_tpu_mesh(mesh, devices, shape)
         half = shape[0] // 2
         assert {d.slice_index for d in mesh.devices[:half].flat} == {0}
         assert {d.slice_index for d in mesh.devices[half:].flat} == {1}
-        assert all(
-            _is_cuboid(mesh.devices[i, :, j]) for i in range(shape[0]) for j in range(shape[2])
-        )
+        assert all(_is_cuboid(grid[i, :, j]) for i in range(shape[0]) for j in range(shape[2]))
     assert describe_mesh(build_mesh(MeshConfig(), devices)).endswith("2 slices")
     with pytest.raises(
         ValueError,
@@ -245,6 +252,19 @@ def test_tpu_slices_are_laid_along_data():
         "the slice count",
     ):
         build_mesh(MeshConfig(data=1, fsdp=16), devices)
+
+
+def test_an_expert_axis_is_the_inner_part_of_fsdp_x_expert_on_the_torus():
+    """fsdp 2 x expert 8 on a v5p 2x2x4 (16 chips, 4 hosts): the devices of the fsdp 16 mesh,
+    in the same order; every expert group (the devices that exchange tokens in each MoE
+    layer) a contiguous block of the torus."""
+    devices = _tpu_devices("v5p:2x2x4")
+    mesh = build_mesh(MeshConfig(data=1, fsdp=2, expert=8), devices)
+    assert mesh.devices.shape == (1, 2, 8, 1) and mesh.axis_names == MESH_AXES
+    flat = build_mesh(MeshConfig(data=1, fsdp=16), devices)
+    assert [d.id for d in mesh.devices.flat] == [d.id for d in flat.devices.flat]
+    assert all(_is_cuboid(mesh.devices[0, f, :, 0]) for f in range(2))
+    assert describe_mesh(mesh).startswith("data=1 fsdp=2 expert=8 tensor=1: 16 TPU v5")
 
 
 def test_tpu_layouts_mesh_utils_cannot_build_are_clear_errors():

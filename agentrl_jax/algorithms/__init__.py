@@ -1,12 +1,13 @@
 """RL algorithms as pure functions on padded arrays: advantages, losses, aggregation, BudgetMix.
 
-No model and no environment inside (see ARCHITECTURE.md). Shapes and masks follow the
-conventions in :mod:`agentrl_jax.algorithms.advantages`; losses return
+No model and no environment inside (see ARCHITECTURE.md); an MoE router's auxiliary losses
+(:mod:`.router`) read the router logits and routing a forward hands them. Shapes and masks
+follow the conventions in :mod:`agentrl_jax.algorithms.advantages`; losses return
 :class:`LossSum` pairs, added with ``combine`` (micro-batches) or ``aggregation.psum``
 (devices) and divided once with ``aggregation.mean``.
 """
 
-from agentrl_jax.algorithms import aggregation
+from agentrl_jax.algorithms import aggregation, router
 from agentrl_jax.algorithms.advantages import (
     broadcast_trajectories_to_tokens,
     broadcast_turns_to_tokens,
@@ -135,6 +136,7 @@ __all__ = [
     "register_loss_term",
     "remaining_budget",
     "rloo_advantages",
+    "router",
     "sample_budgets",
     "sequence_log_ratio",
     "timeout_reward",

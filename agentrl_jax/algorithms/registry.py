@@ -11,8 +11,9 @@ construction, so an unknown name or a bad value fails at once with an error nami
   :class:`TermOutput` ``(loss, metrics)`` that also carries the term's own metrics; the
   config's coefficients weight them and one aggregation mode reduces their sum to a
   :class:`~agentrl_jax.algorithms.aggregation.LossSum`. Each term trains either the
-  ``"policy"`` (``"policy_clip"``, ``"policy_clip_tis"``, ``"gspo_clip"``, ``"kl"``, ``"entropy"``)
-  or the ``"critic"`` (``"value_clip"``), which has its own optimizer.
+  ``"policy"`` (``"policy_clip"``, ``"policy_clip_tis"``, ``"gspo_clip"``, ``"kl"``, ``"entropy"``,
+  and for an MoE model the router's ``"router_balance"`` and ``"router_z"``) or the
+  ``"critic"`` (``"value_clip"``), which has its own optimizer.
 
 Every estimator and term declares the inputs it reads (``required=``);
 :meth:`AlgorithmConfig.required_loss_inputs` and
@@ -44,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from agentrl_jax.algorithms import advantages as adv
-from agentrl_jax.algorithms import losses
+from agentrl_jax.algorithms import losses, router
 from agentrl_jax.algorithms.aggregation import AGGREGATION_MODES, LossSum, aggregate, validate_mode
 from agentrl_jax.errors import did_you_mean
 from agentrl_jax.validation import (
@@ -835,6 +836,32 @@ def _kl(inputs: LossInputs, *, estimator, k3_max):
 @register_loss_term("entropy", required=("entropy",))
 def _entropy(inputs: LossInputs):
     return losses.entropy_bonus(inputs.entropy)
+
+
+@register_loss_term("router_balance", required=("router_logits", "router_experts", "loss_mask"))
+def _router_balance(inputs: LossInputs) -> TermOutput:
+    """An MoE router's sequence-wise load-balancing loss
+    (:func:`~agentrl_jax.algorithms.router.balance_loss`): per token ``mean_m E * sum_e
+    f[s, m, e] * p[t, m, e]``, ``f`` the expert loads of the token's sequence over its loss
+    tokens (summing to ``k``; each packed sequence its own, by ``segment_ids``), ``p`` the
+    router's probabilities. A sequence's token mean is transformers' ``load_balancing_loss_func``
+    for it, per layer, averaged over the layers (``k`` when balanced); Qwen3-MoE's coefficient
+    (``router_aux_loss_coef``) is 0.001.
+
+    Metric: ``max_load`` (the share of its sequence's assignments its busiest expert took,
+    averaged over layers; ``1 / E`` when balanced).
+    """
+    loss, max_load = router.balance_loss(
+        inputs.router_logits, inputs.router_experts, inputs.loss_mask, inputs.segment_ids
+    )
+    return TermOutput(loss, {"max_load": max_load})
+
+
+@register_loss_term("router_z", required=("router_logits",))
+def _router_z(inputs: LossInputs):
+    """ST-MoE's router z-loss (:func:`~agentrl_jax.algorithms.router.z_loss`): per token
+    ``mean_m logsumexp(router_logits[t, m])^2``; ST-MoE's coefficient is 0.001."""
+    return router.z_loss(inputs.router_logits)
 
 
 @register_loss_term(

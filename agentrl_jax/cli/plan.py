@@ -61,7 +61,7 @@ def plan(
     model: Optional[str] = typer.Option(
         None,
         help="Architecture when model.model_dir has no "
-        "config.json: qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b.",
+        "config.json: qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-30b-a3b.",
     ),
     program: Optional[List[str]] = typer.Option(
         None, help="Only programs whose name starts with this (repeatable): train, rollout, eval."

@@ -88,7 +88,8 @@ from agentrl_jax.train.config import train_config as make_train_config
 from agentrl_jax.train.step import batch_shardings
 from agentrl_jax.trajectory import Trajectory
 
-# Hugging Face config.json values of the Qwen3 dense models (for planning without the files).
+# Hugging Face config.json values of the Qwen3 models (for planning without the files): the
+# dense sizes, and Qwen3-30B-A3B (qwen3_moe: every layer's feed-forward 128 experts, 8 a token).
 QWEN3_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": dict(
         hidden_size=1024,
@@ -121,6 +122,20 @@ QWEN3_ARCHITECTURES: dict[str, dict[str, Any]] = {
         num_attention_heads=32,
         num_key_value_heads=8,
         tie_word_embeddings=False,
+    ),
+    "qwen3-30b-a3b": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=(),
     ),
 }
 _COMMON = dict(
@@ -165,14 +180,15 @@ class ProgramPlan:
 
 
 def qwen3_config(name: str) -> Qwen3Config:
-    """The architecture of a Qwen3 dense model by name (a key of ``QWEN3_ARCHITECTURES``)."""
+    """The architecture of a Qwen3 model by name (a key of ``QWEN3_ARCHITECTURES``)."""
     return Qwen3Config(**_COMMON, **QWEN3_ARCHITECTURES[name])
 
 
 def model_config(settings: Any, name: str | None = None) -> Qwen3Config:
     """The architecture of a config's ``model`` section: ``model_dir``'s config.json if it
     exists; else a known Qwen3 size named by ``name`` or found in the directory's name
-    (``.../Qwen3-4B`` -> qwen3-4b); without ``model_dir`` the random-init model's dimensions
+    (``.../Qwen3-4B`` -> qwen3-4b, ``.../Qwen3-30B-A3B-Instruct-2507`` -> qwen3-30b-a3b: the
+    longest known name found wins); without ``model_dir`` the random-init model's dimensions
     (vocabulary: ``tokenizer_vocab``)."""
     model_dir = settings.model_dir
     if model_dir and (Path(model_dir) / "config.json").is_file():
@@ -209,7 +225,7 @@ def fit_mesh(config: MeshConfig, devices: Sequence[Any]) -> tuple[MeshConfig, st
     candidates = [
         (axis, dataclasses.replace(config, **{axis: -1}))
         for axis in ("fsdp", "data")
-        if -1 not in [getattr(config, a) for a in ("data", "fsdp", "tensor") if a != axis]
+        if -1 not in [v for a, v in config.axes().items() if a != axis]
     ]
     for axis, candidate in candidates:
         try:
@@ -622,7 +638,7 @@ def _predict(
     """The roofline prediction of one planned program (per device), None where there is none
     to make (init, seating rows)."""
     task, ev = config.task, config.eval
-    weights = roofline.matmul_parameters(model)
+    weights = roofline.stored_matmul_parameters(model)  # every weight (every expert)
     if name.startswith("train:"):
         run = next(r for r in config.rl.resolved_runs() if f"train:{r.name}" == name)
         return _train_prediction(config, run, model, gpu, shape).to_dict()
@@ -811,7 +827,7 @@ def _plan(
                 headroom=headroom,
             )
         )
-    batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
+    batch_devices = batch_shards(mesh)
     shape = Shapes(
         train_rows=rows // rl.mini_batches // batch_devices,
         micro_batches=rl.num_micro_batches,

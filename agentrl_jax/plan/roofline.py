@@ -13,6 +13,12 @@ per decode step, the train state read and written once per update, activations a
 for the backward pass written and read once. Caches (L2) and overlap are ignored, so memory-
 bound figures are bounds too.
 
+Mixture-of-experts models (Qwen3 MoE): a token's FLOPs are those of the router and its ``k``
+experts (:func:`matmul_parameters`); the bytes a pass reads are every dense weight and, of each
+MoE layer, the experts its tokens reach: all of them for a train step or a long prefill, the
+expected ``E (1 - (1 - k/E)^n)`` for ``n`` tokens routed uniformly at random in a decode step
+(:func:`stored_matmul_parameters`). A dense model's figures are as before.
+
 Shapes: ``config`` is a :class:`~agentrl_jax.models.config.Qwen3Config`; counts are plain
 Python numbers; every function is pure.
 """
@@ -46,19 +52,57 @@ class Prediction:
 
 
 # ------------------------------------------------------------------------- counts
-def layer_matmul_parameters(config: Any) -> int:
-    """Weights of one layer's matmuls: q, k, v, o and the three MLP projections."""
+def layer_matmul_parameters(config: Any, moe: bool = False) -> int:
+    """Weights of one layer's matmuls a token multiplies by: q, k, v, o and the three MLP
+    projections; of an MoE layer (``moe``) the router and the three projections of each of
+    the ``k`` experts the token is routed to."""
     d, f = config.hidden_size, config.intermediate_size
     q = config.num_attention_heads * config.head_dim
     kv = config.num_key_value_heads * config.head_dim
+    if moe:
+        return d * (q + 2 * kv) + q * d + d * config.num_experts + _active_expert_weights(config)
     return d * (q + 2 * kv) + q * d + 3 * d * f
 
 
+def _moe_layer_count(config: Any) -> int:
+    return sum(getattr(config, "moe_layers", ())) if getattr(config, "num_experts", 0) else 0
+
+
+def _expert_weights(config: Any) -> int:
+    """One expert's weights (gate, up, down)."""
+    return 3 * config.hidden_size * config.moe_intermediate_size
+
+
+def _active_expert_weights(config: Any) -> int:
+    return config.num_experts_per_tok * _expert_weights(config)
+
+
 def matmul_parameters(config: Any) -> int:
-    """Weights every token multiplies by: all layers' matmuls and the output head (the
-    embedding lookup reads one row a token, so its table is not counted)."""
-    layers = config.num_hidden_layers * layer_matmul_parameters(config)
+    """Weights every token multiplies by (its FLOPs are twice this): all layers' matmuls (of an
+    MoE layer the router and the token's ``k`` experts) and the output head (the embedding
+    lookup reads one row a token, so its table is not counted)."""
+    moe = _moe_layer_count(config)
+    layers = (config.num_hidden_layers - moe) * layer_matmul_parameters(config)
+    layers += moe * layer_matmul_parameters(config, moe=True)
     return layers + config.hidden_size * config.vocab_size
+
+
+def stored_matmul_parameters(config: Any, tokens: float | None = None) -> float:
+    """Weights a pass over ``tokens`` tokens reads: :func:`matmul_parameters` for a dense
+    model; for an MoE model every dense weight and, of each MoE layer, the experts the tokens
+    reach, ``E (1 - (1 - k/E)^tokens)`` expected under uniform routing (all ``E`` for
+    ``tokens`` None: a train step)."""
+    moe = _moe_layer_count(config)
+    if not moe:
+        return matmul_parameters(config)
+    experts = config.num_experts
+    reached = (
+        experts
+        if tokens is None
+        else experts * (1 - (1 - config.num_experts_per_tok / experts) ** tokens)
+    )
+    dense = matmul_parameters(config) - moe * _active_expert_weights(config)
+    return dense + moe * reached * _expert_weights(config)
 
 
 def attention_flops(config: Any, keys: float) -> float:
@@ -103,11 +147,12 @@ def decode_step(
     cache_bytes: int = 2,
 ) -> Prediction:  # fmt: skip
     """Tokens/s of decode steps of ``rows`` rows, each attending ``context`` cached tokens: a
-    step reads every weight (``weight_bytes`` each) and each row's cache."""
+    step reads every weight (``weight_bytes`` each; of an MoE layer the experts the rows
+    reach) and each row's cache."""
     flops = rows * forward_flops(config, 1, context)
-    moved = matmul_parameters(config) * weight_bytes + rows * context * kv_bytes_per_token(
-        config, cache_bytes
-    )
+    moved = stored_matmul_parameters(
+        config, rows
+    ) * weight_bytes + rows * context * kv_bytes_per_token(config, cache_bytes)
     return _roofline(
         f"decode {rows} rows at {context:g} cached tokens", rows, "tokens/s", flops, moved, spec,
         assumes="weights and each row's cache read once a step",
@@ -123,9 +168,9 @@ def prefill(
     tokens' keys and values written."""
     pairs = rows * (tokens * context + causal_pairs(tokens))
     flops = forward_flops(config, rows * tokens, pairs)
-    moved = matmul_parameters(config) * weight_bytes + rows * (context + tokens) * (
-        kv_bytes_per_token(config, cache_bytes)
-    )
+    moved = stored_matmul_parameters(config, rows * tokens) * weight_bytes + rows * (
+        context + tokens
+    ) * (kv_bytes_per_token(config, cache_bytes))
     return _roofline(
         f"append {rows} x {tokens} tokens at {context:g} cached", rows * tokens, "tokens/s",
         flops, moved, spec, assumes="weights read once; the cache read, the new keys written",
@@ -140,7 +185,7 @@ def forward(
     logits written and read once (float32)."""
     tokens = rows * length
     flops = forward_flops(config, tokens, rows * causal_pairs(length))
-    moved = matmul_parameters(config) * weight_bytes + 2 * 4 * tokens * config.vocab_size
+    moved = stored_matmul_parameters(config) * weight_bytes + 2 * 4 * tokens * config.vocab_size
     return _roofline(
         f"forward {rows} x {length} tokens", tokens, "tokens/s", flops, moved, spec,
         assumes="every row full; weights read once, float32 logits written and read once",
@@ -174,7 +219,7 @@ def train_step(
     trained = 1 + critic
     model = forward * ((3 if full_weights else 2) + reference + 3 * critic)
     hardware = model + forward * trained * remat
-    weights = matmul_parameters(config)
+    weights = stored_matmul_parameters(config)  # every expert: a micro-batch reaches them all
     passes = (3 + remat) * trained + reference  # weight reads per micro-batch
     grads = 8 * weights * trained if full_weights else 0
     saved = 2 * 2 * config.num_hidden_layers * tokens * config.hidden_size * trained
@@ -240,5 +285,6 @@ __all__ = [
     "model_flops_per_token",
     "prefill",
     "rollout_turns",
+    "stored_matmul_parameters",
     "train_step",
 ]

@@ -19,7 +19,7 @@ from agentrl_jax.rollout.lanes import EnvSteps, Timer, Turn
 from agentrl_jax.rollout.record import Play, Record, gather_rows, host_array
 from agentrl_jax.rollout.seating import Seats, lane_seats, row_keys, row_parts
 from agentrl_jax.sampling import Policy, PolicySettings, Responses, SamplerPolicy
-from agentrl_jax.trajectory import Trajectory
+from agentrl_jax.trajectory import Trajectory, no_experts
 from envs.protocol import TextEnv, TurnResult, cut_observation, observation_budget
 
 
@@ -466,6 +466,7 @@ class MultiTurnRollout:
             token_turn=host_array(rec.token_turn),
             logprobs=host_array(rec.logprobs),
             sampling_logprobs=host_array(rec.sampling_logprobs),
+            experts=no_experts(rec.tokens.shape) if rec.experts is None else rec.experts,
             turn_mask=host_array(rec.turn_mask),
             action=host_array(rec.action),
             action_valid=host_array(rec.action_valid),

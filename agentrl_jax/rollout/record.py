@@ -47,7 +47,8 @@ def gather_rows(play: Play, shares: list[np.ndarray]) -> None:
     """Fill ``play`` with the rows the other processes played (``shares[p]``: process ``p``'s
     rows), so every process holds the whole rollout; live-row and token counts add up."""
     rec, own = play.rec, shares[jax.process_index()]
-    arrays = {f"rec.{name}": value[own] for name, value in vars(rec).items()}
+    recorded = {name: value for name, value in vars(rec).items() if value is not None}
+    arrays = {f"rec.{name}": value[own] for name, value in recorded.items()}
     arrays.update(
         success=play.success[own],
         turns_used=play.turns_used[own],
@@ -59,8 +60,13 @@ def gather_rows(play: Play, shares: list[np.ndarray]) -> None:
     play.sampled = 0
     gathered = distributed.allgather_blobs(arrays, [play.texts[r] for r in own])
     for rows, (theirs, texts) in zip(shares, gathered):
-        for name, value in vars(rec).items():
-            value[rows] = theirs[f"rec.{name}"]
+        if "rec.experts" in theirs and rec.experts is None:  # only the others' rows sampled
+            part = theirs["rec.experts"]
+            rec.experts = np.full(rec.tokens.shape + part.shape[2:], -1, part.dtype)
+            recorded["experts"] = rec.experts
+        for name, value in recorded.items():
+            if f"rec.{name}" in theirs:
+                value[rows] = theirs[f"rec.{name}"]
         for name in ("success", "turns_used", "overflow"):
             getattr(play, name)[rows] = theirs[name]
         for row, text in zip(rows, texts):
@@ -93,6 +99,9 @@ class Record:
         # where turn t's user message starts (the next-prompt form, separator included)
         self.turn_start = np.zeros((rows, turns + 1), np.int64)
         self.prefix_len = np.zeros(rows, np.int32)
+        # an MoE policy's experts per token [rows, length, M, k] (-1: not sampled), from its
+        # first responses that carry them (routing replay); None until then
+        self.experts: np.ndarray | None = None
 
     def write(self, row: int, ids: Sequence[int]) -> None:
         start = self.length[row]
@@ -110,6 +119,11 @@ class Record:
         self.token_turn[rows, slots] = turn[rows]
         self.logprobs[rows, slots] = out.logprobs[rows, offsets]
         self.sampling_logprobs[rows, slots] = out.behaviour_logprobs[rows, offsets]
+        if out.experts is not None:
+            if self.experts is None:
+                shape = self.tokens.shape + out.experts.shape[2:]
+                self.experts = np.full(shape, -1, out.experts.dtype)
+            self.experts[rows, slots] = out.experts[rows, offsets]
         self.length += out.lengths
 
     def context(self, row: int, turn: int, window: int) -> list[int]:

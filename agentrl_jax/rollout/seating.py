@@ -106,11 +106,16 @@ class Seats:
             np.zeros(self.n, out.lengths.dtype),
             np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype),
             np.zeros((self.n,) + out.logprobs.shape[1:], out.logprobs.dtype),
+            experts=None
+            if out.experts is None
+            else np.full((self.n,) + out.experts.shape[1:], -1, out.experts.dtype),
         )
         rows = self.row[seated]
         full.tokens[rows], full.lengths[rows] = out.tokens[seated], out.lengths[seated]
         full.logprobs[rows] = out.logprobs[seated]
         full.sampling_logprobs[rows] = out.behaviour_logprobs[seated]
+        if out.experts is not None:
+            full.experts[rows] = out.experts[seated]
         if out.preempted is None:
             return full
         preempted = np.zeros(self.n, bool)

@@ -75,7 +75,10 @@ class Responses:
     ``logprobs`` (a policy that samples from its model distribution, e.g. a script);
     preempted: ``bool[N]``, rows the policy could not play this turn for want of memory (a
     paged KV cache whose pool ran out): their responses are empty and their caches gone, the
-    caller restarts them from their contexts later and asks again (None: none).
+    caller restarts them from their contexts later and asks again (None: none);
+    experts: ``int16[N, R, M, k]``, an MoE model's experts each token went through in each of
+    its ``M`` MoE layers (-1 on padding), for routing replay (None: a dense model, or a policy
+    that records none).
     """
 
     tokens: np.ndarray
@@ -83,6 +86,7 @@ class Responses:
     logprobs: np.ndarray
     sampling_logprobs: np.ndarray | None = None
     preempted: np.ndarray | None = None
+    experts: np.ndarray | None = None
 
     @property
     def behaviour_logprobs(self) -> np.ndarray:

@@ -56,6 +56,7 @@ from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.models import paged_cache, paged_kernels
 from agentrl_jax.models.config import Qwen3Config
+from agentrl_jax.models.moe import EXPERT_ID_DTYPE
 from agentrl_jax.models.paged_cache import PagedKVCache
 from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM, positions_from_mask
 from agentrl_jax.sampling.filters import SamplingConfig, model_log_probs, sample
@@ -134,6 +135,9 @@ class SampleOutput:
     sampling_log_probs: jax.Array  # [B, N] float32: under the sampling distribution (greedy: 0)
     lengths: jax.Array  # [B] int32
     stop_reason: jax.Array  # [B] int32, a StopReason
+    # MoE models: [B, N, M, k] int16, the experts each sampled token went through in each of
+    # the M MoE layers when the engine cached it (-1 on padding), for routing replay; else None
+    experts: jax.Array | None = None
 
     @property
     def mask(self) -> jax.Array:
@@ -394,12 +398,19 @@ def decode(
     stop_ids = jnp.asarray(tuple(stop_token_ids) or (-1,), jnp.int32)
     budget = jnp.minimum(budget.astype(jnp.int32), max_new_tokens)
     running = active.astype(bool) & ~state.overflowed & (state.cache.lengths > 0) & (budget > 0)
+    config = model.config
+    moe_layers = sum(config.moe_layers)
     out = SampleOutput(
         tokens=jnp.full((batch, max_new_tokens), pad_token_id, jnp.int32),
         log_probs=jnp.zeros((batch, max_new_tokens), jnp.float32),
         sampling_log_probs=jnp.zeros((batch, max_new_tokens), jnp.float32),
         lengths=jnp.zeros((batch,), jnp.int32),
         stop_reason=jnp.full((batch,), StopReason.NOT_RUN, jnp.int32),
+        experts=jnp.full(
+            (batch, max_new_tokens, moe_layers, config.num_experts_per_tok), -1, EXPERT_ID_DTYPE
+        )
+        if moe_layers
+        else None,
     )
 
     def step(carry):
@@ -418,16 +429,20 @@ def decode(
         def column(buffer, values):
             old = jax.lax.dynamic_index_in_dim(buffer, t, axis=1, keepdims=False)
             return jax.lax.dynamic_update_index_in_dim(
-                buffer, jnp.where(running, values, old), t, axis=1
+                buffer,
+                jnp.where(running.reshape(-1, *[1] * (values.ndim - 1)), values, old),
+                t,
+                axis=1,
             )
 
-        hidden, cache = model.hidden_states(
+        hidden, cache, *routing = model.hidden_states(
             tokens[:, None],
             state.cache.lengths[:, None],
             running[:, None],
             state.cache,
             few_rows=True,
             layers=layers,
+            routing=bool(moe_layers),
         )
         hidden = hidden[:, 0]
         lengths = out.lengths + running
@@ -444,6 +459,9 @@ def decode(
             sampling_log_probs=column(out.sampling_log_probs, sampling_lp),
             lengths=lengths,
             stop_reason=reason.astype(jnp.int32),
+            experts=column(out.experts, routing[0].experts[:, 0].astype(EXPERT_ID_DTYPE))
+            if moe_layers
+            else None,
         )
         state = constrain(
             SamplerState(

@@ -494,8 +494,15 @@ class SamplerPolicy:
             budget=budget,
             active=active,
         )
-        tokens, lengths, logprobs, sampling_lp, reason = jax.device_get(
-            (out.tokens, out.lengths, out.log_probs, out.sampling_log_probs, out.stop_reason)
+        tokens, lengths, logprobs, sampling_lp, reason, experts = jax.device_get(
+            (
+                out.tokens,
+                out.lengths,
+                out.log_probs,
+                out.sampling_log_probs,
+                out.stop_reason,
+                out.experts,
+            )
         )
         n, width = len(live), settings.max_response_tokens
         result = Responses(
@@ -503,6 +510,9 @@ class SamplerPolicy:
             np.zeros(n, np.int32),
             np.zeros((n, width), np.float32),
             np.zeros((n, width), np.float32),
+            experts=None
+            if experts is None
+            else np.full((n, *experts.shape[1:]), -1, experts.dtype),
         )
         filled = np.arange(width)[None, :] < lengths[:, None]
         if self.token_map is not None:
@@ -511,6 +521,8 @@ class SamplerPolicy:
         result.lengths[rows[valid]] = lengths[valid]
         result.logprobs[rows[valid]] = np.where(filled, logprobs, 0.0)[valid]
         result.sampling_logprobs[rows[valid]] = np.where(filled, sampling_lp, 0.0)[valid]
+        if experts is not None:
+            result.experts[rows[valid]] = np.where(filled[:, :, None, None], experts, -1)[valid]
         if not self.reuse_cache:
             for r in np.flatnonzero(live):
                 self._contexts[r].extend(result.tokens[r, : result.lengths[r]].tolist())
@@ -526,6 +538,8 @@ class SamplerPolicy:
         lost = self._rows[slots]
         for field in (result.tokens, result.lengths, result.logprobs, result.sampling_logprobs):
             field[lost] = 0
+        if result.experts is not None:
+            result.experts[lost] = -1
         preempted = np.zeros(len(result.lengths), bool)
         preempted[lost] = True
         self._state = self._sampler(self._settings).release(self._state, slots)

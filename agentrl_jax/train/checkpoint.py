@@ -365,15 +365,20 @@ class Checkpointer:
 
 def _pending_arrays(pending: Sequence[Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Batches sampled ahead as ``({index: {trajectory, step_scores, rng}}, [JSON of each])``,
-    the arrays on the host (every process holds every batch's rows)."""
+    the arrays on the host (every process holds every batch's rows). A dense policy's
+    ``experts`` (``[N, L, 0, 0]``: Orbax saves no empty array) are left out; reading the
+    batch back restores them (:meth:`~agentrl_jax.trajectory.Trajectory.from_arrays`)."""
     arrays, described = {}, []
     for i, produced in enumerate(pending):
         batch = produced.batch
+        trajectory = {
+            f.name: np.asarray(getattr(batch.trajectory, f.name))
+            for f in dataclasses.fields(batch.trajectory)
+        }
+        if trajectory["experts"].size == 0:
+            del trajectory["experts"]
         item = {
-            "trajectory": {
-                f.name: np.asarray(getattr(batch.trajectory, f.name))
-                for f in dataclasses.fields(batch.trajectory)
-            },
+            "trajectory": trajectory,
             "rng": distributed.host_value(produced.rng),
         }
         if batch.step_scores is not None:

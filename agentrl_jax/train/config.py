@@ -255,6 +255,13 @@ class RLConfig:
     the truncated importance weight ``min(pi_old / mu, off_policy_cap)`` (``mu`` the sampler's
     recorded log-prob), unless a term reads ``sampler_logprobs`` and corrects itself.
 
+    MoE policies: the sampler records the experts of every token it samples
+    (``Trajectory.experts``); ``routing_replay`` makes the train step's forwards (the live one
+    and the old log-probs') route those tokens through the recorded experts instead of their
+    routers' current choice (R3; the router still learns through the recorded experts' weights).
+    Either way the step reports ``routing_differs``, the share of (sampled token, MoE layer)
+    pairs whose router picks other experts than the sampler did.
+
     LoRA: ``lora`` (null: every parameter trains) is a mapping ``{rank, alpha, targets,
     base_dtype}`` (:class:`~agentrl_jax.models.lora.LoraConfig`): adapters on the targeted
     projections train, the base weights stay frozen (stored in ``base_dtype``), the optimizer
@@ -310,6 +317,7 @@ class RLConfig:
     logits_chunk: int = setting(512, integer(1, MAX_CONTEXT))
     max_staleness: int = setting(0, integer(0, MAX_STALENESS))
     off_policy_cap: float = setting(2.0, real(0.0, MAX_COEF, lo_open=True))
+    routing_replay: bool = setting(False, BOOL)
     checkpoint_every: int = setting(10, integer(1, MAX_STEPS))
     checkpoint_keep: int = setting(2, integer(1, 1000))
     seed: int = setting(0, integer(0, MAX_SEED))

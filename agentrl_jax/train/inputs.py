@@ -24,7 +24,9 @@ The step can provide, for the terms of each target:
 (``uses_critic``) or a critic term is configured; ``returns`` need an estimator that uses a
 critic (only those produce them). :func:`check_inputs` refuses, naming the entry and the
 field, an algorithm asking for anything else, so a missing input is a config error at
-construction, not a ``None`` deep inside a jitted step.
+construction, not a ``None`` deep inside a jitted step. The router's inputs exist only for an
+MoE model, which the config does not know: :func:`check_model_inputs` refuses them for a
+dense one, given the model.
 """
 
 from __future__ import annotations
@@ -143,4 +145,24 @@ def check_inputs(algorithm: AlgorithmConfig) -> None:
                 f"advantage: estimator {estimator.name!r} "
                 f"needs {AdvantageInputs.__name__}.{field}, "
                 "which needs a critic: register the estimator with uses_critic=True"
+            )
+
+
+ROUTER_INPUTS = ("router_logits", "router_experts")  # an MoE model's forward only
+
+
+def check_model_inputs(algorithm: AlgorithmConfig, moe_layers: int) -> None:
+    """Raises ValueError naming the entry and the field if ``algorithm``'s terms read the
+    router (:data:`ROUTER_INPUTS`, e.g. ``router_balance``, ``router_z``) of a model with no
+    MoE layers (``moe_layers``: ``sum(model.config.moe_layers)``; 0 for a dense Qwen3)."""
+    if moe_layers > 0:
+        return
+    for i, term_config in enumerate(algorithm.loss_terms):
+        term = term_config.term
+        field = next((f for f in ROUTER_INPUTS if f in term.required), None)
+        if field is not None:
+            raise ValueError(
+                f"loss_terms[{i}]: loss term {term.name!r} ({term.target}) needs "
+                f"{LossInputs.__name__}.{field}, but the model has no MoE layers (a dense "
+                "model has no router): drop the term or train an MoE model"
             )

@@ -240,6 +240,8 @@ def _batch_problem(
         shown = shown_value(trajectory)
         return f"batch {i}'s trajectory is {shown}, expected a Trajectory's arrays"
     names = set(map(str, trajectory))
+    if "experts" not in names:  # a dense policy's: saved without them (no MoE layers)
+        fields.remove("experts")
     missing, unknown = sorted(set(fields) - names), sorted(names - set(fields))
     if missing or unknown:
         return (
@@ -262,6 +264,17 @@ def _batch_problem(
             f"{limit} tokens wide (this run's rollouts)"
         )
     for name, want in _trajectory_spec(n, width, t).items():
+        if name == "experts" and name in got:  # [N, L, M, k] int16: M and k the model's
+            spec = got[name]
+            if spec.dtype != want.dtype or len(spec.shape) != 4 or spec.shape[:2] != (n, width):
+                return (
+                    f"batch {i}'s trajectory.experts is {spec}, expected {want.dtype}[{n}, "
+                    f"{width}, M, k] ({n} rows, {width} tokens; M, k: the model's MoE layers "
+                    "and experts per token)"
+                )
+            continue
+        if name not in got:
+            continue
         if got[name] != want:
             return (
                 f"batch {i}'s trajectory.{name} is {got[name]}, expected {want} ({n} rows: "
@@ -271,7 +284,7 @@ def _batch_problem(
     if problem or config is None:
         return problem
     try:  # what the loop checks of every batch it samples
-        batch = Trajectory(**{name: np.asarray(trajectory[name]) for name in fields})
+        batch = Trajectory.from_arrays({name: np.asarray(trajectory[name]) for name in fields})
         check_step_wise(batch, config)
         check_loss_positions(batch, config.loss_positions)
     except ValueError as e:

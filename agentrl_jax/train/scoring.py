@@ -17,9 +17,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from agentrl_jax.models.moe import Routing
 from agentrl_jax.models.qwen3 import Constrain, packed_positions, positions_from_mask
 from agentrl_jax.sampling.filters import SamplingConfig
-from agentrl_jax.sharding import BATCH_AXES
+from agentrl_jax.sharding import BATCH_AXES, moe_ffn
 from agentrl_jax.train.logprobs import position_logprobs
 
 
@@ -47,16 +48,17 @@ def _shift_right(x: jax.Array) -> jax.Array:
 
 
 def _hidden_states(
-    model, tokens, token_mask, forward: Forward, constrain, segment_ids=None
-) -> jax.Array:
+    model, tokens, token_mask, forward: Forward, constrain, segment_ids=None, replay=None
+) -> tuple[jax.Array, Routing | None]:
     """The last layer's hidden states ``[N, L, D]`` under ``forward``'s remat and attention
-    (packed rows: ``segment_ids``, each sequence with its own positions)."""
+    (packed rows: ``segment_ids``, each sequence with its own positions), and an MoE model's
+    routing (None for a dense one; ``replay [N, L, M, k]``: recorded experts to use)."""
     positions = (
         positions_from_mask(token_mask)
         if segment_ids is None
         else packed_positions(token_mask, segment_ids)
     )
-    hidden, _ = model.hidden_states(
+    hidden, _, routing = model.hidden_states(
         tokens,
         positions,
         token_mask,
@@ -65,8 +67,11 @@ def _hidden_states(
         constrain=constrain,
         attention=forward.attention,
         adapters=forward.adapters,
+        replay=replay,
+        routing=True,
+        moe_ffn=getattr(constrain, "moe_ffn", None),  # activation_constraint's, from its mesh
     )
-    return hidden
+    return hidden, routing
 
 
 def sequence_logprobs(
@@ -79,9 +84,14 @@ def sequence_logprobs(
     forward: Forward | None = None,
     constrain: Constrain | None = None,
     segment_ids: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array | None]:
+    replay: jax.Array | None = None,
+    with_routing: bool = False,
+) -> tuple[jax.Array, jax.Array | None] | tuple[jax.Array, jax.Array | None, Routing | None]:
     """Teacher-forced ``log pi(token_p | tokens_<p)`` ``[N, L]`` (and the entropy at each
     position's predicting distribution, ``[N, L]``, if asked); 0 at position 0.
+    MoE models: ``replay [N, L, M, k]`` routes tokens through recorded experts
+    (:meth:`~agentrl_jax.models.qwen3.Qwen3ForCausalLM.hidden_states`); ``with_routing``
+    also returns the forward's :class:`~agentrl_jax.models.moe.Routing` (None if dense).
 
     With ``loss_mask`` the head runs only at those positions (0 elsewhere), in chunks
     (:mod:`agentrl_jax.train.logprobs`; ``forward.loss_positions`` bounds them per row,
@@ -93,9 +103,11 @@ def sequence_logprobs(
     token, so no log-prob reads across a boundary).
     """
     forward = forward or Forward()
-    hidden = _hidden_states(model, tokens, token_mask, forward, constrain, segment_ids)
+    hidden, routing = _hidden_states(
+        model, tokens, token_mask, forward, constrain, segment_ids, replay
+    )
     mask = jnp.ones_like(token_mask, bool) if loss_mask is None else loss_mask
-    return position_logprobs(
+    scores = position_logprobs(
         hidden,
         tokens,
         mask,
@@ -105,6 +117,7 @@ def sequence_logprobs(
         with_entropy=with_entropy,
         sampling=forward.sampling,
     )
+    return (*scores, routing) if with_routing else scores
 
 
 def identity(x):
@@ -122,6 +135,7 @@ def activation_constraint(mesh: Mesh | None) -> Constrain | None:
             x, NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1))))
         )
 
+    constrain.moe_ffn = moe_ffn(mesh)  # the experts' computation on this mesh (sharding.moe_ffn)
     return constrain
 
 
@@ -138,7 +152,7 @@ def critic_values(
     """``V`` of the state each token was sampled in, ``[N, L]`` float32 (0 at position 0;
     packed rows: ``segment_ids``)."""
     forward = forward or Forward()
-    hidden = _hidden_states(model, tokens, token_mask, forward, constrain, segment_ids)
+    hidden, _ = _hidden_states(model, tokens, token_mask, forward, constrain, segment_ids)
     values = (
         jnp.einsum("nld,d->nl", hidden[:, :-1].astype(jnp.float32), head["kernel"]) + head["bias"]
     )

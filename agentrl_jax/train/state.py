@@ -45,9 +45,11 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
+from agentrl_jax.errors import ConfigError
 from agentrl_jax.models import lora
 from agentrl_jax.sharding import QWEN3_PARAM_RULES, PartitionRule, path_string, spec_for
 from agentrl_jax.train.config import TrainConfig
+from agentrl_jax.train.inputs import check_model_inputs
 
 
 @struct.dataclass
@@ -126,7 +128,20 @@ def init_train_state(model: nnx.Module, config: TrainConfig) -> TrainState:
     The copies and optimizer states are made in one jitted call, so they land where the
     parameters are (same shardings) and no op is dispatched eagerly, one by one. Every leaf
     is committed (:func:`commit_state`).
+
+    A ConfigError names the setting that asks a dense model for what only an MoE one has
+    (router loss terms, ``rl.routing_replay``).
     """
+    moe_layers = sum(model.config.moe_layers)
+    try:
+        check_model_inputs(config.algorithm, moe_layers)
+    except ValueError as e:
+        raise ConfigError(f"algorithm.{e}") from None
+    if config.rl.routing_replay and not moe_layers:
+        raise ConfigError(
+            "rl.routing_replay: the model has no MoE layers (a dense model has no routing to "
+            "replay): set it to false or train an MoE model"
+        )
     base = None
     if config.rl.lora is not None:
         if not lora.has_adapters(model):

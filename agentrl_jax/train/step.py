@@ -85,6 +85,7 @@ from agentrl_jax.algorithms import (
     tis_weight,
 )
 from agentrl_jax.models.attention import partitioned
+from agentrl_jax.models.moe import Routing
 from agentrl_jax.models.qwen3 import Constrain
 from agentrl_jax.sharding import BATCH_AXES, QWEN3_PARAM_RULES, PartitionRule, batch_shards
 from agentrl_jax.train.batch import TrainBatch, batch_loss_mask, check_step_wise, windowed_turns
@@ -125,6 +126,7 @@ from agentrl_jax.train.step_metrics import (
     explained_variance,
     explained_variance_sums,
     ratio_sums,
+    routing_differs,
     sampler_gap,
 )
 from agentrl_jax.trajectory import Trajectory
@@ -153,10 +155,13 @@ def _model_scores(
     with_entropy: bool = False,
     base: Any = None,
     adapters: bool = True,
-) -> tuple[jax.Array, jax.Array | None]:
-    """``(logprobs, entropy or None)`` ``[n, L]`` of a (micro-)batch's tokens under ``params``
-    (with LoRA: the adapters, on the frozen ``base``; ``adapters=False`` scores the base)."""
+) -> tuple[jax.Array, jax.Array | None, Routing | None]:
+    """``(logprobs, entropy or None, routing)`` ``[n, L]`` of a (micro-)batch's tokens under
+    ``params`` (with LoRA: the adapters, on the frozen ``base``; ``adapters=False`` scores the
+    base); ``routing``: an MoE model's (None if dense), through the sampler's recorded experts
+    (``mb["recorded_experts"]``) with ``rl.routing_replay`` (the policy only, not the base)."""
     model = nnx.merge(graphdef, params) if base is None else nnx.merge(graphdef, params, base)
+    replay = mb.get("recorded_experts") if config.rl.routing_replay and adapters else None
     return sequence_logprobs(
         model,
         mb["tokens"],
@@ -166,6 +171,8 @@ def _model_scores(
         forward=config.forward if adapters else dataclasses.replace(config.forward, adapters=False),
         constrain=constrain,
         segment_ids=mb.get("segment_ids"),
+        replay=replay,
+        with_routing=True,
     )
 
 
@@ -244,12 +251,16 @@ def prepare_batch(
         "loss_mask": bounded(full_mask) if packing is None else full_mask,
         "recorded_logprobs": recorded_logprobs(traj, config),
     }
+    if traj.experts.shape[2]:  # an MoE policy's sampled routing (replay, routing_differs)
+        data["recorded_experts"] = traj.experts
     to_rows = (lambda x: x) if packing is None else (lambda x: pack(x, packing))
     from_rows = (
         (lambda y: y) if packing is None else (lambda y: unpack(y, packing, *full_mask.shape))
     )
     if packing is not None:
         data = {name: pack(x, packing) for name, x in data.items()}
+        if "recorded_experts" in data:  # empty slots record no experts (-1), not expert 0
+            data["recorded_experts"] = pack(traj.experts + 1, packing) - 1
         # a turn trains in its own sequence only
         data["loss_mask"] = bounded(data["loss_mask"] & packing.trains)
         data["segment_ids"] = packing.segment_ids
@@ -390,7 +401,7 @@ def policy_gradients(
     off_policy = corrects_off_policy(config)
 
     def loss_fn(params, mb):
-        logprobs, entropy = _model_scores(
+        logprobs, entropy, routing = _model_scores(
             graphdef, config, params, mb, constrain, "entropy" in live, base=base
         )
         fields = {name: mb[name] for name in batch_fields if name in mb}
@@ -400,10 +411,16 @@ def policy_gradients(
             fields["old_logprobs"] = (
                 jnp.where(first_update, own, mb["old_logprobs"]) if "old_logprobs" in mb else own
             )
+        router = (None, None) if routing is None else (routing.logits, routing.experts)
         fields.update(
             {
                 name: value
-                for name, value in (("logprobs", logprobs), ("entropy", entropy))
+                for name, value in (
+                    ("logprobs", logprobs),
+                    ("entropy", entropy),
+                    ("router_logits", router[0]),
+                    ("router_experts", router[1]),
+                )
                 if name in live
             }
         )
@@ -424,6 +441,10 @@ def policy_gradients(
         if "old_logprobs" in fields:
             sums.update(
                 ratio_sums(jax.lax.stop_gradient(logprobs), fields["old_logprobs"], mb["loss_mask"])
+            )
+        if routing is not None and "recorded_experts" in mb:
+            sums["routing_differs"] = routing_differs(
+                jax.lax.stop_gradient(routing.logits), mb["recorded_experts"], mb["loss_mask"]
             )
         if track_gap:
             sums["sampler_gap_mean"], peaks["sampler_gap_max"] = sampler_gap(

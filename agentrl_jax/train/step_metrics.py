@@ -1,6 +1,6 @@
 """The train step's diagnostics as unreduced sums (so micro-batches add up exactly): the
-importance ratio against the old policy, the critic's explained variance, and the gap between
-the sampler's and the trainer's log-probs.
+importance ratio against the old policy, the critic's explained variance, the gap between
+the sampler's and the trainer's log-probs, and (MoE) how often their routings differ.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from agentrl_jax.algorithms import LossSum, aggregation, policy_ratio
+from agentrl_jax.models import moe
 
 
 def sampler_gap(
@@ -20,6 +21,17 @@ def sampler_gap(
     sum (:class:`LossSum`, exact over micro-batches) and its maximum (0 for an empty mask)."""
     gap = jnp.abs(trainer - sampler)
     return _token_mean_sum(gap, mask), jnp.max(jnp.where(mask, gap, 0.0), initial=0.0)
+
+
+def routing_differs(logits: jax.Array, recorded: jax.Array, mask: jax.Array) -> LossSum:
+    """The share of (token, MoE layer) pairs whose router's own top-k (from ``logits [N, L, M,
+    E]``) is another set of experts than the sampler recorded (``recorded [N, L, M, k]``), over
+    the tokens of ``mask [N, L]`` that have a record: a token-mean sum (exact over
+    micro-batches) of each token's share of differing layers."""
+    n, length, layers, experts = logits.shape
+    differs = moe.differs(logits.reshape(-1, experts), recorded.reshape(-1, recorded.shape[-1]))
+    share = jnp.mean(differs.reshape(n, length, layers).astype(jnp.float32), axis=-1)
+    return _token_mean_sum(share, mask & jnp.all(recorded >= 0, axis=(-2, -1)))
 
 
 def _token_mean_sum(x: jax.Array, mask: jax.Array) -> LossSum:

@@ -30,6 +30,7 @@ ROOT = HERE.parents[1]
 
 H100_8 = ["--gpu", "h100", "--gpus", "8"]
 H100_1 = ["--gpu", "h100", "--gpus", "1"]
+V5P_64 = ["--topology", "v5p:4x4x2"]  # v5p-64: 32 chips (64 TensorCores)
 V5P_64_COLOCATED = ["--topology", "v5p:4x4x2", "--set", "mesh.data=8", "--set", "mesh.fsdp=4"]
 V5P_64_SPLIT = [
     *["--topology", "v5p:4x4x2", "--set", "mesh.data=4", "--set", "mesh.fsdp=4"],
@@ -68,6 +69,37 @@ PLANS: dict[str, tuple[str, list[str]]] = {
     "frozenlake_qwen3_8b_tpu_v5p-4x4x2_split": (
         "frozenlake_qwen3_8b_tpu",
         [*V5P_64_SPLIT, "--set", "rl.num_micro_batches=32"],
+    ),
+    # Qwen3-30B-A3B (issue #58): a v5p-64 slice (32 chips) with expert parallelism (fsdp 4 x
+    # expert 8), full-parameter; eight H100s full-parameter (does NOT fit: DOES_NOT_FIT) and LoRA;
+    # the LoRA config on the v5p-64 slice with the TPU config's mesh
+    "frozenlake_qwen3_30b_a3b_tpu_v5p-4x4x2": ("frozenlake_qwen3_30b_a3b_tpu", V5P_64),
+    "frozenlake_qwen3_30b_a3b_gpu_8xh100_xla-gpu": ("frozenlake_qwen3_30b_a3b_gpu", H100_8),
+    "frozenlake_qwen3_30b_a3b_lora_gpu_8xh100_xla-gpu": (
+        "frozenlake_qwen3_30b_a3b_lora_gpu",
+        H100_8,
+    ),
+    "frozenlake_qwen3_30b_a3b_lora_gpu_v5p-4x4x2": (
+        "frozenlake_qwen3_30b_a3b_lora_gpu",
+        [
+            *V5P_64,
+            "--set",
+            "mesh.fsdp=4",
+            "--set",
+            "mesh.expert=8",
+            "--set",
+            "rl.num_micro_batches=16",
+        ],
+    ),
+}
+
+# Plans stored to show that a config does NOT fit its target, and why (every other stored plan
+# fits with 15% headroom: tests/test_plans_stored.py).
+DOES_NOT_FIT: dict[str, str] = {
+    "frozenlake_qwen3_30b_a3b_gpu_8xh100_xla-gpu": (
+        "full-parameter Qwen3-30B-A3B on 8 x 80 GB: the train state alone (float32 policy, "
+        "AdamW moments and KL reference, 16 bytes a parameter) is 56.8 GiB a GPU; the train "
+        "step needs more than the 67.2 GiB that leave 15%"
     ),
 }
 
