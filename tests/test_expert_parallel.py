@@ -249,6 +249,7 @@ def test_the_30b_a3b_configs_hold_the_papers_numbers_on_an_expert_mesh():
         assert (arch.num_experts, arch.num_experts_per_tok, arch.num_hidden_layers) == (128, 8, 48)
         assert arch.num_experts % config.mesh.expert == 0
         assert (config.task.t_max, config.rl.group_size) == (70, 16)
+        assert config.rl.routing_replay  # R3 on every MoE config
         assert config.eval.pass_k_samples == 128 and config.engine.kv_page_size is None
         for spec in config.rl.resolved_runs():
             tc = train_config(config, spec)

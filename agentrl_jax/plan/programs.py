@@ -389,8 +389,12 @@ def abstract_train_state(model: nnx.Module, config: TrainConfig, mesh) -> Any:
     return _abstract(state, state_shardings(state, mesh))
 
 
-def abstract_batch(rows: int, length: int, turns: int, mesh) -> TrainBatch:
-    batch = jax.eval_shape(lambda: TrainBatch(Trajectory.zeros(rows, length, turns)))
+def abstract_batch(
+    rows: int, length: int, turns: int, mesh, routing: tuple[int, int] = (0, 0)
+) -> TrainBatch:
+    """A rollout batch's shapes in their mesh layout; ``routing``: an MoE policy's ``(M, k)``
+    (its trajectories carry the experts of every sampled token, ``Trajectory.experts``)."""
+    batch = jax.eval_shape(lambda: TrainBatch(Trajectory.zeros(rows, length, turns, routing)))
     return _abstract(batch, batch_shardings(batch, mesh))
 
 
@@ -408,7 +412,9 @@ def plan_train_step(
 ) -> ProgramPlan:
     """Compile the (donating) train step for ``rows x length`` batches on ``mesh``."""
     state = abstract_train_state(model, config, mesh)
-    batch = abstract_batch(rows, length, turns, mesh)
+    moe_layers = sum(model.config.moe_layers)
+    routing = (moe_layers, model.config.num_experts_per_tok) if moe_layers else (0, 0)
+    batch = abstract_batch(rows, length, turns, mesh, routing)
     step = make_train_step(
         nnx.graphdef(train_model(model, config)),
         config,
