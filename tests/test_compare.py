@@ -136,3 +136,15 @@ def test_cpu_flags_phases_json_cannot_read_are_not_guessed(copy, flags):
     assert "phases.json records no CPU features of the run" in result.output
     (copy / "phases.json").write_text("[1, 2")  # not JSON at all: no machine known either
     assert "records no CPU features" in run_compare(str(copy)).output
+
+
+def test_the_stored_references_are_of_todays_built_in_default():
+    """A new config field changes the default run's config.yaml, and `compare` then finds no
+    reference for it: rerun `agentrl-jax reproduce frozenlake`, check that `compare` finds
+    everything else identical against the reference given the new sha256, and store that."""
+    import hashlib
+
+    from agentrl_jax.reproduce.config import default_config, dump_config
+
+    today = hashlib.sha256(dump_config(default_config("frozenlake")).encode()).hexdigest()
+    assert {r.config_sha256 for r in compare.references()} == {today}
