@@ -26,8 +26,8 @@ initial and by the final parameters with the same sampling key, success and the 
 rate rise. The margins are a fraction of the effect measured over several seeds (GRPO's
 R_multi rises from about 0.15 to about 0.5), not tuned numbers.
 
-GRPO: the default terms, one update per rollout batch; LoRA GRPO (issue #47): the same, training
-adapters on a frozen base (its own tiny policy and control, see LORA_GRPO). PPO: the paper's (GAE
+GRPO: the default terms, one update per rollout batch (LoRA GRPO and MoE GRPO with routing
+replay: tests/test_frozenlake_learning_lora_moe.py). PPO: the paper's (GAE
 on a learned critic, clipped ratio 0.2, KL 0.001, clipped value loss 0.5) with 2 epochs x 2
 mini-batches per rollout batch: 4 updates per batch, rows shuffled per epoch; each batch's first
 update has ratio exactly 1 and later ones move off it (some clipped).
@@ -48,7 +48,6 @@ from frozenlake_learning import (
 )
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
-from agentrl_jax.models.lora import LoraConfig
 from agentrl_jax.train import RLConfig, TrainConfig
 
 # ~3 min on the shared 2-core CPU, a third of it compiling; at -O1 (tests/conftest.py): the rollouts
@@ -102,19 +101,6 @@ DAPO = TrainConfig(
 # synchronous GRPO's 0.06 ... 0.41, 0.38, on this CPU); 5e-2 makes up for it within the 10 steps.
 ASYNC_GRPO = dataclasses.replace(
     GRPO, rl=dataclasses.replace(GRPO.rl, max_staleness=1, learning_rate=5e-2)
-)
-
-
-# GRPO training LoRA adapters (rank 8, alpha 32, every attention and MLP projection) on the
-# frozen base: the optimizer holds the adapters only and the KL reference is the base with the
-# adapters off. Its policy's weights are N(0, 0.4), not the others' N(0, 0.1): at 0.1 the
-# tiny model's answers are set by its embeddings and norms, which LoRA leaves frozen (measured:
-# training only the seven projections, at full rank and without LoRA, does not learn there
-# within the 10 steps either), while at 0.4 the layers shape them.
-LORA_STD = 0.4
-LORA_GRPO = dataclasses.replace(
-    GRPO,
-    rl=dataclasses.replace(GRPO.rl, lora=LoraConfig(rank=8, alpha=32.0), learning_rate=5e-2),
 )
 
 
@@ -206,35 +192,3 @@ def test_async_grpo_samples_one_update_behind_and_learns_beyond_the_control(asyn
     assert trained[0]["R_multi"] == async_grpo.control[0]["R_multi"]
     assert all(0 < m["off_policy/weight"] <= 2.0 for m in trained)
     assert_learns_beyond_the_control(async_grpo)
-
-
-@pytest.fixture(scope="module")
-def lora_grpo() -> Run:
-    return learning_run(LORA_GRPO, std=LORA_STD)
-
-
-def test_lora_grpo_learns_beyond_the_control_with_the_base_frozen(lora_grpo):
-    assert all(np.isfinite(m["loss"]) and m["update_skipped"] == 0 for m in lora_grpo.trained)
-    assert_learns_beyond_the_control(lora_grpo)
-    assert_held_out_success_rises(lora_grpo)
-
-
-# GRPO on a tiny Qwen3 MoE (4 experts of width 16, 2 per token, in both layers) with routing
-# replay: the rollouts record each sampled token's experts and the updates route those tokens
-# through them (issue #58).
-MOE = (("num_experts", 4), ("num_experts_per_tok", 2), ("moe_intermediate_size", 16))
-MOE_GRPO = dataclasses.replace(GRPO, rl=dataclasses.replace(GRPO.rl, routing_replay=True))
-
-
-@pytest.fixture(scope="module")
-def moe_grpo() -> Run:
-    return learning_run(MOE_GRPO, model=MOE)
-
-
-def test_moe_grpo_with_routing_replay_learns_beyond_the_control(moe_grpo):
-    trained = moe_grpo.trained
-    assert all(np.isfinite(m["loss"]) and m["update_skipped"] == 0 for m in trained)
-    # the sampled tokens' experts reached the train step: the router's own choice is reported
-    assert all(0 <= m["routing_differs"] < 0.5 for m in trained)
-    assert_learns_beyond_the_control(moe_grpo)
-    assert_held_out_success_rises(moe_grpo)
