@@ -8,7 +8,8 @@ A mesh has four named axes:
   every MoE layer's experts, whole). For everything else it is a second ``fsdp``: the batch
   (and so every activation's rows) is split over it, and the other weights' ZeRO dimension
   over ``fsdp`` x ``expert``. A token meets the experts it is routed to on their devices
-  (:func:`moe_ffn`); a dense model gains nothing from it (size 1, the default);
+  (:func:`agentrl_jax.models.moe.moe_ffn`); a dense model gains nothing from it (size 1, the
+  default);
 * ``tensor`` - attention heads and MLP columns split (Megatron style).
 
 Partition rules map a parameter's path (``"layers/q_proj"``, ``"embed_tokens"``, ...) to a
@@ -415,7 +416,6 @@ __all__ = [
     "describe_mesh",
     "device_grid",
     "expert_shards",
-    "moe_ffn",
     "per_process_mesh_shape",
     "per_slice_mesh_shape",
     "shard_tree",
@@ -508,51 +508,6 @@ def batch_shards(mesh: Mesh) -> int:
 
 
 # ---------------------------------------------------------------------------- expert parallelism
-EXPERT_EXCHANGES = ("shard_map", "compiler")
-"""How tokens reach the experts of an ``expert`` axis (:func:`moe_ffn`)."""
-
-
 def expert_shards(mesh: Mesh | None) -> int:
     """The size of a mesh's ``expert`` axis (1 without a mesh or without the axis)."""
     return 1 if mesh is None else int(mesh.shape.get("expert", 1))
-
-
-def moe_ffn(mesh: Mesh | None, exchange: str = "shard_map"):
-    """The experts' computation a forward on ``mesh`` passes to the model
-    (``Qwen3ForCausalLM.hidden_states(..., moe_ffn=...)``), or None for the default
-    (:func:`~agentrl_jax.models.moe.experts_ffn` under the caller's ``jit``).
-
-    On a mesh whose ``expert`` axis has more than one device, ``exchange="shard_map"`` gives
-    :func:`~agentrl_jax.models.moe.expert_parallel` over it: each device all-gathers the
-    tokens of its expert group (rows split over :data:`BATCH_AXES`), computes the assignments
-    to the ``E / expert`` experts it holds, and the partial outputs are reduce-scattered back
-    onto the tokens' devices; the expert weights are never gathered over ``expert`` (over
-    ``fsdp`` and ``tensor``, where they are split, once per layer as ZeRO does).
-    ``exchange="compiler"``: None, the experts' ``E`` split by the partition rules alone and
-    the exchange left to XLA's SPMD partitioner (on 8 fake CPU devices it splits the grouped
-    matmuls by expert and all-reduces the ``[T * k, H]`` rows over the mesh). The train step
-    on Qwen3-30B-A3B measured 56.8 GiB a v5p chip with the first, 117 with the second
-    (docs/hardware.md, "Qwen3-30B-A3B"). Without an expert axis: None."""
-    if exchange not in EXPERT_EXCHANGES:
-        raise ValueError(f"exchange must be one of {EXPERT_EXCHANGES}, got {exchange!r}")
-    if expert_shards(mesh) <= 1 or exchange == "compiler":
-        return None
-    from agentrl_jax.models import moe  # here: agentrl_jax.models imports this module
-
-    batch = tuple(axis for axis in BATCH_AXES if axis != "expert")
-    parallel = moe.expert_parallel(mesh, "expert", batch)
-    experts_split, tokens_split = expert_shards(mesh), batch_shards(mesh)
-
-    def ffn(x, experts, weights, gate, up, down):
-        if gate.shape[0] % experts_split:
-            raise ValueError(
-                f"mesh.expert={experts_split} must divide the model's {gate.shape[0]} experts"
-            )
-        if x.shape[0] % tokens_split:
-            raise ValueError(
-                f"expert parallelism splits a forward's tokens over data x fsdp x expert "
-                f"({tokens_split} devices), which do not divide its {x.shape[0]} tokens"
-            )
-        return parallel(x, experts, weights, gate, up, down)
-
-    return ffn

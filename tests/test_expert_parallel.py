@@ -1,5 +1,5 @@
 """Expert parallelism (issue #58): the ``expert`` mesh axis (``MeshConfig.expert``), the partition
-rules that split the experts over it, and :func:`agentrl_jax.sharding.moe_ffn`, the experts'
+rules that split the experts over it, and :func:`agentrl_jax.models.moe.moe_ffn`, the experts'
 computation a forward on such a mesh runs (``moe.expert_parallel`` under ``shard_map``).
 
 On 8 fake CPU devices (a child process: JAX fixes its device count at import), with the real
@@ -30,7 +30,6 @@ from agentrl_jax.sharding import (
     QWEN3_PARAM_RULES,
     MeshConfig,
     generation_rules,
-    moe_ffn,
     resolve_layout,
     spec_for,
 )
@@ -87,6 +86,8 @@ def test_the_rules_split_the_experts_over_expert_and_the_rest_over_fsdp_and_expe
 
 
 def test_moe_ffn_is_expert_parallel_only_on_an_expert_axis():
+    from agentrl_jax.models.moe import moe_ffn
+
     assert moe_ffn(None) is None
     assert moe_ffn(AbstractMesh((8, 1, 1, 1), MESH_AXES)) is None
     with pytest.raises(ValueError, match="exchange must be one of"):
@@ -99,8 +100,9 @@ import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from agentrl_jax.models import moe
+from agentrl_jax.models.moe import moe_ffn
 from agentrl_jax.sharding import (BATCH_AXES, QWEN3_PARAM_RULES, MeshConfig, build_mesh,
-                                  moe_ffn, tree_shardings)
+                                  tree_shardings)
 
 assert jax.device_count() == 8
 E, H, I, T, K = 8, 16, 12, 64, 2
@@ -285,8 +287,9 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from agentrl_jax import distributed
 from agentrl_jax.models import moe
+from agentrl_jax.models.moe import moe_ffn
 from agentrl_jax.sharding import (BATCH_AXES, QWEN3_PARAM_RULES, MeshConfig, build_mesh,
-                                  moe_ffn, tree_shardings)
+                                  tree_shardings)
 
 me = jax.process_index()
 assert jax.device_count() == 8 and jax.local_device_count() == 4

@@ -41,6 +41,10 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.models.attention import target_platform
+from agentrl_jax.sharding import BATCH_AXES, batch_shards, expert_shards
+
+EXPERT_EXCHANGES = ("shard_map", "compiler")
+"""How tokens reach the experts of an ``expert`` mesh axis (:func:`moe_ffn`)."""
 
 # recorded expert ids (routing replay): up to 32767 experts, -1 for none
 EXPERT_ID_DTYPE = jnp.int16
@@ -253,6 +257,45 @@ def expert_parallel(mesh: Mesh, axis: str = "expert", batch_axes: tuple[str, ...
         in_specs=(tokens_spec, tokens_spec, tokens_spec, experts_spec, experts_spec, experts_spec),
         out_specs=tokens_spec,
     )
+
+
+def moe_ffn(mesh: Mesh | None, exchange: str = "shard_map"):
+    """The experts' computation a forward on ``mesh`` passes to the model
+    (``Qwen3ForCausalLM.hidden_states(..., moe_ffn=...)``), or None for the default
+    (:func:`experts_ffn` under the caller's ``jit``).
+
+    On a mesh whose ``expert`` axis has more than one device, ``exchange="shard_map"`` gives
+    :func:`expert_parallel` over it: each device all-gathers the
+    tokens of its expert group (rows split over :data:`BATCH_AXES`), computes the assignments
+    to the ``E / expert`` experts it holds, and the partial outputs are reduce-scattered back
+    onto the tokens' devices; the expert weights are never gathered over ``expert`` (over
+    ``fsdp`` and ``tensor``, where they are split, once per layer as ZeRO does).
+    ``exchange="compiler"``: None, the experts' ``E`` split by the partition rules alone and
+    the exchange left to XLA's SPMD partitioner (on 8 fake CPU devices it splits the grouped
+    matmuls by expert and all-reduces the ``[T * k, H]`` rows over the mesh). The train step
+    on Qwen3-30B-A3B measured 56.8 GiB a v5p chip with the first, 117 with the second
+    (docs/hardware.md, "Qwen3-30B-A3B"). Without an expert axis: None."""
+    if exchange not in EXPERT_EXCHANGES:
+        raise ValueError(f"exchange must be one of {EXPERT_EXCHANGES}, got {exchange!r}")
+    if expert_shards(mesh) <= 1 or exchange == "compiler":
+        return None
+    batch = tuple(axis for axis in BATCH_AXES if axis != "expert")
+    parallel = expert_parallel(mesh, "expert", batch)
+    experts_split, tokens_split = expert_shards(mesh), batch_shards(mesh)
+
+    def ffn(x, experts, weights, gate, up, down):
+        if gate.shape[0] % experts_split:
+            raise ValueError(
+                f"mesh.expert={experts_split} must divide the model's {gate.shape[0]} experts"
+            )
+        if x.shape[0] % tokens_split:
+            raise ValueError(
+                f"expert parallelism splits a forward's tokens over data x fsdp x expert "
+                f"({tokens_split} devices), which do not divide its {x.shape[0]} tokens"
+            )
+        return parallel(x, experts, weights, gate, up, down)
+
+    return ffn
 
 
 def moe_block(

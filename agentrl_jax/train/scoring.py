@@ -17,10 +17,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from agentrl_jax.models.moe import Routing
+from agentrl_jax.models.moe import Routing, moe_ffn
 from agentrl_jax.models.qwen3 import Constrain, packed_positions, positions_from_mask
 from agentrl_jax.sampling.filters import SamplingConfig
-from agentrl_jax.sharding import BATCH_AXES, moe_ffn
+from agentrl_jax.sharding import BATCH_AXES
 from agentrl_jax.train.logprobs import position_logprobs
 
 
@@ -135,7 +135,7 @@ def activation_constraint(mesh: Mesh | None) -> Constrain | None:
             x, NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1))))
         )
 
-    constrain.moe_ffn = moe_ffn(mesh)  # the experts' computation on this mesh (sharding.moe_ffn)
+    constrain.moe_ffn = moe_ffn(mesh)  # the experts' computation on this mesh (models.moe.moe_ffn)
     return constrain
 
 
