@@ -24,6 +24,7 @@ from flax import nnx
 
 from agentrl_jax.bench.report import BenchResult, median_time
 from agentrl_jax.models.config import MOE_MODEL_TYPE
+from agentrl_jax.plan.programs import qwen3_hf_config
 
 # Model shapes (``transformers`` config fields; with ``num_experts``, a Qwen3 MoE).
 # "qwen3-0.6b-2layers" is Qwen3-0.6B's config.json with 28 layers cut to 2,
@@ -64,25 +65,7 @@ CONFIGS = {
         num_experts_per_tok=2,
         norm_topk_prob=True,
     ),
-    "qwen3-30b-a3b-1layer": dict(
-        vocab_size=151_936,
-        hidden_size=2048,
-        intermediate_size=6144,
-        moe_intermediate_size=768,
-        num_hidden_layers=1,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        head_dim=128,
-        num_experts=128,
-        num_experts_per_tok=8,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        tie_word_embeddings=False,
-        rope_theta=1_000_000.0,
-        max_position_embeddings=40_960,
-        rms_norm_eps=1e-6,
-    ),
+    "qwen3-30b-a3b-1layer": qwen3_hf_config("qwen3-30b-a3b", num_hidden_layers=1),
 }
 DENSE_CONFIGS = ("tiny", "qwen3-0.6b-2layers")  # run()'s default (the MoE sizes are opt-in)
 DTYPES = {"float32": (jnp.float32, "float32"), "bfloat16": (jnp.bfloat16, "bfloat16")}

@@ -59,6 +59,7 @@ from flax import nnx
 from agentrl_jax.bench.forward import hf_implementation
 from agentrl_jax.bench.report import BenchResult, median_time
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM, export_qwen3
+from agentrl_jax.plan.programs import qwen3_hf_config
 from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_train_step
 from agentrl_jax.trajectory import Trajectory
 
@@ -96,19 +97,8 @@ SIZES = {
         num_experts_per_tok=2,
         norm_topk_prob=True,
     ),
-    "qwen3-30b-a3b-1l-32e-v16k": dict(
-        vocab_size=16384,
-        hidden_size=2048,
-        intermediate_size=6144,
-        moe_intermediate_size=768,
-        num_hidden_layers=1,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        head_dim=128,
-        num_experts=32,
-        num_experts_per_tok=8,
-        norm_topk_prob=True,
-        rope_theta=1_000_000.0,
+    "qwen3-30b-a3b-1l-32e-v16k": qwen3_hf_config(
+        "qwen3-30b-a3b", num_hidden_layers=1, num_experts=32, vocab_size=16384
     ),
 }
 GROUP_SIZE = 4

@@ -21,6 +21,7 @@ from agentrl_jax.plan.programs import (
     model_config,
     plan,
     qwen3_config,
+    qwen3_hf_config,
     refused_plan,
 )
 from agentrl_jax.plan.targets import (
@@ -58,6 +59,7 @@ __all__ = [
     "model_config",
     "plan",
     "qwen3_config",
+    "qwen3_hf_config",
     "refused_plan",
     "tpu_target",
 ]

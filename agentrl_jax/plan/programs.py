@@ -179,6 +179,15 @@ class ProgramPlan:
         }
 
 
+def qwen3_hf_config(name: str, **cuts: Any) -> dict[str, Any]:
+    """The ``config.json`` fields of the Qwen3 model ``name`` (a key of
+    ``QWEN3_ARCHITECTURES``) with ``cuts`` over them (e.g. ``num_hidden_layers=1``): the one
+    table benchmarks take a real model's shapes from."""
+    common = {k: v for k, v in _COMMON.items() if k != "eos_token_ids"}  # not a config.json field
+    fields = {**common, **QWEN3_ARCHITECTURES[name], **cuts}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}  # JSON lists
+
+
 def qwen3_config(name: str) -> Qwen3Config:
     """The architecture of a Qwen3 model by name (a key of ``QWEN3_ARCHITECTURES``)."""
     return Qwen3Config(**_COMMON, **QWEN3_ARCHITECTURES[name])
