@@ -478,3 +478,44 @@ def test_a_weight_map_that_is_not_names_to_names_is_named(tmp_path):
 
 def test_the_untampered_sharded_index_loads(sharded):
     assert FIRST in index_checkpoint(sharded)
+
+
+@pytest.mark.parametrize(
+    "experts, problem",
+    [
+        (np.full((8, 24, 2, 2), -1, np.int16), ""),  # an MoE policy's record: M = k = 2
+        (None, ""),  # a dense policy's: left out of the checkpoint, restored empty
+        (
+            np.zeros((8, 24, 2, 2), np.float32),
+            "batch 0's trajectory.experts is float32[8, 24, 2, 2]",
+        ),
+        (np.zeros((8, 24, 2), np.int16), "batch 0's trajectory.experts is int16[8, 24, 2]"),
+        (np.zeros((4, 24, 2, 2), np.int16), "batch 0's trajectory.experts is int16[4, 24, 2, 2]"),
+        ("experts", 'batch 0\'s trajectory.experts is "experts", expected an array'),
+    ],
+    ids=["moe", "dense", "float", "rank 3", "other rows", "a string"],
+)
+def test_the_recorded_experts_of_a_batch_ahead_are_checked(experts, problem):
+    """A batch sampled ahead by an MoE policy carries the experts of its sampled tokens
+    (routing replay): ``int16[N, L, M, k]``; anything else is named, never read."""
+    from agentrl_jax.train.checkpoint import _pending_arrays
+    from agentrl_jax.train.restore_checks import (
+        PendingExpectation,
+        array_spec,
+        pending_arrays_problem,
+    )
+
+    arrays, _ = _pending_arrays(_ahead()[:1])
+    if experts is None:
+        arrays["0"]["trajectory"].pop("experts", None)
+    else:
+        arrays["0"]["trajectory"]["experts"] = experts
+    expected = PendingExpectation(
+        step=STEP,
+        data_position=POSITION,
+        position_max=2**31 - 1,
+        rng=array_spec(np.asarray(jax.random.PRNGKey(0))),
+        batch=BatchShape(rows=8, turns=3, tokens=24),
+    )
+    got = pending_arrays_problem(arrays, 1, expected)
+    assert got.startswith(problem) if problem else got == "", got
