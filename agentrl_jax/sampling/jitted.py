@@ -373,12 +373,18 @@ class Sampler:
         sampling: SamplingConfig,
         budget: Any = None,
         active: Any = None,
+        offset: Any = None,
     ) -> tuple[SamplerState, SampleOutput]:
         """Jitted :func:`decode`. key: one key, or one per row (``[B]`` typed keys or their
         ``[B, 2]`` uint32 data); budget: ``[B]`` int (default ``max_new_tokens``); active:
-        ``[B]`` bool (default all rows)."""
+        ``[B]`` bool (default all rows); offset: ``[B]`` int, each row's first step's number
+        (per-row keys; None: 0; not with a paged cache on a mesh)."""
+        if offset is not None:
+            if self.sharded_pages:
+                raise NotImplementedError("decode: step offsets with a paged cache on a mesh")
+            offset = self._batch_put(offset, jnp.int32)
         return self._decode(
-            *self._decode_args(params, state, key, budget, active), sampling=sampling
+            *self._decode_args(params, state, key, budget, active), offset, sampling=sampling
         )
 
     def lower_decode(
@@ -508,9 +514,9 @@ class Sampler:
             self.prefill_chunk,
         )
 
-    def _decode_impl(self, params, state, key, budget, active, *, sampling):
+    def _decode_impl(self, params, state, key, budget, active, offset=None, *, sampling):
         self.trace_counts["decode"] += 1
-        run = functools.partial(self._decode_local, sampling=sampling)
+        run = functools.partial(self._decode_local, sampling=sampling, offset=offset)
         if self.sharded_pages:
             if key.ndim != 2:
                 raise ValueError(
@@ -536,6 +542,7 @@ class Sampler:
         sampling,
         constrain=lambda x: x,
         sample_fn=sample,
+        offset=None,
     ):
         if key.ndim == 2:  # per-row key data
             key = jax.random.wrap_key_data(key)
@@ -552,4 +559,5 @@ class Sampler:
             unroll_layers=self.unroll_layers,
             constrain=constrain,
             sample_fn=sample_fn,
+            offset=offset,
         )

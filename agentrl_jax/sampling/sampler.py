@@ -339,10 +339,15 @@ def release_rows(state: SamplerState, rows: jax.Array) -> SamplerState:
     )
 
 
-def step_keys(key: jax.Array, t: jax.Array) -> jax.Array:
-    """Decode step ``t``'s key(s): ``fold_in(key, t)`` of one key, or of each of ``[B]`` keys."""
+def step_keys(key: jax.Array, t: jax.Array, offset: jax.Array | None = None) -> jax.Array:
+    """Decode step ``t``'s key(s): ``fold_in(key, t)`` of one key, or of each of ``[B]`` keys;
+    with ``offset [B]`` (per-row keys only) ``fold_in(key[b], t + offset[b])``."""
     if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 1:
+        if offset is not None:
+            return jax.vmap(jax.random.fold_in)(key, t + offset.astype(jnp.int32))
         return jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, t)
+    if offset is not None:
+        raise ValueError("decode: a step offset needs one key per row")
     return jax.random.fold_in(key, t)
 
 
@@ -382,6 +387,7 @@ def decode(
     unroll_layers: bool = False,
     constrain: Callable[[Any], Any] = lambda x: x,
     sample_fn: Sample = sample,
+    offset: jax.Array | None = None,
 ) -> tuple[SamplerState, SampleOutput]:
     """Sample up to ``min(budget[b], max_new_tokens)`` tokens for each ``active`` row.
 
@@ -390,7 +396,10 @@ def decode(
     every sampled token cached, and the samples.
     ``unroll_layers``: run the layers unrolled from :meth:`Qwen3ForCausalLM.split_layers`.
     ``sample_fn``: draws each step's tokens (default :func:`sample`; see
-    :func:`rows_local_sample`).
+    :func:`rows_local_sample`). ``offset``: ``[B]`` int, with per-row keys: row ``b``'s step
+    ``t`` draws with ``fold_in(key[b], offset[b] + t)``, so a response decoded in pieces of
+    ``k`` tokens (offsets 0, k, 2k, ...) is the one a single call samples (continuous
+    batching, :mod:`agentrl_jax.serve.engine`).
     """
     layers = model.split_layers() if unroll_layers else None
     batch = state.hidden.shape[0]
@@ -424,7 +433,7 @@ def decode(
             )
             state, no_page = state.replace(cache=cache), running & ~no_room & ~got
         running = running & ~no_room & ~no_page
-        tokens, sampling_lp = sample_fn(step_keys(key, t), logits, sampling)
+        tokens, sampling_lp = sample_fn(step_keys(key, t, offset), logits, sampling)
 
         def column(buffer, values):
             old = jax.lax.dynamic_index_in_dim(buffer, t, axis=1, keepdims=False)

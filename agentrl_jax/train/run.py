@@ -39,6 +39,7 @@ parameters come back as host (NumPy) arrays then.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from pathlib import Path
@@ -56,6 +57,7 @@ from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
 from agentrl_jax.sampling import SamplerPolicy
 from agentrl_jax.sampling.config import kv_cache_bytes
 from agentrl_jax.sampling.weights import sync_weights
+from agentrl_jax.serve.agents import AgentEnv, serving
 from agentrl_jax.sharding import data_mesh, device_memory_bytes, rollout_devices, training_mesh
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import Config, train_config
@@ -107,10 +109,18 @@ def train_policy(
     vocab = policy.config.vocab_size
     valid = len(tokenizer) if len(tokenizer) < vocab else None
     update = train_config(config, run, valid)
-    runner = MultiTurnRollout(text_env, tokenizer, rollout_config(config, run, valid))
+    agent = isinstance(text_env, AgentEnv)  # an agent program, served (serve/agents.py)
+    runner = (
+        None if agent else MultiTurnRollout(text_env, tokenizer, rollout_config(config, run, valid))
+    )
     processes = distributed.is_multiprocess()
     trained = train_model(policy, update)  # with rl.lora: adapters on the shared weights
     sampler = rollout_sampler(trained, config, mesh)  # with rl.lora: applies the adapters
+    shape = (
+        BatchShape(turns=text_env.max_turns, tokens=config.task.max_context)
+        if agent
+        else BatchShape(turns=runner.num_turns, tokens=runner.config.record_length)
+    )
     state = place_state(init_train_state(trained, update), mesh)
     # the step donates its input state: train on a copy, so the model keeps its parameters (a
     # LoRA run's frozen base is never donated: it stays the model's own weights)
@@ -122,9 +132,7 @@ def train_policy(
         state = restored.state
         pending = [
             dataclasses.replace(p, rng=_like(p.rng, state.rng))
-            for p in checkpointer.restore_pending(
-                restored, BatchShape(turns=runner.num_turns, tokens=runner.config.record_length)
-            )
+            for p in checkpointer.restore_pending(restored, shape)
         ]
         if config.rl.max_staleness and not pending and int(state.step) < config.rl.steps:
             warnings.warn(
@@ -141,7 +149,12 @@ def train_policy(
         state_template=state if mesh is not None else None,
     )
     logger = _logger(config, run, out, int(state.step), metadata) if distributed.is_main() else None
-    play = runner.for_training(sampler)
+    stack = contextlib.ExitStack()
+    play = (
+        stack.enter_context(serving(trained, tokenizer, text_env, config))
+        if agent
+        else runner.for_training(sampler)
+    )
 
     def publish(params):  # the parameters the sampler reads, copied on device
         return sync_weights(
@@ -157,6 +170,8 @@ def train_policy(
     )
 
     def rollout(params, key, tasks):
+        if agent:  # the server's engine places them on its device itself
+            return trim_tokens(play(params, key, tasks))
         # the train state's parameters (synchronous loop) to the sampler's devices, where they
         # are not there yet (several processes, rollout devices of their own)
         if jax.tree.leaves(params)[0].sharding.device_set != sampler_devices:
@@ -187,6 +202,7 @@ def train_policy(
         if logger is not None:
             logger.close()
         checkpointer.close()
+        stack.close()
     params = policy_params(state, update)  # with LoRA: the adapters merged into the weights
     return distributed.host_value(params) if processes else params
 
