@@ -28,6 +28,26 @@ def bench_env(
     emit(env.run(batch_sizes=batch, steps=steps, repeats=repeats), json_out)
 
 
+@app.command("serve")
+def bench_serve(
+    json_out: bool = JSON_OPT,
+    shape: str = typer.Option("tiny", help="The model's shape: tiny or qwen3-0.6b-2layers."),
+    clients: int = typer.Option(32, min=1, help="Concurrent multi-turn clients."),
+    turns: int = typer.Option(3, min=1, help="Turns per conversation."),
+    max_tokens: int = typer.Option(16, min=1, help="Tokens per completion."),
+    slots: int = typer.Option(32, min=1, help="The engine's rows."),
+) -> None:
+    """The policy server under concurrent multi-turn clients vs the engine alone (same work)."""
+    from agentrl_jax.bench import serve
+
+    if shape not in ("tiny", "qwen3-0.6b-2layers"):
+        raise typer.BadParameter(f"--shape: tiny or qwen3-0.6b-2layers, got {shape!r}")
+    emit(
+        serve.run(shape=shape, clients=clients, turns=turns, max_tokens=max_tokens, slots=slots),
+        json_out,
+    )
+
+
 @app.command("qstar")
 def bench_qstar(
     json_out: bool = JSON_OPT,

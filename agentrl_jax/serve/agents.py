@@ -117,7 +117,8 @@ class AgentRunner:
     """Plays an :class:`AgentEnv`'s episodes through ``server`` (served at ``base_url``,
     ``.../v1``) and returns them as a :class:`~agentrl_jax.trajectory.Trajectory`
     (``group_size`` rows per task, rows of ``record_length`` tokens and ``env.max_turns``
-    turns). ``routing``: an MoE policy's ``(M, k)`` (its recorded experts go in the record)."""
+    turns; with the engine's ``token_map``, the model's ids, as the trainer scores them).
+    ``routing``: an MoE policy's ``(M, k)`` (its recorded experts go in the record)."""
 
     def __init__(
         self,
@@ -216,6 +217,11 @@ class AgentRunner:
             arrays["success"][r] = reward >= 0.5
             arrays["overflow"][r] = row.overflow
             arrays["row_mask"][r] = row.turns > 0
+        token_map = self.server.engine.token_map
+        if token_map is not None:  # the trainer scores with the model: its ids (padding 0)
+            real = arrays["token_mask"]
+            ids = token_map.to_model(np.where(real, arrays["tokens"], token_map.tokenizer_ids[0]))
+            arrays["tokens"] = np.where(real, ids, 0).astype(np.int32)
         return Trajectory(**arrays)
 
 

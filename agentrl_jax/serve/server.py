@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import math
@@ -42,6 +43,7 @@ import time
 from typing import Any, Iterator, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from starlette.requests import Request as HttpRequest
 
@@ -201,6 +203,14 @@ def check_tools(tools: Any) -> list[dict] | None:
     return tools or None
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def choice_keys(base: jax.Array, n: int) -> jax.Array:
+    """``uint32[n, 2]``: the key data of ``fold_in(base, c)`` for choices ``c < n`` (``base``:
+    key data ``uint32[2]``); one compiled program per ``n``."""
+    key = jax.random.wrap_key_data(base)
+    return jax.random.key_data(jax.vmap(lambda c: jax.random.fold_in(key, c))(jnp.arange(n)))
+
+
 class PolicyServer:
     """The state behind the HTTP routes (module docstring): the engine, the chat renderer,
     the episode store, the served model's name and the limits.
@@ -258,17 +268,14 @@ class PolicyServer:
     def _keys(self, episode: str | None, n: int, seed: int | None) -> np.ndarray:
         with self._lock:
             if seed is not None:
-                base = jax.random.key(seed % (1 << 63))
+                base = jax.random.key_data(jax.random.key(seed % (1 << 63)))
             elif episode in self._episode_keys:
                 count = self._requests_in_episode[episode]
                 self._requests_in_episode[episode] = count + 1
-                base = jax.random.fold_in(self._episode_keys[episode], count)
+                base = jax.random.key_data(jax.random.fold_in(self._episode_keys[episode], count))
             else:
                 return self._rng.integers(0, 1 << 32, size=(n, 2), dtype=np.uint32)
-        return np.asarray(
-            jax.random.key_data(jax.vmap(lambda c: jax.random.fold_in(base, c))(np.arange(n))),
-            np.uint32,
-        )
+        return np.asarray(choice_keys(base, n), np.uint32)
 
     # -- a request
     def authorize(self, header: str | None) -> None:
