@@ -15,8 +15,9 @@ float32 on this machine's first device, with the real Qwen3 tokenizer and chat t
 
 Both run twice untimed first (every batch shape compiled), then twice timed (the faster
 counts). The clients run in the server's process: their JSON and HTTP share its CPU and GIL.
-Results: requests/s and generated tokens/s (ratio = ours / engine: 1 means the server adds nothing), and the server's latency
-percentiles per request (p50, p90, p99, against the engine's).
+Results: requests/s and generated tokens/s (ratio = ours / engine: 1 means the server adds
+nothing), and the server's latency percentiles per request (p50, p90, p99, against the
+engine's).
 """
 
 from __future__ import annotations
