@@ -7,6 +7,8 @@ tokens instead of re-tokenising the conversation."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import openai
 import pytest
@@ -15,7 +17,7 @@ from flax import nnx
 
 from agentrl_jax.sampling import Paging, Sampler, SamplingConfig
 from agentrl_jax.sampling.padding import pad_rows
-from agentrl_jax.serve import serve_in_thread
+from agentrl_jax.serve import Turn, episode_row, serve_in_thread
 from agentrl_jax.serve.chat import parse_reply
 
 
@@ -210,3 +212,68 @@ def test_the_reply_parser_keeps_malformed_calls_as_text():
     ):  # noqa: E501
         assert parse_reply(bad) == (bad, [])
     assert parse_reply("<tool_call>" * 1000 + "[" * 100_000)[1] == []
+
+
+def test_a_second_wave_of_requests_compiles_nothing(served):
+    """Every program has a static shape: once a wave of requests of some sizes has run, a
+    second wave (other prompts, other keys, other batch compositions) compiles nothing."""
+    from compile_counter import count_backend_compiles
+
+    _, client = served
+
+    def wave(seed: int) -> None:
+        for i, text in enumerate(h.TEXTS):
+            client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": text}],
+                max_tokens=12,
+                n=1 + i % 2,
+                seed=seed + i,
+            )
+
+    wave(0)
+    with count_backend_compiles() as compiled:
+        wave(100)
+    assert compiled == []
+
+
+def _turn(parent, prompt, completion, messages=("m",)):
+    return Turn(
+        parent=parent,
+        messages=messages,
+        tools="null",
+        reply="r",
+        prompt_ids=tuple(prompt),
+        completion_ids=tuple(completion),
+        logprobs=tuple(-0.5 for _ in completion),
+        sampling_logprobs=tuple(-0.25 for _ in completion),
+        finish_reason="stop",
+        weight_version=1,
+        closed=True,
+    )
+
+
+def test_a_kept_history_is_one_conversation_and_an_edited_one_trains_turn_by_turn():
+    # kept: turn 1's prompt is turn 0's prompt and completion, then the observation [7, 8]
+    chain = [_turn(None, [1, 2, 3], [4, 5]), _turn(0, [1, 2, 3, 4, 5, 7, 8], [9])]
+    row = episode_row(chain, 16, 4)
+    assert row.tokens[: row.length].tolist() == [1, 2, 3, 4, 5, 7, 8, 9]
+    assert row.loss_mask[: row.length].tolist() == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert row.token_turn[: row.length].tolist() == [-1, -1, -1, 0, 0, -1, -1, 1]
+    assert row.logprobs[3:5].tolist() == [-0.5, -0.5]
+    assert row.sampling_logprobs[7] == -0.25
+    assert (row.turns, row.context_start.tolist(), row.overflow) == (2, [0, 0, 0, 0], False)
+    # edited: the second prompt does not continue the first; each turn is its own sequence
+    # and sees only its own prompt (context_start at it)
+    edited = [_turn(None, [1, 2, 3], [4, 5]), _turn(None, [1, 6], [9])]
+    row = episode_row(edited, 16, 4)
+    assert row.tokens[: row.length].tolist() == [1, 2, 3, 4, 5, 1, 6, 9]
+    assert row.context_start.tolist()[:2] == [0, 5]
+    assert row.token_turn[: row.length].tolist() == [-1, -1, -1, 0, 0, -1, -1, 1]
+    # what does not fit is left out, and said
+    row = episode_row(chain, 6, 4)
+    assert (row.turns, row.length, row.overflow) == (1, 5, True)
+    row = episode_row(chain, 16, 1)
+    assert (row.turns, row.overflow) == (1, True)
+    # an aborted turn (the client never received it) is not trained on
+    assert episode_row([dataclasses.replace(chain[0], finish_reason="abort")], 16, 4).turns == 0
