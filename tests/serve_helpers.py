@@ -105,12 +105,17 @@ def tool_model():
     return nnx.merge(graphdef, params), tmap
 
 
-def teacher_forced(model, tmap, ids: list[int]) -> np.ndarray:
-    """``[len(ids) - 1]``: log p(ids[t + 1] | ids[: t + 1]) under ``model`` (float32)."""
+def teacher_forced_rows(model, tmap, ids: list[int]) -> np.ndarray:
+    """``[len(ids) - 1, V]``: log p(. | ids[: t + 1]) under ``model`` (float32, model ids)."""
     tokens = jnp.asarray(tmap.to_model(ids))[None]
     logits, _ = model(tokens, jnp.arange(len(ids))[None], jnp.ones_like(tokens, bool))
-    logp = jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32))
-    return np.asarray(jnp.take_along_axis(logp, tokens[0, 1:, None], 1)[:, 0])
+    return np.asarray(jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32)))
+
+
+def teacher_forced(model, tmap, ids: list[int]) -> np.ndarray:
+    """``[len(ids) - 1]``: log p(ids[t + 1] | ids[: t + 1]) under ``model`` (float32)."""
+    rows = teacher_forced_rows(model, tmap, ids)
+    return rows[np.arange(len(ids) - 1), tmap.to_model(ids[1:])]
 
 
 def make_server(slots: int = 8, **options) -> PolicyServer:

@@ -53,7 +53,7 @@ def test_a_sampled_completion_is_the_engines_and_its_logprobs_are_teacher_forced
     model, tmap = h.tool_model()
     messages = [{"role": "user", "content": h.TEXTS[0]}]
     reply = client.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=20, n=3, seed=7, logprobs=True
+        model="tiny", messages=messages, max_tokens=20, n=3, seed=7, logprobs=True, top_logprobs=3
     )
     extra = reply.model_extra["agentrl"]
     prompt = extra["prompt_token_ids"]
@@ -72,6 +72,14 @@ def test_a_sampled_completion_is_the_engines_and_its_logprobs_are_teacher_forced
             choice.model_extra["agentrl"]["sampling_logprobs"], forced, atol=1e-5
         )  # noqa: E501
         assert [t.logprob for t in choice.logprobs.content] == pytest.approx(recorded)
+        # each token's 3 most likely alternatives: the teacher-forced distribution's top 3
+        rows = h.teacher_forced_rows(model, tmap, prompt + ids)[len(prompt) - 1 :]
+        for row, token in zip(rows, choice.logprobs.content):
+            best = np.argsort(-row, kind="stable")[:3]
+            top = [t.logprob for t in token.top_logprobs]
+            np.testing.assert_allclose(top, row[best], rtol=1e-5, atol=1e-5)
+            want = [server.renderer.decode([int(i)]) for i in tmap.to_tokenizer(best)]
+            assert [t.token for t in token.top_logprobs] == want
         assert choice.finish_reason in ("stop", "length")
     assert reply.usage.prompt_tokens == len(prompt)
     assert reply.usage.completion_tokens == sum(len(g) for g in got)

@@ -107,7 +107,8 @@ BAD = [  # (body, status, param or code)
     ({**GOOD, "seed": "x"}, 400, "seed"),
     ({**GOOD, "seed": 1 << 70}, 400, "seed"),
     ({**GOOD, "logprobs": "yes"}, 400, "logprobs"),
-    ({**GOOD, "top_logprobs": 5}, 400, "top_logprobs"),
+    ({**GOOD, "top_logprobs": 5}, 400, "top_logprobs"),  # without logprobs: true
+    ({**GOOD, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ({**GOOD, "stop": ["a"] * 5}, 400, "stop"),
     ({**GOOD, "stop": [""]}, 400, "stop"),
     ({**GOOD, "stream": "no"}, 400, "stream"),

@@ -160,7 +160,9 @@ class Sampler:
         self._append_rows = jax.jit(self._append_rows_impl, donate_argnums=1)
         self._copy_rows = jax.jit(self._copy_rows_impl, donate_argnums=0)
         self._append = jax.jit(self._append_impl, donate_argnums=1)
-        self._decode = jax.jit(self._decode_impl, static_argnames="sampling", donate_argnums=1)
+        self._decode = jax.jit(
+            self._decode_impl, static_argnames=("sampling", "top_logprobs"), donate_argnums=1
+        )
 
     # -- layout
     def _constrain(self, tree: Any) -> Any:
@@ -374,17 +376,22 @@ class Sampler:
         budget: Any = None,
         active: Any = None,
         offset: Any = None,
+        top_logprobs: int = 0,
     ) -> tuple[SamplerState, SampleOutput]:
         """Jitted :func:`decode`. key: one key, or one per row (``[B]`` typed keys or their
         ``[B, 2]`` uint32 data); budget: ``[B]`` int (default ``max_new_tokens``); active:
         ``[B]`` bool (default all rows); offset: ``[B]`` int, each row's first step's number
-        (per-row keys; None: 0; not with a paged cache on a mesh)."""
+        (per-row keys; None: 0; not with a paged cache on a mesh); top_logprobs: K > 0 also
+        returns each step's K most likely tokens (one program per K)."""
         if offset is not None:
             if self.sharded_pages:
                 raise NotImplementedError("decode: step offsets with a paged cache on a mesh")
             offset = self._batch_put(offset, jnp.int32)
         return self._decode(
-            *self._decode_args(params, state, key, budget, active), offset, sampling=sampling
+            *self._decode_args(params, state, key, budget, active),
+            offset,
+            sampling=sampling,
+            top_logprobs=int(top_logprobs),
         )
 
     def lower_decode(
@@ -514,9 +521,13 @@ class Sampler:
             self.prefill_chunk,
         )
 
-    def _decode_impl(self, params, state, key, budget, active, offset=None, *, sampling):
+    def _decode_impl(
+        self, params, state, key, budget, active, offset=None, *, sampling, top_logprobs=0
+    ):
         self.trace_counts["decode"] += 1
-        run = functools.partial(self._decode_local, sampling=sampling, offset=offset)
+        run = functools.partial(
+            self._decode_local, sampling=sampling, offset=offset, top_logprobs=top_logprobs
+        )
         if self.sharded_pages:
             if key.ndim != 2:
                 raise ValueError(
@@ -543,6 +554,7 @@ class Sampler:
         constrain=lambda x: x,
         sample_fn=sample,
         offset=None,
+        top_logprobs=0,
     ):
         if key.ndim == 2:  # per-row key data
             key = jax.random.wrap_key_data(key)
@@ -560,4 +572,5 @@ class Sampler:
             constrain=constrain,
             sample_fn=sample_fn,
             offset=offset,
+            top_logprobs=top_logprobs,
         )

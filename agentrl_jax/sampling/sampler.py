@@ -138,6 +138,10 @@ class SampleOutput:
     # MoE models: [B, N, M, k] int16, the experts each sampled token went through in each of
     # the M MoE layers when the engine cached it (-1 on padding), for routing replay; else None
     experts: jax.Array | None = None
+    # with decode's ``top_logprobs`` K > 0: [B, N, K] the K most likely ids at each step under
+    # the model (temperature 1, untruncated) and their log-probs, most likely first; else None
+    top_ids: jax.Array | None = None
+    top_log_probs: jax.Array | None = None
 
     @property
     def mask(self) -> jax.Array:
@@ -388,6 +392,7 @@ def decode(
     constrain: Callable[[Any], Any] = lambda x: x,
     sample_fn: Sample = sample,
     offset: jax.Array | None = None,
+    top_logprobs: int = 0,
 ) -> tuple[SamplerState, SampleOutput]:
     """Sample up to ``min(budget[b], max_new_tokens)`` tokens for each ``active`` row.
 
@@ -399,7 +404,9 @@ def decode(
     :func:`rows_local_sample`). ``offset``: ``[B]`` int, with per-row keys: row ``b``'s step
     ``t`` draws with ``fold_in(key[b], offset[b] + t)``, so a response decoded in pieces of
     ``k`` tokens (offsets 0, k, 2k, ...) is the one a single call samples (continuous
-    batching, :mod:`agentrl_jax.serve.engine`).
+    batching, :mod:`agentrl_jax.serve.engine`). ``top_logprobs`` K > 0: the output also
+    holds each step's K most likely tokens under the model and their log-probs
+    (``SampleOutput.top_ids`` / ``top_log_probs``).
     """
     layers = model.split_layers() if unroll_layers else None
     batch = state.hidden.shape[0]
@@ -419,6 +426,12 @@ def decode(
             (batch, max_new_tokens, moe_layers, config.num_experts_per_tok), -1, EXPERT_ID_DTYPE
         )
         if moe_layers
+        else None,
+        top_ids=jnp.zeros((batch, max_new_tokens, top_logprobs), jnp.int32)
+        if top_logprobs
+        else None,
+        top_log_probs=jnp.zeros((batch, max_new_tokens, top_logprobs), jnp.float32)
+        if top_logprobs
         else None,
     )
 
@@ -471,6 +484,7 @@ def decode(
             experts=column(out.experts, routing[0].experts[:, 0].astype(EXPERT_ID_DTYPE))
             if moe_layers
             else None,
+            **(top_columns(out, logits, top_logprobs, column) if top_logprobs else {}),
         )
         state = constrain(
             SamplerState(
@@ -487,6 +501,16 @@ def decode(
 
     _, state, _, out = jax.lax.while_loop(not_done, step, (jnp.int32(0), state, running, out))
     return state, out
+
+
+def top_columns(out: SampleOutput, logits: jax.Array, k: int, column: Callable) -> dict:
+    """``out``'s ``top_ids`` / ``top_log_probs`` with this step's column: the ``k`` most
+    likely ids of ``logits [B, V]`` under the model (log-softmax, temperature 1)."""
+    values, ids = jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), k)
+    return {
+        "top_ids": column(out.top_ids, ids.astype(jnp.int32)),
+        "top_log_probs": column(out.top_log_probs, values),
+    }
 
 
 def paged_state_specs(state: SamplerState) -> SamplerState:

@@ -177,7 +177,7 @@ class AgentRunner:
             for r, future in enumerate(futures):
                 try:
                     results.append(future.result())
-                except Exception as error:  # noqa: BLE001: the agent's bug loses its row only
+                except Exception as error:  # noqa: BLE001  (the agent's bug loses its row only)
                     self.errors.append(f"episode {r}: {type(error).__name__}: {error}")
                     results.append(error)
         return self._record(tasks, names, results)

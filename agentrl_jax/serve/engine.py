@@ -49,6 +49,8 @@ from agentrl_jax.sampling.sampler import Paging, StopReason
 from agentrl_jax.sampling.scheduler import width_buckets
 from agentrl_jax.sharding import generation_params
 
+TOP_LOGPROBS = 20  # alternatives recorded per token when a request asks for any (OpenAI's most)
+
 
 class EngineBusy(RuntimeError):
     """The engine's queue is full (the server answers 429)."""
@@ -67,6 +69,9 @@ class Choice:
     logprobs: list[float] = dataclasses.field(default_factory=list)  # model, temperature 1
     sampling_logprobs: list[float] = dataclasses.field(default_factory=list)  # as drawn
     experts: list[np.ndarray] = dataclasses.field(default_factory=list)  # [M, k] per token
+    # with the request's top_logprobs: per token, the TOP_LOGPROBS most likely tokenizer ids
+    # and their log-probs under the model
+    top: list[tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length", "abort"
     cancelled: bool = False
 
@@ -95,6 +100,7 @@ class Request:
     sampling: SamplingConfig
     keys: np.ndarray
     emit: Callable[[Event], None] = lambda event: None
+    top_logprobs: bool = False  # record each token's TOP_LOGPROBS most likely alternatives
     choices: list[Choice] = dataclasses.field(default_factory=list)
     weight_version: int = -1  # the parameters' version when the request was seated
     reused_tokens: int = 0  # prompt tokens found cached (not prefilled again)
@@ -214,12 +220,12 @@ class ServingEngine:
                 f"{self.max_context} (prompt and completion)"
             )
         self._to_model(request.prompt)  # a token map without these ids: refused here
-        config = request.sampling
+        config = (request.sampling, request.top_logprobs)
         if config not in self._configs and len(self._configs) >= self.max_sampling_configs:
             raise EngineLimit(
                 f"this server serves at most {self.max_sampling_configs} distinct sampling "
                 f"settings (temperature, top_p), each compiled once; in use: "
-                + ", ".join(f"({c.temperature}, {c.top_p})" for c in self._configs)
+                + ", ".join(f"({c.temperature}, {c.top_p})" for c, _ in self._configs)
             )
 
     def submit(self, request: Request) -> Request:
@@ -227,8 +233,8 @@ class ServingEngine:
         ``max_queue`` requests already wait."""
         self.check(request)
         with self._cond:
-            if request.sampling not in self._configs:
-                self._configs.append(request.sampling)
+            if (request.sampling, request.top_logprobs) not in self._configs:
+                self._configs.append((request.sampling, request.top_logprobs))
             if len(self._waiting) >= self.max_queue:
                 raise EngineBusy(f"{len(self._waiting)} requests are waiting; try again later")
             self._waiting.append(request)
@@ -300,7 +306,7 @@ class ServingEngine:
                     self._seat(seating)
                 if self._busy_rows():
                     self._decode()
-            except Exception as error:  # noqa: BLE001: every request fails, the engine goes on
+            except Exception as error:  # noqa: BLE001  (every request fails, the engine goes on)
                 self._fail_all(f"the engine failed: {type(error).__name__}: {error}")
         self._fail_all("the server is shutting down")
 
@@ -412,13 +418,14 @@ class ServingEngine:
         if not busy:
             return
         first = max(busy, key=lambda r: self._row_waited[r])  # the longest waiting setting
-        sampling = self._row_request[first][0].sampling
+        group = self._row_request[first][0]
+        sampling, top = group.sampling, group.top_logprobs
         active = np.zeros(self.slots, bool)
         budget = np.zeros(self.slots, np.int32)
         offset = np.zeros(self.slots, np.int32)
         for r in busy:
             request, choice = self._row_request[r]
-            if request.sampling != sampling:
+            if (request.sampling, request.top_logprobs) != (sampling, top):
                 self._row_waited[r] += 1
                 continue
             done = len(request.choices[choice].tokens)
@@ -426,10 +433,17 @@ class ServingEngine:
             budget[r] = min(self.chunk, request.max_tokens - done)
             self._row_waited[r] = 0
         self._state, out = self.sampler.decode(
-            self._params, self._state, self._keys, sampling, budget, active, offset
+            self._params,
+            self._state,
+            self._keys,
+            sampling,
+            budget,
+            active,
+            offset,
+            top_logprobs=TOP_LOGPROBS if top else 0,
         )
         self.stats["decode_calls"] += 1
-        tokens, lengths, logprobs, sampling_lp, reason, experts = jax.device_get(
+        tokens, lengths, logprobs, sampling_lp, reason, experts, top_ids, top_lp = jax.device_get(
             (
                 out.tokens,
                 out.lengths,
@@ -437,6 +451,8 @@ class ServingEngine:
                 out.sampling_log_probs,
                 out.stop_reason,
                 out.experts,
+                out.top_ids,
+                out.top_log_probs,
             )
         )
         for r in np.flatnonzero(active):
@@ -448,6 +464,9 @@ class ServingEngine:
             choice.sampling_logprobs += sampling_lp[r, :count].tolist()
             if experts is not None:
                 choice.experts += list(experts[r, :count])
+            if top_ids is not None:
+                ids = self._to_tokenizer(top_ids[r, :count].reshape(-1)).reshape(count, -1)
+                choice.top += list(zip(ids, top_lp[r, :count]))
             self._row_tokens[r] += new
             self._row_used[r] = time.perf_counter()
             if count:

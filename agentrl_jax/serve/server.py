@@ -7,7 +7,8 @@
 
 Endpoints: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``
 (``messages``, ``tools`` with ``tool_choice`` ``auto`` or ``none``, ``temperature``, ``top_p``,
-``max_tokens`` / ``max_completion_tokens``, ``n``, ``stop``, ``seed``, ``logprobs``,
+``max_tokens`` / ``max_completion_tokens``, ``n``, ``stop``, ``seed``, ``logprobs`` with
+``top_logprobs`` (up to 20),
 ``stream`` with ``stream_options.include_usage``, ``user``), and the extension
 ``GET /v1/episodes/{id}`` (an episode's recorded turns as token ids). The same routes also
 live under ``/episodes/{id}/v1/...``: a client given that base URL tags every request with its
@@ -23,7 +24,7 @@ reused.
 Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``): 400 for a
 malformed body, a bad parameter, a prompt longer than the context, ``n`` above the engine's
 rows or an unsupported option (``tool_choice`` ``required`` or a named function,
-``top_logprobs`` > 0, penalties); 401 without the API key (when one is set); 404 for an unknown
+penalties); 401 without the API key (when one is set); 404 for an unknown
 model or route; 413 for a body over ``max_body_bytes``; 429 when ``max_queue`` requests wait;
 500 (no details) if the engine fails, which then goes on serving. Nothing in a request names a
 file: the server reads and writes none.
@@ -49,7 +50,14 @@ from starlette.requests import Request as HttpRequest
 
 from agentrl_jax.sampling.filters import SamplingConfig
 from agentrl_jax.serve.chat import ChatRenderer, message_key, parse_reply, reply_key
-from agentrl_jax.serve.engine import EngineBusy, EngineLimit, Event, Request, ServingEngine
+from agentrl_jax.serve.engine import (
+    TOP_LOGPROBS,
+    EngineBusy,
+    EngineLimit,
+    Event,
+    Request,
+    ServingEngine,
+)
 from agentrl_jax.serve.episodes import EpisodeStore, Turn
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -347,12 +355,9 @@ class PolicyServer:
             limit = _integer(body, "max_tokens", 1, 1 << 30)
         seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)
         logprobs = _flag(body, "logprobs")
-        if (_integer(body, "top_logprobs", 0, 20) or 0) > 0:
-            raise _bad(
-                "top_logprobs",
-                "is not supported: the engine records the sampled token's log-prob only",
-                "unsupported_value",
-            )  # noqa: E501
+        top = _integer(body, "top_logprobs", 0, TOP_LOGPROBS) or 0
+        if top and not logprobs:
+            raise _bad("top_logprobs", "needs logprobs: true")
         stream = _flag(body, "stream")
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
@@ -384,6 +389,7 @@ class PolicyServer:
             max_tokens=max_tokens,
             sampling=sampling,
             keys=self._keys(episode, n, seed),
+            top_logprobs=top > 0,
         )
         try:
             self.engine.check(request)
@@ -396,6 +402,7 @@ class PolicyServer:
             "messages": turn_messages,
             "tools": json.dumps(tools, sort_keys=True),
             "logprobs": logprobs,
+            "top_logprobs": top,
             "stream": stream,
             "usage": bool(options.get("include_usage")),
             "stop": stop,
@@ -488,7 +495,9 @@ class PolicyServer:
             "index": index,
             "message": message,
             "finish_reason": "stop" if finish == "abort" else finish,
-            "logprobs": self.logprobs(ids, turn.logprobs) if meta["logprobs"] else None,
+            "logprobs": self.logprobs(ids, turn.logprobs, choice.top, meta["top_logprobs"])
+            if meta["logprobs"]
+            else None,
             "agentrl": {
                 "turn": number,
                 "completion_token_ids": list(turn.completion_ids),
@@ -498,18 +507,24 @@ class PolicyServer:
         }
         return out
 
-    def logprobs(self, ids: list[int], values: tuple[float, ...]) -> dict:
+    def logprobs(self, ids: list[int], values, top: list, count: int) -> dict:
+        """OpenAI's ``logprobs.content``: each token's log-prob under the model (temperature
+        1) and its ``count`` most likely alternatives."""
+
+        def entry(token: int, value: float) -> dict:
+            piece = self.renderer.decode([int(token)])
+            return {
+                "token": piece,
+                "logprob": float(value),
+                "bytes": list(piece.encode("utf-8", "replace")),
+            }
+
         content = []
-        for token, value in zip(ids, values):
-            piece = self.renderer.decode([token])
-            content.append(
-                {
-                    "token": piece,
-                    "logprob": float(value),
-                    "bytes": list(piece.encode("utf-8", "replace")),
-                    "top_logprobs": [],
-                }
-            )
+        for t, (token, value) in enumerate(zip(ids, values)):
+            alternatives = []
+            if count and t < len(top):
+                alternatives = [entry(i, v) for i, v in zip(top[t][0][:count], top[t][1][:count])]
+            content.append({**entry(token, value), "top_logprobs": alternatives})
         return {"content": content}
 
     def extension(self, request: Request, meta: dict) -> dict:
