@@ -17,7 +17,7 @@ from flax import nnx
 
 from agentrl_jax.sampling import Paging, Sampler, SamplingConfig
 from agentrl_jax.sampling.padding import pad_rows
-from agentrl_jax.serve import Turn, episode_row, serve_in_thread
+from agentrl_jax.serve import EpisodeStore, Turn, episode_row, serve_in_thread
 from agentrl_jax.serve.chat import parse_reply
 
 
@@ -251,10 +251,10 @@ def _turn(parent, prompt, completion, messages=("m",)):
         messages=messages,
         tools="null",
         reply="r",
-        prompt_ids=tuple(prompt),
-        completion_ids=tuple(completion),
-        logprobs=tuple(-0.5 for _ in completion),
-        sampling_logprobs=tuple(-0.25 for _ in completion),
+        prompt_ids=np.asarray(prompt, np.int32),
+        completion_ids=np.asarray(completion, np.int32),
+        logprobs=np.full(len(completion), -0.5, np.float32),
+        sampling_logprobs=np.full(len(completion), -0.25, np.float32),
         finish_reason="stop",
         weight_version=1,
         closed=True,
@@ -285,3 +285,21 @@ def test_a_kept_history_is_one_conversation_and_an_edited_one_trains_turn_by_tur
     assert (row.turns, row.overflow) == (1, True)
     # an aborted turn (the client never received it) is not trained on
     assert episode_row([dataclasses.replace(chain[0], finish_reason="abort")], 16, 4).turns == 0
+
+
+def test_the_episode_store_is_bounded_in_episodes_turns_and_tokens():
+    """A client that names episodes at will cannot grow the server's memory past its bounds:
+    the oldest episodes go first."""
+    store = EpisodeStore(max_episodes=3, max_turns=2, max_tokens=20)
+    turn = _turn(None, [1, 2, 3], [4, 5])  # 5 tokens
+    for i in range(4):
+        assert store.add(f"e{i}", turn) == 0
+    assert len(store) == 3 and store.turns("e0") == [] and store.forgotten_episodes == 1
+    assert store.add("e3", turn) == 1 and store.add("e3", turn) is None  # 2 turns at most
+    assert store.dropped_turns == 1
+    assert store.tokens == 20 and len(store.turns("e1")) == 1  # 20 tokens: all still fit
+    store.add("e4", turn)  # 25 > 20: the oldest (e1) goes
+    assert store.turns("e1") == [] and store.tokens == 20
+    store.add("big", _turn(None, list(range(18)), [1]))  # 19 tokens: only it fits
+    assert [len(store), store.tokens] == [1, 19]
+    assert store.pop("big") and store.tokens == 0

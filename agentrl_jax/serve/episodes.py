@@ -42,10 +42,10 @@ class Turn:
     messages: tuple[str, ...]  # the request's messages, canonical (chat.message_key)
     tools: str  # the request's tools, canonical
     reply: str  # the reply as returned, canonical (chat.reply_key)
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]  # under the model (temperature 1, untruncated)
-    sampling_logprobs: tuple[float, ...]  # under the distribution each token was drawn from
+    prompt_ids: np.ndarray  # int32
+    completion_ids: np.ndarray  # int32
+    logprobs: np.ndarray  # float32, under the model (temperature 1, untruncated)
+    sampling_logprobs: np.ndarray  # float32, under the distribution each token was drawn from
     finish_reason: str
     weight_version: int
     closed: bool  # the completion ends with a stop token
@@ -54,10 +54,10 @@ class Turn:
     def as_json(self) -> dict:
         return {
             "parent": self.parent,
-            "prompt_token_ids": list(self.prompt_ids),
-            "completion_token_ids": list(self.completion_ids),
-            "logprobs": list(self.logprobs),
-            "sampling_logprobs": list(self.sampling_logprobs),
+            "prompt_token_ids": self.prompt_ids.tolist(),
+            "completion_token_ids": self.completion_ids.tolist(),
+            "logprobs": self.logprobs.tolist(),
+            "sampling_logprobs": self.sampling_logprobs.tolist(),
             "finish_reason": self.finish_reason,
             "weight_version": self.weight_version,
         }
@@ -65,15 +65,24 @@ class Turn:
 
 class EpisodeStore:
     """Turns per episode id (thread-safe), at most ``max_episodes`` episodes of at most
-    ``max_turns`` turns each: the oldest episode is forgotten first, a turn past the limit is
-    not recorded (and counted in ``dropped_turns``)."""
+    ``max_turns`` turns each, ``max_tokens`` prompt and completion tokens in all (the memory a
+    client naming episodes at will can take): the oldest episode is forgotten first
+    (``forgotten_episodes``), a turn past an episode's limit is not recorded
+    (``dropped_turns``). Token ids are kept as int32 arrays."""
 
-    def __init__(self, max_episodes: int = 10_000, max_turns: int = 256):
-        self.max_episodes, self.max_turns = max_episodes, max_turns
+    def __init__(
+        self, max_episodes: int = 10_000, max_turns: int = 256, max_tokens: int = 50_000_000
+    ):
+        self.max_episodes, self.max_turns, self.max_tokens = max_episodes, max_turns, max_tokens
         self._episodes: collections.OrderedDict[str, list[Turn]] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self.tokens = 0
         self.dropped_turns = 0
         self.forgotten_episodes = 0
+
+    @staticmethod
+    def _size(turns: Sequence[Turn]) -> int:
+        return sum(len(t.prompt_ids) + len(t.completion_ids) for t in turns)
 
     def turns(self, episode: str) -> list[Turn]:
         with self._lock:
@@ -83,20 +92,30 @@ class EpisodeStore:
         """Record ``turn``; its index in the episode (None: over the limit, not recorded)."""
         with self._lock:
             turns = self._episodes.get(episode)
-            if turns is None:
-                while len(self._episodes) >= self.max_episodes:
-                    self._episodes.popitem(last=False)
-                    self.forgotten_episodes += 1
-                turns = self._episodes[episode] = []
-            if len(turns) >= self.max_turns:
+            if turns is not None and len(turns) >= self.max_turns:
                 self.dropped_turns += 1
                 return None
+            size = self._size([turn])
+            while self._episodes and (
+                self.tokens + size > self.max_tokens
+                or (turns is None and len(self._episodes) >= self.max_episodes)
+            ):
+                name, forgotten = self._episodes.popitem(last=False)
+                self.tokens -= self._size(forgotten)
+                self.forgotten_episodes += 1
+                if name == episode:
+                    turns = None
+            if turns is None:
+                turns = self._episodes[episode] = []
             turns.append(turn)
+            self.tokens += size
             return len(turns) - 1
 
     def pop(self, episode: str) -> list[Turn]:
         with self._lock:
-            return self._episodes.pop(episode, [])
+            turns = self._episodes.pop(episode, [])
+            self.tokens -= self._size(turns)
+            return turns
 
     def __len__(self) -> int:
         return len(self._episodes)

@@ -256,7 +256,6 @@ class PolicyServer:
         self._valid_vocab = (
             len(tokenizer) if engine.token_map is None and len(tokenizer) < vocab else None
         )
-        self.latencies: list[float] = []
 
     # -- episodes a trainer opens
     def open_episode(self, episode: str, key: jax.Array) -> None:
@@ -426,10 +425,12 @@ class PolicyServer:
                     and turn.finish_reason != "abort"
                 ):
                     closed_by = (
-                        self.tokenizer.decode([turn.completion_ids[-1]]) if turn.closed else None
+                        self.tokenizer.decode([int(turn.completion_ids[-1])])
+                        if turn.closed
+                        else None
                     )
                     tail = self.renderer.continuation(messages[seen + 1 :], closed_by=closed_by)
-                    prompt = list(turn.prompt_ids) + list(turn.completion_ids) + tail
+                    prompt = turn.prompt_ids.tolist() + turn.completion_ids.tolist() + tail
                     return prompt, index, keys
         return self.renderer.prompt(messages, tools), None, keys
 
@@ -472,11 +473,11 @@ class PolicyServer:
             messages=meta["messages"],
             tools=meta["tools"],
             reply=reply_key(content, [{"function": c} for c in calls]),
-            prompt_ids=tuple(int(i) for i in request.prompt),
-            completion_ids=tuple(int(i) for i in ids),
-            logprobs=tuple(choice.logprobs[: len(ids)]),
-            sampling_logprobs=tuple(choice.sampling_logprobs[: len(ids)]),
-            finish_reason=reason if reason != "abort" else "abort",
+            prompt_ids=np.asarray(request.prompt, np.int32),
+            completion_ids=np.asarray(ids, np.int32),
+            logprobs=np.asarray(choice.logprobs[: len(ids)], np.float32),
+            sampling_logprobs=np.asarray(choice.sampling_logprobs[: len(ids)], np.float32),
+            finish_reason=reason,
             weight_version=request.weight_version,
             closed=closed,
             experts=np.stack(choice.experts[: len(ids)]) if choice.experts and ids else None,
@@ -500,9 +501,9 @@ class PolicyServer:
             else None,
             "agentrl": {
                 "turn": number,
-                "completion_token_ids": list(turn.completion_ids),
-                "logprobs": list(turn.logprobs),
-                "sampling_logprobs": list(turn.sampling_logprobs),
+                "completion_token_ids": turn.completion_ids.tolist(),
+                "logprobs": turn.logprobs.tolist(),
+                "sampling_logprobs": turn.sampling_logprobs.tolist(),
             },
         }
         return out
@@ -626,7 +627,6 @@ def make_app(server: PolicyServer):
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         request.emit = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
-        started = time.perf_counter()
         try:
             server.engine.submit(request)
         except EngineBusy as e:
@@ -665,8 +665,7 @@ def make_app(server: PolicyServer):
             request.cancel()
             raise
         choices = [server.finish(request, i, meta) for i in range(request.n)]
-        server.latencies.append(time.perf_counter() - started)
-        return {
+        body = {
             "id": ident,
             "object": "chat.completion",
             "created": int(time.time()),
@@ -676,6 +675,7 @@ def make_app(server: PolicyServer):
             "system_fingerprint": f"weights-v{request.weight_version}",
             "agentrl": server.extension(request, meta),
         }
+        return JSONResponse(body)  # plain JSON: FastAPI's encoder walks every token id
 
     for prefix in ("/v1", "/episodes/{episode}/v1"):
         app.add_api_route(prefix + "/models", list_models, methods=["GET"])
