@@ -1,7 +1,7 @@
 """Serving the policy to agent programs: an OpenAI-compatible server over the paged engine
-(:mod:`.server`), continuous batching (:mod:`.engine`), chat rendering without re-tokenising
-what the model wrote (:mod:`.chat`), the per-episode token record (:mod:`.episodes`) and RL
-on agent programs (:mod:`.agents`)."""
+(:mod:`.server`; each request checked field by field, :mod:`.requests`), continuous batching
+(:mod:`.engine`), chat rendering without re-tokenising what the model wrote (:mod:`.chat`),
+the per-episode token record (:mod:`.episodes`) and RL on agent programs (:mod:`.agents`)."""
 
 from agentrl_jax.serve.chat import ChatRenderer, parse_reply
 from agentrl_jax.serve.engine import EngineBusy, EngineLimit, Request, ServingEngine

@@ -37,11 +37,10 @@ import contextlib
 import functools
 import hmac
 import json
-import math
 import secrets
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -59,156 +58,16 @@ from agentrl_jax.serve.engine import (
     ServingEngine,
 )
 from agentrl_jax.serve.episodes import EpisodeStore, Turn
-
-ROLES = ("system", "user", "assistant", "tool", "developer")
-MAX_STOP = 4
-
-
-class ApiError(Exception):
-    """An OpenAI-shaped error: HTTP ``status``, ``message``, ``type``, ``param``, ``code``."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ):  # noqa: E501
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = (
-            status,
-            message,
-            param,
-            code,
-            kind,
-        )
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param, code=code)
-
-
-def _number(
-    body: Mapping, name: str, default: float, low: float, high: float, *, open_low=False
-) -> float:  # noqa: E501
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _bad(name, f"must be a number, got {json.dumps(value)[:60]}", "invalid_type")
-    if value > high or value < low or (open_low and value == low):
-        side = "(" if open_low else "["
-        raise _bad(name, f"must be in {side}{low}, {high}], got {value}")
-    return float(value)
-
-
-def _integer(body: Mapping, name: str, low: int, high: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(name, f"must be an integer, got {json.dumps(value)[:60]}", "invalid_type")
-    if not low <= value <= high:
-        raise _bad(name, f"must be between {low} and {high}, got {value}")
-    return value
-
-
-def _flag(body: Mapping, name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise _bad(name, f"must be a boolean, got {json.dumps(value)[:60]}", "invalid_type")
-    return value
-
-
-def check_messages(messages: Any) -> list[dict]:
-    """The request's messages, checked (roles, content types, tool calls)."""
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages", "must be a non-empty array of messages", "invalid_type")
-    out = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise _bad(where, "must be an object", "invalid_type")
-        role = message.get("role")
-        if role not in ROLES:
-            raise _bad(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r:.60}")
-        content = message.get("content")
-        if isinstance(content, list):
-            for part in content:
-                if not (
-                    isinstance(part, dict)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ):  # noqa: E501
-                    raise _bad(f"{where}.content", "only text parts are supported", "invalid_type")
-        elif content is not None and not isinstance(content, str):
-            raise _bad(
-                f"{where}.content",
-                "must be a string, an array of text parts or null",
-                "invalid_type",
-            )  # noqa: E501
-        calls = message.get("tool_calls")
-        if calls is not None:
-            if role != "assistant" or not isinstance(calls, list):
-                raise _bad(
-                    f"{where}.tool_calls",
-                    "only an assistant message has tool calls, as an array",
-                    "invalid_type",
-                )  # noqa: E501
-            for j, call in enumerate(calls):
-                function = call.get("function") if isinstance(call, dict) else None
-                if not (
-                    isinstance(function, dict)
-                    and isinstance(function.get("name"), str)
-                    and isinstance(function.get("arguments", "{}"), (str, dict))
-                ):
-                    raise _bad(
-                        f"{where}.tool_calls[{j}]",
-                        "needs function.name and function.arguments",
-                        "invalid_type",
-                    )  # noqa: E501
-        for key in ("name", "tool_call_id"):
-            if message.get(key) is not None and not isinstance(message[key], str):
-                raise _bad(f"{where}.{key}", "must be a string", "invalid_type")
-        role = "system" if role == "developer" else role
-        out.append({**message, "role": role})
-    return out
-
-
-def check_tools(tools: Any) -> list[dict] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise _bad("tools", "must be an array", "invalid_type")
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not (
-            isinstance(tool, dict)
-            and tool.get("type", "function") == "function"
-            and isinstance(function, dict)
-            and isinstance(function.get("name"), str)
-            and isinstance(function.get("parameters", {}), dict)
-        ):
-            raise _bad(
-                f"tools[{i}]",
-                "must be {type: function, function: {name, parameters}}",
-                "invalid_type",
-            )  # noqa: E501
-    return tools or None
+from agentrl_jax.serve.requests import (
+    MAX_STOP,
+    ApiError,
+    bad,
+    check_messages,
+    check_tools,
+    flag,
+    integer,
+    number,
+)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -295,7 +154,7 @@ class PolicyServer:
                 "Incorrect API key provided.",
                 code="invalid_api_key",
                 kind="authentication_error",
-            )  # noqa: E501
+            )
 
     def parse(self, raw: bytes) -> dict:
         if len(raw) > self.max_body_bytes:
@@ -303,7 +162,7 @@ class PolicyServer:
                 413,
                 f"the request body is over {self.max_body_bytes} bytes",
                 code="request_too_large",
-            )  # noqa: E501
+            )
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
@@ -314,14 +173,14 @@ class PolicyServer:
 
     def check_model(self, name: Any) -> None:
         if not isinstance(name, str):
-            raise _bad("model", "must be a string", "invalid_type")
+            raise bad("model", "must be a string", "invalid_type")
         if name != self.model_name:
             raise ApiError(
                 404,
                 f"The model {name[:100]!r} does not exist; this server serves {self.model_name!r}",
                 param="model",
                 code="model_not_found",
-            )  # noqa: E501
+            )
 
     def prepare(self, body: dict, episode: str | None) -> tuple[Request, dict]:
         """The engine request of a chat body, and what the reply needs (checked)."""
@@ -330,37 +189,37 @@ class PolicyServer:
         tools = check_tools(body.get("tools"))
         choice = body.get("tool_choice", "auto")
         if choice not in ("auto", "none", None):
-            raise _bad(
+            raise bad(
                 "tool_choice",
                 "only 'auto' and 'none' are supported: decoding is not constrained",
                 "unsupported_value",
-            )  # noqa: E501
+            )
         if choice == "none":
             tools = None
         for name in ("frequency_penalty", "presence_penalty"):
-            if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
-                raise _bad(name, "penalties are not supported", "unsupported_value")
+            if number(body, name, 0.0, -2.0, 2.0) != 0.0:
+                raise bad(name, "penalties are not supported", "unsupported_value")
         if body.get("logit_bias"):
-            raise _bad("logit_bias", "is not supported", "unsupported_value")
-        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-        top_p = _number(body, "top_p", 1.0, 0.0, 1.0, open_low=True)
-        n = _integer(body, "n", 1, 128) or 1
+            raise bad("logit_bias", "is not supported", "unsupported_value")
+        temperature = number(body, "temperature", 1.0, 0.0, 2.0)
+        top_p = number(body, "top_p", 1.0, 0.0, 1.0, open_low=True)
+        n = integer(body, "n", 1, 128) or 1
         if n > self.engine.slots:
-            raise _bad(
+            raise bad(
                 "n", f"must be at most {self.engine.slots} (the rows this server decodes together)"
-            )  # noqa: E501
-        limit = _integer(body, "max_completion_tokens", 1, 1 << 30)
+            )
+        limit = integer(body, "max_completion_tokens", 1, 1 << 30)
         if limit is None:
-            limit = _integer(body, "max_tokens", 1, 1 << 30)
-        seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)
-        logprobs = _flag(body, "logprobs")
-        top = _integer(body, "top_logprobs", 0, TOP_LOGPROBS) or 0
+            limit = integer(body, "max_tokens", 1, 1 << 30)
+        seed = integer(body, "seed", -(1 << 63), (1 << 64) - 1)
+        logprobs = flag(body, "logprobs")
+        top = integer(body, "top_logprobs", 0, TOP_LOGPROBS) or 0
         if top and not logprobs:
-            raise _bad("top_logprobs", "needs logprobs: true")
-        stream = _flag(body, "stream")
+            raise bad("top_logprobs", "needs logprobs: true")
+        stream = flag(body, "stream")
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
-            raise _bad("stream_options", "must be an object", "invalid_type")
+            raise bad("stream_options", "must be an object", "invalid_type")
         stop = body.get("stop")
         stop = [stop] if isinstance(stop, str) else (stop or [])
         if (
@@ -368,15 +227,15 @@ class PolicyServer:
             or len(stop) > MAX_STOP
             or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop)
         ):  # noqa: E501
-            raise _bad(
+            raise bad(
                 "stop", f"must be a string or up to {MAX_STOP} non-empty strings", "invalid_type"
-            )  # noqa: E501
+            )
         user = body.get("user")
         if user is not None and not isinstance(user, str):
-            raise _bad("user", "must be a string", "invalid_type")
+            raise bad("user", "must be a string", "invalid_type")
         episode = episode or user
         if episode is not None and (len(episode) > 256 or not episode.isprintable()):
-            raise _bad("user", "an episode id is at most 256 printable characters")
+            raise bad("user", "an episode id is at most 256 printable characters")
         prompt, parent, turn_messages = self.prompt(messages, tools, episode)
         max_tokens = min(limit or self.max_tokens, self.max_tokens)
         sampling = SamplingConfig(
@@ -574,7 +433,7 @@ def make_app(server: PolicyServer):
             ApiError(
                 500, "the server failed on this request", code="internal_error", kind="server_error"
             )
-        )  # noqa: E501
+        )
 
     def models() -> dict:
         return {"object": "list", "data": [model_card()]}
@@ -611,7 +470,7 @@ def make_app(server: PolicyServer):
                 413,
                 f"the request body is over {server.max_body_bytes} bytes",
                 code="request_too_large",
-            )  # noqa: E501
+            )
         raw = b""
         async for part in http.stream():
             raw += part
