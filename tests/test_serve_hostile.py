@@ -235,3 +235,24 @@ def test_hundreds_of_concurrent_clients_lose_and_duplicate_no_episode():
             : len(turns[0].prompt_ids)
         ] == list(turns[0].prompt_ids)  # noqa: E501
     assert server.store.dropped_turns == 0
+
+
+def test_an_engine_failure_fails_its_requests_with_a_500_and_the_server_goes_on(served):
+    server, url = served
+    decode = server.engine.sampler.decode
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a device error")
+        return decode(*args, **kwargs)
+
+    server.engine.sampler.decode = broken
+    try:
+        status, reply = post(url, GOOD)
+        assert status == 500 and reply["error"]["code"] == "internal_error"
+        assert "device" not in reply["error"]["message"]  # no internals leave the server
+        assert post(url, GOOD)[0] == 200  # a fresh cache, the same compiled programs
+    finally:
+        server.engine.sampler.decode = decode
