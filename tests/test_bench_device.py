@@ -21,7 +21,32 @@ from agentrl_jax.cli import app
 from agentrl_jax.plan import GPUS, gpu_spec, roofline, targets
 
 
-def test_bench_device_tiny_prints_one_named_figure_per_line_and_every_check_holds():
+# The --tiny run made cheaper, every figure and code path kept: 4 new tokens a decode (not 16),
+# one timed repeat after the warm-up (not 2), and the paged kernel's check on 4 rows x 4 heads
+# over 2 KV heads (not 8 x 16 over 8; the same head_dim 128, pages of 16, 8 pages a row, grouped
+# queries, ragged rows, a shuffled page table).
+CHEAP_TINY = dict(new_tokens=4, repeats=1)
+CHEAP_PAGED_SHAPE = (4, 4, 2, 2, 48, 16, 8, 128)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """PyTorch's references (transformers' logits and ``generate``) on one thread: at tiny
+    shapes its intra-op threads only contend, with each other and with the other test worker
+    (under ``-n 2`` on two cores its ``generate`` took ~10x longer); the same numbers."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_bench_device_tiny_prints_one_named_figure_per_line_and_every_check_holds(
+    monkeypatch, one_torch_thread
+):
+    monkeypatch.setattr(device, "TINY", dataclasses.replace(device.TINY, **CHEAP_TINY))
+    monkeypatch.setattr(device, "PAGED_SHAPE", CHEAP_PAGED_SHAPE)
     result = CliRunner().invoke(app, ["bench", "device", "--tiny"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]

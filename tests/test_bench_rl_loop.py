@@ -12,6 +12,11 @@ SMALL = [
     "task.t_max=4",
     "task.train_tasks=8",
     "task.eval_tasks=2",
+    # a smaller, cheaper policy and update (neither is checked: the loop's order is): one layer,
+    # XLA's attention in the update, no TensorBoard writer
+    "model.num_hidden_layers=1",
+    "rl.attention=xla",
+    "rl.tensorboard=false",
 ]
 
 

@@ -8,7 +8,9 @@ split by process and gathered), the evaluation's rollouts split the same way, an
 process writes the folder. The exported policies must agree to 1e-6, Table 1 and the raw
 counts of every rollout-based analysis must be the same bytes, the likelihood the same to
 float rounding. CI stops after Table 1 (training and the evaluation's first analysis);
-``--full-scale`` runs every phase and compares every analysis.
+``--full-scale`` runs every phase and compares every analysis. At CI scale the same two
+clusters then also run the asynchronous training the second test compares (one start of each
+process serves both commands: tests/multihost_cli_sequence.py).
 
 At CI scale the rollouts earn no reward, so the updates move the policies little: what moves
 them is the KL term's gradient near ratio 1, rounding noise that Adam scales up to the learning
@@ -31,45 +33,56 @@ from unittest import mock
 import numpy as np
 import pytest
 from multihost import launch
+from multihost_cli_sequence import SEPARATOR, statuses
 from safetensors.numpy import load_file
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = Path(__file__).parent / "multihost_cli.py"
+CLI = Path(__file__).parent / "multihost_cli_sequence.py"
 CONFIG = ROOT / "configs" / "frozenlake_ci.yaml"
+# test_asynchronous_training_in_two_processes_is_that_of_one's run: the RL run only (the
+# fixture's reproduction checks the rest)
+ASYNC = ["--until", "train:grpo", "--set", "rl.runs=[grpo]", "--set", "rl.max_staleness=1"]
+ASYNC += ["--set", "warm_start.enabled=false"]
 
 
-def _reproduce(out: Path, processes: int, devices: int, until: list[str]):
+def _command(out: Path, until: list[str]) -> list[str]:
+    return [
+        "reproduce",
+        "frozenlake",
+        "--config",
+        str(CONFIG),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--set",
+        "mesh.data=-1",
+        *until,
+    ]
+
+
+def _launch(commands: list[list[str]], processes: int, devices: int):
+    """``commands`` one after another in each process of a cluster of ``processes`` x
+    ``devices`` (tests/multihost_cli_sequence.py: one start of each process serves them all),
+    with XLA's default fusion emitters (docstring)."""
     flags = " ".join(
         f for f in os.environ.get("XLA_FLAGS", "").split() if "fusion_emitters" not in f
     )
-    with mock.patch.dict(os.environ, {"XLA_FLAGS": flags}):  # the default emitters (docstring)
-        done = _launch(out, processes, devices, until)
+    args = [arg for i, command in enumerate(commands) for arg in [SEPARATOR] * (i > 0) + command]
+    with mock.patch.dict(os.environ, {"XLA_FLAGS": flags}):
+        return launch(CLI, args, processes=processes, devices=devices, timeout=1200)
+
+
+def _succeeded(done, command: int) -> None:
+    """Command ``command`` (1-based) of a launch exited 0 in every process, and every process
+    then exited by itself, with the code its commands gave (the first nonzero one, else 0)."""
     for i, p in enumerate(done):
-        assert p.code == 0, f"process {i} of {processes}:\n{p.output[-4000:]}"
-    return done
-
-
-def _launch(out: Path, processes: int, devices: int, until: list[str]):
-    return launch(
-        CLI,
-        [
-            "reproduce",
-            "frozenlake",
-            "--config",
-            str(CONFIG),
-            "--out",
-            str(out),
-            "--no-progress",
-            "--set",
-            "mesh.data=-1",
-            *until,
-        ],
-        processes=processes,
-        devices=devices,
-        timeout=1200,
-    )
+        codes = statuses(p.output)
+        first_error = next((code for _, code in sorted(codes.items()) if code), 0)
+        assert codes.get(command) == 0 and p.code == first_error, (
+            f"process {i} of {len(done)}:\n{p.output[-4000:]}"
+        )
 
 
 def _weights(folder: Path) -> dict[str, np.ndarray]:
@@ -91,20 +104,30 @@ def _numbers(tree, path=""):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, full_scale):
-    """The reproduction by 1 process x 2 devices and by 2 x 1, or at full scale 1 x 8 and 2 x 4
-    (its main process' output)."""
+    """The reproduction by 1 process x 2 devices and by 2 x 1, or at full scale 1 x 8 and 2 x 4:
+    ``(folder, {"one": processes, "two": processes})``, each reproduction in ``folder/one`` and
+    ``folder/two``. At CI scale the same processes then run the asynchronous RL run of
+    test_asynchronous_training_in_two_processes_is_that_of_one (into ``folder/async_one`` and
+    ``folder/async_two``): one start of each process for both."""
     folder = tmp_path_factory.mktemp("multihost_reproduce")
-    one, two = folder / "one", folder / "two"
     # CI: the GRPO run of the three, up to Table 1
     until = [] if full_scale else ["--until", "eval:table", "--set", "rl.runs=[grpo]"]
     devices = 4 if full_scale else 1  # per process of the pair
-    _reproduce(one, 1, 2 * devices, until)
-    pair = _reproduce(two, 2, devices, until)
-    return one, two, pair[0].output
+    done = {}
+    for name, processes in (("one", 1), ("two", 2)):
+        commands = [_command(folder / name, until)]
+        if not full_scale:
+            commands.append(_command(folder / f"async_{name}", ASYNC))
+        done[name] = _launch(commands, processes, 2 * devices // processes)
+    return folder, done
 
 
 def test_two_processes_reproduce_what_one_does(runs, full_scale):
-    one, two, output = runs
+    folder, done = runs
+    for processes in done.values():
+        _succeeded(processes, 1)
+    one, two = folder / "one", folder / "two"
+    output = done["two"][0].output.split("\ncommand 1 of ")[0]  # the main process', this run's
     assert "reproduce: done" in output or "stopped after eval:table" in output
     phases = list(json.loads((two / "phases.json").read_text()))
     assert phases == list(json.loads((one / "phases.json").read_text()))
@@ -144,15 +167,22 @@ def test_two_processes_reproduce_what_one_does(runs, full_scale):
         assert [json.loads(r)["step"] for r in records] == [1, 2]
 
 
-def test_asynchronous_training_in_two_processes_is_that_of_one(tmp_path):
+def test_asynchronous_training_in_two_processes_is_that_of_one(request, full_scale, tmp_path):
     """``rl.max_staleness: 1`` (the rollout of update i + 1 sampled while update i trains, by
     the parameters it starts from) on 2 processes x 1 device against 1 x 2: the same trained
-    policy and the same metrics, staleness 1 after the first update."""
-    until = ["--until", "train:grpo", "--set", "rl.runs=[grpo]", "--set", "rl.max_staleness=1"]
-    until += ["--set", "warm_start.enabled=false"]  # the RL run only (the above checks the rest)
-    one, two = tmp_path / "one", tmp_path / "two"
-    _reproduce(one, 1, 2, until)
-    _reproduce(two, 2, 1, until)
+    policy and the same metrics, staleness 1 after the first update. At CI scale the fixture's
+    processes run it after their reproduction; at full scale (other layouts) it runs alone."""
+    if full_scale:
+        folder, command, done = tmp_path, 1, {}
+        for name, processes in (("one", 1), ("two", 2)):
+            done[name] = _launch(
+                [_command(folder / f"async_{name}", ASYNC)], processes, 2 // processes
+            )
+    else:
+        (folder, done), command = request.getfixturevalue("runs"), 2
+    for processes in done.values():
+        _succeeded(processes, command)
+    one, two = folder / "async_one", folder / "async_two"
     a, b = _weights(one / "models" / "grpo"), _weights(two / "models" / "grpo")
     assert a.keys() == b.keys()
     for name in a:
