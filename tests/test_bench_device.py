@@ -20,7 +20,6 @@ from agentrl_jax.bench import compile_only, device
 from agentrl_jax.cli import app
 from agentrl_jax.plan import GPUS, gpu_spec, roofline, targets
 
-
 # The --tiny run made cheaper, every figure and code path kept: 4 new tokens a decode (not 16),
 # one timed repeat after the warm-up (not 2), and the paged kernel's check on 4 rows x 4 heads
 # over 2 KV heads (not 8 x 16 over 8; the same head_dim 128, pages of 16, 8 pages a row, grouped
