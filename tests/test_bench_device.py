@@ -32,7 +32,8 @@ CHEAP_PAGED_SHAPE = (4, 4, 2, 2, 48, 16, 8, 128)
 def one_torch_thread():
     """PyTorch's references (transformers' logits and ``generate``) on one thread: at tiny
     shapes its intra-op threads only contend, with each other and with the other test worker
-    (under ``-n 2`` on two cores its ``generate`` took ~10x longer); the same numbers."""
+    (with the second core busy, its ``generate`` took ~10x longer on two threads than on one).
+    The references and every check are the same; the thread count is restored afterwards."""
     import torch
 
     threads = torch.get_num_threads()
