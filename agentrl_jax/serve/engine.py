@@ -443,37 +443,26 @@ class ServingEngine:
             top_logprobs=TOP_LOGPROBS if top else 0,
         )
         self.stats["decode_calls"] += 1
-        tokens, lengths, logprobs, sampling_lp, reason, experts, top_ids, top_lp = jax.device_get(
-            (
-                out.tokens,
-                out.lengths,
-                out.log_probs,
-                out.sampling_log_probs,
-                out.stop_reason,
-                out.experts,
-                out.top_ids,
-                out.top_log_probs,
-            )
-        )
+        out = jax.device_get(out)  # one transfer of every output field
         for r in np.flatnonzero(active):
             request, index = self._row_request[r]
-            choice, count = request.choices[index], int(lengths[r])
-            new = self._to_tokenizer(tokens[r, :count]).tolist()
+            choice, count = request.choices[index], int(out.lengths[r])
+            new = self._to_tokenizer(out.tokens[r, :count]).tolist()
             choice.tokens += new
-            choice.logprobs += logprobs[r, :count].tolist()
-            choice.sampling_logprobs += sampling_lp[r, :count].tolist()
-            if experts is not None:
-                choice.experts += list(experts[r, :count])
-            if top_ids is not None:
-                ids = self._to_tokenizer(top_ids[r, :count].reshape(-1)).reshape(count, -1)
-                choice.top += list(zip(ids, top_lp[r, :count]))
+            choice.logprobs += out.log_probs[r, :count].tolist()
+            choice.sampling_logprobs += out.sampling_log_probs[r, :count].tolist()
+            if out.experts is not None:
+                choice.experts += list(out.experts[r, :count])
+            if out.top_ids is not None:
+                ids = self._to_tokenizer(out.top_ids[r, :count].reshape(-1)).reshape(count, -1)
+                choice.top += list(zip(ids, out.top_log_probs[r, :count]))
             self._row_tokens[r] += new
             self._row_used[r] = time.perf_counter()
             if count:
                 request.emit(Event("tokens", index, count))
-            if reason[r] == StopReason.STOP_TOKEN:
+            if out.stop_reason[r] == StopReason.STOP_TOKEN:
                 self._finish(r, "stop")
-            elif len(choice.tokens) >= request.max_tokens or reason[r] in (
+            elif len(choice.tokens) >= request.max_tokens or out.stop_reason[r] in (
                 StopReason.CONTEXT_FULL,
                 StopReason.NO_PAGE,
                 StopReason.NOT_RUN,

@@ -306,12 +306,16 @@ class PolicyServer:
         if not found:
             return None
         position = min(found)
-        for count in range(1, len(ids) + 1):
-            if len(self.text(ids[:count])) > position and any(
-                s in self.text(ids[:count]) for s in stop
-            ):  # noqa: E501
-                return count, text[:position]
-        return len(ids), text[:position]
+        # the fewest tokens whose text holds a stop string: a prefix that holds one, its
+        # longer prefixes hold too, so a bisection (log n decodes, not n)
+        low, high = 1, len(ids)
+        while low < high:
+            middle = (low + high) // 2
+            if any(s in self.text(ids[:middle]) for s in stop):
+                high = middle
+            else:
+                low = middle + 1
+        return low, text[:position]
 
     def finish(self, request: Request, index: int, meta: dict) -> dict:
         """Choice ``index``'s message (and record it as a turn): its text cut at a stop
