@@ -144,7 +144,8 @@ def test_the_stored_references_are_of_todays_built_in_default():
     everything else identical against the reference given the new sha256, and store that."""
     import hashlib
 
-    from agentrl_jax.reproduce.config import default_config, dump_config
+    from agentrl_jax.config_io import dump_config
+    from agentrl_jax.reproduce.config import default_config
 
     today = hashlib.sha256(dump_config(default_config("frozenlake")).encode()).hexdigest()
     assert {r.config_sha256 for r in compare.references()} == {today}

@@ -20,10 +20,11 @@ from markdown_it import MarkdownIt
 from typer.testing import CliRunner
 
 from agentrl_jax.cli import app
+from agentrl_jax.config_io import dump_config
 from agentrl_jax.evaluation.policies import PolicyLoadError, checkpoint_step_dir, load_policy
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
-from agentrl_jax.reproduce.config import dump_config, load_config
+from agentrl_jax.reproduce.config import load_config
 from agentrl_jax.train import Checkpointer, MetricsLogger, RLConfig, TrainConfig, init_train_state
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -30,7 +30,8 @@ from agentrl_jax.cli import app
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.folders import MARKER, SCRATCH, FolderGuardError, claim, remove_folder
 from agentrl_jax.models.lora import LoraConfig
-from agentrl_jax.reproduce.config import _SECTIONS, config_from_dict, default_config, load_config
+from agentrl_jax.reproduce.config import SECTIONS as _SECTIONS
+from agentrl_jax.reproduce.config import config_from_dict, default_config, load_config
 from agentrl_jax.reproduce.folder import RESULTS
 from agentrl_jax.train.config import Config, TaskConfig
 from agentrl_jax.validation import MAX_TOKENS, declared_range, numeric_fields, real, setting

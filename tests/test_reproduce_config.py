@@ -1,6 +1,6 @@
 """The configuration tree (agentrl_jax.reproduce.config over agentrl_jax.train.config) and what
 it feeds the trainer (agentrl_jax.train.config.train_config): every shipped YAML validates and
-only overrides, every stored results folder's config.yaml loads (migrated), bad values and
+only overrides, bad values and
 unknown keys are refused naming ``section.field``, overrides parse, and the paper-scale configs
 hold docs/paper.md §3/§4/§7's numbers all the way into the TrainConfigs and rollout settings."""
 
@@ -18,17 +18,15 @@ import yaml
 from fake_devices import fake_devices_env
 
 from agentrl_jax.algorithms import AlgorithmConfig
+from agentrl_jax.config_io import apply_overrides, dump_config
 from agentrl_jax.errors import ConfigError
 from agentrl_jax.reproduce.config import (
     ReproduceConfig,
-    apply_overrides,
     config_from_dict,
     default_config,
-    dump_config,
     env_defaults,
     load_config,
 )
-from agentrl_jax.sampling.config import EngineConfig
 from agentrl_jax.sharding import MeshConfig
 from agentrl_jax.train.config import RLConfig, TrainConfig, train_config
 from agentrl_jax.train.presets import RUN_PRESETS
@@ -836,93 +834,6 @@ def test_the_adaptive_budgetmix_preset_draws_only_budgets_each_task_can_meet():
     )  # plain BudgetMix does draw them
     with pytest.raises(ConfigError, match="budget_mix: must be true, false or adaptive"):
         RLConfig(runs=({"name": "x", "preset": "grpo", "budget_mix": "sometimes"},))
-
-
-# ---------------------------------------------------------------- configs of earlier versions
-
-STORED = sorted((CONFIGS.parent / "notebooks").glob("**/config.yaml"))
-
-
-def test_the_stored_results_folders_are_found():
-    assert len(STORED) >= 6, STORED
-
-
-@pytest.mark.parametrize("path", STORED, ids=lambda p: str(p.parent.name))
-def test_every_stored_results_config_loads_as_it_ran(path):
-    """A results folder's config.yaml written before the engine and the presets' parameters had
-    sections of their own loads (migrated) into a config that runs the same: the engine is
-    rl's, every run's algorithm has the KL, clip and aggregation rl gave it."""
-    config = load_config(path)
-    old = yaml.safe_load(path.read_text())
-    old_rl = old["rl"]
-    for field in ("kv_page_size", "prefill_chunk", "kv_cache_dtype", "generation_layout"):
-        if field in old_rl:
-            assert getattr(config.engine, field) == old_rl[field], field
-    for run in config.rl.resolved_runs():
-        kl = _loss_term(run.algorithm, "kl")
-        clip = dict(_loss_term(run.algorithm, "policy_clip").params)
-        if run.name in ("grpo", "budgetmix", "budgetmix-adaptive") and "kl_coef" in old_rl:
-            assert (kl.coef if kl else 0.0) == old_rl["kl_coef"]
-            assert (clip["clip_low"], clip["clip_high"]) == (
-                old_rl["clip_low"],
-                old_rl["clip_high"],
-            )
-            assert run.algorithm.aggregation == old_rl["aggregation"]
-    # written again, it reads back the same
-    assert config_from_dict(yaml.safe_load(dump_config(config))) == config
-
-
-def test_migration_moves_every_old_field_and_refuses_what_it_cannot_move():
-    old = {
-        "rl": {
-            "runs": ["grpo", "gigpo"],
-            "kl_coef": 0.01,
-            "aggregation": "token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.3,
-            "gigpo_omega": 0.5,
-            "gigpo_gamma": 0.9,
-            "gae_gamma": 0.99,  # no run reads it: dropped (it never had an effect)
-            "kv_page_size": 32,
-            "kv_pages": 64,
-            "prefill_chunk": 128,
-            "kv_cache_dtype": "bfloat16",
-            "generation_layout": "training",
-        },
-        "eval": {
-            "gamma": 0.95,
-            "kv_page_size": 32,
-            "prefill_chunk": 128,
-            "kv_cache_dtype": "bfloat16",
-        },
-    }
-    config = config_from_dict(old)
-    assert config.engine == EngineConfig(
-        kv_cache_dtype="bfloat16",
-        prefill_chunk=128,
-        kv_page_size=32,
-        kv_pages=64,
-        generation_layout="training",
-    )
-    assert config.rl.preset_params == {
-        "aggregation": "token-mean",
-        "clip_high": 0.3,
-        "clip_low": 0.2,
-        "gigpo_gamma": 0.9,
-        "gigpo_omega": 0.5,
-        "kl_coef": 0.01,
-    }
-    gigpo = config.rl.resolved_runs()[1].algorithm
-    assert dict(gigpo.advantage_params).items() >= {"omega": 0.5, "gamma": 0.9}.items()
-    # old-style overrides keep working
-    assert (
-        load_config(CONFIGS / "frozenlake_ci.yaml", ["rl.kl_coef=0.02"]).rl.preset_params["kl_coef"]
-        == 0.02
-    )
-    with pytest.raises(ConfigError, match=r"eval\.kv_page_size: 16, but rl\.kv_page_size is 32"):
-        config_from_dict({"rl": {"kv_page_size": 32}, "eval": {"kv_page_size": 16}})
-    with pytest.raises(ConfigError, match=r"eval\.gamma: 0\.9; the step quality's discount"):
-        config_from_dict({"eval": {"gamma": 0.9}})
 
 
 def test_one_engine_serves_the_rollouts_and_the_evaluation():

@@ -36,9 +36,10 @@ from nbclient import NotebookClient
 from typer.testing import CliRunner
 
 from agentrl_jax.cli import app
+from agentrl_jax.config_io import dump_config
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.reproduce import machine, pipeline, sft
-from agentrl_jax.reproduce.config import dump_config, load_config
+from agentrl_jax.reproduce.config import load_config
 from agentrl_jax.reproduce.folder import ResultsFolderError
 from agentrl_jax.reproduce.pipeline import reproduce
 from agentrl_jax.reproduce.results import ANALYSES, table1_from_results

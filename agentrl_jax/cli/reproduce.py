@@ -221,8 +221,9 @@ def _reproduce(
 ) -> None:
     import envs
     from agentrl_jax.cli.paths import output_folder
+    from agentrl_jax.config_io import dump_config
     from agentrl_jax.plugins import load_plugins
-    from agentrl_jax.reproduce.config import dump_config, load_config
+    from agentrl_jax.reproduce.config import load_config
     from agentrl_jax.reproduce.folder import ReproduceError, plugins_hint
     from agentrl_jax.reproduce.pipeline import last_training_phase, reproduce
     from agentrl_jax.reproduce.seeds import (

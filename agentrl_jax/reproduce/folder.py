@@ -11,9 +11,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from agentrl_jax.config_io import dump_config
 from agentrl_jax.folders import MARKER, FolderGuardError, FolderKind, claim, remove_folder
 from agentrl_jax.plugins import loaded_plugins
-from agentrl_jax.reproduce.config import ReproduceConfig, dump_config, load_config
+from agentrl_jax.reproduce.config import ReproduceConfig, load_config
 from agentrl_jax.reproduce.machine import machine
 
 PHASES_FILE, CONFIG_FILE, PLUGINS_FILE = "phases.json", "config.yaml", "plugins.json"
