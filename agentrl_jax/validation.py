@@ -27,7 +27,7 @@ import numbers
 import typing
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from agentrl_jax.errors import ConfigError
+from agentrl_jax.errors import ConfigError, did_you_mean
 
 # ------------------------------------------------------------------- the declared bounds
 # Each bound a field declares without naming another field, and the rule it follows.
@@ -177,6 +177,36 @@ def check_fields(prefix: str, obj: Any) -> None:
         obj,
         {f.name: c for f in dataclasses.fields(obj) if (c := declared_check(f)) is not None},
     )
+
+
+def subsection(path: str, cls: type, value: Any, default: Any) -> Any:
+    """A section nested in another (``rl.optimizer``, ``eval.sampling``) as written: an
+    instance of ``cls`` as it is; a mapping of some of its fields (null: none) over those of
+    ``default`` (the field's default in the section that holds it). Errors name the full
+    ``path``: ``rl.optimizer.learning_rate: must be ...``, ``rl.optimizer.lr: unknown field``.
+    The class checks its own fields under its last name (``optimizer.learning_rate: ...``)."""
+    if isinstance(value, cls):
+        return value
+    names = [f.name for f in dataclasses.fields(cls)]
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{path}: must be a mapping of fields ({', '.join(names)}), got {short_repr(value)}"
+        )
+    unknown = [key for key in value if key not in names]
+    if unknown:
+        raise ConfigError(
+            f"{path}.{unknown[0]}: unknown field; known: {', '.join(sorted(names))}"
+            f"{did_you_mean(unknown[0], names)}"
+        )
+    try:
+        return cls(**{**{name: getattr(default, name) for name in names}, **value})
+    except ValueError as error:
+        message, (above, _, name) = str(error), path.rpartition(".")
+        if message.startswith(f"{name}."):
+            raise ConfigError(f"{above}.{message}" if above else message) from None
+        raise ConfigError(f"{path}: {message}") from None
 
 
 def one_of(options: Iterable[Any], *, nullable: bool = False) -> Check:

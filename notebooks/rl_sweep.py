@@ -8,8 +8,8 @@ first-10 update means (normal CIs), and the training time. Each point appends on
 to ``--log``; ``table`` rewrites the Markdown table of every line logged so far, marking
 ``--chosen``, and keeps the notes written below it.
 
-    python notebooks/rl_sweep.py point results/frozenlake lr1e-3 --set rl.learning_rate=0.001
-    python notebooks/rl_sweep.py table --chosen lr1e-3
+    python notebooks/rl_sweep.py point results/frozenlake lr1e-3 --set
+    rl.optimizer.learning_rate=0.001 python notebooks/rl_sweep.py table --chosen lr1e-3
 
 The base folder is any finished (or ``--until warm_start``) ``agentrl-jax reproduce
 frozenlake`` run; its config, with the overrides, gives the RL settings and the maps.

@@ -15,8 +15,8 @@ SMALL = [
     # a smaller, cheaper policy and update (neither is checked: the loop's order is): one layer,
     # XLA's attention in the update, no TensorBoard writer
     "model.num_hidden_layers=1",
-    "rl.attention=xla",
-    "rl.tensorboard=false",
+    "rl.memory.attention=xla",
+    "rl.logging.tensorboard=false",
 ]
 
 

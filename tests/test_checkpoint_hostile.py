@@ -46,7 +46,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 NO_KL = AlgorithmConfig(loss_terms=(LossTermConfig("policy_clip"),))  # no reference: small
 CONFIG = TrainConfig(
     rl=RLConfig(
-        tasks_per_step=2, group_size=4, max_staleness=2, checkpoint_every=1, checkpoint_keep=2
+        tasks_per_step=2,
+        group_size=4,
+        asynchronous={"max_staleness": 2},
+        checkpoint={"every": 1, "keep": 2},
     ),
     algorithm=NO_KL,
 )
@@ -177,16 +180,16 @@ def test_the_untampered_checkpoint_resumes_with_its_batches(copy):
             "run's rollouts; 4 turns: this run's rollouts)",
         ),
         (
-            _rl(max_staleness=1),
+            _rl(asynchronous={"max_staleness": 1}),
             SHAPE,
-            "it holds 2 batch(es), expected at most this run's rl.max_staleness (1) sampled "
-            "ahead",
+            "it holds 2 batch(es), expected at most this run's rl.asynchronous.max_staleness "
+            "(1) sampled ahead",
         ),
         (
-            _rl(max_staleness=0),  # a synchronous run would drop them silently
+            _rl(asynchronous={"max_staleness": 0}),  # a synchronous run would drop them silently
             SHAPE,
-            "it holds 2 batch(es), expected at most this run's rl.max_staleness (0) sampled "
-            "ahead",
+            "it holds 2 batch(es), expected at most this run's rl.asynchronous.max_staleness "
+            "(0) sampled ahead",
         ),
         (
             _rl(process_reward_coef=0.5),
@@ -249,15 +252,16 @@ def _set(key: str, value, batch: int = 0):
             _set("version", 10**6),
             None,
             "batch 0's policy version is 1000000, expected an int in [1, 3] (no newer than the "
-            "checkpoint's step 3; at most rl.max_staleness 2 behind step 3, where it trains)",
+            "checkpoint's step 3; at most rl.asynchronous.max_staleness 2 behind step 3, where it "
+            "trains)",
         ),
         (_set("version", -1), None, "batch 0's policy version is -1, expected an int in [1, 3]"),
         (
             _set("version", 0, batch=1),
             None,
             "batch 1's policy version is 0, expected an int in [2, 3] (no newer than the "
-            "checkpoint's step 3; at most rl.max_staleness 2 behind step 4, where it trains; no "
-            "older than batch 0's)",
+            "checkpoint's step 3; at most rl.asynchronous.max_staleness 2 behind step 4, where it "
+            "trains; no older than batch 0's)",
         ),
         (
             _set("metrics", {"R_multi": [[["deep"]]]}),
@@ -329,7 +333,7 @@ def test_an_evaluated_checkpoint_naming_no_model_directory_is_the_policy_error(c
 # ------------------------------------------------------------------ a LoRA base's fingerprint
 
 LORA_CONFIG = TrainConfig(
-    rl=RLConfig(lora=lora.LoraConfig(rank=2), checkpoint_every=1, checkpoint_keep=2),
+    rl=RLConfig(lora=lora.LoraConfig(rank=2), checkpoint={"every": 1, "keep": 2}),
     algorithm=NO_KL,
 )
 

@@ -40,7 +40,9 @@ ROWS, PROMPT, NEW = 8, 5, 6
 
 
 def _scoring_config(**changes) -> TrainConfig:
-    rl = RLConfig(scoring="sampling", temperature=SAMPLING.temperature, top_p=SAMPLING.top_p)
+    rl = RLConfig(
+        scoring="sampling", sampling={"temperature": SAMPLING.temperature, "top_p": SAMPLING.top_p}
+    )
     return TrainConfig(rl=dataclasses.replace(rl, **changes), valid_vocab_size=VALID)
 
 
@@ -157,7 +159,7 @@ def test_scoring_under_the_sampling_distribution_matches_the_sampler(sampled):
     )
     assert np.max(np.abs(model_lp - sampling_lp)) > 0.1  # temperature and top-p matter here
 
-    config = _scoring_config(epochs=2, mini_batches=2)
+    config = _scoring_config(batching={"epochs": 2, "mini_batches": 2})
     state = init_train_state(model, config)
     data, metrics = prepare_batch(nnx.graphdef(model), config, state, TrainBatch(traj))
     np.testing.assert_allclose(
@@ -227,9 +229,9 @@ def test_config_fields_are_validated_and_round_trip():
     with pytest.raises(ConfigError, match="scoring"):
         TrainConfig(rl=RLConfig(scoring="tempered"))
     with pytest.raises(ConfigError, match=r"rl\.temperature"):
-        TrainConfig(rl=RLConfig(temperature=0.0))
+        TrainConfig(rl=RLConfig(sampling={"temperature": 0.0}))
     with pytest.raises(ConfigError, match=r"rl\.top_p"):
-        TrainConfig(rl=RLConfig(top_p=1.5))
+        TrainConfig(rl=RLConfig(sampling={"top_p": 1.5}))
     with pytest.raises(ValueError, match="cap"):
         LossTermConfig("policy_clip_tis", params={"cap": 0.0})
 

@@ -121,7 +121,9 @@ def _hand_term(params, reference, graphdef, traj, tau=0.1):
 def test_training_with_the_term_through_the_public_api(tmp_path):
     model = tiny_model(num_hidden_layers=1)
     graphdef = nnx.graphdef(model)
-    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=3), algorithm=ALGORITHM)
+    config = TrainConfig(
+        rl=RLConfig(optimizer={"learning_rate": 1e-2}, steps=3), algorithm=ALGORITHM
+    )
     state = init_train_state(model, config)
     rng = np.random.default_rng(0)  # a reference away from the policy, so the k2 part is not 0
     state = state.replace(

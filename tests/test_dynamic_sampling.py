@@ -119,7 +119,7 @@ GROUP, GROUPS = 4, 2
 def test_the_loop_draws_until_varied_groups_fill_the_batch_and_a_resumed_run_is_exact():
     """A tiny random policy on the fake task succeeds ~12% of the time: a group of 4 is often
     all failures, so steps need a second or third rollout batch (and some stay short)."""
-    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=4), algorithm=DAPO)
+    config = TrainConfig(rl=RLConfig(optimizer={"learning_rate": 1e-2}, steps=4), algorithm=DAPO)
     model = tiny_model()
     graphdef = nnx.graphdef(model)
     fake = make_fake_rollout(graphdef, group_size=GROUP)
@@ -172,7 +172,7 @@ def test_the_loop_draws_until_varied_groups_fill_the_batch_and_a_resumed_run_is_
         step,
         fake,
         task_batches(8, GROUPS),
-        TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=2), algorithm=DAPO),
+        TrainConfig(rl=RLConfig(optimizer={"learning_rate": 1e-2}, steps=2), algorithm=DAPO),
         progress=False,
     )
     resumed = train(half, step, fake, task_batches(8, GROUPS), config, progress=False)
@@ -262,7 +262,9 @@ def test_a_batch_with_no_loss_token_makes_no_optimizer_step():
     """All groups dropped and the batch filled with masked rows: weight decay and Adam's
     momentum would still move the parameters; the update is not applied, and says so."""
     model = tiny_model()
-    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, weight_decay=0.1), algorithm=DAPO)
+    config = TrainConfig(
+        rl=RLConfig(optimizer={"learning_rate": 1e-2, "weight_decay": 0.1}), algorithm=DAPO
+    )
     step = make_train_step(nnx.graphdef(model), config)
     live = TrainBatch(random_trajectory(8, rows=8))
     state, metrics = step(init_train_state(model, config), live)  # Adam now has momentum

@@ -183,7 +183,8 @@ from agentrl_jax.train.step import batch_shardings
 model = tiny_model(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=8,
                    norm_topk_prob=True)
 graphdef = nnx.graphdef(model)
-config = TrainConfig(rl=RLConfig(remat="full", logits_chunk=8, num_micro_batches=2))
+config = TrainConfig(rl=RLConfig(memory={"remat": "full", "logits_chunk": 8},
+                                  batching={"num_micro_batches": 2}))
 state = init_train_state(model, config)
 batch = TrainBatch(random_trajectory(3, rows=16, padded_rows=1))
 want, _, want_metrics = jax.jit(functools.partial(compute_gradients, graphdef, config))(
@@ -255,13 +256,16 @@ def test_the_30b_a3b_configs_hold_the_papers_numbers_on_an_expert_mesh():
         assert config.eval.pass_k_samples == 128 and config.engine.kv_page_size is None
         for spec in config.rl.resolved_runs():
             tc = train_config(config, spec)
-            assert tc.kl_coef == 0.001 and (tc.rl.epochs, tc.rl.mini_batches) == (1, 1)
+            assert tc.kl_coef == 0.001 and (tc.rl.batching.epochs, tc.rl.batching.mini_batches) == (
+                1,
+                1,
+            )
         lora = config.rl.lora
         if "lora" in path.name:  # the attention's projections only: the MLPs are the experts
             assert lora.targets == ("q_proj", "k_proj", "v_proj", "o_proj")
-            assert config.rl.learning_rate == 1e-5 and lora.base_dtype == "bfloat16"
+            assert config.rl.optimizer.learning_rate == 1e-5 and lora.base_dtype == "bfloat16"
         else:
-            assert lora is None and config.rl.learning_rate == 1e-6
+            assert lora is None and config.rl.optimizer.learning_rate == 1e-6
         if path.name.endswith("_tpu.yaml"):  # a v5p-64 slice (32 chips), or any multiple
             assert config.mesh.sizes(32) == (1, 4, 8, 1)
             assert config.mesh.sizes(64) == (2, 4, 8, 1)
@@ -269,7 +273,9 @@ def test_the_30b_a3b_configs_hold_the_papers_numbers_on_an_expert_mesh():
             assert config.mesh.sizes(8) == (1, 8, 1, 1)
         rows = config.rl.tasks_per_step * config.rl.group_size
         devices = 32 if path.name.endswith("_tpu.yaml") else 8
-        assert rows // devices // config.rl.num_micro_batches == 1  # 1 row a device at a time
+        assert (
+            rows // devices // config.rl.batching.num_micro_batches == 1
+        )  # 1 row a device at a time
 
 
 # ---------------------------------------------------------------- several processes

@@ -55,17 +55,20 @@ from agentrl_jax.train import RLConfig, TrainConfig
 pytestmark = [pytest.mark.slow, pytest.mark.optimized]
 
 # Adam on a width-16 model: 3e-2 learns within 10 steps (the paper's 1e-6 is for 4B models).
-GRPO = TrainConfig(rl=RLConfig(learning_rate=3e-2, steps=STEPS, seed=0, attention="blocked"))
+GRPO = TrainConfig(
+    rl=RLConfig(
+        optimizer={"learning_rate": 3e-2}, memory={"attention": "blocked"}, steps=STEPS, seed=0
+    )
+)
 EPOCHS, MINI_BATCHES = 2, 2
 # 4 Adam steps per batch: a third of GRPO's 3e-2 per update.
 PPO = TrainConfig(
     rl=RLConfig(
-        learning_rate=1e-2,
+        optimizer={"learning_rate": 1e-2},
+        batching={"epochs": EPOCHS, "mini_batches": MINI_BATCHES},
+        memory={"attention": "blocked"},
         steps=STEPS,
         seed=0,
-        epochs=EPOCHS,
-        mini_batches=MINI_BATCHES,
-        attention="blocked",
     ),
     algorithm=AlgorithmConfig(
         advantage="gae",
@@ -82,7 +85,9 @@ PPO = TrainConfig(
 # batches per update, and the soft overlong punishment (L_max = 5 sampled tokens, one per turn;
 # L_cache = 2: -0.5 for a row of 4 moves, -1 for 5). One update per batch, as GRPO.
 DAPO = TrainConfig(
-    rl=RLConfig(learning_rate=3e-2, steps=STEPS, seed=0, attention="blocked"),
+    rl=RLConfig(
+        optimizer={"learning_rate": 3e-2}, memory={"attention": "blocked"}, steps=STEPS, seed=0
+    ),
     max_response_length=5,
     algorithm=AlgorithmConfig(
         advantage="grpo",
@@ -95,12 +100,18 @@ DAPO = TrainConfig(
 )
 
 
-# GRPO with rollouts one update behind (asynchronous training, rl.max_staleness: 1): batch j is
-# sampled by the parameters after j - 1 updates and corrected by the truncated importance weight.
-# The lag delays the start (at 3e-2 R_multi over the 10 steps was 0.06 ... 0.19, 0.38 against
-# synchronous GRPO's 0.06 ... 0.41, 0.38, on this CPU); 5e-2 makes up for it within the 10 steps.
+# GRPO with rollouts one update behind (asynchronous training, rl.asynchronous.max_staleness: 1):
+# batch j is sampled by the parameters after j - 1 updates and corrected by the truncated importance
+# weight. The lag delays the start (at 3e-2 R_multi over the 10 steps was 0.06 ... 0.19, 0.38
+# against synchronous GRPO's 0.06 ... 0.41, 0.38, on this CPU); 5e-2 makes up for it within the 10
+# steps.
 ASYNC_GRPO = dataclasses.replace(
-    GRPO, rl=dataclasses.replace(GRPO.rl, max_staleness=1, learning_rate=5e-2)
+    GRPO,
+    rl=dataclasses.replace(
+        GRPO.rl,
+        asynchronous=dataclasses.replace(GRPO.rl.asynchronous, max_staleness=1),
+        optimizer=dataclasses.replace(GRPO.rl.optimizer, learning_rate=5e-2),
+    ),
 )
 
 

@@ -33,7 +33,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.optimized]
 LORA_STD = 0.4
 LORA_GRPO = dataclasses.replace(
     GRPO,
-    rl=dataclasses.replace(GRPO.rl, lora=LoraConfig(rank=8, alpha=32.0), learning_rate=5e-2),
+    rl=dataclasses.replace(
+        GRPO.rl,
+        lora=LoraConfig(rank=8, alpha=32.0),
+        optimizer=dataclasses.replace(GRPO.rl.optimizer, learning_rate=5e-2),
+    ),
 )
 
 

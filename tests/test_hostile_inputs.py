@@ -33,6 +33,8 @@ from agentrl_jax.models.lora import LoraConfig
 from agentrl_jax.reproduce.config import SECTIONS as _SECTIONS
 from agentrl_jax.reproduce.config import config_from_dict, default_config, load_config
 from agentrl_jax.reproduce.folder import RESULTS
+from agentrl_jax.sampling.config import SamplingSettings
+from agentrl_jax.train.config import SUBSECTIONS as RL_SUBSECTIONS
 from agentrl_jax.train.config import Config, TaskConfig
 from agentrl_jax.validation import MAX_TOKENS, declared_range, numeric_fields, real, setting
 
@@ -160,9 +162,12 @@ def test_remove_folder_touches_only_its_own_kind(tmp_path):
 
 # ---------------------------------------------------------------- declared ranges
 
-# every config class a user writes: the YAML sections, rl.lora, each environment's options
+# every config class a user writes: the YAML sections, their subsections (rl.optimizer, ...,
+# eval.sampling), rl.lora, each environment's options
 _CLASSES = {
     **_SECTIONS,
+    **{f"rl.{name}": cls for name, cls in RL_SUBSECTIONS.items()},
+    "eval.sampling": SamplingSettings,
     "rl.lora": LoraConfig,
     "rl.algorithm": AlgorithmConfig,
     "rl.algorithm.loss_terms[0]": LossTermConfig,

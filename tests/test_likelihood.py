@@ -244,7 +244,8 @@ def test_the_rollout_records_the_sampling_distributions_log_probs(setup):
     traj = trajectories["RL"]
     config = TrainConfig(
         rl=RLConfig(
-            scoring="sampling", temperature=EVAL_SAMPLING.temperature, top_p=EVAL_SAMPLING.top_p
+            scoring="sampling",
+            sampling={"temperature": EVAL_SAMPLING.temperature, "top_p": EVAL_SAMPLING.top_p},
         )
     )
     scored, _ = sequence_logprobs(

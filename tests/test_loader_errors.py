@@ -753,8 +753,8 @@ YAML_CASES = {
         "warm_start.enabled: must be true or false, got 1",
     ),
     "a mapping for a number": (
-        "rl:\n  learning_rate: {a: 1}\n",
-        "rl.learning_rate: must be a number in (0, 10], got {'a': 1}",
+        "rl:\n  optimizer:\n    learning_rate: {a: 1}\n",
+        "rl.optimizer.learning_rate: must be a number in (0, 10], got {'a': 1}",
     ),
     "a list for a string": (
         "model:\n  dtype: [float32]\n",
@@ -775,8 +775,8 @@ YAML_CASES = {
         "presentation, params, algorithm}, got ['grpo']",
     ),
     "a huge int for a number": (
-        "eval:\n  top_p: " + "9" * 400 + "\n",
-        "eval.top_p: must be a number in (0, 1], got " + "9" * 117 + "...",
+        "eval:\n  sampling:\n    top_p: " + "9" * 400 + "\n",
+        "eval.sampling.top_p: must be a number in (0, 1], got " + "9" * 117 + "...",
     ),
     "a bad mesh": (
         "mesh:\n  data: 0\n",
@@ -859,16 +859,10 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
             "rl:\n  steps: 3\n",
             ["rl.stepz=3"],
             "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: "
-            "adam_b1, adam_b2, adam_eps, algorithm, attention, checkpoint_every, "
-            "checkpoint_keep, critic_learning_rate, critic_weight_decay, epochs, group_size, "
-            "history_window, judge_model_dir, learning_rate, logits_chunk, lora, "
-            "max_grad_norm, max_rows_per_call, "
-            "max_staleness, mini_batches, num_micro_batches, off_policy_cap, packing, "
-            "preset_params, process_reward_coef, "
-            "process_rewards, refill, remat, routing_replay, runs, scoring, seed, steps, "
-            "tasks_per_step, "
-            "temperature, tensorboard, top_k, top_p, wandb_project, weight_decay; "
-            "did you mean 'steps'?",
+            "algorithm, asynchronous, batching, checkpoint, group_size, history_window, "
+            "judge_model_dir, logging, lora, max_rows_per_call, memory, optimizer, "
+            "preset_params, process_reward_coef, process_rewards, refill, routing_replay, "
+            "runs, sampling, scoring, seed, steps, tasks_per_step; did you mean 'steps'?",
         ),
         (
             "rl:\n  steps: 3\n",
@@ -878,9 +872,9 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
         ),
         (
             "task:\n  t_max: 8\n",
-            ["rl.steps=4", "rl.num_micro_batches=3"],
-            "config {path} with override 'rl.steps=4', 'rl.num_micro_batches=3': "
-            "rl.num_micro_batches: must divide tasks_per_step x group_size (64), got 3",
+            ["rl.steps=4", "rl.batching.num_micro_batches=3"],
+            "config {path} with override 'rl.steps=4', 'rl.batching.num_micro_batches=3': "
+            "rl.batching.num_micro_batches: must divide tasks_per_step x group_size (64), got 3",
         ),
         (
             "task:\n  t_max: 8\n",

@@ -119,7 +119,7 @@ def test_merged_params_are_w_plus_scaled_ba():
 
 
 def _train_config(**rl):
-    return TrainConfig(rl=RLConfig(**{"learning_rate": 1e-2, "lora": LORA, **rl}))
+    return TrainConfig(rl=RLConfig(**{"optimizer": {"learning_rate": 1e-2}, "lora": LORA, **rl}))
 
 
 def test_the_step_trains_the_adapters_only_against_the_base_as_reference():

@@ -159,3 +159,63 @@ def test_every_stored_config_is_in_the_current_layout_and_loads(path):
     assert migrate(yaml.safe_load(path.read_text())) == yaml.safe_load(path.read_text())
     config = load_config(path)
     assert config_from_dict(yaml.safe_load(dump_config(config))) == config
+
+
+FLAT = """\
+# a config of the flat rl layout
+rl:
+  runs: [grpo]
+  steps: 2
+  learning_rate: 1.0e-4   # ours
+  # memory: none changes the numbers
+  remat: full
+  num_micro_batches: 2
+  max_staleness: 1
+  checkpoint_every: 1
+  checkpoint_keep: 3
+  tensorboard: false
+  temperature: 0.9
+eval:
+  samples: 8
+  temperature: 0.7        # the evaluation's
+  top_p: 0.95
+"""
+
+
+def test_flat_rl_fields_move_into_their_subsections_keeping_the_comments(tmp_path):
+    text = migrate_configs.migrate_text(FLAT)
+    assert "# a config of the flat rl layout" in text
+    assert "  optimizer:\n    learning_rate: 1.0e-4   # ours\n" in text
+    assert "  memory:\n    # memory: none changes the numbers\n    remat: full\n" in text
+    assert "  checkpoint:\n    every: 1\n    keep: 3\n" in text
+    assert "  sampling:\n    temperature: 0.7        # the evaluation's\n    top_p: 0.95\n" in text
+    data = yaml.safe_load(text)
+    assert data == migrate(yaml.safe_load(FLAT))
+    assert data["eval"]["sampling"] == {  # top_k 0: the evaluation never truncated to the top k
+        "temperature": 0.7,
+        "top_k": 0,
+        "top_p": 0.95,
+    }
+    path = tmp_path / "flat.yaml"
+    path.write_text(FLAT)
+    assert migrate_configs.main([str(path)]) == 0
+    config = load_config(path)
+    rl = config.rl
+    assert (rl.optimizer.learning_rate, rl.memory.remat, rl.batching.num_micro_batches) == (
+        1e-4,
+        "full",
+        2,
+    )
+    assert (rl.asynchronous.max_staleness, rl.checkpoint.every, rl.checkpoint.keep) == (1, 1, 3)
+    assert (rl.logging.tensorboard, rl.sampling.temperature) == (False, 0.9)
+    assert (config.eval.sampling.temperature, config.eval.sampling.top_p) == (0.7, 0.95)
+    assert migrate_configs.main(["--check", str(path)]) == 0
+    # a flow-style section moves too (written by yaml.safe_dump: its comments are not kept)
+    flow = migrate_configs.migrate_text("rl: {steps: 2, epochs: 2, mini_batches: 2}\n")
+    assert yaml.safe_load(flow) == {
+        "rl": {"steps": 2, "batching": {"epochs": 2, "mini_batches": 2}}
+    }
+    with pytest.raises(MigrationError, match=r"rl\.epochs: 2, but rl\.batching\.epochs is 3"):
+        migrate({"rl": {"epochs": 2, "batching": {"epochs": 3}}})
+    with pytest.raises(MigrationError, match=r"rl\.batching: 4, but rl\.epochs belongs in it"):
+        migrate({"rl": {"epochs": 2, "batching": 4}})

@@ -43,7 +43,14 @@ CLI = Path(__file__).parent / "multihost_cli_sequence.py"
 CONFIG = ROOT / "configs" / "frozenlake_ci.yaml"
 # test_asynchronous_training_in_two_processes_is_that_of_one's run: the RL run only (the
 # fixture's reproduction checks the rest)
-ASYNC = ["--until", "train:grpo", "--set", "rl.runs=[grpo]", "--set", "rl.max_staleness=1"]
+ASYNC = [
+    "--until",
+    "train:grpo",
+    "--set",
+    "rl.runs=[grpo]",
+    "--set",
+    "rl.asynchronous.max_staleness=1",
+]
 ASYNC += ["--set", "warm_start.enabled=false"]
 
 
@@ -168,10 +175,11 @@ def test_two_processes_reproduce_what_one_does(runs, full_scale):
 
 
 def test_asynchronous_training_in_two_processes_is_that_of_one(request, full_scale, tmp_path):
-    """``rl.max_staleness: 1`` (the rollout of update i + 1 sampled while update i trains, by
-    the parameters it starts from) on 2 processes x 1 device against 1 x 2: the same trained
-    policy and the same metrics, staleness 1 after the first update. At CI scale the fixture's
-    processes run it after their reproduction; at full scale (other layouts) it runs alone."""
+    """``rl.asynchronous.max_staleness: 1`` (the rollout of update i + 1 sampled while update i
+    trains, by the parameters it starts from) on 2 processes x 1 device against 1 x 2: the same
+    trained policy and the same metrics, staleness 1 after the first update. At CI scale the
+    fixture's processes run it after their reproduction; at full scale (other layouts) it runs
+    alone."""
     if full_scale:
         folder, command, done = tmp_path, 1, {}
         for name, processes in (("one", 1), ("two", 2)):

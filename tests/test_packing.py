@@ -107,9 +107,13 @@ def test_packed_step_gradients_equal_the_unpacked_ones(attention_impl, aggregati
         }
     )
     plain = TrainConfig(
-        rl=RLConfig(attention=attention_impl, num_micro_batches=2), algorithm=algorithm
+        rl=RLConfig(memory={"attention": attention_impl}, batching={"num_micro_batches": 2}),
+        algorithm=algorithm,
     )
-    packed = dataclasses.replace(plain, rl=dataclasses.replace(plain.rl, packing=True))
+    packed = dataclasses.replace(
+        plain,
+        rl=dataclasses.replace(plain.rl, memory=dataclasses.replace(plain.rl.memory, packing=True)),
+    )
     model = tiny_model(seed=3, vocab_size=16)
     # perturb the policy away from the reference, so the KL term has a gradient
     state = init_train_state(model, plain)
@@ -144,8 +148,11 @@ def test_packed_step_gradients_equal_the_unpacked_ones(attention_impl, aggregati
 
 
 def test_the_packed_train_step_updates_as_the_unpacked_one():
-    plain = TrainConfig(rl=RLConfig(learning_rate=1e-2))
-    packed = dataclasses.replace(plain, rl=dataclasses.replace(plain.rl, packing=True))
+    plain = TrainConfig(rl=RLConfig(optimizer={"learning_rate": 1e-2}))
+    packed = dataclasses.replace(
+        plain,
+        rl=dataclasses.replace(plain.rl, memory=dataclasses.replace(plain.rl.memory, packing=True)),
+    )
     model = tiny_model(seed=4, vocab_size=16)
     batch = TrainBatch(random_trajectory(6, rows=8))
     results = []
@@ -173,7 +180,7 @@ def test_bad_packing_and_window_settings_name_the_field():
         ):
             RLConfig(history_window=value)
     with pytest.raises(ConfigError, match=r"rl\.packing: must be true or false"):
-        RLConfig(packing="yes")
+        RLConfig(memory={"packing": "yes"})
     with pytest.raises(ConfigError, match=r"rl\.history_window: run 'ppo' trains each windowed"):
         RLConfig(runs=("ppo",), history_window=2, preset_params={"aggregation": "token-mean"})
 
@@ -181,6 +188,6 @@ def test_bad_packing_and_window_settings_name_the_field():
 def test_packing_refuses_terms_that_read_whole_rows():
     with pytest.raises(ConfigError, match=r"rl\.packing: loss term 'gspo_clip'"):
         TrainConfig(
-            rl=RLConfig(packing=True),
+            rl=RLConfig(memory={"packing": True}),
             algorithm={"loss_terms": [{"name": "gspo_clip"}], "aggregation": "token-mean"},
         )

@@ -35,7 +35,9 @@ from agentrl_jax.train.step_metrics import explained_variance, explained_varianc
 EPOCHS, MINI_BATCHES, ROWS = 4, 4, 16
 UPDATES = EPOCHS * MINI_BATCHES
 PPO = TrainConfig(
-    rl=RLConfig(learning_rate=3e-3, epochs=EPOCHS, mini_batches=MINI_BATCHES),
+    rl=RLConfig(
+        optimizer={"learning_rate": 3e-3}, batching={"epochs": EPOCHS, "mini_batches": MINI_BATCHES}
+    ),
     algorithm=AlgorithmConfig(
         advantage="gae",
         loss_terms=(
@@ -46,7 +48,9 @@ PPO = TrainConfig(
     ),
 )
 # The paper's GRPO (clip 0.2, k3 KL 0.001, token-mean) with PPO epochs, for the hand-written loss.
-GRPO = TrainConfig(rl=RLConfig(epochs=EPOCHS, mini_batches=MINI_BATCHES, num_micro_batches=2))
+GRPO = TrainConfig(
+    rl=RLConfig(batching={"epochs": EPOCHS, "mini_batches": MINI_BATCHES, "num_micro_batches": 2})
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,7 +177,11 @@ def test_update_rows_are_a_fresh_permutation_per_epoch():
 
 def test_rows_must_split_into_mini_and_micro_batches():
     config = TrainConfig(
-        rl=RLConfig(epochs=2, mini_batches=4, num_micro_batches=3, tasks_per_step=6, group_size=2)
+        rl=RLConfig(
+            batching={"epochs": 2, "mini_batches": 4, "num_micro_batches": 3},
+            tasks_per_step=6,
+            group_size=2,
+        )
     )
     step = make_train_step(_graphdef(), config)
     with pytest.raises(

@@ -241,9 +241,12 @@ def test_the_train_step_on_a_moe_model_is_its_loss_gradient():
     algorithm = AlgorithmConfig(
         aggregation="seq-mean-token-mean", loss_terms=(LossTermConfig("policy_clip"),)
     )
-    config = TrainConfig(rl=RLConfig(remat="full", logits_chunk=8), algorithm=algorithm)
+    config = TrainConfig(
+        rl=RLConfig(memory={"remat": "full", "logits_chunk": 8}), algorithm=algorithm
+    )
     split = TrainConfig(
-        rl=RLConfig(remat="full", logits_chunk=8, num_micro_batches=2), algorithm=algorithm
+        rl=RLConfig(memory={"remat": "full", "logits_chunk": 8}, batching={"num_micro_batches": 2}),
+        algorithm=algorithm,
     )
     state = init_train_state(model, config)
     traj = random_trajectory(3, rows=8, padded_rows=1)

@@ -89,8 +89,8 @@ def test_the_built_in_default_is_the_environments_study_over_the_classes():
     assert load_config(None) == default_config("frozenlake")
     assert load_config(None, ["task.env=sql"]) == default_config("sql")
     # one place per environment: its study's config_defaults, here over the library's classes
-    assert default_config("frozenlake").rl.learning_rate == 1e-3
-    assert RLConfig().learning_rate == 1e-6  # the paper's (§4)
+    assert default_config("frozenlake").rl.optimizer.learning_rate == 1e-3
+    assert RLConfig().optimizer.learning_rate == 1e-6  # the paper's (§4)
     assert default_config("sql").task.t_max == 10 and default_config("bfcl").task.t_max == 24
     assert env_defaults("code")["task"]["env"] == "code"
 
@@ -101,7 +101,7 @@ def test_round_trip_of_non_default_values():
         [
             "rl.runs=[ppo, gigpo-budgetmix]",
             "eval.budgets=[3, 1, 3]",
-            "rl.max_grad_norm=null",
+            "rl.optimizer.max_grad_norm=null",
             "model.dtype=bfloat16",
             "mesh.data=-1",
             "mesh.fsdp=2",
@@ -162,8 +162,11 @@ def test_round_trip_of_non_default_values():
         ({"rl.preset_params.clip_high": -0.1}, "rl.preset_params.clip_high"),
         ({"rl.preset_params.gigpo_omega": 1.0}, "rl.preset_params.gigpo_omega: no run's preset"),
         ({"rl.preset_params": [1]}, "rl.preset_params: must be a mapping"),
-        ({"rl.epochs": 0}, "rl.epochs"),
-        ({"rl.mini_batches": 3}, "rl.mini_batches: must divide tasks_per_step x group_size (64)"),
+        ({"rl.batching.epochs": 0}, "rl.batching.epochs"),
+        (
+            {"rl.batching.mini_batches": 3},
+            "rl.batching.mini_batches: must divide tasks_per_step x group_size (64)",
+        ),
         (
             {"rl.algorithm": {"advantage": "nope"}},
             "rl.runs[0].algorithm: AlgorithmConfig.advantage: unknown",
@@ -211,8 +214,11 @@ def test_round_trip_of_non_default_values():
             "rl.runs[0].algorithm.loss_terms[1]: "
             "loss term 'value_clip' (critic) needs LossInputs.returns",
         ),
-        ({"rl.temperature": float("nan")}, "rl.temperature"),
-        ({"rl.num_micro_batches": 3}, "rl.num_micro_batches"),  # does not divide 8 x 8 rows
+        ({"rl.sampling.temperature": float("nan")}, "rl.sampling.temperature"),
+        (
+            {"rl.batching.num_micro_batches": 3},
+            "rl.batching.num_micro_batches",
+        ),  # does not divide 8 x 8 rows
         ({"engine.kv_cache_dtype": "float16"}, "engine.kv_cache_dtype"),
         (
             {"rl.max_rows_per_call": 12},
@@ -226,7 +232,7 @@ def test_round_trip_of_non_default_values():
         ({"rl.process_rewards": "judge"}, "rl.judge_model_dir"),
         ({"eval.samples": 0}, "eval.samples"),
         ({"eval.k": 9}, "eval.k"),  # more than eval.samples (8)
-        ({"eval.top_p": 0.0}, "eval.top_p"),
+        ({"eval.sampling.top_p": 0.0}, "eval.sampling.top_p"),
         ({"eval.budgets": [13]}, "eval.budgets"),  # beyond task.t_max (12)
         # MeshConfig (agentrl_jax.sharding) names its section and field, as the others do.
         ({"mesh.data": 0}, "mesh.data: must be -1 (all remaining devices) or an int in [1, 65536]"),
@@ -306,7 +312,7 @@ def test_overrides_parse_values_as_yaml_and_apply_on_the_file():
             "rl.steps=5",
             "rl.runs=[gigpo]",
             "warm_start.enabled=false",
-            "rl.learning_rate=2.5e-4",
+            "rl.optimizer.learning_rate=2.5e-4",
             "model.model_dir=/models/qwen3",
             "eval.budgets=[1, 2]",
             "task.t_max = 6",
@@ -315,7 +321,7 @@ def test_overrides_parse_values_as_yaml_and_apply_on_the_file():
     file_only = load_config(CONFIGS / "frozenlake_ci.yaml")
     assert config.rl.steps == 5 and config.rl.runs == ("gigpo",)
     assert config.warm_start.enabled is False
-    assert config.rl.learning_rate == 2.5e-4
+    assert config.rl.optimizer.learning_rate == 2.5e-4
     assert config.model.model_dir == "/models/qwen3"
     assert config.eval.budgets == (1, 2) and config.task.t_max == 6
     # Everything not overridden is the file's value (which differs from the default).
@@ -447,16 +453,18 @@ def _paper_checks(
     assert config.task.t_max == 70  # §2
     rl = config.rl
     assert rl.group_size == 16  # §4 G
-    assert rl.learning_rate == learning_rate and rl.weight_decay == 0.01  # §4 AdamW
+    assert (
+        rl.optimizer.learning_rate == learning_rate and rl.optimizer.weight_decay == 0.01
+    )  # §4 AdamW
     assert rl.preset_params["kl_coef"] == 0.001  # §4 KL
-    assert rl.temperature == 1.0 and rl.top_p == 1.0  # §4 rollouts
-    assert rl.critic_learning_rate == 1e-5  # §4 PPO critic
+    assert rl.sampling.temperature == 1.0 and rl.sampling.top_p == 1.0  # §4 rollouts
+    assert rl.optimizer.critic_learning_rate == 1e-5  # §4 PPO critic
     assert rl.preset_params["clip_low"] == rl.preset_params["clip_high"] == 0.2  # §4 clips
     assert (
-        rl.epochs == 1 and rl.mini_batches == 1 and rl.algorithm == {}
+        rl.batching.epochs == 1 and rl.batching.mini_batches == 1 and rl.algorithm == {}
     )  # one update per batch (verl's)
     ev = config.eval
-    assert ev.temperature == 0.6 and ev.top_p == 0.9  # §3 decoding
+    assert ev.sampling.temperature == 0.6 and ev.sampling.top_p == 0.9  # §3 decoding
     assert ev.k == 8 and ev.samples >= ev.k  # §3 Pass@8
     assert ev.pass_k_samples == pass_k_samples  # §3 k = 1..128
     assert ev.states == 512 and ev.group_size == 16  # §7.1
@@ -523,12 +531,12 @@ def test_paper_configs_reach_the_trainer_with_the_papers_numbers(path):
         tc = by_name[spec.name]
         assert tc.rl is config.rl  # the section itself, not a copy
         assert spec.label == RUN_PRESETS[spec.name][0]
-        assert tc.rl.learning_rate == 1e-6 and tc.rl.weight_decay == 0.01
+        assert tc.rl.optimizer.learning_rate == 1e-6 and tc.rl.optimizer.weight_decay == 0.01
         assert tc.kl_coef == 0.001 and tc.uses_reference
         clip = dict(_loss_term(tc.algorithm, "policy_clip").params)
         assert clip["clip_low"] == clip["clip_high"] == 0.2
         assert _loss_term(tc.algorithm, "policy_clip").coef == 1.0
-        assert (tc.rl.epochs, tc.rl.mini_batches) == (1, 1)
+        assert (tc.rl.batching.epochs, tc.rl.batching.mini_batches) == (1, 1)
         assert tc.max_response_length == 70 * config.task.max_response_tokens
         assert spec.budget_mix == spec.name.endswith("budgetmix")
         assert tc.budget_anchors == (spec.name == "gigpo-budgetmix")  # §5: anchor (s_t, B - t)
@@ -551,7 +559,7 @@ def test_paper_configs_reach_the_trainer_with_the_papers_numbers(path):
     for name in ("ppo", "ppo-budgetmix"):
         tc = by_name[name]
         assert tc.algorithm.advantage == "gae" and tc.uses_critic
-        assert tc.rl.critic_learning_rate == 1e-5
+        assert tc.rl.optimizer.critic_learning_rate == 1e-5
         assert dict(_loss_term(tc.algorithm, "value_clip").params)["clip"] == 0.5
 
     # Evaluation decoding: temperature 0.6, top-p 0.9 (§3).
@@ -661,7 +669,8 @@ def test_a_gigpo_run_with_dapos_clip_is_composed_by_name_from_the_command_line()
         "params: {clip_low: 0.2, clip_high: 0.28}}, {name: kl, coef: 0.001}]}}]"
     )
     config = load_config(
-        CONFIGS / "frozenlake_ci.yaml", [override, "rl.epochs=2", "rl.mini_batches=2"]
+        CONFIGS / "frozenlake_ci.yaml",
+        [override, "rl.batching.epochs=2", "rl.batching.mini_batches=2"],
     )
     assert config.rl.run_names == ("gigpo", "gigpo-dapo")
     plain, dapo = config.rl.resolved_runs()
@@ -676,11 +685,14 @@ def test_a_gigpo_run_with_dapos_clip_is_composed_by_name_from_the_command_line()
     # declares.
     assert train_config(config, dapo).budget_anchors
     assert not train_config(config, plain).budget_anchors
-    assert (config.rl.epochs, config.rl.mini_batches) == (2, 2)
+    assert (config.rl.batching.epochs, config.rl.batching.mini_batches) == (2, 2)
     # It round-trips through the results folder's config.yaml.
     assert config_from_dict(yaml.safe_load(dump_config(config))) == config
     assert (
-        load_config(CONFIGS / "frozenlake_ci.yaml", [override, "rl.epochs=2", "rl.mini_batches=2"])
+        load_config(
+            CONFIGS / "frozenlake_ci.yaml",
+            [override, "rl.batching.epochs=2", "rl.batching.mini_batches=2"],
+        )
         == config
     )
 

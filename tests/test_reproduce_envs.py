@@ -208,7 +208,7 @@ def test_each_environments_default_is_its_study_over_the_classes(name):
     assert config.task.env == name
     assert config.task.t_max == study_for(name).config_defaults["task"]["t_max"]
     # the CPU base every environment's default starts from
-    assert config.rl.learning_rate == 1e-3 and config.rl.preset_params["kl_coef"] == 0.05
+    assert config.rl.optimizer.learning_rate == 1e-3 and config.rl.preset_params["kl_coef"] == 0.05
 
 
 @pytest.mark.parametrize("name, t_max, tasks", [("sql", 10, 100), ("code", 10, 6), ("bfcl", 24, 6)])
@@ -396,5 +396,9 @@ def test_the_paper_configs_of_the_other_environments_hold_the_papers_settings(na
     config = load_config(CONFIGS / f"{name}_qwen3_4b_gpu.yaml")
     assert (config.task.env, config.task.t_max, config.rl.group_size) == (name, t_max, 16)
     assert config.model.model_dir is not None and not config.warm_start.enabled
-    assert (config.rl.learning_rate, config.rl.preset_params["kl_coef"]) == (1e-6, 0.001)
-    assert config.eval.k == 8 and config.eval.temperature == 0.6 and config.eval.top_p == 0.9
+    assert (config.rl.optimizer.learning_rate, config.rl.preset_params["kl_coef"]) == (1e-6, 0.001)
+    assert (
+        config.eval.k == 8
+        and config.eval.sampling.temperature == 0.6
+        and config.eval.sampling.top_p == 0.9
+    )

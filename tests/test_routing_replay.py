@@ -104,7 +104,11 @@ def _step(replay: bool, micro_batches: int = 1):
     algorithm = AlgorithmConfig(
         aggregation="seq-mean-token-mean", loss_terms=(LossTermConfig("policy_clip"),)
     )
-    rl = RLConfig(routing_replay=replay, num_micro_batches=micro_batches, logits_chunk=8)
+    rl = RLConfig(
+        routing_replay=replay,
+        batching={"num_micro_batches": micro_batches},
+        memory={"logits_chunk": 8},
+    )
     return TrainConfig(rl=rl, algorithm=algorithm)
 
 
@@ -170,7 +174,10 @@ def test_the_router_terms_train_the_router_through_the_step(sampled):
         loss_terms=(LossTermConfig("router_z", 0.01), LossTermConfig("router_balance", 0.1)),
     )
     config = TrainConfig(
-        rl=RLConfig(routing_replay=True, num_micro_batches=2, logits_chunk=8), algorithm=algorithm
+        rl=RLConfig(
+            routing_replay=True, batching={"num_micro_batches": 2}, memory={"logits_chunk": 8}
+        ),
+        algorithm=algorithm,
     )
     state = init_train_state(model, config)
     grads, _, metrics = jax.jit(functools.partial(compute_gradients, graphdef, config))(

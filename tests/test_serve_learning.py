@@ -38,7 +38,11 @@ from envs.frozenlake import grid
 pytestmark = [pytest.mark.slow, pytest.mark.optimized]
 
 BUDGET = 5
-GRPO = TrainConfig(rl=RLConfig(learning_rate=6e-2, steps=STEPS, seed=0, attention="blocked"))
+GRPO = TrainConfig(
+    rl=RLConfig(
+        optimizer={"learning_rate": 6e-2}, memory={"attention": "blocked"}, steps=STEPS, seed=0
+    )
+)
 
 
 def example():

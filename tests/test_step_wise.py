@@ -80,7 +80,11 @@ def test_the_step_scores_each_turn_under_its_window_as_the_sampler_did():
 @pytest.mark.slow
 @pytest.mark.optimized
 def test_grpo_with_a_four_turn_window_learns_beyond_the_control():
-    config = TrainConfig(rl=RLConfig(learning_rate=3e-2, steps=STEPS, seed=0, attention="blocked"))
+    config = TrainConfig(
+        rl=RLConfig(
+            optimizer={"learning_rate": 3e-2}, memory={"attention": "blocked"}, steps=STEPS, seed=0
+        )
+    )
     run = learning_run(config, window=4)
     assert all(np.isfinite(m["loss"]) for m in run.trained)
     assert max(m.get("sampler_gap_max", 0.0) for m in run.trained) < 1e-4

@@ -53,7 +53,7 @@ from agentrl_jax.train import (  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 PPO = TrainConfig(
-    rl=RLConfig(checkpoint_every=1, checkpoint_keep=2),
+    rl=RLConfig(checkpoint={"every": 1, "keep": 2}),
     algorithm=AlgorithmConfig(
         advantage="gae",
         loss_terms=(
@@ -231,14 +231,19 @@ def test_a_checkpoint_of_another_model_size_is_reported_as_such_and_left_in_plac
 
 def test_a_checkpoint_of_another_optimizer_is_reported_with_the_settings_that_differ(tmp_path):
     _save_steps(tmp_path, [1, 2]).close()
-    unclipped = dataclasses.replace(PPO, rl=dataclasses.replace(PPO.rl, max_grad_norm=None))
+    unclipped = dataclasses.replace(
+        PPO,
+        rl=dataclasses.replace(
+            PPO.rl, optimizer=dataclasses.replace(PPO.rl.optimizer, max_grad_norm=None)
+        ),
+    )
     assert _mismatch(tmp_path, init_train_state(tiny_model(), unclipped), unclipped) == (
         f"checkpoint step 2 at {tmp_path / '2'} was written by a different config: 62 array(s) "
         "only in the checkpoint, e.g. critic_opt.1.0.count; 62 array(s) only in the run's state, "
-        "e.g. critic_opt.0.count; its train_config differs in rl.max_grad_norm (1.0 there, "
-        f"null here). {LEFT}"
+        "e.g. critic_opt.0.count; its train_config differs in rl.optimizer.max_grad_norm (1.0 "
+        f"there, null here). {LEFT}"
     )
-    grpo = TrainConfig(rl=RLConfig(checkpoint_every=1, checkpoint_keep=2))  # no critic
+    grpo = TrainConfig(rl=RLConfig(checkpoint={"every": 1, "keep": 2}))  # no critic
     message = _mismatch(tmp_path, init_train_state(tiny_model(), grpo), grpo)
     assert message.startswith(
         f"checkpoint step 2 at {tmp_path / '2'} was written by a different "
@@ -303,11 +308,10 @@ MARKER = "CHECKPOINTED"
 def _config(staleness: int) -> TrainConfig:
     return TrainConfig(
         rl=RLConfig(
-            learning_rate=1e-2,
+            optimizer={"learning_rate": 1e-2},
+            checkpoint={"every": STEPS // 2, "keep": 2},
+            asynchronous={"max_staleness": staleness},
             steps=STEPS,
-            checkpoint_every=STEPS // 2,
-            checkpoint_keep=2,
-            max_staleness=staleness,
         )
     )
 

@@ -51,7 +51,7 @@ def test_a_short_grpo_run_increases_mean_reward(tmp_path):
     """Tiny random policy, fixed seeds: each turn it samples a token from its own logits and
     succeeds on the task's target token (chance ~1/16 per turn, 2 turns). GRPO at lr 1e-2
     must raise the success rate over its first steps: a learning signal, not a tuned number."""
-    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=12))
+    config = TrainConfig(rl=RLConfig(optimizer={"learning_rate": 1e-2}, steps=12))
     state, step, rollout = _setup(config)
     logger = MetricsLogger(tmp_path / "metrics.jsonl")
     final = train(
@@ -88,7 +88,9 @@ def test_a_short_grpo_run_increases_mean_reward(tmp_path):
 
 
 def test_a_non_finite_update_is_skipped_logged_and_the_run_continues(tmp_path, capsys):
-    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=3, process_reward_coef=0.5))
+    config = TrainConfig(
+        rl=RLConfig(optimizer={"learning_rate": 1e-2}, steps=3, process_reward_coef=0.5)
+    )
     state, step, rollout = _setup(config)
     seen = []
 
@@ -228,7 +230,7 @@ def test_rollout_metrics_estimate_the_entropy_from_the_sampled_tokens_log_probs(
 
 
 def test_the_loop_logs_rollout_throughput_and_the_entropy_estimate(tmp_path):
-    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=2))
+    config = TrainConfig(rl=RLConfig(optimizer={"learning_rate": 1e-2}, steps=2))
     state, step, rollout = _setup(config)
     logger = MetricsLogger(tmp_path / "m.jsonl")
     train(state, step, rollout, task_batches(NUM_TASKS, 2), config, logger=logger, progress=False)
@@ -252,7 +254,7 @@ def test_the_batch_crosses_to_the_devices_once_per_update(algorithm):
 
     dapo = algorithm == "dapo"
     config = TrainConfig(
-        rl=RLConfig(learning_rate=1e-2, steps=3),
+        rl=RLConfig(optimizer={"learning_rate": 1e-2}, steps=3),
         algorithm=AlgorithmConfig.from_dict(dapo_algorithm({})) if dapo else AlgorithmConfig(),
     )
     state, step, device_rollout = _setup(config)
@@ -315,7 +317,13 @@ def test_bounded_staleness_samples_batch_j_with_the_parameters_of_update_j_minus
     shows each rollout sampled after its update was dispatched and before that update's results
     were waited for (the overlap, without timing)."""
     steps = 5
-    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=steps, max_staleness=staleness))
+    config = TrainConfig(
+        rl=RLConfig(
+            optimizer={"learning_rate": 1e-2},
+            asynchronous={"max_staleness": staleness},
+            steps=steps,
+        )
+    )
     events = []
     sampled_with, after_update, records, step = _fingerprinted_run(config, events)
     assert step.compiled_count() == 1  # one batch shape: the update compiled once
@@ -343,7 +351,7 @@ def test_bounded_staleness_samples_batch_j_with_the_parameters_of_update_j_minus
 def test_max_staleness_0_is_the_synchronous_loop():
     """The default (0) runs the synchronous loop: every batch sampled by the parameters it
     updates, no asynchronous metrics, no off-policy weights."""
-    config = TrainConfig(rl=RLConfig(learning_rate=1e-2, steps=3))
+    config = TrainConfig(rl=RLConfig(optimizer={"learning_rate": 1e-2}, steps=3))
     sampled_with, after_update, records, _ = _fingerprinted_run(config)
     assert sampled_with == after_update[:3]
     assert not any(k.startswith("off_policy/") or "staleness" in k for k in records[0])
@@ -359,7 +367,7 @@ def test_off_policy_weights_are_the_truncated_ratio_to_the_sampler():
     from agentrl_jax.trajectory import Trajectory  # noqa: F401
 
     cap = 1.5
-    config = TrainConfig(rl=RLConfig(max_staleness=1, off_policy_cap=cap))
+    config = TrainConfig(rl=RLConfig(asynchronous={"max_staleness": 1, "off_policy_cap": cap}))
     model = tiny_model()
     graphdef = nnx.split(model)[0]
     state = init_train_state(model, config)
@@ -377,7 +385,10 @@ def test_off_policy_weights_are_the_truncated_ratio_to_the_sampler():
             state.policy, data
         )
 
-    metrics, plain = gradients(config), gradients(TrainConfig(rl=RLConfig(max_staleness=0)))
+    metrics, plain = (
+        gradients(config),
+        gradients(TrainConfig(rl=RLConfig(asynchronous={"max_staleness": 0}))),
+    )
     # own log-probs at the current parameters, teacher-forced
     from agentrl_jax.train.step import _model_scores
 

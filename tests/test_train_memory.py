@@ -41,7 +41,7 @@ from agentrl_jax.train.logprobs import (  # noqa: E402
 ATOL = 1e-6
 # every policy term (clip-higher, KL, entropy) and a per-sequence aggregation
 GRPO = TrainConfig(
-    rl=RLConfig(learning_rate=1e-3),
+    rl=RLConfig(optimizer={"learning_rate": 1e-3}),
     algorithm=AlgorithmConfig(
         aggregation="seq-mean-token-mean",
         loss_terms=(
@@ -68,9 +68,16 @@ VOCAB = (
 
 
 def _with(config: TrainConfig, **changes) -> TrainConfig:
-    """``config`` with ``changes``: TrainConfig's own fields, the rest the rl section's."""
+    """``config`` with ``changes``: TrainConfig's own fields, the rest the rl section's
+    (``rl.memory``'s, ``num_micro_batches`` ``rl.batching``'s)."""
     own = {k: v for k, v in changes.items() if k in TrainConfig.__dataclass_fields__}
-    rl = dataclasses.replace(config.rl, **{k: v for k, v in changes.items() if k not in own})
+    memory = {k: v for k, v in changes.items() if k in ("remat", "attention", "logits_chunk")}
+    batching = {k: v for k, v in changes.items() if k == "num_micro_batches"}
+    rl = dataclasses.replace(
+        config.rl,
+        memory=dataclasses.replace(config.rl.memory, **memory),
+        batching=dataclasses.replace(config.rl.batching, **batching),
+    )
     return dataclasses.replace(config, rl=rl, **own)
 
 

@@ -137,16 +137,18 @@ def test_live_metric_sinks_that_cannot_work_are_refused_before_any_work(monkeypa
 
     monkeypatch.setattr(sinks, "tensorboard_available", lambda: False)
     monkeypatch.setattr(training, "tensorboard_available", lambda: False)
-    with pytest.raises(ConfigError, match="rl.tensorboard: true needs tensorboardX"):
-        RLConfig(tensorboard=True)
+    with pytest.raises(ConfigError, match="rl.logging.tensorboard: true needs tensorboardX"):
+        RLConfig(logging={"tensorboard": True})
     config = default_config()  # auto: nothing to write with, no error, no writer
     spec = config.rl.resolved_runs()[0]
     assert training._logger(config, spec, Path("/nowhere"), 0, None).writer is None
     monkeypatch.setitem(sys.modules, "wandb", None)  # not importable
-    with pytest.raises(ConfigError, match="rl.wandb_project: logging to W&B project 'x' needs"):
-        RLConfig(wandb_project="x")
-    with pytest.raises(ConfigError, match="rl.tensorboard: must be one of"):
-        RLConfig(tensorboard="yes")
+    with pytest.raises(
+        ConfigError, match="rl.logging.wandb_project: logging to W&B project 'x' needs"
+    ):
+        RLConfig(logging={"wandb_project": "x"})
+    with pytest.raises(ConfigError, match="rl.logging.tensorboard: must be one of"):
+        RLConfig(logging={"tensorboard": "yes"})
 
 
 # ---------------------------------------------------------------------------- placement
@@ -202,9 +204,9 @@ def test_six_updates_compile_once_per_shape_and_log_every_metric_live(tmp_path, 
             "rl.steps=6",
             "rl.runs=[budgetmix]",
             "rl.tasks_per_step=4",
-            "rl.checkpoint_every=3",
-            "rl.tensorboard=true",
-            "rl.wandb_project=agentrl-test",
+            "rl.checkpoint.every=3",
+            "rl.logging.tensorboard=true",
+            "rl.logging.wandb_project=agentrl-test",
         ],
     )
     t, m = config.task, config.model

@@ -49,7 +49,7 @@ ATOL = 1e-6
 # Adam's eps 1e-6 bounds how much its first step amplifies a gradient's float rounding
 # (by lr / eps: a 1e-10 difference on a ~1e-8 gradient element would move it by ~1e-5 at eps 1e-8).
 GRPO = TrainConfig(
-    rl=RLConfig(learning_rate=1e-3, max_grad_norm=0.1, adam_eps=1e-6),
+    rl=RLConfig(optimizer={"learning_rate": 1e-3, "max_grad_norm": 0.1, "adam_eps": 1e-6}),
     algorithm=AlgorithmConfig(
         aggregation="seq-mean-token-mean",
         loss_terms=(
@@ -131,7 +131,9 @@ def _max_diff(a, b) -> float:
 # config, micro-batches, mesh (data, fsdp, tensor): sharding and micro-batching together
 MESH_CASES = {"grpo": (GRPO, 2, (2, 2, 2)), "ppo": (PPO, 2, (8, 1, 1))}
 LORA_PACKED = TrainConfig(
-    rl=RLConfig(lora={"rank": 4, "alpha": 8.0}, packing=True, num_micro_batches=2),
+    rl=RLConfig(
+        lora={"rank": 4, "alpha": 8.0}, memory={"packing": True}, batching={"num_micro_batches": 2}
+    ),
     algorithm={"loss_terms": [{"name": "policy_clip"}], "aggregation": "seq-mean-token-mean"},
 )
 
@@ -162,7 +164,10 @@ def _sharded_results(out: Path) -> None:
     for name, (config, micro, shape) in MESH_CASES.items():
         state, mesh = _state(config), build_mesh(MeshConfig(*shape))
         sharded_config = dataclasses.replace(
-            config, rl=dataclasses.replace(config.rl, num_micro_batches=micro)
+            config,
+            rl=dataclasses.replace(
+                config.rl, batching=dataclasses.replace(config.rl.batching, num_micro_batches=micro)
+            ),
         )
         placed = jax.device_put(batch, batch_shardings(batch, mesh))
         grads = jax.jit(
@@ -207,7 +212,12 @@ def _sharded_results(out: Path) -> None:
         functools.partial(
             compute_gradients,
             graphdef,
-            dataclasses.replace(config, rl=dataclasses.replace(config.rl, packing=False)),
+            dataclasses.replace(
+                config,
+                rl=dataclasses.replace(
+                    config.rl, memory=dataclasses.replace(config.rl.memory, packing=False)
+                ),
+            ),
         )
     )(state, batch)
     for name, grads in (("sharded", sharded), ("single", single), ("unpacked", unpacked)):
@@ -305,7 +315,12 @@ def test_gradient_equals_a_hand_written_grpo_loss():
 
 def test_micro_batched_gradients_equal_the_single_batch_gradient():
     """(PPO's critic is micro-batched in the 8-device test, against the single batch.)"""
-    split = dataclasses.replace(GRPO, rl=dataclasses.replace(GRPO.rl, num_micro_batches=4))
+    split = dataclasses.replace(
+        GRPO,
+        rl=dataclasses.replace(
+            GRPO.rl, batching=dataclasses.replace(GRPO.rl.batching, num_micro_batches=4)
+        ),
+    )
     state = _state(GRPO)
     batch = _batch(1)
     g1, _, m1 = _gradients_fn(GRPO)(state, batch)
@@ -317,7 +332,9 @@ def test_micro_batched_gradients_equal_the_single_batch_gradient():
 
 
 def test_micro_batch_count_must_divide_the_rows():
-    config = TrainConfig(rl=RLConfig(num_micro_batches=3, tasks_per_step=3, group_size=2))
+    config = TrainConfig(
+        rl=RLConfig(batching={"num_micro_batches": 3}, tasks_per_step=3, group_size=2)
+    )
     with pytest.raises(ValueError, match="num_micro_batches=3 must divide the batch's 16 rows"):
         jax.eval_shape(
             functools.partial(compute_gradients, _model_and_graphdef()[1], config),

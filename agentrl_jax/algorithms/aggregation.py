@@ -25,7 +25,7 @@ Modes (``norm_constant`` is only used by the last one):
 
 In the sequence modes a row with no loss tokens (a padded row) is not counted.
 
-Packed rows (several sequences per row, the train step's ``rl.packing``): with
+Packed rows (several sequences per row, the train step's ``rl.memory.packing``): with
 ``segment_ids [N, L]`` (a run of equal ids is one sequence) the sequence modes take each
 sequence within its row as ``i`` above, so a packed batch gives the pair of the unpacked one.
 """

@@ -525,7 +525,9 @@ def train_config(scale: Scale):
     ``attention: auto`` (cuDNN on an NVIDIA GPU; XLA's at tiny shapes)."""
     from agentrl_jax.train import RLConfig, TrainConfig  # noqa: PLC0415
 
-    return TrainConfig(rl=RLConfig(remat="full", attention="xla" if scale.tiny else "auto"))
+    return TrainConfig(
+        rl=RLConfig(memory={"remat": "full", "attention": "xla" if scale.tiny else "auto"})
+    )
 
 
 def train_layers(shape: str, memory_bytes: float) -> int:
@@ -672,7 +674,7 @@ def train_figures(scale: Scale) -> list[Figure]:
     layers = train_layers(shape, _device_memory())
     model = _random_model(shape, param_dtype=jnp.float32, layers=layers)
     train = train_config(scale)
-    attention = train.rl.attention
+    attention = train.rl.memory.attention
     state = init_train_state(model, train)
     step = make_train_step(nnx.graphdef(model), train, donate=True)
     batch = step.place(_train_batch(1, length, model.config.vocab_size), state)

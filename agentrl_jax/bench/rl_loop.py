@@ -1,5 +1,6 @@
 """``agentrl-jax bench rl-loop``: the default FrozenLake RL loop, synchronous against
-asynchronous training (``rl.max_staleness`` 1 and 2), with environment steps that take time.
+asynchronous training (``rl.asynchronous.max_staleness`` 1 and 2), with environment steps that take
+time.
 
 Setting: the built-in default's FrozenLake task, policy size (random initialisation: no warm
 start, so its answers are mostly invalid and episodes run from one turn to ``T_max``, the long
@@ -60,8 +61,8 @@ def measure(
 
     overrides = [
         f"rl.steps={steps}",
-        f"rl.max_staleness={staleness}",
-        f"rl.checkpoint_every={steps}",
+        f"rl.asynchronous.max_staleness={staleness}",
+        f"rl.checkpoint.every={steps}",
         "rl.runs=[grpo]",
         "warm_start.enabled=false",
         f"mesh.rollout={1 if split else 0}",

@@ -37,7 +37,7 @@ counts every real token the update processes:
   baseline is transformers' usual full-sequence logits;
 * ``frozenlake-ragged``: the same turns, but episodes of FrozenLake's varied lengths (row
   ``i`` plays 1 + ``i`` mod the turns that fit, so lengths spread from one turn to the whole
-  width) right-padded to ``tokens``. Two rows: ours padded, and ours packed (``rl.packing``:
+  width) right-padded to ``tokens``. Two rows: ours padded, and ours packed (``rl.memory.packing``:
   several episodes per row, :mod:`agentrl_jax.train.packing`), each against the same
   baseline (transformers on the padded batch with its attention mask), the packed row also
   against ours padded (``settings.vs_padded``).
@@ -207,10 +207,10 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
         p.requires_grad_(False)
     optimizer = torch.optim.AdamW(
         policy.parameters(),
-        lr=config.rl.learning_rate,
-        betas=(config.rl.adam_b1, config.rl.adam_b2),
-        eps=config.rl.adam_eps,
-        weight_decay=config.rl.weight_decay,
+        lr=config.rl.optimizer.learning_rate,
+        betas=(config.rl.optimizer.adam_b1, config.rl.optimizer.adam_b2),
+        eps=config.rl.optimizer.adam_eps,
+        weight_decay=config.rl.optimizer.weight_decay,
     )
     tokens = torch.from_numpy(np.array(batch.tokens, np.int64))
     mask = torch.from_numpy(np.array(batch.token_mask, np.int64))
@@ -239,7 +239,9 @@ def _torch_step(model_dir: str, batch: Trajectory, config: TrainConfig):
         loss = ((surrogate + config.kl_coef * k3) * loss_mask).sum() / loss_mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.rl.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(
+            policy.parameters(), config.rl.optimizer.max_grad_norm
+        )
         optimizer.step()
         return loss.item(), norm.item()
 
@@ -291,7 +293,11 @@ def run(
         configs = [("padded", train_config)]
         if mask == "frozenlake-ragged":
             packed = dataclasses.replace(
-                train_config, rl=dataclasses.replace(train_config.rl, packing=True)
+                train_config,
+                rl=dataclasses.replace(
+                    train_config.rl,
+                    memory=dataclasses.replace(train_config.rl.memory, packing=True),
+                ),
             )
             configs.append(("packed", packed))
         padded_s = None

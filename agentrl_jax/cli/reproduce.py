@@ -7,8 +7,8 @@ end to end, and its training alone; both resumable.
     agentrl-jax reproduce frozenlake --config configs/frozenlake_qwen3_4b_gpu.yaml --out runs/4b
     agentrl-jax reproduce frozenlake --set rl.steps=10 --set eval.samples=4
     agentrl-jax reproduce frozenlake --seeds 0 --seeds 7 --seeds 13      # each finding at 3 seeds
-    agentrl-jax reproduce frozenlake --set rl.runs=[gigpo,dapo] --set rl.epochs=2 \\
-        --set rl.mini_batches=4
+    agentrl-jax reproduce frozenlake --set rl.runs=[gigpo,dapo] --set rl.batching.epochs=2 \\
+        --set rl.batching.mini_batches=4
     agentrl-jax reproduce frozenlake --plugin my_loss.py --set 'rl.runs=[{name: mine, algorithm:
         {loss_terms: [policy_clip, {name: my_term, coef: 0.01}]}}]'
     agentrl-jax train --config configs/frozenlake_ci.yaml --out runs/ci   # no evaluation

@@ -12,7 +12,7 @@ from agentrl_jax.evaluation.state_diagnostics import INVALID_SCORES
 from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.prompts import PRESENTATIONS
 from agentrl_jax.rollout import RolloutConfig
-from agentrl_jax.sampling import SamplingConfig
+from agentrl_jax.sampling.config import SamplingSettings
 from agentrl_jax.validation import (
     BOOL,
     MAX_CONTEXT,
@@ -20,7 +20,6 @@ from agentrl_jax.validation import (
     MAX_ROWS,
     MAX_SAMPLES,
     MAX_SEED,
-    MAX_TEMPERATURE,
     MAX_TURNS,
     Check,
     check_fields,
@@ -32,6 +31,7 @@ from agentrl_jax.validation import (
     real,
     setting,
     short_repr,
+    subsection,
 )
 
 _SAMPLES = integer(1, MAX_SAMPLES)  # draws per task or state
@@ -56,11 +56,16 @@ def _depths(v) -> bool:
     )
 
 
+# the evaluation's decoding (paper §3): temperature 0.6, top-p 0.9
+EVAL_SAMPLING = SamplingSettings(temperature=0.6, top_p=0.9)
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     """How the policies are evaluated: the ``eval`` section of a config (validated on
     construction; paper values in comments). The sampling engine is the config's ``engine``
-    section, shared with the training rollouts.
+    section, shared with the training rollouts; ``sampling`` (how the evaluation decodes) is
+    the class ``rl.sampling`` is too (:class:`~agentrl_jax.sampling.config.SamplingSettings`).
 
     ``budgets``: the Pass@T budgets (None: every budget 1..T_max); the Table 1 levels
     (25/50/75/100% of ``T_max``) are always added. ``invalid``: how an unparsable response is
@@ -93,8 +98,7 @@ class EvalConfig:
     depth_bins: int = setting(10, integer(1, MAX_TURNS))
     likelihood_samples: int = setting(4, _SAMPLES)  # trajectories per task and policy for §7.4
     likelihood_rows_per_batch: int = setting(16, integer(1, MAX_ROWS))
-    temperature: float = setting(0.6, real(0.0, MAX_TEMPERATURE))  # evaluation decoding (§3)
-    top_p: float = setting(0.9, real(0.0, 1.0, lo_open=True))
+    sampling: SamplingSettings = EVAL_SAMPLING  # the evaluation's decoding (paper §3)
     max_response_tokens: int = setting(256, integer(1, MAX_CONTEXT))
     max_context: int = setting(4096, integer(1, MAX_CONTEXT))
     enable_thinking: bool = setting(False, BOOL)
@@ -120,6 +124,11 @@ class EvalConfig:
     splice_samples: int = setting(4, _SAMPLES)
 
     def __post_init__(self):
+        object.__setattr__(
+            self,
+            "sampling",
+            subsection("eval.sampling", SamplingSettings, self.sampling, EVAL_SAMPLING),
+        )
         self._check_presentations()
         check_fields("eval", self)
         if self.budgets is not None:
@@ -168,12 +177,9 @@ class EvalConfig:
     def rollout_config(self, valid_vocab_size: int | None = None) -> RolloutConfig:
         """Evaluation rollouts: the paper's decoding, these lengths (group size and budget are
         set per call)."""
-        sampling = SamplingConfig(
-            temperature=self.temperature, top_p=self.top_p, valid_vocab_size=valid_vocab_size
-        )
         return passt.eval_rollout_config(
             max_response_tokens=self.max_response_tokens,
             max_context=self.max_context,
-            sampling=sampling,
+            sampling=self.sampling.config(valid_vocab_size),
             enable_thinking=self.enable_thinking,
         )

@@ -642,7 +642,7 @@ def _train_prediction(
     return roofline.train_step(
         model, gpu, rows, config.task.max_context,
         micro_batches=min(shape.micro_batches, rows), reference=train.uses_reference,
-        critic=train.uses_critic, remat=config.rl.remat is not None,
+        critic=train.uses_critic, remat=config.rl.memory.remat is not None,
         full_weights=config.rl.lora is None,
     )  # fmt: skip
 
@@ -801,7 +801,7 @@ def _plan(
         prefill_chunk=engine.prefill_chunk,
         cache_dtype=cache_dtype,
         layout=engine.generation_layout,
-        sampling=rl.sampling,
+        sampling=rl.sampling.config(),
         memory_bytes=target.memory_bytes,
         headroom=headroom,
         wanted=wanted,
@@ -819,7 +819,7 @@ def _plan(
         prefill_chunk=engine.prefill_chunk,
         cache_dtype=cache_dtype,
         layout=engine.generation_layout,
-        sampling=SamplingConfig(temperature=ev.temperature, top_p=ev.top_p),
+        sampling=ev.sampling.config(),
         memory_bytes=target.memory_bytes,
         headroom=headroom,
         wanted=wanted,
@@ -844,8 +844,8 @@ def _plan(
         )
     batch_devices = batch_shards(mesh)
     shape = Shapes(
-        train_rows=rows // rl.mini_batches // batch_devices,
-        micro_batches=rl.num_micro_batches,
+        train_rows=rows // rl.batching.mini_batches // batch_devices,
+        micro_batches=rl.batching.num_micro_batches,
         rollout_rows=-(-rollout_rows // batch_shards(rollout_mesh)),
         eval_rows=-(-eval_rows(ev, task.eval_tasks) // batch_shards(mesh)),
         likelihood_rows=-(-ev.likelihood_rows_per_batch // batch_shards(mesh)),
@@ -878,9 +878,9 @@ def _plan(
             "parameters": sum(x.size for x in jax.tree.leaves(nnx.state(model))),
         },
         "train_rows_per_device_per_micro_batch": rows
-        // rl.mini_batches
+        // rl.batching.mini_batches
         // batch_devices
-        // rl.num_micro_batches,
+        // rl.batching.num_micro_batches,
         "length": task.max_context,
         "programs": [p.to_dict() for p in results],
         "predictions": headline,

@@ -234,8 +234,13 @@ class _Run:
         """What a raw record says the analysis ran with: the ``eval`` section, the step
         quality's discount and the sampling engine's cache, in the record's order
         (:data:`RECORDED_SETTINGS`; a field it does not name comes after)."""
+        settings = dataclasses.asdict(self.settings)
+        sampling = settings.pop("sampling")  # eval.sampling's, flat as records have them
         values = {
-            **dataclasses.asdict(self.settings),
+            **settings,
+            "temperature": sampling["temperature"],
+            "top_p": sampling["top_p"],
+            **({"top_k": sampling["top_k"]} if sampling["top_k"] else {}),  # where it is on
             "gamma": self.gamma,
             "prefill_chunk": self.engine.prefill_chunk,
             "kv_cache_dtype": self.engine.kv_cache_dtype,

@@ -150,8 +150,9 @@ def evaluate_policies(
         ev = config.eval
         echo(
             f"Settings: T_max {config.task.t_max}, {len(test.names)} test tasks; "
-            f"{ev.samples} samples per task and budget, decoding temperature {ev.temperature} "
-            f"top-p {ev.top_p}, lengths {ev.max_response_tokens}/{ev.max_context} tokens; "
+            f"{ev.samples} samples per task and budget, decoding temperature "
+            f"{ev.sampling.temperature} top-p {ev.sampling.top_p}, lengths "
+            f"{ev.max_response_tokens}/{ev.max_context} tokens; "
             f"analyses {', '.join(analyses)}"
         )
         findings.PaperFigures(**study.paper_figures).write(out)

@@ -203,7 +203,7 @@ def phase_cost(phase: str) -> float:
 class RunSnapshots:
     """The erosion analysis' view of a reproduction's RL runs over training
     (:class:`~agentrl_jax.reproduce.evaluate.Snapshots`): the steps of each run's kept
-    checkpoints (``rl.checkpoint_every``, ``rl.checkpoint_keep``) and the policy at one of
+    checkpoints (``rl.checkpoint.every``, ``rl.checkpoint.keep``) and the policy at one of
     them, restored read-only on this process's devices."""
 
     def __init__(self, reproduction: "Reproduction"):
@@ -593,7 +593,7 @@ class Reproduction:
             weight_decay=ws.weight_decay,
             seed=ws.seed,
             group_by_length=ws.group_by_length,
-            attention=self.config.rl.attention,
+            attention=self.config.rl.memory.attention,
             on_step=on_step,
         )
         log_path.write_text("".join(json.dumps(r) + "\n" for r in history))

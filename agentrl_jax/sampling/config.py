@@ -1,6 +1,7 @@
 """The sampling engine's settings (the ``engine`` section of a config): one for the training
 rollouts and the evaluation alike. None of them changes the tokens sampled; they trade memory
-and speed.
+and speed. And how tokens are drawn (:class:`SamplingSettings`: ``rl.sampling`` and
+``eval.sampling``, one class for both).
 
 ``kv_cache_dtype`` is the KV cache's dtype (null: the model's compute dtype);
 ``prefill_chunk`` feeds prompts to the KV cache this many tokens at a time (null: whole);
@@ -23,15 +24,19 @@ from typing import Any
 import numpy as np
 
 from agentrl_jax.errors import ConfigError
+from agentrl_jax.sampling.filters import SamplingConfig
 from agentrl_jax.sampling.sampler import Paging
 from agentrl_jax.sharding import GENERATION_LAYOUTS
 from agentrl_jax.validation import (
     MAX_CONTEXT,
+    MAX_TEMPERATURE,
     MAX_TOKENS,
+    MAX_VOCAB,
     check_fields,
     integer,
     one_of,
     optional,
+    real,
     setting,
 )
 
@@ -64,6 +69,34 @@ class EngineConfig:
         if self.kv_page_size is None:
             return None
         return Paging(page_size=self.kv_page_size, num_pages=self.kv_pages)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """How a rollout turns logits into tokens, as a config states it: ``rl.sampling`` (the
+    training rollouts; paper §4: temperature 1) and ``eval.sampling`` (the evaluation's
+    decoding; paper §3: temperature 0.6, top-p 0.9), one class. ``temperature`` 0 is greedy;
+    ``top_k`` 0 and ``top_p`` 1 are off. :meth:`config` gives the engine's
+    :class:`~agentrl_jax.sampling.filters.SamplingConfig`."""
+
+    temperature: float = setting(1.0, real(0.0, MAX_TEMPERATURE))
+    top_k: int = setting(
+        0, integer(0, MAX_VOCAB)._replace(expect=f"an int in [0, {MAX_VOCAB}] (0: off)")
+    )
+    top_p: float = setting(1.0, real(0.0, 1.0, lo_open=True))
+
+    def __post_init__(self):
+        check_fields("sampling", self)
+
+    def config(self, valid_vocab_size: int | None = None) -> SamplingConfig:
+        """The engine's sampling config (``valid_vocab_size``: the tokenizer's vocabulary where
+        it is below the model's)."""
+        return SamplingConfig(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            valid_vocab_size=valid_vocab_size,
+        )
 
 
 def kv_cache_bytes(engine: EngineConfig, model: Any, rows: int, context: int, dtype: Any) -> int:

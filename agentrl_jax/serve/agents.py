@@ -15,7 +15,7 @@ environment is an :class:`AgentEnv`; :func:`~agentrl_jax.train.run.train_policy`
 :class:`AgentRunner` instead of the built-in text rollout: ``rl.group_size`` episodes per task,
 all at once (``concurrency`` threads), against an in-process :class:`~agentrl_jax.serve.server.
 PolicyServer` whose engine decodes with the update's parameters (synced on device between
-updates; ``rl.max_staleness`` as for any rollout). Each episode gets its own base URL
+updates; ``rl.asynchronous.max_staleness`` as for any rollout). Each episode gets its own base URL
 (``.../episodes/<id>/v1``), so its requests are recorded as one episode whatever client sends
 them, and its sampling keys come from the update's key: the tokens are a function of the key,
 not of thread timing.

@@ -9,14 +9,15 @@ A checkpoint ``<directory>/<step>/`` holds two Orbax items:
   base, and a resume on another base raises :class:`CheckpointMismatchError`);
 * ``config``: JSON with the :class:`~agentrl_jax.train.config.TrainConfig` (``to_dict``) and
   any caller metadata (e.g. the model directory);
-* ``pending`` (asynchronous runs only, ``rl.max_staleness > 0``): the batches sampled ahead
+* ``pending`` (asynchronous runs only, ``rl.asynchronous.max_staleness > 0``): the batches sampled
+ahead
   of the saved step (:class:`~agentrl_jax.train.loop.Produced`: trajectory, step scores and
   key as arrays; their logged metrics, data position and policy version in ``config``'s
   JSON), so a resumed run trains on exactly the batches the uninterrupted one would have.
   :meth:`Checkpointer.restore_pending` checks them against the resuming run before it uses
   them (:func:`pending_description_problem`, :func:`pending_arrays_problem`): their count
-  against its ``rl.max_staleness``, each batch's arrays (names, rows, turns, width, dtypes,
-  key) against the batches its rollouts produce (:class:`BatchShape`), each data position
+  against its ``rl.asynchronous.max_staleness``, each batch's arrays (names, rows, turns, width,
+  dtypes, key) against the batches its rollouts produce (:class:`BatchShape`), each data position
   and policy version against the restored state's and the staleness bound; a batch that
   does not fit raises :class:`CheckpointMismatchError` and the checkpoint stays in place.
 
@@ -123,7 +124,7 @@ class Checkpointer:
     @classmethod
     def from_config(cls, directory: str | Path, config: TrainConfig, **kwargs) -> "Checkpointer":
         return cls(
-            directory, every=config.rl.checkpoint_every, keep=config.rl.checkpoint_keep, **kwargs
+            directory, every=config.rl.checkpoint.every, keep=config.rl.checkpoint.keep, **kwargs
         )
 
     def _open(self) -> ocp.CheckpointManager:
@@ -195,10 +196,11 @@ class Checkpointer:
         key on the host (place it where the state's key lies).
 
         They are checked first (see the module docstring) against ``restored``'s state, the
-        config of the run restoring it (``restored.run_config``: its ``rl.max_staleness``,
-        rows, data draws per batch, step scores, loss positions; without one, only what needs
-        none) and ``batch``, the sizes of the batches the run's rollouts produce. A batch that
-        does not fit raises :class:`CheckpointMismatchError`, one that cannot be read
+        config of the run restoring it (``restored.run_config``: its
+        ``rl.asynchronous.max_staleness``, rows, data draws per batch, step scores, loss positions;
+        without one, only what needs none) and ``batch``, the sizes of the batches the run's
+        rollouts produce. A batch that does not fit raises :class:`CheckpointMismatchError`, one
+        that cannot be read
         :class:`CheckpointRestoreError`; either names the checkpoint, which stays in place."""
         described = restored.config.get("pending")
         if described is None or described == []:

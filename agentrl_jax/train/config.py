@@ -29,29 +29,26 @@ distribution over the tokenizer's vocabulary, while the model's own distribution
 temperature 1 over every embedding row. The ratio and the KL of the loss are only what they
 claim when the trainer scores tokens under the distribution they were drawn from. Two options:
 ``rl.scoring: sampling`` scores every log-prob (current, old, reference) under the rollout's
-distribution (``rl.temperature``, ``rl.top_k``, ``rl.top_p``, the tokenizer's vocabulary; the
-kept top-p set is chosen without gradient, the sampled token always in it), so the old
-log-probs equal the sampler's ``Trajectory.sampling_logprobs``; or keep ``rl.scoring: model``
-and correct the mismatch with truncated importance sampling, the ``policy_clip_tis`` loss
-term. Either way the step logs ``sampler_gap_mean``/``sampler_gap_max``.
+distribution (``rl.sampling.temperature``, ``rl.sampling.top_k``, ``rl.sampling.top_p``, the
+tokenizer's vocabulary; the kept top-p set is chosen without gradient, the sampled token always in
+it), so the old log-probs equal the sampler's ``Trajectory.sampling_logprobs``; or keep
+``rl.scoring: model`` and correct the mismatch with truncated importance sampling, the
+``policy_clip_tis`` loss term. Either way the step logs ``sampler_gap_mean``/``sampler_gap_max``.
 
-PPO-style optimisation: each rollout batch is used for ``rl.epochs`` passes, each split into
-``rl.mini_batches`` mini-batches (rows shuffled per epoch), one optimizer update per
-mini-batch; ``rl.num_micro_batches`` then splits each mini-batch for gradient accumulation.
+PPO-style optimisation: each rollout batch is used for ``rl.batching.epochs`` passes, each split
+into ``rl.batching.mini_batches`` mini-batches (rows shuffled per epoch), one optimizer update per
+mini-batch; ``rl.batching.num_micro_batches`` then splits each mini-batch for gradient accumulation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from typing import Any, Mapping, Sequence
 
 from agentrl_jax.algorithms import AlgorithmConfig, LossTermConfig
 from agentrl_jax.errors import ConfigError, did_you_mean
-from agentrl_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from agentrl_jax.models.lora import LoraConfig
-from agentrl_jax.models.qwen3 import REMAT_POLICIES
-from agentrl_jax.sampling.config import EngineConfig
+from agentrl_jax.sampling.config import EngineConfig, SamplingSettings
 from agentrl_jax.sampling.filters import SamplingConfig
 from agentrl_jax.sharding import MeshConfig
 from agentrl_jax.train.inputs import check_inputs, step_inputs
@@ -64,21 +61,26 @@ from agentrl_jax.train.presets import (
     resolve_runs,
 )
 from agentrl_jax.train.scoring import Forward
+from agentrl_jax.train.sections import (
+    AsynchronousConfig,
+    BatchingConfig,
+    CheckpointConfig,
+    LoggingConfig,
+    MemoryConfig,
+    OptimizerConfig,
+)
 from agentrl_jax.validation import (
     BOOL,
     MAX_COEF,
     MAX_CONTEXT,
     MAX_COUNT,
-    MAX_RATE,
     MAX_ROWS,
     MAX_SAMPLES,
     MAX_SEED,
-    MAX_STALENESS,
     MAX_STEPS,
     MAX_TEMPERATURE,
     MAX_TOKENS,
     MAX_TURNS,
-    MAX_VOCAB,
     SAFE_DIGITS,
     Check,
     check_fields,
@@ -89,12 +91,11 @@ from agentrl_jax.validation import (
     real,
     setting,
     short_repr,
+    subsection,
     unprintable,
-    validate,
 )
 
 SCORING = ("model", "sampling")
-TENSORBOARD = ("auto", True, False)
 PROCESS_REWARDS = ("oracle", "judge")
 # Table 1's 25% level, (25 T_max) // 100, must be a budget of at least one turn.
 _T_MAX = integer(4, MAX_TURNS)._replace(
@@ -104,10 +105,10 @@ _T_MAX = integer(4, MAX_TURNS)._replace(
 
 def plain_data(value: Any) -> Any:
     """``value`` with mappings as dicts and tuples as lists, all the way down (what YAML holds);
-    a nested section (e.g. ``rl.lora``'s :class:`~agentrl_jax.models.lora.LoraConfig`) as its
-    ``to_dict()``."""
-    if isinstance(value, LoraConfig):
-        return plain_data(value.to_dict())
+    a nested section (``rl.optimizer``, ``rl.lora``, ...: a dataclass) as the mapping of its
+    fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         return {k: plain_data(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -221,39 +222,29 @@ class RLConfig:
     ``(s_t, B - t)``.
 
     Rollouts: ``steps`` updates of ``tasks_per_step`` tasks x ``group_size`` trajectories,
-    sampled at ``temperature``, ``top_k`` (0: off) and ``top_p``; ``max_rows_per_call``
-    plays a step's rows in parts of at most this many rows (a multiple of ``group_size``;
-    null: all at once; the tokens do not depend on it), ``refill`` (with it) is continuous
-    batching. ``scoring``: the distribution the update scores sampled tokens under, ``model``
-    (temperature 1, whole vocabulary) or ``sampling`` (the rollout's; module docstring).
-    ``history_window`` k (null: the whole history) shows the policy only the system header and
-    its last k turns in the training rollouts; the update then trains each turn under the
-    context it saw (step-wise, :mod:`agentrl_jax.train.packing`; token-mean aggregation, no
-    critic). The evaluation keeps the whole history.
+    sampled as ``sampling`` says (:class:`~agentrl_jax.sampling.config.SamplingSettings`, the
+    class ``eval.sampling`` is too: ``temperature``, > 0 here, ``top_k``, ``top_p``);
+    ``max_rows_per_call`` plays a step's rows in parts of at most this many rows (a multiple
+    of ``group_size``; null: all at once; the tokens do not depend on it), ``refill`` (with it)
+    is continuous batching. ``scoring``: the distribution the update scores sampled tokens
+    under, ``model`` (temperature 1, whole vocabulary) or ``sampling`` (the rollout's; module
+    docstring). ``history_window`` k (null: the whole history) shows the policy only the
+    system header and its last k turns in the training rollouts; the update then trains each
+    turn under the context it saw (step-wise, :mod:`agentrl_jax.train.packing`; token-mean
+    aggregation, no critic). The evaluation keeps the whole history.
 
-    Optimisation: AdamW (``learning_rate``, ``weight_decay``, ``adam_*``) after global-norm
-    clipping at ``max_grad_norm`` (null: none); a critic (PPO) has its own AdamW
-    (``critic_learning_rate``, ``critic_weight_decay``); per rollout batch ``epochs`` passes
-    of ``mini_batches`` updates, each split in ``num_micro_batches`` for gradient
-    accumulation. Process rewards (§8): ``process_reward_coef`` x each step's score is added
-    to the reward, the scores from the step scorer the trainer is given, or, in the
-    reproduction, the one ``process_rewards`` names: ``oracle`` (the environment study's step
-    scorer, e.g. FrozenLake's exact Q*) or ``judge`` (a local Qwen3 in ``judge_model_dir``
-    asked whether each step is good).
-
-    Update memory (none changes the numbers): ``remat`` (null, ``full``, ``dots``,
-    ``offload``: what each layer keeps for the backward pass), ``attention`` (``xla``,
-    ``blocked``, ``cudnn``, ``splash``, ``auto``), ``logits_chunk`` (positions per chunk of
-    the output head, which runs only at sampled positions), ``packing`` (several trajectories
-    per row of the update, each attending within itself: :mod:`agentrl_jax.train.packing`;
-    the same losses and gradients with fewer padded positions).
-
-    Asynchronous training (§4): ``max_staleness`` k lets the rollouts of the next k updates be
-    sampled by parameters up to k updates old, so they run while an update trains (0: the
-    synchronous loop; :mod:`agentrl_jax.train.loop`). Batches of an asynchronous run are
-    corrected for the policy that sampled them: each policy term's per-token loss is weighted by
-    the truncated importance weight ``min(pi_old / mu, off_policy_cap)`` (``mu`` the sampler's
-    recorded log-prob), unless a term reads ``sampler_logprobs`` and corrects itself.
+    The update: ``optimizer`` (:class:`~agentrl_jax.train.sections.OptimizerConfig`: AdamW,
+    clipping, the critic's AdamW), ``batching`` (:class:`~agentrl_jax.train.sections.
+    BatchingConfig`: per rollout batch ``epochs`` passes of ``mini_batches`` updates, each
+    split in ``num_micro_batches`` for gradient accumulation), ``memory``
+    (:class:`~agentrl_jax.train.sections.MemoryConfig`: remat, attention, logits chunks,
+    packing; none changes the numbers), ``asynchronous``
+    (:class:`~agentrl_jax.train.sections.AsynchronousConfig`: rollouts sampled up to
+    ``max_staleness`` updates ahead, corrected up to ``off_policy_cap``). Process rewards
+    (§8): ``process_reward_coef`` x each step's score is added to the reward, the scores from
+    the step scorer the trainer is given, or, in the reproduction, the one ``process_rewards``
+    names: ``oracle`` (the environment study's step scorer, e.g. FrozenLake's exact Q*) or
+    ``judge`` (a local Qwen3 in ``judge_model_dir`` asked whether each step is good).
 
     MoE policies: the sampler records the experts of every token it samples
     (``Trajectory.experts``); ``routing_replay`` makes the train step's forwards (the live one
@@ -269,10 +260,11 @@ class RLConfig:
     copy), the rollouts decode with the adapters merged into the weights (on device, once per
     update) and checkpoints hold the adapters, not the base. Not with a critic (PPO).
 
-    Checkpoints every ``checkpoint_every`` updates, the newest ``checkpoint_keep`` kept.
-    Live metrics (each run's ``metrics.jsonl`` is the record of truth, always written):
-    ``tensorboard`` (``auto``: when ``tensorboardX`` or ``tensorboard`` is installed;
-    ``true``: required; ``false``: never) and ``wandb_project`` (Weights & Biases; null: not).
+    ``checkpoint`` (:class:`~agentrl_jax.train.sections.CheckpointConfig`: every ``every``
+    updates, the newest ``keep`` kept) and ``logging``
+    (:class:`~agentrl_jax.train.sections.LoggingConfig`: TensorBoard, W&B; each run's
+    ``metrics.jsonl`` is always written). A subsection is given as a mapping of some of its
+    fields (the others keep their defaults) or as its class.
     """
 
     runs: tuple[Any, ...] = ("grpo",)
@@ -281,59 +273,32 @@ class RLConfig:
     steps: int = setting(100, integer(1, MAX_STEPS))
     tasks_per_step: int = setting(8, integer(1, MAX_ROWS))
     group_size: int = setting(16, integer(2, MAX_SAMPLES))  # G (paper §4: 16)
-    # rollout temperature (paper §4: 1.0)
-    temperature: float = setting(
-        1.0,
-        real(0.0, MAX_TEMPERATURE, lo_open=True)._replace(
-            expect=f"a number in (0, {MAX_TEMPERATURE:g}] (greedy rollouts have no "
-            "distribution to score under)"
-        ),
-    )
-    top_k: int = setting(
-        0, integer(0, MAX_VOCAB)._replace(expect=f"an int in [0, {MAX_VOCAB}] (0: off)")
-    )
-    top_p: float = setting(1.0, real(0.0, 1.0, lo_open=True))
+    sampling: SamplingSettings = SamplingSettings()  # rollout temperature (paper §4: 1.0)
     scoring: str = setting("model", one_of(SCORING))
     max_rows_per_call: int | None = setting(None, optional(integer(1, MAX_ROWS)))
     refill: bool = setting(False, BOOL)
-    learning_rate: float = setting(1e-6, real(0.0, MAX_RATE, lo_open=True))  # paper §4
-    weight_decay: float = setting(0.01, real(0.0, MAX_RATE))  # paper §4
-    adam_b1: float = setting(0.9, real(0.0, 1.0, hi_open=True))
-    adam_b2: float = setting(0.999, real(0.0, 1.0, hi_open=True))
-    adam_eps: float = setting(1e-8, real(0.0, 1.0, lo_open=True))
-    max_grad_norm: float | None = setting(1.0, optional(real(0.0, MAX_COEF, lo_open=True)))
-    critic_learning_rate: float = setting(1e-5, real(0.0, MAX_RATE, lo_open=True))  # paper §4
-    critic_weight_decay: float = setting(0.01, real(0.0, MAX_RATE))
-    epochs: int = setting(1, integer(1, MAX_STEPS))
-    mini_batches: int = setting(1, integer(1, MAX_ROWS))
-    num_micro_batches: int = setting(1, integer(1, MAX_ROWS))
+    history_window: int | None = setting(None, optional(integer(1, MAX_TURNS)))
+    optimizer: OptimizerConfig = OptimizerConfig()
+    batching: BatchingConfig = BatchingConfig()
+    memory: MemoryConfig = MemoryConfig()
+    asynchronous: AsynchronousConfig = AsynchronousConfig()
     process_rewards: str | None = setting(None, one_of(PROCESS_REWARDS, nullable=True))
     process_reward_coef: float = setting(0.0, real(0.0, MAX_COEF))
     judge_model_dir: str | None = setting(
         None, Check(lambda v: v is None or (isinstance(v, str) and v != ""), "null or a path")
     )
-    remat: str | None = setting(None, one_of(REMAT_POLICIES, nullable=True))
-    attention: str = setting("xla", one_of(ATTENTION_IMPLEMENTATIONS))
-    logits_chunk: int = setting(512, integer(1, MAX_CONTEXT))
-    max_staleness: int = setting(0, integer(0, MAX_STALENESS))
-    off_policy_cap: float = setting(2.0, real(0.0, MAX_COEF, lo_open=True))
     routing_replay: bool = setting(False, BOOL)
-    checkpoint_every: int = setting(10, integer(1, MAX_STEPS))
-    checkpoint_keep: int = setting(2, integer(1, 1000))
-    seed: int = setting(0, integer(0, MAX_SEED))
-    tensorboard: str | bool = setting("auto", one_of(TENSORBOARD))
-    wandb_project: str | None = setting(
-        None,
-        Check(
-            lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
-            "null or a W&B project name",
-        ),
-    )
     lora: LoraConfig | None = None
-    packing: bool = setting(False, BOOL)
-    history_window: int | None = setting(None, optional(integer(1, MAX_TURNS)))
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+    seed: int = setting(0, integer(0, MAX_SEED))
 
     def __post_init__(self):
+        for name, cls in SUBSECTIONS.items():
+            default = next(f.default for f in dataclasses.fields(self) if f.name == name)
+            object.__setattr__(
+                self, name, subsection(f"rl.{name}", cls, getattr(self, name), default)
+            )
         object.__setattr__(self, "lora", LoraConfig.from_value(self.lora))
         if isinstance(self.runs, str) or not isinstance(self.runs, Sequence) or not self.runs:
             raise ConfigError(
@@ -351,18 +316,24 @@ class RLConfig:
             freeze(check_preset_params("rl.preset_params", self.preset_params)),
         )
         check_fields("rl", self)
-        rows = self.tasks_per_step * self.group_size
-        if rows % self.mini_batches:
+        if self.sampling.temperature == 0:
             raise ConfigError(
-                f"rl.mini_batches: must divide tasks_per_step x group_size ({rows}), "
-                f"got {self.mini_batches}"
+                f"rl.sampling.temperature: must be a number in (0, {MAX_TEMPERATURE:g}] "
+                "(greedy rollouts have no distribution to score under), got 0"
             )
-        per_update = rows // self.mini_batches
-        if per_update % self.num_micro_batches:
-            divided = " / mini_batches" if self.mini_batches > 1 else ""
+        rows = self.tasks_per_step * self.group_size
+        batching = self.batching
+        if rows % batching.mini_batches:
             raise ConfigError(
-                f"rl.num_micro_batches: must divide tasks_per_step x group_size{divided} "
-                f"({per_update}), got {self.num_micro_batches}"
+                f"rl.batching.mini_batches: must divide tasks_per_step x group_size ({rows}), "
+                f"got {batching.mini_batches}"
+            )
+        per_update = rows // batching.mini_batches
+        if per_update % batching.num_micro_batches:
+            divided = " / mini_batches" if batching.mini_batches > 1 else ""
+            raise ConfigError(
+                f"rl.batching.num_micro_batches: must divide tasks_per_step x group_size"
+                f"{divided} ({per_update}), got {batching.num_micro_batches}"
             )
         if self.max_rows_per_call is not None and self.max_rows_per_call % self.group_size:
             raise ConfigError(
@@ -380,18 +351,6 @@ class RLConfig:
                 f"rl.process_rewards is judge (got process_rewards: {self.process_rewards!r}, "
                 f"judge_model_dir: {self.judge_model_dir!r})"
             )
-        from agentrl_jax.train.sinks import tensorboard_available  # noqa: PLC0415
-
-        if self.tensorboard is True and not tensorboard_available():
-            raise ConfigError(
-                "rl.tensorboard: true needs tensorboardX (pip install -e '.[tensorboard]') "
-                "or tensorboard with torch; neither is installed ('auto' skips it)"
-            )
-        if self.wandb_project is not None and importlib.util.find_spec("wandb") is None:
-            raise ConfigError(
-                f"rl.wandb_project: logging to W&B project {self.wandb_project!r} needs the "
-                "wandb package (pip install wandb); it is not installed"
-            )
         runs = self.resolved_runs()  # every run's algorithm builds (errors name rl.runs[i])
         for run in runs if self.history_window is not None else ():
             problem = step_wise_problem(run.algorithm)
@@ -402,12 +361,8 @@ class RLConfig:
                 f"context (step-wise), which it cannot with {problem}; set "
                 "rl.history_window: null to keep the whole history"
             )
-        for run in runs if self.lora is not None else ():
-            if step_inputs(run.algorithm).critic_model:
-                raise ConfigError(
-                    f"rl.lora: run {run.name!r} has a critic (PPO), which trains a full copy of "
-                    "the policy as its value model; LoRA runs train without one"
-                )
+        for run in runs:
+            check_run(self, run.algorithm, run.name)
         # every hyper-parameter the runs' presets declare, with its value (given, else the
         # default), so configs that state a default and configs that do not are equal, and a
         # written config reads back the same under any defaults
@@ -428,14 +383,41 @@ class RLConfig:
         return tuple(run.name for run in self.resolved_runs())
 
     @property
-    def sampling(self) -> SamplingConfig:
-        """The rollouts' distribution (without the tokenizer's vocabulary bound)."""
-        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
-
-    @property
     def updates_per_batch(self) -> int:
         """Optimizer updates per rollout batch: ``epochs x mini_batches``."""
-        return self.epochs * self.mini_batches
+        return self.batching.updates_per_batch
+
+
+# the rl section's subsections given as mappings (lora, which may be null, has its own reader)
+SUBSECTIONS: dict[str, type] = {
+    "sampling": SamplingSettings,
+    "optimizer": OptimizerConfig,
+    "batching": BatchingConfig,
+    "memory": MemoryConfig,
+    "asynchronous": AsynchronousConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+}
+
+
+def check_run(rl: RLConfig, algorithm: AlgorithmConfig, name: str | None = None) -> None:
+    """What the ``rl`` settings refuse of a run's algorithm (``name``: the run's, for the
+    message), naming the field: LoRA with a critic (PPO trains a full copy of the policy as its
+    value model; LoRA runs train without one), packing with a loss term that reads each row as
+    one sequence. :class:`RLConfig` checks every run, :class:`TrainConfig` the one it holds."""
+    run = f"run {name!r}" if name is not None else "a run"
+    if rl.lora is not None and step_inputs(algorithm).critic_model:
+        raise ConfigError(
+            f"rl.lora: {run} with a critic (PPO) trains a full copy of the policy as its "
+            "value model; LoRA runs train without one (set rl.lora: null for this run)"
+        )
+    whole_rows = [t.name for t in algorithm.loss_terms if t.term.whole_rows]
+    if rl.memory.packing and whole_rows:
+        raise ConfigError(
+            f"rl.memory.packing: loss term {whole_rows[0]!r} of {run} reads each row as one "
+            "sequence, so its rows cannot hold several (set rl.memory.packing: false for "
+            "this run)"
+        )
 
 
 def step_wise_problem(algorithm: AlgorithmConfig) -> str | None:
@@ -542,10 +524,10 @@ class TrainConfig:
 
     rl: RLConfig = RLConfig()
     algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
-    budget_anchors: bool = False
-    loss_positions: int | None = None
-    max_response_length: int | None = None
-    valid_vocab_size: int | None = None
+    budget_anchors: bool = setting(False, BOOL)
+    loss_positions: int | None = setting(None, optional(integer(1)))
+    max_response_length: int | None = setting(None, optional(integer(1)))
+    valid_vocab_size: int | None = setting(None, optional(integer(1)))
 
     def __post_init__(self):
         if isinstance(self.algorithm, Mapping):
@@ -560,16 +542,7 @@ class TrainConfig:
             )
         if not isinstance(self.rl, RLConfig):
             raise ConfigError(f"TrainConfig.rl: must be an RLConfig, got {short_repr(self.rl)}")
-        validate(
-            "TrainConfig",
-            self,
-            {
-                "budget_anchors": BOOL,
-                "loss_positions": optional(integer(1)),
-                "max_response_length": optional(integer(1)),
-                "valid_vocab_size": optional(integer(1)),
-            },
-        )
+        check_fields("TrainConfig", self)
         if self.max_response_length is None:
             for field, used in (
                 ("aggregation_constant", self.algorithm.aggregation_constant is None),
@@ -592,17 +565,7 @@ class TrainConfig:
             check_inputs(self.algorithm)
         except ValueError as e:
             raise ConfigError(f"TrainConfig.algorithm.{e}") from None
-        whole_rows = [t.name for t in self.algorithm.loss_terms if t.term.whole_rows]
-        if self.rl.packing and whole_rows:
-            raise ConfigError(
-                f"rl.packing: loss term {whole_rows[0]!r} reads each row as one sequence, "
-                "so its rows cannot hold several (set rl.packing: false for this run)"
-            )
-        if self.rl.lora is not None and self.uses_critic:
-            raise ConfigError(
-                "rl.lora: a run with a critic (PPO) trains a full copy of the policy as its "
-                "value model; LoRA runs train without one (set rl.lora: null for this run)"
-            )
+        check_run(self.rl, self.algorithm)
 
     @property
     def kl_coef(self) -> float:
@@ -627,21 +590,21 @@ class TrainConfig:
         or None for the model's own distribution."""
         if self.rl.scoring == "model":
             return None
-        return dataclasses.replace(self.rl.sampling, valid_vocab_size=self.valid_vocab_size)
+        return self.rl.sampling.config(self.valid_vocab_size)
 
     @property
     def updates_per_batch(self) -> int:
-        """Optimizer updates per rollout batch: ``rl.epochs x rl.mini_batches``."""
+        """Optimizer updates per rollout batch: ``rl.batching``'s ``epochs x mini_batches``."""
         return self.rl.updates_per_batch
 
     @property
     def forward(self) -> Forward:
         """The teacher-forced forward the step scores tokens with."""
         return Forward(
-            remat=self.rl.remat,
-            attention=self.rl.attention,
+            remat=self.rl.memory.remat,
+            attention=self.rl.memory.attention,
             loss_positions=self.loss_positions,
-            logits_chunk=self.rl.logits_chunk,
+            logits_chunk=self.rl.memory.logits_chunk,
             sampling=self.scoring_sampling,
         )
 

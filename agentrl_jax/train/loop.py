@@ -31,8 +31,8 @@ sampling ``dynamic_sampling/{rollout_batches,kept_groups,dropped_groups,filler_r
 (non-finite) update is logged (``update_skipped`` counts them per step, and a line on the progress
 bar) and the run continues.
 
-Asynchronous training (``rl.max_staleness`` k > 0, :func:`_asynchronous`): batch ``j`` is
-sampled by the parameters after ``max(0, j - k)`` updates, so the rollouts of update ``i + k``
+Asynchronous training (``rl.asynchronous.max_staleness`` k > 0, :func:`_asynchronous`): batch ``j``
+is sampled by the parameters after ``max(0, j - k)`` updates, so the rollouts of update ``i + k``
 run while update ``i`` trains; a pure function of k, never of timing. Such a step also logs
 ``policy_version`` (the sampling parameters' update count), ``staleness_mean`` /
 ``staleness_max`` (updates between them and the parameters trained), ``time/idle_s`` (the
@@ -145,8 +145,8 @@ def train(
     """Trains from ``state.step`` until ``config.rl.steps`` (see the module docstring).
 
     ``on_step(state, metrics)`` runs after each step (after its checkpoint, if any).
-    Asynchronous runs (``rl.max_staleness > 0``): ``publish(params)`` gives the parameters
-    the next rollouts sample with, a copy that outlives the train step's donation of the
+    Asynchronous runs (``rl.asynchronous.max_staleness > 0``): ``publish(params)`` gives the
+    parameters the next rollouts sample with, a copy that outlives the train step's donation of the
     state (default: a copy on the same devices); ``pending`` are the batches a resumed run's
     checkpoint held (:meth:`Checkpointer.restore_pending`); ``events``, if given, receives
     ``("rollout", batch)``, ``("update", step)`` and ``("update_done", step)`` in the order
@@ -163,7 +163,7 @@ def train(
         process_scorer=process_scorer,
         quality_scorer=quality_scorer,
     )
-    if config.rl.max_staleness == 0:
+    if config.rl.asynchronous.max_staleness == 0:
         iterations = _synchronous(state, train_step, produce, config)
     else:
         iterations = _asynchronous(
@@ -220,15 +220,15 @@ def _synchronous(state, train_step, produce, config) -> Iterator[tuple[TrainStat
 def _asynchronous(
     state, train_step, produce, config, publish, pending, events
 ) -> Iterator[tuple[TrainState, dict, tuple]]:
-    """Bounded staleness ``k = rl.max_staleness``: batch ``j`` is sampled by the parameters
-    after ``max(0, j - k)`` updates, so while update ``i`` runs (dispatched, not waited for)
-    the loop samples batch ``i + k`` with the parameters update ``i`` starts from. On devices
-    of their own (``mesh.rollout``) the two run at once; on shared devices the
+    """Bounded staleness ``k = rl.asynchronous.max_staleness``: batch ``j`` is sampled by the
+    parameters after ``max(0, j - k)`` updates, so while update ``i`` runs (dispatched, not
+    waited for) the loop samples batch ``i + k`` with the parameters update ``i`` starts from. On
+    devices of their own (``mesh.rollout``) the two run at once; on shared devices the
     rollout's host work (environment steps, tokenising) overlaps the update. The batches
     sampled ahead (at most ``k``) are the queue a checkpoint saves, so a resumed run trains on
     exactly what the uninterrupted one would have. Which parameters sample which batch is
     fixed by ``k`` alone, never by timing: the run is deterministic."""
-    k, steps = config.rl.max_staleness, config.rl.steps
+    k, steps = config.rl.asynchronous.max_staleness, config.rl.steps
     queue = collections.deque(pending)
     cursor = (queue[-1].rng, queue[-1].position) if queue else (state.rng, int(state.data_position))
 

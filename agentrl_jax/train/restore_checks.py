@@ -4,7 +4,7 @@ how an item differs from what the resuming run expects ("" when it fits), which
 naming the checkpoint (left in place).
 
 * the batches an asynchronous run sampled ahead (``pending``): their JSON description
-  (:func:`pending_description_problem`: count within ``rl.max_staleness``, each batch's
+  (:func:`pending_description_problem`: count within ``rl.asynchronous.max_staleness``, each batch's
   metrics, data position and policy version within what the restored state allows) and their
   arrays (:func:`pending_arrays_problem`: names, rows, turns, width, dtypes, key, step scores,
   against :class:`BatchShape` and the run's config);
@@ -117,16 +117,16 @@ def pending_description_problem(described: Any, expected: PendingExpectation) ->
     Always: a list of objects with exactly those keys, ``metrics`` an object of numbers, the
     data position an int in ``[0, position_max]``, the policy version an int in ``[0, step]``
     (no parameters newer than the checkpoint's sampled them). With the run's config: at most
-    ``rl.max_staleness`` batches; each data position 1 to ``draws`` past the one before it
-    (the restored state's for the first); each version no older than the one before it and
-    at most ``rl.max_staleness`` updates behind the step the batch trains at."""
+    ``rl.asynchronous.max_staleness`` batches; each data position 1 to ``draws`` past the one before
+    it (the restored state's for the first); each version no older than the one before it and
+    at most ``rl.asynchronous.max_staleness`` updates behind the step the batch trains at."""
     if not isinstance(described, list):
         return f"its description is {shown_value(described)}, expected a list of batches"
     config = expected.config
-    if config is not None and len(described) > config.rl.max_staleness:
+    if config is not None and len(described) > config.rl.asynchronous.max_staleness:
         return (
             f"it holds {len(described)} batch(es), expected at most this run's "
-            f"rl.max_staleness ({config.rl.max_staleness}) sampled ahead"
+            f"rl.asynchronous.max_staleness ({config.rl.asynchronous.max_staleness}) sampled ahead"
         )
     position, version = expected.data_position, 0
     for i, about in enumerate(described):
@@ -163,9 +163,11 @@ def _description_problem(
     step, low = expected.step, 0
     why = [f"no newer than the checkpoint's step {step}"]
     if expected.config is not None:
-        k = expected.config.rl.max_staleness
+        k = expected.config.rl.asynchronous.max_staleness
         low = max(version, step + i - k, 0)
-        why.append(f"at most rl.max_staleness {k} behind step {step + i}, where it trains")
+        why.append(
+            f"at most rl.asynchronous.max_staleness {k} behind step {step + i}, where it trains"
+        )
         if i:
             why.append(f"no older than batch {i - 1}'s")
     if not (is_int(about["version"]) and low <= about["version"] <= step):

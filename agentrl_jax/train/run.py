@@ -134,11 +134,16 @@ def train_policy(
             dataclasses.replace(p, rng=_like(p.rng, state.rng))
             for p in checkpointer.restore_pending(restored, shape)
         ]
-        if config.rl.max_staleness and not pending and int(state.step) < config.rl.steps:
+        if (
+            config.rl.asynchronous.max_staleness
+            and not pending
+            and int(state.step) < config.rl.steps
+        ):
             warnings.warn(
                 f"checkpoint {restored.path} holds no batches sampled ahead (written with "
-                f"another rl.max_staleness?): the next {config.rl.max_staleness} are sampled "
-                "afresh by the restored parameters",
+                "another rl.asynchronous.max_staleness?): the next "
+                f"{config.rl.asynchronous.max_staleness} are sampled afresh by the restored "
+                "parameters",
                 stacklevel=2,
             )
     step_fn = make_train_step(
@@ -294,7 +299,7 @@ def rollout_config(
     the task's lengths, ``rl``'s sampling (over the tokenizer's ``valid_vocab_size``) and
     rows per call."""
     task, rl = config.task, config.rl
-    sampling = dataclasses.replace(rl.sampling, valid_vocab_size=valid_vocab_size)
+    sampling = rl.sampling.config(valid_vocab_size)
     return RolloutConfig(
         split_processes=True,  # several processes: each plays its share of the rows
         group_size=rl.group_size,
@@ -343,14 +348,18 @@ def _logger(
     config: Config, run: RunSettings, out: Path, step: int, metadata: Mapping[str, Any] | None
 ) -> MetricsLogger:
     """The run's metrics: ``out/metrics.jsonl``, TensorBoard in ``out/tensorboard`` as
-    ``rl.tensorboard`` says (``auto``: when a writer is installed), W&B when
-    ``rl.wandb_project`` names a project."""
+    ``rl.logging.tensorboard`` says (``auto``: when a writer is installed), W&B when
+    ``rl.logging.wandb_project`` names a project."""
     rl = config.rl
-    tensorboard = rl.tensorboard is True or (rl.tensorboard == "auto" and tensorboard_available())
+    tensorboard = rl.logging.tensorboard is True or (
+        rl.logging.tensorboard == "auto" and tensorboard_available()
+    )
     sinks = []
-    if rl.wandb_project is not None:
+    if rl.logging.wandb_project is not None:
         sinks.append(
-            WandbSink(rl.wandb_project, name=run.name, directory=out, config=dict(metadata or {}))
+            WandbSink(
+                rl.logging.wandb_project, name=run.name, directory=out, config=dict(metadata or {})
+            )
         )
     return MetricsLogger(
         out / "metrics.jsonl",

@@ -80,25 +80,29 @@ class TrainState:
 def make_optimizer(
     learning_rate: float, weight_decay: float, config: TrainConfig
 ) -> optax.GradientTransformation:
-    """Global-norm clipping (``config.rl.max_grad_norm``, if set) then AdamW."""
+    """Global-norm clipping (``config.rl.optimizer.max_grad_norm``, if set) then AdamW."""
     adamw = optax.adamw(
         learning_rate,
-        b1=config.rl.adam_b1,
-        b2=config.rl.adam_b2,
-        eps=config.rl.adam_eps,
+        b1=config.rl.optimizer.adam_b1,
+        b2=config.rl.optimizer.adam_b2,
+        eps=config.rl.optimizer.adam_eps,
         weight_decay=weight_decay,
     )
-    if config.rl.max_grad_norm is None:
+    if config.rl.optimizer.max_grad_norm is None:
         return adamw
-    return optax.chain(optax.clip_by_global_norm(config.rl.max_grad_norm), adamw)
+    return optax.chain(optax.clip_by_global_norm(config.rl.optimizer.max_grad_norm), adamw)
 
 
 def policy_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    return make_optimizer(config.rl.learning_rate, config.rl.weight_decay, config)
+    return make_optimizer(
+        config.rl.optimizer.learning_rate, config.rl.optimizer.weight_decay, config
+    )
 
 
 def critic_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    return make_optimizer(config.rl.critic_learning_rate, config.rl.critic_weight_decay, config)
+    return make_optimizer(
+        config.rl.optimizer.critic_learning_rate, config.rl.optimizer.critic_weight_decay, config
+    )
 
 
 def init_critic(policy_params: Any, hidden_size: int) -> CriticParams:

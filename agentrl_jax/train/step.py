@@ -44,7 +44,7 @@ row before it, or for a turn sampled from a history window (the rollout's ``hist
 the system header and that window. Such batches are trained step-wise: each windowed turn is
 a sequence of its own, packed with the others (:func:`~agentrl_jax.train.packing.
 turn_sequences`, :meth:`JittedTrainStep.packed`), its response the only loss tokens in it.
-``rl.packing`` packs whole rows the same way.
+``rl.memory.packing`` packs whole rows the same way.
 
 Alignment: the log-prob of token ``p`` comes from the logits at ``p - 1``, and the value of
 token ``p`` from the critic's hidden state at ``p - 1`` (the state the token was sampled in);
@@ -190,7 +190,7 @@ def for_batch(config: TrainConfig, batch: TrainBatch) -> TrainConfig:
 
 def _chunks(config: TrainConfig) -> int:
     """Pieces of the batch the per-batch scoring runs on: the updates' micro-batch shape."""
-    return config.rl.mini_batches * config.rl.num_micro_batches
+    return config.rl.batching.mini_batches * config.rl.batching.num_micro_batches
 
 
 def _records_old_logprobs(config: TrainConfig) -> bool:
@@ -202,12 +202,13 @@ def _records_old_logprobs(config: TrainConfig) -> bool:
 
 def corrects_off_policy(config: TrainConfig) -> bool:
     """Whether the policy terms' per-token losses are weighted for the policy that sampled the
-    batch (``min(pi_old / mu, rl.off_policy_cap)``, ``mu`` the sampler's recorded log-prob in
-    the trainer's scoring distribution, ``pi_old`` the policy before the batch's first update):
-    an asynchronous run (``rl.max_staleness > 0``, whose batches may come from older parameters)
-    whose policy terms do not read ``sampler_logprobs`` and correct for it themselves."""
+    batch (``min(pi_old / mu, rl.asynchronous.off_policy_cap)``, ``mu`` the sampler's recorded
+    log-prob in the trainer's scoring distribution, ``pi_old`` the policy before the batch's first
+    update): an asynchronous run (``rl.asynchronous.max_staleness > 0``, whose batches may come from
+    older parameters) whose policy terms do not read ``sampler_logprobs`` and correct for it
+    themselves."""
     return (
-        config.rl.max_staleness > 0
+        config.rl.asynchronous.max_staleness > 0
         and "sampler_logprobs" not in step_inputs(config.algorithm).policy
     )
 
@@ -427,7 +428,9 @@ def policy_gradients(
         weights = None
         if off_policy:  # proximal policy: the old log-probs, else this forward's own
             old = fields.get("old_logprobs", jax.lax.stop_gradient(logprobs))
-            weights = tis_weight(old, mb["recorded_logprobs"], config.rl.off_policy_cap)
+            weights = tis_weight(
+                old, mb["recorded_logprobs"], config.rl.asynchronous.off_policy_cap
+            )
         result = compute_loss_with_metrics(
             config.algorithm, LossInputs(loss_mask=mb["loss_mask"], **fields), "policy", weights
         )
@@ -435,7 +438,8 @@ def policy_gradients(
         if off_policy:
             sums["off_policy/weight"] = metric_sum(weights, mb["loss_mask"])
             sums["off_policy/capped"] = metric_sum(
-                (weights >= config.rl.off_policy_cap).astype(jnp.float32), mb["loss_mask"]
+                (weights >= config.rl.asynchronous.off_policy_cap).astype(jnp.float32),
+                mb["loss_mask"],
             )
             peaks["off_policy/weight_max"] = jnp.max(jnp.where(mb["loss_mask"], weights, 0.0))
         if "old_logprobs" in fields:
@@ -456,7 +460,7 @@ def policy_gradients(
         return add_trees(a[0], b[0]), add_trees(a[1], b[1]), jax.tree.map(jnp.maximum, a[2], b[2])
 
     grads, (total, sums, peaks) = accumulate_gradients(
-        loss_fn, params, data, config.rl.num_micro_batches, combine
+        loss_fn, params, data, config.rl.batching.num_micro_batches, combine
     )
     grads = divide_tree(grads, total.denom)
     metrics = {
@@ -506,7 +510,7 @@ def critic_gradients(
         return result.total.total, (result.total, _term_sums(result), ev)
 
     grads, (total, sums, ev) = accumulate_gradients(
-        loss_fn, critic, data, config.rl.num_micro_batches
+        loss_fn, critic, data, config.rl.batching.num_micro_batches
     )
     grads = divide_tree(grads, total.denom)
     metrics = {
@@ -612,8 +616,9 @@ def train_step(
     rows = batch.trajectory.tokens.shape[0] if batch.packing is None else batch.packing.shape[0]
     if rows % _chunks(config):
         raise ValueError(
-            f"mini_batches={config.rl.mini_batches} x "
-            f"num_micro_batches={config.rl.num_micro_batches} must divide the batch's {rows} rows"
+            f"mini_batches={config.rl.batching.mini_batches} x "
+            f"num_micro_batches={config.rl.batching.num_micro_batches} must divide the batch's "
+            f"{rows} rows"
         )
     data, batch_metrics = prepare_batch(graphdef, config, state, batch, mesh)
     update = _update_fn(graphdef, config, data, mesh, state.base)
@@ -624,9 +629,11 @@ def train_step(
         per_update = jax.tree.map(lambda x: x[None], per_update)
     else:
         order = None
-        if config.rl.mini_batches > 1:  # shuffled: a key of its own, split off the state's
+        if config.rl.batching.mini_batches > 1:  # shuffled: a key of its own, split off the state's
             rng, key = jax.random.split(state.rng)
-            order = update_rows(key, rows, config.rl.epochs, config.rl.mini_batches)
+            order = update_rows(
+                key, rows, config.rl.batching.epochs, config.rl.batching.mini_batches
+            )
         carry, per_update = jax.lax.scan(update, carry, (jnp.arange(count), order))
     policy, policy_opt, critic, critic_opt = carry
     skipped = jnp.sum(per_update["update_skipped"]).astype(jnp.int32)
@@ -738,7 +745,7 @@ class JittedTrainStep:
         return new.replace(base=state.base), metrics
 
     def packed(self, batch: TrainBatch) -> TrainBatch:
-        """``batch`` with its packing planned on the host (``rl.packing``; else as it is):
+        """``batch`` with its packing planned on the host (``rl.memory.packing``; else as it is):
         trajectories into rows of the batch's width, the row count a multiple of the
         micro-batch count times the mesh's batch shards (:mod:`agentrl_jax.train.packing`)."""
         if batch.packing is not None:
@@ -750,11 +757,11 @@ class JittedTrainStep:
             traj.context_start.is_fully_addressable
         )
         step_wise = not placed and windowed_turns(traj).any()
-        if not (self.config.rl.packing or step_wise):
+        if not (self.config.rl.memory.packing or step_wise):
             return batch
         if distributed.is_multiprocess():
             raise ValueError(
-                "rl.packing (or a rollout history window): packing plans the whole batch on "
+                "rl.memory.packing (or a rollout history window): packing plans the whole batch on "
                 "one host; with several processes each holds only its share"
             )
         check_step_wise(traj, self.config)

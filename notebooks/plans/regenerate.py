@@ -51,7 +51,7 @@ PLANS: dict[str, tuple[str, list[str]]] = {
         [
             *["--topology", "v5e:2x4", "--set", "engine.generation_layout=training"],
             *["--set", "engine.kv_page_size=null", "--set", "rl.refill=false"],
-            *["--set", "rl.num_micro_batches=32", "--set", "task.max_context=8192"],
+            *["--set", "rl.batching.num_micro_batches=32", "--set", "task.max_context=8192"],
             *["--set", "eval.max_context=8192"],
         ],
     ),
@@ -68,7 +68,7 @@ PLANS: dict[str, tuple[str, list[str]]] = {
     # 8B split: 1 row per training chip per micro-batch (2 rows: 85.5 GiB, over 85% of a chip)
     "frozenlake_qwen3_8b_tpu_v5p-4x4x2_split": (
         "frozenlake_qwen3_8b_tpu",
-        [*V5P_64_SPLIT, "--set", "rl.num_micro_batches=32"],
+        [*V5P_64_SPLIT, "--set", "rl.batching.num_micro_batches=32"],
     ),
     # Qwen3-30B-A3B (issue #58): a v5p-64 slice (32 chips) with expert parallelism (fsdp 4 x
     # expert 8), full-parameter; eight H100s full-parameter (does NOT fit: DOES_NOT_FIT) and LoRA;
@@ -88,7 +88,7 @@ PLANS: dict[str, tuple[str, list[str]]] = {
             "--set",
             "mesh.expert=8",
             "--set",
-            "rl.num_micro_batches=16",
+            "rl.batching.num_micro_batches=16",
         ],
     ),
 }

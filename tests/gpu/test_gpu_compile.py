@@ -225,12 +225,12 @@ def _packed_batch(rows: int, length: int, turns: int, mesh) -> TrainBatch:
 @pytest.mark.parametrize("implementation", ["cudnn", "auto"])
 def test_packed_train_step_runs_cudnn_attention_forward_and_backward(implementation):
     """A tiny Qwen3 computing in bfloat16, trained on packed rows (each sequence a segment of
-    its own) with ``rl.attention`` "cudnn" (and "auto", traced for a GPU), compiles for an H100
-    with cuDNN's fused attention in the forward and in the backward."""
+    its own) with ``rl.memory.attention`` "cudnn" (and "auto", traced for a GPU), compiles for an
+    H100 with cuDNN's fused attention in the forward and in the backward."""
     from agentrl_jax.plan.programs import abstract_train_state
 
     mesh = build_mesh(MeshConfig(), xla_gpu.target("h100").devices)
-    config = TrainConfig(rl=RLConfig(attention=implementation, packing=True))
+    config = TrainConfig(rl=RLConfig(memory={"attention": implementation, "packing": True}))
     model = abstract_qwen3(Qwen3Config(**TINY_DIMS), dtype=BF16)
     with attention.built_for("gpu"):
         state = abstract_train_state(model, config, mesh)

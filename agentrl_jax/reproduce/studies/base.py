@@ -163,9 +163,12 @@ CPU_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
         "runs": ["grpo", "budgetmix", "budgetmix-adaptive", "budgetmix-presentation"],
         "steps": 40,
         "group_size": 8,
-        "learning_rate": 1e-3,  # paper: 1e-6 (Qwen3-4B/8B); 2e-3 breaks the tiny default
-        "attention": "blocked",  # the warm start's and the updates': faster than xla here
-        "checkpoint_keep": 4,  # steps 10, 20, 30, 40: the erosion analysis' snapshots
+        # paper: 1e-6 (Qwen3-4B/8B); 2e-3 breaks the tiny default
+        "optimizer": {"learning_rate": 1e-3},
+        # the warm start's and the updates': faster than xla here
+        "memory": {"attention": "blocked"},
+        # steps 10, 20, 30, 40: the erosion analysis' snapshots
+        "checkpoint": {"keep": 4},
         "preset_params": {
             "kl_coef": 0.05,  # paper: 0.001; 0.05 keeps the tiny policy's answer format
             # GRPO's own per-sequence mean (DeepSeekMath); with token-mean, failed episodes

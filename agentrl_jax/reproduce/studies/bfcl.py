@@ -49,7 +49,7 @@ class BfclStudy(Study):
                 "steps": 6,
                 "tasks_per_step": 2,
                 "group_size": 4,
-                "attention": "blocked",
+                "memory": {"attention": "blocked"},
             },
             "eval": {
                 "max_response_tokens": 128,

@@ -76,7 +76,7 @@ class CodeStudy(Study):
                 "steps": 8,
                 "tasks_per_step": 2,
                 "group_size": 4,
-                "attention": "blocked",
+                "memory": {"attention": "blocked"},
             },
             "eval": {
                 "max_response_tokens": 256,

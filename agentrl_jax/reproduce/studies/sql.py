@@ -57,7 +57,7 @@ class SqlStudy(Study):
                 "steps": 10,
                 "tasks_per_step": 4,
                 "group_size": 4,
-                "attention": "xla",
+                "memory": {"attention": "xla"},
             },
             "eval": {
                 "max_response_tokens": 96,
