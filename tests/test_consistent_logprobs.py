@@ -228,9 +228,9 @@ def test_config_fields_are_validated_and_round_trip():
     assert config.scoring_sampling == SAMPLING and TrainConfig().scoring_sampling is None
     with pytest.raises(ConfigError, match="scoring"):
         TrainConfig(rl=RLConfig(scoring="tempered"))
-    with pytest.raises(ConfigError, match=r"rl\.temperature"):
+    with pytest.raises(ConfigError, match=r"rl\.sampling\.temperature"):
         TrainConfig(rl=RLConfig(sampling={"temperature": 0.0}))
-    with pytest.raises(ConfigError, match=r"rl\.top_p"):
+    with pytest.raises(ConfigError, match=r"rl\.sampling\.top_p"):
         TrainConfig(rl=RLConfig(sampling={"top_p": 1.5}))
     with pytest.raises(ValueError, match="cap"):
         LossTermConfig("policy_clip_tis", params={"cap": 0.0})

@@ -179,14 +179,14 @@ def test_bad_packing_and_window_settings_name_the_field():
             ConfigError, match=r"rl\.history_window: must be null or an int in \[1, 4096\]"
         ):
             RLConfig(history_window=value)
-    with pytest.raises(ConfigError, match=r"rl\.packing: must be true or false"):
+    with pytest.raises(ConfigError, match=r"rl\.memory\.packing: must be true or false"):
         RLConfig(memory={"packing": "yes"})
     with pytest.raises(ConfigError, match=r"rl\.history_window: run 'ppo' trains each windowed"):
         RLConfig(runs=("ppo",), history_window=2, preset_params={"aggregation": "token-mean"})
 
 
 def test_packing_refuses_terms_that_read_whole_rows():
-    with pytest.raises(ConfigError, match=r"rl\.packing: loss term 'gspo_clip'"):
+    with pytest.raises(ConfigError, match=r"rl\.memory\.packing: loss term 'gspo_clip'"):
         TrainConfig(
             rl=RLConfig(memory={"packing": True}),
             algorithm={"loss_terms": [{"name": "gspo_clip"}], "aggregation": "token-mean"},

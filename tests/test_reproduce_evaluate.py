@@ -124,7 +124,7 @@ def test_settings_are_validated_naming_the_field():
         ({"states": 1}, "states"),
         ({"budgets": [0, 3]}, "budgets"),
         ({"budgets": "17"}, "budgets"),
-        ({"top_p": 0.0}, "top_p"),
+        ({"sampling": {"top_p": 0.0}}, r"sampling\.top_p"),
         ({"invalid": "nan"}, "invalid"),
         ({"tasks_per_call": 0}, "tasks_per_call"),
         ({"diagnostic_tasks": 0}, "diagnostic_tasks"),
