@@ -312,7 +312,8 @@ def _train_inputs(c: _Compiler, model: Any, train: Any, rows: int, length: int):
 def train_step_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
     """The train-step check's gradients, then the update of the speed and memory figures."""
     from agentrl_jax.train import TrainConfig  # noqa: PLC0415
-    from agentrl_jax.train.step import compute_gradients, make_train_step  # noqa: PLC0415
+    from agentrl_jax.train.jitted_step import make_train_step  # noqa: PLC0415
+    from agentrl_jax.train.step import compute_gradients  # noqa: PLC0415
 
     check = _model("", jnp.float32, jnp.float32, bench.train_check_config(scale))
     train = TrainConfig()

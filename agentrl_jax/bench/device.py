@@ -666,7 +666,7 @@ def train_figures(scale: Scale) -> list[Figure]:
     """One GRPO update at the train shape: tokens/s, MFU; plan's peak against the measured."""
     from agentrl_jax.plan import analyse  # noqa: PLC0415
     from agentrl_jax.train import init_train_state  # noqa: PLC0415
-    from agentrl_jax.train.step import make_train_step  # noqa: PLC0415
+    from agentrl_jax.train.jitted_step import make_train_step  # noqa: PLC0415
 
     shape, length = scale.train_shape, scale.train_tokens
     layers = train_layers(shape, _device_memory())

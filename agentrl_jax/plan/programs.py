@@ -85,7 +85,7 @@ from agentrl_jax.train import (
 )
 from agentrl_jax.train.config import loss_position_bound
 from agentrl_jax.train.config import train_config as make_train_config
-from agentrl_jax.train.step import batch_shardings
+from agentrl_jax.train.jitted_step import batch_shardings
 from agentrl_jax.trajectory import Trajectory
 
 # Hugging Face config.json values of the Qwen3 models (for planning without the files): the

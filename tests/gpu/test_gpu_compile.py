@@ -36,8 +36,8 @@ from agentrl_jax.models.paged_kernels import decode_attention
 from agentrl_jax.sampling import Paging, SamplingConfig
 from agentrl_jax.sharding import MeshConfig, build_mesh
 from agentrl_jax.train import RLConfig, TrainBatch, TrainConfig, make_train_step, train_model
+from agentrl_jax.train.jitted_step import batch_shardings
 from agentrl_jax.train.packing import Packing
-from agentrl_jax.train.step import batch_shardings
 from agentrl_jax.trajectory import Trajectory
 
 xla_gpu.skip_or_fail_module()
