@@ -138,8 +138,7 @@ TINY = Scale(True, "tiny", ("tiny",), (1, 8, 64), 16, 16, "tiny", 256, "tiny", 2
 def our_config(shape: str):
     """The :class:`~agentrl_jax.models.Qwen3Config` of a shape name (tiny, qwen3-0.6b ..
     qwen3-8b)."""
-    from agentrl_jax.models import Qwen3Config  # noqa: PLC0415
-    from agentrl_jax.plan import qwen3_config  # noqa: PLC0415
+    from agentrl_jax.models.config import Qwen3Config, qwen3_config  # noqa: PLC0415
 
     return Qwen3Config(**TINY_DIMS) if shape == "tiny" else qwen3_config(shape)
 

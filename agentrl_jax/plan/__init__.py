@@ -10,8 +10,8 @@
 ``agentrl-jax plan`` is the command-line front end (:mod:`agentrl_jax.cli.plan`).
 """
 
+from agentrl_jax.models.config import QWEN3_ARCHITECTURES, qwen3_config, qwen3_hf_config
 from agentrl_jax.plan.programs import (
-    QWEN3_ARCHITECTURES,
     ProgramPlan,
     analyse,
     eval_rows,
@@ -20,8 +20,6 @@ from agentrl_jax.plan.programs import (
     largest_buffers,
     model_config,
     plan,
-    qwen3_config,
-    qwen3_hf_config,
     refused_plan,
 )
 from agentrl_jax.plan.targets import (
