@@ -55,7 +55,7 @@ import numpy as np
 from flax import nnx
 
 from agentrl_jax.bench import device as bench
-from agentrl_jax.plan.programs import ProgramPlan, analyse, refused_plan
+from agentrl_jax.plan.memory import ProgramPlan, analyse, refused_plan
 
 JAX_MEMORY_FRACTION = 0.75  # the share of a GPU jax's allocator may use by default
 
