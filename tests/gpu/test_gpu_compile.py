@@ -28,7 +28,7 @@ import xla_gpu
 from flax import nnx
 from xla_gpu import CUDNN_FMHA, TRITON, compile_lowered, compiles, custom_call_targets, on
 
-from agentrl_jax.bench.device import TINY_DIMS
+from agentrl_jax.bench.device_figures import TINY_DIMS
 from agentrl_jax.models import attention
 from agentrl_jax.models.checkpoints import abstract_qwen3
 from agentrl_jax.models.config import Qwen3Config
