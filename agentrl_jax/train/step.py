@@ -181,7 +181,9 @@ def for_batch(config: TrainConfig, batch: TrainBatch) -> TrainConfig:
 
 
 def update_chunks(config: TrainConfig) -> int:
-    """Pieces of the batch the per-batch scoring runs on: the updates' micro-batch shape."""
+    """Pieces of the batch the per-batch scoring runs on: the updates' micro-batch shape (a
+    packed batch's rows are planned to a multiple of it, :meth:`~agentrl_jax.train.jitted_step.
+    JittedTrainStep.packed`)."""
     return config.rl.mini_batches * config.rl.num_micro_batches
 
 
