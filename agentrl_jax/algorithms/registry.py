@@ -109,7 +109,8 @@ class TermOutput(NamedTuple):
     ``loss`` is the per-token loss ``[N, L]``; ``metrics`` maps short names (no ``/``) to
     per-token arrays ``[N, L]`` (averaged over the loss mask), per-sequence arrays ``[N]``
     (averaged over the rows that have loss tokens) or scalars (averaged over micro-batches).
-    Metrics are not differentiated (``stop_gradient``); see :func:`compute_loss_with_metrics`.
+    Metrics are not differentiated (``stop_gradient``); see
+    :func:`~agentrl_jax.algorithms.compute.compute_loss_with_metrics`.
     """
 
     loss: jax.Array
