@@ -16,7 +16,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from agentrl_jax.bench import compile_only, device
+from agentrl_jax.bench import compile_only, device, device_checks, device_figures, device_speed
 from agentrl_jax.cli import app
 from agentrl_jax.plan import GPUS, gpu_spec, roofline, targets
 
@@ -46,7 +46,7 @@ def test_bench_device_tiny_prints_one_named_figure_per_line_and_every_check_hold
     monkeypatch, one_torch_thread
 ):
     monkeypatch.setattr(device, "TINY", dataclasses.replace(device.TINY, **CHEAP_TINY))
-    monkeypatch.setattr(device, "PAGED_SHAPE", CHEAP_PAGED_SHAPE)
+    monkeypatch.setattr(device_checks, "PAGED_SHAPE", CHEAP_PAGED_SHAPE)
     result = CliRunner().invoke(app, ["bench", "device", "--tiny"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
@@ -103,7 +103,7 @@ def test_a_correctness_figure_outside_its_tolerance_is_not_ok():
 
 
 def test_model_flops_and_the_train_layer_budget_by_hand():
-    config = device.our_config("tiny")  # d 64, f 128, 4 heads x 16, 2 kv heads, vocab 512
+    config = device_figures.our_config("tiny")  # d 64, f 128, 4 heads x 16, 2 kv heads, vocab 512
     matmul = 2 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128) + 64 * 512
     # causal attention over 100 tokens: 100 x 101 / 2 (query, key) pairs, 4 x 64 FLOPs each
     # per layer, over the 100 tokens
@@ -111,9 +111,9 @@ def test_model_flops_and_the_train_layer_budget_by_hand():
     # Qwen3-4B: 100.9M parameters a layer, 389M in the tied embedding, 20 bytes each
     per_layer = 2560 * (4096 + 2048) + 4096 * 2560 + 3 * 2560 * 9728
     assert per_layer == 100_925_440
-    assert device.train_layers("qwen3-4b", 60 * 1024**3) == 12  # jax's 75% of an 80 GB H100
-    assert device.train_layers("qwen3-4b", 1e15) == 36
-    assert device.train_layers("qwen3-4b", 1.0) == 1
+    assert device_speed.train_layers("qwen3-4b", 60 * 1024**3) == 12  # jax's 75% of an 80 GB H100
+    assert device_speed.train_layers("qwen3-4b", 1e15) == 36
+    assert device_speed.train_layers("qwen3-4b", 1.0) == 1
 
 
 def test_unknown_parts_are_refused_by_name():
@@ -138,11 +138,11 @@ def test_a_part_that_raises_is_one_line_naming_the_error_and_the_others_still_ru
 def test_speed_figures_carry_the_roofline_and_the_share_of_it_reached_on_a_known_gpu(monkeypatch):
     h100 = gpu_spec("NVIDIA H100 80GB HBM3")  # the device kind an H100 reports
     assert h100 is GPUS["h100"] and gpu_spec("cpu") is None
-    monkeypatch.setattr(device, "gpu_here", lambda: h100)  # this CPU, as if it were an H100
-    monkeypatch.setattr(device, "_transformers_generate_s", lambda *a: None)
+    monkeypatch.setattr(device_speed, "gpu_here", lambda: h100)  # this CPU, as if it were an H100
+    monkeypatch.setattr(device_speed, "_transformers_generate_s", lambda *a: None)
     monkeypatch.setattr(device, "TINY", dataclasses.replace(device.TINY, decode_batches=(8,)))
     (decode, generate) = device.run(tiny=True, parts=["decode"])
-    config, scale = device.our_config("tiny"), device.TINY
+    config, scale = device_figures.our_config("tiny"), device.TINY
     # decode: the same rows at the steps' mean cache, prompt_len + new_tokens / 2 tokens
     want = roofline.decode_step(config, h100, 8, scale.prompt_len + scale.new_tokens / 2)
     assert decode.figure == "decode tiny batch 8"
@@ -150,11 +150,11 @@ def test_speed_figures_carry_the_roofline_and_the_share_of_it_reached_on_a_known
     assert decode.settings["of_predicted"] == pytest.approx(decode.value / want.value)
     assert "predicted" not in generate.settings
     # the train step: the figure's rows and length, a KL reference, full remat
-    train = device.train_prediction(config, h100, scale)
+    train = device_figures.train_prediction(config, h100, scale)
     assert train == roofline.train_step(config, h100, 1, 256, reference=True, remat=True)
     assert train.mfu is not None
     # the rollout: every row of tasks x G playing every turn of the budget
-    rollout = device.rollout_prediction(config, h100, scale, 223.4, 51.6)
+    rollout = device_figures.rollout_prediction(config, h100, scale, 223.4, 51.6)
     assert rollout == roofline.rollout_turns(
         config, h100, 8, turns=6, response_tokens=8, observation_tokens=52, prompt_tokens=223,
         max_context=1536,
@@ -163,11 +163,11 @@ def test_speed_figures_carry_the_roofline_and_the_share_of_it_reached_on_a_known
 
 def test_against_a_prediction_is_the_measured_share_of_it_and_null_without_one():
     spec = dataclasses.replace(GPUS["h100"], peak_bf16_flops=1e12, bandwidth=1e9)  # a fake GPU
-    prediction = roofline.decode_step(device.our_config("tiny"), spec, 4, 100)
-    entries = device.against(prediction, prediction.value / 4)
+    prediction = roofline.decode_step(device_figures.our_config("tiny"), spec, 4, 100)
+    entries = device_figures.against(prediction, prediction.value / 4)
     assert entries == {"predicted": prediction.to_dict(), "of_predicted": 0.25}
-    assert device.against(None, 5.0) == {"predicted": None, "of_predicted": None}
-    assert device.against(prediction, None)["of_predicted"] is None
+    assert device_figures.against(None, 5.0) == {"predicted": None, "of_predicted": None}
+    assert device_figures.against(prediction, None)["of_predicted"] is None
 
 
 def test_compile_only_without_the_cuda_plugin_is_refused_in_one_line(monkeypatch):

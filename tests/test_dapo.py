@@ -8,15 +8,10 @@ import pytest
 
 from agentrl_jax.algorithms import advantages as adv
 from agentrl_jax.algorithms import aggregation as agg
+from agentrl_jax.algorithms.algorithm_config import AlgorithmConfig, LossTermConfig
+from agentrl_jax.algorithms.compute import compute_advantages, compute_loss
 from agentrl_jax.algorithms.dapo import dynamic_sampling_keep, overlong_penalty
-from agentrl_jax.algorithms.registry import (
-    AdvantageInputs,
-    AlgorithmConfig,
-    LossInputs,
-    LossTermConfig,
-    compute_advantages,
-    compute_loss,
-)
+from agentrl_jax.algorithms.registry import AdvantageInputs, LossInputs
 
 # ------------------------------------------------------------------------- dynamic sampling
 

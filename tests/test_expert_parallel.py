@@ -178,7 +178,7 @@ from agentrl_jax.train import (RLConfig, TrainBatch, TrainConfig, compute_gradie
                                init_train_state)
 from agentrl_jax.train.scoring import activation_constraint
 from agentrl_jax.train.state import shard_state, state_shardings
-from agentrl_jax.train.step import batch_shardings
+from agentrl_jax.train.jitted_step import batch_shardings
 
 model = tiny_model(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=8,
                    norm_topk_prob=True)

@@ -168,11 +168,11 @@ def test_plan_for_a_tpu_topology():
 
 
 def test_float32_copies_of_half_precision_buffers_are_found_in_the_hlo():
-    from agentrl_jax.plan import programs
+    from agentrl_jax.plan import memory
 
     text = "bf16[8,4,16] %a; f32[8,4,16] %b = convert(%a); f32[2,3] %c; bf16[5] %d; f32[5,1] %e"
-    assert programs.float32_copies(text) == (("f32[8,4,16]", 8 * 4 * 16 * 4),)
-    assert programs.float32_copies("f32[8,4,16] %b; s32[8,4,16] %i") == ()
+    assert memory.float32_copies(text) == (("f32[8,4,16]", 8 * 4 * 16 * 4),)
+    assert memory.float32_copies("f32[8,4,16] %b; s32[8,4,16] %i") == ()
 
 
 def test_a_plan_the_cpu_stand_in_inflates_is_unknown_not_no_and_names_the_buffer():

@@ -17,12 +17,9 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss
 
 from agentrl_jax.algorithms import aggregation as agg
 from agentrl_jax.algorithms import router
-from agentrl_jax.algorithms.registry import (
-    AlgorithmConfig,
-    LossInputs,
-    LossTermConfig,
-    compute_loss_with_metrics,
-)
+from agentrl_jax.algorithms.algorithm_config import AlgorithmConfig, LossTermConfig
+from agentrl_jax.algorithms.compute import compute_loss_with_metrics
+from agentrl_jax.algorithms.registry import LossInputs
 from agentrl_jax.models import moe
 from agentrl_jax.train import TrainConfig
 from agentrl_jax.train.inputs import check_inputs, check_model_inputs, step_inputs

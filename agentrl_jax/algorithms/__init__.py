@@ -5,9 +5,13 @@ No model and no environment inside (see ARCHITECTURE.md); an MoE router's auxili
 follow the conventions in :mod:`agentrl_jax.algorithms.advantages`; losses return
 :class:`LossSum` pairs, added with ``combine`` (micro-batches) or ``aggregation.psum``
 (devices) and divided once with ``aggregation.mean``.
+
+Estimators and loss terms are registered by name (:mod:`.registry`; the built-ins in
+:mod:`.builtin`, registered on import of this package), picked by an
+:class:`AlgorithmConfig` (:mod:`.algorithm_config`) and run by :mod:`.compute`.
 """
 
-from agentrl_jax.algorithms import aggregation, router
+from agentrl_jax.algorithms import aggregation, builtin, router  # noqa: F401 (builtin registers)
 from agentrl_jax.algorithms.advantages import (
     broadcast_trajectories_to_tokens,
     broadcast_turns_to_tokens,
@@ -24,6 +28,7 @@ from agentrl_jax.algorithms.advantages import (
     rloo_advantages,
 )
 from agentrl_jax.algorithms.aggregation import AGGREGATION_MODES, LossSum, aggregate, combine
+from agentrl_jax.algorithms.algorithm_config import AlgorithmConfig, LossTermConfig
 from agentrl_jax.algorithms.budgetmix import (
     BudgetDraw,
     budget_anchor_keys,
@@ -33,6 +38,13 @@ from agentrl_jax.algorithms.budgetmix import (
     remaining_budget,
     sample_budgets,
     timeout_reward,
+)
+from agentrl_jax.algorithms.compute import (
+    LossResult,
+    compute_advantages,
+    compute_loss,
+    compute_loss_with_metrics,
+    metric_sum,
 )
 from agentrl_jax.algorithms.dapo import dynamic_sampling_keep, overlong_penalty
 from agentrl_jax.algorithms.losses import (
@@ -62,16 +74,9 @@ from agentrl_jax.algorithms.registry import (
     LOSS_TERMS,
     AdvantageInputs,
     AdvantageOutput,
-    AlgorithmConfig,
     LossInputs,
-    LossResult,
-    LossTermConfig,
     Param,
     TermOutput,
-    compute_advantages,
-    compute_loss,
-    compute_loss_with_metrics,
-    metric_sum,
     register_advantage,
     register_loss_term,
 )

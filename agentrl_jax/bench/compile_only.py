@@ -18,7 +18,7 @@ device`` prints on a GPU, under the same name (join the two outputs on ``figure`
 largest one where a figure runs several: ``programs`` lists each); ``fits`` is against
 ``limit``, the 75% of the device jax's allocator may use by default (what ``bench device``
 measures against). ``predicted``: the roofline of the decode, train-step and rollout figures
-(the same :func:`~agentrl_jax.bench.device.decode_prediction` etc. ``bench device`` compares
+(the same :func:`~agentrl_jax.bench.device_figures.decode_prediction` etc. ``bench device`` compares
 its measurements with on a GPU), else null. A program the compiler refuses is a line with
 ``compiled: false`` and the compiler's first line as ``error``.
 
@@ -33,7 +33,7 @@ The programs, per figure (``bench device``'s docstring says what each measures):
   compared with, at the figure's shapes; cudnn_attention: cuDNN's and XLA's attention;
 * train_step: the check's gradients (0.6B cut to 2 layers, 4 rows of 256 tokens, float32 at full
   precision), and the GRPO update at the 4B shape on one row of 8,192 tokens with the layers
-  :func:`~agentrl_jax.bench.device.train_layers` keeps in ``limit`` (float32 state, bfloat16
+  :func:`~agentrl_jax.bench.device_speed.train_layers` keeps in ``limit`` (float32 state, bfloat16
   compute, full remat, donated state);
 * rollout: the paged sampler's programs of the rollout figure (0.6B, tasks x G rows, the
   real tokenizer's prompt and observation lengths): the shared prompts' append, the
@@ -54,8 +54,42 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentrl_jax.bench import device as bench
-from agentrl_jax.plan.programs import ProgramPlan, analyse, refused_plan
+from agentrl_jax.bench.device import PARTS
+from agentrl_jax.bench.device_checks import (
+    CUDNN_SHAPE,
+    PAGED_BLOCK_PAGES,
+    PAGED_SHAPE,
+    logits_tokens,
+    train_check_config,
+    train_check_tokens,
+)
+from agentrl_jax.bench.device_figures import (
+    CUDNN,
+    FULL,
+    LOGITS,
+    MEMORY_DECODE_BATCH,
+    PAGED_KERNEL,
+    TINY,
+    TRAIN_CHECK,
+    Scale,
+    _train_batch,
+    decode_name,
+    decode_prediction,
+    generate_name,
+    memory_name,
+    our_config,
+    rollout_name,
+    rollout_prediction,
+    train_name,
+    train_prediction,
+)
+from agentrl_jax.bench.device_speed import (
+    frozenlake_runner,
+    train_config,
+    train_layers,
+    turn_tokens,
+)
+from agentrl_jax.plan.memory import ProgramPlan, analyse, refused_plan
 
 JAX_MEMORY_FRACTION = 0.75  # the share of a GPU jax's allocator may use by default
 
@@ -164,7 +198,7 @@ class _Compiler:
 def _model(shape: str, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, config=None):
     from agentrl_jax.models.checkpoints import abstract_qwen3  # noqa: PLC0415
 
-    return abstract_qwen3(config or bench.our_config(shape), dtype=dtype, param_dtype=param_dtype)
+    return abstract_qwen3(config or our_config(shape), dtype=dtype, param_dtype=param_dtype)
 
 
 # ---------------------------------------------------------------------------- sampler
@@ -196,7 +230,7 @@ def _decode(c: _Compiler, name: str, sampler, params, state, sampling, row_keys:
     return c.plan(name, lower, key)
 
 
-def _decoder(c: _Compiler, shape: str, batch: int, scale: bench.Scale):
+def _decoder(c: _Compiler, shape: str, batch: int, scale: Scale):
     """``bench device``'s decode programs of ``shape`` at ``batch``: (append, decode) plans."""
     from agentrl_jax.sampling import Sampler, SamplingConfig  # noqa: PLC0415
 
@@ -212,32 +246,32 @@ def _decoder(c: _Compiler, shape: str, batch: int, scale: bench.Scale):
     return append, decode
 
 
-def memory_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
-    shape, batch = scale.decode_shapes[0], bench.MEMORY_DECODE_BATCH
+def memory_figures(c: _Compiler, scale: Scale) -> list[CompiledFigure]:
+    shape, batch = scale.decode_shapes[0], MEMORY_DECODE_BATCH
     _, decode = _decoder(c, shape, batch, scale)
-    return [c.figure(bench.memory_name(bench.decode_name(shape, batch)), [decode])]
+    return [c.figure(memory_name(decode_name(shape, batch)), [decode])]
 
 
-def decode_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
+def decode_figures(c: _Compiler, scale: Scale) -> list[CompiledFigure]:
     spec = c.target.gpu
     out = []
     for shape in scale.decode_shapes:
-        config = bench.our_config(shape)
+        config = our_config(shape)
         for batch in scale.decode_batches:
             append, decode = _decoder(c, shape, batch, scale)
-            predicted = bench.decode_prediction(config, spec, batch, scale)
-            out.append(c.figure(bench.decode_name(shape, batch), [decode], predicted))
-            out.append(c.figure(bench.generate_name(shape, batch), [append, decode]))
+            predicted = decode_prediction(config, spec, batch, scale)
+            out.append(c.figure(decode_name(shape, batch), [decode], predicted))
+            out.append(c.figure(generate_name(shape, batch), [append, decode]))
     return out
 
 
 # ---------------------------------------------------------------------------- correctness
-def logits_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
+def logits_figures(c: _Compiler, scale: Scale) -> list[CompiledFigure]:
     from agentrl_jax.models import positions_from_mask  # noqa: PLC0415
 
     model = _model(scale.logits_shape, jnp.float32, jnp.float32)
     graphdef, params = nnx.split(model)
-    rows, length = bench.logits_tokens(scale)
+    rows, length = logits_tokens(scale)
     tokens = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=c.sharding)
     mask = jax.ShapeDtypeStruct((rows, length), jnp.bool_, sharding=c.sharding)
     forward = jax.jit(lambda p, t, m: nnx.merge(graphdef, p)(t, positions_from_mask(m), m)[0])
@@ -246,14 +280,14 @@ def logits_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
         with jax.default_matmul_precision("highest"):
             return forward.lower(c.on_device(params), tokens, mask)
 
-    name = bench.LOGITS.format(shape=scale.logits_shape)
+    name = LOGITS.format(shape=scale.logits_shape)
     return [c.figure(name, [c.plan("forward float32", lower)])]
 
 
-def paged_kernel_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
+def paged_kernel_figures(c: _Compiler, scale: Scale) -> list[CompiledFigure]:
     from agentrl_jax.models import paged_cache, paged_kernels  # noqa: PLC0415
 
-    batch, heads, kv_heads, layers, pages, size, per_row, hd = bench.PAGED_SHAPE
+    batch, heads, kv_heads, layers, pages, size, per_row, hd = PAGED_SHAPE
     f32 = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=c.sharding)  # noqa: E731
     args = (
         f32((batch, heads, hd)),
@@ -262,7 +296,7 @@ def paged_kernel_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigur
         f32((batch, per_row), jnp.int32),
         f32((batch,), jnp.int32),
     )
-    blocks = bench.PAGED_BLOCK_PAGES
+    blocks = PAGED_BLOCK_PAGES
     kernel = jax.jit(
         lambda q, k, v, table, lengths: paged_kernels.decode_attention(
             "pallas_gpu", q, k, v, 1, table, lengths, block_pages=blocks, interpret=False
@@ -282,13 +316,13 @@ def paged_kernel_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigur
         c.plan("pallas_gpu kernel", lambda: lower(kernel)),
         c.plan("xla paged attention", lambda: lower(reference)),
     ]
-    return [c.figure(bench.PAGED_KERNEL, plans)]
+    return [c.figure(PAGED_KERNEL, plans)]
 
 
-def cudnn_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
+def cudnn_figures(c: _Compiler, scale: Scale) -> list[CompiledFigure]:
     from agentrl_jax.models.attention import attention  # noqa: PLC0415
 
-    b, length, heads, kv, hd = bench.CUDNN_SHAPE
+    b, length, heads, kv, hd = CUDNN_SHAPE
     bf16 = lambda n: jax.ShapeDtypeStruct((b, length, n, hd), jnp.bfloat16, sharding=c.sharding)  # noqa: E731
     valid = jax.ShapeDtypeStruct((b, length), jnp.bool_, sharding=c.sharding)
 
@@ -296,7 +330,7 @@ def cudnn_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
         run = jax.jit(lambda q, k, v, m: attention(q, k, v, None, m, implementation=implementation))
         return c.plan(implementation, lambda: run.lower(bf16(heads), bf16(kv), bf16(kv), valid))
 
-    return [c.figure(bench.CUDNN, [program("cudnn"), program("xla")])]
+    return [c.figure(CUDNN, [program("cudnn"), program("xla")])]
 
 
 def _train_inputs(c: _Compiler, model: Any, train: Any, rows: int, length: int):
@@ -305,46 +339,47 @@ def _train_inputs(c: _Compiler, model: Any, train: Any, rows: int, length: int):
 
     graphdef, params = nnx.split(model)
     state = c.abstract(lambda: init_train_state(nnx.merge(graphdef, params), train))
-    batch = bench._train_batch(rows, length, model.config.vocab_size)  # small host arrays
+    batch = _train_batch(rows, length, model.config.vocab_size)  # small host arrays
     return graphdef, state, c.on_device(batch)
 
 
-def train_step_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
+def train_step_figures(c: _Compiler, scale: Scale) -> list[CompiledFigure]:
     """The train-step check's gradients, then the update of the speed and memory figures."""
     from agentrl_jax.train import TrainConfig  # noqa: PLC0415
-    from agentrl_jax.train.step import compute_gradients, make_train_step  # noqa: PLC0415
+    from agentrl_jax.train.jitted_step import make_train_step  # noqa: PLC0415
+    from agentrl_jax.train.step import compute_gradients  # noqa: PLC0415
 
-    check = _model("", jnp.float32, jnp.float32, bench.train_check_config(scale))
+    check = _model("", jnp.float32, jnp.float32, train_check_config(scale))
     train = TrainConfig()
-    graphdef, state, batch = _train_inputs(c, check, train, *bench.train_check_tokens(scale))
+    graphdef, state, batch = _train_inputs(c, check, train, *train_check_tokens(scale))
     grads = jax.jit(lambda s, b: compute_gradients(graphdef, train, s, b)[::2])
 
     def lower_check():
         with jax.default_matmul_precision("highest"):
             return grads.lower(state, batch)
 
-    out = [c.figure(bench.TRAIN_CHECK, [c.plan("gradients float32", lower_check)])]
+    out = [c.figure(TRAIN_CHECK, [c.plan("gradients float32", lower_check)])]
     shape = scale.train_shape
-    layers = bench.train_layers(shape, c.limit)
-    config = dataclasses.replace(bench.our_config(shape), num_hidden_layers=layers)
+    layers = train_layers(shape, c.limit)
+    config = dataclasses.replace(our_config(shape), num_hidden_layers=layers)
     model = _model(shape, jnp.bfloat16, jnp.float32, config)
-    train = bench.train_config(scale)
+    train = train_config(scale)
     graphdef, state, batch = _train_inputs(c, model, train, 1, scale.train_tokens)
     step = make_train_step(graphdef, train, donate=True)
     plan = c.plan(f"train ({layers} layers)", lambda: step.lower(state, batch))
-    predicted = bench.train_prediction(config, c.target.gpu, scale)
-    name = bench.train_name(scale)
-    return out + [c.figure(name, [plan], predicted), c.figure(bench.memory_name(name), [plan])]
+    predicted = train_prediction(config, c.target.gpu, scale)
+    name = train_name(scale)
+    return out + [c.figure(name, [plan], predicted), c.figure(memory_name(name), [plan])]
 
 
-def rollout_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
+def rollout_figures(c: _Compiler, scale: Scale) -> list[CompiledFigure]:
     """The rollout's sampler programs at its widest calls: the shared prompts (one row per task,
     rounded up to a row bucket) appended, then every row's observations and decode."""
     from agentrl_jax.sampling import Paging, SamplerPolicy  # noqa: PLC0415
     from agentrl_jax.sampling.scheduler import row_buckets, width_buckets  # noqa: PLC0415
 
-    runner, _ = bench.frozenlake_runner(scale)
-    first, after = bench.turn_tokens(runner, scale.rollout_budget)
+    runner, _ = frozenlake_runner(scale)
+    first, after = turn_tokens(runner, scale.rollout_budget)
     if scale.tiny:  # as bench device: a tiny model over the ids FrozenLake uses
         from agentrl_jax.bench.rollout import frozenlake_token_map, tiny_policy_model  # noqa
 
@@ -369,35 +404,33 @@ def rollout_figures(c: _Compiler, scale: bench.Scale) -> list[CompiledFigure]:
     state = _sampler_state(c, sampler, model, rows, max_len)
     plans.append(_append(c, "append observations", sampler, params, state, width(max(after))))
     plans.append(_decode(c, "decode", sampler, params, state, runner.settings.sampling, True))
-    predicted = bench.rollout_prediction(
+    predicted = rollout_prediction(
         model.config, c.target.gpu, scale, float(np.mean(first)), float(np.mean(after))
     )
-    return [c.figure(bench.rollout_name(scale), plans, predicted)]
+    return [c.figure(rollout_name(scale), plans, predicted)]
 
 
 # ---------------------------------------------------------------------------- the run
-def figure_names(scale: bench.Scale, part: str) -> list[str]:
+def figure_names(scale: Scale, part: str) -> list[str]:
     """The figures ``bench device`` prints for ``part`` on a GPU (and this module too)."""
     decode = [(s, b) for s in scale.decode_shapes for b in scale.decode_batches]
-    memory = bench.decode_name(scale.decode_shapes[0], bench.MEMORY_DECODE_BATCH)
+    memory = decode_name(scale.decode_shapes[0], MEMORY_DECODE_BATCH)
     return {
-        "memory": [bench.memory_name(memory)],
-        "logits": [bench.LOGITS.format(shape=scale.logits_shape)],
-        "paged_kernel": [bench.PAGED_KERNEL],
-        "cudnn_attention": [bench.CUDNN],
+        "memory": [memory_name(memory)],
+        "logits": [LOGITS.format(shape=scale.logits_shape)],
+        "paged_kernel": [PAGED_KERNEL],
+        "cudnn_attention": [CUDNN],
         "train_step": [
-            bench.TRAIN_CHECK,
-            bench.train_name(scale),
-            bench.memory_name(bench.train_name(scale)),
+            TRAIN_CHECK,
+            train_name(scale),
+            memory_name(train_name(scale)),
         ],
-        "decode": [
-            n for s, b in decode for n in (bench.decode_name(s, b), bench.generate_name(s, b))
-        ],
-        "rollout": [bench.rollout_name(scale)],
+        "decode": [n for s, b in decode for n in (decode_name(s, b), generate_name(s, b))],
+        "rollout": [rollout_name(scale)],
     }[part]
 
 
-STEPS: dict[str, Callable[[_Compiler, bench.Scale], list[CompiledFigure]]] = {
+STEPS: dict[str, Callable[[_Compiler, Scale], list[CompiledFigure]]] = {
     "memory": memory_figures,
     "logits": logits_figures,
     "paged_kernel": paged_kernel_figures,
@@ -411,7 +444,7 @@ STEPS: dict[str, Callable[[_Compiler, bench.Scale], list[CompiledFigure]]] = {
 def run(
     gpu: str,
     tiny: bool = False,
-    parts: Sequence[str] = bench.PARTS,
+    parts: Sequence[str] = PARTS,
     emit: Callable[[CompiledFigure], None] | None = None,
 ) -> list[CompiledFigure]:
     """Compile ``parts``' programs for one ``gpu`` (a key of :data:`agentrl_jax.plan.GPUS`) in
@@ -421,13 +454,13 @@ def run(
     from agentrl_jax.models.attention import built_for  # noqa: PLC0415
     from agentrl_jax.plan import cuda_target  # noqa: PLC0415
 
-    unknown = [p for p in parts if p not in bench.PARTS]
+    unknown = [p for p in parts if p not in PARTS]
     if unknown:
-        raise ValueError(f"unknown part(s) {unknown}; known: {', '.join(bench.PARTS)}")
+        raise ValueError(f"unknown part(s) {unknown}; known: {', '.join(PARTS)}")
     compiler = _Compiler(cuda_target(gpu, 1))
-    scale = bench.TINY if tiny else bench.FULL
+    scale = TINY if tiny else FULL
     figures: list[CompiledFigure] = []
-    for part in bench.PARTS:  # bench device's order
+    for part in PARTS:  # bench device's order
         if part not in parts:
             continue
         try:

@@ -23,8 +23,7 @@ import numpy as np
 from flax import nnx
 
 from agentrl_jax.bench.report import BenchResult, median_time
-from agentrl_jax.models.config import MOE_MODEL_TYPE
-from agentrl_jax.plan.programs import qwen3_hf_config
+from agentrl_jax.models.config import MOE_MODEL_TYPE, qwen3_hf_config
 
 # Model shapes (``transformers`` config fields; with ``num_experts``, a Qwen3 MoE).
 # "qwen3-0.6b-2layers" is Qwen3-0.6B's config.json with 28 layers cut to 2,
@@ -39,19 +38,7 @@ CONFIGS = {
         num_key_value_heads=2,
         head_dim=16,
     ),
-    "qwen3-0.6b-2layers": dict(
-        vocab_size=151_936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=2,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=True,
-        rope_theta=1_000_000.0,
-        max_position_embeddings=40_960,
-        rms_norm_eps=1e-6,
-    ),
+    "qwen3-0.6b-2layers": qwen3_hf_config("qwen3-0.6b", num_hidden_layers=2),
     "tiny-moe": dict(
         vocab_size=1000,
         hidden_size=64,

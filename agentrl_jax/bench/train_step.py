@@ -59,7 +59,7 @@ from flax import nnx
 from agentrl_jax.bench.forward import hf_implementation
 from agentrl_jax.bench.report import BenchResult, median_time
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM, export_qwen3
-from agentrl_jax.plan.programs import qwen3_hf_config
+from agentrl_jax.models.config import qwen3_hf_config
 from agentrl_jax.train import TrainBatch, TrainConfig, init_train_state, make_train_step
 from agentrl_jax.trajectory import Trajectory
 
@@ -73,16 +73,10 @@ SIZES = {
         num_key_value_heads=2,
         head_dim=32,
     ),
-    "qwen3-0.6b-2l": dict(
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=2,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=True,
-        rope_theta=1_000_000.0,
+    # max_position_embeddings: transformers' default, which this size has always run with (no
+    # effect at the lengths it runs), not Qwen3-0.6B's 40,960
+    "qwen3-0.6b-2l": qwen3_hf_config(
+        "qwen3-0.6b", num_hidden_layers=2, max_position_embeddings=32_768
     ),
     "tiny-moe": dict(
         vocab_size=2048,

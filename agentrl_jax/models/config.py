@@ -7,6 +7,10 @@ Both ``config.json`` forms are read:
 * newer ``transformers``: a ``rope_parameters`` dict holding ``rope_theta`` and the scaling.
 
 :meth:`Qwen3Config.to_hf_dict` writes both forms, so the exported file loads in either.
+
+The Qwen3 models known by name (:data:`QWEN3_ARCHITECTURES`: their ``config.json`` values, for
+planning and benchmarks without the files) are the one table of their shapes:
+:func:`qwen3_config` and :func:`qwen3_hf_config` (cut, e.g. to fewer layers) read it.
 """
 
 from __future__ import annotations
@@ -480,3 +484,78 @@ def _read_rope(d: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
         mscale_all_dim=field("mscale_all_dim", optional(real())),
         truncate=field("truncate", BOOL, True),
     )
+
+
+# ------------------------------------------------------------------------- known models
+# Hugging Face config.json values of the Qwen3 models (for planning without the files): the
+# dense sizes, and Qwen3-30B-A3B (qwen3_moe: every layer's feed-forward 128 experts, 8 a token).
+QWEN3_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "qwen3-0.6b": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-1.7b": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-4b": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    ),
+    "qwen3-30b-a3b": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=(),
+    ),
+}
+_COMMON = dict(
+    vocab_size=151936,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=40960,
+    eos_token_ids=(151645, 151643),
+)
+
+
+def qwen3_hf_config(name: str, **cuts: Any) -> dict[str, Any]:
+    """The ``config.json`` fields of the Qwen3 model ``name`` (a key of
+    ``QWEN3_ARCHITECTURES``) with ``cuts`` over them (e.g. ``num_hidden_layers=1``): the one
+    table benchmarks take a real model's shapes from."""
+    common = {k: v for k, v in _COMMON.items() if k != "eos_token_ids"}  # not a config.json field
+    fields = {**common, **QWEN3_ARCHITECTURES[name], **cuts}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}  # JSON lists
+
+
+def qwen3_config(name: str) -> Qwen3Config:
+    """The architecture of a Qwen3 model by name (a key of ``QWEN3_ARCHITECTURES``)."""
+    return Qwen3Config(**_COMMON, **QWEN3_ARCHITECTURES[name])

@@ -2,7 +2,8 @@
 checkpoints, and the one entry point that trains a policy on an environment.
 
 ``train_step(state, batch) -> (state, metrics)`` (:mod:`.step`, every update of one rollout
-batch: ``epochs x mini_batches``) is pure and jitted; it scores tokens (:mod:`.scoring`),
+batch: ``epochs x mini_batches``) is pure, jitted and placed by :mod:`.jitted_step`
+(:func:`make_train_step`); it scores tokens (:mod:`.scoring`),
 prepares rewards (:mod:`.rewards`), accumulates gradients over micro-batches
 (:mod:`.micro_batches`) and reports its diagnostics (:mod:`.step_metrics`), computing what the
 configured estimator and terms declare (:mod:`.inputs`); the loop (:mod:`.loop`) injects the
@@ -26,6 +27,7 @@ from agentrl_jax.train.config import (
     train_config,
 )
 from agentrl_jax.train.inputs import StepInputs, check_inputs, step_inputs
+from agentrl_jax.train.jitted_step import JittedTrainStep, batch_shardings, make_train_step
 from agentrl_jax.train.logprobs import check_loss_positions, position_logprobs
 from agentrl_jax.train.loop import rollout_metrics, train
 from agentrl_jax.train.micro_batches import accumulate_gradients, split_micro_batches
@@ -50,11 +52,8 @@ from agentrl_jax.train.state import (
     train_model,
 )
 from agentrl_jax.train.step import (
-    JittedTrainStep,
-    batch_shardings,
     compute_gradients,
     critic_gradients,
-    make_train_step,
     policy_gradients,
     prepare_batch,
     select_rows,

@@ -61,12 +61,12 @@ from agentrl_jax.serve.agents import AgentEnv, serving
 from agentrl_jax.sharding import data_mesh, device_memory_bytes, rollout_devices, training_mesh
 from agentrl_jax.train.checkpoint import Checkpointer
 from agentrl_jax.train.config import Config, train_config
+from agentrl_jax.train.jitted_step import make_train_step
 from agentrl_jax.train.loop import train
 from agentrl_jax.train.presets import RunSettings, resolve_run
 from agentrl_jax.train.restore_checks import BatchShape
 from agentrl_jax.train.sinks import MetricsLogger, WandbSink, tensorboard_available
 from agentrl_jax.train.state import init_train_state, place_state, policy_params, train_model
-from agentrl_jax.train.step import make_train_step
 from agentrl_jax.trajectory import TOKEN_FIELDS, StepScorer, Trajectory, bucket_width, row_lengths
 
 

@@ -28,7 +28,7 @@ import xla_gpu
 from flax import nnx
 from xla_gpu import CUDNN_FMHA, TRITON, compile_lowered, compiles, custom_call_targets, on
 
-from agentrl_jax.bench.device import TINY_DIMS
+from agentrl_jax.bench.device_figures import TINY_DIMS
 from agentrl_jax.models import attention
 from agentrl_jax.models.checkpoints import abstract_qwen3
 from agentrl_jax.models.config import Qwen3Config
@@ -36,8 +36,8 @@ from agentrl_jax.models.paged_kernels import decode_attention
 from agentrl_jax.sampling import Paging, SamplingConfig
 from agentrl_jax.sharding import MeshConfig, build_mesh
 from agentrl_jax.train import RLConfig, TrainBatch, TrainConfig, make_train_step, train_model
+from agentrl_jax.train.jitted_step import batch_shardings
 from agentrl_jax.train.packing import Packing
-from agentrl_jax.train.step import batch_shardings
 from agentrl_jax.trajectory import Trajectory
 
 xla_gpu.skip_or_fail_module()
