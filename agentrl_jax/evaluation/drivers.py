@@ -1,6 +1,6 @@
 """What feeds each analysis: the rollouts and state plays behind Pass@K, Pass@T, step quality,
 error states and likelihood, shared by ``agentrl-jax eval`` and the reproduction (both through
-:mod:`agentrl_jax.reproduce.evaluate`),
+:func:`agentrl_jax.evaluation.analyses.context.run_analysis`),
 so both sample the same data for the same seed and settings; each then hands it to the
 analysis' ``compute`` and ``section`` (:mod:`agentrl_jax.evaluation.analyses`).
 

@@ -1,9 +1,10 @@
-"""The reproduction's raw results: where each analysis saves them, and how to read them back
+"""The analyses' raw results: where each analysis saves them, and how to read them back
 (per-task counts and pass@k, Table 1's values, CIs written as JSON). The numbers made from
 them are the analyses' (:mod:`agentrl_jax.evaluation.analyses`: Table 1 with its differences,
 budget robustness, training curves' changes) and the findings' (:mod:`.findings`).
 
-Every analysis of :mod:`.evaluate` saves everything needed to recompute its numbers as
+Every registered analysis (:mod:`agentrl_jax.evaluation.analyses.registry`) saves everything
+needed to recompute its numbers as
 ``<out>/raw/<analysis>.json`` (counts ``n``, ``c`` per task and budget, per-state qualities,
 continuation outcomes, per-turn log-probs, training curves). The report's tables and the
 findings (:mod:`.findings`) are computed from these files, so they can be checked, or
@@ -26,41 +27,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentrl_jax.errors import did_you_mean
 from agentrl_jax.evaluation import passk, stats
-
-ANALYSES = (
-    "table",
-    "presentation",
-    "passk",
-    "steps",
-    "errors",
-    "splice",
-    "likelihood",
-    "erosion",
-    "dynamics",
-)
-"""The analyses, in report order (and run order: ``erosion`` reads ``steps``' and ``errors``'
-raw records)."""
 
 RAW_DIR = "raw"
 BUDGETMIX = "budgetmix"
 DEFAULT_FULL_BUDGET = "GRPO"  # the counterpart of a policy named just "BudgetMix"
 
 
-def check_analysis(name: str) -> str:
-    """``name``, one of :data:`ANALYSES`; a ValueError naming them (and the closest) if it is
-    not."""
-    if name not in ANALYSES:
-        raise ValueError(
-            f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}{did_you_mean(name, ANALYSES)}"
-        )
-    return name
-
-
 def raw_path(out: str | Path, analysis: str) -> Path:
     """``<out>/raw/<analysis>.json``."""
-    check_analysis(analysis)
     return Path(out) / RAW_DIR / f"{analysis}.json"
 
 
