@@ -143,6 +143,33 @@ def test_settings_are_validated_naming_the_field():
         settings.table_budgets(5)
 
 
+def test_budgetmix_counterparts_from_the_runs_settings():
+    """A run's BudgetMix comes from its settings, not its label: each run drawing BudgetMix
+    budgets is paired with the first full-budget run of the same algorithm, whatever either is
+    called; a raw record's counterparts say which policies are BudgetMix."""
+    from agentrl_jax.reproduce.config import load_config
+
+    ci = Path(__file__).parents[1] / "configs" / "frozenlake_ci.yaml"
+    runs = load_config(ci).rl.resolved_runs()
+    assert raw_results.counterparts_of_runs(runs) == {
+        "BudgetMix GRPO": "GRPO",
+        "Presentation-mixed BudgetMix GRPO": "GRPO",
+    }
+    grpo, mix = runs[0], runs[1]
+    renamed = [dataclasses.replace(grpo, label="plain"), dataclasses.replace(mix, label="mixed")]
+    assert raw_results.counterparts_of_runs(renamed) == {"mixed": "plain"}
+    (gigpo,) = load_config(ci, ["rl.runs=[gigpo]"]).rl.resolved_runs()
+    other = dataclasses.replace(grpo, algorithm=gigpo.algorithm)  # another algorithm
+    assert raw_results.counterparts_of_runs([other, mix]) == {}
+    record = {"policies": ["base", "plain", "mixed"], "counterparts": {"mixed": "plain"}}
+    assert raw_results.is_budgetmix("mixed", record)
+    assert not raw_results.is_budgetmix("plain", record)
+    assert raw_results.counterparts(record) == {"mixed": "plain"}
+    assert raw_results.counterparts({"policies": ["GRPO", "BudgetMix GRPO"]}) == {
+        "BudgetMix GRPO": "GRPO"
+    }
+
+
 def test_budgetmix_counterparts_and_file_names():
     names = ["base", "GRPO", "BudgetMix GRPO", "GiGPO", "BudgetMix-GiGPO", "BudgetMix PPO"]
     assert raw_results.budgetmix_counterparts(names) == {

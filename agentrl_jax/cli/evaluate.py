@@ -100,6 +100,8 @@ def eval_command(
                 out,
                 analyses=analysis or None,
                 training_logs=logs if not policy else None,
+                # BudgetMix's counterparts: the folder's runs' settings (named: by their names)
+                counterparts=run.counterparts if folder is not None and not policy else None,
                 echo=typer.echo,
                 rerun=_command_line(folder, policy, analysis, config, env, set_, out, plugin),
             )

@@ -28,6 +28,7 @@ from agentrl_jax.errors import did_you_mean
 from agentrl_jax.evaluation.analyses import registry
 from agentrl_jax.evaluation.analyses.context import run_analysis
 from agentrl_jax.evaluation.full_report import write_report
+from agentrl_jax.evaluation.raw import counterparts_of_runs
 from agentrl_jax.evaluation.verdicts import PaperFigures
 from envs.protocol import EnvDataError, EnvOptionError, EnvTasks
 
@@ -56,11 +57,13 @@ class Tasks:
 @dataclasses.dataclass(frozen=True)
 class FolderRun:
     """What a results folder holds: its config, its policies ``{label: directory}`` (the
-    base first) and its runs' metrics ``{label: metrics.jsonl}``."""
+    base first), its runs' metrics ``{label: metrics.jsonl}`` and, from the runs' settings,
+    each BudgetMix run's full-budget counterpart ``{label: label}``."""
 
     config: Any  # the run's config (agentrl_jax.reproduce.config.ReproduceConfig)
     policies: dict[str, Path]
     logs: dict[str, Path]
+    counterparts: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def folder_run(
@@ -86,14 +89,15 @@ def folder_run(
     else:
         base = folder / "models" / (BASE if config.warm_start.enabled else "init")
     policies, logs = {BASE: base}, {}
-    for run in config.rl.resolved_runs():
+    runs = config.rl.resolved_runs()
+    for run in runs:
         model = folder / "models" / run.name
         if (model / "config.json").is_file():
             policies[run.label] = model
             logs[run.label] = folder / "runs" / run.name / "metrics.jsonl"
     if not (base / "config.json").is_file():
         raise EvalError(f"{folder}: the base policy {base} is not there (yet)")
-    return FolderRun(config, policies, logs)
+    return FolderRun(config, policies, logs, counterparts_of_runs(runs))
 
 
 def default_analyses(config: Any, with_logs: bool, policies: int = 2) -> tuple[str, ...]:
@@ -140,12 +144,15 @@ def evaluate_policies(
     training_logs: Mapping[str, str | Path] | None = None,
     echo: Callable[[str], None] = print,
     rerun: str | None = None,
+    counterparts: Mapping[str, str] | None = None,
 ) -> Path:
     """Run ``analyses`` (default: :func:`default_analyses`) of ``policies`` (``{label:
     directory}``, the base first) on the environment of ``config`` into ``out`` and write its
     report; returns the report's path. Pairwise analyses need two policies or more. An
     interrupt (KeyboardInterrupt) is said in one line (where, what is saved, ``rerun``: the
-    command that evaluates again) and raised again."""
+    command that evaluates again) and raised again. ``counterparts``: each BudgetMix policy's
+    full-budget counterpart from the runs' settings (:attr:`FolderRun.counterparts`; None: from
+    the policies' names, :mod:`agentrl_jax.evaluation.raw`)."""
     from agentrl_jax.evaluation.policies import PolicyLoadError, load_policy, same_tokenizer
 
     if not policies:
@@ -215,6 +222,7 @@ def evaluate_policies(
                     min_turns=study.min_turns(test),
                     bound_note=study.bound_note_for(config.task.options),
                     states=states,
+                    counterparts=counterparts,
                 )
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as the command line turns it
                 kept = ", ".join(finished) if finished else "none"

@@ -53,6 +53,7 @@ from agentrl_jax.evaluation.analyses import registry
 from agentrl_jax.evaluation.analyses.context import run_analysis
 from agentrl_jax.evaluation.evaluate_policies import make_tasks
 from agentrl_jax.evaluation.full_report import write_report
+from agentrl_jax.evaluation.raw import counterparts_of_runs
 from agentrl_jax.evaluation.verdicts import PaperFigures
 from agentrl_jax.folders import SCRATCH, claim, remove_folder
 from agentrl_jax.models import load_qwen3
@@ -589,6 +590,7 @@ class Reproduction:
             bound_note=self.study.bound_note_for(task.options),
             states=self.state_diagnostics,
             snapshots=self.snapshots,
+            counterparts=counterparts_of_runs(self.runs),  # BudgetMix: the runs' settings say
         )
         return {}
 

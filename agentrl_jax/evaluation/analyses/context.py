@@ -120,6 +120,9 @@ class AnalysisRun:
     states: Any = None  # the step diagnostics' states (evaluation.state_diagnostics)
     snapshots: Any = None  # runs' saved snapshots for erosion (Snapshots), None: none
     training_logs: Mapping[str, Path] = dataclasses.field(default_factory=dict)
+    # {BudgetMix policy: its full-budget counterpart} from the runs' settings; None: the
+    # policies' names say it (evaluation.raw)
+    counterparts: Mapping[str, str] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -187,11 +190,18 @@ class AnalysisRun:
             "analysis": analysis,
             "policies": self.names,
             "base": self.base,
-            "counterparts": budgetmix_counterparts(self.names),
+            "counterparts": self.counterparts_among(self.names),
             "t_max": self.t_max,
             "task_ids": self.task_ids,
             "settings": self.recorded_settings,
         }
+
+    def counterparts_among(self, names: Sequence[str]) -> dict[str, str]:
+        """``{BudgetMix policy: counterpart}`` of ``names``, both among them: from the runs'
+        settings where the caller gave them, else from the names (:mod:`evaluation.raw`)."""
+        if self.counterparts is None:
+            return budgetmix_counterparts(names)
+        return {m: f for m, f in self.counterparts.items() if m in names and f in names}
 
     @property
     def recorded_settings(self) -> dict[str, Any]:
@@ -270,6 +280,7 @@ def run_analysis(
     bound_note: str | None = None,
     states: Any = None,
     snapshots: Snapshots | None = None,
+    counterparts: Mapping[str, str] | None = None,
 ) -> list[Section]:
     """Run one registered analysis (:mod:`.registry`) and write its files under ``out``.
 
@@ -300,6 +311,9 @@ def run_analysis(
         ``state_diagnostics``).
       snapshots: the RL policies' saved snapshots over training, for ``erosion``
         (:class:`Snapshots`; None: the base and the final policies only).
+      counterparts: ``{BudgetMix policy: its full-budget counterpart}`` from the runs'
+        settings (:func:`agentrl_jax.evaluation.raw.counterparts_of_runs`); None: from the
+        policies' names.
 
     Returns:
       The analysis' report sections (also saved to ``out/sections/<name>.json``).
@@ -327,6 +341,7 @@ def run_analysis(
         states,
         snapshots,
         dict(training_logs or {}),
+        None if counterparts is None else dict(counterparts),
     )
     sections = analysis.run(run)
     eval_report.write_sections(run.out, name, sections)

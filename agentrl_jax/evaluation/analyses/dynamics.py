@@ -303,7 +303,7 @@ def check_dynamics(
     out, changes = [], {run: _changes(entry) for run, entry in record["runs"].items()}
     for run, change in changes.items():
         multi, single = change["R_multi"], change["R_single"]
-        if raw.is_budgetmix(run):
+        if raw.is_budgetmix(run, record):
             if single is None:
                 out.append(
                     absent(BUDGETMIX_DYNAMICS, f"{run}: no R_single in its log", figures=figures)
@@ -383,7 +383,7 @@ class TrainingDynamics(Analysis):
         record = {
             "analysis": "dynamics",
             "runs": runs,
-            "counterparts": raw.budgetmix_counterparts(list(training_logs)),
+            "counterparts": run.counterparts_among(list(training_logs)),
         }
         path = write_json(raw.raw_path(run.out, "dynamics"), record)
         run.progress(1)

@@ -156,9 +156,7 @@ def write_table1(out: str | Path, record: Mapping[str, Any], into: Section) -> S
     minus the base and every BudgetMix policy minus its counterpart): ``table1.csv`` and
     ``into`` (Pass@T's Table 1 section) with its Markdown."""
     policies = list(record["policies"])
-    pairs = [(p, policies[0]) for p in policies[1:]] + list(
-        raw.budgetmix_counterparts(policies).items()
-    )
+    pairs = [(p, policies[0]) for p in policies[1:]] + list(raw.counterparts(record).items())
     res = compute(
         {p: raw.budget_counts(record, p) for p in policies},
         k=int(record["k"]),
@@ -197,7 +195,7 @@ def check_lead_grows(
     """The lead over base at 100% minus the lead at 25% of T_max (per-task, paired), for the
     full-budget RL policies (all others if none is full-budget)."""
     base, others = record["policies"][0], record["policies"][1:]
-    subjects = [p for p in others if not raw.is_budgetmix(p)] or others
+    subjects = [p for p in others if not raw.is_budgetmix(p, record)] or others
     out = []
     for policy in subjects:
         diffs = _level_differences(record, policy, base)
@@ -240,7 +238,7 @@ def check_budgetmix_small(
 ) -> list[Finding]:
     """BudgetMix minus its full-budget counterpart at 25% and 50% of T_max (paired per task);
     75% and 100% are reported alongside."""
-    pairs = raw.budgetmix_counterparts(record["policies"])
+    pairs = raw.counterparts(record)
     if not pairs:
         return [
             absent(
