@@ -263,6 +263,7 @@ CLAIM = "Every policy solves a task in one try (a plugin's claim)"
 
 class SolvedOnce(Analysis):
     name = "solved_once"
+    sources = {CLAIM: "Solved once"}  # the section its verdicts link to
 
     def units(self, settings, num_tasks, policies, t_max):
         return policies * drivers.rollout_units(num_tasks, 1, t_max)

@@ -253,6 +253,7 @@ def test_a_plugin_analysis_is_run_and_reported_by_eval(policies, tmp_path):
         f for f in json.loads((out / "findings.json").read_text()) if "plugin" in f["headline"]
     ]
     assert [f["subject"] for f in claims] == ["base", "RL"]
+    assert report.count("](#solved-once)") == 2  # each verdict links to the plugin's section
 
 
 def test_an_interrupted_eval_says_what_it_kept_and_the_command_again(policies, tmp_path):

@@ -71,18 +71,11 @@ def check_findings(
     return [f for i in ranked for f in every[i].findings(records, figures)]
 
 
-# The report section each headline is checked on (a title prefix; a section naming the finding's
-# subject is preferred), so each verdict links to the numbers behind it.
-SOURCES = {
-    PASS_AT_K: "Pass@K",
-    LEAD_GROWS: "Table 1",
-    BUDGETMIX_SMALL: "Table 1",
-    ERROR_RECOVERY: "Continuation success from error states",
-    FULL_BUDGET_DYNAMICS: "Training dynamics",
-    BUDGETMIX_DYNAMICS: "Training dynamics",
-    HIDDEN_BUDGET: "Budget presentation",
-    SPLICE_CONTINUATION: "Splice",
-}
+def sources() -> dict[str, str]:
+    """``{headline: section title prefix}``: the report section each headline is checked on,
+    as its analysis declares it (``sources``; a section naming the finding's subject is
+    preferred), so each verdict links to the numbers behind it."""
+    return {h: prefix for a in registry.analyses() for h, prefix in a.sources.items()}
 
 
 def source_anchor(finding: Finding, titles: Sequence[str]) -> str | None:
@@ -90,7 +83,7 @@ def source_anchor(finding: Finding, titles: Sequence[str]) -> str | None:
     a finding was checked on, None if the report has none."""
     from agentrl_jax.evaluation.html import anchor
 
-    prefix = SOURCES.get(finding.headline)
+    prefix = sources().get(finding.headline)
     candidates = [t for t in titles if prefix is not None and t.startswith(prefix)]
     named = [t for t in candidates if finding.subject and finding.subject.split(" vs ")[0] in t]
     return anchor((named or candidates)[0]) if candidates else None

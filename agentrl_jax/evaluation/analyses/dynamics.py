@@ -360,6 +360,7 @@ class TrainingDynamics(Analysis):
     unit_seconds = 0.5  # fit on the stored default run (reproduce.progress)
     needs_models = False  # the logs are all it reads
     findings_rank = 3  # the paper's order: after error recovery
+    sources = {FULL_BUDGET_DYNAMICS: "Training dynamics", BUDGETMIX_DYNAMICS: "Training dynamics"}
 
     def units(self, settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
         return 1

@@ -280,6 +280,7 @@ class Errors(Analysis):
     unit_seconds = 8.2e-4  # fit on the stored default run (reproduce.progress)
     pairwise = True
     findings_rank = 2  # the paper's order: after Pass@K and Table 1
+    sources = {ERROR_RECOVERY: "Continuation success from error states"}
 
     def units(self, settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
         pairs = (

@@ -193,6 +193,7 @@ class PassK(Analysis):
     name = "passk"
     unit_seconds = 1.0e-3  # fit on the stored default run (reproduce.progress)
     findings_rank = 0  # the paper's first headline
+    sources = {PASS_AT_K: "Pass@K"}
 
     def units(self, settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
         return policies * drivers.rollout_units(num_tasks, settings.pass_k_samples, t_max)

@@ -236,6 +236,7 @@ class Presentation(Analysis):
     name = "presentation"
     unit_seconds = 0.5e-3  # fit on the stored default run (reproduce.progress)
     findings_rank = 4  # an open question, after the paper's headlines
+    sources = {HIDDEN_BUDGET: "Budget presentation"}
 
     def tasks(self, settings: Any, task_ids: Sequence[int]) -> Sequence[int]:
         count = settings.presentation_tasks

@@ -16,7 +16,7 @@ An analysis says, on its object, everything the evaluation and the reproduction 
   drivers, writes its raw record, its CSVs and figures, and returns its report sections;
 * :meth:`Analysis.findings`: the paper's headlines (or a plugin's own claims) it checks on the
   saved raw records (:mod:`agentrl_jax.evaluation.findings`), at ``findings_rank`` in the
-  findings table.
+  findings table, each linking to the section ``sources`` names.
 
 The built-in analyses register themselves when :mod:`agentrl_jax.evaluation.analyses` is
 imported (in report order, which is also their run order: ``erosion`` reads the raw records of
@@ -47,6 +47,9 @@ class Analysis:
     findings_rank: float = math.inf  # its findings' place in the table (ties: report order)
     # predicted seconds per work unit on the reference 2-core CPU (a progress bar's ETA)
     unit_seconds: float = 1e-3
+    # {headline it checks: the title prefix of the report section it is checked on}, so the
+    # findings table links each verdict to its numbers
+    sources: Mapping[str, str] = {}
 
     def tasks(self, settings: Any, task_ids: Sequence[int]) -> Sequence[int]:
         """The tasks it plays: the first ``settings.diagnostic_tasks`` (None: all)."""

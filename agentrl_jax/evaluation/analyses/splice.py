@@ -317,6 +317,7 @@ class SpliceAnalysis(Analysis):
     unit_seconds = 1.8e-3  # fit on the stored default run (reproduce.progress)
     pairwise = True
     findings_rank = 5  # an open question, after the paper's headlines
+    sources = {SPLICE_CONTINUATION: "Splice"}
 
     def tasks(self, settings: Any, task_ids: Sequence[int]) -> Sequence[int]:
         count = settings.splice_tasks

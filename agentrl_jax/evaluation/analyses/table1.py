@@ -278,6 +278,7 @@ class Table(Analysis):
     name = "table"
     unit_seconds = 1.0e-3  # fit on the stored default run (reproduce.progress)
     findings_rank = 1  # the paper's order: after Pass@K
+    sources = {LEAD_GROWS: "Table 1", BUDGETMIX_SMALL: "Table 1"}
 
     def tasks(self, settings: Any, task_ids: Sequence[int]) -> Sequence[int]:
         return task_ids  # Table 1's and Pass@T's intervals need every task
