@@ -143,6 +143,34 @@ def test_settings_are_validated_naming_the_field():
         settings.table_budgets(5)
 
 
+def test_the_registry_holds_each_analysis_once_in_report_order():
+    """One object per analysis, registered in report order; a taken or malformed name and an
+    unknown analysis are refused with the names known."""
+    assert registry.names() == (
+        "table",
+        "presentation",
+        "passk",
+        "steps",
+        "errors",
+        "splice",
+        "likelihood",
+        "erosion",
+        "dynamics",
+    )
+    assert registry.pairwise() == ("steps", "errors", "splice", "likelihood", "erosion")
+    assert [a.name for a in registry.analyses() if not a.needs_models] == ["dynamics"]
+    table = registry.get("table")
+    with pytest.raises(ValueError, match="'table' is already registered"):
+        registry.register(table)
+    assert registry.register(table, replace=True) is table and registry.names()[0] == "table"
+    with pytest.raises(ValueError, match="analysis name: must match"):
+        registry.register(type("Bad", (registry.Analysis,), {"name": "Bad name"})())
+    with pytest.raises(ValueError, match="an Analysis instance"):
+        registry.register("table")
+    with pytest.raises(ValueError, match="unknown analysis 'tabel'; known: table, .*table"):
+        registry.get("tabel")
+
+
 def test_budgetmix_counterparts_from_the_runs_settings():
     """A run's BudgetMix comes from its settings, not its label: each run drawing BudgetMix
     budgets is paired with the first full-budget run of the same algorithm, whatever either is
@@ -293,6 +321,11 @@ def test_diagnostic_tasks_cap_every_analysis_but_the_table(tmp_path, tokenizer, 
         "GRPO": ScriptedPolicy(tokenizer, QStarAgent(T_MAX, is_slippery=False)),
     }
     assert list(settings.analysis_tasks("table", np.arange(TASKS))) == list(range(TASKS))
+    for name in registry.names():  # the analysis' own declaration agrees with the config's
+        every = np.arange(TASKS)
+        assert list(registry.get(name).tasks(settings, every)) == list(
+            settings.analysis_tasks(name, every)
+        )
     for name, tasks in (("table", TASKS), ("passk", 2)):
         done = []
         run_analysis(
