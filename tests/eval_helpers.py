@@ -269,7 +269,8 @@ class SolvedOnce(Analysis):
         return policies * drivers.rollout_units(num_tasks, 1, t_max)
 
     def run(self, run):
-        counts = drivers.pass_at_k_counts(run.play, run.policies, run.key("passk"), samples=1)
+        key = run.key("solved_once")  # a stream of its own
+        counts = drivers.pass_at_k_counts(run.play, run.policies, key, samples=1)
         shares = {p: float(c.mean()) for p, (n, c) in counts.items()}
         raw_file = run.write_raw("solved_once", {"shares": shares})
         text = ", ".join(f"{p} {100 * s:.0f}%" for p, s in shares.items())

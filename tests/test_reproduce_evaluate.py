@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import struct
+import zlib
 from pathlib import Path
 
 import jax
@@ -169,6 +170,13 @@ def test_the_registry_holds_each_analysis_once_in_report_order():
         registry.register("table")
     with pytest.raises(ValueError, match="unknown analysis 'tabel'; known: table, .*table"):
         registry.get("tabel")
+    # a plugin's analysis draws from a stream named after itself, apart from the built-in ones
+    from agentrl_jax.evaluation.drivers import STREAMS, stream_number
+
+    assert [stream_number(s) for s in STREAMS] == list(STREAMS.values())
+    number = stream_number("solved_once")
+    assert number == 65536 + zlib.crc32(b"solved_once") % (2**32 - 65536) and number < 2**32
+    assert number not in STREAMS.values() and stream_number("solved_twice") != number
 
 
 def test_budgetmix_counterparts_from_the_runs_settings():
