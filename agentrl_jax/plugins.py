@@ -3,11 +3,14 @@
 A plugin is an ordinary module that registers things at import time: loss terms
 (:func:`~agentrl_jax.algorithms.register_loss_term`), advantage estimators
 (:func:`~agentrl_jax.algorithms.register_advantage`), run presets
-(:func:`~agentrl_jax.train.presets.register_run_preset`). The command line imports them
-before it reads the config (so ``rl.runs`` may name them):
+(:func:`~agentrl_jax.train.presets.register_run_preset`), environments
+(:func:`envs.register`), analyses
+(:func:`~agentrl_jax.evaluation.analyses.registry.register`: ``eval`` and ``reproduce`` run and
+report them after the built-in ones). The command line imports them before it reads the
+config (so ``rl.runs`` may name them):
 
 * ``--plugin PATH.py`` or ``--plugin package.module`` (repeatable), on
-  ``agentrl-jax reproduce frozenlake`` and ``agentrl-jax plan``;
+  ``agentrl-jax reproduce``, ``train``, ``eval`` and ``plan``;
 * the environment variable ``AGENTRL_JAX_PLUGINS``: the same, separated by ``os.pathsep``
   (``:`` on Linux and macOS), read before the options.
 

@@ -28,10 +28,10 @@ import numpy as np
 from flax import nnx
 
 from agentrl_jax.evaluation import passt, stats
+from agentrl_jax.evaluation.evaluate_policies import make_tasks
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.reproduce.config import load_config
-from agentrl_jax.reproduce.pipeline import make_tasks
 from agentrl_jax.sampling import SamplerPolicy
 from agentrl_jax.train.run import train_policy
 

@@ -3,6 +3,7 @@ exact references computed from gymnasium's transition table, and tiny policy dir
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -223,3 +224,67 @@ def save_answering_policy(path: Path, tokenizer, answer: str) -> Path:
         head[end] += 10.0 * basis[0]  # the branch: stop at once
     model.save_pretrained(path)
     return path
+
+
+@contextlib.contextmanager
+def plugin_analysis(folder: Path):
+    """:data:`PLUGIN_ANALYSIS` written to ``folder/solved_once.py`` (its path yielded); the
+    analyses and plugins registered meanwhile are gone afterwards, so later tests see the
+    built-in ones."""
+    from agentrl_jax import plugins
+    from agentrl_jax.evaluation.analyses import registry
+
+    tables = (registry._REGISTRY, plugins._LOADED)
+    before = [dict(table) for table in tables]
+    path = Path(folder) / "solved_once.py"
+    path.write_text(PLUGIN_ANALYSIS)
+    try:
+        yield path
+    finally:
+        for table, saved in zip(tables, before):
+            table.clear()
+            table.update(saved)
+
+
+# A user's analysis, as a plugin file holds it (written to a file by the tests of
+# `agentrl-jax eval` and `reproduce`, passed as --plugin or loaded as a plugin): it plays each
+# policy once per task at T_max, saves its raw record, writes its report section and checks
+# one claim of its own; the package knows nothing of it.
+PLUGIN_ANALYSIS = '''
+"""Solved once: the share of the first tasks each policy solves in one try at T_max."""
+
+from agentrl_jax.evaluation import drivers
+from agentrl_jax.evaluation.analyses.registry import Analysis, register
+from agentrl_jax.evaluation.findings import REFUTED, SHOWS, Finding
+from agentrl_jax.evaluation.report import Section
+
+CLAIM = "Every policy solves a task in one try (a plugin's claim)"
+
+
+class SolvedOnce(Analysis):
+    name = "solved_once"
+    sources = {CLAIM: "Solved once"}  # the section its verdicts link to
+
+    def units(self, settings, num_tasks, policies, t_max):
+        return policies * drivers.rollout_units(num_tasks, 1, t_max)
+
+    def run(self, run):
+        key = run.key("solved_once")  # a stream of its own
+        counts = drivers.pass_at_k_counts(run.play, run.policies, key, samples=1)
+        shares = {p: float(c.mean()) for p, (n, c) in counts.items()}
+        raw_file = run.write_raw("solved_once", {"shares": shares})
+        text = ", ".join(f"{p} {100 * s:.0f}%" for p, s in shares.items())
+        return [Section("Solved once", f"Tasks solved in one try: {text}.", files=(raw_file,))]
+
+    def findings(self, records, paper):
+        record = records.get("solved_once")
+        if record is None:
+            return []
+        return [
+            Finding(CLAIM, p, "none", f"{100 * s:.0f}%", SHOWS if s > 0 else REFUTED)
+            for p, s in record["shares"].items()
+        ]
+
+
+register(SolvedOnce())
+'''

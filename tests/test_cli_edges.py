@@ -172,7 +172,7 @@ def test_seeds_run_the_study_once_per_seed_and_tabulate_each_finding(tmp_path, m
     import json
 
     import agentrl_jax.reproduce.pipeline as pipeline
-    from agentrl_jax.reproduce import findings
+    from agentrl_jax.evaluation import findings
 
     seen = []
 
@@ -337,13 +337,14 @@ def _names():
 
 @pytest.fixture
 def registries_restored():
-    """Whatever a test's plugins register (environments, presets, the plugin records) is gone
-    after it, so later tests see the built-in registries."""
+    """Whatever a test's plugins register (environments, presets, analyses, the plugin records)
+    is gone after it, so later tests see the built-in registries."""
     import envs.registry
     from agentrl_jax import plugins
+    from agentrl_jax.evaluation.analyses import registry
     from agentrl_jax.train.presets import RUN_PRESETS
 
-    tables = (envs.registry._REGISTRY, RUN_PRESETS, plugins._LOADED)
+    tables = (envs.registry._REGISTRY, RUN_PRESETS, plugins._LOADED, registry._REGISTRY)
     before = [dict(table) for table in tables]
     yield
     for table, saved in zip(tables, before):

@@ -18,6 +18,9 @@ import jax
 import numpy as np
 import pytest
 
+from agentrl_jax.evaluation import raw as results
+from agentrl_jax.evaluation.analyses.context import run_analysis
+from agentrl_jax.evaluation.config import EvalConfig
 from agentrl_jax.evaluation.state_diagnostics import RecordedQualityStates
 from agentrl_jax.evaluation.text_states import (
     HISTORY_HEADER,
@@ -28,8 +31,6 @@ from agentrl_jax.evaluation.text_states import (
 )
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.prompts import BudgetPrompt
-from agentrl_jax.reproduce import results
-from agentrl_jax.reproduce.evaluate import EvalConfig, run_analysis
 from agentrl_jax.reproduce.studies.code import MutatedReference, fenced
 from agentrl_jax.sampling import ScriptedPolicy
 from envs.code import CodeEnv

@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from eval_helpers import frozenlake_corpus, save_tiny_policy
+from eval_helpers import frozenlake_corpus, plugin_analysis, save_tiny_policy
 from flax import nnx
 from markdown_it import MarkdownIt
 from typer.testing import CliRunner
@@ -219,23 +219,51 @@ def test_cli_errors_name_the_problem(policies, tmp_path):
 def test_one_policy_gets_the_analyses_one_policy_can_have():
     """Without a second policy the default drops the pairwise analyses (base against RL) instead
     of refusing; without training logs, the dynamics."""
-    from agentrl_jax.reproduce.evaluate import PAIRWISE
-    from agentrl_jax.reproduce.evaluate_policies import default_analyses
+    from agentrl_jax.evaluation.analyses.registry import pairwise
+    from agentrl_jax.evaluation.evaluate_policies import default_analyses
 
     config = load_config(CI_CONFIG)
     two = default_analyses(config, with_logs=True, policies=2)
     assert "likelihood" in two and "dynamics" in two
     one = default_analyses(config, with_logs=False, policies=1)
-    assert one == tuple(n for n in two if n not in PAIRWISE and n != "dynamics") and one
+    assert one == tuple(n for n in two if n not in pairwise() and n != "dynamics") and one
+
+
+def test_a_plugin_analysis_is_run_and_reported_by_eval(policies, tmp_path):
+    """An analysis a user's plugin file registers (tests/eval_helpers.py: PLUGIN_ANALYSIS) is
+    listed by --help, run by ``eval --plugin FILE --analysis NAME``, and reported: its raw
+    record, its section in report.md, its claim in findings.json; no package edit."""
+    base_dir, _run_dir, rl_weights = policies
+    out = tmp_path / "out"
+    with plugin_analysis(tmp_path) as plugin:
+        listed = CliRunner().invoke(
+            app, ["eval", "--plugin", str(plugin), "--help"], env={"COLUMNS": "1000"}
+        )
+        assert "solved_once" in listed.output
+        args = ["eval", "--plugin", str(plugin), "--policy", f"base={base_dir}"]
+        args += ["--policy", f"RL={rl_weights}", "--analysis", "solved_once"]
+        args += ["--config", str(CI_CONFIG), *TINY, "--out", str(out)]
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
+        assert result.exit_code == 0, result.output
+    raw = json.loads((out / "raw" / "solved_once.json").read_text())
+    assert raw["analysis"] == "solved_once" and raw["policies"] == ["base", "RL"]
+    assert set(raw["shares"]) == {"base", "RL"} and raw["task_ids"] == [0, 1, 2]
+    report = (out / "report.md").read_text()
+    assert "## Solved once" in report and "Tasks solved in one try: base " in report
+    claims = [
+        f for f in json.loads((out / "findings.json").read_text()) if "plugin" in f["headline"]
+    ]
+    assert [f["subject"] for f in claims] == ["base", "RL"]
+    assert report.count("](#solved-once)") == 2  # each verdict links to the plugin's section
 
 
 def test_an_interrupted_eval_says_what_it_kept_and_the_command_again(policies, tmp_path):
     """Ctrl-C during the second analysis: one line naming it, the finished analysis kept, no
     report, the same command to evaluate again; exit status 130, no traceback."""
-    from agentrl_jax.reproduce import evaluate
+    from agentrl_jax.evaluation import evaluate_policies
 
     base_dir, _run_dir, rl_weights = policies
-    real = evaluate.run_analysis
+    real = evaluate_policies.run_analysis
     ran = []
 
     def interrupted_second(name, *args, **kwargs):
@@ -250,7 +278,7 @@ def test_an_interrupted_eval_says_what_it_kept_and_the_command_again(policies, t
     args += ["--analysis", "passk", "--analysis", "likelihood", "--config", str(CI_CONFIG)]
     args += [*TINY, "--out", str(out)]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(evaluate, "run_analysis", interrupted_second)
+        patch.setattr(evaluate_policies, "run_analysis", interrupted_second)
         result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
     assert result.exit_code == 130, result.output
     assert "Traceback" not in result.output

@@ -292,8 +292,7 @@ def test_the_training_dynamics_text_figure_and_table_state_one_change(tmp_path, 
     reproduction's start-to-end table all give the change of the start and end means (one
     ``start_to_end`` result), and the figure names its run. (The figure and text used to say
     last-minus-first step, the table the means: -0.016 in one, +0.203 in the other.)"""
-    from agentrl_jax.evaluation.analyses.dynamics import start_to_end
-    from agentrl_jax.reproduce.report import dynamics_markdown
+    from agentrl_jax.evaluation.analyses.dynamics import dynamics_markdown, start_to_end
 
     rng = np.random.default_rng(0)
     r_multi = np.clip(0.3 + 0.2 * rng.standard_normal(40), 0, 1)

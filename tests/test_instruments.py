@@ -15,12 +15,12 @@ import pytest
 from eval_helpers import SYSTEM_BUDGET, QStarAgent, turns_in
 
 from agentrl_jax.errors import ConfigError
-from agentrl_jax.evaluation import drivers, passt, stats
+from agentrl_jax.evaluation import drivers, findings, passt, stats
 from agentrl_jax.evaluation.analyses import erosion, presentation, splice
+from agentrl_jax.evaluation.analyses.presentation import check_hidden_budget
 from agentrl_jax.evaluation.splicing import SplicedPolicy
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.prompts import HIDDEN, BudgetPresentation, BudgetPrompt
-from agentrl_jax.reproduce import findings
 from agentrl_jax.rollout import RolloutConfig
 from agentrl_jax.sampling import ScriptedPolicy
 from envs.frozenlake import maps as fl_maps
@@ -185,7 +185,7 @@ def test_hidden_budget_finding():
             for m, c in (("exact", [4, 4, 4, 4]), ("hidden", [0, 0, 1, 0]))
         },
     }
-    (found,) = findings.check_hidden_budget(record)
+    (found,) = check_hidden_budget(record)
     assert found.verdict == findings.SHOWS  # hiding costs 0.9375 with every task agreeing
     assert found.numbers["hidden_minus_exact"].mean == pytest.approx(-15 / 16)
 

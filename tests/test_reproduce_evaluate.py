@@ -1,5 +1,5 @@
-"""The reproduction's evaluation of several policies (agentrl_jax.reproduce.evaluate, results,
-report, findings).
+"""The evaluation of several policies by the registered analyses (agentrl_jax.evaluation:
+analyses.context, raw, full_report, findings).
 
 Scripted FrozenLake agents with known outcomes play on deterministic 4x4 maps: a Q*-greedy
 agent ("GRPO") succeeds exactly when the shortest path (breadth-first search here) fits the
@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import struct
+import zlib
 from pathlib import Path
 
 import jax
@@ -27,13 +28,14 @@ from flax import nnx
 from markdown_it import MarkdownIt
 from markdown_tables import first_table
 
-from agentrl_jax.evaluation import passt
+from agentrl_jax.evaluation import findings, full_report, passt, verdicts
+from agentrl_jax.evaluation import raw as raw_results
 from agentrl_jax.evaluation import report as eval_report
-from agentrl_jax.evaluation.analyses import error_recovery
+from agentrl_jax.evaluation.analyses import context, error_recovery, pass_at_k, registry
+from agentrl_jax.evaluation.analyses.context import analysis_units, run_analysis
+from agentrl_jax.evaluation.config import EvalConfig
 from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
-from agentrl_jax.reproduce import evaluate, findings, report, results
-from agentrl_jax.reproduce.evaluate import ANALYSES, EvalConfig, analysis_units, run_analysis
 from agentrl_jax.reproduce.studies.frozenlake.diagnostics import QStarStates
 from agentrl_jax.sampling import SamplerPolicy, ScriptedPolicy
 from agentrl_jax.sampling.config import EngineConfig
@@ -142,21 +144,85 @@ def test_settings_are_validated_naming_the_field():
         settings.table_budgets(5)
 
 
+def test_the_registry_holds_each_analysis_once_in_report_order():
+    """One object per analysis, registered in report order; a taken or malformed name and an
+    unknown analysis are refused with the names known."""
+    assert registry.names() == (
+        "table",
+        "presentation",
+        "passk",
+        "steps",
+        "errors",
+        "splice",
+        "likelihood",
+        "erosion",
+        "dynamics",
+    )
+    assert registry.pairwise() == ("steps", "errors", "splice", "likelihood", "erosion")
+    assert [a.name for a in registry.analyses() if not a.needs_models] == ["dynamics"]
+    table = registry.get("table")
+    with pytest.raises(ValueError, match="'table' is already registered"):
+        registry.register(table)
+    assert registry.register(table, replace=True) is table and registry.names()[0] == "table"
+    with pytest.raises(ValueError, match="analysis name: must match"):
+        registry.register(type("Bad", (registry.Analysis,), {"name": "Bad name"})())
+    with pytest.raises(ValueError, match="an Analysis instance"):
+        registry.register("table")
+    with pytest.raises(ValueError, match="unknown analysis 'tabel'; known: table, .*table"):
+        registry.get("tabel")
+    # a plugin's analysis draws from a stream named after itself, apart from the built-in ones
+    from agentrl_jax.evaluation.drivers import STREAMS, stream_number
+
+    assert [stream_number(s) for s in STREAMS] == list(STREAMS.values())
+    number = stream_number("solved_once")
+    assert number == 65536 + zlib.crc32(b"solved_once") % (2**32 - 65536) and number < 2**32
+    assert number not in STREAMS.values() and stream_number("solved_twice") != number
+
+
+def test_budgetmix_counterparts_from_the_runs_settings():
+    """A run's BudgetMix comes from its settings, not its label: each run drawing BudgetMix
+    budgets is paired with the first full-budget run of the same algorithm, whatever either is
+    called; a raw record's counterparts say which policies are BudgetMix."""
+    from agentrl_jax.reproduce.config import load_config
+
+    ci = Path(__file__).parents[1] / "configs" / "frozenlake_ci.yaml"
+    runs = load_config(ci).rl.resolved_runs()
+    assert raw_results.counterparts_of_runs(runs) == {
+        "BudgetMix GRPO": "GRPO",
+        "Presentation-mixed BudgetMix GRPO": "GRPO",
+    }
+    grpo, mix = runs[0], runs[1]
+    renamed = [dataclasses.replace(grpo, label="plain"), dataclasses.replace(mix, label="mixed")]
+    assert raw_results.counterparts_of_runs(renamed) == {"mixed": "plain"}
+    (gigpo,) = load_config(ci, ["rl.runs=[gigpo]"]).rl.resolved_runs()
+    other = dataclasses.replace(grpo, algorithm=gigpo.algorithm)  # another algorithm
+    assert raw_results.counterparts_of_runs([other, mix]) == {}
+    record = {"policies": ["base", "plain", "mixed"], "counterparts": {"mixed": "plain"}}
+    assert raw_results.is_budgetmix("mixed", record)
+    assert not raw_results.is_budgetmix("plain", record)
+    assert raw_results.counterparts(record) == {"mixed": "plain"}
+    assert raw_results.counterparts({"policies": ["GRPO", "BudgetMix GRPO"]}) == {
+        "BudgetMix GRPO": "GRPO"
+    }
+
+
 def test_budgetmix_counterparts_and_file_names():
     names = ["base", "GRPO", "BudgetMix GRPO", "GiGPO", "BudgetMix-GiGPO", "BudgetMix PPO"]
-    assert results.budgetmix_counterparts(names) == {
+    assert raw_results.budgetmix_counterparts(names) == {
         "BudgetMix GRPO": "GRPO",
         "BudgetMix-GiGPO": "GiGPO",
     }
-    assert results.budgetmix_counterparts(["base", "GRPO", "BudgetMix"]) == {"BudgetMix": "GRPO"}
+    assert raw_results.budgetmix_counterparts(["base", "GRPO", "BudgetMix"]) == {
+        "BudgetMix": "GRPO"
+    }
     # a qualifier before "BudgetMix" names a variant of the same full-budget run
-    assert results.budgetmix_counterparts(
+    assert raw_results.budgetmix_counterparts(
         ["base", "GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO", "Adaptive GRPO"]
     ) == {"BudgetMix GRPO": "GRPO", "Adaptive BudgetMix GRPO": "Adaptive GRPO"}
-    assert results.budgetmix_counterparts(
+    assert raw_results.budgetmix_counterparts(
         ["base", "GRPO", "BudgetMix GRPO", "Adaptive BudgetMix GRPO"]
     ) == {"BudgetMix GRPO": "GRPO", "Adaptive BudgetMix GRPO": "GRPO"}
-    assert results.slug("BudgetMix GRPO") == "budgetmix_grpo"
+    assert raw_results.slug("BudgetMix GRPO") == "budgetmix_grpo"
     with pytest.raises(ValueError, match="share file names"):
         run_analysis(
             "passk",
@@ -201,7 +267,7 @@ def scripted(tmp_path_factory, tokenizer, env):
         "BudgetMix GRPO": write_log(out / "mix.jsonl", 0.1 * steps, 0.5 + 0.01 * steps),
     }
     reported = {}
-    for name in ANALYSES:
+    for name in registry.names():
         if name in ("likelihood", "erosion"):  # these score with the models
             continue
         done = []
@@ -225,15 +291,15 @@ def test_every_analysis_writes_its_files_and_reports_its_units(scripted):
     out, reported = scripted
     for name, units in reported.items():
         assert units == analysis_units(name, SETTINGS, TASKS, len(NAMES), T_MAX), name
-        assert results.load_raw(out, name)["analysis"] == name
-        sections = report.read_sections(out, [name])[name]
+        assert raw_results.load_raw(out, name)["analysis"] == name
+        sections = full_report.read_sections(out, [name])[name]
         assert sections
         for section in sections:
             for rel in section.files + section.figures:
                 assert (out / rel).is_file(), rel
             for png in section.figures:
                 check_png(out / png)
-    titles = [s.title for s in report.read_sections(out, ["steps"])["steps"]]
+    titles = [s.title for s in full_report.read_sections(out, ["steps"])["steps"]]
     assert titles == [
         "Step-level action quality on matched states: GRPO vs base",
         "Action quality vs normalised depth: GRPO vs base",
@@ -244,12 +310,12 @@ def test_every_analysis_writes_its_files_and_reports_its_units(scripted):
 
 def test_the_error_recovery_suite_tables_every_policy_from_the_raw_errors(scripted):
     out, _ = scripted
-    suite = report.read_sections(out, ["errors"])["errors"][-1]
+    suite = full_report.read_sections(out, ["errors"])["errors"][-1]
     assert suite.title == "Error-recovery suite"
     saved = json.loads((out / error_recovery.ERROR_RECOVERY_JSON).read_text())
     assert saved["suite"] == error_recovery.SUITE and list(saved["rows"]) == list(NAMES[1:])
     assert error_recovery.ErrorRecovery.from_json(saved) == error_recovery.compute(
-        results.load_raw(out, "errors")
+        raw_results.load_raw(out, "errors")
     )
     assert list(first_table(suite.markdown)[1]) == list(NAMES[1:])
 
@@ -263,6 +329,11 @@ def test_diagnostic_tasks_cap_every_analysis_but_the_table(tmp_path, tokenizer, 
         "GRPO": ScriptedPolicy(tokenizer, QStarAgent(T_MAX, is_slippery=False)),
     }
     assert list(settings.analysis_tasks("table", np.arange(TASKS))) == list(range(TASKS))
+    for name in registry.names():  # the analysis' own declaration agrees with the config's
+        every = np.arange(TASKS)
+        assert list(registry.get(name).tasks(settings, every)) == list(
+            settings.analysis_tasks(name, every)
+        )
     for name, tasks in (("table", TASKS), ("passk", 2)):
         done = []
         run_analysis(
@@ -276,7 +347,7 @@ def test_diagnostic_tasks_cap_every_analysis_but_the_table(tmp_path, tokenizer, 
             progress=done.append,
             states=QStarStates(env) if name in ("steps", "errors") else None,
         )
-        assert results.load_raw(tmp_path, name)["task_ids"] == list(range(tasks))
+        assert raw_results.load_raw(tmp_path, name)["task_ids"] == list(range(tasks))
         assert sum(done) == analysis_units(name, settings, TASKS, 2, T_MAX)
     assert analysis_units("passk", settings, TASKS, 2, T_MAX) == analysis_units(
         "passk", SETTINGS, 2, 2, T_MAX
@@ -286,19 +357,19 @@ def test_diagnostic_tasks_cap_every_analysis_but_the_table(tmp_path, tokenizer, 
 def test_an_optimal_policy_meets_the_structural_bound_exactly(scripted, env):
     out, _ = scripted
     distance = start_distances(env)
-    record = results.load_raw(out, "table")
+    record = raw_results.load_raw(out, "table")
     assert record["levels"] == [1, 3, 4, 6] and record["budgets"] == [1, 2, 3, 4, 5, 6]
     for budget in record["budgets"]:  # deterministic maps: greedy succeeds iff d <= T
-        n, c = results.budget_counts(record, "GRPO")[budget]
+        n, c = raw_results.budget_counts(record, "GRPO")[budget]
         np.testing.assert_array_equal(c, np.where(distance <= budget, n, 0))
     curves = json.loads((out / "pass_at_t.json").read_text())
     bound = dict(
         zip(curves["structural_bound"]["budget"], curves["structural_bound"]["share_solvable"])
     )
     assert curves["curves"]["GRPO"]["pass"] == [bound[b] for b in record["budgets"]]
-    table = results.table1_from_results(out)
+    table = raw_results.table1_from_results(out)
     assert table["GRPO"] == {t: float(np.mean(distance <= t)) for t in (1, 3, 4, 6)}
-    passk_record = results.load_raw(out, "passk")
+    passk_record = raw_results.load_raw(out, "passk")
     np.testing.assert_array_equal(
         passk_record["counts"]["GRPO"]["c"], np.where(distance <= T_MAX, SETTINGS.pass_k_samples, 0)
     )
@@ -321,14 +392,14 @@ def test_table1_is_recomputed_from_the_saved_counts(scripted):
         }
         for p in NAMES
     }
-    table = results.table1_from_results(out / "raw" / "table.json")
+    table = raw_results.table1_from_results(out / "raw" / "table.json")
     assert list(table) == list(NAMES)
     for policy in NAMES:
         for t in record["levels"]:
             assert table[policy][t] == pytest.approx(np.mean(by_hand[policy][t]), abs=1e-12)
 
     # The report's Table 1 shows exactly these numbers (and the differences in points).
-    path = report.write_report(out, header_markdown="## Run\n\nscripted agents")
+    path = full_report.write_report(out, header_markdown="## Run\n\nscripted agents")
     text = path.read_text()
     header, shown = first_table(text[text.index("## Table 1") :])
     assert header == ["Pass@2 (%)", "25% (T=1)", "50% (T=3)", "75% (T=4)", "100% (T=6)"]
@@ -354,7 +425,7 @@ def test_table1_is_recomputed_from_the_saved_counts(scripted):
 
 def test_step_diagnostics_of_an_optimal_policy(scripted, env):
     out, _ = scripted
-    steps = results.load_raw(out, "steps")
+    steps = raw_results.load_raw(out, "steps")
     for other in NAMES[1:]:
         pair = steps["pairs"][other]
         sources = pair["states"]["source"]
@@ -364,7 +435,7 @@ def test_step_diagnostics_of_an_optimal_policy(scripted, env):
     np.testing.assert_allclose(pair["quality"]["GRPO"], best, atol=1e-6)  # every action optimal
     assert np.all(np.asarray(pair["quality"]["base"]) <= best + 1e-6)
 
-    errors = results.load_raw(out, "errors")["pairs"]["GRPO"]
+    errors = raw_results.load_raw(out, "errors")["pairs"]["GRPO"]
     states = errors["states"]
     for i, (task, pos, turn, budget) in enumerate(
         zip(states["task_id"], states["pos"], states["turn"], states["budget"])
@@ -375,7 +446,7 @@ def test_step_diagnostics_of_an_optimal_policy(scripted, env):
 
 def test_report_leads_with_the_findings_then_table1(scripted):
     out, _ = scripted
-    path = report.write_report(
+    path = full_report.write_report(
         out, header_markdown="## Run\n\nscripted agents on 4x4 maps", title="Tiny reproduction"
     )
     text = path.read_text()
@@ -405,7 +476,7 @@ def test_report_leads_with_the_findings_then_table1(scripted):
         + ".**"
     )
     # the Pass@K finding and section name the k this run measured (1..samples per task)
-    samples = results.load_raw(out, "passk")["samples"]
+    samples = raw_results.load_raw(out, "passk")["samples"]
     papers = [r[2] for r in rows if r[0] == findings.PASS_AT_K]
     assert papers and all(p.endswith(f"; this run: k = 1..{samples}") for p in papers)
     assert f"k = 1..{samples}. " in text[text.index("## Pass@K at T_max") :]
@@ -428,7 +499,7 @@ def test_report_leads_with_the_findings_then_table1(scripted):
     assert verdicts[(findings.BUDGETMIX_DYNAMICS, "BudgetMix GRPO")] == findings.SHOWS
     assert verdicts[(findings.ERROR_RECOVERY, "GRPO")] in findings.VERDICT_ORDER
     with pytest.raises(ValueError, match="unknown analyses"):
-        report.write_report(out, analyses=("table", "plots"))
+        full_report.write_report(out, analyses=("table", "plots"))
 
 
 # ---------------------------------------------------------------- findings on synthetic results
@@ -460,7 +531,7 @@ def synthetic_results(out: Path, *, flip: bool = False) -> Path:
         "counterparts": {"BudgetMix GRPO": "GRPO"},
     }
     eval_report.write_json(
-        results.raw_path(out, "table"),
+        raw_results.raw_path(out, "table"),
         {
             **header,
             "analysis": "table",
@@ -479,7 +550,7 @@ def synthetic_results(out: Path, *, flip: bool = False) -> Path:
         },
     )
     eval_report.write_json(
-        results.raw_path(out, "passk"),
+        raw_results.raw_path(out, "passk"),
         {
             **header,
             "analysis": "passk",
@@ -507,7 +578,7 @@ def synthetic_results(out: Path, *, flip: bool = False) -> Path:
     rename = lambda d, p: {("base" if k == "base" else p): v for k, v in d.items()}  # noqa: E731
     for analysis, raw_pair in (("steps", pair), ("errors", error_pair)):
         eval_report.write_json(
-            results.raw_path(out, analysis),
+            raw_results.raw_path(out, analysis),
             {
                 **header,
                 "analysis": analysis,
@@ -574,7 +645,7 @@ def test_findings_follow_the_numbers(tmp_path):
         "policies": ["base", "GRPO"],
         "counts": {"base": {"n": [8, 8], "c": [0, 3]}, "GRPO": {"n": [8, 8], "c": [1, 3]}},
     }
-    (finding,) = findings.check_pass_at_k(few)
+    (finding,) = pass_at_k.check_pass_at_k(few)
     assert finding.verdict == findings.UNDERPOWERED and finding.numbers["weakest_k"] == 1
     assert finding.numbers["weakest_lead"].mean == pytest.approx(1 / 16)
 
@@ -624,7 +695,7 @@ def test_models_share_compilations_and_likelihood_scores_each_pair(
     )
     config = settings.rollout_config()
     key = jax.random.fold_in(jax.random.key(settings.seed), 6)  # the likelihood stream
-    policies = evaluate._samplers(tiny_models, EngineConfig())
+    policies = context._samplers(tiny_models, EngineConfig())
     assert isinstance(policies["base"], SamplerPolicy)
     trajectories = {}
     for name in NAMES:  # what run_analysis samples (same policies, same key)
@@ -654,7 +725,7 @@ def test_models_share_compilations_and_likelihood_scores_each_pair(
         progress=done.append,
     )
     assert sum(done) == analysis_units("likelihood", settings, 2, 3, env.t_max)
-    raw = results.load_raw(tmp_path, "likelihood")
+    raw = raw_results.load_raw(tmp_path, "likelihood")
     assert list(raw["pairs"]) == ["GRPO", "BudgetMix GRPO"]
     for name, traj in trajectories.items():
         recorded = np.zeros(traj.turn_mask.shape)  # the sampler's log-probs, summed per turn
@@ -667,7 +738,7 @@ def test_models_share_compilations_and_likelihood_scores_each_pair(
                 mask = np.asarray(pair["turn_mask"][name])
                 np.testing.assert_array_equal(mask, traj.turn_mask)
                 np.testing.assert_allclose(np.where(mask, own, 0.0), recorded, atol=2e-3)
-    sections = report.read_sections(tmp_path, ["likelihood"])["likelihood"]
+    sections = full_report.read_sections(tmp_path, ["likelihood"])["likelihood"]
     assert [s.title for s in sections] == [
         "Likelihood: GRPO vs base (ActionNLL under base, cumulative LLR)",
         "Likelihood: BudgetMix GRPO vs base (ActionNLL under base, cumulative LLR)",
@@ -703,7 +774,7 @@ def test_a_run_keeps_the_paper_figures_its_findings_cite(tmp_path):
     assert own[findings.BUDGETMIX_DYNAMICS].numbers["effects"]["R_single"]["margin"] == 100.0
     assert (
         default[findings.FULL_BUDGET_DYNAMICS].numbers["effects"]["R_multi"]["paper_size"]
-        == findings.FULL_BUDGET_R_MULTI
+        == verdicts.FULL_BUDGET_R_MULTI
     )
     with pytest.raises(ValueError, match="unknown headlines"):
         findings.PaperFigures(texts={"lead grows": "x"})
@@ -717,7 +788,7 @@ def test_one_rule_decides_every_verdict():
     the SE read off the 95% CI); an interval including no effect is underpowered when that
     exceeds the paper's size and does not show otherwise; a headline takes its weakest effect."""
     from agentrl_jax.evaluation.stats import MeanCI
-    from agentrl_jax.reproduce.findings import Effect, _verdict, detectable, judge
+    from agentrl_jax.evaluation.verdicts import Effect, detectable, judge
 
     z = 1.959963984540054
     assert detectable(MeanCI(0.0, -z, z, 10)) == pytest.approx(z + 0.8416212335729143)
@@ -728,15 +799,16 @@ def test_one_rule_decides_every_verdict():
         Effect("50%", MeanCI(0.094, -0.110, 0.297, 32), size=0.053),
     )
     assert [judge(e) for e in small] == [findings.NOT_SHOWN, findings.UNDERPOWERED]
-    assert _verdict(*small) == findings.NOT_SHOWN
-    assert _verdict(small[1]) == findings.UNDERPOWERED  # 2.8 SE = 29 pt > 5.3 pt
+    assert verdicts.verdict(*small) == findings.NOT_SHOWN
+    assert verdicts.verdict(small[1]) == findings.UNDERPOWERED  # 2.8 SE = 29 pt > 5.3 pt
     # error recovery: the continuation gain excludes 0, the error-vs-matched quality gain
     # does not (and the paper gives no size for it): not "shows"
     recovery = (
         Effect("continuation gain", MeanCI(0.12, 0.05, 0.19, 100), size=0.127),
         Effect("quality gain difference", MeanCI(0.01, -0.02, 0.04, 100), points=False),
     )
-    assert judge(recovery[0]) == findings.SHOWS and _verdict(*recovery) == findings.UNDERPOWERED
+    assert judge(recovery[0]) == findings.SHOWS
+    assert verdicts.verdict(*recovery) == findings.UNDERPOWERED
     assert judge(Effect("x", MeanCI(-0.15, -0.2, -0.1, 9))) == findings.REFUTED
     assert judge(Effect("x", MeanCI(-0.15, -0.2, -0.1, 9), direction=-1)) == findings.SHOWS
     assert judge(Effect("x", MeanCI(0.1, math.nan, math.nan, 1), size=0.5)) == findings.UNDERPOWERED
@@ -764,8 +836,8 @@ def test_the_verdict_rules_worked_example_is_judged_as_it_says():
     """The report's made-up example (a paper size of 10 pt, a lead of +5.2 pt) gets from
     :func:`judge` the verdicts the text gives it, with the smallest detectable effects it
     quotes; the rule names every verdict once, in bold."""
+    from agentrl_jax.evaluation.findings import VERDICT_RULE, Effect, detectable, judge
     from agentrl_jax.evaluation.stats import MeanCI
-    from agentrl_jax.reproduce.findings import VERDICT_RULE, Effect, detectable, judge
 
     rule = " ".join(VERDICT_RULE.split())
     for low, high, verdict, quoted in (

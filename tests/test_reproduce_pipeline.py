@@ -37,12 +37,13 @@ from typer.testing import CliRunner
 
 from agentrl_jax.cli import app
 from agentrl_jax.config_io import dump_config
+from agentrl_jax.evaluation.analyses.registry import names as analysis_names
+from agentrl_jax.evaluation.raw import table1_from_results
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.reproduce import machine, pipeline, sft
 from agentrl_jax.reproduce.config import load_config
 from agentrl_jax.reproduce.folder import ResultsFolderError
 from agentrl_jax.reproduce.pipeline import reproduce
-from agentrl_jax.reproduce.results import ANALYSES, table1_from_results
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +95,7 @@ def expected_phases(config) -> list[str]:
     return (
         ["setup", "demos", "warm_start"]
         + [f"train:{r}" for r in config.rl.runs]
-        + [f"eval:{a}" for a in ANALYSES]
+        + [f"eval:{a}" for a in analysis_names()]
         + ["report"]
     )
 
@@ -195,7 +196,7 @@ def test_report_renders_with_table1_and_valid_figures(finished, config):
     assert "#continuation-success-from-error-states-grpo-vs-base" in verdicts
     # each policy's budget robustness, recomputed from the raw counts
     from agentrl_jax.evaluation.analyses.robustness import robustness_from_counts
-    from agentrl_jax.reproduce.results import budget_counts, load_raw
+    from agentrl_jax.evaluation.raw import budget_counts, load_raw
 
     assert "Budget robustness" in headings
     raw = load_raw(finished, "table")
@@ -304,6 +305,41 @@ def test_a_rerun_of_a_finished_folder_does_nothing(finished, config, monkeypatch
     assert after[config_file][0] == before[config_file][0]
     del before[config_file], after[config_file]
     assert after == before
+
+
+def test_a_plugin_analysis_is_run_and_reported_by_reproduce(finished, config, tmp_path):
+    """An analysis a user's plugin registers (tests/eval_helpers.py: PLUGIN_ANALYSIS) is a phase
+    of the reproduction after the built-in ones: on a copy of the finished folder (its report
+    to be written again) only it and the report run; its raw record, its report section and
+    its claim in findings.json are there, and every built-in analysis' files are untouched."""
+    import shutil
+
+    from eval_helpers import plugin_analysis
+
+    from agentrl_jax.plugins import load_plugins
+
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    phases = read_phases(out)
+    del phases["report"]
+    (out / "phases.json").write_text(json.dumps(phases))
+    before = snapshot([out / "raw", out / "sections", out / "table1.csv"])
+    with plugin_analysis(tmp_path) as plugin:
+        load_plugins([str(plugin)])
+        assert pipeline.phase_names(config)[-3:] == ["eval:dynamics", "eval:solved_once", "report"]
+        assert reproduce(config, out, progress=False) == out / "report.md"
+    assert list(read_phases(out))[-3:] == ["eval:dynamics", "eval:solved_once", "report"]
+    after = snapshot([out / "raw", out / "sections", out / "table1.csv"])
+    kept = {k: sha for k, (sha, _) in after.items() if "solved_once" not in k}
+    assert kept == {k: sha for k, (sha, _) in before.items()}  # paper.json: rewritten the same
+    raw = json.loads((out / "raw" / "solved_once.json").read_text())
+    assert raw["policies"] == ["base"] + [r.label for r in config.rl.resolved_runs()]
+    report = (out / "report.md").read_text()
+    assert report.index("## Training dynamics") < report.index("## Solved once")
+    found = json.loads((out / "findings.json").read_text())
+    stored = json.loads((finished / "findings.json").read_text())
+    assert found[: len(stored)] == stored  # the paper's findings first, unchanged
+    assert [f["subject"] for f in found[len(stored) :]] == raw["policies"]
 
 
 def test_a_folder_of_another_config_is_refused(finished, tmp_path):
@@ -550,25 +586,25 @@ def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
 
 
 def test_the_eta_of_the_stored_default_run_holds_within_2x_after_its_first_minute(tmp_path):
-    """The bar counts predicted seconds (``PHASE_COST``): at every phase boundary past the first
-    minute of the stored default run with at least 5 s left, (rest of the work) x (seconds so
-    far / work so far) is within 2x of the seconds it really had left. Counting work units
-    (turns) instead, the first ETA after ``setup`` (one unit of 1.7 s) was over a day."""
+    """The bar counts predicted seconds (``reproduce.progress``): at every phase boundary past
+    the first minute of the stored default run with at least 5 s left, (rest of the work) x
+    (seconds so far / work so far) is within 2x of the seconds it really had left. Counting work
+    units (turns) instead, the first ETA after ``setup`` (one unit of 1.7 s) was over a day."""
     stored = json.loads((ROOT / "notebooks/results_cpu_default/phases.json").read_text())
     run = pipeline.Reproduction(load_config(None), tmp_path / "out", progress=False)
     names = run.phase_names()
     seconds = [stored[name]["seconds"] for name in names]
-    total_work, total_seconds = run.total_work(), sum(seconds)
+    total_work, total_seconds = sum(run.work.seconds(n) for n in names), sum(seconds)
     work = elapsed = 0.0
     checked = 0
     for name, took in zip(names, seconds):
-        work, elapsed = work + run._work(name), elapsed + took
+        work, elapsed = work + run.work.seconds(name), elapsed + took
         if elapsed >= 60 and total_seconds - elapsed >= 5:  # a bar's last seconds are noise
             eta = (total_work - work) * elapsed / work
             assert 0.5 <= eta / (total_seconds - elapsed) <= 2, (name, eta, total_seconds - elapsed)
             checked += 1
     assert checked >= 6
-    first = run._units(names[0]) / run.total_units()  # the unit count's view after setup
+    first = run.work.units(names[0]) / sum(map(run.work.units, names))  # units' view after setup
     assert (1 - first) / first * seconds[0] > 24 * 3600
 
 
@@ -661,11 +697,11 @@ def test_the_stored_runs_table1_and_findings_recompute_from_their_raw(tmp_path, 
     for byte, and the verdicts (``findings.json``) are the stored ones with every number to
     1e-12: the report cannot drift from the numbers it was computed from. Both stored runs:
     the CPU default and the larger 8x8 config."""
+    from agentrl_jax.evaluation import findings
     from agentrl_jax.evaluation.analyses import error_recovery
+    from agentrl_jax.evaluation.analyses.table1 import write_robustness, write_table1
+    from agentrl_jax.evaluation.raw import load_raw
     from agentrl_jax.evaluation.report import Section
-    from agentrl_jax.reproduce import findings
-    from agentrl_jax.reproduce.report import write_robustness, write_table1
-    from agentrl_jax.reproduce.results import load_raw
 
     stored = ROOT / "notebooks" / folder
     write_table1(tmp_path, load_raw(stored, "table"), Section("Table 1", ""))
@@ -699,11 +735,11 @@ def test_the_stored_runs_of_other_environments_recompute_from_their_raw(tmp_path
     budget robustness, the verdicts (and code's error-recovery suite) recomputed from ``raw/``
     are the stored files, byte for byte; the report names the environment and its held-out
     split."""
+    from agentrl_jax.evaluation import findings
     from agentrl_jax.evaluation.analyses import error_recovery
+    from agentrl_jax.evaluation.analyses.table1 import write_robustness, write_table1
+    from agentrl_jax.evaluation.raw import load_raw
     from agentrl_jax.evaluation.report import Section
-    from agentrl_jax.reproduce import findings
-    from agentrl_jax.reproduce.report import write_robustness, write_table1
-    from agentrl_jax.reproduce.results import load_raw
 
     stored = ROOT / "notebooks" / folder
     write_table1(tmp_path, load_raw(stored, "table"), Section("Table 1", ""))
@@ -732,7 +768,7 @@ def test_the_stored_reports_lead_with_their_findings(folder):
     Table 1, every cell (a policy's too) ``table1.csv``'s value and 95% interval."""
     import csv
 
-    from agentrl_jax.reproduce import findings
+    from agentrl_jax.evaluation import findings
 
     stored = ROOT / "notebooks" / folder
     text = (stored / "report.md").read_text()

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from agentrl_jax.evaluation import findings, verdicts
+from agentrl_jax.evaluation import raw as results
+from agentrl_jax.evaluation.findings import Effect, Finding
 from agentrl_jax.evaluation.result import to_jsonable
 from agentrl_jax.evaluation.stats import MeanCI
-from agentrl_jax.reproduce import findings, machine, results, seeds
-from agentrl_jax.reproduce.findings import Effect, Finding
+from agentrl_jax.reproduce import machine, seeds
 
 SEEDS = (0, 7, 13)
 T2 = 4.302652730  # Student's t 97.5% quantile at 2 degrees of freedom
@@ -46,8 +48,8 @@ def _finding(headline: str, subject: str, *effects: Effect) -> Finding:
         subject,
         findings.PAPER[headline],
         f"{subject} observed",
-        findings._verdict(*effects),
-        {"effects": findings._effects_json(*effects)},
+        verdicts.verdict(*effects),
+        {"effects": verdicts.effects_json(*effects)},
     )
 
 
@@ -378,7 +380,8 @@ def test_the_stored_three_seed_study_recomputes_from_its_seeds_findings():
     """``notebooks/results_cpu_seeds``: the cross-seed table (``seeds.json``, ``seeds.md``)
     is what the three stored seeds' ``findings.json`` and ``phases.json`` give, and each seed's
     budget-presentation and splice verdicts recompute from its stored raw records."""
-    from agentrl_jax.reproduce import findings as found
+    from agentrl_jax.evaluation.analyses.presentation import check_hidden_budget
+    from agentrl_jax.evaluation.analyses.splice import check_splice
 
     stored = Path(__file__).resolve().parents[1] / "notebooks" / "results_cpu_seeds"
     summary = seeds.summarize(stored, [0, 7, 13])
@@ -392,7 +395,7 @@ def test_the_stored_three_seed_study_recomputes_from_its_seeds_findings():
             (f["headline"], f["subject"]): f["verdict"]
             for f in json.loads((folder / "findings.json").read_text())
         }
-        for f in found.check_hidden_budget(
-            results.load_raw(folder, "presentation")
-        ) + found.check_splice(results.load_raw(folder, "splice")):
+        for f in check_hidden_budget(results.load_raw(folder, "presentation")) + check_splice(
+            results.load_raw(folder, "splice")
+        ):
             assert saved[f.headline, f.subject] == f.verdict

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 import envs
+from agentrl_jax.evaluation import findings
+from agentrl_jax.evaluation.analyses import registry
 from agentrl_jax.prompts import BudgetPrompt
-from agentrl_jax.reproduce import evaluate, findings
 from agentrl_jax.reproduce.config import load_config
 from agentrl_jax.reproduce.studies import StudyError, study_for
 
@@ -88,7 +89,7 @@ def test_r_single_and_the_state_diagnostics_are_there_when_the_study_says(study_
     if study.records_quality:
         assert study.step_scorer(train) is not None
     diagnostics = study.state_diagnostics(test)
-    supported = set(study.analyses_for(evaluate.ANALYSES))
+    supported = set(study.analyses_for(registry.names()))
     assert (diagnostics is not None) == (PAIRWISE_STATE_ANALYSES <= supported)
     assert {"table", "passk", "likelihood"} <= supported
 

@@ -15,9 +15,9 @@ import pytest
 from compile_counter import count_backend_compiles, count_backend_compiles_by_name
 
 from agentrl_jax.errors import ConfigError
+from agentrl_jax.evaluation.evaluate_policies import make_tasks
 from agentrl_jax.models.small_tokenizer import build_small_tokenizer
 from agentrl_jax.reproduce.config import default_config, load_config
-from agentrl_jax.reproduce.pipeline import make_tasks
 from agentrl_jax.reproduce.policy_init import random_qwen3
 from agentrl_jax.reproduce.studies.frozenlake import frozenlake_corpus
 from agentrl_jax.sampling import Paging, SamplerPolicy

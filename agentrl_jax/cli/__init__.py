@@ -10,7 +10,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import typer  # noqa: E402
 
-from agentrl_jax.cli import bench, compare, evaluate, plan, reproduce, serve, solve  # noqa: E402
+from agentrl_jax.cli import bench, evaluate, plan, reproduce, serve, solve  # noqa: E402
 from agentrl_jax.cli.registries import RegistryHelpCommand, RegistryHelpGroup  # noqa: E402
 
 # The help of eval, reproduce and train names the registered environments, run presets and
@@ -30,7 +30,7 @@ app.command("train", cls=RegistryHelpCommand)(reproduce.train_command)
 app.add_typer(solve.app, name="solve")
 app.command("plan")(plan.plan)
 app.command("serve")(serve.serve_command)
-app.command("compare")(compare.compare_command)
+app.command("compare")(reproduce.compare_command)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ every trained run, by default) are evaluated as that run would, unless ``--set``
 otherwise; the settings used are printed. Without one, ``--config`` and ``--set`` (over
 ``--env``'s defaults) give them and ``--policy LABEL=DIR`` names the policies, the first the
 base: a Hugging Face model directory or a training checkpoint (:mod:`agentrl_jax.evaluation.
-policies`). See :mod:`agentrl_jax.reproduce.evaluate_policies`.
+policies`). See :mod:`agentrl_jax.evaluation.evaluate_policies`.
 """
 
 from __future__ import annotations
@@ -71,26 +71,25 @@ def eval_command(
     Environments: {environments}. Analyses: {analyses}."""
     from agentrl_jax.cli.compile_cache import use_compile_cache
     from agentrl_jax.cli.paths import output_folder
+    from agentrl_jax.evaluation.evaluate_policies import EvalError, evaluate_policies, folder_run
     from agentrl_jax.plugins import load_plugins
     from agentrl_jax.reproduce.config import load_config
-    from agentrl_jax.reproduce.evaluate_policies import evaluate_policies, folder_run
-    from agentrl_jax.reproduce.folder import ReproduceError
 
     use_compile_cache(compile_cache)
     try:
         load_plugins(plugin or ())
         if folder is not None:
             if config is not None or env is not None:
-                raise ReproduceError("a results folder brings its config: drop --config/--env")
-            run = folder_run(folder, set_ or ())
+                raise EvalError("a results folder brings its config: drop --config/--env")
+            run = folder_run(folder, set_ or (), load_config)
             settings, logs = run.config, run.logs
             policies = _named(policy) if policy else run.policies
             out = out if out is not None else folder / "eval"
         else:
             if not policy:
-                raise ReproduceError("name the policies: --policy base=DIR [--policy RL=DIR]")
+                raise EvalError("name the policies: --policy base=DIR [--policy RL=DIR]")
             if out is None:
-                raise ReproduceError("--out: where the results go")
+                raise EvalError("--out: where the results go")
             settings, logs = load_config(config, set_ or (), env=env), None
             policies = _named(policy)
         out = output_folder(out)
@@ -101,10 +100,12 @@ def eval_command(
                 out,
                 analyses=analysis or None,
                 training_logs=logs if not policy else None,
+                # BudgetMix's counterparts: the folder's runs' settings (named: by their names)
+                counterparts=run.counterparts if folder is not None and not policy else None,
                 echo=typer.echo,
                 rerun=_command_line(folder, policy, analysis, config, env, set_, out, plugin),
             )
-    except ValueError as error:  # ReproduceError, ConfigError, a bad --policy
+    except ValueError as error:  # EvalError, ConfigError, a bad --policy
         raise typer.BadParameter(str(error)) from None
     typer.echo(f"Report: {report}")
 

@@ -4,7 +4,7 @@ A command's help (its docstring) or an option's ``help`` may hold these placehol
 
 * ``{environments}``: the registered environments (:func:`envs.names`);
 * ``{presets}``: the registered run presets (:data:`agentrl_jax.train.presets.RUN_PRESETS`);
-* ``{analyses}``: the analyses (:data:`agentrl_jax.reproduce.results.ANALYSES`).
+* ``{analyses}``: the registered analyses (:mod:`agentrl_jax.evaluation.analyses.registry`).
 
 A command made with :class:`RegistryHelpCommand` (and the top-level group,
 :class:`RegistryHelpGroup`, which lists the commands' summaries) replaces them with the names,
@@ -41,10 +41,10 @@ def presets() -> tuple[str, ...]:
 
 
 def analyses() -> tuple[str, ...]:
-    """The analyses, in report order."""
-    from agentrl_jax.reproduce.results import ANALYSES
+    """The registered analyses' names, in report order."""
+    from agentrl_jax.evaluation.analyses import registry
 
-    return tuple(ANALYSES)
+    return registry.names()
 
 
 PLACEHOLDERS: dict[str, Callable[[], Sequence[str]]] = {

@@ -41,6 +41,17 @@ Compiled programs are kept in a persistent cache (:mod:`agentrl_jax.cli.compile_
 
 Rerunning the same command on the same ``--out`` resumes: finished phases are skipped and a
 training run continues from its newest checkpoint (see :mod:`agentrl_jax.reproduce.pipeline`).
+
+``agentrl-jax compare``: did a results folder reproduce the stored run made on a CPU like the
+one it ran on? (:mod:`agentrl_jax.reproduce.compare`; this module is the only one of ``cli/``
+that imports :mod:`agentrl_jax.reproduce`)
+
+    agentrl-jax compare                               # results/frozenlake, the README's run
+    agentrl-jax compare runs/mine --reference agentrl_jax/reproduce/references/x.json
+
+Exit status 0 when everything compared is identical, 1 when something differs (named), 2 when
+no stored reference fits the run (its config, its CPU's deciding vector features or its jax
+version; the reason is said).
 """
 
 from __future__ import annotations
@@ -222,9 +233,10 @@ def _reproduce(
     import envs
     from agentrl_jax.cli.paths import output_folder
     from agentrl_jax.config_io import dump_config
+    from agentrl_jax.evaluation.evaluate_policies import EvalError
     from agentrl_jax.plugins import load_plugins
     from agentrl_jax.reproduce.config import load_config
-    from agentrl_jax.reproduce.folder import ReproduceError, plugins_hint
+    from agentrl_jax.reproduce.folder import plugins_hint
     from agentrl_jax.reproduce.pipeline import last_training_phase, reproduce
     from agentrl_jax.reproduce.seeds import (
         seed_folder,
@@ -282,7 +294,7 @@ def _reproduce(
                     command, given_env, config, out, set_, plugin, until, seeds
                 ),
             )
-        except ReproduceError as error:
+        except EvalError as error:  # a ReproduceError, or the tasks' data (make_tasks)
             raise typer.BadParameter(str(error)) from None
         if train_only:
             typer.echo(
@@ -302,3 +314,26 @@ def _reproduce(
             if report is not None
             else f"{out} holds a run of its own: its report.md is kept (see seeds.md)"
         )
+
+
+def compare_command(
+    folder: Path = typer.Argument(
+        Path("results/frozenlake"),
+        help="A results folder of agentrl-jax reproduce (default: the README command's).",
+    ),
+    reference: Optional[Path] = typer.Option(
+        None,
+        help="A reference file to compare with instead of the stored one made on a CPU with "
+        "the run's deciding vector features.",
+    ),
+) -> None:
+    """Did a run reproduce? Bytes, Table 1, verdicts vs the stored run of the same kind of CPU."""
+    from agentrl_jax.reproduce.compare import Reference, report
+
+    try:
+        text, status = report(folder, Reference.read(reference) if reference else None)
+    except ValueError as error:  # not a results folder, not a reference file
+        typer.echo(f"compare: {error}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(text)
+    raise typer.Exit(status)

@@ -1,7 +1,13 @@
 """Evaluation: Pass@(K, T) metrics, the paper's diagnostics, figures and reports (PAPER.md §3, §7).
 
 * :mod:`analyses` - one module per analysis of the paper: ``compute(...) -> Result``, its
-  figure and its report section.
+  figure and its report section, and ONE registered object (``analyses.registry``) that
+  ``eval`` and the reproduction run (``analyses.context.run_analysis``); a plugin adds its own.
+* :mod:`raw`      - the raw records each analysis saves, read back; BudgetMix counterparts.
+* :mod:`verdicts`, :mod:`findings` - the verdict rule and the paper's figures; the findings
+  of every analysis in the paper's order, the report's first section.
+* :mod:`full_report` - ``report.md`` led by the findings; :mod:`evaluate_policies`: ``eval``
+  of named policies or a results folder.
 * :mod:`passk`    - unbiased pass@k, Pass@K / Pass@T curves, budget levels, structural bound.
 * :mod:`stats`    - generic CIs (normal, bootstrap, Wilson), paired comparisons, binned and
   per-turn curves.

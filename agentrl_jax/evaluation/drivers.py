@@ -1,6 +1,6 @@
 """What feeds each analysis: the rollouts and state plays behind Pass@K, Pass@T, step quality,
 error states and likelihood, shared by ``agentrl-jax eval`` and the reproduction (both through
-:mod:`agentrl_jax.reproduce.evaluate`),
+:func:`agentrl_jax.evaluation.analyses.context.run_analysis`),
 so both sample the same data for the same seed and settings; each then hands it to the
 analysis' ``compute`` and ``section`` (:mod:`agentrl_jax.evaluation.analyses`).
 
@@ -12,6 +12,7 @@ environment randomness, and step quality and error states build the same state p
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -35,13 +36,23 @@ STREAMS = {
     "splice": 8,
     "erosion": 9,
 }
-"""The stream of randomness each analysis draws from (``sources``: the trajectories the state
-pools are drawn from)."""
+"""The stream of randomness each built-in analysis draws from (``sources``: the trajectories the
+state pools are drawn from)."""
+PLUGIN_STREAMS = 1 << 16  # where the streams of other names begin
+
+
+def stream_number(stream: str) -> int:
+    """``stream``'s number: :data:`STREAMS`' for a built-in one; for any other name (an
+    analysis a plugin registers, drawing from a stream named after itself) a number of its
+    own, the same in every process and run (its CRC-32, past the built-in ones)."""
+    if stream in STREAMS:
+        return STREAMS[stream]
+    return PLUGIN_STREAMS + zlib.crc32(stream.encode()) % ((1 << 32) - PLUGIN_STREAMS)
 
 
 def stream_key(seed: int, stream: str) -> jax.Array:
-    """The key of ``stream`` (:data:`STREAMS`) under ``seed``."""
-    return jax.random.fold_in(jax.random.key(seed), STREAMS[stream])
+    """The key of ``stream`` (:func:`stream_number`) under ``seed``."""
+    return jax.random.fold_in(jax.random.key(seed), stream_number(stream))
 
 
 def rollout_units(tasks: int, samples: int, budget: int) -> int:

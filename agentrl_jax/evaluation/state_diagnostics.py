@@ -1,5 +1,6 @@
 """The step diagnostics' states and scores for one environment (PAPER.md §7.1-7.3): what the
-``steps`` and ``errors`` analyses of :mod:`agentrl_jax.reproduce.evaluate` ask of it.
+``steps`` and ``errors`` analyses (:mod:`agentrl_jax.evaluation.analyses.step_quality`,
+:mod:`~agentrl_jax.evaluation.analyses.error_recovery`) ask of it.
 
 An environment's study supplies one
 (:meth:`agentrl_jax.reproduce.studies.Study.state_diagnostics`); nothing here knows which

@@ -9,9 +9,11 @@ here.
 * :mod:`.sft`         - supervised warm-start on the demonstrations (the base policy).
 * :mod:`.presets`     - the runs by name: one table of presets, and runs composed from the registry.
 * :mod:`.training`    - the RL runs (one TrainConfig each, from ``rl.runs``) with checkpoints.
-* :mod:`.evaluate`    - Pass@(K, T), Table 1 and the diagnostics for several policies.
-* :mod:`.results`     - the raw results' layout, and numbers recomputed from them alone.
-* :mod:`.findings`    - the paper's headlines checked against a run's numbers.
-* :mod:`.report`      - ``report.md``: the findings first, then Table 1 and the analyses.
-* :mod:`.pipeline`    - the phases, their results folder, resuming, and the progress bar.
+* :mod:`.pipeline`    - the phases, their results folder, resuming; each ``eval:<analysis>``
+  phase runs one analysis of the registry (:mod:`agentrl_jax.evaluation.analyses.registry`,
+  in its order; none is named here), then ``report`` writes the report
+  (:mod:`agentrl_jax.evaluation.full_report`: the findings first, then Table 1 and the
+  analyses).
+* :mod:`.progress`    - the phases' predicted work and the one progress bar.
+* :mod:`.seeds`, :mod:`.compare` - a run across seeds; a run against its stored reference.
 """

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_jax.config_io import dump_config
+from agentrl_jax.evaluation.evaluate_policies import EvalError
 from agentrl_jax.folders import MARKER, FolderGuardError, FolderKind, claim, remove_folder
 from agentrl_jax.plugins import loaded_plugins
 from agentrl_jax.reproduce.config import ReproduceConfig, load_config
@@ -20,8 +21,9 @@ from agentrl_jax.reproduce.machine import machine
 PHASES_FILE, CONFIG_FILE, PLUGINS_FILE = "phases.json", "config.yaml", "plugins.json"
 
 
-class ReproduceError(ValueError):
-    """A request the pipeline refuses (the message says why and what to do)."""
+class ReproduceError(EvalError):
+    """A request the pipeline refuses (the message says why and what to do); an
+    :class:`~agentrl_jax.evaluation.evaluate_policies.EvalError` (what ``eval`` refuses) too."""
 
 
 class ResultsFolderError(ReproduceError):

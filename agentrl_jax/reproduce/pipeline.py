@@ -20,15 +20,16 @@ Several processes (:mod:`agentrl_jax.distributed`; ``OUT`` on a file system they
 run the same phases in step: the RL runs train on the global mesh with each process's
 rollouts on its own devices, the evaluation's rollouts split their rows over the processes;
 the likelihood analysis scores each process's share of the rows;
-``setup``, ``demos``, ``warm_start`` (small, on the main process's devices), ``eval:dynamics``
-and ``report`` run on the main process alone, which also writes every file but the Orbax
-checkpoints (written by all); the others wait for each phase at a barrier, and write what
-an analysis writes to a scratch folder of their own. ``out/plugins.json``
-records the user plugins (:mod:`agentrl_jax.plugins`: files and their sha256) the runs were
-made with; they also go into each checkpoint's metadata and the report, and an error loading
-the folder's config names them. One progress bar counts the predicted seconds of every phase
-(its work units, e.g. trajectory-turns, at ``PHASE_COST``), with the phase name, the update
-count while training, and the ETA.
+``setup``, ``demos``, ``warm_start`` (small, on the main process's devices), the analyses
+that read only what was saved (``eval:dynamics``) and ``report`` run on the main process
+alone, which also writes every file but the Orbax checkpoints (written by all); the others
+wait for each phase at a barrier, and write what an analysis writes to a scratch folder of
+their own. ``out/plugins.json`` records the user plugins (:mod:`agentrl_jax.plugins`: files
+and their sha256) the runs were made with; they also go into each checkpoint's metadata and
+the report, and an error loading the folder's config names them. One progress bar
+(:mod:`.progress`) counts the predicted seconds of every phase (its work units, e.g.
+trajectory-turns, at their predicted cost), with the phase name, the update count while
+training, and the ETA.
 """
 
 from __future__ import annotations
@@ -45,10 +46,15 @@ from typing import Any, Callable
 import jax
 import numpy as np
 from flax import nnx
-from tqdm.auto import tqdm
 
 from agentrl_jax import distributed
 from agentrl_jax.errors import did_you_mean
+from agentrl_jax.evaluation.analyses import registry
+from agentrl_jax.evaluation.analyses.context import run_analysis
+from agentrl_jax.evaluation.evaluate_policies import make_tasks
+from agentrl_jax.evaluation.full_report import write_report
+from agentrl_jax.evaluation.raw import counterparts_of_runs
+from agentrl_jax.evaluation.verdicts import PaperFigures
 from agentrl_jax.folders import SCRATCH, claim, remove_folder
 from agentrl_jax.models import load_qwen3
 from agentrl_jax.models.config import Qwen3Config
@@ -57,62 +63,28 @@ from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.process_rewards import JudgeScorer, LocalModelJudge
 from agentrl_jax.prompts import BudgetPrompt
 from agentrl_jax.reproduce import demos as demo_lib
-from agentrl_jax.reproduce import evaluate, findings, machine, sft
+from agentrl_jax.reproduce import machine, sft
 from agentrl_jax.reproduce.config import ReproduceConfig
 from agentrl_jax.reproduce.folder import Phases, ReproduceError, prepare_folder, recorded_plugins
 from agentrl_jax.reproduce.policy_init import random_qwen3, save_policy
-from agentrl_jax.reproduce.report import write_report
+from agentrl_jax.reproduce.progress import DEMO_TASKS_PER_CALL, PhaseWork, Progress
 from agentrl_jax.reproduce.studies import StudyError
 from agentrl_jax.sharding import training_mesh
 from agentrl_jax.train.presets import RunSettings
 from agentrl_jax.train.run import snapshot_params, snapshot_steps, train_policy
 from agentrl_jax.trajectory import Trajectory
-from envs import EnvDataError, EnvOptionError, EnvTasks
 
 BASE = "base"
-# phases with no collectives: the main process runs them alone (module docstring)
-MAIN_ONLY = ("setup", "demos", "warm_start", "eval:dynamics", "report")
-DEMO_TASKS_PER_CALL = 32
+# phases with no collectives: the main process runs them alone (module docstring), with the
+# analyses that read only what was saved (no policy: no rollout)
+MAIN_ONLY = ("setup", "demos", "warm_start", "report")
 
 
-# ---------------------------------------------------------------- tasks
-
-
-@dataclasses.dataclass(frozen=True)
-class Tasks:
-    """The environment's training and evaluation tasks (:class:`envs.EnvTasks`; disjoint
-    splits where the environment has them,
-    :meth:`agentrl_jax.reproduce.studies.Study.has_split`)."""
-
-    train: EnvTasks
-    test: EnvTasks
-
-    def close(self) -> None:
-        self.train.close()
-        if self.test is not self.train:
-            self.test.close()
-
-
-def make_tasks(config: ReproduceConfig) -> Tasks:
-    """``config.task``'s environment over its train and test tasks, made by its study.
-
-    Made before anything is written: data the environment cannot read (``task.options.data``
-    missing, empty, of the wrong kind, unreadable, malformed: :class:`envs.EnvDataError`) or
-    an option it refuses (e.g. a sandbox this machine lacks) is one :class:`ReproduceError`
-    line naming the field, so the corrected command runs in the same results folder."""
-    t, study = config.task, config.study
-    try:
-        train = study.tasks(t, split="train", count=t.train_tasks)
-        try:
-            test = study.tasks(t, split="test", count=t.eval_tasks)
-        except BaseException:
-            train.close()
-            raise
-    except EnvDataError as error:
-        raise ReproduceError(f"task.options.data: {error}") from None
-    except EnvOptionError as error:
-        raise ReproduceError(f"task.options ({t.env}): {error}") from None
-    return Tasks(train, test)
+def main_only(phase: str) -> bool:
+    """Whether the main process runs ``phase`` alone (no collectives)."""
+    if phase.startswith("eval:"):
+        return not registry.get(phase[5:]).needs_models
+    return phase in MAIN_ONLY
 
 
 # ---------------------------------------------------------------- the run
@@ -124,7 +96,7 @@ def phase_names(config: ReproduceConfig) -> list[str]:
     if config.warm_start.enabled:
         names += ["demos", "warm_start"]
     names += [f"train:{name}" for name in config.rl.run_names]
-    names += [f"eval:{a}" for a in config.study.analyses_for(evaluate.ANALYSES)]
+    names += [f"eval:{a}" for a in config.study.analyses_for(registry.names())]
     return names + ["report"]
 
 
@@ -170,39 +142,9 @@ def check_model_dirs(config: ReproduceConfig) -> None:
             raise ReproduceError(f"{field}: {error}") from None
 
 
-# Seconds per work unit of each kind of phase on this 2-core CPU, fit on the default run of
-# 2026-12-01 (units: Reproduction._units); the stored run, notebooks/results_cpu_default/
-# phases.json (2026-12-03), checks them in the tests. The progress bar
-# counts predicted seconds, so its ETA (the rest at the rate so far) holds across phases whose
-# cost per unit differs ~10x (counting units, a 1-unit setup of 1.7 s made the first ETA 285 h).
-# Only the ratios matter: a faster or slower machine scales them all.
-PHASE_COST = {
-    "setup": 1.7,
-    "demos": 2.5e-4,
-    "warm_start": 2.0e-3,
-    "train": 1.7e-3,
-    "eval:table": 1.0e-3,
-    "eval:passk": 1.0e-3,
-    "eval:steps": 2.0e-3,
-    "eval:errors": 8.2e-4,
-    "eval:likelihood": 1.8e-3,
-    "eval:presentation": 0.5e-3,  # these three fit on the stored run of 2026-12-06
-    "eval:splice": 1.8e-3,
-    "eval:erosion": 1.4e-2,
-    "eval:dynamics": 0.5,
-    "report": 0.05,
-}
-BAR_FORMAT = "{desc}{percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
-
-
-def phase_cost(phase: str) -> float:
-    """Predicted seconds per unit of ``phase`` (``train:<run>`` as ``train``)."""
-    return PHASE_COST.get(phase, PHASE_COST.get(phase.split(":")[0], 1e-3))
-
-
 class RunSnapshots:
     """The erosion analysis' view of a reproduction's RL runs over training
-    (:class:`~agentrl_jax.reproduce.evaluate.Snapshots`): the steps of each run's kept
+    (:class:`~agentrl_jax.evaluation.analyses.context.Snapshots`): the steps of each run's kept
     checkpoints (``rl.checkpoint.every``, ``rl.checkpoint.keep``) and the policy at one of
     them, restored read-only on this process's devices."""
 
@@ -272,17 +214,16 @@ class Reproduction:
         self.log = log
         self.mesh = self._mesh()
         self.local_mesh = distributed.local_mesh(self.mesh)  # rollouts and evaluation
-        self._cost = 1.0  # seconds per unit of the phase running (PHASE_COST)
-        # smoothing=0: the rate is all the work so far over all the time so far, so a stall
-        # (the first update of a run compiles for ~20 s) does not make the ETA leap
-        self.bar = tqdm(
-            total=self.total_work(),
-            disable=not (progress and self.main),
-            dynamic_ncols=True,
-            desc=command,
-            bar_format=BAR_FORMAT,
-            smoothing=0,
+        self.work = PhaseWork(
+            config,
+            self.demo_tasks if config.warm_start.enabled else 0,
+            len(self.tasks.test.names),
+            self.policy_names(),
         )
+        self.progress = Progress(
+            self.work, self.phase_names(), enabled=progress and self.main, desc=command
+        )
+        self.bar = self.progress.bar
 
     # -- layout
     def model_dir(self, name: str) -> Path:
@@ -324,33 +265,6 @@ class Reproduction:
     def phase_names(self) -> list[str]:
         return phase_names(self.config)
 
-    def _units(self, phase: str) -> int:
-        """Work of a phase in trajectory-turns (the unit of the evaluation's own count)."""
-        ws, rl, ev = self.config.warm_start, self.config.rl, self.config.eval
-        if phase == "demos":
-            return demo_lib.demo_calls(self.demo_tasks, DEMO_TASKS_PER_CALL) * self.demo_call_units
-        if phase == "warm_start":
-            return (
-                sft.num_sft_steps(
-                    self.demo_tasks * ws.demos_per_task,
-                    ws.batch_size,
-                    ws.epochs,
-                    ws.group_by_length,
-                )
-                * self.sft_step_units
-            )
-        if phase.startswith("train:"):
-            return rl.steps * self.rl_step_units
-        if phase.startswith("eval:"):
-            return evaluate.analysis_units(
-                phase[5:],
-                ev,
-                len(self.tasks.test.names),
-                self.policy_names(),
-                self.config.task.t_max,
-            )
-        return 1
-
     @functools.cached_property
     def demo_ids(self) -> np.ndarray:
         """The training tasks demonstrated: the first ``warm_start.demo_tasks`` the study's
@@ -372,35 +286,6 @@ class Reproduction:
     def demo_tasks(self) -> int:
         return len(self.demo_ids)
 
-    @property
-    def demo_call_units(self) -> int:
-        return DEMO_TASKS_PER_CALL * self.config.warm_start.demos_per_task * self.config.task.t_max
-
-    @property
-    def sft_step_units(self) -> int:
-        return self.config.warm_start.batch_size * self.config.task.t_max
-
-    @property
-    def rl_step_units(self) -> int:
-        # a rollout plus an update that costs about as much again
-        return (
-            2 * self.config.rl.tasks_per_step * self.config.rl.group_size * self.config.task.t_max
-        )
-
-    def total_units(self) -> int:
-        return sum(self._units(p) for p in self.phase_names())
-
-    def _work(self, phase: str) -> float:
-        """A phase's predicted seconds: its units at :func:`phase_cost`."""
-        return self._units(phase) * phase_cost(phase)
-
-    def total_work(self) -> float:
-        return sum(self._work(p) for p in self.phase_names())
-
-    def _advance(self, units: float) -> None:
-        """The bar forward by ``units`` of the running phase (at its cost per unit)."""
-        self.bar.update(units * self._cost)
-
     def policy_names(self) -> list[str]:
         return [BASE] + [r.label for r in self.runs]
 
@@ -418,16 +303,13 @@ class Reproduction:
         try:
             for phase in names:
                 if phase in self.phases.done:
-                    self.bar.update(self._work(phase))
+                    self.progress.skip(phase)
                     continue
                 self._where = ""
-                self.bar.set_description(phase)
-                self.bar.set_postfix_str("")  # the last phase's values leave the bar
-                self._cost = phase_cost(phase)
+                self.progress.start(phase)
                 began = time.perf_counter()
-                work_before = self.bar.n
-                info = (self._run_phase(phase) or {}) if self.main or phase not in MAIN_ONLY else {}
-                self.bar.update(self._work(phase) - (self.bar.n - work_before))
+                info = (self._run_phase(phase) or {}) if self.main or not main_only(phase) else {}
+                self.progress.finish(phase)
                 if self.main:
                     self.phases.finish(phase, time.perf_counter() - began, **info)
                 distributed.barrier(f"reproduce:{phase}")  # its files are written
@@ -540,7 +422,7 @@ class Reproduction:
             max_response_tokens=t.max_response_tokens,
             max_context=t.max_context,
             tasks_per_call=DEMO_TASKS_PER_CALL,
-            on_call=lambda: self._advance(self.demo_call_units),
+            on_call=lambda: self.progress.advance(self.work.demo_call_units),
         )
         overflow = float(np.mean(demos.overflow))
         if overflow == 1.0:
@@ -581,7 +463,7 @@ class Reproduction:
         )
 
         def on_step(step: int, record: dict) -> None:
-            self._advance(self.sft_step_units)
+            self.progress.advance(self.work.sft_step_units)
             self.bar.set_postfix_str(f"step {step}/{steps}, nll {record['nll']:.3f}")
 
         params, history = sft.warm_start(
@@ -612,7 +494,7 @@ class Reproduction:
 
         def on_step(step: int, metrics: dict) -> None:
             self._where = f"update {step}/{self.config.rl.steps}"
-            self._advance(self.rl_step_units)
+            self.progress.advance(self.work.rl_step_units)
             self.bar.set_postfix_str(
                 ", ".join(
                     [f"update {step}/{self.config.rl.steps}"]
@@ -621,7 +503,7 @@ class Reproduction:
             )
 
         already = _checkpointed_steps(run_dir)
-        self._advance(already * self.rl_step_units)
+        self.progress.advance(already * self.work.rl_step_units)
         params = train_policy(
             model,
             self.tokenizer,
@@ -688,26 +570,27 @@ class Reproduction:
 
     def evaluate(self, analysis: str) -> dict[str, Any]:
         # what the findings (and the dynamics' summary) compare this run with
-        findings.PaperFigures(**self.study.paper_figures).write(self.written)
+        PaperFigures(**self.study.paper_figures).write(self.written)
         logs = {spec.label: self.out / "runs" / spec.name / "metrics.jsonl" for spec in self.runs}
         test, task = self.tasks.test, self.config.task
-        evaluate.run_analysis(
+        run_analysis(
             analysis,
             self.written,
             test.env,
             np.arange(len(test.names)),
             self.tokenizer,
             self.eval_models
-            if analysis != "dynamics"  # reads the logs only
-            else dict.fromkeys(self.policy_names()),
+            if registry.get(analysis).needs_models
+            else dict.fromkeys(self.policy_names()),  # it reads what was saved only
             self.config.eval,
             engine=self.config.engine,
             training_logs=logs,
-            progress=self._advance,
+            progress=self.progress.advance,
             min_turns=self.study.min_turns(test),
             bound_note=self.study.bound_note_for(task.options),
             states=self.state_diagnostics,
             snapshots=self.snapshots,
+            counterparts=counterparts_of_runs(self.runs),  # BudgetMix: the runs' settings say
         )
         return {}
 

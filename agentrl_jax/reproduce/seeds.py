@@ -21,9 +21,9 @@ from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Mapping, Sequence
 
+from agentrl_jax.evaluation import findings, stats, verdicts
 from agentrl_jax.evaluation import report as eval_report
-from agentrl_jax.evaluation import stats
-from agentrl_jax.reproduce import findings, machine
+from agentrl_jax.reproduce import machine
 from agentrl_jax.reproduce.folder import CONFIG_FILE, PHASES_FILE, Phases
 
 # Every field that seeds randomness in a ReproduceConfig (maps, init, warm start, RL, evaluation).
@@ -244,7 +244,7 @@ def _value(effect: Mapping[str, Any], mean: float | None, low=None, high=None) -
         return "-"
     nan = math.nan
     ci = stats.MeanCI(mean, nan if low is None else low, nan if high is None else high, 0)
-    return findings._pt(ci) if effect["points"] else findings._num(ci)
+    return verdicts.pt(ci) if effect["points"] else verdicts.num(ci)
 
 
 def _seed_cell(effect: Mapping[str, Any], seed: str) -> str:

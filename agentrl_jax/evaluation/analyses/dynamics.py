@@ -8,20 +8,40 @@ mean of the last ``w`` logged values minus the mean of the first ``w`` (``w``:
 
 ``compute`` -> :class:`Dynamics` (:func:`from_log` reads the log first);
 :func:`plot_training_dynamics` draws it; :func:`section` writes its files and report section.
+
+The ``dynamics`` analysis (:data:`ANALYSIS`): R_multi and R_single over training from each
+run's metrics log (it reads no policy); it checks the paper's "full-budget RL: R_multi rises
+while R_single falls" and "BudgetMix keeps R_single".
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from agentrl_jax.evaluation import figures, stats
+from agentrl_jax.evaluation import figures, raw, stats
+from agentrl_jax.evaluation.analyses.context import AnalysisRun
+from agentrl_jax.evaluation.analyses.registry import Analysis, register
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
+from agentrl_jax.evaluation.verdicts import (
+    BUDGETMIX_DYNAMICS,
+    DEFAULT_FIGURES,
+    FULL_BUDGET_DYNAMICS,
+    Effect,
+    Finding,
+    PaperFigures,
+    absent,
+    effects_json,
+    num,
+    power,
+    verdict,
+)
 
 
 def change_window(count: int) -> int:
@@ -238,3 +258,161 @@ def section(folder: str | Path, res: Dynamics, *, name: str = "training_dynamics
         (rel(folder, png),),
         (rel(folder, json_path), rel(folder, csv_path)),
     )
+
+
+# ---------------------------------------------------------------- the dynamics analysis
+
+
+def _change(entry: Mapping[str, Any] | None) -> str:
+    if not entry or entry.get("change") is None:
+        return "n/a"
+    c = raw.mean_ci_from_json(entry["change"])
+    span = f"{entry['start']:.3f} -> {entry['end']:.3f}: {c.mean:+.3f}"
+    return span + (f" [{c.low:+.3f}, {c.high:+.3f}]" if math.isfinite(c.low) else "")
+
+
+def dynamics_markdown(record: Mapping[str, Any]) -> str:
+    """One row per run: R_multi and R_single start -> end and the change with its CI."""
+    lines = [
+        "| run | steps | R_multi start -> end: change | R_single start -> end: change |",
+        "|---|---|---|---|",
+    ]
+    for run, entry in record["runs"].items():
+        change = entry["change"]
+        steps = len(entry["step"])
+        lines.append(
+            f"| {run.replace('|', chr(92) + '|')} | {steps} | "
+            f"{_change(change.get('R_multi'))} | {_change(change.get('R_single'))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _changes(entry: Mapping[str, Any]) -> dict[str, stats.MeanCI | None]:
+    out = {}
+    for key in ("R_multi", "R_single"):
+        c = entry["change"].get(key)
+        out[key] = None if not c or c.get("change") is None else raw.mean_ci_from_json(c["change"])
+    return out
+
+
+def check_dynamics(
+    record: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
+    """Full-budget runs: R_multi up and R_single down; BudgetMix runs: R_single kept (its
+    change >= 0, inconclusive if negative with a CI reaching 0)."""
+    out, changes = [], {run: _changes(entry) for run, entry in record["runs"].items()}
+    for run, change in changes.items():
+        multi, single = change["R_multi"], change["R_single"]
+        if raw.is_budgetmix(run, record):
+            if single is None:
+                out.append(
+                    absent(BUDGETMIX_DYNAMICS, f"{run}: no R_single in its log", figures=figures)
+                )
+                continue
+            full = record.get("counterparts", {}).get(run)
+            versus = (
+                f"; {full}: {num(changes[full]['R_single'])}"
+                if full and changes[full]["R_single"] is not None
+                else ""
+            )
+            kept = Effect("R_single", single, margin=figures.r_single, points=False)
+            out.append(
+                Finding(
+                    BUDGETMIX_DYNAMICS,
+                    run,
+                    figures.text(BUDGETMIX_DYNAMICS),
+                    f"R_single {num(single)}{versus}{power(kept)}",
+                    verdict(kept),
+                    {"R_single": single, "effects": effects_json(kept)},
+                )
+            )
+            continue
+        if multi is None or single is None:
+            out.append(
+                absent(
+                    FULL_BUDGET_DYNAMICS,
+                    f"{run}: R_multi and R_single need two logged values each",
+                    figures=figures,
+                )
+            )
+            continue
+        effects = (
+            Effect("R_multi", multi, size=figures.r_multi, points=False),
+            Effect("R_single", single, direction=-1, size=figures.r_single, points=False),
+        )
+        out.append(
+            Finding(
+                FULL_BUDGET_DYNAMICS,
+                run,
+                figures.text(FULL_BUDGET_DYNAMICS),
+                f"R_multi {num(multi)}, R_single {num(single)}{power(*effects)}",
+                verdict(*effects),
+                {"R_multi": multi, "R_single": single, "effects": effects_json(*effects)},
+            )
+        )
+    return out
+
+
+class TrainingDynamics(Analysis):
+    """R_multi and R_single over training, from the runs' metrics logs."""
+
+    name = "dynamics"
+    unit_seconds = 0.5  # fit on the stored default run (reproduce.progress)
+    needs_models = False  # the logs are all it reads
+    findings_rank = 3  # the paper's order: after error recovery
+    sources = {FULL_BUDGET_DYNAMICS: "Training dynamics", BUDGETMIX_DYNAMICS: "Training dynamics"}
+
+    def units(self, settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
+        return 1
+
+    def run(self, run: AnalysisRun) -> list[Section]:
+        training_logs = run.training_logs
+        if not training_logs:
+            raise ValueError("dynamics: needs training_logs ({run name: metrics.jsonl})")
+        runs, sections = {}, []
+        for name, log in training_logs.items():
+            if not Path(log).is_file():
+                raise ValueError(f"dynamics: the metrics log of run {name!r}, {log}, is not a file")
+            curves = from_log(log, run=name)
+            sections.append(section(run.out, curves, name=f"training_dynamics_{raw.slug(name)}"))
+            runs[name] = {
+                "log": curves.log,
+                "step": curves.step,
+                "series": curves.series,
+                "change": curves.change,
+            }
+        record = {
+            "analysis": "dynamics",
+            "runs": runs,
+            "counterparts": run.counterparts_among(list(training_logs)),
+        }
+        path = write_json(raw.raw_path(run.out, "dynamics"), record)
+        run.progress(1)
+        paper = PaperFigures.load(run.out)
+        summary = Section(
+            "Training dynamics: start to end",
+            "Change of each curve from the mean of its first w logged steps to the mean "
+            "of its last w (w: a tenth of the steps, at least 2 from 4 steps on), with a "
+            "95% normal CI treating the steps as independent. Paper: full-budget RL "
+            f"{paper.text(FULL_BUDGET_DYNAMICS)}; BudgetMix "
+            f"{paper.text(BUDGETMIX_DYNAMICS)}.",
+            files=(path.relative_to(run.out).as_posix(),),
+            markdown=dynamics_markdown(raw.load_raw(path, "dynamics")),
+        )
+        return [summary] + sections
+
+    def findings(self, records: Mapping[str, Any], paper: PaperFigures) -> list[Finding]:
+        record = records.get("dynamics")
+        found = check_dynamics(record, paper) if record is not None else []
+        if not any(f.headline == FULL_BUDGET_DYNAMICS for f in found):
+            found.append(
+                absent(FULL_BUDGET_DYNAMICS, "no full-budget run's training log", figures=paper)
+            )
+        if not any(f.headline == BUDGETMIX_DYNAMICS for f in found):
+            found.append(
+                absent(BUDGETMIX_DYNAMICS, "no BudgetMix run's training log", figures=paper)
+            )
+        return found
+
+
+ANALYSIS = register(TrainingDynamics())

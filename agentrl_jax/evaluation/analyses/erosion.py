@@ -20,17 +20,24 @@ Two views, each split into classes:
 
 ``compute_tokens`` -> :class:`TokenErosion`, ``compute_states`` -> :class:`StateErosion`;
 :func:`section` writes ``erosion.json``, ``erosion.csv``, the figure and the section.
+
+The ``erosion`` analysis (:data:`ANALYSIS`, pairwise; Qwen3 models only): the base's tokens
+under each run's snapshots (:class:`~.context.Snapshots`), and step quality by state class
+from the raw records of ``steps`` and ``errors`` (so it runs after them).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from agentrl_jax.evaluation import stats
+from agentrl_jax.evaluation import drivers, likelihood, raw, stats
+from agentrl_jax.evaluation.analyses.context import AnalysisRun, with_
+from agentrl_jax.evaluation.analyses.registry import Analysis, register
 from agentrl_jax.evaluation.figures import legend_below, new_figure, save_figure
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
@@ -344,3 +351,99 @@ def token_classes(
             for p, a, b in zip(where, starts, ends):
                 out[row, p] = 0 if (a < hi and b > lo) or (a == b and lo <= a < hi) else 1
     return out
+
+
+# ---------------------------------------------------------------- the erosion analysis
+
+
+FINAL_STEP = -1
+"""The step the erosion analysis gives a final policy whose run left no snapshots."""
+
+
+def _state_qualities(run: AnalysisRun) -> StateErosion | None:
+    """The state view of the erosion from the ``steps`` and ``errors`` raw records (None
+    without ``steps``)."""
+    steps, errors = raw.load_raw(run.out, "steps"), raw.load_raw(run.out, "errors")
+    if steps is None:
+        return None
+    matched = {}
+    for other, pair in steps["pairs"].items():
+        turn = np.asarray(pair["states"]["turn"], np.int64)
+        budget = np.asarray(pair["states"].get("budget", [run.t_max] * len(turn)), np.int64)
+        q = pair["quality"]
+        matched[other] = (np.asarray(q[steps["base"]]), np.asarray(q[other]), turn, budget)
+    at_errors = {
+        other: (np.asarray(pair["quality"][errors["base"]]), np.asarray(pair["quality"][other]))
+        for other, pair in (errors or {"pairs": {}})["pairs"].items()
+    }
+    return compute_states(matched, at_errors)
+
+
+class Erosion(Analysis):
+    """Where full-budget RL loses single-step quality: tokens over training, states."""
+
+    name = "erosion"
+    unit_seconds = 1.4e-2  # fit on the stored default run (reproduce.progress)
+    pairwise = True
+
+    def units(self, settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
+        return drivers.rollout_units(num_tasks, settings.likelihood_samples, t_max)
+
+    def run(self, run: AnalysisRun) -> list[Section]:
+        s = run.settings
+        run.models_only("erosion")
+        traj = drivers.likelihood_rollouts(
+            run.play,
+            {run.base: run.policies[run.base]},
+            run.key("erosion"),
+            samples=s.likelihood_samples,
+            budget=run.t_max,
+        )[run.base]
+        scored = np.asarray(traj.loss_mask, bool) & np.asarray(traj.token_mask, bool)
+        token_turn = np.asarray(traj.token_turn)
+        pattern = getattr(run.states, "action_pattern", None)
+        classes = token_classes(
+            np.asarray(traj.tokens), scored, token_turn, run.tokenizer.decode, pattern
+        )
+        rows, cols = np.nonzero(scored)
+        n = scored.shape[0]
+        depth_of = depth_class(token_turn[rows, cols], np.asarray(traj.budget)[rows])
+        sums = lambda x: class_sums(x[rows, cols], rows, classes[rows, cols], depth_of, n)  # noqa: E731
+        score = functools.partial(
+            likelihood.token_scores, trajectory=traj, rows_per_batch=s.likelihood_rows_per_batch
+        )
+        base_logp, base_entropy = score(run.models[run.base], attention=s.attention)
+        entropy_sums, change_sums = {}, {}
+        for other in run.names[1:]:
+            steps = list(run.snapshots.steps(other)) if run.snapshots is not None else []
+            entropy_sums[other] = {0: sums(base_entropy)}
+            change_sums[other] = {0: sums(np.zeros_like(base_logp))}
+            for step in steps or [FINAL_STEP]:
+                model = run.models[other] if not steps else run.snapshots.load(other, step)
+                logp, entropy_ = score(model, attention=s.attention)
+                entropy_sums[other][int(step)] = sums(entropy_)
+                change_sums[other][int(step)] = sums(logp - base_logp)
+        run.progress(drivers.rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max))
+        raw_file = run.write_raw(
+            "erosion",
+            {
+                "samples": s.likelihood_samples,
+                "action_pattern": pattern,
+                "counts": sums(np.ones_like(base_logp)),
+                "entropy": entropy_sums,
+                "logp_change": change_sums,
+            },
+        )
+        saved = raw.load_raw(run.out, "erosion")
+        tokens = compute_tokens(*raw.erosion_sums(saved))
+        written = section(
+            run.out,
+            tokens,
+            _state_qualities(run),
+            quality=getattr(run.states, "quality_name", "step quality"),
+            action_note=getattr(run.states, "action_note", "the span the action is read from"),
+        )
+        return [with_(written, files=(raw_file,))]
+
+
+ANALYSIS = register(Erosion())

@@ -16,6 +16,13 @@ keys. Per policy ``P`` (against the base ``B``, on that pair's error states):
 
 ``compute(errors_record)`` reads a raw ``errors`` record (``raw/errors.json``);
 :func:`section` writes ``error_recovery.json``, ``error_recovery.csv`` and the table.
+
+The ``errors`` analysis (:data:`ANALYSIS`, pairwise): step quality at injected error states
+(:mod:`.step_quality`) and continuation success (:mod:`.continuation`, §7.2), base vs each
+other policy, then this suite's table of every policy. It scores states with what the
+environment's study supplies (:mod:`agentrl_jax.evaluation.state_diagnostics`) and names the
+quality, the injected error and the suite as it says; it checks the paper's "error recovery,
+not single-step quality, is where RL gains" (with the ``steps`` analysis' matched states).
 """
 
 from __future__ import annotations
@@ -25,9 +32,26 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from agentrl_jax.evaluation import stats
+from agentrl_jax.evaluation import drivers, raw, stats
+from agentrl_jax.evaluation.analyses import continuation, step_quality
+from agentrl_jax.evaluation.analyses.context import AnalysisRun, with_
+from agentrl_jax.evaluation.analyses.registry import Analysis, register
 from agentrl_jax.evaluation.report import Section, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
+from agentrl_jax.evaluation.verdicts import (
+    DEFAULT_FIGURES,
+    ERROR_RECOVERY,
+    Effect,
+    Finding,
+    PaperFigures,
+    absent,
+    difference,
+    effects_json,
+    num,
+    power,
+    pt,
+    verdict,
+)
 
 SUITE = "frozenlake-error-recovery/v1"
 ERROR_RECOVERY_JSON, ERROR_RECOVERY_CSV = "error_recovery.json", "error_recovery.csv"
@@ -183,3 +207,158 @@ def section(
         files=(rel(folder, json_path), rel(folder, csv_path)),
         markdown="\n".join(lines) + "\n",
     )
+
+
+# ---------------------------------------------------------------- the errors analysis
+
+
+POOL_NOTE = (
+    "The {states} error states come from this comparison's own pool (§7.1: states "
+    "visited by {base} and by {other}, half each), so {base}'s rate differs from one "
+    "comparison to the next: each is measured on its own states."
+)
+
+
+def _comparison(pair: Mapping[str, Any], base: str, policy: str) -> stats.PairedComparison:
+    return stats.paired_comparison(pair["quality"][policy], pair["quality"][base])
+
+
+def check_error_recovery(
+    steps: Mapping[str, Any], errors: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
+    """Per policy: continuation success from error states above base's (paired per state), and
+    RL better on a larger share of error states than of matched states."""
+    base, out = errors["policies"][0], []
+    for policy in errors["policies"][1:]:
+        if policy not in steps["pairs"] or policy not in errors["pairs"]:
+            continue
+        matched = _comparison(steps["pairs"][policy], base, policy)
+        pair = errors["pairs"][policy]
+        at_errors = _comparison(pair, base, policy)
+        success = {p: np.asarray(pair["success"][p], np.float64) for p in (base, policy)}
+        gain = stats.paired_difference(success[policy].mean(axis=1), success[base].mean(axis=1))
+        rates = {p: float(s.mean()) for p, s in success.items()}
+        symbol = errors.get("quality_symbol", "Q*")
+        observed = (
+            f"better on {100 * matched.share_rl_better:.1f}% of matched states (mean "
+            f"{symbol} diff {num(matched.mean_diff)}) vs "
+            f"{100 * at_errors.share_rl_better:.1f}% of error states "
+            f"({num(at_errors.mean_diff)}); continuation "
+            f"{100 * rates[policy]:.1f}% vs {base} {100 * rates[base]:.1f}%: {pt(gain)}"
+        )
+        advantage = difference(at_errors.mean_diff, matched.mean_diff)
+        effects = (
+            Effect("continuation gain", gain, size=figures.error_recovery_gain),
+            Effect("error-state minus matched-state quality gain", advantage, points=False),
+        )
+        observed += f"; error-state minus matched-state quality gain {num(advantage)}"
+        out.append(
+            Finding(
+                ERROR_RECOVERY,
+                policy,
+                figures.text(ERROR_RECOVERY),
+                observed + power(*effects),
+                verdict(*effects),
+                {
+                    "matched": matched,
+                    "error_states": at_errors,
+                    "continuation": rates,
+                    "continuation_gain": gain,
+                    "quality_gain_difference": advantage,
+                    "effects": effects_json(*effects),
+                },
+            )
+        )
+    return out
+
+
+class Errors(Analysis):
+    """Step quality at injected error states and continuation success, base vs each other
+    policy, and the error-recovery suite's table."""
+
+    name = "errors"
+    unit_seconds = 8.2e-4  # fit on the stored default run (reproduce.progress)
+    pairwise = True
+    findings_rank = 2  # the paper's order: after Pass@K and Table 1
+    sources = {ERROR_RECOVERY: "Continuation success from error states"}
+
+    def units(self, settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
+        pairs = (
+            (policies - 1) * 2 * drivers.rollout_units(settings.states, settings.group_size, t_max)
+        )
+        return step_quality.source_units(settings, num_tasks, policies, t_max) + pairs
+
+    def run(self, run: AnalysisRun) -> list[Section]:
+        step_quality.check_states(run, "errors")
+        s, visited = run.settings, step_quality.visits(run)
+        sections, pairs = [], {}
+        for other in run.names[1:]:
+            result, pairs[other] = run.states.errors(
+                run.play,
+                step_quality.pool(run, visited, other),
+                run.policies[run.base],
+                run.policies[other],
+                run.key("errors"),
+                names=(run.base, other),
+                settings=s,
+            )
+            count = len(result.errors.states)
+            run.progress(2 * drivers.rollout_units(s.states, s.group_size, run.t_max))
+            name = raw.slug(other)
+            quality = step_quality.section(
+                run.out,
+                step_quality.compute(result.quality.pools()),
+                name=f"error_step_quality_{name}",
+                policy_names=(run.base, other),
+                title=(
+                    f"Step-level {run.states.quality_name} at error states: {other} vs {run.base}"
+                ),
+            )
+            sections.append(
+                with_(
+                    quality,
+                    quality.title,
+                    f"{count} error states ({run.states.error_note})."
+                    + step_quality.left_out(pairs[other], "error states"),
+                )
+            )
+            paired = result.paired_success().mean_diff
+            rates = continuation.section(
+                run.out,
+                continuation.compute(result.success),
+                name=f"continuation_{name}",
+                title=f"Continuation success from error states: {other} vs {run.base}",
+            )
+            sections.append(
+                with_(
+                    rates,
+                    rates.title,
+                    f"Paired per-state difference {other} - {run.base}: "
+                    f"{100 * paired.mean:+.1f} pt [{100 * paired.low:+.1f}, "
+                    f"{100 * paired.high:+.1f}]. "
+                    + POOL_NOTE.format(states=count, base=run.base, other=other),
+                )
+            )
+        record = {"gamma": run.gamma, "invalid": s.invalid, **step_quality.wording(run.states)}
+        raw_file = run.write_raw("errors", {**record, "pairs": pairs})
+        saved = raw.load_raw(run.out, "errors")
+        suite = section(run.out, compute(saved), saved)
+        return [with_(sections[0], files=(raw_file,))] + sections[1:] + [suite]
+
+    def findings(self, records: Mapping[str, Any], paper: PaperFigures) -> list[Finding]:
+        steps, errors = records.get("steps"), records.get("errors")
+        found = (
+            check_error_recovery(steps, errors, paper)
+            if steps is not None and errors is not None
+            else []
+        )
+        return found or [
+            absent(
+                ERROR_RECOVERY,
+                "needs both the steps and errors analyses of the same policies",
+                figures=paper,
+            )
+        ]
+
+
+ANALYSIS = register(Errors())

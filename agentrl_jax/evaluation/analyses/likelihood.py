@@ -10,6 +10,9 @@ log-likelihood ratio of trajectories, split by success.
 The per-turn log-probs come from :mod:`agentrl_jax.evaluation.likelihood` (teacher-forced
 scoring). ``compute`` -> :class:`Likelihood`; :func:`plot_action_nll_hist` and
 :func:`plot_cumulative_llr` draw it; :func:`section` writes its files and its report section.
+
+The ``likelihood`` analysis (:data:`ANALYSIS`, pairwise; Qwen3 models only): ActionNLL under
+the base model and the cumulative LLR, base vs each other policy.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from agentrl_jax.evaluation import figures, stats
+from agentrl_jax.evaluation import drivers, figures, raw, stats
+from agentrl_jax.evaluation import likelihood as scoring
+from agentrl_jax.evaluation.analyses.context import AnalysisRun, with_
+from agentrl_jax.evaluation.analyses.registry import Analysis, register
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
 from agentrl_jax.evaluation.stats import DEFAULT_CONFIDENCE, MeanCI
@@ -434,3 +440,62 @@ def section(folder: str | Path, res: Likelihood, *, name: str = "likelihood") ->
         tuple(rel(folder, p) for p in pngs),
         (rel(folder, json_path), rel(folder, nll_csv), rel(folder, llr_csv)),
     )
+
+
+# ---------------------------------------------------------------- the likelihood analysis
+
+
+class LikelihoodAnalysis(Analysis):
+    """ActionNLL and the cumulative LLR of base vs each other policy (§7.4)."""
+
+    name = "likelihood"
+    unit_seconds = 1.8e-3  # fit on the stored default run (reproduce.progress)
+    pairwise = True
+
+    def units(self, settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
+        plays = policies + (policies - 1) * 2  # rollouts, then each pair's scoring
+        return plays * drivers.rollout_units(num_tasks, settings.likelihood_samples, t_max)
+
+    def run(self, run: AnalysisRun) -> list[Section]:
+        s = run.settings
+        run.models_only("likelihood", " (teacher-forced log-probs)")
+        trajectories = drivers.likelihood_rollouts(
+            run.play,
+            run.policies,
+            run.key("likelihood"),
+            samples=s.likelihood_samples,
+            budget=run.t_max,
+        )
+        sections, pairs = [], {}
+        for other in run.names[1:]:
+            data = scoring.likelihood_data(
+                run.models[run.base],
+                run.models[other],
+                {n: trajectories[n] for n in (run.base, other)},
+                rows_per_batch=s.likelihood_rows_per_batch,
+                attention=s.attention,
+            )
+            run.progress(
+                2 * drivers.rollout_units(len(run.task_ids), s.likelihood_samples, run.t_max)
+            )
+            written = section(
+                run.out,
+                compute(data.action_nll(), data.llr_sets()),
+                name=f"likelihood_{raw.slug(other)}",
+            )
+            sections.append(
+                with_(
+                    written,
+                    f"Likelihood: {other} vs {run.base} (ActionNLL under {run.base}, "
+                    "cumulative LLR)",
+                )
+            )
+            pairs[other] = {
+                field: getattr(data, field)
+                for field in ("logp_base", "logp_rl", "turn_mask", "action_valid", "success")
+            }
+        raw_file = run.write_raw("likelihood", {"pairs": pairs})
+        return [with_(sections[0], files=(raw_file,))] + sections[1:]
+
+
+ANALYSIS = register(LikelihoodAnalysis())

@@ -11,19 +11,37 @@ under ``hidden``); a policy trained with the presentation randomised per group
 ``compute`` -> :class:`PresentationRobustness`; :func:`section` writes ``presentation.json``,
 ``presentation.csv``, the figure (Pass@k per presentation and policy at each budget) and the
 report section.
+
+The ``presentation`` analysis (:data:`ANALYSIS`): Pass@(k, T) at 50% and 100% of ``T_max``
+with the budget shown exactly, hidden and approximately, on the first
+``eval.presentation_tasks`` tasks; it checks the open question "hiding the budget costs the
+policy".
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentrl_jax.evaluation import passk, stats
+from agentrl_jax.evaluation import drivers, passk, raw, stats
+from agentrl_jax.evaluation.analyses.context import AnalysisRun, with_
+from agentrl_jax.evaluation.analyses.registry import Analysis, register
 from agentrl_jax.evaluation.figures import legend_below, new_figure, save_figure
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
+from agentrl_jax.evaluation.verdicts import (
+    DEFAULT_FIGURES,
+    HIDDEN_BUDGET,
+    Effect,
+    Finding,
+    PaperFigures,
+    effects_json,
+    power,
+    pt,
+    verdict,
+)
 
 PRESENTATION_JSON, PRESENTATION_CSV = "presentation.json", "presentation.csv"
 REFERENCE = "exact"
@@ -170,3 +188,107 @@ def section(
         figures=(rel(folder, png),),
         markdown=markdown(res, trained),
     )
+
+
+# ---------------------------------------------------------------- the presentation analysis
+
+
+def presentation_budgets(t_max: int) -> tuple[int, ...]:
+    """The budgets the presentation analysis plays: 50% and 100% of ``T_max``."""
+    levels = passk.budget_levels(t_max)
+    return tuple(sorted({levels[1], levels[-1]}))
+
+
+def check_hidden_budget(
+    record: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
+    """Per policy: Pass@k with the budget hidden minus shown exactly, at ``T_max`` (paired per
+    task; the hypothesis' direction: down). No paper size: it never measured it."""
+    if "hidden" not in record["counts"]:
+        return []
+    counts, k, t_max = raw.presentation_counts(record), int(record["k"]), max(record["budgets"])
+    out = []
+    for policy in record["policies"]:
+        hidden = per_task(counts, "hidden", policy, t_max, k)
+        exact = per_task(counts, "exact", policy, t_max, k)
+        drop = stats.paired_difference(hidden, exact)
+        effect = Effect(f"hidden - exact at T = {t_max}", drop, direction=-1)
+        observed = (
+            f"Pass@{k} at T = {t_max}: hidden {100 * hidden.mean():.1f}% vs exact "
+            f"{100 * exact.mean():.1f}%: {pt(drop)}"
+        )
+        out.append(
+            Finding(
+                HIDDEN_BUDGET,
+                policy,
+                figures.text(HIDDEN_BUDGET),
+                observed + power(effect),
+                verdict(effect),
+                {"hidden_minus_exact": drop, "effects": effects_json(effect)},
+            )
+        )
+    return out
+
+
+class Presentation(Analysis):
+    """Pass@(k, T) with the budget shown exactly, hidden and approximately."""
+
+    name = "presentation"
+    unit_seconds = 0.5e-3  # fit on the stored default run (reproduce.progress)
+    findings_rank = 4  # an open question, after the paper's headlines
+    sources = {HIDDEN_BUDGET: "Budget presentation"}
+
+    def tasks(self, settings: Any, task_ids: Sequence[int]) -> Sequence[int]:
+        count = settings.presentation_tasks
+        return task_ids if count is None else task_ids[:count]
+
+    def units(self, settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
+        return (
+            policies
+            * len(settings.presentations)
+            * sum(
+                drivers.rollout_units(num_tasks, settings.samples, b)
+                for b in presentation_budgets(t_max)
+            )
+        )
+
+    def run(self, run: AnalysisRun) -> list[Section]:
+        s = run.settings
+        budgets = presentation_budgets(run.t_max)
+        counts = drivers.presentation_counts(
+            run.play,
+            run.policies,
+            run.key("presentation"),
+            presentations=s.presentations,
+            noise=s.presentation_noise,
+            budgets=budgets,
+            samples=s.samples,
+        )
+        raw_file = run.write_raw(
+            "presentation",
+            {
+                "k": s.k,
+                "samples": s.samples,
+                "budgets": budgets,
+                "noise": s.presentation_noise,
+                "counts": {
+                    mode: {
+                        p: {b: {"n": n, "c": c} for b, (n, c) in by_budget.items()}
+                        for p, by_budget in by_policy.items()
+                    }
+                    for mode, by_policy in counts.items()
+                },
+            },
+        )
+        result = compute(raw.presentation_counts(raw.load_raw(run.out, "presentation")), s.k)
+        written = section(
+            run.out, result, tasks=len(run.task_ids), samples=s.samples, noise=s.presentation_noise
+        )
+        return [with_(written, files=(raw_file,))]
+
+    def findings(self, records: Mapping[str, Any], paper: PaperFigures) -> list[Finding]:
+        record = records.get("presentation")
+        return [] if record is None else check_hidden_budget(record, paper)
+
+
+ANALYSIS = register(Presentation())

@@ -20,19 +20,36 @@ the prefix effect's is, *in both* or *in neither* (:func:`where`).
 
 ``compute`` -> :class:`Splice`; :func:`section` writes ``splice.json``, ``splice.csv``, the
 figure (success against d for the four ways of playing, per RL policy) and the section.
+
+The ``splice`` analysis (:data:`ANALYSIS`, pairwise): the base and each other policy handing
+episodes to each other at ``eval.splice_depths``, on the first ``eval.splice_tasks`` tasks; it
+checks the open question "RL's advantage lies in how it continues".
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentrl_jax.evaluation import stats
+from agentrl_jax.evaluation import drivers, raw, stats
+from agentrl_jax.evaluation.analyses.context import AnalysisRun, with_
+from agentrl_jax.evaluation.analyses.registry import Analysis, register
 from agentrl_jax.evaluation.figures import legend_below, new_figure, save_figure
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
+from agentrl_jax.evaluation.verdicts import (
+    DEFAULT_FIGURES,
+    SPLICE_CONTINUATION,
+    Effect,
+    Finding,
+    PaperFigures,
+    effects_json,
+    power,
+    pt,
+    verdict,
+)
 
 SPLICE_JSON, SPLICE_CSV = "splice.json", "splice.csv"
 IN_CONTINUATION, IN_PREFIX, IN_BOTH, IN_NEITHER = (
@@ -256,3 +273,93 @@ def section(folder: str | Path, res: Splice) -> Section:
         figures=(rel(folder, png),),
         markdown=markdown(res),
     )
+
+
+# ---------------------------------------------------------------- the splice analysis
+
+
+def check_splice(
+    record: Mapping[str, Any], figures: PaperFigures = DEFAULT_FIGURES
+) -> list[Finding]:
+    """Per RL policy: the splice's continuation effect averaged over depths above 0 (the
+    prefix effect reported beside it; :mod:`~agentrl_jax.evaluation.analyses.splice`)."""
+    res = compute(*raw.splice_successes(record))
+    out = []
+    for policy, c in res.comparisons.items():
+        effect = Effect("continuation effect", c.continuation_mean)
+        observed = (
+            f"continuation effect {pt(c.continuation_mean)}, prefix effect "
+            f"{pt(c.prefix_mean)} (averaged over d = "
+            f"{', '.join(f'{d:g}' for d in c.depths)}): the advantage lies {c.where}"
+        )
+        out.append(
+            Finding(
+                SPLICE_CONTINUATION,
+                policy,
+                figures.text(SPLICE_CONTINUATION),
+                observed + power(effect),
+                verdict(effect),
+                {
+                    "continuation": c.continuation_mean,
+                    "prefix": c.prefix_mean,
+                    "where": c.where,
+                    "effects": effects_json(effect),
+                },
+            )
+        )
+    return out
+
+
+class SpliceAnalysis(Analysis):
+    """The base and each other policy handing episodes to each other part-way."""
+
+    name = "splice"
+    unit_seconds = 1.8e-3  # fit on the stored default run (reproduce.progress)
+    pairwise = True
+    findings_rank = 5  # an open question, after the paper's headlines
+    sources = {SPLICE_CONTINUATION: "Splice"}
+
+    def tasks(self, settings: Any, task_ids: Sequence[int]) -> Sequence[int]:
+        count = settings.splice_tasks
+        return task_ids if count is None else task_ids[:count]
+
+    def units(self, settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
+        plays = policies + (policies - 1) * 2 * len(settings.splice_depths)
+        return plays * drivers.rollout_units(num_tasks, settings.splice_samples, t_max)
+
+    def run(self, run: AnalysisRun) -> list[Section]:
+        s = run.settings
+        pairs = [
+            (a, b) for other in run.names[1:] for a, b in ((run.base, other), (other, run.base))
+        ]
+        alone, spliced = drivers.splice_successes(
+            run.play,
+            run.policies,
+            run.key("splice"),
+            pairs=pairs,
+            depths=s.splice_depths,
+            samples=s.splice_samples,
+        )
+        turns = [drivers.switch_turn(d, run.t_max) for d in s.splice_depths]
+        raw_file = run.write_raw(
+            "splice",
+            {
+                "samples": s.splice_samples,
+                "depths": s.splice_depths,
+                "turns": turns,
+                "alone": alone,
+                "spliced": {
+                    label: {str(d): x for d, x in by_depth.items()}
+                    for label, by_depth in spliced.items()
+                },
+            },
+        )
+        result = compute(*raw.splice_successes(raw.load_raw(run.out, "splice")))
+        return [with_(section(run.out, result), files=(raw_file,))]
+
+    def findings(self, records: Mapping[str, Any], paper: PaperFigures) -> list[Finding]:
+        record = records.get("splice")
+        return [] if record is None else check_splice(record, paper)
+
+
+ANALYSIS = register(SpliceAnalysis())

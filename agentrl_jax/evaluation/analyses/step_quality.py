@@ -5,6 +5,12 @@ difference with its CI (:func:`stats.paired_comparison`).
 
 ``compute`` -> :class:`StepQuality`; :func:`plot_step_quality` draws it; :func:`section`
 writes its files and returns its report section.
+
+The ``steps`` analysis (:data:`ANALYSIS`, pairwise): step quality on matched states and
+against depth (§7.1, §7.3, :mod:`.depth`), base vs each other policy; a pair's pool is half
+base-visited, half other-visited states. It scores states with what the environment's study
+supplies (:mod:`agentrl_jax.evaluation.state_diagnostics`: FrozenLake's Q*, DeepCoder-MT's
+test pass share) and names the quality as it says.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentrl_jax.evaluation import figures, stats
+from agentrl_jax.evaluation import drivers, figures, raw, stats
+from agentrl_jax.evaluation.analyses import depth
+from agentrl_jax.evaluation.analyses.context import AnalysisRun, with_
+from agentrl_jax.evaluation.analyses.registry import Analysis, register
 from agentrl_jax.evaluation.report import Section, figure_path, rel, write_csv, write_json
 from agentrl_jax.evaluation.result import Result, result
 
@@ -140,3 +149,129 @@ def section(
         for pool, c in res.comparisons.items()
     )
     return Section(title, text, (rel(folder, png),), tuple(files))
+
+
+# ---------------------------------------------------------------- the steps analysis
+
+
+def visits(run: AnalysisRun) -> dict[str, Any]:
+    """The states each policy's trajectories act from at ``T_max``."""
+    return run.states.visits(
+        run.play,
+        run.policies,
+        run.key("sources"),
+        samples=run.settings.source_samples,
+        budget=run.t_max,
+    )
+
+
+def pool(run: AnalysisRun, visited: Mapping[str, Any], other: str) -> Any:
+    """§7.1's matched pool of (base, other): half visited by each."""
+    return run.states.matched(
+        visited[run.base], visited[other], size=run.settings.states, seed=run.settings.seed
+    )
+
+
+def wording(states: Any) -> dict[str, str]:
+    """What the states' quality, errors and success are called (kept in the raw records, so
+    the suite's table and the findings word them alike when recomputed)."""
+    return {
+        field: getattr(states, field)
+        for field in ("quality_name", "quality_symbol", "error_note", "success_note", "suite")
+    }
+
+
+def left_out(record: Mapping[str, Any], what: str) -> str:
+    """A sentence on the states left out because their prompt does not fit the context."""
+    kept = len(record["states"]["turn"])
+    offered = record.get("offered", kept)
+    return (
+        f" {offered - kept} of the {offered} {what} were left out: their prompt (the "
+        "history so far) does not fit eval.max_context."
+        if offered > kept
+        else ""
+    )
+
+
+def check_states(run: AnalysisRun, name: str) -> None:
+    """A ValueError unless the run has the states to score (``steps``, ``errors``)."""
+    if run.states is None:
+        raise ValueError(
+            f"{name}: needs the states to score (`states`, from the environment's study: "
+            "Study.state_diagnostics)"
+        )
+
+
+def source_units(settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
+    """The work of playing the trajectories the state pools are drawn from."""
+    return policies * drivers.rollout_units(num_tasks, settings.source_samples, t_max)
+
+
+class Steps(Analysis):
+    """Step quality on matched states and against depth, base vs each other policy."""
+
+    name = "steps"
+    unit_seconds = 2.0e-3  # fit on the stored default run (reproduce.progress)
+    pairwise = True
+
+    def units(self, settings: Any, num_tasks: int, policies: int, t_max: int) -> int:
+        pairs = (policies - 1) * 2 * drivers.rollout_units(settings.states, settings.group_size, 1)
+        return source_units(settings, num_tasks, policies, t_max) + pairs
+
+    def run(self, run: AnalysisRun) -> list[Section]:
+        check_states(run, "steps")
+        s, visited = run.settings, visits(run)
+        sections, pairs = [], {}
+        for other in run.names[1:]:
+            result, pairs[other] = run.states.steps(
+                run.play,
+                pool(run, visited, other),
+                run.policies[run.base],
+                run.policies[other],
+                run.key("steps"),
+                names=(run.base, other),
+                settings=s,
+            )
+            run.progress(2 * drivers.rollout_units(s.states, s.group_size, 1))
+            name = raw.slug(other)
+            quality = section(
+                run.out,
+                compute(result.pools()),
+                name=f"step_quality_{name}",
+                policy_names=(run.base, other),
+                title=(
+                    f"Step-level {run.states.quality_name} on matched states: {other} vs {run.base}"
+                ),
+            )
+            shares = ", ".join(f"{n} {100 * v:.1f}%" for n, v in result.invalid_share().items())
+            sections.append(
+                with_(
+                    quality,
+                    quality.title,
+                    f"Invalid responses ({run.states.invalid_note(s)}): {shares}."
+                    + left_out(pairs[other], "states"),
+                )
+            )
+            sections.append(
+                with_(
+                    depth.section(
+                        run.out,
+                        depth.compute(
+                            *depth.quality_by_depth(result, run.t_max),
+                            bins=s.depth_bins,
+                            seed=s.seed,
+                        ),
+                        name=f"quality_vs_depth_{name}",
+                    ),
+                    f"{run.states.quality_name.capitalize()} vs normalised depth: "
+                    f"{other} vs {run.base}",
+                )
+            )
+        raw_file = run.write_raw(
+            "steps",
+            {"gamma": run.gamma, "invalid": s.invalid, **wording(run.states), "pairs": pairs},
+        )
+        return [with_(sections[0], files=(raw_file,))] + sections[1:]
+
+
+ANALYSIS = register(Steps())

@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentrl_jax.reproduce.results import ANALYSES
+from agentrl_jax.evaluation.analyses.context import DEFAULT_BOUND_NOTE
 from envs.protocol import EnvEntry, EnvTasks
 from envs.registry import task_set
 
@@ -48,8 +48,19 @@ GENERIC_ANALYSES = ("table", "passk", "likelihood", "dynamics")
 # ... and with the step diagnostics, for a study that scores states (Study.state_diagnostics),
 # the erosion localisation, which reads them, and the research instruments beside them
 # (budget presentation, splice), which any environment could run but which the studies
-# with a step score carry
-ALL_ANALYSES = ANALYSES
+# with a step score carry: the built-in analyses (agentrl_jax.evaluation.analyses), in report
+# order. An analysis a plugin registers is not among them: every study runs it.
+ALL_ANALYSES = (
+    "table",
+    "presentation",
+    "passk",
+    "steps",
+    "errors",
+    "splice",
+    "likelihood",
+    "erosion",
+    "dynamics",
+)
 
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.S)
 _REMAINING = re.compile(r"\[REMAINING TURNS\] (\d+)\n")
@@ -208,7 +219,7 @@ class Study:
     # whether the environment records a step quality (TurnResult.quality) for R_single
     records_quality: bool = False
     # what the paper reports on this environment, for the findings (fields of
-    # agentrl_jax.reproduce.findings.PaperFigures: texts {headline key: text}, effect sizes);
+    # agentrl_jax.evaluation.verdicts.PaperFigures: texts {headline key: text}, effect sizes);
     # {}: the paper's headline figures
     paper_figures: Mapping[str, Any] = {}
     # a regular expression whose matches the small tokenizer keeps as pre-tokens of their own
@@ -255,7 +266,7 @@ class Study:
 
     def bound_note_for(self, options: Mapping[str, Any]) -> str:
         """What the Pass@T figure's dashed bound (:meth:`min_turns` within T) means here."""
-        return "a necessary condition: a task cannot succeed in fewer turns"
+        return DEFAULT_BOUND_NOTE
 
     # -- demonstrations and tokenizer
     def plan(self, tasks: EnvTasks, task_id: int) -> list[str]:
@@ -346,5 +357,6 @@ class Study:
         return None
 
     def analyses_for(self, names: Sequence[str]) -> tuple[str, ...]:
-        """The analyses of ``names`` this study supports, in that order."""
-        return tuple(n for n in names if n in self.analyses)
+        """The analyses of ``names`` this study supports, in that order: its own
+        :attr:`analyses` of the built-in ones, and every analysis a plugin registered."""
+        return tuple(n for n in names if n in self.analyses or n not in ALL_ANALYSES)

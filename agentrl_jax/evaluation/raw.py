@@ -1,19 +1,25 @@
-"""The reproduction's raw results: where each analysis saves them, and how to read them back
+"""The analyses' raw results: where each analysis saves them, and how to read them back
 (per-task counts and pass@k, Table 1's values, CIs written as JSON). The numbers made from
 them are the analyses' (:mod:`agentrl_jax.evaluation.analyses`: Table 1 with its differences,
 budget robustness, training curves' changes) and the findings' (:mod:`.findings`).
 
-Every analysis of :mod:`.evaluate` saves everything needed to recompute its numbers as
+Every registered analysis (:mod:`agentrl_jax.evaluation.analyses.registry`) saves everything
+needed to recompute its numbers as
 ``<out>/raw/<analysis>.json`` (counts ``n``, ``c`` per task and budget, per-state qualities,
 continuation outcomes, per-turn log-probs, training curves). The report's tables and the
 findings (:mod:`.findings`) are computed from these files, so they can be checked, or
 recomputed after the fact, without any model.
 
 Policies are named; the first is the base policy. A BudgetMix policy is compared with its
-full-budget *counterpart*: the policy whose name is its own without the word ``BudgetMix``
-(``"BudgetMix GRPO"`` -> ``"GRPO"``, ``"BudgetMix GiGPO"`` -> ``"GiGPO"``), or ``"GRPO"`` for a
-policy named just ``"BudgetMix"``; words before ``BudgetMix`` qualify the variant and are
-dropped too (``"Adaptive BudgetMix GRPO"`` -> ``"GRPO"``) (:func:`budgetmix_counterparts`).
+full-budget *counterpart*, which every raw record names (its header's ``counterparts``,
+``{BudgetMix policy: counterpart}``). Where the policies are a run's (the reproduction, ``eval``
+of a results folder), the run's settings say it (:func:`counterparts_of_runs`): a run drawing
+BudgetMix budgets is compared with the first full-budget run of the same algorithm. Policies
+named on their own (``eval --policy``) have only their names: the counterpart of a name holding
+the word ``BudgetMix`` is the policy named the same without it (``"BudgetMix GRPO"`` ->
+``"GRPO"``, ``"BudgetMix GiGPO"`` -> ``"GiGPO"``), or ``"GRPO"`` for a policy named just
+``"BudgetMix"``; words before ``BudgetMix`` qualify the variant and are dropped too
+(``"Adaptive BudgetMix GRPO"`` -> ``"GRPO"``) (:func:`budgetmix_counterparts`).
 """
 
 from __future__ import annotations
@@ -26,41 +32,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentrl_jax.errors import did_you_mean
 from agentrl_jax.evaluation import passk, stats
-
-ANALYSES = (
-    "table",
-    "presentation",
-    "passk",
-    "steps",
-    "errors",
-    "splice",
-    "likelihood",
-    "erosion",
-    "dynamics",
-)
-"""The analyses, in report order (and run order: ``erosion`` reads ``steps``' and ``errors``'
-raw records)."""
 
 RAW_DIR = "raw"
 BUDGETMIX = "budgetmix"
 DEFAULT_FULL_BUDGET = "GRPO"  # the counterpart of a policy named just "BudgetMix"
 
 
-def check_analysis(name: str) -> str:
-    """``name``, one of :data:`ANALYSES`; a ValueError naming them (and the closest) if it is
-    not."""
-    if name not in ANALYSES:
-        raise ValueError(
-            f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}{did_you_mean(name, ANALYSES)}"
-        )
-    return name
-
-
 def raw_path(out: str | Path, analysis: str) -> Path:
     """``<out>/raw/<analysis>.json``."""
-    check_analysis(analysis)
     return Path(out) / RAW_DIR / f"{analysis}.json"
 
 
@@ -90,8 +70,33 @@ def slug(name: str) -> str:
     return text
 
 
-def is_budgetmix(name: str) -> bool:
-    return BUDGETMIX in name.lower()
+def counterparts_of_runs(runs: Sequence[Any]) -> dict[str, str]:
+    """``{BudgetMix run's label: its full-budget counterpart's}`` from the runs' settings
+    (each with ``label``, ``budget_mix`` and ``algorithm``, e.g.
+    :class:`~agentrl_jax.train.presets.RunSettings`): a run drawing BudgetMix budgets is paired
+    with the first run that does not and trains the same algorithm, where there is one."""
+    full = [r for r in runs if not r.budget_mix]
+    out = {}
+    for run in runs:
+        if run.budget_mix:
+            same = [r.label for r in full if r.algorithm == run.algorithm]
+            if same:
+                out[run.label] = same[0]
+    return out
+
+
+def is_budgetmix(name: str, record: Mapping[str, Any] | None = None) -> bool:
+    """Whether policy ``name`` draws BudgetMix budgets: the raw ``record``'s ``counterparts``
+    say so for one compared with its counterpart; else its name (module docstring)."""
+    return name in (record or {}).get("counterparts", {}) or BUDGETMIX in name.lower()
+
+
+def counterparts(record: Mapping[str, Any]) -> dict[str, str]:
+    """``{BudgetMix policy: counterpart}`` of a raw record (its header; from the policies'
+    names for a record without one)."""
+    if "counterparts" in record:
+        return dict(record["counterparts"])
+    return budgetmix_counterparts(record["policies"])
 
 
 def budgetmix_counterparts(names: Sequence[str]) -> dict[str, str]:
