@@ -154,19 +154,6 @@ class EvalConfig:
             )
         object.__setattr__(self, "presentations", tuple(value))
 
-    def analysis_tasks(self, name: str, task_ids: Sequence[int]) -> Sequence[int]:
-        """The tasks analysis ``name`` plays: all of ``task_ids`` for ``table`` (Table 1 and
-        Pass@T, whose intervals need every task), the first :attr:`presentation_tasks` and
-        :attr:`splice_tasks` for ``presentation`` and ``splice``, the first
-        :attr:`diagnostic_tasks` for the others (the Pass@K curve, the state pools, the
-        likelihood, the erosion), whose sample sizes are their own settings."""
-        count = {
-            "table": None,
-            "presentation": self.presentation_tasks,
-            "splice": self.splice_tasks,
-        }.get(name, self.diagnostic_tasks)
-        return task_ids if count is None else task_ids[:count]
-
     def table_budgets(self, t_max: int) -> tuple[int, ...]:
         """The Pass@T budgets at ``T_max``: :attr:`budgets` (default 1..T_max) and the levels."""
         chosen = range(1, t_max + 1) if self.budgets is None else self.budgets
