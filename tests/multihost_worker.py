@@ -8,7 +8,9 @@ update written (and, on start, restored) by every process.
 MODE ``train``: updates ``N`` batches from the newest checkpoint in ``OUT`` (or the start),
 checks the last checkpoint restores to the live state, and the main process saves the
 parameters to ``OUT/params.npz``. MODE ``die``: process 1 exits abruptly after the first
-update; the others must fail (not hang) on their next collective.
+update; the others must fail (not hang) on their next collective. MODE ``sync``: the weight
+sync of the initial state (``weight_sync``); ``sync+train``: that, then ``train`` in the same
+process (one start of the cluster for both tests).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("mode", choices=("train", "die", "sync"))
+    parser.add_argument("mode", choices=("train", "die", "sync", "sync+train"))
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--coordinator")
     parser.add_argument("--num-processes", type=int)
@@ -64,8 +66,10 @@ def main() -> None:
     state = state.replace(reference=_perturbed(state.reference, 7))
     state = shard_state(jax.tree.map(np.asarray, state), mesh)  # host values, same everywhere
     out = Path(args.out)
-    if args.mode == "sync":
-        return weight_sync(state, mesh, out)
+    if args.mode.startswith("sync"):
+        weight_sync(state, mesh, out)  # reads the state, changes nothing
+        if args.mode == "sync":
+            return
     step = make_train_step(graphdef, GRPO, mesh=mesh, state_template=state)
     with Checkpointer(out / "checkpoints", every=1, keep=2, async_save=False) as saver:
         restored = saver.restore_latest(state, GRPO)  # every process restores its shards

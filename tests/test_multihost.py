@@ -27,15 +27,24 @@ def _params(out: Path) -> list[np.ndarray]:
         return [data[k] for k in sorted(data.files, key=lambda k: int(k.split("_")[1]))]
 
 
+@pytest.fixture(scope="module")
+def synced_and_trained(tmp_path_factory):
+    """(folder, processes): 2 processes x 4 devices that sync the initial weights
+    (test_weights_sync_to_each_process_devices_without_the_host), then train into
+    ``folder`` (test_two_processes_train_to_the_parameters_of_one): one start for both."""
+    folder = tmp_path_factory.mktemp("multihost")
+    return folder, launch(WORKER, [str(folder / "two"), "sync+train"], processes=2, devices=4)
+
+
 @pytest.mark.slow
-def test_two_processes_train_to_the_parameters_of_one(tmp_path):
+def test_two_processes_train_to_the_parameters_of_one(tmp_path, synced_and_trained):
     single = launch(WORKER, [str(tmp_path / "one"), "train"], processes=1, devices=8)
     assert single[0].code == 0, single[0].output[-3000:]
-    pair = launch(WORKER, [str(tmp_path / "two"), "train"], processes=2, devices=4)
+    folder, pair = synced_and_trained
     for i, p in enumerate(pair):
         assert p.code == 0, f"process {i}:\n{p.output[-3000:]}"
         assert f"process {i} done" in p.output
-    one, two = _params(tmp_path / "one"), _params(tmp_path / "two")
+    one, two = _params(tmp_path / "one"), _params(folder / "two")
     assert len(one) == len(two) > 0
     for a, b in zip(one, two):
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-6)
@@ -46,14 +55,14 @@ def test_two_processes_train_to_the_parameters_of_one(tmp_path):
     ]
 
 
-def test_weights_sync_to_each_process_devices_without_the_host(tmp_path):
+def test_weights_sync_to_each_process_devices_without_the_host(synced_and_trained):
     """The weight sync of asynchronous training on 2 processes x 4 devices: the global policy
     to each process's sampler layouts (decode-replicated in bfloat16, the training layout, one
     device) and the key, all under ``jax.transfer_guard_device_to_host`` and ``_host_to_device``
     at ``"disallow_explicit"`` (no copy through the host in either direction, explicit or
     implicit; the worker checks the guards refuse the gather the loop used before); the values
     equal the gathered parameters."""
-    pair = launch(WORKER, [str(tmp_path / "out"), "sync"], processes=2, devices=4)
+    _, pair = synced_and_trained
     for i, p in enumerate(pair):
         assert p.code == 0, f"process {i}:\n{p.output[-3000:]}"
         assert f"process {i} synced on device" in p.output

@@ -1,7 +1,8 @@
 """``agentrl-jax plan``: compiles every program of a config for a target and reports its memory.
 
 The command runs in a child process (it restarts itself with 8 fake CPU devices for ``--gpus
-8``), on the CI config with FSDP over the 8 devices; against a TPU topology when libtpu is
+8``; most tests start it with them, so it need not: ``_cpu_stand_in_env``), on the CI config
+with FSDP over the 8 devices; against a TPU topology when libtpu is
 installed (the ``tpu`` extra), where the figures are the compiler's for the real chip.
 """
 
@@ -47,7 +48,31 @@ PROGRAMS = {
 }
 
 
-def _plan(*args: str) -> tuple[int, dict]:
+def _cpu_stand_in_env(args: tuple[str, ...], env: dict[str, str]) -> dict[str, str]:
+    """``env`` as ``agentrl-jax plan --gpus N`` restarts itself with when it plans on the
+    XLA:CPU stand-in (agentrl_jax/cli/plan.py, ``_restart_for``: N fake CPU devices, jax on
+    the CPU), so that the command plans in the process started (it restarts only where the
+    devices are not there yet) instead of starting a second one; unchanged where it would
+    compile for XLA:GPU or a TPU, or plan no --gpus. The restart itself is tested by
+    test_plan_on_eight_estimated_gpus_compiles_every_program and
+    test_plan_names_itself_agentrl_jax_also_after_restarting_with_fake_devices."""
+    from agentrl_jax.plan import targets
+
+    stand_in = args[args.index("--gpu-stand-in") + 1] if "--gpu-stand-in" in args else None
+    auto = None if targets.cuda_plugin_version() or targets.libtpu_installed() else "cpu"
+    if "--gpus" not in args or "--topology" in args or (stand_in or auto) != "cpu":
+        return env
+    flag = f"--xla_force_host_platform_device_count={args[args.index('--gpus') + 1]}"
+    return {
+        **env,
+        "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {flag}".strip(),
+        "JAX_PLATFORMS": "cpu",
+    }
+
+
+def _plan(*args: str, restart: bool = False) -> tuple[int, dict]:
+    """The plan's exit code and report; ``restart``: as a user starts it (it then restarts
+    itself with the devices it plans for), else started with them (``_cpu_stand_in_env``)."""
     # compile-only TPU devices: the child may load libtpu while this process holds it too, and
     # is given none of the suite's CPU compile flags (tests/conftest.py); a CPU stand-in keeps
     # them: they move its peaks by under 0.4% (the CI config on 8 GPUs, 2026-12-06), well
@@ -57,6 +82,8 @@ def _plan(*args: str) -> tuple[int, dict]:
         **{k: v for k, v in os.environ.items() if not (tpu and k == "XLA_FLAGS")},
         "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
     }
+    if not restart:
+        env = _cpu_stand_in_env(args, env)
     child = subprocess.run(
         [sys.executable, "-m", "agentrl_jax.cli", "plan", *CI, *args, "--json"],
         env=env,
@@ -118,7 +145,9 @@ def test_the_roofline_counts_an_moe_tokens_experts_and_reads_the_ones_its_rows_r
 
 
 def test_plan_on_eight_estimated_gpus_compiles_every_program():
-    code, report = _plan("--gpus", "8", "--gpu-memory-gib", "80", "--gpu-stand-in", "cpu")
+    code, report = _plan(
+        "--gpus", "8", "--gpu-memory-gib", "80", "--gpu-stand-in", "cpu", restart=True
+    )
     assert code == 0 and report["fits"] and report["estimate"] and report["stand_in"] == "cpu"
     # every figure names its compiler; --gpus alone plans H100s, so the roofline is an H100's
     assert report["compiler"] == "XLA:CPU (stand-in for GPU)" and report["gpu"] == "h100"
@@ -180,12 +209,13 @@ def test_a_plan_the_cpu_stand_in_inflates_is_unknown_not_no_and_names_the_buffer
     copy of the 56 GiB bfloat16 KV cache, which only XLA:CPU makes, so it does not fit as
     compiled (283 GiB); the verdict is "unknown on this compiler", exit 0, the buffer named and
     the command that gives the verdict said. docs/hardware.md: XLA:GPU plans it at 57 GiB."""
+    args = (
+        *["--config", str(ROOT / "configs/frozenlake_qwen3_0.6b_1gpu.yaml"), "--gpus", "1"],
+        *["--gpu-stand-in", "cpu", "--program", "rollout:decode", "--json"],
+    )
     child = subprocess.run(
-        [
-            *[sys.executable, "-m", "agentrl_jax.cli", "plan"],
-            *["--config", str(ROOT / "configs/frozenlake_qwen3_0.6b_1gpu.yaml"), "--gpus", "1"],
-            *["--gpu-stand-in", "cpu", "--program", "rollout:decode", "--json"],
-        ],
+        [sys.executable, "-m", "agentrl_jax.cli", "plan", *args],
+        env=_cpu_stand_in_env(args, dict(os.environ)),
         capture_output=True,
         text=True,
         timeout=900,
@@ -372,24 +402,15 @@ def test_plan_compiles_the_paged_engine_on_the_mesh():
 def test_plan_refuses_a_pool_that_cannot_hold_one_row_per_device():
     """``engine.kv_pages`` shares the pool among the 8 devices: 64 pages are 8 per device, fewer
     than one 256-token row's 16; the plan says so before compiling anything."""
+    args = (
+        *CI,
+        *["--gpus", "8", "--program", "rollout"],
+        *["--set", "engine.kv_page_size=16", "--set", "engine.kv_pages=64"],
+    )
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     child = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agentrl_jax.cli",
-            "plan",
-            *CI,
-            "--gpus",
-            "8",
-            "--program",
-            "rollout",
-            "--set",
-            "engine.kv_page_size=16",
-            "--set",
-            "engine.kv_pages=64",
-        ],
-        env=env,
+        [sys.executable, "-m", "agentrl_jax.cli", "plan", *args],
+        env=_cpu_stand_in_env(args, env),
         capture_output=True,
         text=True,
         timeout=900,

@@ -1,6 +1,7 @@
 """The sampler on 8 fake CPU devices gives one device's tokens for the same key.
 
-Runs in a subprocess: the device count is fixed when JAX starts.
+Runs in a subprocess: the device count is fixed when JAX starts. One subprocess runs both
+tests' scripts, one after the other (``reports``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from fake_devices import fake_devices_env
 
 SCRIPT = textwrap.dedent("""
@@ -65,19 +67,35 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_sharded_sampler_matches_one_device():
-    env = fake_devices_env(8)
-    tests_dir = str(Path(__file__).parent)
+# Each script given after the tests folder, run in order in one process (the fixture below):
+# SCRIPT first, so that its compile counts are those of a process that traced nothing before.
+SCRIPTS = textwrap.dedent("""
+    import sys
+    for i, script in enumerate(sys.argv[2:]):
+        exec(compile(script, f"<script {i}>", "exec"), {"__name__": "__main__"})
+""")
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, object]:
+    """One 8-device subprocess running SCRIPT, then LAYOUT_SCRIPT: ``{"result":
+    CompletedProcess, "sampler": SCRIPT's report, "layout": LAYOUT_SCRIPT's}`` (a report
+    absent where its script did not finish)."""
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, tests_dir],
-        env=env,
+        [sys.executable, "-c", SCRIPTS, str(Path(__file__).parent), SCRIPT, LAYOUT_SCRIPT],
+        env=fake_devices_env(8),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,
     )
-    assert result.returncode == 0, result.stderr[-4000:]
-    line = next(text for text in result.stdout.splitlines() if text.startswith("REPORT"))
-    report = json.loads(line[len("REPORT") :])
+    lines = [text for text in result.stdout.splitlines() if text.startswith("REPORT")]
+    found = dict(zip(("sampler", "layout"), (json.loads(t[len("REPORT") :]) for t in lines)))
+    return {"result": result, **found}
+
+
+def test_sharded_sampler_matches_one_device(reports):
+    assert "sampler" in reports, reports["result"].stderr[-4000:]
+    report = reports["sampler"]
     assert len(report) == 3
     for case, r in report.items():
         assert r["same_tokens"], case
@@ -182,22 +200,13 @@ LAYOUT_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_generation_layout_decodes_without_gathering_weights():
+def test_generation_layout_decodes_without_gathering_weights(reports):
     """The weights replicated over ``fsdp`` (``generation_params(..., "replicated")``): the
     compiled decode loop all-gathers no weight (the training layout gathers them every step)
     and no ``[B, V]`` logits (per-row keys sample each device's own rows), and the tokens equal
     one device's for the same per-row keys. ``SamplerPolicy``'s "auto" picks it when fsdp > 1."""
-    env = fake_devices_env(8)
-    result = subprocess.run(
-        [sys.executable, "-c", LAYOUT_SCRIPT, str(Path(__file__).parent)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    line = next(text for text in result.stdout.splitlines() if text.startswith("REPORT"))
-    report = json.loads(line[len("REPORT") :])
+    assert reports["result"].returncode == 0, reports["result"].stderr[-4000:]
+    report = reports["layout"]
     for case, r in report.items():
         if case.endswith(("/policy", "/inferred")):
             continue

@@ -127,8 +127,11 @@ def test_gpu_processes_are_laid_along_data():
     assert sorted(d.id for d in one_node.flat) == [0, 1, 2, 3]
 
 
-def test_meshes_on_8_fake_cpu_devices():
-    """One process: the whole mesh is node-local, every device exactly once."""
+@pytest.fixture(scope="module")
+def eight_devices(tmp_path_factory) -> subprocess.CompletedProcess:
+    """This file run as a script under 8 fake CPU devices (one start for the two tests below):
+    it prints the meshes of test_meshes_on_8_fake_cpu_devices (``MESHES {json}``), then
+    ``_child``'s report (the last line)."""
     env = dict(
         os.environ,
         JAX_PLATFORMS="cpu",
@@ -136,20 +139,36 @@ def test_meshes_on_8_fake_cpu_devices():
             os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
         ).strip(),
     )
-    script = (
-        "import json; from agentrl_jax.sharding import MeshConfig, build_mesh\n"
-        "meshes = [build_mesh(MeshConfig(*c)) for c in [(-1, 1, 1), (-1, 8, 1), (2, 4, 1),"
-        " (1, 4, 2), (2, 2, 2), (-1, 1, 4)]]\n"
-        "meshes += [build_mesh(MeshConfig(fsdp=2, expert=4)), build_mesh(MeshConfig(expert=2,"
-        " tensor=2))]\n"
-        "print(json.dumps([[list(m.devices.shape), [d.id for d in m.devices.flat],"
-        " list(m.axis_names), [str(t) for t in m.axis_types]] for m in meshes]))"
+    return subprocess.run(
+        [sys.executable, __file__, str(tmp_path_factory.mktemp("sharding"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _meshes() -> None:
+    """Runs under 8 fake devices: print the meshes of a few configs, one JSON line."""
+    from agentrl_jax.sharding import MeshConfig, build_mesh
+
+    configs = [(-1, 1, 1), (-1, 8, 1), (2, 4, 1), (1, 4, 2), (2, 2, 2), (-1, 1, 4)]
+    meshes = [build_mesh(MeshConfig(*c)) for c in configs]
+    meshes += [build_mesh(MeshConfig(fsdp=2, expert=4)), build_mesh(MeshConfig(expert=2, tensor=2))]
+    described = [
+        [list(m.devices.shape), [d.id for d in m.devices.flat], list(m.axis_names)]
+        + [[str(t) for t in m.axis_types]]
+        for m in meshes
+    ]
+    print("MESHES " + json.dumps(described), flush=True)
+
+
+def test_meshes_on_8_fake_cpu_devices(eight_devices):
+    """One process: the whole mesh is node-local, every device exactly once."""
+    done = eight_devices
+    lines = [line for line in done.stdout.splitlines() if line.startswith("MESHES ")]
+    assert lines, done.stderr[-4000:]
+    report = json.loads(lines[0][len("MESHES ") :])
     assert [tuple(shape) for shape, *_ in report] == [  # (data, fsdp, expert, tensor)
         (8, 1, 1, 1),
         (1, 8, 1, 1),
@@ -276,21 +295,8 @@ def test_tpu_layouts_mesh_utils_cannot_build_are_clear_errors():
         build_mesh(MeshConfig(), _tpu_devices("v5p:2x2x2")[:3])
 
 
-def test_sharded_forward_and_cache_equal_single_device_on_8_fake_devices(tmp_path):
-    env = dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS=(
-            os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-        ).strip(),
-    )
-    done = subprocess.run(
-        [sys.executable, __file__, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+def test_sharded_forward_and_cache_equal_single_device_on_8_fake_devices(eight_devices):
+    done = eight_devices
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["devices"] == 8
@@ -430,4 +436,5 @@ def _child(workdir: Path) -> None:
 
 
 if __name__ == "__main__":
+    _meshes()
     _child(Path(sys.argv[1]))

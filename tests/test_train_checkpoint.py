@@ -3,9 +3,9 @@ checkpoints skipped with a clear report, checkpoints of another config refused a
 metrics kept on resume, and exact resume after a real SIGKILL.
 
 The resume test runs this file as a script in subprocesses (modes ``straight``, ``killed``,
-``resume``): a straight N-step run and a run killed with SIGKILL after its N/2 checkpoint run
-side by side, then a third process resumes the killed run for the remaining N/2 steps; the
-final states must be identical bit for bit.
+``resume``): one process makes a straight N-step run and then a run that is killed with SIGKILL
+after its N/2 checkpoint, then a fresh process resumes the killed run for the remaining N/2
+steps; the final states must be identical bit for bit.
 """
 
 from __future__ import annotations
@@ -367,11 +367,14 @@ def _run(mode: str, workdir: Path, staleness: int = 0) -> None:
     (workdir / "resumed_from.json").write_text(json.dumps(resume_step))
 
 
-def _spawn(mode: str, workdir: Path, staleness: int) -> subprocess.Popen:
-    workdir.mkdir(parents=True, exist_ok=True)
+def _spawn(runs: list[tuple[str, Path]], staleness: int) -> subprocess.Popen:
+    """One process making the ``(mode, workdir)`` runs one after another."""
+    for _, workdir in runs:
+        workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
+    args = [str(arg) for run in runs for arg in run]
     return subprocess.Popen(
-        [sys.executable, __file__, mode, str(workdir), str(staleness)],
+        [sys.executable, __file__, *args, str(staleness)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -384,9 +387,12 @@ def _spawn(mode: str, workdir: Path, staleness: int) -> subprocess.Popen:
 def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path, staleness):
     """Asynchronous (``max_staleness`` 1): the checkpoint holds the batch sampled ahead of it,
     so the resumed run trains on the same batches and ends with the same bits and metrics."""
-    # The straight run starts after the kill: it and the resumed run then load the programs the
-    # killed run compiled from the test session's compilation cache instead of compiling them too.
-    killed = _spawn("killed", tmp_path / "killed", staleness)
+    # The straight run, then the killed one, in one process (one start for both; the straight
+    # run is the reference, and nothing it leaves in the process can reach the resumed run,
+    # which starts afresh from the checkpoint); the resumed run loads the programs they
+    # compiled from the test session's compilation cache instead of compiling them too.
+    straight = tmp_path / "straight"
+    killed = _spawn([("straight", straight), ("killed", tmp_path / "killed")], staleness)
     line = killed.stdout.readline()  # blocks until the N/2 checkpoint is on disk
     assert line.strip() == MARKER, killed.communicate()[1][-3000:]
     killed.send_signal(signal.SIGKILL)
@@ -396,13 +402,10 @@ def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path, stalenes
         STEPS // 2
     ]
 
-    straight, resumed = (
-        _spawn("straight", tmp_path / "straight", staleness),
-        _spawn("resume", tmp_path / "killed", staleness),
-    )
-    for process in (straight, resumed):
-        _, err = process.communicate(timeout=600)
-        assert process.returncode == 0, err[-3000:]
+    resumed = _spawn([("resume", tmp_path / "killed")], staleness)
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    assert (straight / "final.npz").is_file()  # the straight run finished before the kill
     assert json.loads((tmp_path / "killed" / "resumed_from.json").read_text()) == STEPS // 2
     want, got = (
         np.load(tmp_path / "straight" / "final.npz"),
@@ -436,7 +439,9 @@ def test_resume_after_sigkill_is_bit_for_bit_the_straight_run(tmp_path, stalenes
 
 
 if __name__ == "__main__":
-    _run(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))
+    *_runs, _staleness = sys.argv[1:]
+    for _mode, _workdir in zip(_runs[::2], _runs[1::2]):  # (mode, workdir) pairs, in order
+        _run(_mode, Path(_workdir), int(_staleness))
 
 
 # ----------------------------------------------------------------------- batches sampled ahead

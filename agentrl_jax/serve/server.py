@@ -70,6 +70,13 @@ from agentrl_jax.serve.requests import (
 )
 
 
+@jax.jit
+def _request_key(key: jax.Array, count: int) -> jax.Array:
+    """``uint32[2]``: the key data of ``fold_in(key, count)`` (one compiled program instead of
+    the dozen small ones an eager ``fold_in`` dispatches on every request; the same bits)."""
+    return jax.random.key_data(jax.random.fold_in(key, count))
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def choice_keys(base: jax.Array, n: int) -> jax.Array:
     """``uint32[n, 2]``: the key data of ``fold_in(base, c)`` for choices ``c < n`` (``base``:
@@ -138,7 +145,7 @@ class PolicyServer:
             elif episode in self._episode_keys:
                 count = self._requests_in_episode[episode]
                 self._requests_in_episode[episode] = count + 1
-                base = jax.random.key_data(jax.random.fold_in(self._episode_keys[episode], count))
+                base = _request_key(self._episode_keys[episode], count)
             else:
                 return self._rng.integers(0, 1 << 32, size=(n, 2), dtype=np.uint32)
         return np.asarray(choice_keys(base, n), np.uint32)
