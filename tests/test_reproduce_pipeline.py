@@ -492,7 +492,7 @@ def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
     kept = snapshot([out / "models" / "init", out / "models" / "base", out / "warm_start"])
 
     # 2. Go on with `train` in a subprocess and interrupt it (SIGINT, as Ctrl-C) once GRPO has
-    # checkpointed a step.
+    # begun checkpointing update 1.
     log = tmp_path / "child.log"
     checkpoints = out / "runs" / "grpo" / "checkpoints"
     train = ["train", "--config", str(CI_CONFIG), "--out", str(out)]
@@ -505,8 +505,12 @@ def test_a_killed_run_resumes_to_the_same_bytes(finished, config, tmp_path):
         )
         try:
             deadline = time.monotonic() + KILL_TIMEOUT_S
+            # Update 1's save has begun (Orbax writes "1.orbax-checkpoint-tmp..." and renames
+            # it "1" when done, possibly only once the next save starts). An interrupt from here
+            # on lands after that save, which the run then finishes and keeps
+            # (agentrl_jax/uninterrupted.py), and before update 2's.
             while not any(
-                p.name.isdigit() and int(p.name) >= 1
+                p.name.split(".")[0] == "1"
                 for p in (checkpoints.iterdir() if checkpoints.is_dir() else ())
             ):
                 assert child.poll() is None, (

@@ -68,6 +68,7 @@ from agentrl_jax.train.restore_checks import (
 )
 from agentrl_jax.train.state import TrainState
 from agentrl_jax.trajectory import Trajectory
+from agentrl_jax.uninterrupted import uninterrupted
 
 CORRUPT_SUFFIX = ".corrupt"
 _TMP_MARKER = ".orbax-checkpoint-tmp"
@@ -183,11 +184,12 @@ class Checkpointer:
         if pending:
             arrays, payload["pending"] = _pending_arrays(pending)
             items["pending"] = ocp.args.StandardSave(arrays)
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(config=ocp.args.JsonSave(payload), **items),
-            force=True,
-        )
+        with uninterrupted():  # Ctrl-C lands after the save's synchronous part, not inside it
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(config=ocp.args.JsonSave(payload), **items),
+                force=True,
+            )
         return self.path(step)
 
     def restore_pending(self, restored: "Restored", batch: BatchShape | None = None) -> list[Any]:
@@ -232,10 +234,12 @@ class Checkpointer:
             ) from None
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        with uninterrupted():  # a checkpoint being written is finished, not left half-made
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.close()
+        with uninterrupted():
+            self._manager.close()
 
     def __enter__(self) -> "Checkpointer":
         return self

@@ -68,6 +68,7 @@ from agentrl_jax.train.logprobs import check_loss_positions
 from agentrl_jax.train.sinks import MetricsLogger
 from agentrl_jax.train.state import TrainState, sampler_params
 from agentrl_jax.trajectory import StepScorer, StepScores, Trajectory, concatenate_rows
+from agentrl_jax.uninterrupted import uninterrupted
 
 Rollout = Callable[[Any, jax.Array, Any], Trajectory]
 TrainStep = Callable[[TrainState, TrainBatch], tuple[TrainState, Mapping[str, jax.Array]]]
@@ -186,16 +187,24 @@ def train(
                     f"updates skipped ({int(metrics['skipped_updates'])} so far)",
                     file=sys.stderr,
                 )
-            if logger is not None:
-                logger.log(step, metrics)
-            if checkpointer is not None and checkpointer.should_save(step, config.rl.steps):
-                checkpointer.save(state, config, checkpoint_metadata, pending=queued)
-            bar.update(1)
-            bar.set_postfix(
-                {k: f"{metrics[k]:.3g}" for k in ("R_multi", "R_single", "loss") if k in metrics}
-            )
-            if on_step is not None:
-                on_step(state, metrics)
+            # An update's record is kept whole: Ctrl-C or SIGTERM here lands after its metrics
+            # line, its checkpoint's synchronous part and ``on_step``, so what the interrupt
+            # reports as done is on disk (or being written: closing the checkpointer waits).
+            with uninterrupted():
+                if logger is not None:
+                    logger.log(step, metrics)
+                if checkpointer is not None and checkpointer.should_save(step, config.rl.steps):
+                    checkpointer.save(state, config, checkpoint_metadata, pending=queued)
+                bar.update(1)
+                bar.set_postfix(
+                    {
+                        k: f"{metrics[k]:.3g}"
+                        for k in ("R_multi", "R_single", "loss")
+                        if k in metrics
+                    }
+                )
+                if on_step is not None:
+                    on_step(state, metrics)
     finally:
         bar.close()
         if checkpointer is not None:
