@@ -88,6 +88,7 @@ from agentrl_jax.algorithms import (
 )
 from agentrl_jax.models.moe import Routing
 from agentrl_jax.models.qwen3 import Constrain
+from agentrl_jax.sampling.exact import valued
 from agentrl_jax.train.batch import TrainBatch, batch_loss_mask
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.inputs import step_inputs
@@ -105,6 +106,7 @@ from agentrl_jax.train.rewards import advantage_inputs, overlong_rewards
 from agentrl_jax.train.scoring import (
     activation_constraint,
     critic_values,
+    exact_logprobs,
     identity,
     sequence_logprobs,
 )
@@ -303,7 +305,21 @@ def prepare_batch(
         metrics["overlong_penalty_mean"] = jnp.sum(
             overlong_rewards(traj, config) * rows
         ) / jnp.maximum(jnp.sum(rows), 1.0)
-    if _records_old_logprobs(config):
+    if config.rl.exact_logprobs:  # the canonical values, per trajectory (sampling.exact)
+        data["exact_logprobs"] = to_rows(
+            exact_logprobs(
+                nnx.merge(graphdef, state.policy),
+                traj.tokens,
+                traj.token_mask,
+                full_mask,
+                length=config.context_length,
+                width=config.loss_positions,
+                sampling=config.scoring_sampling,
+            )
+        )
+    if _records_old_logprobs(config) and config.rl.exact_logprobs:
+        computed["old_logprobs"] = data["exact_logprobs"]
+    elif _records_old_logprobs(config):
         computed["old_logprobs"] = map_micro_batches(
             lambda mb: _model_scores(
                 graphdef, config, state.policy, mb, constrain, base=state.base
@@ -311,6 +327,7 @@ def prepare_batch(
             data,
             chunks,
         )
+    if _records_old_logprobs(config):
         gap_sum, metrics["sampler_gap_max"] = sampler_gap(
             computed["old_logprobs"], data["recorded_logprobs"], data["loss_mask"]
         )
@@ -399,6 +416,9 @@ def policy_gradients(
         logprobs, entropy, routing = _model_scores(
             graphdef, config, params, mb, constrain, "entropy" in live, base=base
         )
+        if "exact_logprobs" in mb:  # the first update: the canonical values, fast gradient
+            own = jax.lax.stop_gradient(logprobs)
+            logprobs = valued(logprobs, jnp.where(first_update, mb["exact_logprobs"], own))
         fields = {name: mb[name] for name in batch_fields if name in mb}
         fields["segment_ids"] = mb.get("segment_ids")
         if "old_logprobs" in batch_fields:
