@@ -5,22 +5,26 @@ References: bitwise comparisons between the two sides (``np.array_equal`` on the
 the float32 values), over ragged multi-turn FrozenLake rollouts of a tiny random Qwen3 on the
 paged KV cache (rows ending at different turns, so decode runs compacted batches of 6, 4 and 2
 rows, and a rollout of 2 rows), scored by the train step unpacked and packed, at two
-micro-batch sizes; and the fast path, whose gap (~1e-6) shows the comparison can fail.
+micro-batch sizes; a model computing in bfloat16 on the engine; and the fast path, whose gap
+(~1e-6) shows the comparison can fail.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from train_fakes import TINY
 
 from agentrl_jax.algorithms.budgetmix import budget_set
 from agentrl_jax.bench.rollout import frozenlake_token_map, tiny_policy_model
 from agentrl_jax.errors import ConfigError
+from agentrl_jax.models import Qwen3Config, Qwen3ForCausalLM
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout import MultiTurnRollout, RolloutConfig
-from agentrl_jax.sampling import Paging, SamplerPolicy
+from agentrl_jax.sampling import Paging, Sampler, SamplerPolicy, SamplingConfig
 from agentrl_jax.train import RLConfig, TrainBatch, TrainConfig, init_train_state, make_train_step
 from agentrl_jax.train.scoring import exact_logprobs, sequence_logprobs
 from envs.frozenlake import maps as fl_maps
@@ -179,3 +183,34 @@ def test_the_option_is_validated_and_named():
         TrainConfig(context_length=0)
     with pytest.raises(ValueError, match="exact_logprobs must be a bool"):
         SamplerPolicy(tiny_policy_model(8), exact_logprobs=1)
+
+
+def test_bfloat16_compute_holds_too():
+    """A tiny Qwen3 computing in bfloat16 (float32 weights and logits), sampled by the engine on
+    the paged cache from ragged prompts: the trainer's canonical log-probs are the sampler's,
+    bit for bit, under both distributions."""
+    config = Qwen3Config(**{**TINY, "vocab_size": 24})
+    model = Qwen3ForCausalLM(config, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(3))
+    params, rows, new, length = nnx.state(model), 3, 5, 24
+    sampler = Sampler(model, max_new_tokens=new, stop_token_ids=(), paging=Paging(page_size=8))
+    lengths = np.array([3, 8, 5])
+    tokens = np.zeros((rows, length), np.int32)
+    prompt_mask = np.arange(8)[None, :] < lengths[:, None]
+    tokens[:, :8] = np.where(prompt_mask, np.random.default_rng(0).integers(1, 24, (rows, 8)), 0)
+    state = sampler.append(params, sampler.init(rows, length), tokens[:, :8], prompt_mask)
+    sampling = SamplingConfig(temperature=0.7, top_p=0.9)
+    keys = jax.random.split(jax.random.key(1), rows)
+    _, out = jax.device_get(sampler.decode(params, state, keys, sampling, history=tokens))
+    loss_mask = np.zeros((rows, length), bool)
+    for b, n in enumerate(lengths):
+        tokens[b, n : n + new], loss_mask[b, n : n + new] = out.tokens[b], True
+    token_mask = np.arange(length)[None, :] < (lengths + new)[:, None]
+    score = jax.jit(
+        lambda p, s: exact_logprobs(
+            nnx.merge(nnx.graphdef(model), p), tokens, token_mask, loss_mask, sampling=s
+        ),
+        static_argnums=1,
+    )
+    for recorded, distribution in ((out.log_probs, None), (out.sampling_log_probs, sampling)):
+        got = np.asarray(score(params, distribution))[loss_mask].reshape(rows, new)
+        np.testing.assert_array_equal(bits(got), bits(recorded))
