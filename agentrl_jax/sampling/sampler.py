@@ -414,11 +414,12 @@ def decode(
     log-probs, :mod:`agentrl_jax.sampling.exact`): each step's logits are then the canonical
     forward's of the row's history (:func:`~agentrl_jax.sampling.exact.next_token_logits`),
     the recorded log-probs :func:`~agentrl_jax.sampling.exact.token_logprobs` of them, and
-    each sampled token joins the history. None: the cache's own logits (the fast path).
+    each sampled token joins the history (a row stops with ``CONTEXT_FULL`` at ``L`` tokens).
+    None: the cache's own logits (the fast path).
     """
     layers = model.split_layers() if unroll_layers else None
     batch = state.hidden.shape[0]
-    max_len = state.cache.max_len
+    max_len = state.cache.max_len if history is None else min(state.cache.max_len, history.shape[1])
     stop_ids = jnp.asarray(tuple(stop_token_ids) or (-1,), jnp.int32)
     budget = jnp.minimum(budget.astype(jnp.int32), max_new_tokens)
     running = active.astype(bool) & ~state.overflowed & (state.cache.lengths > 0) & (budget > 0)

@@ -145,7 +145,10 @@ class SamplerPolicy:
     and a row that is not live at :meth:`respond` (its episode is over) releases its pages at
     once and can no longer be extended. On a mesh (``tensor`` = 1) each batch shard holds its
     rows' pages: the batch is then never compacted (rows stay on their shard) and a shared
-    context is prefilled once per shard that has rows starting from it. ``trace_counts``
+    context is prefilled once per shard that has rows starting from it. ``exact_logprobs``
+    (``rl.exact_logprobs``; one device): the policy keeps each row's tokens and decodes from
+    the canonical forward of its whole history (:mod:`agentrl_jax.sampling.exact`), so the
+    trainer's log-probs of its tokens equal the recorded ones bit for bit. ``trace_counts``
     counts traces (= compilations) per function.
     """
 
