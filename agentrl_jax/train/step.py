@@ -30,7 +30,11 @@ updates of the policy (and of the critic, for PPO), as verl's ``ppo_epochs`` and
 The updates run in one ``lax.scan``, so the step compiles once whatever their number. The
 old log-probs are those of the policy before the batch's first update, so the first
 update's ratio is exactly 1 and later ones move away from it (and get clipped). With a
-single update per batch they are that update's own log-probs under ``stop_gradient``.
+single update per batch they are that update's own log-probs under ``stop_gradient``. With
+``rl.exact_logprobs`` the old log-probs, and the value of the first update's live ones, are the
+canonical log-probs of :mod:`agentrl_jax.sampling.exact` (``exact_logprobs`` in the data), which
+equal the sampler's records bit for bit; the gradient stays the fast forward's
+(:func:`~agentrl_jax.sampling.exact.valued`), and later updates score with the fast forward.
 ``state.step`` counts rollout batches (one per call).
 
 Metrics: batch-level ones (``advantage_mean``, ``loss_tokens``, ``loss_tokens_dropped``,
@@ -223,10 +227,12 @@ def prepare_batch(
     before any update: ``old_values`` (the critic), ``advantages`` and ``returns`` (the
     estimator, on old values), ``old_logprobs`` (the policy; see :func:`_records_old_logprobs`),
     ``ref_logprobs`` (the frozen reference), ``sampler_logprobs`` (the sampler's behaviour
-    log-probs), and ``recorded_logprobs`` (:func:`recorded_logprobs`, for the sampler-trainer
-    gap metrics). Scoring runs in pieces of the updates'
-    micro-batch shape (``N / (mini_batches x num_micro_batches)`` rows, so it never holds
-    more activations than an update). ``metrics``: batch-level scalars.
+    log-probs), ``recorded_logprobs`` (:func:`recorded_logprobs`, for the sampler-trainer
+    gap metrics) and, with ``rl.exact_logprobs``, ``exact_logprobs`` (the canonical log-probs,
+    :func:`~agentrl_jax.train.scoring.exact_logprobs`, on the unpacked trajectories). Scoring
+    runs in pieces of the updates' micro-batch shape (``N / (mini_batches x
+    num_micro_batches)`` rows, so it never holds more activations than an update).
+    ``metrics``: batch-level scalars.
 
     With ``batch.packing`` every ``[N, L]`` field is packed into the ``[P, W]`` rows the model
     runs on (plus ``segment_ids``; the loss mask keeps each turn's tokens in its own sequence
