@@ -859,8 +859,8 @@ def test_null_and_empty_sections_and_an_empty_mapping_are_the_defaults(tmp_path)
             "rl:\n  steps: 3\n",
             ["rl.stepz=3"],
             "config {path} with override 'rl.stepz=3': rl: unknown field 'stepz'; known: "
-            "algorithm, asynchronous, batching, checkpoint, group_size, history_window, "
-            "judge_model_dir, logging, lora, max_rows_per_call, memory, optimizer, "
+            "algorithm, asynchronous, batching, checkpoint, exact_logprobs, group_size, "
+            "history_window, judge_model_dir, logging, lora, max_rows_per_call, memory, optimizer, "
             "preset_params, process_reward_coef, process_rewards, refill, routing_replay, "
             "runs, sampling, scoring, seed, steps, tasks_per_step; did you mean 'steps'?",
         ),

@@ -134,6 +134,24 @@ def bench_lora(
     emit(lora.run(sizes=size, batch=batch, rank=rank, repeats=repeats), json_out)
 
 
+@app.command("exact")
+def bench_exact(
+    json_out: bool = JSON_OPT,
+    size: list[str] = typer.Option(["tiny"], help="Model shapes: tiny, qwen3-0.6b-2layers."),
+    batch: int = typer.Option(8, help="Rows sampled, and trained on, at once."),
+    prompt_len: int = typer.Option(64, help="Prompt tokens per row."),
+    new: int = typer.Option(32, help="Tokens sampled per row."),
+    repeats: int = typer.Option(3, help="Timed runs (median)."),
+) -> None:
+    """Decode tokens/s and train-step time with rl.exact_logprobs vs the fast path."""
+    from agentrl_jax.bench import exact
+
+    emit(
+        exact.run(sizes=size, batch=batch, prompt_len=prompt_len, new=new, repeats=repeats),
+        json_out,
+    )
+
+
 @app.command("train-step")
 def bench_train_step(
     json_out: bool = JSON_OPT,

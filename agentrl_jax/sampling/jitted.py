@@ -377,19 +377,32 @@ class Sampler:
         active: Any = None,
         offset: Any = None,
         top_logprobs: int = 0,
+        history: Any = None,
     ) -> tuple[SamplerState, SampleOutput]:
         """Jitted :func:`decode`. key: one key, or one per row (``[B]`` typed keys or their
         ``[B, 2]`` uint32 data); budget: ``[B]`` int (default ``max_new_tokens``); active:
         ``[B]`` bool (default all rows); offset: ``[B]`` int, each row's first step's number
         (per-row keys; None: 0; not with a paged cache on a mesh); top_logprobs: K > 0 also
-        returns each step's K most likely tokens (one program per K)."""
+        returns each step's K most likely tokens (one program per K); history: ``[B, L]``
+        int, each row's cached tokens from position 0, for exact log-probs
+        (:mod:`agentrl_jax.sampling.exact`; one program per ``L``; one device)."""
         if offset is not None:
             if self.sharded_pages:
                 raise NotImplementedError("decode: step offsets with a paged cache on a mesh")
             offset = self._batch_put(offset, jnp.int32)
+        args = self._decode_args(params, state, key, budget, active)
+        if history is None:
+            return self._decode(*args, offset, sampling=sampling, top_logprobs=int(top_logprobs))
+        if self.mesh is not None and self.mesh.size > 1:
+            raise NotImplementedError("decode: exact log-probs (a history) on several devices")
+        if np.ndim(history) != 2 or np.shape(history)[0] != state.hidden.shape[0]:
+            raise ValueError(
+                f"decode: history {np.shape(history)} must be [batch={state.hidden.shape[0]}, L]"
+            )
         return self._decode(
-            *self._decode_args(params, state, key, budget, active),
+            *args,
             offset,
+            self._batch_put(history, jnp.int32),
             sampling=sampling,
             top_logprobs=int(top_logprobs),
         )
@@ -522,11 +535,22 @@ class Sampler:
         )
 
     def _decode_impl(
-        self, params, state, key, budget, active, offset=None, *, sampling, top_logprobs=0
+        self,
+        params,
+        state,
+        key,
+        budget,
+        active,
+        offset=None,
+        history=None,
+        *,
+        sampling,
+        top_logprobs=0,
     ):
         self.trace_counts["decode"] += 1
+        extra = {} if history is None else {"history": history}
         run = functools.partial(
-            self._decode_local, sampling=sampling, offset=offset, top_logprobs=top_logprobs
+            self._decode_local, sampling=sampling, offset=offset, top_logprobs=top_logprobs, **extra
         )
         if self.sharded_pages:
             if key.ndim != 2:
@@ -555,6 +579,7 @@ class Sampler:
         sample_fn=sample,
         offset=None,
         top_logprobs=0,
+        history=None,
     ):
         if key.ndim == 2:  # per-row key data
             key = jax.random.wrap_key_data(key)
@@ -573,4 +598,5 @@ class Sampler:
             sample_fn=sample_fn,
             offset=offset,
             top_logprobs=top_logprobs,
+            history=history,
         )

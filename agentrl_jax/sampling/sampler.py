@@ -59,6 +59,7 @@ from agentrl_jax.models.config import Qwen3Config
 from agentrl_jax.models.moe import EXPERT_ID_DTYPE
 from agentrl_jax.models.paged_cache import PagedKVCache
 from agentrl_jax.models.qwen3 import KVCache, Qwen3ForCausalLM, positions_from_mask
+from agentrl_jax.sampling import exact
 from agentrl_jax.sampling.filters import SamplingConfig, model_log_probs, sample
 from agentrl_jax.sharding import (
     BATCH_AXES,
@@ -393,6 +394,7 @@ def decode(
     sample_fn: Sample = sample,
     offset: jax.Array | None = None,
     top_logprobs: int = 0,
+    history: jax.Array | None = None,
 ) -> tuple[SamplerState, SampleOutput]:
     """Sample up to ``min(budget[b], max_new_tokens)`` tokens for each ``active`` row.
 
@@ -407,10 +409,17 @@ def decode(
     batching, :mod:`agentrl_jax.serve.engine`). ``top_logprobs`` K > 0: the output also
     holds each step's K most likely tokens under the model and their log-probs
     (``SampleOutput.top_ids`` / ``top_log_probs``).
+
+    ``history``: ``[B, L]`` int, each row's cached tokens at ``[0, lengths[b])`` (exact
+    log-probs, :mod:`agentrl_jax.sampling.exact`): each step's logits are then the canonical
+    forward's of the row's history (:func:`~agentrl_jax.sampling.exact.next_token_logits`),
+    the recorded log-probs :func:`~agentrl_jax.sampling.exact.token_logprobs` of them, and
+    each sampled token joins the history (a row stops with ``CONTEXT_FULL`` at ``L`` tokens).
+    None: the cache's own logits (the fast path).
     """
     layers = model.split_layers() if unroll_layers else None
     batch = state.hidden.shape[0]
-    max_len = state.cache.max_len
+    max_len = state.cache.max_len if history is None else min(state.cache.max_len, history.shape[1])
     stop_ids = jnp.asarray(tuple(stop_token_ids) or (-1,), jnp.int32)
     budget = jnp.minimum(budget.astype(jnp.int32), max_new_tokens)
     running = active.astype(bool) & ~state.overflowed & (state.cache.lengths > 0) & (budget > 0)
@@ -436,8 +445,11 @@ def decode(
     )
 
     def step(carry):
-        t, state, running, out = carry
-        logits = model.logits(state.hidden, few_rows=True)  # [B, V] float32
+        t, state, running, out, history = carry
+        if history is None:
+            logits = model.logits(state.hidden, few_rows=True)  # [B, V] float32
+        else:  # the canonical forward of each row's history
+            logits = exact.next_token_logits(model, history, state.cache.lengths)
         no_room = running & (state.cache.lengths >= max_len)
         no_page = jnp.zeros_like(no_room)
         if isinstance(state.cache, PagedKVCache):  # a page for the token if it starts one
@@ -447,6 +459,13 @@ def decode(
             state, no_page = state.replace(cache=cache), running & ~no_room & ~got
         running = running & ~no_room & ~no_page
         tokens, sampling_lp = sample_fn(step_keys(key, t, offset), logits, sampling)
+        if history is None:
+            model_lp = model_log_probs(logits, tokens)
+        else:
+            model_lp = exact.token_logprobs(logits, tokens, None)
+            sampling_lp = exact.token_logprobs(logits, tokens, sampling)
+            at = jnp.where(running, state.cache.lengths, history.shape[1])  # else dropped
+            history = history.at[jnp.arange(batch), at].set(tokens, mode="drop")
 
         def column(buffer, values):
             old = jax.lax.dynamic_index_in_dim(buffer, t, axis=1, keepdims=False)
@@ -477,7 +496,7 @@ def decode(
         )
         out = SampleOutput(
             tokens=column(out.tokens, tokens),
-            log_probs=column(out.log_probs, model_log_probs(logits, tokens)),
+            log_probs=column(out.log_probs, model_lp),
             sampling_log_probs=column(out.sampling_log_probs, sampling_lp),
             lengths=lengths,
             stop_reason=reason.astype(jnp.int32),
@@ -493,13 +512,14 @@ def decode(
                 overflowed=state.overflowed | no_room | no_page,
             )
         )
-        return t + 1, state, running & ~hit_stop & ~spent, out
+        return t + 1, state, running & ~hit_stop & ~spent, out, history
 
     def not_done(carry):
-        t, _, running, _ = carry
+        t, _, running, _, _ = carry
         return (t < max_new_tokens) & jnp.any(running)
 
-    _, state, _, out = jax.lax.while_loop(not_done, step, (jnp.int32(0), state, running, out))
+    carry = (jnp.int32(0), state, running, out, history)
+    _, state, _, out, _ = jax.lax.while_loop(not_done, step, carry)
     return state, out
 
 

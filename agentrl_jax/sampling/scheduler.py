@@ -145,7 +145,10 @@ class SamplerPolicy:
     and a row that is not live at :meth:`respond` (its episode is over) releases its pages at
     once and can no longer be extended. On a mesh (``tensor`` = 1) each batch shard holds its
     rows' pages: the batch is then never compacted (rows stay on their shard) and a shared
-    context is prefilled once per shard that has rows starting from it. ``trace_counts``
+    context is prefilled once per shard that has rows starting from it. ``exact_logprobs``
+    (``rl.exact_logprobs``; one device): the policy keeps each row's tokens and decodes from
+    the canonical forward of its whole history (:mod:`agentrl_jax.sampling.exact`), so the
+    trainer's log-probs of its tokens equal the recorded ones bit for bit. ``trace_counts``
     counts traces (= compilations) per function.
     """
 
@@ -182,6 +185,7 @@ class SamplerPolicy:
         device: Any = None,
         share_prefixes: bool = True,
         paging: Paging | None = None,
+        exact_logprobs: bool = False,
     ):
         given = nnx.state(model) if params is None else params
         mesh = params_mesh(given) if mesh is None else mesh
@@ -202,6 +206,14 @@ class SamplerPolicy:
             or prefill_chunk < 1
         ):
             raise ValueError(f"prefill_chunk must be None or an int >= 1, got {prefill_chunk!r}")
+        if not isinstance(exact_logprobs, bool):
+            raise ValueError(f"exact_logprobs must be a bool, got {exact_logprobs!r}")
+        if exact_logprobs and mesh is not None and mesh.size > 1:
+            raise NotImplementedError(
+                "exact_logprobs: the sampler computes exact log-probs on one device only "
+                f"(the parameters here are on a mesh of {mesh.size} devices)"
+            )
+        self.exact_logprobs = exact_logprobs
         self.model = model
         self.token_map = token_map
         self.compact, self.min_rows, self.row_multiple = compact, min_rows, row_multiple
@@ -231,6 +243,7 @@ class SamplerPolicy:
         self._rows = np.zeros(0, np.int64)  # global row of each cache row, -1 = padding
         self._contexts: list[list[int]] = []  # only without reuse_cache
         self._settings: PolicySettings | None = None
+        self._history: dict[int, list[int]] = {}  # exact log-probs: each row's tokens
 
     def place(self, params: Any) -> Any:
         """``params`` in the generation layout (one ``device_put``; a no-op where they are)."""
@@ -304,6 +317,8 @@ class SamplerPolicy:
     def start(self, contexts: Sequence[Sequence[int]], settings: PolicySettings) -> None:
         self._settings = settings
         self._num_rows = len(contexts)
+        if self.exact_logprobs:
+            self._history = {r: list(c) for r, c in enumerate(contexts)}
         if not self.reuse_cache:
             self._contexts = [list(c) for c in contexts]
             return
@@ -351,6 +366,10 @@ class SamplerPolicy:
         return jax.block_until_ready(state)
 
     def extend(self, chunks: Sequence[Sequence[int]]) -> None:
+        if self.exact_logprobs:
+            for r, chunk in enumerate(chunks):
+                if len(chunk):
+                    self._history[r].extend(chunk)
         if not self.reuse_cache:
             for context, chunk in zip(self._contexts, chunks):
                 context.extend(chunk)
@@ -369,6 +388,9 @@ class SamplerPolicy:
         other rows keep their caches. With ``share_prefixes`` and a paged cache, rows restarted
         with the same context prefill it once and copy its pages."""
         which = np.asarray(which, bool)
+        if self.exact_logprobs:
+            for r in np.flatnonzero(which):
+                self._history[int(r)] = list(contexts[r])
         if not self.reuse_cache:
             for r in np.flatnonzero(which):
                 self._contexts[r] = list(contexts[r])
@@ -493,6 +515,7 @@ class SamplerPolicy:
             settings.sampling,
             budget=budget,
             active=active,
+            **({"history": self._histories(rows)} if self.exact_logprobs else {}),
         )
         tokens, lengths, logprobs, sampling_lp, reason, experts = jax.device_get(
             (
@@ -528,7 +551,20 @@ class SamplerPolicy:
                 self._contexts[r].extend(result.tokens[r, : result.lengths[r]].tolist())
         elif self.paging is not None:
             result = self._preempt(result, valid & (stuck | (reason == StopReason.NO_PAGE)))
+        if self.exact_logprobs:
+            for r in np.flatnonzero(result.lengths):
+                self._history[int(r)].extend(result.tokens[r, : result.lengths[r]].tolist())
         return result
+
+    def _histories(self, rows: np.ndarray) -> np.ndarray:
+        """``int32 [len(rows), max_context]``: each cache row's tokens (model ids) from position
+        0, zeros after them and on padding rows (exact log-probs' decode input)."""
+        out = np.zeros((len(rows), self._settings.max_context), np.int32)
+        for i, r in enumerate(rows):
+            if r >= 0 and self._history[int(r)]:
+                ids = self._to_model(self._history[int(r)])
+                out[i, : len(ids)] = ids
+        return out
 
     def _preempt(self, result: Responses, slots: np.ndarray) -> Responses:
         """Cache rows ``slots`` ran out of pages this turn: their responses are dropped and

@@ -253,6 +253,12 @@ class RLConfig:
     Either way the step reports ``routing_differs``, the share of (sampled token, MoE layer)
     pairs whose router picks other experts than the sampler did.
 
+    ``exact_logprobs``: the sampler and the trainer compute the log-probs of sampled tokens by
+    one canonical per-sequence computation (:mod:`agentrl_jax.sampling.exact`), so they are
+    equal bit for bit and the first update's importance ratios are exactly 1; the trainer's
+    gradient is still the fast forward's. Costs a forward of the row's whole history per
+    sampled token; one device, the whole history, no LoRA.
+
     LoRA: ``lora`` (null: every parameter trains) is a mapping ``{rank, alpha, targets,
     base_dtype}`` (:class:`~agentrl_jax.models.lora.LoraConfig`): adapters on the targeted
     projections train, the base weights stay frozen (stored in ``base_dtype``), the optimizer
@@ -288,6 +294,7 @@ class RLConfig:
         None, Check(lambda v: v is None or (isinstance(v, str) and v != ""), "null or a path")
     )
     routing_replay: bool = setting(False, BOOL)
+    exact_logprobs: bool = setting(False, BOOL)
     lora: LoraConfig | None = None
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
@@ -363,6 +370,13 @@ class RLConfig:
             )
         for run in runs:
             check_run(self, run.algorithm, run.name)
+        if self.exact_logprobs and (self.history_window is not None or self.lora is not None):
+            raise ConfigError(
+                "rl.exact_logprobs: exact log-probs score every token under the whole history "
+                "with the full weights; not with rl.history_window or rl.lora (got "
+                f"history_window: {self.history_window!r}, lora: "
+                f"{'set' if self.lora is not None else 'null'})"
+            )
         # every hyper-parameter the runs' presets declare, with its value (given, else the
         # default), so configs that state a default and configs that do not are equal, and a
         # written config reads back the same under any defaults
@@ -513,7 +527,9 @@ class TrainConfig:
     (DAPO's overlong ``L_max`` and Dr. GRPO's constant, an algorithm's
     ``aggregation_constant`` None, which is filled in on construction). ``valid_vocab_size``:
     the tokenizer's vocabulary where it is below the model's (``rl.scoring: sampling`` never
-    scores the embedding rows past it).
+    scores the embedding rows past it). ``context_length``: the rows the rollout's sampler
+    holds (``task.max_context``), the canonical length of ``rl.exact_logprobs`` (None: the
+    batch's row width).
 
     The KL coefficient lives in ``algorithm`` (the ``"kl"`` loss term), so there is one source
     of truth; :attr:`kl_coef` reads it. What the step computes (entropy, reference
@@ -528,6 +544,7 @@ class TrainConfig:
     loss_positions: int | None = setting(None, optional(integer(1)))
     max_response_length: int | None = setting(None, optional(integer(1)))
     valid_vocab_size: int | None = setting(None, optional(integer(1)))
+    context_length: int | None = setting(None, optional(integer(1)))
 
     def __post_init__(self):
         if isinstance(self.algorithm, Mapping):
@@ -649,6 +666,7 @@ def train_config(
         loss_positions=config.task.loss_positions,
         max_response_length=config.task.max_response_length,
         valid_vocab_size=valid_vocab_size if config.rl.scoring == "sampling" else None,
+        context_length=config.task.max_context if config.rl.exact_logprobs else None,
     )
 
 

@@ -247,13 +247,14 @@ def rollout_sampler(policy: nnx.Module, config: Config, mesh: Any) -> SamplerPol
     """The rollouts' sampler: on this process's part of the training ``mesh`` (colocated),
     or on its rollout devices (``mesh.rollout``), rows split over them."""
     devices = rollout_devices(config.mesh)
+    exact = {"exact_logprobs": True} if config.rl.exact_logprobs else {}
     if devices:
         if len(devices) == 1:
-            return SamplerPolicy.from_engine(policy, config.engine, device=devices[0])
-        return SamplerPolicy.from_engine(policy, config.engine, mesh=data_mesh(devices))
+            return SamplerPolicy.from_engine(policy, config.engine, device=devices[0], **exact)
+        return SamplerPolicy.from_engine(policy, config.engine, mesh=data_mesh(devices), **exact)
     if distributed.is_multiprocess():
         mesh = distributed.local_mesh(mesh)
-    return SamplerPolicy.from_engine(policy, config.engine, mesh=mesh)
+    return SamplerPolicy.from_engine(policy, config.engine, mesh=mesh, **exact)
 
 
 def snapshot_steps(out: str | Path) -> list[int]:

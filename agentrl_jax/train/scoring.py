@@ -19,9 +19,10 @@ from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.models.moe import Routing, moe_ffn
 from agentrl_jax.models.qwen3 import Constrain, packed_positions, positions_from_mask
+from agentrl_jax.sampling import exact
 from agentrl_jax.sampling.filters import SamplingConfig
 from agentrl_jax.sharding import BATCH_AXES
-from agentrl_jax.train.logprobs import position_logprobs
+from agentrl_jax.train.logprobs import gather_positions, position_logprobs, scatter_positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +119,44 @@ def sequence_logprobs(
         sampling=forward.sampling,
     )
     return (*scores, routing) if with_routing else scores
+
+
+def exact_logprobs(
+    model: nnx.Module,
+    tokens: jax.Array,
+    token_mask: jax.Array,
+    loss_mask: jax.Array,
+    *,
+    length: int | None = None,
+    width: int | None = None,
+    sampling: SamplingConfig | None = None,
+) -> jax.Array:
+    """The canonical log-probs ``[N, T]`` of the loss tokens of trajectories ``tokens [N, T]``
+    (``rl.exact_logprobs``, :mod:`agentrl_jax.sampling.exact`): each row alone, its real tokens
+    (``token_mask``) moved to offset 0 of a row of ``length`` (the sampler's ``max_context``;
+    None: ``T``), the head at each loss token (at most ``width`` per row, as
+    :func:`~agentrl_jax.train.logprobs.gather_positions`); 0 elsewhere. No gradient: the
+    values the sampler recorded, bit for bit, when it sampled under these parameters."""
+    n, width_t = tokens.shape
+    length = width_t if length is None else length
+    if width_t > length:
+        raise ValueError(f"exact log-probs: rows of {width_t} tokens exceed the {length} canonical")
+    token_mask = token_mask.astype(bool)
+    index = jnp.cumsum(token_mask, axis=1, dtype=jnp.int32) - 1  # each real token's offset
+    rows = jnp.arange(n)[:, None]
+    compact = (
+        jnp.zeros((n, length), jnp.int32)
+        .at[rows, jnp.where(token_mask, index, length)]
+        .set(tokens.astype(jnp.int32), mode="drop")
+    )
+    width = max(1, width_t - 1) if width is None else max(1, min(width, width_t - 1))
+    positions, valid = gather_positions(loss_mask.astype(bool) & token_mask, width)
+    targets = jnp.take_along_axis(index, positions, axis=1)
+    values = jax.lax.map(
+        lambda xs: exact.target_logprobs(model, xs[0], xs[1], sampling),
+        (compact, targets),
+    )
+    return jax.lax.stop_gradient(scatter_positions(values, positions, valid, width_t))
 
 
 def identity(x):

@@ -30,7 +30,11 @@ updates of the policy (and of the critic, for PPO), as verl's ``ppo_epochs`` and
 The updates run in one ``lax.scan``, so the step compiles once whatever their number. The
 old log-probs are those of the policy before the batch's first update, so the first
 update's ratio is exactly 1 and later ones move away from it (and get clipped). With a
-single update per batch they are that update's own log-probs under ``stop_gradient``.
+single update per batch they are that update's own log-probs under ``stop_gradient``. With
+``rl.exact_logprobs`` the old log-probs, and the value of the first update's live ones, are the
+canonical log-probs of :mod:`agentrl_jax.sampling.exact` (``exact_logprobs`` in the data), which
+equal the sampler's records bit for bit; the gradient stays the fast forward's
+(:func:`~agentrl_jax.sampling.exact.valued`), and later updates score with the fast forward.
 ``state.step`` counts rollout batches (one per call).
 
 Metrics: batch-level ones (``advantage_mean``, ``loss_tokens``, ``loss_tokens_dropped``,
@@ -88,6 +92,7 @@ from agentrl_jax.algorithms import (
 )
 from agentrl_jax.models.moe import Routing
 from agentrl_jax.models.qwen3 import Constrain
+from agentrl_jax.sampling.exact import valued
 from agentrl_jax.train.batch import TrainBatch, batch_loss_mask
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.inputs import step_inputs
@@ -105,6 +110,7 @@ from agentrl_jax.train.rewards import advantage_inputs, overlong_rewards
 from agentrl_jax.train.scoring import (
     activation_constraint,
     critic_values,
+    exact_logprobs,
     identity,
     sequence_logprobs,
 )
@@ -221,10 +227,12 @@ def prepare_batch(
     before any update: ``old_values`` (the critic), ``advantages`` and ``returns`` (the
     estimator, on old values), ``old_logprobs`` (the policy; see :func:`_records_old_logprobs`),
     ``ref_logprobs`` (the frozen reference), ``sampler_logprobs`` (the sampler's behaviour
-    log-probs), and ``recorded_logprobs`` (:func:`recorded_logprobs`, for the sampler-trainer
-    gap metrics). Scoring runs in pieces of the updates'
-    micro-batch shape (``N / (mini_batches x num_micro_batches)`` rows, so it never holds
-    more activations than an update). ``metrics``: batch-level scalars.
+    log-probs), ``recorded_logprobs`` (:func:`recorded_logprobs`, for the sampler-trainer
+    gap metrics) and, with ``rl.exact_logprobs``, ``exact_logprobs`` (the canonical log-probs,
+    :func:`~agentrl_jax.train.scoring.exact_logprobs`, on the unpacked trajectories). Scoring
+    runs in pieces of the updates' micro-batch shape (``N / (mini_batches x
+    num_micro_batches)`` rows, so it never holds more activations than an update).
+    ``metrics``: batch-level scalars.
 
     With ``batch.packing`` every ``[N, L]`` field is packed into the ``[P, W]`` rows the model
     runs on (plus ``segment_ids``; the loss mask keeps each turn's tokens in its own sequence
@@ -303,7 +311,21 @@ def prepare_batch(
         metrics["overlong_penalty_mean"] = jnp.sum(
             overlong_rewards(traj, config) * rows
         ) / jnp.maximum(jnp.sum(rows), 1.0)
-    if _records_old_logprobs(config):
+    if config.rl.exact_logprobs:  # the canonical values, per trajectory (sampling.exact)
+        data["exact_logprobs"] = to_rows(
+            exact_logprobs(
+                nnx.merge(graphdef, state.policy),
+                traj.tokens,
+                traj.token_mask,
+                full_mask,
+                length=config.context_length,
+                width=config.loss_positions,
+                sampling=config.scoring_sampling,
+            )
+        )
+    if _records_old_logprobs(config) and config.rl.exact_logprobs:
+        computed["old_logprobs"] = data["exact_logprobs"]
+    elif _records_old_logprobs(config):
         computed["old_logprobs"] = map_micro_batches(
             lambda mb: _model_scores(
                 graphdef, config, state.policy, mb, constrain, base=state.base
@@ -311,6 +333,7 @@ def prepare_batch(
             data,
             chunks,
         )
+    if _records_old_logprobs(config):
         gap_sum, metrics["sampler_gap_max"] = sampler_gap(
             computed["old_logprobs"], data["recorded_logprobs"], data["loss_mask"]
         )
@@ -399,6 +422,9 @@ def policy_gradients(
         logprobs, entropy, routing = _model_scores(
             graphdef, config, params, mb, constrain, "entropy" in live, base=base
         )
+        if "exact_logprobs" in mb:  # the first update: the canonical values, fast gradient
+            own = jax.lax.stop_gradient(logprobs)
+            logprobs = valued(logprobs, jnp.where(first_update, mb["exact_logprobs"], own))
         fields = {name: mb[name] for name in batch_fields if name in mb}
         fields["segment_ids"] = mb.get("segment_ids")
         if "old_logprobs" in batch_fields:
