@@ -91,9 +91,13 @@ class _Setting:
 
 
 @functools.lru_cache(maxsize=4)
-def _setting(std: float = 0.1, window: int | None = None, model: tuple = ()) -> _Setting:
+def _setting(
+    std: float = 0.1, window: int | None = None, model: tuple = (), compact: bool = True
+) -> _Setting:
     """The maps, the rollout (showing the policy the last ``window`` turns; None: all) and a
-    tiny policy whose weights are N(0, ``std``) (``model``: config overrides, as pairs)."""
+    tiny policy whose weights are N(0, ``std``) (``model``: config overrides, as pairs).
+    ``compact``: the policy's cache is compacted to the live rows as rows finish (the
+    default); the learning runs keep all 32 rows instead (module docstring)."""
     maps = one_step_maps(jax.random.key(0), TRAIN_MAPS + HELD_OUT_MAPS)  # distinct maps
     env = FrozenLakeTextEnv(maps, FrozenLakeTextConfig(t_max=BUDGET, is_slippery=False))
     runner = MultiTurnRollout(
@@ -111,7 +115,7 @@ def _setting(std: float = 0.1, window: int | None = None, model: tuple = ()) -> 
     model = tiny_model(seed=0, std=std, vocab_size=len(token_map), **dict(model))
     return _Setting(
         runner,
-        SamplerPolicy(model, token_map=token_map),
+        SamplerPolicy(model, token_map=token_map, compact=compact),
         model,
         token_map,
         np.arange(TRAIN_MAPS),
@@ -134,7 +138,7 @@ def _loop(
     policy = (
         setting.policy
         if model is setting.model
-        else SamplerPolicy(model, token_map=setting.token_map)
+        else SamplerPolicy(model, token_map=setting.token_map, compact=setting.policy.compact)
     )
     final = train(
         init_train_state(model, config),
@@ -153,7 +157,7 @@ def _control(
     std: float = 0.1, window: int | None = None, model: tuple = ()
 ) -> tuple[list[dict[str, float]], dict[str, float]]:
     """The no-update control's metrics and the initial parameters' held-out rates."""
-    setting = _setting(std, window, model)
+    setting = _setting(std, window, model, compact=False)
 
     def unchanged(state, batch):  # the control's update: learning rate 0
         return state.replace(step=state.step + 1), {"update_skipped": jnp.zeros(())}
@@ -179,7 +183,7 @@ def learning_run(
             f"learning_run: seed {config.rl.seed} and steps {config.rl.steps} must be "
             f"the control's ({CONTROL.rl.seed}, {CONTROL.rl.steps})"
         )
-    setting = _setting(std, window, model)
+    setting = _setting(std, window, model, compact=False)
     graphdef = nnx.graphdef(train_model(setting.model, config))  # with rl.lora: adapters
     final, trained = _loop(setting, config, make_train_step(graphdef, config))
     control, initial = _control(std, window, model)
