@@ -513,7 +513,9 @@ class TrainConfig:
     (DAPO's overlong ``L_max`` and Dr. GRPO's constant, an algorithm's
     ``aggregation_constant`` None, which is filled in on construction). ``valid_vocab_size``:
     the tokenizer's vocabulary where it is below the model's (``rl.scoring: sampling`` never
-    scores the embedding rows past it).
+    scores the embedding rows past it). ``ordered_sums``: ``mesh.ordered_sums`` (on a mesh, the
+    gradients and the losses' sums added over the batch's devices in a fixed order,
+    :mod:`agentrl_jax.ordered_sums`).
 
     The KL coefficient lives in ``algorithm`` (the ``"kl"`` loss term), so there is one source
     of truth; :attr:`kl_coef` reads it. What the step computes (entropy, reference
@@ -528,6 +530,7 @@ class TrainConfig:
     loss_positions: int | None = setting(None, optional(integer(1)))
     max_response_length: int | None = setting(None, optional(integer(1)))
     valid_vocab_size: int | None = setting(None, optional(integer(1)))
+    ordered_sums: bool = setting(False, BOOL)
 
     def __post_init__(self):
         if isinstance(self.algorithm, Mapping):
@@ -649,6 +652,7 @@ def train_config(
         loss_positions=config.task.loss_positions,
         max_response_length=config.task.max_response_length,
         valid_vocab_size=valid_vocab_size if config.rl.scoring == "sampling" else None,
+        ordered_sums=config.mesh.ordered_sums,
     )
 
 
