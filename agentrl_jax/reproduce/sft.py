@@ -18,7 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import Mesh
 
+from agentrl_jax import distributed
+from agentrl_jax.ordered_sums import ordered_over_rows
+from agentrl_jax.sharding import BATCH_AXES, batch_shards
 from agentrl_jax.train.scoring import Forward
 from agentrl_jax.train.step import sequence_logprobs
 from agentrl_jax.trajectory import Trajectory, bucket_width, row_lengths
@@ -49,21 +53,54 @@ def nll_sum(
 
 
 def make_sft_step(
-    graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, attention: str = "xla"
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    attention: str = "xla",
+    mesh: Mesh | None = None,
+    ordered: bool = False,
 ) -> Callable[[Any, Any, SFTBatch], tuple[Any, Any, dict[str, jax.Array]]]:
-    """``step(params, opt_state, batch) -> (params, opt_state, {"nll", "tokens"})`` (jitted)."""
+    """``step(params, opt_state, batch) -> (params, opt_state, {"nll", "tokens"})`` (jitted).
+    On a ``mesh`` the batch's rows are split over its batch axes (XLA sums the gradient over
+    them); ``ordered``: each device sums its own rows' gradient, NLL and tokens, added over
+    the devices in a fixed order (:mod:`agentrl_jax.ordered_sums`), then divided."""
 
     def loss(params, batch):
         total, count = nll_sum(graphdef, params, batch, attention)
         return total / jnp.maximum(count, 1.0), count
 
+    def sums(params, rows):  # -> ((grads, nll sum, tokens), no peaks), on this device's rows
+        grad_fn = jax.value_and_grad(lambda p: nll_sum(graphdef, p, rows, attention), has_aux=True)
+        (total, count), grads = grad_fn(params)
+        return (grads, total, count), {}
+
     @jax.jit
     def step(params, opt_state, batch):
-        (value, count), grads = jax.value_and_grad(loss, has_aux=True)(params, batch)
+        if ordered and mesh is not None and batch_shards(mesh) > 1:
+            (grads, total, count), _ = ordered_over_rows(sums, mesh, params, batch)
+            denom = jnp.maximum(count, 1.0)
+            value, grads = total / denom, jax.tree.map(lambda g: g / denom, grads)
+        else:
+            (value, count), grads = jax.value_and_grad(loss, has_aux=True)(params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"nll": value, "tokens": count}
 
     return step
+
+
+def place_batch(batch: SFTBatch, mesh: Mesh | None) -> SFTBatch:
+    """``batch`` (every process's whole batch, on the host) as the step takes it: without a
+    mesh as it is; on one, padded with all-zero-mask rows to a multiple of the mesh's batch
+    shards and split over them, each process supplying its own rows
+    (:func:`~agentrl_jax.distributed.global_batch`)."""
+    if mesh is None:
+        return batch
+    shards = batch_shards(mesh)
+    pad = -batch.tokens.shape[0] % shards
+    if pad:
+        batch = jax.tree.map(
+            lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]), batch
+        )
+    return distributed.global_batch(batch, mesh, (BATCH_AXES,))
 
 
 LENGTH_WINDOW = 16  # batches per window sorted by length (group_by_length)
@@ -145,9 +182,13 @@ def warm_start(
     group_by_length: bool = False,
     attention: str = "xla",
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    mesh: Mesh | None = None,
+    ordered: bool = False,
 ) -> tuple[Any, list[dict]]:
     """Behaviour-clone ``demos`` into ``model``'s parameters (AdamW with a cosine decay).
-    ``group_by_length``: see :func:`sft_batches`; ``attention``: see :func:`nll_sum`.
+    ``group_by_length``: see :func:`sft_batches`; ``attention``: see :func:`nll_sum`;
+    ``mesh`` (the model's parameters placed on it) and ``ordered``: see :func:`make_sft_step`
+    (with several processes, each supplies its share of every batch's rows).
 
     Returns ``(params, history)``; ``history`` has one ``{"step", "epoch", "nll"}`` per step.
     """
@@ -161,13 +202,14 @@ def warm_start(
         optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay)
     )
     opt_state = optimizer.init(params)
-    step = make_sft_step(graphdef, optimizer, attention)
+    step = make_sft_step(graphdef, optimizer, attention, mesh, ordered)
     history = []
     for i, (epoch, batch) in enumerate(
         sft_batches(demos, batch_size, epochs, seed, group_by_length)
     ):
-        params, opt_state, metrics = step(params, opt_state, batch)
-        record = {"step": i + 1, "epoch": epoch, "nll": float(metrics["nll"])}
+        params, opt_state, metrics = step(params, opt_state, place_batch(batch, mesh))
+        nll = distributed.host_value(metrics["nll"])
+        record = {"step": i + 1, "epoch": epoch, "nll": float(nll)}
         history.append(record)
         if on_step is not None:
             on_step(i + 1, record)
