@@ -16,6 +16,7 @@ process (one start of the cluster for both tests).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -71,6 +72,7 @@ def main() -> None:
         if args.mode == "sync":
             return
     step = make_train_step(graphdef, GRPO, mesh=mesh, state_template=state)
+    initial = state
     with Checkpointer(out / "checkpoints", every=1, keep=2, async_save=False) as saver:
         restored = saver.restore_latest(state, GRPO)  # every process restores its shards
         first = 0 if restored is None else restored.step
@@ -101,6 +103,25 @@ def main() -> None:
         distributed.host_value(state),
     )
     assert all(jax.tree.leaves(same)), "the restored state differs from the saved one"
+    # a packed update of the initial state (each process plans the whole host batch and
+    # places its share of the packed rows) with its sums in a fixed order: one process's bits
+    packed = dataclasses.replace(
+        GRPO,
+        ordered_sums=True,
+        rl=dataclasses.replace(GRPO.rl, memory=dataclasses.replace(GRPO.rl.memory, packing=True)),
+    )
+    step = make_train_step(graphdef, packed, mesh=mesh, state_template=state)
+    whole = TrainBatch(random_trajectory(6 + args.updates, rows=16, padded_rows=2))
+    assert step.packed(whole).packing is not None
+    after, metrics = step(initial, whole)  # the host batch: the step packs and places it
+    print(
+        f"process {jax.process_index()} packed update loss "
+        f"{float(distributed.host_value(metrics['loss'])):.9f} grad_norm "
+        f"{float(distributed.host_value(metrics['grad_norm'])):.9f}",
+        flush=True,
+    )
+    if distributed.is_main():
+        np.savez(out / "packed.npz", *jax.tree.leaves(distributed.host_value(after.policy)))
     params = distributed.host_value(state.policy)
     if distributed.is_main():
         np.savez(out / "params.npz", *jax.tree.leaves(params))
