@@ -483,6 +483,19 @@ def _child_results(child, out: Path):
     return dict(np.load(out))
 
 
+def test_tree_sum_adds_pairs_then_pairs_of_pairs():
+    """The fixed order, by hand in float32 (an ulp of 1e8 is 8, so a 1 added to 1e8 is lost):
+    ((1e8 + 1) + (-1e8 + 1)) + 1 = (1e8 + -1e8) + 1 = 1, where a sequential sum gives 2."""
+    from agentrl_jax.ordered_sums import tree_sum
+
+    parts = [np.float32(x) for x in (1e8, 1.0, -1e8, 1.0, 1.0)]
+    assert tree_sum(parts) == np.float32(1.0)
+    assert functools.reduce(np.add, parts) == np.float32(2.0)
+    assert tree_sum(parts[:1]) is parts[0]
+    with pytest.raises(ValueError, match="nothing to add"):
+        tree_sum([])
+
+
 def test_eight_devices_sum_in_a_fixed_order(multi_device_child):
     """``mesh.ordered_sums``' reduction: each leaf of the 8 per-device partials added as the
     fixed binary tree ``((0+1)+(2+3))+((4+5)+(6+7))`` over the devices' batch index, bit for

@@ -5,7 +5,10 @@ responses, stop tokens included) given everything before them, teacher-forced on
 conversation -- the same tokens, positions and template the rollout produced. The step is one
 jitted function of ``(params, opt_state, batch)``. Every batch has the same shape, so it compiles
 once, unless ``group_by_length`` gives each batch its own width (long conversations: a few
-compilations, and far less padding; see :func:`sft_batches`).
+compilations, and far less padding; see :func:`sft_batches`). On a mesh each batch's rows are
+split over its batch axes, every process supplying its share (:func:`place_batch`), and with
+``mesh.ordered_sums`` the gradient is added over the devices in a fixed order
+(:func:`make_sft_step`), so any process count gives the same bits.
 """
 
 from __future__ import annotations
