@@ -35,12 +35,14 @@ def synced_and_trained(tmp_path_factory):
     (test_weights_sync_to_each_process_devices_without_the_host), then train into
     ``folder`` (test_two_processes_train_to_the_parameters_of_one): one start for both."""
     folder = tmp_path_factory.mktemp("multihost")
-    return folder, launch(WORKER, [str(folder / "two"), "sync+train"], processes=2, devices=4)
+    return folder, launch(
+        WORKER, [str(folder / "two"), "sync+train", "--packed"], processes=2, devices=4
+    )
 
 
 @pytest.mark.slow
 def test_two_processes_train_to_the_parameters_of_one(tmp_path, synced_and_trained):
-    single = launch(WORKER, [str(tmp_path / "one"), "train"], processes=1, devices=8)
+    single = launch(WORKER, [str(tmp_path / "one"), "train", "--packed"], processes=1, devices=8)
     assert single[0].code == 0, single[0].output[-3000:]
     folder, pair = synced_and_trained
     for i, p in enumerate(pair):
@@ -69,7 +71,8 @@ def test_weights_sync_to_each_process_devices_without_the_host(synced_and_traine
     device) and the key, all under ``jax.transfer_guard_device_to_host`` and ``_host_to_device``
     at ``"disallow_explicit"`` (no copy through the host in either direction, explicit or
     implicit; the worker checks the guards refuse the gather the loop used before); the values
-    equal the gathered parameters."""
+    equal the gathered parameters. Then a split rollout's gather over one device per process
+    (each one's last, as on ``mesh.rollout``'s devices) gives every process's blob in order."""
     _, pair = synced_and_trained
     for i, p in enumerate(pair):
         assert p.code == 0, f"process {i}:\n{p.output[-3000:]}"

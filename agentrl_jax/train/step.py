@@ -64,6 +64,9 @@ Sharding: ``mesh`` (static) adds sharding constraints on activations (rows over 
 axes); :func:`~agentrl_jax.train.jitted_step.make_train_step` with a mesh jits with the state
 placed by :func:`~agentrl_jax.train.state.state_shardings` and the batch split along its first
 axis; XLA inserts the reductions, so sums over the batch are global, like the single-device ones.
+With ``mesh.ordered_sums`` (:func:`ordered_sums`) the gradients' and the losses' sums are each
+device's own, added over the devices in a fixed order (:mod:`agentrl_jax.ordered_sums`), so any
+process count gives the same bits.
 """
 
 from __future__ import annotations
