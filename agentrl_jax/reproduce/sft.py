@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from agentrl_jax import distributed
 from agentrl_jax.ordered_sums import ordered_over_rows
@@ -61,11 +62,14 @@ def make_sft_step(
     attention: str = "xla",
     mesh: Mesh | None = None,
     ordered: bool = False,
+    layout: tuple[Any, Any] | None = None,
 ) -> Callable[[Any, Any, SFTBatch], tuple[Any, Any, dict[str, jax.Array]]]:
     """``step(params, opt_state, batch) -> (params, opt_state, {"nll", "tokens"})`` (jitted).
     On a ``mesh`` the batch's rows are split over its batch axes (XLA sums the gradient over
     them); ``ordered``: each device sums its own rows' gradient, NLL and tokens, added over
-    the devices in a fixed order (:mod:`agentrl_jax.ordered_sums`), then divided."""
+    the devices in a fixed order (:mod:`agentrl_jax.ordered_sums`), then divided. ``layout``:
+    the shardings of ``(params, opt_state)``, kept in the outputs (so the next step's inputs
+    have the first's, and the step compiles once)."""
 
     def loss(params, batch):
         total, count = nll_sum(graphdef, params, batch, attention)
@@ -76,7 +80,6 @@ def make_sft_step(
         (total, count), grads = grad_fn(params)
         return (grads, total, count), {}
 
-    @jax.jit
     def step(params, opt_state, batch):
         if ordered and mesh is not None and batch_shards(mesh) > 1:
             (grads, total, count), _ = ordered_over_rows(sums, mesh, params, batch)
@@ -87,7 +90,9 @@ def make_sft_step(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"nll": value, "tokens": count}
 
-    return step
+    if layout is None or mesh is None:
+        return jax.jit(step)
+    return jax.jit(step, out_shardings=(*layout, NamedSharding(mesh, P())))
 
 
 def place_batch(batch: SFTBatch, mesh: Mesh | None) -> SFTBatch:
@@ -204,8 +209,21 @@ def warm_start(
     optimizer = optax.chain(
         optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay)
     )
-    opt_state = optimizer.init(params)
-    step = make_sft_step(graphdef, optimizer, attention, mesh, ordered)
+    # on a mesh one program makes the optimizer's state, not one per leaf (each a
+    # multi-process program, compiled and dispatched on its own)
+    opt_state = optimizer.init(params) if mesh is None else jax.jit(optimizer.init)(params)
+    layout = None
+    if mesh is not None:  # as placed on the mesh; the rest (the step count): replicated
+        layout = jax.tree.map(
+            lambda x: (
+                x.sharding
+                if isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+                else NamedSharding(mesh, P())
+            ),
+            (params, opt_state),
+        )
+        params, opt_state = jax.device_put((params, opt_state), layout)
+    step = make_sft_step(graphdef, optimizer, attention, mesh, ordered, layout)
     history = []
     for i, (epoch, batch) in enumerate(
         sft_batches(demos, batch_size, epochs, seed, group_by_length)
