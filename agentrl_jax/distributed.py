@@ -19,9 +19,12 @@ Every process then runs the same program:
 Rollouts run on each process's own devices (:func:`local_mesh`): a
 :class:`~agentrl_jax.rollout.MultiTurnRollout` whose config asks it to split its rows
 (``RolloutConfig.split_processes``) plays only this process's share of them
-(:func:`row_shares`) and then gathers the other processes' rows (:func:`allgather_blobs`), so
-every process holds the whole result, the same as one process would have made: a row's
-samples are keyed by its index in the whole batch, never by which process played it.
+(:func:`row_shares`) and then gathers the other processes' rows (:func:`allgather_blobs`, over
+one of the policy's devices per process, :func:`peer_devices`: on rollout devices of their own
+the gather waits for nothing the training devices run), so every process holds the whole
+result, the same as one process would have made: a row's samples are keyed by its index in
+the whole batch, never by which process played it. Sums over the devices in an order that
+does not depend on the process count: :mod:`agentrl_jax.ordered_sums` (``mesh.ordered_sums``).
 
 Launching: ``ClusterConfig(coordinator="host:port", num_processes=N, process_id=i)`` for a
 hand-started cluster (several processes on one machine test the same code path a pod takes,
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -241,21 +245,58 @@ def row_shares(rows: int) -> list[np.ndarray] | None:
     return np.array_split(np.arange(rows), jax.process_count())
 
 
+def peer_devices(device: Any) -> list[Any]:
+    """One device per process, in process order: ``device`` (one of this process's) for this
+    process and, for every other, its device at the same position among its own (as
+    ``jax.devices()`` lists them). Every process names the same list when each passes its
+    device at the same position, e.g. the first of its rollout devices (``mesh.rollout``: the
+    last devices of each process)."""
+    processes = sorted({d.process_index for d in jax.devices()})
+    own = [d for d in jax.devices() if d.process_index == jax.process_index()]
+    at = own.index(device)
+    return [[d for d in jax.devices() if d.process_index == p][at] for p in processes]
+
+
+def _process_allgather(x: np.ndarray, devices: list[Any] | None) -> np.ndarray:
+    """``[processes, *x.shape]``: every process's ``x``, over ``devices`` (one per process,
+    :func:`peer_devices`) only, or over every device (None)."""
+    if devices is None:
+        return np.asarray(multihost_utils.process_allgather(x)).reshape(-1, *x.shape)
+    mesh, replicate = _replicator(tuple(devices))
+    here = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+    local = jax.device_put(x[None], devices[here[0]])
+    whole = jax.make_array_from_single_device_arrays(
+        (len(devices), *x.shape), NamedSharding(mesh, P("processes")), [local]
+    )
+    return np.asarray(replicate(whole).addressable_data(0))
+
+
+@functools.lru_cache(maxsize=8)
+def _replicator(devices: tuple[Any, ...]) -> tuple[Mesh, Any]:
+    """A mesh over ``devices`` and the jitted copy of an array split over it to every one of
+    them (one per device set: compiled once per shape)."""
+    mesh = Mesh(np.array(devices, dtype=object), ("processes",))
+    return mesh, jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, P()))
+
+
 def allgather_blobs(
-    arrays: dict[str, np.ndarray], texts: Any
+    arrays: dict[str, np.ndarray], texts: Any, device: Any = None
 ) -> list[tuple[dict[str, np.ndarray], Any]]:
     """Every process's ``(arrays, texts)`` (NumPy arrays by name, and JSON-able values), in
     process order: one blob per process (``.npz`` without pickles, the JSON as bytes), of any
-    size, through jax's collectives."""
+    size, through jax's collectives: over every device, or with ``device`` (this process's,
+    at the same position among its devices as every other process's) over those devices
+    only (:func:`peer_devices`), so the gather waits for nothing the other devices run (a
+    rollout's gather on the rollout devices, beside the update in flight on the training
+    devices)."""
+    devices = None if device is None else peer_devices(device)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays, __texts__=np.frombuffer(json.dumps(texts).encode(), np.uint8))
     blob = np.frombuffer(buffer.getvalue(), np.uint8)
-    sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64))).reshape(
-        -1
-    )
+    sizes = _process_allgather(np.array([blob.size], np.int64), devices).reshape(-1)
     padded = np.zeros(int(sizes.max()), np.uint8)
     padded[: blob.size] = blob
-    blobs = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    blobs = _process_allgather(padded, devices).reshape(len(sizes), -1)
     out = []
     for blob, size in zip(blobs, sizes):
         with np.load(io.BytesIO(blob[:size].tobytes()), allow_pickle=False) as data:

@@ -49,7 +49,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.errors import ConfigError
-from agentrl_jax.validation import MAX_DEVICES, Check, check_fields, integer, is_int, setting
+from agentrl_jax.validation import BOOL, MAX_DEVICES, Check, check_fields, integer, is_int, setting
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
 BATCH_AXES = ("data", "fsdp", "expert")  # a batch dimension is split over all three
@@ -101,19 +101,30 @@ class MeshConfig:
 
     ``expert``: the expert axis (see the module docstring; a keyword after ``rollout``, so
     ``MeshConfig(data, fsdp, tensor)`` means what it always did). The experts' count must
-    divide by it; the batch is split over ``data`` x ``fsdp`` x ``expert``."""
+    divide by it; the batch is split over ``data`` x ``fsdp`` x ``expert``.
+
+    ``ordered_sums``: the gradients and the losses' sums over the batch's devices added in a
+    fixed order (:mod:`agentrl_jax.ordered_sums`), so runs on different process counts (2 x 4
+    devices, 1 x 8) give the same bits; off: XLA's all-reduce (faster, and less memory)."""
 
     data: int = setting(-1, _AXIS)
     fsdp: int = setting(1, _AXIS)
     tensor: int = setting(1, _AXIS)
     rollout: int = setting(0, integer(0, MAX_DEVICES))
     expert: int = setting(1, _AXIS)
+    ordered_sums: bool = setting(False, BOOL)
 
     def __post_init__(self) -> None:
         check_fields("mesh", self)
         sizes = self.axes()
         if list(sizes.values()).count(-1) > 1:
             raise ConfigError(f"mesh: at most one axis may be -1, got {sizes}")
+        if self.ordered_sums and self.expert != 1:
+            raise ConfigError(
+                f"mesh.ordered_sums: each device sums its own rows with the batch axes manual, "
+                f"where the experts' exchange over mesh.expert cannot run; got mesh.expert "
+                f"{self.expert} (set it to 1, or ordered_sums to false)"
+            )
 
     def axes(self) -> dict[str, int]:
         """The configured size of each mesh axis (-1 unresolved), in ``MESH_AXES`` order."""

@@ -2,7 +2,7 @@
 2 x 2 x 2 mesh, fed by each process's share of the rows, with an Orbax checkpoint after every
 update written (and, on start, restored) by every process.
 
-    python multihost_worker.py OUT MODE [--updates N]
+    python multihost_worker.py OUT MODE [--updates N] [--packed]
         [--coordinator H:P --num-processes N --process-id I]
 
 MODE ``train``: updates ``N`` batches from the newest checkpoint in ``OUT`` (or the start),
@@ -10,12 +10,14 @@ checks the last checkpoint restores to the live state, and the main process save
 parameters to ``OUT/params.npz``. MODE ``die``: process 1 exits abruptly after the first
 update; the others must fail (not hang) on their next collective. MODE ``sync``: the weight
 sync of the initial state (``weight_sync``); ``sync+train``: that, then ``train`` in the same
-process (one start of the cluster for both tests).
+process (one start of the cluster for both tests). ``--packed``: after ``train``, a packed
+update of the initial state with ``mesh.ordered_sums`` (:func:`packed_update`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -29,6 +31,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("mode", choices=("train", "die", "sync", "sync+train"))
     parser.add_argument("--updates", type=int, default=3)
+    parser.add_argument("--packed", action="store_true")
     parser.add_argument("--coordinator")
     parser.add_argument("--num-processes", type=int)
     parser.add_argument("--process-id", type=int)
@@ -71,6 +74,7 @@ def main() -> None:
         if args.mode == "sync":
             return
     step = make_train_step(graphdef, GRPO, mesh=mesh, state_template=state)
+    initial = state
     with Checkpointer(out / "checkpoints", every=1, keep=2, async_save=False) as saver:
         restored = saver.restore_latest(state, GRPO)  # every process restores its shards
         first = 0 if restored is None else restored.step
@@ -101,10 +105,43 @@ def main() -> None:
         distributed.host_value(state),
     )
     assert all(jax.tree.leaves(same)), "the restored state differs from the saved one"
+    if args.packed:
+        packed_update(graphdef, mesh, initial, args.updates, out)
     params = distributed.host_value(state.policy)
     if distributed.is_main():
         np.savez(out / "params.npz", *jax.tree.leaves(params))
     print(f"process {jax.process_index()} done", flush=True)
+
+
+def packed_update(graphdef, mesh, state, seed: int, out: Path) -> None:
+    """A packed update of ``state`` (each process plans the whole host batch and places its
+    share of the packed rows) with its sums in a fixed order (``mesh.ordered_sums``), its
+    policy saved to ``OUT/packed.npz``: one process's bits."""
+    import jax
+    import numpy as np
+    from test_train_step import GRPO
+    from train_fakes import random_trajectory
+
+    from agentrl_jax import distributed
+    from agentrl_jax.train import TrainBatch, make_train_step
+
+    packed = dataclasses.replace(
+        GRPO,
+        ordered_sums=True,
+        rl=dataclasses.replace(GRPO.rl, memory=dataclasses.replace(GRPO.rl.memory, packing=True)),
+    )
+    step = make_train_step(graphdef, packed, mesh=mesh, state_template=state)
+    whole = TrainBatch(random_trajectory(6 + seed, rows=16, padded_rows=2))
+    assert step.packed(whole).packing is not None
+    after, metrics = step(state, whole)  # the host batch: the step packs and places it
+    print(
+        f"process {jax.process_index()} packed update loss "
+        f"{float(distributed.host_value(metrics['loss'])):.9f} grad_norm "
+        f"{float(distributed.host_value(metrics['grad_norm'])):.9f}",
+        flush=True,
+    )
+    if distributed.is_main():
+        np.savez(out / "packed.npz", *jax.tree.leaves(distributed.host_value(after.policy)))
 
 
 def weight_sync(state, mesh, out: Path) -> None:
@@ -156,6 +193,14 @@ def weight_sync(state, mesh, out: Path) -> None:
     np.testing.assert_array_equal(
         np.asarray(jax.random.key_data(key)), distributed.host_value(state.rng)
     )
+    # a split rollout's gather over one device per process (the last of each: where
+    # mesh.rollout's rollout devices are), every process's blob in process order
+    last = jax.local_devices()[-1]
+    peers = distributed.peer_devices(last)
+    assert [d.process_index for d in peers] == list(range(jax.process_count()))
+    assert peers[jax.process_index()] == last and len(set(peers)) == jax.process_count()
+    got = distributed.allgather_blobs({"i": np.array([jax.process_index()])}, "t", device=last)
+    assert [(int(a["i"][0]), t) for a, t in got] == [(i, "t") for i in range(jax.process_count())]
     print(f"process {jax.process_index()} synced on device", flush=True)
 
 

@@ -3,7 +3,9 @@ devices through jax's distributed runtime against 1 process x 8 devices.
 
 The worker (tests/multihost_worker.py) runs GRPO train steps on a global 2 x 2 x 2 mesh, each
 process supplying its half of every batch's rows, and writes and restores an Orbax checkpoint
-from every process. The parameters must equal the single-process run's; a process that dies
+from every process. The parameters must equal the single-process run's, and those of a packed
+update with ``mesh.ordered_sums`` (each process packing the whole host batch) bit for bit; a
+process that dies
 must end the others with an error, not leave them waiting. (A process SIGKILLed mid-training
 and the run resumed: tests/test_multihost_reproduce.py, on the whole reproduction.)
 """
@@ -22,8 +24,8 @@ from agentrl_jax.errors import ConfigError
 WORKER = Path(__file__).parent / "multihost_worker.py"
 
 
-def _params(out: Path) -> list[np.ndarray]:
-    with np.load(out / "params.npz") as data:
+def _params(out: Path, name: str = "params.npz") -> list[np.ndarray]:
+    with np.load(out / name) as data:
         return [data[k] for k in sorted(data.files, key=lambda k: int(k.split("_")[1]))]
 
 
@@ -33,12 +35,14 @@ def synced_and_trained(tmp_path_factory):
     (test_weights_sync_to_each_process_devices_without_the_host), then train into
     ``folder`` (test_two_processes_train_to_the_parameters_of_one): one start for both."""
     folder = tmp_path_factory.mktemp("multihost")
-    return folder, launch(WORKER, [str(folder / "two"), "sync+train"], processes=2, devices=4)
+    return folder, launch(
+        WORKER, [str(folder / "two"), "sync+train", "--packed"], processes=2, devices=4
+    )
 
 
 @pytest.mark.slow
 def test_two_processes_train_to_the_parameters_of_one(tmp_path, synced_and_trained):
-    single = launch(WORKER, [str(tmp_path / "one"), "train"], processes=1, devices=8)
+    single = launch(WORKER, [str(tmp_path / "one"), "train", "--packed"], processes=1, devices=8)
     assert single[0].code == 0, single[0].output[-3000:]
     folder, pair = synced_and_trained
     for i, p in enumerate(pair):
@@ -48,6 +52,12 @@ def test_two_processes_train_to_the_parameters_of_one(tmp_path, synced_and_train
     assert len(one) == len(two) > 0
     for a, b in zip(one, two):
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-6)
+    # a packed update planned by each process on the whole host batch, its sums added in a
+    # fixed order (mesh.ordered_sums): the single process's bits
+    one, two = _params(tmp_path / "one", "packed.npz"), _params(folder / "two", "packed.npz")
+    assert len(one) == len(two) > 0
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(b, a)
     # both processes logged the same losses as the single one (the global batch's)
     losses = [line for line in single[0].output.splitlines() if " loss " in line]
     assert [line.split(" loss ")[1] for line in losses] == [
@@ -61,7 +71,8 @@ def test_weights_sync_to_each_process_devices_without_the_host(synced_and_traine
     device) and the key, all under ``jax.transfer_guard_device_to_host`` and ``_host_to_device``
     at ``"disallow_explicit"`` (no copy through the host in either direction, explicit or
     implicit; the worker checks the guards refuse the gather the loop used before); the values
-    equal the gathered parameters."""
+    equal the gathered parameters. Then a split rollout's gather over one device per process
+    (each one's last, as on ``mesh.rollout``'s devices) gives every process's blob in order."""
     _, pair = synced_and_trained
     for i, p in enumerate(pair):
         assert p.code == 0, f"process {i}:\n{p.output[-3000:]}"

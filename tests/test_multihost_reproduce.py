@@ -65,6 +65,8 @@ def _command(out: Path, until: list[str]) -> list[str]:
         "--no-progress",
         "--set",
         "mesh.data=-1",
+        "--set",
+        "mesh.ordered_sums=true",
         *until,
     ]
 

@@ -343,8 +343,8 @@ def warm_started(played, tokenizer):
     calls, later_compiles = [], []
     make_sft_step = sft.make_sft_step
 
-    def counting_step(graphdef, optimizer, attention="xla"):
-        step = make_sft_step(graphdef, optimizer, attention)
+    def counting_step(*args, **kwargs):
+        step = make_sft_step(*args, **kwargs)
 
         def counted(*args):
             if not calls:  # the first step compiles

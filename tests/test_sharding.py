@@ -93,6 +93,11 @@ def test_mesh_config_validation_and_resolution():
         MeshConfig(data=3, tensor=2).resolve(8)
     with pytest.raises(ValueError, match="not divisible"):
         MeshConfig(tensor=3).resolve(8)
+    assert not MeshConfig().ordered_sums and MeshConfig(ordered_sums=True).ordered_sums
+    with pytest.raises(ValueError, match=r"mesh\.ordered_sums: must be true or false"):
+        MeshConfig(ordered_sums=1)
+    with pytest.raises(ValueError, match=r"mesh\.ordered_sums: .* got mesh\.expert 2"):
+        MeshConfig(ordered_sums=True, expert=2)
 
 
 def test_hosts_are_laid_along_data():

@@ -193,6 +193,7 @@ def _sharded_results(out: Path) -> None:
                     v for k, v in opt_specs.items() if k.endswith("mu/layers/q_proj")
                 ),
             }
+    _ordered_sums(save)
     # LoRA adapters on a sharded base, trajectories packed: the packed rows split over the
     # 2 x 2 batch shards, the replicated adapters' gradients summed across them
     config, mesh = LORA_PACKED, build_mesh(MeshConfig(2, 2, 2))
@@ -224,6 +225,44 @@ def _sharded_results(out: Path) -> None:
         save(f"lora/{name}", (grads[0], grads[2]["loss"]))
     np.savez(out, **arrays)
     out.with_suffix(".json").write_text(json.dumps(specs))
+
+
+def _ordered_partials() -> list[np.ndarray]:
+    """Per-device partial sums ``[8, ...]`` for :func:`_ordered_sums`: a leaf exchanged on its
+    own (>= ``SMALL`` elements) and two small ones exchanged together, over 12 orders of
+    magnitude, so the order of the additions shows in the bits."""
+    rng = np.random.default_rng(3)
+
+    def draw(*shape):
+        x = rng.standard_normal((8, *shape)) * 10.0 ** rng.integers(-6, 6, (8, *shape))
+        return x.astype(np.float32)
+
+    return [draw(300, 250), draw(5), draw()]
+
+
+def _ordered_sums(save) -> None:
+    """Child process (8 devices): :func:`~agentrl_jax.ordered_sums.ordered_sum` of
+    :func:`_ordered_partials` (device ``d`` holding row ``d``) on two groupings of the 8
+    devices into batch axes (8 along data; 2 x 4 along data x fsdp, as 2 hosts of 4 lay them
+    out), saved for the parent to compare with NumPy's hand-ordered sum."""
+    from jax.sharding import PartitionSpec as P
+
+    from agentrl_jax.ordered_sums import ordered_sum
+    from agentrl_jax.sharding import BATCH_AXES, MeshConfig, build_mesh
+
+    parts = _ordered_partials()
+    for shape in ((8, 1, 1), (2, 4, 1)):
+        mesh = build_mesh(MeshConfig(*shape))
+        summed = jax.jit(
+            jax.shard_map(
+                lambda tree: ordered_sum([x[0] for x in tree]),
+                mesh=mesh,
+                in_specs=(P(BATCH_AXES),),
+                out_specs=P(),
+                check_vma=False,
+            )
+        )(parts)
+        save(f"ordered/{shape[0]}x{shape[1]}", summed)
 
 
 @pytest.fixture(scope="module")
@@ -436,17 +475,54 @@ def test_ppo_value_loss_matches_a_hand_computation_and_uses_the_critic_learning_
 # ------------------------------------------------------------------------- 8 devices
 
 
-def test_eight_devices_give_the_single_device_gradients_and_update(multi_device_child):
-    child, out = multi_device_child
+@functools.cache
+def _child_results(child, out: Path):
+    """The 8-device child's saved arrays, once it has finished (it succeeded)."""
     _, err = child.communicate(timeout=600)
     assert child.returncode == 0, err[-4000:]
-    saved = np.load(out)
+    return dict(np.load(out))
+
+
+def test_tree_sum_adds_pairs_then_pairs_of_pairs():
+    """The fixed order, by hand in float32 (an ulp of 1e8 is 8, so a 1 added to 1e8 is lost):
+    ((1e8 + 1) + (-1e8 + 1)) + 1 = (1e8 + -1e8) + 1 = 1, where a sequential sum gives 2."""
+    from agentrl_jax.ordered_sums import tree_sum
+
+    parts = [np.float32(x) for x in (1e8, 1.0, -1e8, 1.0, 1.0)]
+    assert tree_sum(parts) == np.float32(1.0)
+    assert functools.reduce(np.add, parts) == np.float32(2.0)
+    assert tree_sum(parts[:1]) is parts[0]
+    with pytest.raises(ValueError, match="nothing to add"):
+        tree_sum([])
+
+
+def test_eight_devices_sum_in_a_fixed_order(multi_device_child):
+    """``mesh.ordered_sums``' reduction: each leaf of the 8 per-device partials added as the
+    fixed binary tree ``((0+1)+(2+3))+((4+5)+(6+7))`` over the devices' batch index, bit for
+    bit NumPy's float32 sum in that order, whether the 8 devices lie on one axis or 2 x 4 (as
+    2 processes of 4 devices each hold them); a sequential sum of the same partials differs
+    in the bits (the order shows)."""
+    saved = _child_results(*multi_device_child)
+    parts = _ordered_partials()
+    want = [((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])) for p in parts]
+    for grouping in ("8x1", "2x4"):
+        got = [saved[f"ordered/{grouping}/{i}"] for i in range(len(parts))]
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype == np.float32 and g.shape == w.shape
+            np.testing.assert_array_equal(g, w, err_msg=grouping)
+    sequential = functools.reduce(np.add, list(parts[0]))
+    assert not np.array_equal(sequential, want[0])
+
+
+def test_eight_devices_give_the_single_device_gradients_and_update(multi_device_child):
+    child, out = multi_device_child
+    saved = _child_results(child, out)
 
     def leaves(prefix):
         return [
             saved[k]
             for k in sorted(
-                (k for k in saved.files if k.startswith(prefix + "/")),
+                (k for k in saved if k.startswith(prefix + "/")),
                 key=lambda k: int(k.rsplit("/", 1)[1]),
             )
         ]

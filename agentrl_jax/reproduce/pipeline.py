@@ -19,8 +19,9 @@ settings.
 Several processes (:mod:`agentrl_jax.distributed`; ``OUT`` on a file system they all see)
 run the same phases in step: the RL runs train on the global mesh with each process's
 rollouts on its own devices, the evaluation's rollouts split their rows over the processes;
-the likelihood analysis scores each process's share of the rows;
-``setup``, ``demos``, ``warm_start`` (small, on the main process's devices), the analyses
+the likelihood analysis scores each process's share of the rows; the ``warm_start`` trains on
+the global mesh, each process supplying its share of every batch's rows (with
+``mesh.ordered_sums``, to the bits one process gives); ``setup``, ``demos``, the analyses
 that read only what was saved (``eval:dynamics``) and ``report`` run on the main process
 alone, which also writes every file but the Orbax checkpoints (written by all); the others
 wait for each phase at a barrier, and write what an analysis writes to a scratch folder of
@@ -77,7 +78,7 @@ from agentrl_jax.trajectory import Trajectory
 BASE = "base"
 # phases with no collectives: the main process runs them alone (module docstring), with the
 # analyses that read only what was saved (no policy: no rollout)
-MAIN_ONLY = ("setup", "demos", "warm_start", "report")
+MAIN_ONLY = ("setup", "demos", "report")
 
 
 def main_only(phase: str) -> bool:
@@ -451,11 +452,10 @@ class Reproduction:
         ws = self.config.warm_start
         with np.load(self.out / "warm_start" / "demos.npz") as data:
             demos = Trajectory.from_arrays(data)
-        # the main process's devices: a warm start over every process's would sum its
-        # gradients across hosts in another order than one host does, and the policies of
-        # one and several processes would then differ (by float rounding, amplified by RL)
-        # the warm start trains every parameter: float32, whatever a LoRA run's base dtype
-        model = self.load_model(self.init_dir, local=True, param_dtype="float32")
+        # on the training mesh, every process supplying its share of each batch's rows
+        # (mesh.ordered_sums: the gradients added in an order independent of the process
+        # count); it trains every parameter: float32, whatever a LoRA run's base dtype
+        model = self.load_model(self.init_dir, param_dtype="float32")
         log_path = self.out / "warm_start" / "history.jsonl"
 
         steps = sft.num_sft_steps(
@@ -477,10 +477,15 @@ class Reproduction:
             group_by_length=ws.group_by_length,
             attention=self.config.rl.memory.attention,
             on_step=on_step,
+            mesh=self.mesh,
+            ordered=self.config.mesh.ordered_sums,
         )
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
-        nnx.update(model, params)
-        save_policy(model, self.tokenizer, self.model_dir(BASE))
+        if self.main:
+            log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+            nnx.update(
+                model, distributed.host_value(params) if distributed.is_multiprocess() else params
+            )
+            save_policy(model, self.tokenizer, self.model_dir(BASE))
         return {
             "steps": len(history),
             "nll_first": history[0]["nll"],

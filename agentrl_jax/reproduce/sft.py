@@ -5,7 +5,10 @@ responses, stop tokens included) given everything before them, teacher-forced on
 conversation -- the same tokens, positions and template the rollout produced. The step is one
 jitted function of ``(params, opt_state, batch)``. Every batch has the same shape, so it compiles
 once, unless ``group_by_length`` gives each batch its own width (long conversations: a few
-compilations, and far less padding; see :func:`sft_batches`).
+compilations, and far less padding; see :func:`sft_batches`). On a mesh each batch's rows are
+split over its batch axes, every process supplying its share (:func:`place_batch`), and with
+``mesh.ordered_sums`` the gradient is added over the devices in a fixed order
+(:func:`make_sft_step`), so any process count gives the same bits.
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from agentrl_jax import distributed
+from agentrl_jax.ordered_sums import ordered_over_rows
+from agentrl_jax.sharding import BATCH_AXES, batch_shards
 from agentrl_jax.train.scoring import Forward
 from agentrl_jax.train.step import sequence_logprobs
 from agentrl_jax.trajectory import Trajectory, bucket_width, row_lengths
@@ -49,21 +57,58 @@ def nll_sum(
 
 
 def make_sft_step(
-    graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, attention: str = "xla"
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    attention: str = "xla",
+    mesh: Mesh | None = None,
+    ordered: bool = False,
+    layout: tuple[Any, Any] | None = None,
 ) -> Callable[[Any, Any, SFTBatch], tuple[Any, Any, dict[str, jax.Array]]]:
-    """``step(params, opt_state, batch) -> (params, opt_state, {"nll", "tokens"})`` (jitted)."""
+    """``step(params, opt_state, batch) -> (params, opt_state, {"nll", "tokens"})`` (jitted).
+    On a ``mesh`` the batch's rows are split over its batch axes (XLA sums the gradient over
+    them); ``ordered``: each device sums its own rows' gradient, NLL and tokens, added over
+    the devices in a fixed order (:mod:`agentrl_jax.ordered_sums`), then divided. ``layout``:
+    the shardings of ``(params, opt_state)``, kept in the outputs (so the next step's inputs
+    have the first's, and the step compiles once)."""
 
     def loss(params, batch):
         total, count = nll_sum(graphdef, params, batch, attention)
         return total / jnp.maximum(count, 1.0), count
 
-    @jax.jit
+    def sums(params, rows):  # -> ((grads, nll sum, tokens), no peaks), on this device's rows
+        grad_fn = jax.value_and_grad(lambda p: nll_sum(graphdef, p, rows, attention), has_aux=True)
+        (total, count), grads = grad_fn(params)
+        return (grads, total, count), {}
+
     def step(params, opt_state, batch):
-        (value, count), grads = jax.value_and_grad(loss, has_aux=True)(params, batch)
+        if ordered and mesh is not None and batch_shards(mesh) > 1:
+            (grads, total, count), _ = ordered_over_rows(sums, mesh, params, batch)
+            denom = jnp.maximum(count, 1.0)
+            value, grads = total / denom, jax.tree.map(lambda g: g / denom, grads)
+        else:
+            (value, count), grads = jax.value_and_grad(loss, has_aux=True)(params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"nll": value, "tokens": count}
 
-    return step
+    if layout is None or mesh is None:
+        return jax.jit(step)
+    return jax.jit(step, out_shardings=(*layout, NamedSharding(mesh, P())))
+
+
+def place_batch(batch: SFTBatch, mesh: Mesh | None) -> SFTBatch:
+    """``batch`` (every process's whole batch, on the host) as the step takes it: without a
+    mesh as it is; on one, padded with all-zero-mask rows to a multiple of the mesh's batch
+    shards and split over them, each process supplying its own rows
+    (:func:`~agentrl_jax.distributed.global_batch`)."""
+    if mesh is None:
+        return batch
+    shards = batch_shards(mesh)
+    pad = -batch.tokens.shape[0] % shards
+    if pad:
+        batch = jax.tree.map(
+            lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]), batch
+        )
+    return distributed.global_batch(batch, mesh, (BATCH_AXES,))
 
 
 LENGTH_WINDOW = 16  # batches per window sorted by length (group_by_length)
@@ -145,9 +190,13 @@ def warm_start(
     group_by_length: bool = False,
     attention: str = "xla",
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    mesh: Mesh | None = None,
+    ordered: bool = False,
 ) -> tuple[Any, list[dict]]:
     """Behaviour-clone ``demos`` into ``model``'s parameters (AdamW with a cosine decay).
-    ``group_by_length``: see :func:`sft_batches`; ``attention``: see :func:`nll_sum`.
+    ``group_by_length``: see :func:`sft_batches`; ``attention``: see :func:`nll_sum`;
+    ``mesh`` (the model's parameters placed on it) and ``ordered``: see :func:`make_sft_step`
+    (with several processes, each supplies its share of every batch's rows).
 
     Returns ``(params, history)``; ``history`` has one ``{"step", "epoch", "nll"}`` per step.
     """
@@ -160,14 +209,28 @@ def warm_start(
     optimizer = optax.chain(
         optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay)
     )
-    opt_state = optimizer.init(params)
-    step = make_sft_step(graphdef, optimizer, attention)
+    # on a mesh one program makes the optimizer's state, not one per leaf (each a
+    # multi-process program, compiled and dispatched on its own)
+    opt_state = optimizer.init(params) if mesh is None else jax.jit(optimizer.init)(params)
+    layout = None
+    if mesh is not None:  # as placed on the mesh; the rest (the step count): replicated
+        layout = jax.tree.map(
+            lambda x: (
+                x.sharding
+                if isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+                else NamedSharding(mesh, P())
+            ),
+            (params, opt_state),
+        )
+        params, opt_state = jax.device_put((params, opt_state), layout)
+    step = make_sft_step(graphdef, optimizer, attention, mesh, ordered, layout)
     history = []
     for i, (epoch, batch) in enumerate(
         sft_batches(demos, batch_size, epochs, seed, group_by_length)
     ):
-        params, opt_state, metrics = step(params, opt_state, batch)
-        record = {"step": i + 1, "epoch": epoch, "nll": float(metrics["nll"])}
+        params, opt_state, metrics = step(params, opt_state, place_batch(batch, mesh))
+        nll = distributed.host_value(metrics["nll"])
+        record = {"step": i + 1, "epoch": epoch, "nll": float(nll)}
         history.append(record)
         if on_step is not None:
             on_step(i + 1, record)

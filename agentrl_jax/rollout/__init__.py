@@ -97,9 +97,10 @@ exactly on a boundary; the log-probs agree to ~1e-6).
 
 Several processes (``split_processes``) are one more such split: every process resets every
 row but plays only its share (:func:`~agentrl_jax.distributed.row_shares`) on its own
-devices, then the rows are gathered,
-so each returns the whole result. Every process must make the same calls; the stats' seconds
-are this process's own.
+devices, then the rows are gathered over the policy's devices only (one per process,
+:func:`~agentrl_jax.rollout.loop.gather_device`: rollout devices of their own never wait behind
+the update in flight on the training devices), so each returns the whole result. Every
+process must make the same calls; the stats' seconds are this process's own.
 """
 
 from agentrl_jax.rollout.config import RolloutConfig, RolloutResult, RolloutStats

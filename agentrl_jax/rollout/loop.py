@@ -172,8 +172,8 @@ class MultiTurnRollout:
             queues = [np.concatenate(queues)]
         with EnvSteps(self.env, env_state, background=len(lanes) > 1) as env:
             self._play(lanes, play, queues, env, key_policy, timer)
-        if shares is not None:
-            gather_rows(play, shares)
+        if shares is not None:  # over the policy's devices only (not the training devices')
+            gather_rows(play, shares, gather_device(policy))
         total = time.perf_counter() - began
         stats = RolloutStats(
             turns=len(play.live_rows),
@@ -503,3 +503,15 @@ class MultiTurnRollout:
             return trajectory.replace(tokens=np.where(real, ids, 0).astype(np.int32))
 
         return rollout
+
+
+def gather_device(policy: Policy) -> Any:
+    """The device a split rollout's rows are gathered on (with every other process's device
+    at the same position, :func:`~agentrl_jax.distributed.peer_devices`): the first of this
+    process's devices the policy samples on (its mesh's or its one device; on split devices,
+    ``mesh.rollout``, a rollout device: the gather then waits for nothing the training
+    devices run), or None (a policy without devices: the gather runs over every device)."""
+    mesh = getattr(policy, "mesh", None)
+    devices = list(mesh.devices.flat) if mesh is not None else [getattr(policy, "device", None)]
+    own = [d for d in jax.local_devices() if d in devices]
+    return own[0] if own else None

@@ -43,9 +43,11 @@ class Play:
             self.live_rows[turn] += int(counts[turn])
 
 
-def gather_rows(play: Play, shares: list[np.ndarray]) -> None:
+def gather_rows(play: Play, shares: list[np.ndarray], device: Any = None) -> None:
     """Fill ``play`` with the rows the other processes played (``shares[p]``: process ``p``'s
-    rows), so every process holds the whole rollout; live-row and token counts add up."""
+    rows), so every process holds the whole rollout; live-row and token counts add up.
+    ``device``: this process's device the gather runs on, with each other process's at the
+    same position (:func:`~agentrl_jax.distributed.allgather_blobs`; None: every device)."""
     rec, own = play.rec, shares[jax.process_index()]
     recorded = {name: value for name, value in vars(rec).items() if value is not None}
     arrays = {f"rec.{name}": value[own] for name, value in recorded.items()}
@@ -58,7 +60,7 @@ def gather_rows(play: Play, shares: list[np.ndarray]) -> None:
     )
     live_rows = np.zeros(0, np.int64)
     play.sampled = 0
-    gathered = distributed.allgather_blobs(arrays, [play.texts[r] for r in own])
+    gathered = distributed.allgather_blobs(arrays, [play.texts[r] for r in own], device)
     for rows, (theirs, texts) in zip(shares, gathered):
         if "rec.experts" in theirs and rec.experts is None:  # only the others' rows sampled
             part = theirs["rec.experts"]

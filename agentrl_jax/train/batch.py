@@ -15,7 +15,6 @@ import jax
 import numpy as np
 from flax import struct
 
-from agentrl_jax import distributed
 from agentrl_jax.train.config import step_wise_problem
 from agentrl_jax.train.packing import Packing
 from agentrl_jax.trajectory import Trajectory
@@ -53,15 +52,12 @@ def check_step_wise(trajectory: Trajectory, config: Any) -> None:
 
     Such turns are trained each under its own context (:func:`~agentrl_jax.train.packing.
     turn_sequences`): the algorithm must allow it
-    (:func:`~agentrl_jax.train.config.step_wise_problem`), and one process (the packing plan
-    needs the whole batch).
+    (:func:`~agentrl_jax.train.config.step_wise_problem`).
     """
     windowed = windowed_turns(trajectory)
     if not windowed.any():
         return
     problem = step_wise_problem(config.algorithm)
-    if distributed.is_multiprocess():
-        problem = "several processes (the packing plan needs the whole batch on one host)"
     if problem is not None:
         row, turn = (int(i[0]) for i in np.nonzero(windowed))
         raise ValueError(

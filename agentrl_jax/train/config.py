@@ -529,7 +529,9 @@ class TrainConfig:
     the tokenizer's vocabulary where it is below the model's (``rl.scoring: sampling`` never
     scores the embedding rows past it). ``context_length``: the rows the rollout's sampler
     holds (``task.max_context``), the canonical length of ``rl.exact_logprobs`` (None: the
-    batch's row width).
+    batch's row width). ``ordered_sums``: ``mesh.ordered_sums`` (on a mesh, the
+    gradients and the losses' sums added over the batch's devices in a fixed order,
+    :mod:`agentrl_jax.ordered_sums`).
 
     The KL coefficient lives in ``algorithm`` (the ``"kl"`` loss term), so there is one source
     of truth; :attr:`kl_coef` reads it. What the step computes (entropy, reference
@@ -545,6 +547,7 @@ class TrainConfig:
     max_response_length: int | None = setting(None, optional(integer(1)))
     valid_vocab_size: int | None = setting(None, optional(integer(1)))
     context_length: int | None = setting(None, optional(integer(1)))
+    ordered_sums: bool = setting(False, BOOL)
 
     def __post_init__(self):
         if isinstance(self.algorithm, Mapping):
@@ -667,6 +670,7 @@ def train_config(
         max_response_length=config.task.max_response_length,
         valid_vocab_size=valid_vocab_size if config.rl.scoring == "sampling" else None,
         context_length=config.task.max_context if config.rl.exact_logprobs else None,
+        ordered_sums=config.mesh.ordered_sums,
     )
 
 

@@ -120,22 +120,25 @@ class JittedTrainStep:
     def packed(self, batch: TrainBatch) -> TrainBatch:
         """``batch`` with its packing planned on the host (``rl.memory.packing``; else as it is):
         trajectories into rows of the batch's width, the row count a multiple of the
-        micro-batch count times the mesh's batch shards (:mod:`agentrl_jax.train.packing`)."""
+        micro-batch count times the mesh's batch shards (:mod:`agentrl_jax.train.packing`).
+        With several processes each plans the whole batch (the same plan: the same rows, a
+        deterministic plan) and then places its share of the packed rows (:meth:`place`)."""
         if batch.packing is not None:
             return batch
         traj = batch.trajectory
-        # a batch already placed over several processes is no host array: such runs never
-        # train step-wise (the loop's check_step_wise refuses windowed turns there)
+        # a batch already placed over several processes is no host array: the plan needs the
+        # whole batch, which every process holds before placing its share (the loop's batches)
         placed = isinstance(traj.context_start, jax.Array) and not (
             traj.context_start.is_fully_addressable
         )
         step_wise = not placed and windowed_turns(traj).any()
         if not (self.config.rl.memory.packing or step_wise):
             return batch
-        if distributed.is_multiprocess():
+        if placed:
             raise ValueError(
-                "rl.memory.packing (or a rollout history window): packing plans the whole batch on "
-                "one host; with several processes each holds only its share"
+                "rl.memory.packing: packing plans the whole batch on the host, and this one is "
+                "already placed over several processes; pass every process the whole host "
+                "batch (each then places its share of the packed rows)"
             )
         check_step_wise(traj, self.config)
         sequences = (

@@ -68,11 +68,15 @@ Sharding: ``mesh`` (static) adds sharding constraints on activations (rows over 
 axes); :func:`~agentrl_jax.train.jitted_step.make_train_step` with a mesh jits with the state
 placed by :func:`~agentrl_jax.train.state.state_shardings` and the batch split along its first
 axis; XLA inserts the reductions, so sums over the batch are global, like the single-device ones.
+With ``mesh.ordered_sums`` (:func:`ordered_sums`) the gradients' and the losses' sums are each
+device's own, added over the devices in a fixed order (:mod:`agentrl_jax.ordered_sums`), so any
+process count gives the same bits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping
 
 import jax
@@ -92,7 +96,9 @@ from agentrl_jax.algorithms import (
 )
 from agentrl_jax.models.moe import Routing
 from agentrl_jax.models.qwen3 import Constrain
+from agentrl_jax.ordered_sums import ordered_over_rows
 from agentrl_jax.sampling.exact import valued
+from agentrl_jax.sharding import batch_shards
 from agentrl_jax.train.batch import TrainBatch, batch_loss_mask
 from agentrl_jax.train.config import TrainConfig
 from agentrl_jax.train.inputs import step_inputs
@@ -198,6 +204,13 @@ def _records_old_logprobs(config: TrainConfig) -> bool:
     batch they are the policy's own log-probs in that update's forward (``stop_gradient``,
     see :func:`policy_gradients`): the same numbers, without a second forward."""
     return config.updates_per_batch > 1 and "old_logprobs" in step_inputs(config.algorithm).batch
+
+
+def ordered_sums(config: TrainConfig, mesh: Mesh | None) -> bool:
+    """Whether the gradients' and losses' sums over the batch's devices are added in a fixed
+    order (``mesh.ordered_sums``, :mod:`agentrl_jax.ordered_sums`): on a mesh that splits the
+    batch over more than one device."""
+    return config.ordered_sums and mesh is not None and batch_shards(mesh) > 1
 
 
 def corrects_off_policy(config: TrainConfig) -> bool:
@@ -412,13 +425,14 @@ def policy_gradients(
     adapters' only.
     """
     needs = step_inputs(config.algorithm)
-    constrain = activation_constraint(mesh)
+    ordered = ordered_sums(config, mesh)
+    constrain = None if ordered else activation_constraint(mesh)
     live = needs.live("policy")
     batch_fields = needs.policy & needs.batch
     track_gap = first_update is True and "old_logprobs" not in data and "recorded_logprobs" in data
     off_policy = corrects_off_policy(config)
 
-    def loss_fn(params, mb):
+    def loss_fn(params, mb, base, first_update):
         logprobs, entropy, routing = _model_scores(
             graphdef, config, params, mb, constrain, "entropy" in live, base=base
         )
@@ -479,9 +493,23 @@ def policy_gradients(
     def combine(a, b):  # sums add over micro-batches, peaks take the maximum
         return add_trees(a[0], b[0]), add_trees(a[1], b[1]), jax.tree.map(jnp.maximum, a[2], b[2])
 
-    grads, (total, sums, peaks) = accumulate_gradients(
-        loss_fn, params, data, config.rl.batching.num_micro_batches, combine
-    )
+    def gradients(replicated, rows):  # -> ((grads, total, sums), peaks)
+        params, base, first_update = replicated
+        grads, (total, sums, peaks) = accumulate_gradients(
+            functools.partial(loss_fn, base=base, first_update=first_update),
+            params,
+            rows,
+            config.rl.batching.num_micro_batches,
+            combine,
+        )
+        return (grads, total, sums), peaks
+
+    if ordered:  # each device's own rows, then its sums added in a fixed order
+        (grads, total, sums), peaks = ordered_over_rows(
+            gradients, mesh, (params, base, jnp.asarray(first_update)), data
+        )
+    else:
+        (grads, total, sums), peaks = gradients((params, base, first_update), data)
     grads = divide_tree(grads, total.denom)
     metrics = {
         "loss": aggregation.mean(total),
@@ -503,7 +531,8 @@ def critic_gradients(
     ``loss/<term>``, term metrics, ``explained_variance`` (of the returns by the values before
     this update, when the terms read returns) and ``critic_grad_norm``."""
     needs = step_inputs(config.algorithm)
-    constrain = activation_constraint(mesh)
+    ordered = ordered_sums(config, mesh)
+    constrain = None if ordered else activation_constraint(mesh)
     batch_fields = needs.critic & needs.batch
 
     def loss_fn(critic, mb):
@@ -529,9 +558,13 @@ def critic_gradients(
         )
         return result.total.total, (result.total, _term_sums(result), ev)
 
-    grads, (total, sums, ev) = accumulate_gradients(
-        loss_fn, critic, data, config.rl.batching.num_micro_batches
-    )
+    def gradients(critic, rows):  # -> ((grads, total, sums, ev), no peaks)
+        return accumulate_gradients(loss_fn, critic, rows, config.rl.batching.num_micro_batches), {}
+
+    if ordered:
+        (grads, (total, sums, ev)), _ = ordered_over_rows(gradients, mesh, critic, data)
+    else:
+        (grads, (total, sums, ev)), _ = gradients(critic, data)
     grads = divide_tree(grads, total.denom)
     metrics = {
         "value_loss": aggregation.mean(total),
