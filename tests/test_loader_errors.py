@@ -734,7 +734,7 @@ YAML_CASES = {
     ),
     "a non-string field": (
         "mesh:\n  1: 2\n",
-        "mesh: unknown field 1; known: data, expert, fsdp, rollout, tensor",
+        "mesh: unknown field 1; known: data, expert, fsdp, ordered_sums, rollout, tensor",
     ),
     "a string for an int": (
         "rl:\n  steps: '3'\n",
